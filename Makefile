@@ -1,0 +1,38 @@
+# The README's commands. Each target makes .venv itself: torch 2.13.0 first (the CPU build
+# on disk; an unpinned torch would pull several GB of CUDA packages), then this project.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+## demo: the packing comparison on the real UCF101 split-1 lengths (the Ray job replaces it)
+demo: $(STAMP)
+	$(PY) bench/packing.py
+
+## test: lint, then the whole test suite
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) bench/packing.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,0 +1,45 @@
+"""Temporal classifiers over BLoad block rows (Iftekhar, Ruschel et al.), with exact resets at every start.
+
+``build_model(num_classes, ...)`` -> ``TemporalClassifier``; ``model(frames, starts, lengths,
+num_sequences)`` -> logits ``[K, num_classes]`` for the K real sequences in row-major (row, slot) order;
+``sequence_labels`` gives the matching targets; ``sequence_loss`` / ``predict`` take a block-row dict.
+Backbones register in ``FRAME_ENCODERS``, temporal modules in ``TEMPORAL_MODULES``. torch only; importing
+this package builds nothing.
+"""
+
+from __future__ import annotations
+
+from raytrain_seq.models.block_index import SequenceIndex, block_sequence_index, sequence_labels
+from raytrain_seq.models.classifier import TemporalClassifier, build_model
+from raytrain_seq.models.frame_encoder import (
+    FRAME_ENCODERS,
+    FrameNormalizer,
+    SmallFrameEncoder,
+    build_frame_encoder,
+)
+from raytrain_seq.models.loss import BLOCK_KEYS, predict, sequence_loss
+from raytrain_seq.models.temporal import (
+    TEMPORAL_MODULES,
+    CausalConvTemporal,
+    GRUTemporal,
+    build_temporal,
+)
+
+__all__ = [
+    "BLOCK_KEYS",
+    "FRAME_ENCODERS",
+    "TEMPORAL_MODULES",
+    "CausalConvTemporal",
+    "FrameNormalizer",
+    "GRUTemporal",
+    "SequenceIndex",
+    "SmallFrameEncoder",
+    "TemporalClassifier",
+    "block_sequence_index",
+    "build_frame_encoder",
+    "build_model",
+    "build_temporal",
+    "predict",
+    "sequence_labels",
+    "sequence_loss",
+]

@@ -1,0 +1,298 @@
+"""Temporal classifier over BLoad block rows: exact resets, sequence order, fillers, loss form, structure."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raytrain_seq.models import (
+    FRAME_ENCODERS,
+    TEMPORAL_MODULES,
+    FrameNormalizer,
+    block_sequence_index,
+    build_frame_encoder,
+    build_model,
+    build_temporal,
+    predict,
+    sequence_labels,
+    sequence_loss,
+)
+
+HW, C, NUM_CLASSES = 8, 3, 5
+TEMPORALS = ["gru", "tcn"]
+
+
+def _seq(seed: int, length: int, channels: int = C) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (length, HW, HW, channels), dtype=torch.uint8, generator=g)
+
+
+def _batch(rows, t_max, max_sequences=4, garbage_seed=None, channels=C):
+    """Block-row dict from rows of (start, frames, label); padding frames are zero or random garbage."""
+    b = len(rows)
+    if garbage_seed is None:
+        frames = torch.zeros(b, t_max, HW, HW, channels, dtype=torch.uint8)
+    else:
+        g = torch.Generator().manual_seed(garbage_seed)
+        frames = torch.randint(0, 256, (b, t_max, HW, HW, channels), dtype=torch.uint8, generator=g)
+    starts, lengths, labels = (torch.full((b, max_sequences), -1, dtype=torch.long) for _ in range(3))
+    num = torch.zeros(b, dtype=torch.long)
+    for i, row in enumerate(rows):
+        for j, (start, seq, label) in enumerate(row):
+            frames[i, start : start + len(seq)] = seq
+            starts[i, j], lengths[i, j], labels[i, j] = start, len(seq), label
+        num[i] = len(row)
+    return {"frames": frames, "starts": starts, "lengths": lengths, "labels": labels, "num_sequences": num}
+
+
+def _logits(model, batch):
+    return model(batch["frames"], batch["starts"], batch["lengths"], batch["num_sequences"])
+
+
+def _model(temporal, **kwargs):
+    torch.manual_seed(0)
+    return build_model(NUM_CLASSES, width=4, depth=2, hidden=6, temporal=temporal, **kwargs).double()
+
+
+A, N1, N2, N3 = _seq(1, 7), _seq(2, 5), _seq(3, 3), _seq(4, 9)
+# (row, position of A in it): A first, last, in the middle, after a garbage gap, ending exactly at t_max.
+CONTEXTS = [
+    ([(0, N1, 1), (5, A, 0)], 1),
+    ([(0, A, 0), (7, N1, 1)], 0),
+    ([(0, N2, 2), (3, N1, 1), (8, A, 0), (15, N3, 3)], 2),
+    ([(4, A, 0)], 0),
+    ([(0, N3, 3), (9, N1, 1), (14, N2, 2), (23, A, 0)], 3),
+]
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_sequence_logits_do_not_depend_on_block_context(temporal):
+    """A sequence's logits equal (float64, 1e-9) its logits alone, at any offset, with any neighbours."""
+    model = _model(temporal)
+    alone = _logits(model, _batch([[(0, A, 0)]], t_max=30))[0]
+    for garbage in (None, 7):
+        for row, pos in CONTEXTS:
+            packed = _logits(model, _batch([row], t_max=30, garbage_seed=garbage))
+            assert packed.shape == (len(row), NUM_CLASSES)
+            assert (packed[pos] - alone).abs().max().item() < 1e-9
+        # All contexts stacked as rows of one batch, a filler row included: row-major (row, slot) order.
+        rows = [row for row, _ in CONTEXTS]
+        stacked = _logits(model, _batch([*rows[:2], [], *rows[2:]], t_max=30, garbage_seed=garbage))
+        offsets = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)  # [0, 2, 4, 8, 9, 13]
+        for (_, pos), first in zip(CONTEXTS, offsets.tolist(), strict=False):
+            assert (stacked[first + pos] - alone).abs().max().item() < 1e-9
+    # Not vacuous: had the model not reset at A's start (N1 and A read as one sequence), A would differ.
+    merged = _logits(model, _batch([[(0, torch.cat([N1, A]), 0)]], t_max=30))[0]
+    assert (merged - alone).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_padding_frames_affect_nothing(temporal):
+    """Random garbage in padding frames (before, between and after sequences) leaves every logit unchanged."""
+    model = _model(temporal)
+    rows = [[(2, A, 0), (12, N1, 1)], [(0, N3, 3)]]
+    clean = _logits(model, _batch(rows, t_max=20))
+    dirty_batch = _batch(rows, t_max=20, garbage_seed=11)
+    assert dirty_batch["frames"][0, :2].any() and dirty_batch["frames"][1, 9:].any()  # really garbage
+    assert torch.equal(clean, _logits(model, dirty_batch))
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_changing_one_sequence_never_changes_another(temporal):
+    """Editing any frame of sequence k changes k's logits and leaves the block's other sequences untouched."""
+    model = _model(temporal)
+    batch = _batch([[(0, A, 0), (7, N1, 1), (12, N3, 2)]], t_max=24)
+    base = _logits(model, batch)
+    g = torch.Generator().manual_seed(5)
+    # First and last frame of each sequence: the last frame of k sits right before k+1's start.
+    for k, (start, length) in enumerate([(0, 7), (7, 5), (12, 9)]):
+        for t in (start, start + length - 1):
+            edited = {**batch, "frames": batch["frames"].clone()}
+            edited["frames"][0, t] = torch.randint(0, 256, (HW, HW, C), dtype=torch.uint8, generator=g)
+            out = _logits(model, edited)
+            others = [j for j in range(3) if j != k]
+            assert (out[others] - base[others]).abs().max().item() < 1e-12
+            assert (out[k] - base[k]).abs().max().item() > 1e-6  # the edit is visible where it belongs
+
+
+def _reference_logits(model, frames):
+    """One sequence alone, by explicit per-step loops over the model's own weights (GRU cell or causal taps)."""
+    feats = model.encoder(model.normalizer(frames).permute(0, 3, 1, 2))  # [L, D]
+    if model.temporal.__class__.__name__ == "GRUTemporal":
+        gru = model.temporal.gru
+        assert gru.num_layers == 1
+        w_ir, w_iz, w_in = gru.weight_ih_l0.chunk(3)
+        w_hr, w_hz, w_hn = gru.weight_hh_l0.chunk(3)
+        b_ir, b_iz, b_in = gru.bias_ih_l0.chunk(3)
+        b_hr, b_hz, b_hn = gru.bias_hh_l0.chunk(3)
+        h = feats.new_zeros(gru.hidden_size)
+        outs = []
+        for x in feats:
+            r = torch.sigmoid(w_ir @ x + b_ir + w_hr @ h + b_hr)
+            z = torch.sigmoid(w_iz @ x + b_iz + w_hz @ h + b_hz)
+            n = torch.tanh(w_in @ x + b_in + r * (w_hn @ h + b_hn))
+            h = (1 - z) * n + z * h
+            outs.append(h)
+        out = torch.stack(outs)
+    else:
+        h = model.temporal.proj(feats)  # [L, hidden]
+        for conv in model.temporal.convs:
+            k, d = conv.kernel_size[0], conv.dilation[0]
+            y = conv.bias.expand_as(h).clone()
+            for t in range(len(h)):
+                for i in range(k):  # tap i reads step t - (k - 1 - i) * d; steps before 0 are zero
+                    src = t - (k - 1 - i) * d
+                    if src >= 0:
+                        y[t] = y[t] + conv.weight[:, :, i] @ h[src]
+            h = h + torch.relu(y)
+        out = h
+    return model.head(out.mean(dim=0))
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_packed_logits_match_an_independent_per_step_reference(temporal):
+    """Every sequence of a packed batch matches a hand-written per-step recurrence/convolution over it alone."""
+    model = _model(temporal)
+    rows = [[(0, N1, 1), (5, A, 0), (12, N2, 2)], [(0, N3, 3)]]
+    logits = _logits(model, _batch(rows, t_max=16, garbage_seed=3))
+    seqs = [N1, A, N2, N3]
+    for k, seq in enumerate(seqs):
+        assert (logits[k] - _reference_logits(model, seq)).abs().max().item() < 1e-9
+
+
+def test_filler_rows_contribute_nothing():
+    """Rows with 0 sequences add no logits; a micro-batch of only fillers gives loss_sum 0 and count 0."""
+    model = _model("gru")
+    rows = [[(0, A, 0), (7, N1, 1)], [(0, N2, 2)]]
+    plain = _logits(model, _batch(rows, t_max=12))
+    with_fillers = _logits(model, _batch([[], rows[0], [], rows[1], []], t_max=12, garbage_seed=2))
+    assert with_fillers.shape == (3, NUM_CLASSES)
+    assert (with_fillers - plain).abs().max().item() < 1e-12
+
+    fillers = _batch([[], []], t_max=12, garbage_seed=4)
+    loss_sum, count = sequence_loss(model, fillers)
+    assert count == 0 and loss_sum.item() == 0.0
+    loss_sum.backward()  # a streamer may call backward on every micro-batch: must not crash
+    logits, labels = predict(model, fillers)
+    assert logits.shape == (0, NUM_CLASSES) and labels.shape == (0,)
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_loss_sum_over_count_is_the_cross_entropy_mean(temporal):
+    """sequence_loss returns the CE sum over real sequences and their count; sum / count == F.cross_entropy."""
+    model = _model(temporal)
+    rows = [[(0, A, 4), (7, N1, 1), (12, N2, 3)], [], [(0, N3, 0)]]
+    batch = _batch(rows, t_max=16)
+    loss_sum, count = sequence_loss(model, batch)
+    expected_labels = torch.tensor([label for row in rows for _, _, label in row])  # row-major by hand
+    assert torch.equal(sequence_labels(batch["labels"], batch["num_sequences"]), expected_labels)
+    logits = _logits(model, batch)
+    assert count == 4
+    assert abs(loss_sum.item() / count - F.cross_entropy(logits, expected_labels).item()) < 1e-12
+    # Order matters (guards the check above): the same logits against reversed labels give another loss.
+    assert abs(F.cross_entropy(logits, expected_labels.flip(0)).item() - loss_sum.item() / count) > 1e-6
+    pred_logits, pred_labels = predict(model, batch)
+    assert torch.equal(pred_logits, logits.detach()) and torch.equal(pred_labels, expected_labels)
+    assert not pred_logits.requires_grad
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_gradients_reach_every_parameter(temporal):
+    """A backward through sequence_loss gives a nonzero gradient to every parameter of the model."""
+    model = _model(temporal)
+    loss_sum, _ = sequence_loss(model, _batch([[(0, A, 4), (7, N1, 1)], [(0, N3, 2)]], t_max=16))
+    loss_sum.backward()
+    params = list(model.named_parameters())
+    assert len(params) > 5
+    for name, p in params:
+        assert p.grad is not None and p.grad.abs().sum().item() > 0, name
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+@pytest.mark.parametrize(("width", "depth"), [(16, 4), (4, 2), (12, 3)])
+def test_no_batchnorm_anywhere(temporal, width, depth):
+    """The model normalises with GroupNorm (one per encoder stage) and contains no BatchNorm module."""
+    model = build_model(NUM_CLASSES, width=width, depth=depth, temporal=temporal)
+    modules = list(model.modules())
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules)
+    assert sum(isinstance(m, nn.GroupNorm) for m in modules) == depth
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_default_size_is_small(temporal):
+    """The default model (101 classes) has 100k-300k parameters, small enough to train on 2 CPU cores."""
+    params = sum(p.numel() for p in build_model(101, temporal=temporal).parameters())
+    assert 100_000 <= params <= 300_000
+
+
+def test_unknown_names_raise_and_list_the_known_ones():
+    """An unknown backbone or temporal module raises ValueError naming the valid choices."""
+    with pytest.raises(ValueError, match=re.escape("['small']")):
+        build_model(NUM_CLASSES, backbone="resnet1000")
+    with pytest.raises(ValueError, match="small"):
+        build_frame_encoder("nope", 3)
+    with pytest.raises(ValueError, match=re.escape("['gru', 'tcn']")):
+        build_model(NUM_CLASSES, temporal="lstm")
+    with pytest.raises(ValueError, match="gru"):
+        build_temporal("transformer", 8, 8)
+    assert set(FRAME_ENCODERS) == {"small"} and set(TEMPORAL_MODULES) == {"gru", "tcn"}
+
+
+@pytest.mark.parametrize("temporal", TEMPORALS)
+def test_two_channel_input_works_and_channel_mismatch_raises(temporal):
+    """in_channels=2 (optical flow) gives logits per sequence; frames with the wrong channel count raise."""
+    model = _model(temporal, in_channels=2)
+    flow_a, flow_b = _seq(8, 6, channels=2), _seq(9, 4, channels=2)
+    batch = _batch([[(0, flow_a, 0), (6, flow_b, 1)]], t_max=12, channels=2)
+    assert _logits(model, batch).shape == (2, NUM_CLASSES)
+    with pytest.raises(ValueError, match="in_channels=3"):
+        _logits(model, _batch([[(0, A, 0)]], t_max=8))
+
+
+def test_bad_reset_tables_raise():
+    """Sequences that overrun t_max, bad num_sequences, unbatched frames, float tables, -1 labels raise."""
+    model = _model("gru")
+    batch = _batch([[(0, A, 0), (7, N1, 1)]], t_max=12)
+    overrun = {**batch, "starts": torch.tensor([[0, 8, -1, -1]])}  # 8 + 5 > 12
+    with pytest.raises(ValueError, match="t_max=12"):
+        sequence_loss(model, overrun)
+    with pytest.raises(ValueError, match="num_sequences"):
+        sequence_loss(model, {**batch, "num_sequences": torch.tensor([5])})
+    with pytest.raises(ValueError, match="frames"):
+        model(batch["frames"][0], batch["starts"][0], batch["lengths"][0], batch["num_sequences"][0])
+    with pytest.raises(TypeError, match="starts"):
+        model(batch["frames"], batch["starts"].double(), batch["lengths"], batch["num_sequences"])
+    with pytest.raises(ValueError, match="label"):
+        sequence_labels(torch.tensor([[3, -1, -1, -1]]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="labels"):
+        sequence_loss(model, {k: v for k, v in batch.items() if k != "labels"})
+
+
+def test_index_arithmetic_matches_the_documented_example():
+    """The docstring example: lengths [37,24,20] | [50] in t_max=100 -> frames 0..80 and 100..149, K=4."""
+    starts = torch.tensor([[0, 37, 61], [0, -1, -1]])
+    lengths = torch.tensor([[37, 24, 20], [50, -1, -1]])
+    index = block_sequence_index((2, 100, HW, HW, C), starts, lengths, torch.tensor([3, 1]))
+    assert index.rows.tolist() == [0, 0, 0, 1] and index.slots.tolist() == [0, 1, 2, 0]
+    assert index.frame_index.tolist() == list(range(81)) + list(range(100, 150))
+    assert index.step_mask.shape == (4, 50) and index.step_mask.sum(1).tolist() == [37, 24, 20, 50]
+    labels = torch.tensor([[4, 9, 1], [7, -1, -1]])
+    assert sequence_labels(labels, torch.tensor([3, 1])).tolist() == [4, 9, 1, 7]
+
+
+def test_frame_normalizer_maps_uint8_and_float_alike():
+    """uint8 0/255 map to -0.5/+0.5 by default; float frames in [0, 1] equal uint8 / 255; mean/std apply."""
+    norm = FrameNormalizer(2).double()
+    x = torch.tensor([[0, 255], [51, 102]], dtype=torch.uint8)
+    out = norm(x)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, torch.tensor([[-0.5, 0.5], [-0.3, -0.1]], dtype=torch.float64))
+    assert torch.equal(norm(x.double() / 255), out)
+    whiten = FrameNormalizer(2, mean=[0.2, 0.4], std=[0.5, 2.0]).double()
+    assert torch.allclose(whiten(x)[0], torch.tensor([-0.4, 0.3], dtype=torch.float64))
+    with pytest.raises(ValueError, match="one value per input channel"):
+        FrameNormalizer(3, mean=[0.5, 0.5])
