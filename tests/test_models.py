@@ -121,7 +121,12 @@ def test_changing_one_sequence_never_changes_another(temporal):
 
 def _reference_logits(model, frames):
     """One sequence alone, by explicit per-step loops over the model's own weights (GRU cell or causal taps)."""
-    feats = model.encoder(model.normalizer(frames).permute(0, 3, 1, 2))  # [L, D]
+    x = model.normalizer(frames).permute(0, 3, 1, 2)  # [L, C, H, W]
+    if model.motion:
+        # The sequence alone: frame t minus frame t-1, and zeros at its first frame.
+        previous = torch.cat([x[:1], x[:-1]])
+        x = torch.cat([x, x - previous], dim=1)
+    feats = model.encoder(x)  # [L, D]
     if model.temporal.__class__.__name__ == "GRUTemporal":
         gru = model.temporal.gru
         assert gru.num_layers == 1
@@ -150,7 +155,13 @@ def _reference_logits(model, frames):
                         y[t] = y[t] + conv.weight[:, :, i] @ h[src]
             h = h + torch.relu(y)
         out = h
-    return model.head(out.mean(dim=0))
+    # Segment pooling by hand: step t of L belongs to segment t * S // L; empty segments pool to zeros.
+    length, segments = len(out), model.segments
+    pooled = []
+    for segment in range(segments):
+        steps = [t for t in range(length) if t * segments // length == segment]
+        pooled.append(out[steps].mean(dim=0) if steps else out.new_zeros(out.shape[1]))
+    return model.head(torch.cat(pooled))
 
 
 @pytest.mark.parametrize("temporal", TEMPORALS)

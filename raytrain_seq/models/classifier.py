@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,18 +59,26 @@ class TemporalClassifier(nn.Module):
         kernel_size: int = 3,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        motion: bool = True,
+        segments: int = 2,
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
         self.num_classes = num_classes
         self.in_channels = in_channels
+        self.backbone, self.temporal_name = backbone, temporal
         self.normalizer = FrameNormalizer(in_channels, mean, std)
-        self.encoder = build_frame_encoder(backbone, in_channels, width=width, depth=depth)
+        self.motion = bool(motion)
+        encoder_channels = 2 * in_channels if self.motion else in_channels
+        self.encoder = build_frame_encoder(backbone, encoder_channels, width=width, depth=depth)
         self.temporal = build_temporal(
             temporal, self.encoder.out_dim, hidden, layers=temporal_layers, kernel_size=kernel_size
         )
-        self.head = nn.Linear(self.temporal.out_dim, num_classes)
+        if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
+            raise ValueError(f"segments must be an int >= 1, got {segments!r}: use 1 (plain mean) or 2")
+        self.segments = segments
+        self.head = nn.Linear(self.temporal.out_dim * segments, num_classes)
 
     def forward(
         self,
@@ -89,6 +98,8 @@ class TemporalClassifier(nn.Module):
         flat = frames.reshape(-1, *frames.shape[2:])  # [B * t_max, H, W, C]
         real = flat[index.frame_index.to(frames.device)].to(device, non_blocking=True)
         x = self.normalizer(real).permute(0, 3, 1, 2).contiguous()  # [N, C, H, W]
+        if self.motion:
+            x = torch.cat([x, _reset_difference(x, index.lengths)], dim=1)
         features = self.encoder(x)  # [N, D], one batched call for every real frame
 
         # Left-aligned per-sequence layout [K, L_max, D]: frame_index is sequence-major, so splitting the
@@ -99,46 +110,54 @@ class TemporalClassifier(nn.Module):
 
         # Mean over each sequence's own steps; torch.where (not a product) so garbage at padded steps
         # can never leak, even if it were inf or nan.
-        mask = index.step_mask.to(device)[..., None]
-        pooled = torch.where(mask, out, torch.zeros((), dtype=out.dtype, device=device)).sum(dim=1)
-        pooled = pooled / index.lengths.to(device=device, dtype=out.dtype)[:, None]
-        return self.head(pooled)
+        return self.head(_segment_pool(out, index.lengths.to(device), self.segments))
 
 
-def build_model(
-    num_classes: int,
-    in_channels: int = 3,
-    width: int = 16,
-    depth: int = 4,
-    hidden: int = 128,
-    temporal: str = "gru",
-    backbone: str = "small",
-    *,
-    temporal_layers: int | None = None,
-    kernel_size: int = 3,
-    mean: Sequence[float] | None = None,
-    std: Sequence[float] | None = None,
-) -> TemporalClassifier:
+def _segment_pool(out: torch.Tensor, lengths: torch.Tensor, segments: int) -> torch.Tensor:
+    """Mean of each sequence's steps within each of ``segments`` equal time segments, concatenated.
+
+    Step t of a sequence of length L falls in segment ``floor(t * segments / L)``: L=5, 2 segments ->
+    steps 0-2 in segment 0 and 3-4 in segment 1. Keeping the segments apart (TSN-style segment pooling)
+    lets the head read the ORDER of what happened, which a single mean over time discards; a segment
+    with no steps (L < segments) pools to zeros. Padded steps (t >= L) belong to no segment, so their
+    values, whatever they are, never leak (``torch.where``, not a product, so even inf or nan cannot).
+    """
+    k, l_max, _ = out.shape
+    steps = torch.arange(l_max, device=out.device)[None, :].expand(k, l_max)
+    which = torch.div(steps * segments, lengths[:, None], rounding_mode="floor")  # [K, L_max]
+    pooled = []
+    for segment in range(segments):
+        mask = (which == segment) & (steps < lengths[:, None])
+        total = torch.where(mask[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device)).sum(1)
+        count = mask.sum(1, keepdim=True).clamp(min=1).to(out.dtype)
+        pooled.append(total / count)
+    return torch.cat(pooled, dim=1)
+
+
+def _reset_difference(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Frame-to-frame difference ``x[t] - x[t-1]`` inside each sequence, zero at every sequence start.
+
+    ``x`` holds the real frames sequence after sequence (the gather order), so the previous frame is the
+    previous row except at a start. Lengths ``[3, 2]``: rows 0-2 and 3-4; differences at rows 1, 2 and 4;
+    rows 0 and 3 (the starts ``cumsum - lengths = [0, 3]``) get zeros, so no difference ever spans two
+    sequences. This is the cheap motion cue of TSN's "RGB difference" input, made reset-exact.
+    """
+    diff = torch.zeros_like(x)
+    diff[1:] = x[1:] - x[:-1]
+    first = torch.cumsum(lengths, 0) - lengths
+    diff[first.to(x.device)] = 0
+    return diff
+
+
+def build_model(num_classes: int, *args: Any, **kwargs: Any) -> TemporalClassifier:
     """Build a ``TemporalClassifier`` (same arguments) and log its parameter count."""
-    model = TemporalClassifier(
-        num_classes,
-        in_channels,
-        width,
-        depth,
-        hidden,
-        temporal,
-        backbone,
-        temporal_layers=temporal_layers,
-        kernel_size=kernel_size,
-        mean=mean,
-        std=std,
-    )
+    model = TemporalClassifier(num_classes, *args, **kwargs)
     params = sum(p.numel() for p in model.parameters())
     logger.info(
         "TemporalClassifier backbone=%s temporal=%s in_channels=%d classes=%d: %d parameters",
-        backbone,
-        temporal,
-        in_channels,
+        model.backbone,
+        model.temporal_name,
+        model.in_channels,
         num_classes,
         params,
     )

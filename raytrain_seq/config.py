@@ -1,0 +1,433 @@
+"""One dataclass tree for a whole run: ``Config(data=..., model=..., train=..., run=...)``.
+
+What it serves: the four techniques of DESIGN.md meet here as settings, so one value travels to every
+process: BLoad packing (Iftekhar, Ruschel et al.: ``data.packing``, ``data.t_max``), AAVG averaging (Cong
+et al.: ``train.k``, ``train.validate_every`` = m, ``train.b1``/``b2``, ``train.max_batch_size``),
+Revamper refurbishing (Lee et al.: ``data.reuse`` = r) and micro-batch streaming (Piao, Synn et al.:
+``train.micro_batch_size``). Field names are the job's flag names with ``-`` -> ``_``.
+
+Every value is checked once, at construction (``__post_init__``), and a bad one raises ValueError naming
+the field (``train.batch_size``), the value and the fix, so a mistake stops the driver before Ray starts
+instead of surfacing later inside a remote worker. ``to_dict``/``from_dict`` give nested plain types
+(JSON-able) for Ray workers, checkpoints and summary.json. Trade-off: the tree is mutable for
+convenience; after changing a field call ``validate()`` to re-check it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, ClassVar
+
+from raytrain_seq.packing import STRATEGIES
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PRESETS", "Config", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig"]
+
+# Datasets with a reader today. The real-video readers add "ucf101" and "hmdb51" to this tuple.
+DATASETS: tuple[str, ...] = ("synthetic",)
+BACKBONES: tuple[str, ...] = ("small",)
+TEMPORALS: tuple[str, ...] = ("gru", "tcn")
+OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
+PACKINGS: tuple[str, ...] = STRATEGIES
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but True as a batch size is always a mistake.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _int_at_least(path: str, value: object, minimum: int, fix: str) -> None:
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{path} must be an int >= {minimum}, got {value!r}: {fix}")
+
+
+def _optional_int_at_least(path: str, value: object, minimum: int, fix: str) -> None:
+    if value is not None:
+        _int_at_least(path, value, minimum, f"{fix}, or None")
+
+
+def _number(path: str, value: object, rule: str, in_range: Callable[[float], bool], fix: str) -> None:
+    if not _is_number(value) or not in_range(value):
+        raise ValueError(f"{path} must be a finite number {rule}, got {value!r}: {fix}")
+
+
+def _choice(path: str, value: object, choices: tuple[str, ...], extra: str = "") -> None:
+    if value not in choices:
+        names = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{path} must be one of {names}, got {value!r}: pick one of them{extra}")
+
+
+def _optional_bool(path: str, value: object, none_means: str) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(
+            f"{path} must be True, False or None ({none_means}), got {value!r}: pass a bool or leave it None"
+        )
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Which videos, how they are strided, augmented, cached, refurbished and packed into blocks."""
+
+    section: ClassVar[str] = "data"
+
+    dataset: str = "synthetic"
+    """Video source: "synthetic" (built in); "ucf101" and "hmdb51" come with the real-video readers."""
+    num_classes: int = 10
+    """Number of action classes to train on (the first classes of the dataset)."""
+    max_videos: int | None = None
+    """Train on at most this many videos (a class-balanced subset); None = all of them."""
+    stride: int = 8
+    """Temporal stride: keep every stride-th frame, so a video of n frames gives ceil(n / stride)."""
+    t_max: int | None = None
+    """Block length in (strided) frames; None = the longest strided video, so every video fits whole."""
+    cache_size: int = 36
+    """Side in pixels of the cached partially augmented frames (the final random crop is cut from them)."""
+    crop: int = 32
+    """Side in pixels of the final crop the model sees; at most cache_size."""
+    packing: str = "optimal"
+    """Block packing strategy of raytrain_seq.packing.pack: optimal, bload, pad or chunk."""
+    reuse: int = 3
+    """Refurbish reuse factor r: each cached partial augmentation serves r epochs (1 = recompute all)."""
+    val_fraction: float = 0.1
+    """Fraction of the training videos held out for AAVG's validation rounds, strictly between 0 and 1."""
+    seed: int = 0
+    """Root seed of the split, packing plans, augmentations and model initialisation."""
+    augment_cost: float = 0
+    """Extra busy CPU seconds per partial augmentation of one video, to make augmentation the bottleneck."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field, its value and the fix."""
+        _choice(
+            "data.dataset", self.dataset, DATASETS, " (ucf101 and hmdb51 come with the real-video readers)"
+        )
+        _int_at_least("data.num_classes", self.num_classes, 2, "a classifier needs at least 2 classes")
+        _optional_int_at_least("data.max_videos", self.max_videos, 1, "give a positive video count")
+        if self.max_videos is not None and self.max_videos < self.num_classes:
+            raise ValueError(
+                f"data.max_videos={self.max_videos} is fewer than data.num_classes={self.num_classes}: "
+                f"every class needs a training video; raise max_videos to >= {self.num_classes} "
+                "or lower num_classes"
+            )
+        _int_at_least("data.stride", self.stride, 1, "use 1 to keep every frame")
+        _optional_int_at_least("data.t_max", self.t_max, 1, "give the block length in frames")
+        _int_at_least("data.cache_size", self.cache_size, 1, "give the cached frame side in pixels, e.g. 36")
+        _int_at_least("data.crop", self.crop, 1, "give the crop side in pixels, e.g. 32")
+        if self.crop > self.cache_size:
+            raise ValueError(
+                f"data.crop={self.crop} is larger than data.cache_size={self.cache_size}: the crop is cut "
+                f"from the cached frame; lower crop to <= {self.cache_size} or raise cache_size"
+            )
+        _choice("data.packing", self.packing, PACKINGS)
+        _int_at_least("data.reuse", self.reuse, 1, "use 1 to recompute every epoch, 3 to reuse three times")
+        _number(
+            "data.val_fraction",
+            self.val_fraction,
+            "strictly between 0 and 1",
+            lambda v: 0 < v < 1,
+            "use e.g. 0.1 to hold out 10 % of the videos",
+        )
+        _int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
+        _number(
+            "data.augment_cost",
+            self.augment_cost,
+            ">= 0",
+            lambda v: v >= 0,
+            "use 0 for no extra cost",
+        )
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The temporal classifier: a per-frame CNN backbone, then a temporal module that resets per sequence."""
+
+    section: ClassVar[str] = "model"
+
+    backbone: str = "small"
+    """Frame encoder registered in raytrain_seq.models.frame_encoder.FRAME_ENCODERS ("small")."""
+    width: int = 16
+    """Channels of the first backbone stage; each further stage doubles them."""
+    depth: int = 3
+    """Number of stride-2 backbone stages."""
+    hidden: int = 64
+    """Hidden size of the temporal module (GRU state or TCN channels)."""
+    temporal: str = "gru"
+    """Temporal module: "gru" (recurrent) or "tcn" (causal dilated convolutions)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field, its value and the fix."""
+        _choice("model.backbone", self.backbone, BACKBONES)
+        _int_at_least("model.width", self.width, 1, "use e.g. 16")
+        _int_at_least("model.depth", self.depth, 1, "use e.g. 3")
+        _int_at_least("model.hidden", self.hidden, 1, "use e.g. 64")
+        _choice("model.temporal", self.temporal, TEMPORALS)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """AAVG training: learners, local steps between averaging rounds, adaptive batch size, optimizer."""
+
+    section: ClassVar[str] = "train"
+
+    learners: int = 2
+    """Number of AAVG learners (Ray Train workers), P in the paper."""
+    k: int = -1
+    """Local steps between averaging rounds, K in the paper; -1 = one round at the end of every epoch."""
+    batch_size: int = 4
+    """Initial mini-batch size in blocks per learner step; AAVG may grow it up to max_batch_size."""
+    max_batch_size: int = 576
+    """Cap of the adaptive batch size (576 in the AAVG paper); at least batch_size."""
+    micro_batch_size: int | str = 4
+    """Blocks streamed to the device at once (gradients accumulate exactly); "auto" = largest that fits."""
+    validate_every: int = 1
+    """m in the paper: validate (and maybe grow the batch size) every m averaging rounds."""
+    b1: float = 1.0
+    """AAVG accuracy margin: grow the batch when validation accuracy < b1 * best so far."""
+    b2: float = 2
+    """AAVG growth factor of the batch size (>= 1)."""
+    epochs: int = 10
+    """Passes over the training videos."""
+    lr: float = 1e-3
+    """Learning rate."""
+    optimizer: str = "adam"
+    """Optimizer: "adam", "adamw" (Adam moments are merged at averaging) or "sgd"."""
+    weight_decay: float = 0.0
+    """Weight decay (L2 for adam/sgd, decoupled for adamw)."""
+    averager_timeout_s: float = 60.0
+    """Seconds the averager waits for a learner in a round before dropping it from that round."""
+    checkpoint_every: int = 1
+    """Save a checkpoint every this many averaging rounds."""
+    use_gpu: bool | None = None
+    """Train on GPUs: True, False, or None = when the cluster has GPUs."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field, its value and the fix."""
+        _int_at_least("train.learners", self.learners, 1, "use at least 1 learner (AAVG needs 2 to average)")
+        if not _is_int(self.k) or (self.k != -1 and self.k < 1):
+            raise ValueError(
+                f"train.k must be -1 (average once per epoch) or an int >= 1 (steps between rounds), "
+                f"got {self.k!r}: use -1 or a positive step count"
+            )
+        _int_at_least("train.batch_size", self.batch_size, 1, "give the blocks per mini-batch, e.g. 4")
+        _int_at_least("train.max_batch_size", self.max_batch_size, 1, "use e.g. 576 as in the AAVG paper")
+        if self.max_batch_size < self.batch_size:
+            raise ValueError(
+                f"train.max_batch_size={self.max_batch_size} is below train.batch_size={self.batch_size}: "
+                f"raise max_batch_size to >= {self.batch_size} or lower batch_size"
+            )
+        if self.micro_batch_size != "auto" and (
+            not _is_int(self.micro_batch_size) or self.micro_batch_size < 1
+        ):
+            raise ValueError(
+                f"train.micro_batch_size must be an int >= 1 or 'auto', got {self.micro_batch_size!r}: "
+                "give the blocks that fit on the device at once, or 'auto' to find it"
+            )
+        _int_at_least("train.validate_every", self.validate_every, 1, "use 1 to validate every round")
+        _number("train.b1", self.b1, "> 0", lambda v: v > 0, "use 1.0 as in the AAVG paper")
+        _number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
+        _int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
+        _number("train.lr", self.lr, "> 0", lambda v: v > 0, "use e.g. 1e-3")
+        _choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        _number(
+            "train.weight_decay",
+            self.weight_decay,
+            ">= 0",
+            lambda v: v >= 0,
+            "use 0.0 for none",
+        )
+        _number(
+            "train.averager_timeout_s",
+            self.averager_timeout_s,
+            "> 0",
+            lambda v: v > 0,
+            "use e.g. 60.0 seconds",
+        )
+        _int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
+        _optional_bool("train.use_gpu", self.use_gpu, "None = when the cluster has GPUs")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Where the run writes checkpoints, summary.json and curves.png, and whether it resumes."""
+
+    section: ClassVar[str] = "run"
+
+    storage_path: str = "~/raytrain_seq_runs"
+    """Parent folder of all runs ("~" is expanded by Config.run_dir())."""
+    run_name: str | None = None
+    """Folder of this run under storage_path; None = "ucf101-<dataset>-<UTC timestamp>", fixed at creation."""
+    resume: bool = False
+    """Continue the run named run_name from its latest checkpoint."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.storage_path, os.PathLike):
+            self.storage_path = os.fspath(self.storage_path)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field, its value and the fix."""
+        if not isinstance(self.storage_path, str) or not self.storage_path.strip():
+            raise ValueError(
+                f"run.storage_path must be a non-empty path, got {self.storage_path!r}: "
+                "use e.g. ~/raytrain_seq_runs"
+            )
+        if self.run_name is not None and (
+            not isinstance(self.run_name, str)
+            or not self.run_name.strip()
+            or self.run_name in (".", "..")
+            or "/" in self.run_name
+            or os.sep in self.run_name
+        ):
+            raise ValueError(
+                f"run.run_name must be a plain folder name (no '/'), got {self.run_name!r}: "
+                "use e.g. my-run, or None for an automatic timestamped name"
+            )
+        if not isinstance(self.resume, bool):
+            raise ValueError(
+                f"run.resume must be True or False, got {self.resume!r}: pass True to continue run.run_name"
+            )
+
+
+_SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "run": RunConfig,
+}
+# Field names are unique across sections (they are the flag names), so a flat override finds its section.
+_FIELD_SECTION: dict[str, str] = {
+    f.name: name for name, cls in _SECTIONS.items() for f in dataclasses.fields(cls)
+}
+
+# The two named runs. Only overrides of the defaults above; the lead tunes the numbers here.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # ~1 minute end to end with 2 learners on 2 CPU cores: few tiny videos, a tiny model, 2 epochs.
+    "smoke": {
+        "data": {"num_classes": 4, "max_videos": 120, "cache_size": 20, "crop": 16},
+        "model": {"width": 8, "depth": 2, "hidden": 32},
+        "train": {"learners": 2, "epochs": 2, "batch_size": 4, "micro_batch_size": 4},
+    },
+    # `make demo`: >= 90 % test accuracy on the synthetic set with 2 learners in <= 6 minutes on 2 cores.
+    "demo": {
+        "data": {"num_classes": 10, "max_videos": None, "cache_size": 36, "crop": 32},
+        "model": {"width": 16, "depth": 3, "hidden": 64},
+        "train": {"learners": 2, "epochs": 10, "batch_size": 4, "micro_batch_size": 4},
+    },
+}
+
+
+def _unknown(keys: list[str], known: list[str], where: str) -> ValueError:
+    hints = []
+    for key in keys:
+        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return ValueError(f"unknown {where} key(s) {', '.join(hints)}: valid keys are {', '.join(known)}")
+
+
+@dataclass(kw_only=True)
+class Config:
+    """A whole run: ``Config(data=DataConfig(...), model=..., train=..., run=...)``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """Videos, striding, augmentation cache, refurbishing and packing."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The temporal classifier."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """AAVG learners, averaging rounds, adaptive batch size and optimizer."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Output folder and resume."""
+
+    def __post_init__(self) -> None:
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(
+                    f"Config.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}: "
+                    f"pass {name}={cls.__name__}(...) or build the whole tree with Config.from_dict"
+                )
+        if self.run.resume and self.run.run_name is None:
+            raise ValueError(
+                "run.resume=True needs run.run_name: pass the name of the run to resume (--run-name NAME)"
+            )
+        if self.run.run_name is None:
+            # Set once, here, so every copy (workers, checkpoints, summary.json) names the same folder.
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+            self.run.run_name = f"ucf101-{self.data.dataset}-{stamp}"
+        self.validate()
+
+    def validate(self) -> None:
+        """Re-check every section (after a field was changed in place); raises ValueError naming it."""
+        for name in _SECTIONS:
+            getattr(self, name).validate()
+
+    def run_dir(self) -> Path:
+        """``storage_path / run_name`` with ``~`` expanded: the folder of checkpoints and summary.json."""
+        return Path(os.path.expanduser(self.run.storage_path)) / self.run.run_name
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Nested plain types (str, int, float, bool, None): JSON-able, ``from_dict`` rebuilds it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Config:
+        """Rebuild from ``to_dict()`` output; missing keys take defaults, unknown keys raise ValueError."""
+        if not isinstance(d, Mapping):
+            raise TypeError(f"Config.from_dict needs a mapping of sections, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(_SECTIONS))
+        if unknown:
+            raise _unknown(unknown, list(_SECTIONS), "config section")
+        sections = {}
+        for name, section_cls in _SECTIONS.items():
+            values = d.get(name, {})
+            if not isinstance(values, Mapping):
+                raise TypeError(
+                    f"config section {name!r} must be a mapping of fields, got {type(values).__name__}"
+                )
+            known = [f.name for f in dataclasses.fields(section_cls)]
+            unknown = sorted(f"{name}.{k}" for k in set(values) - set(known))
+            if unknown:
+                raise _unknown(unknown, known, f"{name}")
+            sections[name] = section_cls(**values)
+        return cls(**sections)
+
+    @classmethod
+    def from_preset(cls, name: str | None, **overrides: Any) -> Config:
+        """The preset ``name`` (a key of PRESETS; None = the defaults) with ``overrides`` applied on top.
+
+        An override is a field name (``epochs=3``, the flag names with ``-`` -> ``_``) or a whole
+        section (``train={"epochs": 3}``); unknown names raise ValueError.
+        """
+        if name is not None and name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(sorted(PRESETS))}, or None")
+        merged: dict[str, dict[str, Any]] = {
+            section: dict(values) for section, values in (PRESETS[name] if name else {}).items()
+        }
+        for key, value in overrides.items():
+            if key in _SECTIONS and isinstance(value, Mapping):
+                merged.setdefault(key, {}).update(value)
+            elif key in _FIELD_SECTION:
+                merged.setdefault(_FIELD_SECTION[key], {})[key] = value
+            else:
+                raise _unknown([key], sorted(_FIELD_SECTION), "override")
+        logger.debug("config from preset %s with overrides %s", name, sorted(overrides))
+        return cls.from_dict(merged)

@@ -1,0 +1,198 @@
+"""The learner's inner step, without Ray: collate block rows, stream micro-batches, step the optimizer.
+
+Everything a learner does between two averaging rounds lives here, in plain torch, so the same code runs
+inside a Ray Train worker and in a GPU benchmark on a machine that has no Ray. One step takes a mini-batch
+of B block rows (``frames [B, t_max, H, W, C]`` uint8 plus the reset tables), streams it to the device as
+micro-batches with :func:`raytrain_seq.microbatch.accumulate` (so the gradient is exactly the full-batch
+gradient, normalised by the number of real sequences), then steps the optimizer once. AAVG's Algorithm 1
+line 9 is exactly this update: the mean gradient over the B_n samples of the mini-batch.
+
+Trade-off: a mini-batch of any size fits any device; the price is one forward/backward per micro-batch
+(``bench/microbatch.py`` measures the overhead against one batch that fits).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from raytrain_seq.microbatch import MicroBatchSizer, accumulate
+from raytrain_seq.models import predict, sequence_loss
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def collate_rows(
+    rows: Sequence[Mapping[str, np.ndarray]] | Mapping[str, np.ndarray],
+) -> dict[str, torch.Tensor]:
+    """Stack block rows (dicts of numpy arrays) into one dict of CPU tensors, first dim = rows.
+
+    A dict of already-batched arrays (what Ray Data's ``iter_batches`` yields) is converted without a
+    copy; a list of single rows is stacked. Keys other than numeric arrays (e.g. string ids) are dropped
+    because the model never sees them.
+    """
+    if isinstance(rows, Mapping):
+        batched = rows
+    else:
+        if not rows:
+            raise ValueError("collate_rows got no rows: a mini-batch needs at least one block row")
+        batched = {key: np.stack([np.asarray(row[key]) for row in rows]) for key in rows[0]}
+    out = {}
+    for key, value in batched.items():
+        array = np.asarray(value)
+        if array.dtype.kind in "biuf":
+            out[key] = torch.from_numpy(np.ascontiguousarray(array))
+    return out
+
+
+def useful_frames(batch: Mapping[str, torch.Tensor]) -> int:
+    """Frames that belong to real sequences (padding and filler rows excluded).
+
+    ``lengths`` is padded with -1 past ``num_sequences``: rows with lengths ``[37, 24, 20, -1]`` and
+    ``[-1, -1, -1, -1]`` hold 81 useful frames.
+    """
+    lengths = batch["lengths"]
+    return int(lengths.clamp(min=0).sum())
+
+
+def build_optimizer(
+    name: str, params: Iterable[nn.Parameter], *, lr: float, weight_decay: float = 0.0, momentum: float = 0.9
+) -> torch.optim.Optimizer:
+    """``adam`` (the AAVG default, whose moments the averager merges), ``adamw`` or ``sgd`` (with momentum)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one optimizer step did."""
+
+    loss: float
+    """Mean cross-entropy over the mini-batch's real sequences."""
+    sequences: int
+    """Real sequences in the mini-batch (the loss's denominator)."""
+    frames: int
+    """Useful frames in the mini-batch (padding excluded)."""
+    seconds: float
+    """Wall time of the step, device work included."""
+
+
+class InnerStep:
+    """One AAVG local step: ``step(batch)`` = micro-batched forward/backward + one optimizer step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        micro_batch_size: int | str,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.micro_batch_size = micro_batch_size
+        self.device = torch.device(device) if device is not None else None
+        # One sizer per learner: "auto" probes the largest micro-batch once per input shape.
+        self.sizer = MicroBatchSizer()
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> StepStats:
+        began = time.perf_counter()
+        self.model.train()
+        loss = accumulate(
+            self.model,
+            dict(batch),
+            sequence_loss,
+            micro_batch_size=self.micro_batch_size,
+            device=self.device,
+            sizer=self.sizer,
+        )
+        sequences = int(batch["num_sequences"].sum())
+        if sequences:
+            self.optimizer.step()
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return StepStats(loss, sequences, useful_frames(batch), time.perf_counter() - began)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Accuracy of a model over a set of block rows."""
+
+    accuracy: float
+    """Correct sequences / sequences (0.0 for an empty set)."""
+    loss: float
+    """Mean cross-entropy per sequence."""
+    sequences: int
+    """How many sequences were scored."""
+    per_class: dict[int, tuple[int, int]]
+    """label -> (correct, total)."""
+
+
+def evaluate(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    micro_batch_size: int = 16,
+    device: torch.device | str | None = None,
+) -> EvalResult:
+    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    per_class: dict[int, list[int]] = {}
+    try:
+        for batch in batches:
+            rows = int(batch["num_sequences"].shape[0])
+            for lo in range(0, rows, micro_batch_size):
+                part = {key: value[lo : lo + micro_batch_size].to(device) for key, value in batch.items()}
+                logits, labels = predict(model, part)
+                if labels.numel() == 0:
+                    continue
+                hits = logits.argmax(1) == labels
+                loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+                correct += int(hits.sum())
+                total += int(labels.numel())
+                for label, hit in zip(labels.tolist(), hits.tolist(), strict=True):
+                    tally = per_class.setdefault(label, [0, 0])
+                    tally[0] += int(hit)
+                    tally[1] += 1
+    finally:
+        model.train(was_training)
+    return EvalResult(
+        accuracy=correct / total if total else 0.0,
+        loss=loss_sum / total if total else 0.0,
+        sequences=total,
+        per_class={label: (c, t) for label, (c, t) in sorted(per_class.items())},
+    )
+
+
+def load_averaged(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: Mapping[str, torch.Tensor],
+    optimizer_state: Mapping | None,
+) -> None:
+    """Install the averager's mean parameters and, when given, its merged optimizer moments.
+
+    The merged state replaces only ``state`` (the per-parameter moments and step); the learner keeps its
+    own ``param_groups`` (learning rate, betas), which AAVG never averages.
+    """
+    model.load_state_dict(dict(params))
+    if optimizer_state is not None:
+        current = optimizer.state_dict()
+        optimizer.load_state_dict({"state": dict(optimizer_state), "param_groups": current["param_groups"]})

@@ -1,0 +1,332 @@
+"""The result of one run: ``RunSummary`` -> summary.json, a terminal result table and curves.png.
+
+What it records: the evidence each technique of DESIGN.md must show, in one place. BLoad packing
+(Iftekhar, Ruschel et al.): frames deleted (0) and padding, and the block count against the lower bound
+ceil(frames / t_max). AAVG (Cong et al.): validation accuracy per averaging round and the adaptive batch
+size over time. Revamper refurbishing (Lee et al.): partial augmentations recomputed vs reused. Time split:
+compute vs averaging vs waiting on data, the trade-off every technique moves.
+
+Trade-off: the summary is plain data (lists of small dicts), so it is JSON as is and cheap to ship from a
+worker; matplotlib is imported only inside ``plot_curves`` and draws on a private Agg canvas (no pyplot
+global state), so importing this module costs nothing and plotting works on a headless node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SUMMARY_FILE", "RunSummary", "format_table", "plot_curves"]
+
+SUMMARY_FILE = "summary.json"
+
+# Keys every history entry / breakdown must carry (more keys are kept as they are).
+_HISTORY_KEYS = {
+    "val_accuracy_history": ("round", "epoch", "accuracy", "time_s"),
+    "batch_size_history": ("round", "batch_size", "time_s"),
+    "loss_history": ("round", "loss", "time_s"),
+}
+_BREAKDOWN_KEYS = {
+    "seconds": ("total", "compute", "averaging", "data_wait"),
+    "packing": ("strategy", "blocks", "lower_bound_blocks"),
+    "refurbish": ("reuse", "recomputed", "reused"),
+}
+
+
+@dataclass(kw_only=True)
+class RunSummary:
+    """The numbers of one finished run; ``write`` saves them as summary.json, ``load`` reads them back.
+
+    ``path`` is the run folder (set by ``write``/``load``, not stored in the JSON); ``extra`` holds any
+    further top-level keys (written beside the fields, and unknown keys of a loaded file land here).
+    """
+
+    dataset: str
+    """Dataset name (config data.dataset)."""
+    learners: int
+    """Learners at the end of the run."""
+    epochs: int
+    """Epochs completed."""
+    test_accuracy: float | None
+    """Accuracy on the test set in [0, 1]; None when the run was not tested."""
+    val_accuracy_history: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per validation: {round, epoch, accuracy, time_s}, accuracy in [0, 1]."""
+    batch_size_history: list[dict[str, Any]] = field(default_factory=list)
+    """The AAVG batch size from each averaging round on: {round, batch_size, time_s}."""
+    loss_history: list[dict[str, Any]] = field(default_factory=list)
+    """Mean training loss per averaging round: {round, loss, time_s}."""
+    rounds: int = 0
+    """Averaging rounds completed."""
+    frames_total: int = 0
+    """Real (non-padding) frames trained on, summed over epochs."""
+    frames_deleted: int = 0
+    """Frames cut away by the packer (0 for every strategy except "chunk")."""
+    padding_frames: int = 0
+    """Zero frames added to fill blocks, summed over epochs."""
+    padding_fraction: float = 0.0
+    """padding_frames / (frames_total + padding_frames)."""
+    frames_per_second: float = 0.0
+    """Useful (non-padding) frames trained per second of wall time, all learners together."""
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"total": 0.0, "compute": 0.0, "averaging": 0.0, "data_wait": 0.0}
+    )
+    """Wall time split: {total, compute, averaging, data_wait} (per learner, averaged over learners)."""
+    packing: dict[str, Any] = field(
+        default_factory=lambda: {"strategy": "optimal", "blocks": 0, "lower_bound_blocks": 0}
+    )
+    """Packing of the training set per epoch: {strategy, blocks, lower_bound_blocks}."""
+    refurbish: dict[str, Any] = field(default_factory=lambda: {"reuse": 1, "recomputed": 0, "reused": 0})
+    """Partial augmentations over the run: {reuse, recomputed, reused}."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's Config.to_dict()."""
+    membership: list[dict[str, Any]] = field(default_factory=list)
+    """Learner joins and leaves, one entry per event."""
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    """Learners dropped from a round or restarted, with the logged reason."""
+    videos: dict[str, Any] = field(default_factory=dict)
+    """Video counts of the splits (train, val, test)."""
+    stream: dict[str, Any] = field(default_factory=dict)
+    """Micro-batch streaming details (micro_batch_size used, micro-batches per step)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Any further top-level keys of summary.json."""
+    path: Path | None = field(default=None, compare=False)
+    """The run folder holding summary.json (not stored in the JSON)."""
+
+    def __post_init__(self) -> None:
+        for name, keys in {**_HISTORY_KEYS, **_BREAKDOWN_KEYS}.items():
+            value = getattr(self, name)
+            entries = value if name in _HISTORY_KEYS else [value]
+            if not isinstance(value, list if name in _HISTORY_KEYS else dict):
+                raise TypeError(f"RunSummary.{name} must be a {'list' if name in _HISTORY_KEYS else 'dict'}")
+            for i, entry in enumerate(entries):
+                missing = [k for k in keys if not isinstance(entry, dict) or k not in entry]
+                if missing:
+                    where = f"{name}[{i}]" if name in _HISTORY_KEYS else name
+                    raise ValueError(f"RunSummary.{where} lacks {missing}: give every entry the keys {keys}")
+        clash = sorted(set(self.extra) & _field_names())
+        if clash:
+            raise ValueError(f"RunSummary.extra keys {clash} clash with fields: set the fields themselves")
+
+    @property
+    def json_path(self) -> Path:
+        """``path / "summary.json"``; ValueError before ``write``/``load`` set ``path``."""
+        if self.path is None:
+            raise ValueError("this RunSummary has no run folder yet: call write(run_dir) first")
+        return self.path / SUMMARY_FILE
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict: the fields (less ``path``, ``extra``) and ``extra``'s keys beside them."""
+        out = _plain(
+            {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _LOCAL}
+        )
+        out.update(_plain(self.extra))
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], path: Path | None = None) -> RunSummary:
+        """Inverse of ``to_dict``: unknown top-level keys go to ``extra``."""
+        names = _field_names()
+        known = {k: v for k, v in d.items() if k in names and k not in _LOCAL}
+        extra = {k: v for k, v in d.items() if k not in names}
+        return cls(**known, extra=extra, path=path)
+
+    def write(self, run_dir: str | Path) -> Path:
+        """Write ``run_dir/summary.json`` (indent 2, sorted keys), set ``self.path``, return the file."""
+        run_dir = Path(run_dir).expanduser()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        target = run_dir / SUMMARY_FILE
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
+        # Write then rename: a reader (or a crash) never sees half a file.
+        tmp = target.with_suffix(".json.tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(target)
+        self.path = run_dir
+        logger.info("summary written to %s", target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunSummary:
+        """Read a summary.json (or the run folder holding one)."""
+        path = Path(path).expanduser()
+        if path.is_dir():
+            path = path / SUMMARY_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"no {SUMMARY_FILE} at {path}: pass a run folder or its summary.json")
+        return cls.from_dict(json.loads(path.read_text()), path=path.parent)
+
+
+def _field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(RunSummary)}
+
+
+# Fields that are not written as keys of their own: the folder, and the bag whose keys sit at top level.
+_LOCAL = ("path", "extra")
+
+
+def _plain(value: Any) -> Any:
+    """Deep copy into JSON types: numpy/torch values -> Python numbers/lists, NaN/inf -> None, Path -> str."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        # Strict JSON has no NaN; null says "no value" honestly (e.g. a loss that diverged).
+        return value if math.isfinite(value) else None
+    if hasattr(value, "tolist"):  # numpy / torch scalars and arrays, without importing either
+        return _plain(value.tolist())
+    raise TypeError(f"summary value {value!r} of type {type(value).__name__} is not JSON-able: convert it")
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f} %" if whole else "n/a"
+
+
+def _acc(value: float | None) -> str:
+    return "n/a" if value is None else f"{100.0 * value:.1f} %"
+
+
+def format_table(summary: RunSummary) -> str:
+    """A readable, aligned result table for the terminal: accuracy, frames, time split, packing, reuse."""
+    s = summary
+    rows: list[tuple[str, str, str]] = []  # (label, value, note): three aligned columns
+
+    title = s.config.get("run", {}).get("run_name") or (s.path.name if s.path else "run")
+    rows.append(("test accuracy", _acc(s.test_accuracy), ""))
+    if s.val_accuracy_history:
+        best = max(s.val_accuracy_history, key=lambda e: e["accuracy"])
+        last = s.val_accuracy_history[-1]
+        rows.append(
+            (
+                "val accuracy",
+                _acc(last["accuracy"]),
+                f"last; best {_acc(best['accuracy'])} (round {best['round']})",
+            )
+        )
+    else:
+        rows.append(("val accuracy", "n/a", "no validation rounds"))
+    rows.append(("frames trained", f"{s.frames_total:,}", "real frames, all epochs"))
+    rows.append(("frames deleted", f"{s.frames_deleted:,}", ""))
+    rows.append(("padding", f"{s.padding_frames:,}", f"{100.0 * s.padding_fraction:.2f} % of block frames"))
+    rows.append(("throughput", f"{s.frames_per_second:,.1f}", "useful frames/s"))
+
+    sec = s.seconds
+    total = float(sec["total"])
+    rows.append(("time total", f"{total:,.1f} s", ""))
+    parts = [("compute", sec["compute"]), ("averaging", sec["averaging"]), ("data wait", sec["data_wait"])]
+    other = total - sum(float(v) for _, v in parts)
+    # "other" (startup, validation, checkpoints) only makes sense when the parts fit inside the total.
+    if other >= 0:
+        parts.append(("other", other))
+    for name, value in parts:
+        rows.append((f"  {name}", f"{float(value):,.1f} s", f"{_pct(float(value), total):>7}"))
+
+    pk = s.packing
+    over = pk["blocks"] - pk["lower_bound_blocks"]
+    rows.append(
+        (
+            "packing",
+            f"{pk['blocks']:,} blocks",
+            f"{pk['strategy']}; lower bound {pk['lower_bound_blocks']:,} (+{over})",
+        )
+    )
+    rf = s.refurbish
+    done = rf["recomputed"] + rf["reused"]
+    rows.append(
+        (
+            "refurbish",
+            f"r = {rf['reuse']}",
+            f"recomputed {rf['recomputed']:,}, reused {rf['reused']:,} ({_pct(rf['reused'], done)} reused)",
+        )
+    )
+    if s.batch_size_history:
+        sizes = [e["batch_size"] for e in s.batch_size_history]
+        rows.append(("batch size", f"{sizes[0]} -> {sizes[-1]}", f"max {max(sizes)}"))
+    if s.loss_history:
+        rows.append(("loss", f"{s.loss_history[-1]['loss']:.4f}", f"first {s.loss_history[0]['loss']:.4f}"))
+
+    head = f"{title}: {s.dataset}, {s.learners} learners, {s.epochs} epochs, {s.rounds} averaging rounds"
+    w_label = max(len(r[0]) for r in rows)
+    w_value = max(len(r[1]) for r in rows)
+    lines = [f"{label:<{w_label}}  {value:>{w_value}}  {note}".rstrip() for label, value, note in rows]
+    rule = "-" * max(len(head), *(len(line) for line in lines))
+    return "\n".join([head, rule, *lines, rule])
+
+
+def plot_curves(summary: RunSummary, path: str | Path) -> Path:
+    """Save curves.png: validation accuracy, training loss and batch size (step plot) against time."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    s = summary
+    fig = Figure(figsize=(15, 4.4), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_acc, ax_loss, ax_bs = fig.subplots(1, 3)
+
+    def empty(ax, what: str, *, keep_y: bool = False) -> None:
+        # A note instead of a blank frame, and no made-up 0..1 scales on the axes.
+        ax.text(
+            0.5, 0.5, f"no {what} recorded", ha="center", va="center", transform=ax.transAxes, color="0.4"
+        )
+        ax.set_xticks([])
+        if not keep_y:
+            ax.set_yticks([])
+
+    val = s.val_accuracy_history
+    if val:
+        ax_acc.plot([e["time_s"] for e in val], [100 * e["accuracy"] for e in val], "o-", label="validation")
+    else:
+        empty(ax_acc, "validation rounds", keep_y=True)
+    if s.test_accuracy is not None:
+        ax_acc.axhline(
+            100 * s.test_accuracy, color="C3", ls="--", label=f"test {100 * s.test_accuracy:.1f} %"
+        )
+    if val or s.test_accuracy is not None:
+        ax_acc.legend(loc="lower right")
+    ax_acc.set(title="Validation accuracy", xlabel="time (s)", ylabel="accuracy (%)", ylim=(0, 102))
+
+    loss = s.loss_history
+    if loss:
+        ax_loss.plot([e["time_s"] for e in loss], [e["loss"] for e in loss], ".-", color="C1")
+    else:
+        empty(ax_loss, "training loss")
+    ax_loss.set(title="Training loss (per averaging round)", xlabel="time (s)", ylabel="mean loss")
+
+    bs = s.batch_size_history
+    if bs:
+        times = [e["time_s"] for e in bs]
+        sizes = [e["batch_size"] for e in bs]
+        if s.seconds["total"] > times[-1]:
+            # The last size holds until the run ends: extend the final step to the total time.
+            times, sizes = [*times, s.seconds["total"]], [*sizes, sizes[-1]]
+        ax_bs.step(times, sizes, where="post", color="C2")
+        if max(sizes) >= 8 * min(sizes):
+            # AAVG multiplies by b2, so a log2 axis gives every growth step the same height.
+            ax_bs.set_yscale("log", base=2)
+            ax_bs.yaxis.set_major_formatter(ScalarFormatter())
+        else:
+            ax_bs.yaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        empty(ax_bs, "batch sizes")
+    ax_bs.set(title="AAVG batch size", xlabel="time (s)", ylabel="blocks per mini-batch")
+
+    for ax in (ax_acc, ax_loss, ax_bs):
+        ax.grid(alpha=0.3)
+    name = s.config.get("run", {}).get("run_name") or (s.path.name if s.path else s.dataset)
+    fig.suptitle(f"{name}: {s.learners} learners, {s.epochs} epochs, {s.rounds} averaging rounds")
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    logger.info("curves written to %s", path)
+    return path

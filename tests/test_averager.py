@@ -1,0 +1,410 @@
+"""Tests for raytrain_seq.dist.averager: the round policy (no ray) and the actor on a local Ray cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import pickle
+import time
+
+import pytest
+import torch
+
+from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.dist.averager import (
+    AveragingTimeoutError,
+    MembershipError,
+    ParameterAverager,
+    RoundBook,
+    StaleRoundError,
+)
+
+LEARNERS = ["a", "b", "c"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _book(**kwargs) -> tuple[RoundBook, FakeClock]:
+    clock = FakeClock()
+    book = RoundBook(3, timeout_s=kwargs.pop("timeout_s", 5.0), clock=clock, **kwargs)
+    for learner in LEARNERS:
+        assert book.join(learner) == 1
+    return book, clock
+
+
+def _tiny(value: float) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((4,), float(value))}
+
+
+# ------------------------------------------------------------------------------------ RoundBook, no ray
+def test_book_round_completes_when_all_arrive():
+    """A round completes exactly when every expected learner arrived; its deadline is first arrival + timeout."""
+    book, clock = _book()
+    assert not book.arrive("b", 1, 3, "pb")
+    assert book.deadline == 105.0 and book.missing == ["a", "c"]
+    clock.now = 101.0
+    assert not book.arrive("a", 1, 3, "pa")
+    with pytest.raises(RuntimeError, match="waiting for"):
+        book.close()  # neither complete nor past the deadline
+    assert book.arrive("c", 1, 3, "pc")
+    closed = book.close()
+    # Averaged in sorted order whatever the arrival order, with each learner's own payload.
+    assert closed.present == (("a", "pa"), ("b", "pb"), ("c", "pc")) and closed.dropped == ()
+    book.finish()
+    assert (book.round, book.phase, book.dropped_log) == (2, "idle", [])
+
+
+def test_book_deadline_drops_the_missing_with_a_reason(caplog):
+    """Past the deadline the missing learner is dropped with a logged reason and not expected any more."""
+    caplog.set_level(logging.WARNING, logger="raytrain_seq.dist.averager")
+    book, clock = _book(timeout_s=2.0)
+    book.arrive("a", 1, 3)
+    book.arrive("c", 1, 3)
+    clock.now = 101.9
+    assert not book.expired()
+    clock.now = 102.0
+    assert book.expired()
+    closed = book.close()
+    assert [name for name, _ in closed.present] == ["a", "c"] and closed.dropped == ("b",)
+    [record] = book.dropped_log
+    assert set(record) == {"round", "learner", "reason", "time"}
+    assert (record["round"], record["learner"]) == (1, "b") and "within 2 s" in record["reason"]
+    assert any("'b'" in m and record["reason"] in m for m in caplog.messages)
+    book.finish()
+    book.arrive("a", 2, 3)
+    assert book.expected == ["a", "c"] and book.arrive("c", 2, 3)  # b is not waited for
+
+
+def test_book_stale_skipped_and_duplicate_rounds_name_the_learner():
+    """Closed, skipped-ahead and repeated rounds raise StaleRoundError naming the learner and join()."""
+    book, _ = _book()
+    for learner in LEARNERS:
+        book.arrive(learner, 1, 3)
+    book.close()
+    book.finish()
+    cases = [("a", 1, 2, "closed"), ("b", 3, 2, "skipped ahead")]
+    for learner, sent, expected, why in cases:
+        with pytest.raises(StaleRoundError, match=why) as info:
+            book.arrive(learner, sent, 3)
+        err = info.value
+        assert (err.learner, err.sent_round, err.expected_round) == (learner, sent, expected)
+        assert repr(learner) in str(err) and "join()" in str(err)
+    book.arrive("c", 2, 3)
+    with pytest.raises(StaleRoundError, match="already sent"):
+        book.arrive("c", 2, 3)
+    assert book.arrived == ["c"]  # the rejected calls recorded nothing
+
+
+def test_book_world_size_and_membership():
+    """A different world size, an unregistered caller or a joiner beyond the world raise MembershipError."""
+    book, _ = _book()
+    with pytest.raises(MembershipError) as info:
+        book.arrive("a", 1, 4)
+    assert (info.value.learner, info.value.sent_world_size, info.value.world_size) == ("a", 4, 3)
+    with pytest.raises(MembershipError, match="call join"):
+        book.arrive("zed", 1, 3)
+    with pytest.raises(MembershipError, match="group is full"):
+        book.join("d")
+    assert book.phase == "idle"  # nothing opened a round
+    book.set_world_size(4)
+    assert book.join("d") == 1
+    with pytest.raises(MembershipError):
+        book.arrive("a", 1, 3)  # the old size is now the wrong one
+    assert not book.arrive("a", 1, 4) and book.expected == ["a", "b", "c", "d"]
+    assert [e["event"] for e in book.membership_log] == ["join"] * 3 + ["world_size", "join"]
+
+
+def test_book_rejoin_after_drop():
+    """A dropped learner gets StaleRoundError until it joins; it then takes part from the next open round."""
+    book, clock = _book(timeout_s=1.0)
+    book.arrive("a", 1, 3)
+    book.arrive("b", 1, 3)
+    clock.now += 1.0
+    assert book.close().dropped == ("c",)
+    book.finish()
+    with pytest.raises(StaleRoundError, match="dropped from round 1") as info:
+        book.arrive("c", 1, 3)
+    assert info.value.learner == "c" and info.value.expected_round == 2
+    book.arrive("a", 2, 3)  # round 2 is open without c
+    assert book.join("c") == 3  # joining mid-round: it takes part from round 3
+    with pytest.raises(StaleRoundError):
+        book.arrive("c", 2, 3)
+    assert book.arrive("b", 2, 3)  # round 2 completes without waiting for c
+    book.close()
+    book.finish()
+    assert book.dropped == {}
+    book.arrive("a", 3, 3)
+    assert book.expected == ["a", "b", "c"]
+
+
+def test_book_too_few_learners_fail_the_round_and_keep_its_number():
+    """Below min_learners the round fails with AveragingTimeoutError listing the missing; it can be resent."""
+    book, clock = _book(timeout_s=1.0, min_learners=2)
+    book.arrive("b", 1, 3)
+    clock.now += 1.5
+    closed = book.close()
+    assert isinstance(closed.error, AveragingTimeoutError) and closed.present == ()
+    assert (closed.error.missing, closed.error.arrived) == (("a", "c"), ("b",))
+    assert (book.round, book.phase) == (1, "idle")
+    book.join("a")
+    book.arrive("b", 1, 3)
+    assert book.arrive("a", 1, 3)  # c is dropped, so a and b complete round 1
+    assert [name for name, _ in book.close().present] == ["a", "b"]
+
+
+def test_book_validation_due_every_m_rounds():
+    """Round r with r % m == 0 owes one validation report; other rounds and repeats are refused."""
+    book, _ = _book(validate_every=2)
+    for r in (1, 2):
+        for learner in LEARNERS:
+            book.arrive(learner, r, 3)
+        book.close()
+        book.finish()
+        assert book.validation_due == (None if r == 1 else 2)
+    with pytest.raises(ValueError, match="not a validation round"):
+        book.report_validation(1)
+    with pytest.raises(StaleRoundError, match="not averaged yet"):
+        book.report_validation(4, "rank0")
+    book.report_validation(2)
+    with pytest.raises(StaleRoundError, match="reported already") as info:
+        book.report_validation(2, "rank0")
+    assert info.value.learner == "rank0" and book.validation_due is None
+
+
+def test_errors_pickle_round_trip():
+    """Every typed error survives pickling with all its fields and the same message."""
+    errors = [
+        AveragingTimeoutError(7, ["b", 2], ["a"], 1.5),
+        StaleRoundError("learner-1", 3, 5, "it skipped ahead"),
+        MembershipError(4, 3, 2, "it is not registered: call join() first"),
+    ]
+    for err in errors:
+        copy = pickle.loads(pickle.dumps(err))
+        assert type(copy) is type(err) and str(copy) == str(err) and copy.args == err.args
+        assert copy._fields == err._fields and len(err._fields) == 4
+        assert all(getattr(copy, name) == getattr(err, name) for name in err._fields)
+    assert "'b'" in str(errors[0]) and "learner-1" in str(errors[1]) and "join()" in str(errors[1])
+
+
+# ------------------------------------------------------------------------ the actor on asyncio, no ray
+def test_actor_restarted_learner_rejoining_does_not_hold_up_the_round():
+    """A learner that rejoins mid-round is not waited for; its join() returns that round's result."""
+
+    async def scenario():
+        averager = ParameterAverager(3, timeout_s=30.0)
+        for learner in LEARNERS:
+            await averager.join(learner)
+        sends = [asyncio.create_task(averager.average(n, 1, 3, _tiny(k), None)) for k, n in enumerate("ab")]
+        await asyncio.sleep(0.05)
+        assert not any(task.done() for task in sends)  # the round is waiting for c
+        joined = await averager.join("c")  # c restarted: it cannot send round 1 any more
+        return joined, await asyncio.gather(*sends), averager
+
+    joined, results, averager = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert all(r.learners == ("a", "b") and r.dropped == () for r in results)  # no timeout, nobody dropped
+    assert joined.round == 2 and torch.equal(joined.params["w"], torch.full((4,), 0.5))
+    summary = asyncio.run(averager.summary())
+    assert [e["event"] for e in summary["membership"]] == ["join"] * 3 + ["rejoin"]
+
+
+def test_actor_rejects_a_bad_payload_without_spoiling_the_round():
+    """A malformed or mismatched payload fails only its sender, records nothing, and the round goes on."""
+    adam = {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.ones(4)}}
+    bad_payloads = [
+        ({"params": {"w": torch.zeros(5)}}, ValueError),  # another shape than the round's first learner
+        ({"optimizer_state": adam}, ValueError),  # Adam state while the first learner has none
+        ({"params": {"w": 1.0}}, TypeError),
+        ({"weight": -1.0}, ValueError),
+        ({"optimizer_state": {"state": {}, "param_groups": []}}, TypeError),
+        ({"stats": {"frames": "many"}}, TypeError),
+    ]
+
+    async def scenario():
+        averager = ParameterAverager(2, timeout_s=30.0)
+        for learner in "ab":
+            await averager.join(learner)
+        first = asyncio.create_task(averager.average("a", 1, 2, _tiny(1), None))
+        await asyncio.sleep(0.01)
+        for bad, error in bad_payloads:
+            with pytest.raises(error):
+                await averager.average("b", 1, 2, **{"params": _tiny(3), "optimizer_state": None, **bad})
+        assert not first.done()
+        return await averager.average("b", 1, 2, _tiny(3), None), await first
+
+    results = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert all(
+        r.learners == ("a", "b") and torch.equal(r.params["w"], torch.full((4,), 2.0)) for r in results
+    )
+
+
+def test_actor_snapshot_survives_torch_save_and_restores():
+    """snapshot_state() loads with torch.load(weights_only=True); a restored averager resumes from it."""
+
+    async def scenario():
+        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
+        for learner in "ab":
+            await averager.join(learner)
+        await asyncio.gather(*(averager.average(n, 1, 2, _tiny(k + 1), None) for k, n in enumerate("ab")))
+        await averager.report_validation(1, 0.3)
+        buffer = io.BytesIO()
+        torch.save(await averager.snapshot_state(), buffer)
+        buffer.seek(0)
+        restarted = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
+        await restarted.restore(torch.load(buffer, weights_only=True))
+        return await restarted.join("b"), await restarted.latest()
+
+    joined, latest = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert (joined.round, latest.round) == (2, 1) and torch.equal(joined.params["w"], torch.full((4,), 1.5))
+    assert joined.adaptive_state["best"] == 0.3 and latest.validation_history[0]["accuracy"] == 0.3
+
+
+# ------------------------------------------------------------------------------- the actor on local ray
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def averagers(ray_cluster):
+    """One fresh actor per test (timeout 1 s, learners a, b, c joined), all started at once to save time."""
+    from raytrain_seq.dist.averager import create_averager
+
+    configs = {
+        "reference": {},
+        "drop": {},
+        "timeout": {"min_learners": 2},
+        "validation": {"validate_every": 1, "batch_size": 4},
+    }
+    actors = {
+        name: create_averager(f"avg-{name}", world_size=3, timeout_s=1.0, **kw)
+        for name, kw in configs.items()
+    }
+    ray_cluster.get([actor.join.remote(learner) for actor in actors.values() for learner in LEARNERS])
+    yield actors
+    for actor in actors.values():
+        ray_cluster.kill(actor)
+
+
+def _adam_runs(steps: int = 3) -> tuple[list[dict], list[dict]]:
+    """Three learners: one initial model, different data, real torch.optim.Adam steps."""
+    torch.manual_seed(0)
+    init = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 3))
+    params, opt_states = [], []
+    for j in range(3):
+        model = pickle.loads(pickle.dumps(init))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        gen = torch.Generator().manual_seed(10 + j)
+        for _ in range(steps):
+            x, y = torch.randn(16, 6, generator=gen) * (j + 1), torch.randint(0, 3, (16,), generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        opt_states.append(opt.state_dict()["state"])
+    return params, opt_states
+
+
+@pytest.mark.ray
+def test_ray_round_equals_single_process_reference(ray_cluster, averagers):
+    """3 concurrent learners all get the same params and Adam state as average_states/merge_adam_states."""
+    ray = ray_cluster
+    actor = averagers["reference"]
+    params, opt_states = _adam_runs()
+    weights = [30.0, 50.0, 20.0]  # e.g. samples seen
+    assert not torch.equal(params[0]["0.weight"], params[1]["0.weight"])  # the learners really differ
+    refs = [
+        actor.average.remote(name, 1, 3, params[j], opt_states[j], {"frames": 10.0 * (j + 1)}, weights[j])
+        for j, name in enumerate(LEARNERS)
+    ]
+    results = ray.get(refs, timeout=60)
+    expected = average_states(params, weights)
+    expected_opt = merge_adam_states(opt_states, weights=weights)
+    for result in results:
+        assert result.round == 1 and result.learners == tuple(LEARNERS) and result.dropped == ()
+        assert result.params.keys() == expected.keys()
+        assert all(torch.equal(result.params[k], expected[k]) for k in expected)
+        assert result.optimizer_state.keys() == expected_opt.keys()
+        for index, entry in expected_opt.items():
+            assert all(torch.equal(result.optimizer_state[index][k], v) for k, v in entry.items())
+    # Not vacuous: the weighted mean is none of the inputs and not the unweighted mean.
+    plain = average_states(params)["0.weight"]
+    assert not torch.equal(expected["0.weight"], plain)
+    assert not any(torch.equal(expected["0.weight"], p["0.weight"]) for p in params)
+    summary = ray.get(actor.summary.remote())
+    assert [summary["learners"][name]["frames"] for name in LEARNERS] == [10.0, 20.0, 30.0]
+    assert summary["rounds_completed"] == 1
+
+
+@pytest.mark.ray
+def test_ray_missing_learner_is_dropped_then_rejoins(ray_cluster, averagers):
+    """A learner that never comes is dropped after the timeout; late, it gets StaleRoundError, then join()."""
+    ray = ray_cluster
+    actor = averagers["drop"]
+    start = time.monotonic()
+    results = ray.get(
+        [actor.average.remote(name, 1, 3, _tiny(k), None) for k, name in enumerate("ab")]
+    )  # 0, 1
+    elapsed = time.monotonic() - start
+    assert 0.9 < elapsed < 10, elapsed
+    for result in results:
+        assert result.dropped == ("c",) and result.learners == ("a", "b") and result.optimizer_state is None
+        assert torch.equal(result.params["w"], torch.full((4,), 0.5))
+    [record] = ray.get(actor.summary.remote())["dropped"]
+    assert record["learner"] == "c" and "did not send round 1 within 1 s" in record["reason"]
+    with pytest.raises(StaleRoundError) as info:
+        ray.get(actor.average.remote("c", 1, 3, _tiny(9.0), None))
+    err = info.value
+    assert isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, StaleRoundError)
+    assert (err.learner, err.sent_round, err.expected_round) == ("c", 1, 2) and "'c'" in str(err)
+    joined = ray.get(actor.join.remote("c"))
+    assert joined.round == 2 and torch.equal(joined.params["w"], results[0].params["w"])
+
+
+@pytest.mark.ray
+def test_ray_too_few_learners_raise_averaging_timeout(ray_cluster, averagers):
+    """With min_learners=2, a round that only 1 of 3 reaches fails with the two missing listed."""
+    ray = ray_cluster
+    actor = averagers["timeout"]
+    with pytest.raises(AveragingTimeoutError) as info:
+        ray.get(actor.average.remote("b", 1, 3, _tiny(1.0), None), timeout=30)
+    assert (info.value.cause.missing, info.value.cause.arrived, info.value.round) == (("a", "c"), ("b",), 1)
+    assert ray.get(actor.latest.remote()).round == 0  # nothing was averaged
+
+
+@pytest.mark.ray
+def test_ray_validation_grows_batch_size_identically(ray_cluster, averagers):
+    """B grows by b2 in the result after the validation that asks for it, for every learner alike."""
+    ray = ray_cluster
+    actor = averagers["validation"]
+
+    def round_(n, report=None):
+        refs = [actor.average.remote(name, n, 3, _tiny(n + k), None) for k, name in enumerate(LEARNERS)]
+        if report is not None:
+            while ray.get(actor.summary.remote())["open_round"]["arrived"] != LEARNERS:
+                time.sleep(0.01)
+            assert not ray.wait(refs, timeout=0.1)[0]  # all in, yet round n waits for the validation
+            assert ray.get(actor.report_validation.remote(n - 1, report)) == (8 if report < 0.5 else 4)
+        return {r.batch_size for r in ray.get(refs, timeout=30)}
+
+    assert round_(1) == {4}
+    assert round_(2, report=0.5) == {4}  # a* = 0.5: no growth
+    assert round_(3, report=0.4) == {8}  # 0.4 < a* * b1: B doubles in the very next result
+    start = time.monotonic()
+    assert round_(4) == {8}  # the validation of round 3 never comes: B is kept after the timeout
+    assert time.monotonic() - start > 0.9
+    history = ray.get(actor.summary.remote())["validation_history"]
+    assert [(v["round"], v["batch_size"], v["missed"]) for v in history] == [
+        (1, 4, False),
+        (2, 8, False),
+        (3, 8, True),
+    ]

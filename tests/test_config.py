@@ -1,0 +1,405 @@
+"""Tests for raytrain_seq.config (the run's dataclass tree) and jobs/ucf101.py (flags -> Config -> run)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from raytrain_seq.config import PRESETS, Config, DataConfig, ModelConfig, RunConfig, TrainConfig
+from raytrain_seq.summary import RunSummary
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_FILE = ROOT / "raytrain_seq" / "config.py"
+JOB_FILE = ROOT / "jobs" / "ucf101.py"
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
+
+
+def _load_job():
+    """jobs/ has no __init__.py: load the entry point by path, as `python jobs/ucf101.py` would."""
+    spec = importlib.util.spec_from_file_location("ucf101_job", JOB_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+job = _load_job()
+
+
+def _build(path: str, value):
+    """Config with the single field ``path`` ("train.batch_size") set to ``value``."""
+    section, name = path.split(".")
+    return Config.from_dict({section: {name: value}})
+
+
+# (field, a bad value, a good value nearby): the good value proves the rule is what rejects the bad one.
+BAD_VALUES = [
+    ("data.dataset", "ucf101", "synthetic"),
+    ("data.dataset", "hmdb51", "synthetic"),
+    ("data.dataset", "imagenet", "synthetic"),
+    ("data.num_classes", 1, 2),
+    ("data.num_classes", 2.0, 2),
+    ("data.num_classes", True, 2),
+    ("data.num_classes", "10", 10),
+    ("data.max_videos", 0, 10),
+    ("data.max_videos", 9, 10),  # fewer videos than the 10 default classes
+    ("data.max_videos", 12.5, 12),
+    ("data.stride", 0, 1),
+    ("data.stride", 2.0, 2),
+    ("data.t_max", 0, 1),
+    ("data.t_max", "auto", None),
+    ("data.cache_size", 0, 36),
+    ("data.crop", 0, 1),
+    ("data.crop", 37, 36),  # larger than the default cache_size 36
+    ("data.packing", "ffd", "bload"),
+    ("data.packing", "OPTIMAL", "optimal"),
+    ("data.reuse", 0, 1),
+    ("data.reuse", 1.5, 2),
+    ("data.val_fraction", 0, 0.01),
+    ("data.val_fraction", 1.0, 0.99),
+    ("data.val_fraction", -0.1, 0.1),
+    ("data.val_fraction", math.nan, 0.1),
+    ("data.val_fraction", "0.1", 0.1),
+    ("data.seed", -1, 0),
+    ("data.seed", 1.0, 1),
+    ("data.augment_cost", -0.5, 0.5),
+    ("data.augment_cost", math.inf, 0.5),
+    ("model.backbone", "resnet50", "small"),
+    ("model.width", 0, 1),
+    ("model.depth", 0, 1),
+    ("model.hidden", -4, 4),
+    ("model.temporal", "lstm", "tcn"),
+    ("train.learners", 0, 1),
+    ("train.k", 0, 1),
+    ("train.k", -2, -1),
+    ("train.k", 1.5, 2),
+    ("train.batch_size", 0, 1),
+    ("train.batch_size", True, 1),
+    ("train.max_batch_size", 3, 4),  # below the default batch_size 4
+    ("train.micro_batch_size", 0, 1),
+    ("train.micro_batch_size", "max", "auto"),
+    ("train.micro_batch_size", 2.0, 2),
+    ("train.validate_every", 0, 1),
+    ("train.b1", 0, 0.5),
+    ("train.b2", 0.5, 1),
+    ("train.epochs", 0, 1),
+    ("train.lr", 0, 1e-5),
+    ("train.lr", -1e-3, 1e-3),
+    ("train.lr", math.nan, 1e-3),
+    ("train.lr", math.inf, 1e-3),
+    ("train.optimizer", "rmsprop", "sgd"),
+    ("train.optimizer", "Adam", "adamw"),
+    ("train.weight_decay", -1e-4, 0),
+    ("train.averager_timeout_s", 0, 0.5),
+    ("train.checkpoint_every", 0, 1),
+    ("train.use_gpu", "yes", True),
+    ("train.use_gpu", 1, False),
+    ("run.storage_path", "", "/tmp/runs"),
+    ("run.storage_path", "   ", "runs"),
+    ("run.run_name", "a/b", "a-b"),
+    ("run.run_name", "", "x"),
+    ("run.run_name", "..", "..x"),
+    ("run.resume", "yes", False),
+]
+
+
+@pytest.mark.parametrize(("path", "bad", "good"), BAD_VALUES, ids=[f"{p}={b!r}" for p, b, _ in BAD_VALUES])
+def test_every_invalid_value_raises_naming_field_value_and_fix(path, bad, good):
+    """A bad value raises ValueError naming the field (section.name), the value, and a fix after it."""
+    section, name = path.split(".")
+    assert getattr(_build(path, good), section).__dict__[name] == good  # the neighbour is accepted
+    with pytest.raises(ValueError) as info:
+        _build(path, bad)
+    message = str(info.value)
+    assert path in message, message
+    assert repr(bad) in message, message
+    tail = message[message.index(repr(bad)) + len(repr(bad)) :]
+    assert len(tail.strip(" :;,.()")) >= 10, f"no fix after the value: {message}"
+
+
+def test_every_field_has_a_rule_in_the_table():
+    """The table above covers every field, so a field added later must come with its rule."""
+    covered = {p for p, _, _ in BAD_VALUES}
+    every = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    assert every - covered == set()
+
+
+def test_real_video_datasets_are_announced():
+    """Asking for ucf101 or hmdb51 now says they come with the real-video readers."""
+    for name in ("ucf101", "hmdb51"):
+        with pytest.raises(ValueError, match="ucf101 and hmdb51 come with the real-video readers"):
+            Config.from_dict({"data": {"dataset": name}})
+
+
+def test_resume_needs_a_run_name():
+    """resume=True without run_name raises naming run.run_name; with a name it is accepted."""
+    with pytest.raises(ValueError, match=r"run\.run_name"):
+        Config(run=RunConfig(resume=True))
+    assert Config(run=RunConfig(resume=True, run_name="r1")).run.run_name == "r1"
+
+
+def test_sections_must_have_their_types():
+    """Config(data={...}) raises TypeError pointing at from_dict instead of failing later."""
+    with pytest.raises(TypeError, match="from_dict"):
+        Config(data={"stride": 2})
+
+
+def test_validate_rechecks_after_in_place_change():
+    """validate() catches a field changed after construction."""
+    config = Config()
+    config.validate()
+    config.train.epochs = 0
+    with pytest.raises(ValueError, match=r"train\.epochs"):
+        config.validate()
+
+
+def test_config_module_has_no_asserts_and_every_field_a_docstring():
+    """config.py never asserts (python -O), and each field has a one-line docstring on the next line."""
+    tree = ast.parse(CONFIG_FILE.read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    checked = 0
+    for name in ("Config", *(cls.__name__ for cls in SECTIONS.values())):
+        body = classes[name].body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign) and "ClassVar" not in ast.unparse(node.annotation):
+                doc = body[i + 1]
+                assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), node.target.id
+                assert isinstance(doc.value.value, str) and "\n" not in doc.value.value.strip()
+                checked += 1
+    assert checked == 4 + sum(len(dataclasses.fields(cls)) for cls in SECTIONS.values())
+
+
+def test_to_dict_from_dict_round_trip_through_json():
+    """to_dict is plain JSON; from_dict(json) rebuilds an equal Config, non-default values included."""
+    config = Config.from_preset(
+        "demo", micro_batch_size="auto", t_max=40, use_gpu=False, optimizer="adamw", run_name="rt"
+    )
+    d = config.to_dict()
+    assert set(d) == set(SECTIONS)
+    text = json.dumps(d)
+    back = Config.from_dict(json.loads(text))
+    assert back == config and back.to_dict() == d
+    assert back != Config.from_preset("demo", run_name="rt")  # the overrides really changed it
+    assert back.train.micro_batch_size == "auto" and back.data.t_max == 40
+
+
+def test_from_dict_rejects_unknown_keys_by_name():
+    """Unknown section or field keys raise ValueError naming them (with a close match when there is one)."""
+    with pytest.raises(ValueError, match=r"'train\.epoch'.*did you mean 'epochs'"):
+        Config.from_dict({"train": {"epoch": 3}})
+    with pytest.raises(ValueError, match="'optim'"):
+        Config.from_dict({"optim": {}})
+    with pytest.raises(ValueError, match="'epoch'"):
+        Config.from_preset(None, epoch=3)
+
+
+def test_missing_keys_take_defaults():
+    """from_dict({}) equals the defaults (a checkpoint from an older version still loads)."""
+    assert Config.from_dict({"run": {"run_name": "x"}}) == Config(run=RunConfig(run_name="x"))
+
+
+def test_presets_exist_validate_and_apply_their_values():
+    """smoke and demo build, carry every value listed in PRESETS, use >= 2 learners; smoke is smaller."""
+    assert set(PRESETS) >= {"smoke", "demo"}
+    built = {}
+    for name, overrides in PRESETS.items():
+        config = Config.from_preset(name)
+        for section, values in overrides.items():
+            for key, value in values.items():
+                assert getattr(getattr(config, section), key) == value, (name, section, key)
+        built[name] = config
+    smoke, demo = built["smoke"], built["demo"]
+    assert smoke.train.learners >= 2 and demo.train.learners >= 2
+    assert smoke.train.epochs < demo.train.epochs and smoke.data.crop < demo.data.crop
+    assert smoke.data.max_videos is not None and smoke.data.max_videos <= 200
+    assert smoke.data.crop <= smoke.data.cache_size
+    with pytest.raises(ValueError, match="unknown preset 'large'"):
+        Config.from_preset("large")
+
+
+def test_from_preset_overrides_flat_or_by_section():
+    """Overrides by field name or by section dict land in the right section and beat the preset."""
+    a = Config.from_preset("smoke", epochs=5, run_name="x")
+    b = Config.from_preset("smoke", train={"epochs": 5}, run={"run_name": "x"})
+    assert a == b and a.train.epochs == 5 != PRESETS["smoke"]["train"]["epochs"]
+    assert a.model.width == PRESETS["smoke"]["model"]["width"]
+
+
+def test_run_name_is_automatic_stable_and_run_dir_expands_home(monkeypatch, tmp_path):
+    """run_name defaults to ucf101-<dataset>-<UTC stamp>, survives to_dict/from_dict; run_dir expands ~."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = Config()
+    assert re.fullmatch(r"ucf101-synthetic-\d{8}-\d{6}", config.run.run_name)
+    assert Config.from_dict(config.to_dict()).run.run_name == config.run.run_name
+    assert config.run_dir() == tmp_path / "raytrain_seq_runs" / config.run.run_name
+    assert "~" not in str(config.run_dir())
+
+
+# ---- jobs/ucf101.py ----------------------------------------------------------------------------------
+
+
+def _fields_except_run_name(config: Config) -> dict:
+    d = config.to_dict()
+    d["run"].pop("run_name")
+    return d
+
+
+def test_flags_override_preset_and_absent_flags_keep_it():
+    """Given flags beat the preset; every other field keeps the preset value."""
+    args = job.build_parser().parse_args(
+        ["--preset", "smoke", "--epochs", "5", "--learners", "3", "--lr", "0.01"]
+    )
+    config = job.config_from_args(args)
+    assert (config.train.epochs, config.train.learners, config.train.lr) == (5, 3, 0.01)
+    assert PRESETS["smoke"]["train"]["epochs"] != 5  # the flag really changed something
+    expected = Config.from_preset("smoke", epochs=5, learners=3, lr=0.01)
+    assert _fields_except_run_name(config) == _fields_except_run_name(expected)
+
+
+def test_no_flags_gives_the_defaults_and_preset_alone_gives_the_preset():
+    """No flags = Config defaults; --preset alone = the preset, untouched."""
+    parser = job.build_parser()
+    assert _fields_except_run_name(job.config_from_args(parser.parse_args([]))) == _fields_except_run_name(
+        Config()
+    )
+    smoke = job.config_from_args(parser.parse_args(["--preset", "smoke"]))
+    assert _fields_except_run_name(smoke) == _fields_except_run_name(Config.from_preset("smoke"))
+    assert _fields_except_run_name(smoke) != _fields_except_run_name(Config())
+
+
+def test_micro_batch_size_flag_takes_int_or_auto():
+    """--micro-batch-size auto -> "auto"; 3 -> 3; anything else is an argparse error (exit 2)."""
+    parser = job.build_parser()
+    assert (
+        job.config_from_args(parser.parse_args(["--micro-batch-size", "auto"])).train.micro_batch_size
+        == "auto"
+    )
+    assert job.config_from_args(parser.parse_args(["--micro-batch-size", "3"])).train.micro_batch_size == 3
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--micro-batch-size", "lots"])
+    assert info.value.code == 2
+
+
+def test_every_flag_is_a_config_field_with_help():
+    """Each flag's dest is a config field (or preset/verbose) and has help; the required flags exist."""
+    fields = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    actions = [a for a in job.build_parser()._actions if a.option_strings and a.dest != "help"]
+    for action in actions:
+        assert action.dest in fields | {"preset", "verbose"}, action.dest
+        assert action.help and len(action.help) > 10, action.dest
+    flags = {s for a in actions for s in a.option_strings}
+    required = [
+        "--dataset",
+        "--learners",
+        "--k",
+        "--batch-size",
+        "--max-batch-size",
+        "--micro-batch-size",
+        "--validate-every",
+        "--reuse",
+        "--stride",
+        "--t-max",
+        "--packing",
+        "--epochs",
+        "--lr",
+        "--storage-path",
+        "--run-name",
+        "--resume",
+        "--preset",
+        "--num-classes",
+        "--max-videos",
+        "--seed",
+        "--optimizer",
+    ]
+    assert set(required) <= flags
+    args = job.build_parser().parse_args(
+        ["--resume", "--run-name", "r", "--storage-path", "/tmp/s", "--k", "7"]
+    )
+    config = job.config_from_args(args)
+    assert (config.run.resume, config.run.run_name, config.run.storage_path, config.train.k) == (
+        True,
+        "r",
+        "/tmp/s",
+        7,
+    )
+
+
+@pytest.fixture
+def fake_trainer(monkeypatch, tmp_path):
+    """A stand-in raytrain_seq.dist.trainer whose run() records its Config and writes a summary."""
+    calls: list[Config] = []
+
+    def run(config: Config) -> RunSummary:
+        calls.append(config)
+        summary = RunSummary(
+            dataset=config.data.dataset,
+            learners=config.train.learners,
+            epochs=config.train.epochs,
+            test_accuracy=0.925,
+            config=config.to_dict(),
+        )
+        summary.write(tmp_path / "run")
+        return summary
+
+    module = types.ModuleType("raytrain_seq.dist.trainer")
+    module.run = run
+    monkeypatch.setitem(sys.modules, "raytrain_seq.dist.trainer", module)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--batch-size", "0"], "train.batch_size"),
+        (["--preset", "smoke", "--max-batch-size", "2"], "train.max_batch_size"),
+        (["--dataset", "ucf101"], "data.dataset"),
+        (["--k", "0"], "train.k"),
+        (["--resume"], "run.run_name"),
+    ],
+)
+def test_bad_flag_value_exits_2_naming_the_field_before_run(argv, field, fake_trainer, capsys):
+    """A value the config rejects: exit code 2, `error: <field> ...` on stderr, no traceback, run() never called."""
+    assert job.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and field in err and "Traceback" not in err
+    assert fake_trainer == []
+
+
+def test_main_runs_prints_table_and_ends_with_summary_path(fake_trainer, capsys, tmp_path):
+    """main() hands the flag-built Config to run(), prints the table, and the last line names summary.json."""
+    assert job.main(["--preset", "smoke", "--epochs", "3", "--run-name", "t1"]) == 0
+    (config,) = fake_trainer
+    assert config.train.epochs == 3 and config.run.run_name == "t1"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == f"summary written to {tmp_path / 'run' / 'summary.json'}"
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert any("92.5 %" in line for line in lines)  # the table of the returned summary
+
+
+def test_importing_the_job_starts_nothing():
+    """Importing jobs/ucf101.py loads neither ray nor torch, starts no thread and runs nothing."""
+    code = (
+        "import importlib.util, sys, threading, json\n"
+        f"spec = importlib.util.spec_from_file_location('j', {str(JOB_FILE)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "print(json.dumps({'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules,\n"
+        "                  'threads': threading.active_count(), 'main': callable(m.main)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "ray": False,
+        "torch": False,
+        "threads": 1,
+        "main": True,
+    }
+    assert out.stderr == ""

@@ -1,0 +1,139 @@
+"""The learner's inner step without Ray: micro-batched update == one full-batch update, evaluation counts."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from raytrain_seq.models import build_model
+from raytrain_seq.step import (
+    InnerStep,
+    build_optimizer,
+    collate_rows,
+    evaluate,
+    load_averaged,
+    useful_frames,
+)
+
+T_MAX, SIZE, SLOTS, CLASSES = 24, 8, 3, 4
+
+
+def _row(rng: np.random.Generator, lengths: list[int]) -> dict[str, np.ndarray]:
+    """A block row with sequences of ``lengths`` laid end to end (lengths [5, 7] -> starts [0, 5])."""
+    frames = np.zeros((T_MAX, SIZE, SIZE, 3), dtype=np.uint8)
+    used = sum(lengths)
+    frames[:used] = rng.integers(0, 256, size=(used, SIZE, SIZE, 3), dtype=np.uint8)
+    pad = SLOTS - len(lengths)
+    starts = np.cumsum([0, *lengths])[:-1]
+    return {
+        "frames": frames,
+        "starts": np.array([*starts, *[-1] * pad], dtype=np.int64),
+        "lengths": np.array([*lengths, *[-1] * pad], dtype=np.int64),
+        "labels": np.array([*rng.integers(0, CLASSES, len(lengths)), *[-1] * pad], dtype=np.int64),
+        "num_sequences": np.array(len(lengths), dtype=np.int64),
+    }
+
+
+def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    layouts = [[5, 7], [], [3, 3, 9], [12], [4, 4], [], [10, 6, 2]]
+    return collate_rows([_row(rng, lengths) for lengths in layouts])
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(CLASSES, width=8, depth=2, hidden=16).double()
+
+
+def test_collate_rows_stacks_and_counts_useful_frames():
+    """Rows stack on a first dim; useful frames exclude padding and filler rows."""
+    batch = _batch()
+    assert batch["frames"].shape == (7, T_MAX, SIZE, SIZE, 3)
+    assert batch["frames"].dtype == torch.uint8
+    assert batch["num_sequences"].tolist() == [2, 0, 3, 1, 2, 0, 3]
+    assert useful_frames(batch) == 5 + 7 + 3 + 3 + 9 + 12 + 4 + 4 + 10 + 6 + 2
+    with pytest.raises(ValueError, match="no rows"):
+        collate_rows([])
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 3, 7, 100])
+def test_inner_step_equals_one_full_batch_adam_step(micro_batch_size):
+    """After one step, parameters equal those of one Adam step on the full-batch mean loss (float64)."""
+    batch = _batch()
+    streamed, reference = _model(), _model()
+    step = InnerStep(
+        streamed, build_optimizer("adam", streamed.parameters(), lr=1e-2), micro_batch_size=micro_batch_size
+    )
+    stats = step(batch)
+
+    ref_opt = build_optimizer("adam", reference.parameters(), lr=1e-2)
+    logits = reference(batch["frames"], batch["starts"], batch["lengths"], batch["num_sequences"])
+    labels = torch.cat(
+        [row[: int(n)] for row, n in zip(batch["labels"], batch["num_sequences"], strict=True)]
+    )
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    ref_opt.zero_grad()
+    loss.backward()
+    ref_opt.step()
+
+    assert stats.sequences == 11
+    assert stats.loss == pytest.approx(float(loss.detach()), rel=1e-12)
+    moved = 0.0
+    for (name, a), b, start in zip(
+        streamed.named_parameters(), reference.parameters(), _model().parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+        moved = max(moved, float((a - start).detach().abs().max()))
+    assert moved > 1e-4, "the step must actually move the parameters for the comparison to mean anything"
+
+
+def test_all_filler_batch_does_not_step():
+    """A mini-batch of only filler rows leaves parameters and optimizer state untouched."""
+    rng = np.random.default_rng(1)
+    batch = collate_rows([_row(rng, []), _row(rng, [])])
+    model = _model()
+    before = copy.deepcopy(model.state_dict())
+    optimizer = build_optimizer("adam", model.parameters(), lr=1e-2)
+    stats = InnerStep(model, optimizer, micro_batch_size=2)(batch)
+    assert (stats.sequences, stats.frames, stats.loss) == (0, 0, 0.0)
+    assert optimizer.state_dict()["state"] == {}
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key])
+
+
+def test_evaluate_counts_every_real_sequence_once():
+    """Accuracy, loss and per-class tallies cover each real sequence exactly once, in any chunking."""
+    batch = _batch(3)
+    model = _model()
+    results = [evaluate(model, [batch], micro_batch_size=size) for size in (1, 2, 7)]
+    logits = model(batch["frames"], batch["starts"], batch["lengths"], batch["num_sequences"]).detach()
+    labels = torch.cat(
+        [row[: int(n)] for row, n in zip(batch["labels"], batch["num_sequences"], strict=True)]
+    )
+    expected = float((logits.argmax(1) == labels).double().mean())
+    for result in results:
+        assert result.sequences == 11
+        assert result.accuracy == pytest.approx(expected)
+        assert sum(total for _, total in result.per_class.values()) == 11
+        assert sum(correct for correct, _ in result.per_class.values()) == round(expected * 11)
+    assert evaluate(model, []).sequences == 0
+
+
+def test_load_averaged_installs_weights_and_moments_but_keeps_hyperparameters():
+    """Averaged params and merged Adam state replace the learner's; its learning rate stays."""
+    batch = _batch()
+    donor, learner = _model(), _model()
+    donor_opt = build_optimizer("adam", donor.parameters(), lr=1e-2)
+    InnerStep(donor, donor_opt, micro_batch_size=4)(batch)
+    learner_opt = build_optimizer("adam", learner.parameters(), lr=3e-4)
+    load_averaged(learner, learner_opt, donor.state_dict(), donor_opt.state_dict()["state"])
+    for key, value in learner.state_dict().items():
+        assert torch.equal(value, donor.state_dict()[key])
+    assert learner_opt.param_groups[0]["lr"] == 3e-4
+    merged = learner_opt.state_dict()["state"]
+    assert merged and all(float(entry["step"]) == 1 for entry in merged.values())
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        build_optimizer("lamb", learner.parameters(), lr=1.0)
