@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-## demo: the packing comparison on the real UCF101 split-1 lengths (the Ray job replaces it)
+## demo: train the demo preset as a Ray job on a local head with token auth (scripts/demo.sh)
 demo: $(STAMP)
-	$(PY) bench/packing.py
+	bash scripts/demo.sh
 
 ## test: lint, then the whole test suite
 test: $(STAMP)

@@ -125,7 +125,7 @@ def _reference_logits(model, frames):
     if model.motion:
         # The sequence alone: frame t minus frame t-1, and zeros at its first frame.
         previous = torch.cat([x[:1], x[:-1]])
-        x = torch.cat([x, x - previous], dim=1)
+        x = torch.cat([x, model.motion_gain * (x - previous)], dim=1)
     feats = model.encoder(x)  # [L, D]
     if model.temporal.__class__.__name__ == "GRUTemporal":
         gru = model.temporal.gru

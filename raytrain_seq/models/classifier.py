@@ -70,6 +70,11 @@ class TemporalClassifier(nn.Module):
         self.backbone, self.temporal_name = backbone, temporal
         self.normalizer = FrameNormalizer(in_channels, mean, std)
         self.motion = bool(motion)
+        # Frame differences are near zero except at moving edges, so at the first convolution they are
+        # drowned by the frames themselves; a fixed gain of 4 puts them on a comparable scale. Measured
+        # on the synthetic set (1000 videos, 1 CPU thread): test accuracy 0.31 after the first epoch with
+        # the gain, 0.09 (chance) without it, which stays at chance for 2-3 epochs.
+        self.motion_gain = 4.0
         encoder_channels = 2 * in_channels if self.motion else in_channels
         self.encoder = build_frame_encoder(backbone, encoder_channels, width=width, depth=depth)
         self.temporal = build_temporal(
@@ -99,7 +104,7 @@ class TemporalClassifier(nn.Module):
         real = flat[index.frame_index.to(frames.device)].to(device, non_blocking=True)
         x = self.normalizer(real).permute(0, 3, 1, 2).contiguous()  # [N, C, H, W]
         if self.motion:
-            x = torch.cat([x, _reset_difference(x, index.lengths)], dim=1)
+            x = torch.cat([x, self.motion_gain * _reset_difference(x, index.lengths)], dim=1)
         features = self.encoder(x)  # [N, D], one batched call for every real frame
 
         # Left-aligned per-sequence layout [K, L_max, D]: frame_index is sequence-major, so splitting the

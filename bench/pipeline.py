@@ -1,0 +1,288 @@
+"""Useful frames/s: the refurbishing Ray Data pipeline (2 consumers) vs a plain DataLoader vs the model.
+
+Three rates in one run, on the same synthetic videos and the same augmentations (render = decode,
+``partial_augment`` + ``--augment-cost`` busy seconds per video, ``final_augment`` per use):
+
+1. **ray**: ``create_feed`` + one ``shard_dataset``/``BlockRowStream`` per learner, drained by 2 consumer
+   threads with ``take(batch)``; BLoad blocks, partial augmentations cached and reused ``--reuse`` times.
+2. **dataloader**: ``torch.utils.data.DataLoader`` over a map-style dataset that renders, partial- and
+   final-augments every video on every use (no cache: the r=1 pipeline) and pads it alone to ``t_max``
+   (the naive per-video padding a plain loader needs to collate variable lengths); ``num_workers`` =
+   the same CPU budget (``--cpus``) that the Ray cluster gets.
+3. **model**: ``raytrain_seq.step.InnerStep`` forward/backward/step on rows taken from the pipeline, one
+   learner with one torch thread (what each Ray Train learner gets), times 2 learners.
+
+Useful frames are frames of real sequences (padding excluded); every rate covers all ``--epochs`` epochs
+(epoch 0 of the pipeline is cold: it computes every partial augmentation). A second table says, per
+epoch and consumer, how long the consumer was blocked in ``take`` and what the feed was computing then.
+
+    python bench/pipeline.py                                  # ~1-2 minutes on 2 cores
+    python bench/pipeline.py --videos 400 --epochs 4 --reuse 3 --augment-cost 0.01
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raytrain_seq.augment import final_augment, partial_augment
+from raytrain_seq.config import Config
+from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.dist.assembly import BlockRowStream, partial_rng
+from raytrain_seq.models import build_model
+from raytrain_seq.step import InnerStep, build_optimizer, collate_rows
+
+CONSUMERS = 2
+_BASELINE_STREAM = 0x42415345  # "BASE": the baseline's final-augmentation stream
+
+
+def make_config(args: argparse.Namespace) -> Config:
+    return Config.from_preset(
+        "smoke",
+        max_videos=args.videos,
+        epochs=args.epochs,
+        reuse=args.reuse,
+        augment_cost=args.augment_cost,
+        learners=CONSUMERS,
+        batch_size=args.batch,
+    )
+
+
+def run_ray(config: Config, args: argparse.Namespace, pace: float | None = None) -> dict:
+    """Every epoch's shards drained by one thread per consumer; keeps some epoch-1 rows for the model.
+
+    ``pace`` (useful frames/s of one learner) makes each consumer sleep as long as that learner would
+    compute on every mini-batch (a learner on its own device), so its wait is what a real learner waits.
+    """
+    import ray
+
+    from raytrain_seq.dist.pipeline import create_feed, shard_dataset
+
+    began = time.perf_counter()
+    feed = create_feed(config, videos_per_task=args.videos_per_task)
+    epochs, sample = [], []
+    for epoch in range(config.train.epochs):
+        shards = ray.get([feed.epoch_shard.remote(epoch, r, CONSUMERS) for r in range(CONSUMERS)])
+        streams = [BlockRowStream(shard_dataset(s, feed)) for s in shards]
+        t0 = time.perf_counter()
+
+        def drain(stream: BlockRowStream, keep: bool) -> None:
+            while (rows := stream.take(config.train.batch_size)) is not None:
+                if keep and len(sample) < args.model_batches:
+                    sample.append(rows)
+                if pace:
+                    time.sleep(np.clip(rows["lengths"], 0, None).sum() / pace)
+
+        keep_epoch = min(1, config.train.epochs - 1)
+        threads = [
+            threading.Thread(target=drain, args=(stream, epoch == keep_epoch and i == 0))
+            for i, stream in enumerate(streams)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        epochs.append(
+            {
+                "epoch": epoch,
+                "wall": wall,
+                "frames": sum(s.frames for s in streams),
+                "rows": sum(s.rows for s in streams),
+                "wait": [s.wait_seconds for s in streams],
+                "recomputed": shards[0].recomputed,
+            }
+        )
+    seconds = time.perf_counter() - began
+    stats = ray.get(feed.stats.remote(wait=True))
+    ray.kill(feed)
+    return {"epochs": epochs, "seconds": seconds, "stats": stats, "sample": sample}
+
+
+class PaddedVideos(torch.utils.data.Dataset):
+    """The plain pipeline: every use renders, partial- and final-augments one video, padded to t_max."""
+
+    def __init__(self, config: Config, t_max: int, epoch: int) -> None:
+        d = config.data
+        self.videos = SyntheticVideos(
+            d.num_classes, d.stride, max(8, d.cache_size), d.seed, d.max_videos, val_fraction=d.val_fraction
+        )
+        self.catalog = self.videos.catalog("train")
+        self.config, self.t_max, self.epoch = config, t_max, epoch
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        d = self.config.data
+        video = int(self.catalog.ids[index])
+        frames = self.videos.render(video)
+        frames = partial_augment(frames, size=d.cache_size, rng=partial_rng(d.seed, video, self.epoch))
+        end = time.perf_counter() + d.augment_cost
+        while time.perf_counter() < end:
+            pass
+        rng = np.random.default_rng([d.seed, _BASELINE_STREAM, self.epoch, video])
+        frames = final_augment(frames, crop=d.crop, rng=rng)
+        row = np.zeros((self.t_max, *frames.shape[1:]), dtype=np.uint8)
+        row[: len(frames)] = frames
+        return {
+            "frames": row,
+            "starts": np.array([0]),
+            "lengths": np.array([len(frames)]),
+            "labels": np.array([int(self.catalog.labels[index])]),
+            "num_sequences": np.int64(1),
+        }
+
+
+def run_dataloader(config: Config, t_max: int, args: argparse.Namespace) -> dict:
+    began = time.perf_counter()
+    epochs = []
+    for epoch in range(config.train.epochs):
+        t0, frames, rows = time.perf_counter(), 0, 0
+        loader = torch.utils.data.DataLoader(
+            PaddedVideos(config, t_max, epoch),
+            batch_size=config.train.batch_size,
+            shuffle=True,
+            num_workers=args.cpus,
+            generator=torch.Generator().manual_seed(epoch),
+        )
+        for batch in loader:
+            frames += int(batch["lengths"].sum())
+            rows += len(batch["lengths"])
+        epochs.append({"epoch": epoch, "wall": time.perf_counter() - t0, "frames": frames, "rows": rows})
+    return {"seconds": time.perf_counter() - began, "epochs": epochs}
+
+
+def run_model(config: Config, sample: list[dict[str, np.ndarray]]) -> dict:
+    """One learner's InnerStep on the pipeline's own rows, one torch thread; the first step is warm-up."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    m = config.model
+    model = build_model(config.data.num_classes, 3, m.width, m.depth, m.hidden, m.temporal, m.backbone)
+    optimizer = build_optimizer("adam", model.parameters(), lr=config.train.lr)
+    step = InnerStep(model, optimizer, micro_batch_size=config.train.micro_batch_size)
+    batches = [collate_rows(rows) for rows in sample]
+    step(batches[0])
+    seconds = frames = 0
+    for batch in batches[1:] or batches:
+        stats = step(batch)
+        seconds += stats.seconds
+        frames += stats.frames
+    return {"seconds": seconds, "frames": frames, "steps": max(1, len(batches) - 1)}
+
+
+def _steady(epochs: list[dict]) -> float:
+    """Useful frames/s over epochs >= 1 (the warm cache), or over all when there is one epoch."""
+    warm = epochs[1:] or epochs
+    return sum(e["frames"] for e in warm) / sum(e["wall"] for e in warm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--videos", type=int, default=600, help="training videos (max_videos)")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs for both pipelines")
+    parser.add_argument("--reuse", type=int, default=3, help="refurbish reuse factor r of the Ray pipeline")
+    parser.add_argument(
+        "--augment-cost", type=float, default=0.0, help="busy seconds per partial augmentation"
+    )
+    parser.add_argument("--batch", type=int, default=4, help="rows per take / DataLoader batch")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPU budget of both pipelines")
+    parser.add_argument(
+        "--videos-per-task", type=int, default=16, help="videos per partial-augmentation task"
+    )
+    parser.add_argument("--model-batches", type=int, default=6, help="mini-batches timed through the model")
+    parser.add_argument("--vs-reuse-1", action="store_true", help="also drain the Ray pipeline with reuse=1")
+    args = parser.parse_args(argv)
+    for name in ("videos", "epochs", "reuse", "batch", "cpus", "videos_per_task", "model_batches"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.augment_cost < 0:
+        parser.error(f"--augment-cost must be >= 0, got {args.augment_cost}")
+    config = make_config(args)
+
+    import ray
+
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    # Start the worker processes before timing: a Ray job on a live cluster does not pay that per epoch.
+    ray.data.range(8, override_num_blocks=args.cpus).map_batches(lambda b: b).take_all()
+    drained = run_ray(config, args)
+    model = run_model(config, drained["sample"])
+    learner_rate = model["frames"] / model["seconds"]
+    paced = run_ray(config, args, pace=learner_rate)
+    reuse_1 = (
+        run_ray(make_config(argparse.Namespace(**{**vars(args), "reuse": 1})), args)
+        if args.vs_reuse_1
+        else None
+    )
+    ray.shutdown()
+    t_max = drained["stats"]["t_max"]
+    loader = run_dataloader(config, t_max, args)
+
+    ray_frames = sum(e["frames"] for e in drained["epochs"])
+    loader_frames = sum(e["frames"] for e in loader["epochs"])
+    rates = {
+        "ray pipeline, 2 consumers": (ray_frames / drained["seconds"], _steady(drained["epochs"])),
+        "DataLoader, naive padding": (loader_frames / loader["seconds"], _steady(loader["epochs"])),
+        "model, 1 learner x 2": (2 * learner_rate, 2 * learner_rate),
+    }
+    if reuse_1 is not None:
+        frames_1 = sum(e["frames"] for e in reuse_1["epochs"])
+        rates["ray pipeline, reuse 1"] = (frames_1 / reuse_1["seconds"], _steady(reuse_1["epochs"]))
+    base, need = rates["DataLoader, naive padding"], rates["model, 1 learner x 2"]
+    print(
+        f"\n{args.videos} videos, {args.epochs} epochs, reuse {args.reuse}, augment_cost {args.augment_cost} s, "
+        f"{args.cpus} CPUs, batch {args.batch}, t_max {t_max}, crop {config.data.crop}"
+    )
+    print("useful frames/s: 'all' = whole run (Ray: from feed creation, epoch 0 cold); 'warm' = epochs >= 1")
+    print(f"{'source':<28}{'all':>9}{'warm':>9}{'all vs DL':>11}{'warm vs DL':>12}{'warm vs model':>15}")
+    for name, (whole, warm) in rates.items():
+        print(
+            f"{name:<28}{whole:>9.0f}{warm:>9.0f}{whole / base[0]:>10.2f}x{warm / base[1]:>11.2f}x"
+            f"{warm / need[1]:>14.2f}x"
+        )
+    ray_rows = sum(e["rows"] for e in drained["epochs"])
+    loader_rows = sum(e["rows"] for e in loader["epochs"])
+    print(
+        f"rows: ray {ray_rows} blocks ({1 - ray_frames / (ray_rows * t_max):.1%} padding), DataLoader "
+        f"{loader_rows} padded videos ({1 - loader_frames / (loader_rows * t_max):.1%} padding); model: "
+        f"{learner_rate:.0f} useful frames/s per learner (1 torch thread, {model['steps']} steps)"
+    )
+
+    stats = drained["stats"]["epochs"]
+    print(
+        f"\nwhere the learners wait: consumers paced at the model's rate ({learner_rate:.0f} frames/s each), "
+        "so a wait is time a learner with its own device would idle"
+    )
+    print(
+        f"{'epoch':>5}{'recomputed':>11}{'partial CPU s':>14}{'drain frames/s':>15}{'paced wall s':>13}{'paced wait s':>16}{'wait %':>8}"
+    )
+    for d, p in zip(drained["epochs"], paced["epochs"], strict=True):
+        waits = "/".join(f"{w:.2f}" for w in p["wait"])
+        share = sum(p["wait"]) / (len(p["wait"]) * p["wall"])
+        partial = stats.get(d["epoch"], {}).get("partial_seconds", 0.0)
+        print(
+            f"{d['epoch']:>5}{d['recomputed']:>11}{partial:>14.2f}{d['frames'] / d['wall']:>15.0f}"
+            f"{p['wall']:>13.2f}{waits:>16}{share:>8.0%}"
+        )
+    print(
+        "epoch 0 is cold: every partial augmentation is computed while the learners wait. From epoch 1 the\n"
+        "evicted videos were recomputed in the background during the previous epoch, so what remains is\n"
+        "block assembly (final crop/flip, copy into the row), Ray Data's per-task overhead, and the CPUs that\n"
+        "the background recompute and the two assembly streams share."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""The driver of a run: connect to Ray, start the feed and the averager, fit the learners, write the summary.
+
+``run(config)`` is what ``jobs/ucf101.py`` calls. It connects to the Ray cluster the job runs in (or starts
+a local one), creates the two driver-side actors (``BlockFeed``: catalog, refurbishing cache, packing
+plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``TorchTrainer`` whose workers are the
+AAVG learners (``raytrain_seq.dist.learner``), then joins the learners' last report with the actors'
+statistics into ``summary.json`` and ``curves.png`` in the run folder.
+
+Resume: Ray Train V2 keeps a run's checkpoints under ``storage_path/run_name``; rerunning with the same
+name makes ``ray.train.get_checkpoint()`` return the latest one in the learners. The driver restores the
+averager from the same checkpoint before the learners join, so they start from its averaged state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raytrain_seq.config import Config
+from raytrain_seq.summary import RunSummary, plot_curves
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "raytrain_seq"
+
+# Ray kills idle task workers beyond one per logical CPU after a second. The driver-side actors and the
+# learners already hold that many, so every epoch's data tasks would start fresh Python workers (seconds
+# of imports each on a small machine). Keeping idle workers a minute lets each epoch reuse the last
+# epoch's. `make demo` passes the same settings to `ray start` as RAY_* environment variables.
+WORKER_REUSE = {"idle_worker_killing_time_threshold_ms": 60_000}
+
+
+def check_storage(config: Config) -> Path:
+    """The run folder, checked before any training: writable, and new unless resuming."""
+    run_dir = config.run_dir()
+    if run_dir.exists() and not config.run.resume and any(run_dir.iterdir()):
+        raise ValueError(
+            f"run folder {run_dir} already exists: pass --resume to continue it, or a new --run-name"
+        )
+    if config.run.resume and not run_dir.exists():
+        raise ValueError(f"--resume: no run folder {run_dir}: check --storage-path and --run-name")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{uuid.uuid4().hex}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"cannot write the run folder {run_dir} ({exc.strerror}): pass a writable --storage-path"
+        ) from exc
+    return run_dir
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest ``checkpoint_round_NNNNNN`` folder of a run (names sort by round), or None."""
+    found = sorted(p for p in run_dir.glob("checkpoint_round_*") if (p / "state.pt").exists())
+    return found[-1] if found else None
+
+
+def _connect(config: Config) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
+        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
+        return
+    # No cluster named: a local one, with a logical CPU for every learner and for the data tasks
+    # (logical CPUs may exceed the cores; torch in each learner uses a thread).
+    cpus = max(os.cpu_count() or 1, config.train.learners + 2)
+    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, _system_config=WORKER_REUSE)
+
+
+def _check_cpus(config: Config) -> None:
+    """Fail fast where the data tasks could never run: each learner holds a CPU, they need one more."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < config.train.learners + 1:
+        raise ValueError(
+            f"the Ray cluster has {cpus:g} CPUs: the {config.train.learners} learners hold one each and the "
+            f"data tasks need at least one more, so training would wait forever; start Ray with "
+            f"--num-cpus {config.train.learners + 2} (logical CPUs may exceed the cores) or lower --learners"
+        )
+
+
+def _use_gpu(config: Config) -> bool:
+    import ray
+
+    if config.train.use_gpu is not None:
+        return bool(config.train.use_gpu)
+    return ray.cluster_resources().get("GPU", 0) >= config.train.learners
+
+
+def run(config: Config) -> RunSummary:
+    """Train as ``config`` says; returns the summary, already written to ``run_dir/summary.json``."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raytrain_seq.dist.averager import create_averager
+    from raytrain_seq.dist.learner import train_loop_per_worker
+    from raytrain_seq.dist.pipeline import create_feed
+
+    began = time.perf_counter()
+    run_dir = check_storage(config)
+    _connect(config)
+    _check_cpus(config)
+    train = config.train
+    suffix = uuid.uuid4().hex[:8]
+    names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
+    feed = create_feed(config, name=names["feed"], namespace=NAMESPACE)
+    averager = create_averager(
+        names["averager"],
+        namespace=NAMESPACE,
+        world_size=train.learners,
+        timeout_s=train.averager_timeout_s,
+        validate_every=train.validate_every,
+        batch_size=train.batch_size,
+        b1=train.b1,
+        b2=train.b2,
+        max_batch_size=train.max_batch_size,
+    )
+    if config.run.resume:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise ValueError(f"--resume: {run_dir} holds no checkpoint yet: start it again without --resume")
+        state = torch.load(checkpoint / "state.pt", weights_only=True)
+        ray.get(averager.restore.remote(state["averager"]))
+        logger.info("resuming %s from %s", config.run.run_name, checkpoint.name)
+    use_gpu = _use_gpu(config)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": config.to_dict(), "names": names, "torch_threads": 1},
+        scaling_config=ScalingConfig(
+            num_workers=train.learners, use_gpu=use_gpu, resources_per_worker={"CPU": 1}
+        ),
+        run_config=RunConfig(
+            name=config.run.run_name,
+            storage_path=str(run_dir.parent),
+            failure_config=FailureConfig(max_failures=0),
+        ),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    summary = _summary(
+        config,
+        result.metrics or {},
+        ray.get(averager.summary.remote()),
+        ray.get(feed.stats.remote(wait=True)),
+    )
+    summary.seconds["total"] = time.perf_counter() - began
+    summary.write(run_dir)
+    plot_curves(summary, run_dir / "curves.png")
+    for actor in (averager, feed):
+        ray.kill(actor)
+    return summary
+
+
+def _summary(
+    config: Config, metrics: dict[str, Any], averaging: dict[str, Any], feed: dict[str, Any]
+) -> RunSummary:
+    """Join rank 0's last report with the averager's and the feed's statistics."""
+    history = metrics.get("history", {})
+    learners = averaging.get("learners", {})
+    n = max(len(learners), 1)
+    compute = sum(t.get("compute_s", 0.0) for t in learners.values()) / n
+    data_wait = sum(t.get("data_wait_s", 0.0) for t in learners.values()) / n
+    averaging_s = sum(t.get("averaging_s", 0.0) for t in learners.values()) / n
+    frames = int(sum(t.get("frames", 0.0) for t in learners.values()))
+    epochs = feed.get("epochs", {})
+    packing_epochs = [e["packing"] for e in epochs.values() if "packing" in e]
+    padding = sum(p.get("padding", 0) for p in packing_epochs)
+    blocks = sum(p.get("blocks", 0) for p in packing_epochs)
+    t_max = feed.get("t_max", 0)
+    return RunSummary(
+        dataset=config.data.dataset,
+        learners=config.train.learners,
+        epochs=config.train.epochs,
+        test_accuracy=metrics.get("test_accuracy"),
+        val_accuracy_history=[
+            {k: v[k] for k in ("round", "epoch", "accuracy", "time_s")} for v in history.get("val", [])
+        ],
+        batch_size_history=history.get("batch_size", []),
+        loss_history=[h for h in history.get("loss", []) if not math.isnan(h["loss"])],
+        rounds=int(averaging.get("rounds_completed", 0)),
+        frames_total=frames,
+        frames_deleted=sum(p.get("deleted", 0) for p in packing_epochs),
+        padding_frames=padding,
+        padding_fraction=padding / (blocks * t_max) if blocks and t_max else 0.0,
+        # Useful frames per second of the whole run's training loop (all learners together).
+        frames_per_second=frames / metrics["learner_seconds"] if metrics.get("learner_seconds") else 0.0,
+        seconds={"total": 0.0, "compute": compute, "averaging": averaging_s, "data_wait": data_wait},
+        packing={
+            "strategy": config.data.packing,
+            "blocks": packing_epochs[0]["blocks"] if packing_epochs else 0,
+            "lower_bound_blocks": packing_epochs[0]["lower_bound_blocks"] if packing_epochs else 0,
+        },
+        refurbish={
+            "reuse": config.data.reuse,
+            "recomputed": int(feed.get("totals", {}).get("recomputed", 0)),
+            "reused": int(feed.get("totals", {}).get("reused", 0)),
+        },
+        config=config.to_dict(),
+        extra={
+            "per_class_test": metrics.get("per_class", {}),
+            "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
+            "learner_seconds": metrics.get("learner_seconds"),
+        },
+    )

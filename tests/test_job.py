@@ -1,0 +1,85 @@
+"""The Ray job end to end on a local cluster: the smoke preset with 2 learners, then resumed from its checkpoint.
+
+Contract pinned: a run trains every training sequence in every epoch with no frame deleted, packs
+within a block of the lower bound, splits the work evenly over its learners, writes summary.json,
+curves.png and checkpoints that load with ``torch.load(weights_only=True)``; ``--resume`` continues from
+the latest checkpoint (its rounds and epochs go on from there) instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from raytrain_seq.config import Config
+from raytrain_seq.data.synthetic import SyntheticVideos
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, namespace="raytrain_seq")
+    yield ray
+    ray.shutdown()
+
+
+def _smoke(tmp_path, **overrides) -> Config:
+    return Config.from_preset("smoke", storage_path=str(tmp_path), **overrides)
+
+
+def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
+    """Smoke preset, 2 learners, 1 epoch; then --resume to 2 epochs continues from round 1's checkpoint."""
+    from raytrain_seq.dist.trainer import latest_checkpoint, run
+
+    config = _smoke(tmp_path, epochs=1, run_name="smoke")
+    summary = run(config)
+    run_dir = config.run_dir()
+
+    # Every training sequence is trained once per epoch: frames match the catalog exactly.
+    data = config.data
+    catalog = SyntheticVideos(
+        num_classes=data.num_classes,
+        stride=data.stride,
+        size=data.cache_size,
+        seed=data.seed,
+        max_videos=data.max_videos,
+        val_fraction=data.val_fraction,
+    ).catalog("train")
+    assert catalog.lengths.sum() > 0
+    assert summary.frames_total == int(catalog.lengths.sum())
+    assert summary.frames_deleted == 0
+    assert summary.packing["blocks"] <= summary.packing["lower_bound_blocks"] + 1
+    assert 0 <= summary.padding_fraction < 0.05
+    assert summary.rounds == 1  # K=-1: one averaging round per epoch
+    assert summary.refurbish["recomputed"] == len(catalog)  # epoch 0 computes everything
+    assert summary.test_accuracy is not None and 0.0 <= summary.test_accuracy <= 1.0
+    assert summary.seconds["compute"] > 0 and summary.seconds["total"] > summary.seconds["compute"]
+    learners = summary.extra["averager"]["membership"]
+    assert sorted(event["learner"] for event in learners if event["event"] == "join") == [0, 1]
+
+    stored = json.loads((run_dir / "summary.json").read_text())
+    for key in ("test_accuracy", "frames_total", "padding_fraction", "seconds", "packing", "refurbish"):
+        assert key in stored
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None and checkpoint.name == "checkpoint_round_000001"
+    state = torch.load(checkpoint / "state.pt", weights_only=True)
+    assert state["averager"]["round"] == 1 and state["averager"]["params"]
+
+    # A second run with the same name refuses to overwrite it...
+    with pytest.raises(ValueError, match="already exists"):
+        run(_smoke(tmp_path, epochs=1, run_name="smoke"))
+
+    # ...and --resume trains only the missing epoch, starting from the averaged state of round 1.
+    resumed = run(_smoke(tmp_path, epochs=2, run_name="smoke", resume=True))
+    assert resumed.rounds == 1  # only round 2 was averaged in this run
+    assert resumed.frames_total == int(catalog.lengths.sum())  # one more epoch, not two
+    assert latest_checkpoint(run_dir).name == "checkpoint_round_000002"
+    assert not math.isnan(resumed.loss_history[-1]["loss"])
+    rounds = [h["round"] for h in resumed.loss_history]
+    assert rounds == [1, 2], "the resumed history continues the first run's"

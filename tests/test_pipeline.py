@@ -1,0 +1,401 @@
+"""Tests for the refurbishing Ray Data pipeline: pure helpers without Ray, then the feed on a local cluster."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from raytrain_seq.augment import center_crop, final_augment, partial_augment, resize_video
+from raytrain_seq.config import Config
+from raytrain_seq.data.lengths import strided, ucf101_lengths
+from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.dist.assembly import (
+    FINAL_STREAM,
+    PARTIAL_STREAM,
+    PLAN_STREAM,
+    ROW_KEYS,
+    BlockRowStream,
+    BlockSpec,
+    EpochShard,
+    assemble_rows,
+    consumption_order,
+    max_sequences_bound,
+    plan_seed,
+    plan_specs,
+    shard_items,
+    spread_fresh,
+)
+from raytrain_seq.dist.pipeline import _geometry, create_feed
+from raytrain_seq.packing import pack, shard
+from raytrain_seq.refurbish import RefurbishSchedule
+
+SEED = 0
+
+
+def _config(**overrides) -> Config:
+    base = dict(num_classes=4, max_videos=40, cache_size=16, crop=12, stride=16, reuse=3, epochs=3, seed=SEED)
+    base.update(overrides)
+    return Config.from_preset(None, **base)
+
+
+def _window_spread(values: list[int], window: int) -> tuple[float, float]:
+    """Fresh frames of every `window` consecutive blocks: (std / mean, max / mean)."""
+    sums = np.convolve(np.asarray(values, dtype=float), np.ones(window), mode="valid")
+    return float(sums.std() / sums.mean()), float(sums.max() / sums.mean())
+
+
+# ---------------------------------------------------------------------------------------- pure helpers
+def test_spread_fresh_worked_example_and_permutation():
+    """spread_fresh returns a permutation whose running fresh sum tracks the line (docstring example)."""
+    order = spread_fresh([9, 8, 7, 0, 0, 0])
+    assert order == [2, 3, 1, 4, 0, 5]
+    values = [9, 8, 7, 0, 0, 0]
+    pairs = [values[order[i]] + values[order[i + 1]] for i in (0, 2, 4)]
+    assert pairs == [7, 8, 9]
+    assert spread_fresh([]) == []
+    assert spread_fresh([0, 0, 0]) == [0, 1, 2]  # equal counts keep the plan's order
+    with pytest.raises(ValueError, match="fresh frame counts must be >= 0"):
+        spread_fresh([3, -1])
+
+
+def test_spread_fresh_evens_windows_on_ucf101_blocks():
+    """On UCF101 blocks (stride 8, r=3) every 4-block window carries near its share of fresh frames."""
+    lengths = strided(ucf101_lengths("train")[0], 8)
+    schedule = RefurbishSchedule(len(lengths), reuse=3, seed=SEED)
+    fresh = schedule.is_fresh(1)
+    plan = pack(lengths, seed=plan_seed(SEED, 1))
+    for blocks in shard(plan, 2):
+        counts = [sum(n for i, n in zip(b.ids, b.lengths, strict=True) if fresh[i]) for b in blocks]
+        order = spread_fresh(counts)
+        assert sorted(order) == list(range(len(counts)))
+        spread = [counts[i] for i in order]
+        # Non-vacuous: in the plan's own (random) order 4-block windows vary a lot (std > 20 % of the
+        # mean); the spread order cuts that at least 2.5x and lowers the heaviest window too.
+        plain, even = _window_spread(counts, 4), _window_spread(spread, 4)
+        assert plain[0] > 0.2 and even[0] < plain[0] / 2.5 and even[1] < plain[1]
+        # Every prefix stays within one block's worth of fresh frames of the proportional line.
+        line = np.arange(1, len(spread) + 1) * sum(spread) / len(spread)
+        assert np.abs(np.cumsum(spread) - line).max() <= max(counts)
+
+
+def test_max_sequences_bound_is_tight_and_never_exceeded():
+    """max_sequences_bound: worked example; no plan of any strategy or seed exceeds it; a plan reaches it."""
+    assert max_sequences_bound([5, 3, 9, 4], 12) == 3
+    lengths = strided(ucf101_lengths("test")[0][:400], 8)
+    t_max = int(lengths.max())
+    bound = max_sequences_bound(lengths, t_max)
+    assert bound > 1
+    most = 0
+    for strategy in ("optimal", "bload", "pad"):
+        for seed in range(3):
+            plan = pack(lengths, t_max, strategy=strategy, seed=seed)
+            most = max(most, max(len(b.ids) for b in plan.blocks))
+    assert most <= bound
+    chunk = pack(lengths, t_max // 3, strategy="chunk", seed=0)
+    assert max(len(b.ids) for b in chunk.blocks) <= max_sequences_bound(lengths, t_max // 3)
+    smallest = np.sort(lengths)[:bound]
+    assert len(pack(smallest, t_max).blocks[0].ids) == bound  # the bound is reachable: it is tight
+
+
+def test_plan_specs_map_positions_to_videos_and_order_by_fresh_frames():
+    """plan_specs: catalog ids/labels replace plan positions, plan_index names the plan block, fillers get
+    -1, each rank's blocks follow spread_fresh; consumption_order lists ids by first use across ranks."""
+    lengths = [30, 20, 25, 10, 15, 40, 5]
+    plan = pack(lengths, 40, seed=3)
+    ids, labels = [100 + i for i in range(7)], [i % 3 for i in range(7)]
+    fresh = np.array([True, False, True, False, False, True, False])
+    specs = plan_specs(plan, 3, ids, labels, fresh)
+    assert len({len(rank) for rank in specs}) == 1
+    for rank in specs:
+        counts = [s.fresh_frames for s in rank]
+        assert spread_fresh(counts) == list(range(len(counts)))  # already in spread order
+        for spec in rank:
+            if not spec.ids:
+                assert spec.plan_index == -1 and spec.weight == 0.0
+                continue
+            block = plan.blocks[spec.plan_index]
+            assert spec.ids == tuple(ids[i] for i in block.ids) and spec.labels == tuple(
+                labels[i] for i in block.ids
+            )
+            assert spec.fresh_frames == sum(
+                n for i, n in zip(block.ids, block.lengths, strict=True) if fresh[i]
+            )
+    assert sum(1 for rank in specs for s in rank if not s.ids) == (-len(plan.blocks)) % 3 > 0
+    order = consumption_order(specs)
+    assert sorted(order) == ids
+    first = [v for rank in specs for v in rank[0].ids]
+    assert order[: len(first)] == list(dict.fromkeys(first))
+    two = [
+        [BlockSpec((4, 1), (0, 5), (5, 5), (0, 0), (0, 0), 0)],
+        [BlockSpec((2,), (0,), (5,), (0,), (0,), 1)],
+    ]
+    two[0].append(BlockSpec((3,), (0,), (5,), (0,), (0,), 2))
+    two[1].append(BlockSpec((0,), (0,), (5,), (0,), (0,), 3))
+    assert consumption_order(two) == [4, 1, 2, 3, 0]  # the docstring's example
+
+
+def test_seed_streams_are_tagged_and_distinct():
+    """Stream tags are nonzero and distinct, and per-epoch plan seeds differ (also from the eval keys)."""
+    tags = {PARTIAL_STREAM, FINAL_STREAM, PLAN_STREAM}
+    assert len(tags) == 3 and 0 not in tags
+    seeds = {plan_seed(SEED, key) for key in (-2, -1, 0, 1, 2, 3)}
+    assert len(seeds) == 6 and all(0 <= s < 2**62 for s in seeds)
+
+
+def _shard(blocks: list[BlockSpec], *, t_max: int, s: int, center: bool = False) -> EpochShard:
+    return EpochShard(
+        split="train", epoch=None if center else 4, rank=0, world_size=1, blocks=tuple(blocks), t_max=t_max,
+        max_sequences=s, crop=4, channels=3, seed=7, center=center, recomputed=0, reused=0,
+    )  # fmt: skip
+
+
+def test_assemble_rows_places_final_augmented_pieces_and_zero_padding():
+    """Each piece (chunk offsets included) is final_augment of its cached frames at its start; rest zero."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        10: rng.integers(1, 256, (5, 6, 6, 3), dtype=np.uint8),
+        11: rng.integers(1, 256, (9, 6, 6, 3), dtype=np.uint8),
+    }
+    blocks = [
+        BlockSpec((10, 11), (0, 5), (5, 3), (0, 0), (1, 2), plan_index=3),
+        BlockSpec((11,), (0,), (4,), (5,), (2,), plan_index=0),  # a chunk piece: frames 5..8 of video 11
+        BlockSpec((), (), (), (), (), plan_index=-1),  # a filler
+    ]
+    shard_ = _shard(blocks, t_max=10, s=3)
+    items = shard_items(shard_)
+    batch = {key: np.stack([item[key] for item in items]) for key in items[0]}
+    rows = assemble_rows(batch, arrays, shard_.row_format)
+    assert tuple(rows) == ROW_KEYS
+    assert rows["frames"].shape == (3, 10, 4, 4, 3) and rows["frames"].dtype == np.uint8
+    assert rows["starts"].tolist() == [[0, 5, -1], [0, -1, -1], [-1, -1, -1]]
+    assert rows["labels"].tolist() == [[1, 2, -1], [2, -1, -1], [-1, -1, -1]]
+    assert rows["num_sequences"].tolist() == [2, 1, 0] and rows["weight"].tolist() == [1.0, 1.0, 0.0]
+    expect = final_augment(arrays[11][:3], crop=4, rng=np.random.default_rng([7, FINAL_STREAM, 4, 3, 1]))
+    assert np.array_equal(rows["frames"][0, 5:8], expect)
+    expect = final_augment(arrays[11][5:9], crop=4, rng=np.random.default_rng([7, FINAL_STREAM, 4, 0, 0]))
+    assert np.array_equal(rows["frames"][1, 0:4], expect)
+    assert (
+        rows["frames"][0, 8:].max() == 0 and rows["frames"][1, 4:].max() == 0 and rows["frames"][2].max() == 0
+    )
+    assert rows["frames"][0, :8].min() > 0  # the cached arrays have no zero pixel: every frame was written
+    center = assemble_rows(batch, arrays, _shard(blocks, t_max=10, s=3, center=True).row_format)
+    assert np.array_equal(center["frames"][1, :4], center_crop(arrays[11][5:9], 4))
+    with pytest.raises(ValueError, match="max_sequences"):
+        shard_items(_shard(blocks, t_max=10, s=1))
+
+
+class _FakeDataset:
+    """Yields batches of the given sizes with a small delay, like Dataset.iter_batches."""
+
+    def __init__(self, sizes: list[int], delay: float) -> None:
+        self.sizes, self.delay = sizes, delay
+
+    def iter_batches(self, *, batch_size, batch_format, prefetch_batches):
+        assert batch_size is None and batch_format == "numpy"
+        first = 0
+        for size in self.sizes:
+            time.sleep(self.delay)
+            block = np.arange(first, first + size)
+            yield {"block": block, "lengths": np.stack([block, np.full(size, -1)], axis=1)}
+            first += size
+
+
+def test_block_row_stream_reslices_every_row_once_in_order():
+    """take(n) with n changing between calls returns every row once, in order, then None; counts it."""
+    stream = BlockRowStream(_FakeDataset([3, 1, 4, 2, 0, 5], delay=0.01))
+    got, sizes = [], []
+    for n in [2, 5, 1, 1, 3, 100]:
+        out = stream.take(n)
+        sizes.append(len(out["block"]))
+        got.extend(out["block"].tolist())
+    assert sizes == [2, 5, 1, 1, 3, 3]  # the last take is short: the shard ended
+    assert got == list(range(15)) and stream.take(4) is None
+    assert stream.rows == 15 and stream.frames == sum(range(15))
+    assert stream.wait_seconds >= 6 * 0.01  # six batches were waited for (sleep is a lower bound)
+    with pytest.raises(ValueError, match="int n >= 1"):
+        stream.take(0)
+
+
+def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
+    """An explicit t_max below a video's length is a ValueError naming the fix, unless packing is chunk."""
+    with pytest.raises(ValueError, match=r"raise data\.t_max"):
+        create_feed(_config(t_max=10))
+    geometry = _geometry(_config(t_max=10, packing="chunk"))
+    assert geometry["eval_strategy"] == "chunk" and geometry["t_max"] == 10
+    assert _geometry(_config())["eval_strategy"] == "optimal"
+
+
+# ------------------------------------------------------------------------------------------------ Ray
+def _drain(shard_, feed, takes=(1, 2, 3)) -> dict[str, np.ndarray]:
+    from raytrain_seq.dist.pipeline import shard_dataset
+
+    stream = BlockRowStream(shard_dataset(shard_, feed), prefetch_batches=1)
+    parts, i = [], 0
+    while (out := stream.take(takes[i % len(takes)])) is not None:
+        parts.append(out)
+        i += 1
+    rows = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+    assert stream.rows == len(shard_.blocks) and stream.frames == shard_.frames
+    return rows
+
+
+@pytest.fixture(scope="module")
+def served():
+    """One feed; epochs 0, 1, 2 at world size 2, epoch 1 also at world size 3, and both eval splits."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        config = _config()
+        feed = create_feed(config, videos_per_task=8)
+        out = {"config": config, "feed": feed, "shards": {}, "rows": {}}
+        for epoch, world_size in [(0, 2), (1, 2), (1, 3), (2, 2)]:
+            shards = ray.get([feed.epoch_shard.remote(epoch, r, world_size) for r in range(world_size)])
+            if epoch == 1 and world_size == 2:
+                # Epoch 2's recompute was started when epoch 1 was planned; epoch 1's rows come after it.
+                out["before_epoch_2"] = ray.get(feed.stats.remote(wait=True, ids=True))
+            out["shards"][epoch, world_size] = shards
+            out["rows"][epoch, world_size] = [_drain(s, feed) for s in shards]
+        for split in ("val", "test"):
+            shard_ = ray.get(feed.eval_shard.remote(split))
+            out["shards"][split] = [shard_]
+            out["rows"][split] = [_drain(shard_, feed)]
+        out["stats"] = ray.get(feed.stats.remote(wait=True, ids=True))
+        yield out
+    finally:
+        ray.shutdown()
+
+
+def _videos(config: Config) -> SyntheticVideos:
+    d = config.data
+    return SyntheticVideos(
+        d.num_classes, d.stride, d.cache_size, d.seed, d.max_videos, val_fraction=d.val_fraction
+    )
+
+
+TRAIN_KEYS = [(0, 2), (1, 2), (1, 3), (2, 2)]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("key", TRAIN_KEYS)
+def test_every_train_id_once_per_epoch_equal_rows_no_crossing(served, key):
+    """Every train id once across all learners' rows, equal rows per learner, sequences stay in their block,
+    rows keep the shard's block order, padding frames are zero and fillers carry weight 0."""
+    catalog = _videos(served["config"]).catalog("train")
+    label_of = dict(zip(catalog.ids.tolist(), catalog.labels.tolist(), strict=True))
+    shards, rows = served["shards"][key], served["rows"][key]
+    assert len({len(r["block"]) for r in rows}) == 1
+    seen, fillers = [], 0
+    for shard_, row in zip(shards, rows, strict=True):
+        assert row["block"].tolist() == list(range(len(shard_.blocks)))
+        assert row["frames"].shape[1:] == (shard_.t_max, 12, 12, 3)
+        for b, spec in enumerate(shard_.blocks):
+            k = len(spec.ids)
+            assert row["num_sequences"][b] == k and row["weight"][b] == (1.0 if k else 0.0)
+            assert row["starts"][b, :k].tolist() == list(spec.starts) and (row["starts"][b, k:] == -1).all()
+            assert row["labels"][b, :k].tolist() == [label_of[v] for v in spec.ids]
+            ends = np.asarray(spec.starts) + np.asarray(spec.lengths)
+            assert (ends <= shard_.t_max).all() and (np.asarray(spec.starts[1:]) >= ends[:-1]).all()
+            used = np.zeros(shard_.t_max, dtype=bool)
+            for start, length in zip(spec.starts, spec.lengths, strict=True):
+                used[start : start + length] = True
+            assert row["frames"][b][~used].max(initial=0) == 0
+            fillers += k == 0
+            seen.extend(spec.ids)
+    assert sorted(seen) == catalog.ids.tolist()
+    if key == (1, 3):
+        assert fillers == 2  # 10 blocks over 3 learners: the filler path is really exercised
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("key", [*TRAIN_KEYS, "val", "test"])
+def test_frames_equal_an_independent_recomputation(served, key):
+    """Each sequence's frames equal final_augment(partial_augment(render)) with the documented seeds
+    (computing epoch = epoch - age); evaluation rows equal center_crop(resize_video(render))."""
+    config, videos = served["config"], _videos(served["config"])
+    catalog = videos.catalog("train")
+    position = {v: i for i, v in enumerate(catalog.ids.tolist())}
+    schedule = RefurbishSchedule(len(catalog), reuse=3, seed=SEED)
+    checked = 0
+    for shard_, row in zip(served["shards"][key], served["rows"][key], strict=True):
+        computed = None if shard_.epoch is None else shard_.epoch - schedule.age(shard_.epoch)
+        for b, spec in enumerate(shard_.blocks):
+            for slot, (video, start, length) in enumerate(
+                zip(spec.ids, spec.starts, spec.lengths, strict=True)
+            ):
+                frames = videos.render(video)
+                if computed is None:
+                    expect = center_crop(resize_video(frames, 16), 12)
+                else:
+                    rng = np.random.default_rng([SEED, PARTIAL_STREAM, video, int(computed[position[video]])])
+                    cached = partial_augment(frames, size=16, rng=rng)
+                    rng = np.random.default_rng([SEED, FINAL_STREAM, shard_.epoch, spec.plan_index, slot])
+                    expect = final_augment(cached, crop=config.data.crop, rng=rng)
+                assert np.array_equal(row["frames"][b, start : start + length], expect), (key, video)
+                checked += 1
+    assert checked >= 40
+
+
+@pytest.mark.ray
+def test_epochs_recompute_only_evicted_ids_in_background(served):
+    """Epoch 0 augments every id, epoch e>=1 exactly evicted(e) (counted in the tasks), the rest is reused;
+    epoch 2's recompute ran before epoch 2 was requested, and none is launched past the last epoch."""
+    catalog = _videos(served["config"]).catalog("train")
+    ids = catalog.ids
+    schedule = RefurbishSchedule(len(catalog), reuse=3, seed=SEED)
+    epochs = served["stats"]["epochs"]
+    assert sorted(epochs) == [0, 1, 2]
+    for epoch in (0, 1, 2):
+        evicted = ids[schedule.evicted(epoch)].tolist()
+        assert epochs[epoch]["partial_ids"] == sorted(evicted)
+        assert epochs[epoch]["recomputed"] == len(evicted) and epochs[epoch]["reused"] == 40 - len(evicted)
+    assert 0 < epochs[1]["recomputed"] < 40 and epochs[1]["packing"]["deleted"] == 0
+    before = served["before_epoch_2"]["epochs"]
+    assert before[2]["partial_ids"] == epochs[2]["partial_ids"] and "recomputed" not in before[2]
+    assert served["stats"]["eval"]["videos"] == 80 and served["stats"]["totals"]["tasks_pending"] == 0
+    shards = served["shards"][1, 2]
+    assert all(s.recomputed == epochs[1]["recomputed"] and s.reused == epochs[1]["reused"] for s in shards)
+
+
+@pytest.mark.ray
+def test_epochs_differ_in_plan_and_crops(served):
+    """Different epochs pack differently, and a video reused from the same cached copy gets new crops."""
+    first = [spec.ids for s in served["shards"][1, 2] for spec in s.blocks]
+    second = [spec.ids for s in served["shards"][2, 2] for spec in s.blocks]
+    assert sorted(first) != sorted(second)
+    schedule = RefurbishSchedule(40, reuse=3, seed=SEED)
+    same_copy = np.flatnonzero(1 - schedule.age(1) == 2 - schedule.age(2))  # positions not evicted in 2
+    ids = _videos(served["config"]).catalog("train").ids
+    frames = {}
+    for epoch in (1, 2):
+        for shard_, row in zip(served["shards"][epoch, 2], served["rows"][epoch, 2], strict=True):
+            for b, spec in enumerate(shard_.blocks):
+                for video, start, length in zip(spec.ids, spec.starts, spec.lengths, strict=True):
+                    frames[epoch, video] = row["frames"][b, start : start + length]
+    differ = [not np.array_equal(frames[1, v], frames[2, v]) for v in ids[same_copy].tolist()]
+    assert len(differ) >= 20 and sum(differ) >= 0.8 * len(differ)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_eval_shards_cover_every_id_once(served, split):
+    """An evaluation shard holds every video of its split exactly once, with no fillers and no reuse."""
+    (shard_,) = served["shards"][split]
+    ids = [v for spec in shard_.blocks for v in spec.ids]
+    assert sorted(ids) == _videos(served["config"]).catalog(split).ids.tolist()
+    assert shard_.center and shard_.epoch is None and shard_.recomputed == 40 and shard_.reused == 0
+
+
+@pytest.mark.ray
+def test_refs_of_a_dropped_epoch_raise(served):
+    """The feed keeps the newest 2 epochs; refs or a shard of an older one raise a ValueError naming the fix."""
+    import ray
+
+    feed = served["feed"]
+    video = served["shards"][2, 2][0].blocks[0].ids[0]
+    assert len(ray.get(feed.refs.remote([video], 2))) == 1
+    with pytest.raises(ray.exceptions.RayTaskError, match="call epoch_shard"):
+        ray.get(feed.refs.remote([video], 0))
+    with pytest.raises(ray.exceptions.RayTaskError, match="must not lag"):
+        ray.get(feed.epoch_shard.remote(0, 0, 2))
