@@ -33,6 +33,8 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/packing.py
+	$(PY) bench/microbatch.py
+	$(PY) bench/pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

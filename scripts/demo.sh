@@ -54,8 +54,9 @@ for attempt in $(seq 60); do
 done
 echo "submitted job $RUN_NAME; streaming its logs (Ctrl-C stops following, not the job)"
 ray job logs --address "$ADDRESS" --follow "$RUN_NAME"
-status=$(ray job status --address "$ADDRESS" "$RUN_NAME" 2>&1 | grep -o "Status for job.*" || true)
-echo "${status:-job status unknown}"
+status=$(python -c 'import sys; from ray.job_submission import JobSubmissionClient as C
+print(C(sys.argv[1]).get_job_status(sys.argv[2]))' "$ADDRESS" "$RUN_NAME" 2>&1 | tail -n 1)
+echo "job $RUN_NAME: $status"
 echo "Ray dashboard: http://127.0.0.1:$DASHBOARD_PORT"
 if [[ $status != *SUCCEEDED* ]]; then
   echo "the job did not succeed: see the logs above" >&2

@@ -195,8 +195,9 @@ class Learner:
                 {"round": result.round, "batch_size": self.batch_size, "time_s": now}
             )
             logger.info(
-                "round %d (epoch %d, %d/%d rows): loss %.4f, B=%d, averaging %.2fs%s",
-                result.round, epoch, rows_done, shard_rows, delta["loss"], self.batch_size, seconds,
+                "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
+                now, result.round, _progress(epoch, rows_done, shard_rows, self.config.train.epochs),
+                delta["loss"], self.batch_size, seconds,
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
         m = self.config.train.validate_every
@@ -235,9 +236,10 @@ class Learner:
             while (part := stream.take(16)) is not None:
                 rows.append(collate_rows(part))
             self._eval_rows[split] = rows
+        # No backward pass: a forward-only micro-batch can be several times the training one.
         micro = self.config.train.micro_batch_size
         return evaluate(
-            self.model, self._eval_rows[split], micro_batch_size=micro if isinstance(micro, int) else 16
+            self.model, self._eval_rows[split], micro_batch_size=4 * micro if isinstance(micro, int) else 16
         )
 
     # ------------------------------------------------------------------------------- reports, finish
@@ -292,6 +294,17 @@ class Learner:
         self._report(self.config.train.epochs, 0, checkpoint=True, extra=extra)
 
 
+def _progress(epoch: int, rows_done: int, shard_rows: int, epochs: int) -> str:
+    """Where a round falls: "epoch 3/10 done", or "epoch 4/10, 32/109 rows" inside an epoch.
+
+    ``epoch`` counts finished epochs at an epoch's closing round (rows_done 0) and the running epoch
+    (0-based) inside one, so the running one is shown 1-based.
+    """
+    if rows_done == 0:
+        return f"epoch {epoch}/{epochs} done"
+    return f"epoch {epoch + 1}/{epochs}, {rows_done}/{shard_rows} rows"
+
+
 def _to_cpu(state: dict) -> dict:
     return {
         key: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in entry.items()}
@@ -315,6 +328,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     device = ray.train.torch.get_device()
-    # One small dataset per epoch: Ray Data's progress bars would flood the job log.
+    # One small dataset per epoch: Ray Data's progress bars and per-execution notices would flood the log.
     ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     Learner(config, loop_config["names"], rank, world_size, device).run()
