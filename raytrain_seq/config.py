@@ -334,7 +334,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "demo": {
         "data": {"num_classes": 10, "max_videos": 3000, "cache_size": 36, "crop": 32},
         "model": {"width": 16, "depth": 3, "hidden": 64},
-        "train": {"learners": 2, "epochs": 10, "batch_size": 4, "micro_batch_size": 4, "lr": 3e-3},
+        "train": {
+            "learners": 2,
+            "epochs": 10,
+            "batch_size": 4,
+            "micro_batch_size": 4,
+            "lr": 3e-3,
+            "checkpoint_every": 5,
+        },
     },
 }
 

@@ -242,7 +242,7 @@ def test_default_size_is_small(temporal):
 
 def test_unknown_names_raise_and_list_the_known_ones():
     """An unknown backbone or temporal module raises ValueError naming the valid choices."""
-    with pytest.raises(ValueError, match=re.escape("['small']")):
+    with pytest.raises(ValueError, match=re.escape("['resnet152', 'resnet18', 'resnet50', 'small']")):
         build_model(NUM_CLASSES, backbone="resnet1000")
     with pytest.raises(ValueError, match="small"):
         build_frame_encoder("nope", 3)
@@ -250,7 +250,8 @@ def test_unknown_names_raise_and_list_the_known_ones():
         build_model(NUM_CLASSES, temporal="lstm")
     with pytest.raises(ValueError, match="gru"):
         build_temporal("transformer", 8, 8)
-    assert set(FRAME_ENCODERS) == {"small"} and set(TEMPORAL_MODULES) == {"gru", "tcn"}
+    assert set(FRAME_ENCODERS) == {"small", "resnet18", "resnet50", "resnet152"}
+    assert set(TEMPORAL_MODULES) == {"gru", "tcn"}
 
 
 @pytest.mark.parametrize("temporal", TEMPORALS)

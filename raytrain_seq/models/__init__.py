@@ -3,8 +3,9 @@
 ``build_model(num_classes, ...)`` -> ``TemporalClassifier``; ``model(frames, starts, lengths,
 num_sequences)`` -> logits ``[K, num_classes]`` for the K real sequences in row-major (row, slot) order;
 ``sequence_labels`` gives the matching targets; ``sequence_loss`` / ``predict`` take a block-row dict.
-Backbones register in ``FRAME_ENCODERS``, temporal modules in ``TEMPORAL_MODULES``. torch only; importing
-this package builds nothing.
+Backbones register in ``FRAME_ENCODERS`` ("small", "resnet18", "resnet50", "resnet152"; ImageNet files
+load with ``load_imagenet_weights``, RGB -> flow starts with ``cross_modality_init``), temporal modules in
+``TEMPORAL_MODULES``. torch only; importing this package builds nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ from raytrain_seq.models.frame_encoder import (
     build_frame_encoder,
 )
 from raytrain_seq.models.loss import BLOCK_KEYS, predict, sequence_loss
+from raytrain_seq.models.resnet import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    FrozenBatchNorm2d,
+    ResNetEncoder,
+    build_resnet,
+    cross_modality_init,
+    cross_modality_weight,
+    load_imagenet_weights,
+)
 from raytrain_seq.models.temporal import (
     TEMPORAL_MODULES,
     CausalConvTemporal,
@@ -28,17 +39,25 @@ from raytrain_seq.models.temporal import (
 __all__ = [
     "BLOCK_KEYS",
     "FRAME_ENCODERS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "TEMPORAL_MODULES",
     "CausalConvTemporal",
     "FrameNormalizer",
+    "FrozenBatchNorm2d",
     "GRUTemporal",
+    "ResNetEncoder",
     "SequenceIndex",
     "SmallFrameEncoder",
     "TemporalClassifier",
     "block_sequence_index",
     "build_frame_encoder",
     "build_model",
+    "build_resnet",
     "build_temporal",
+    "cross_modality_init",
+    "cross_modality_weight",
+    "load_imagenet_weights",
     "predict",
     "sequence_labels",
     "sequence_loss",

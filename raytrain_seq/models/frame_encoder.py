@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
+
+from raytrain_seq.models.resnet import RESNET_BUILDERS
 
 logger = logging.getLogger(__name__)
 
@@ -110,16 +113,18 @@ def _build_small(in_channels: int, **kwargs: int) -> nn.Module:
 
 
 # The backbone seam: name -> builder(in_channels, **kwargs) returning an nn.Module that maps float
-# [N, in_channels, H, W] -> [N, out_dim] and exposes ``out_dim``. Larger backbones (resnet18/50/152 for
-# the two-stream UCF101 runs) are added here as further entries; nothing else in the model changes.
-FRAME_ENCODERS: dict[str, Callable[..., nn.Module]] = {"small": _build_small}
+# [N, in_channels, H, W] -> [N, out_dim] and exposes ``out_dim``. "resnet18" / "resnet50" / "resnet152"
+# (models/resnet.py) take ``norm`` and ``weights`` and drop the small encoder's width/depth/groups, which
+# the classifier passes to every backbone.
+FRAME_ENCODERS: dict[str, Callable[..., nn.Module]] = {"small": _build_small, **RESNET_BUILDERS}
 
 
-def build_frame_encoder(name: str, in_channels: int, **kwargs: int) -> nn.Module:
+def build_frame_encoder(name: str, in_channels: int, **kwargs: Any) -> nn.Module:
     """Build the frame encoder registered as ``name`` (see ``FRAME_ENCODERS``) for ``in_channels`` inputs.
 
     ``in_channels`` is 3 for RGB and 2 for optical flow (x, y). Keyword options go to the builder
-    ("small": ``width``, ``depth``, ``groups``).
+    ("small": ``width``, ``depth``, ``groups``; the ResNets: ``norm`` "frozen" | "group" and ``weights``, a
+    local torchvision ImageNet file, and they ignore the small encoder's options).
     """
     if name not in FRAME_ENCODERS:
         raise ValueError(f"unknown frame encoder {name!r}: choose one of {sorted(FRAME_ENCODERS)}")

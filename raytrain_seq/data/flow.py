@@ -1,0 +1,198 @@
+"""Dense optical flow for the flow stream of a two-stream model, stored as uint8 like the images.
+
+The two-stream networks (Simonyan & Zisserman, "Two-Stream Convolutional Networks for Action Recognition in
+Videos", NeurIPS 2014; Wang et al., "Temporal Segment Networks", ECCV 2016) feed a temporal model with dense
+flow between consecutive frames, two channels per frame (x then y). TSN and its tooling (dense_flow,
+mmaction) compute TV-L1 flow (Zach et al., 2007), clip it to +-20 pixels and store it as 8-bit images with
+128 meaning zero: ``q = round((f + bound) * 255 / (2 * bound))``. We do the same, so a flow video is an
+ordinary uint8 ``[T, H, W, 2]`` array that the cache, the packer and ``final_augment(..., flow=True)``
+handle like RGB frames.
+
+Method: TV-L1 (``cv2.optflow.DualTVL1OpticalFlow_create``) when opencv-contrib is installed, otherwise
+Farneback's polynomial-expansion flow (Farneback, "Two-Frame Motion Estimation Based on Polynomial
+Expansion", SCIA 2003), which is in plain OpenCV. ``flow_method()`` says which one a run uses, so the run
+summary can report it. TV-L1 is the literature's choice (sharper at motion boundaries); it could not be
+timed here (no contrib), so only Farneback is measured below.
+
+Sign convention (OpenCV's, for both methods): ``prev[y, x] ~ next[y + fy, x + fx]`` with x to the right and
+y DOWN the image. Content moving right gives ``fx > 0``; content moving up gives ``fy < 0``.
+
+Length: ``T`` frames give ``T - 1`` flows (frame t to t + 1); the last flow is repeated so the flow video
+has the same ``T`` as the RGB video (the packer and the reset tables are built from RGB lengths). A 1-frame
+video gets one zero-flow frame.
+
+Measured trade-off (Farneback with ``FARNEBACK_PARAMS``, one 17-frame textured video, median of 7 runs on
+the shared 2-core CPU at load ~3, OpenCV's default 2 threads): about 5 ms per flow frame at 112x112 and
+19 ms at 224x224 (roughly linear in pixels; one thread was no slower under that load). That is 3-4x what
+``partial_augment`` costs on the same frames (1.5 ms per frame from 128x171 to 112, 6.5 ms from 256x342 to
+224), which is why flow belongs in the cached (refurbished) half and never in the per-use final one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FARNEBACK_PARAMS", "FLOW_BOUND", "compute_flow", "dequantize", "flow_method", "quantize"]
+
+# The clip used by TSN / dense_flow (at their 340x256 frames; at 112x112 the same motion is ~3x smaller).
+FLOW_BOUND = 20.0
+# OpenCV's textbook Farneback settings (samples/python/opt_flow.py): a classical 3-level pyramid (each
+# level half the size), a 15x15 averaging window for robustness to noise, 3 iterations per level, and a
+# 5-pixel polynomial neighbourhood with the sigma OpenCV recommends for it.
+FARNEBACK_PARAMS: dict[str, Any] = {
+    "pyr_scale": 0.5,
+    "levels": 3,
+    "winsize": 15,
+    "iterations": 3,
+    "poly_n": 5,
+    "poly_sigma": 1.2,
+    "flags": 0,
+}
+_METHODS = ("tvl1", "farneback")
+
+
+def _cv2() -> Any:
+    """Import OpenCV on first use, so importing this module stays cheap and starts nothing."""
+    try:
+        import cv2
+    except ImportError as exc:
+        raise ImportError(
+            "optical flow needs OpenCV: pip install opencv-python-headless (or opencv-contrib-python-headless "
+            "for TV-L1)"
+        ) from exc
+    return cv2
+
+
+def _tvl1_factory() -> Any | None:
+    """The TV-L1 constructor of opencv-contrib, or None without contrib (the name moved across versions)."""
+    optflow = getattr(_cv2(), "optflow", None)
+    if optflow is None:
+        return None
+    for name in ("DualTVL1OpticalFlow_create", "createOptFlow_DualTVL1"):
+        factory = getattr(optflow, name, None)
+        if factory is not None:
+            return factory
+    return None
+
+
+@functools.cache
+def flow_method() -> str:
+    """``"tvl1"`` when opencv-contrib provides TV-L1, else ``"farneback"``; checked once, on first call."""
+    method = "tvl1" if _tvl1_factory() is not None else "farneback"
+    logger.info("optical flow method: %s", method)
+    return method
+
+
+def _check_bound(bound: object) -> float:
+    if isinstance(bound, bool) or not isinstance(bound, (int, float, np.integer, np.floating)):
+        raise TypeError(f"bound must be a positive number of pixels, e.g. {FLOW_BOUND}, got {bound!r}")
+    if not (math.isfinite(float(bound)) and bound > 0):
+        raise ValueError(f"bound must be a finite number of pixels > 0, e.g. {FLOW_BOUND}, got {bound}")
+    return float(bound)
+
+
+def _check_frames(frames: object) -> np.ndarray:
+    if not isinstance(frames, np.ndarray):
+        raise TypeError(f"frames must be a numpy uint8 array [T, H, W, 3], got {type(frames).__name__}")
+    if frames.ndim != 4 or frames.shape[-1] not in (1, 3):
+        raise ValueError(
+            f"frames must have shape [T, H, W, 3] (RGB) or [T, H, W, 1] (gray), got {frames.shape}; add a "
+            "time axis to one image with image[None] and a channel axis to gray frames with frames[..., None]"
+        )
+    if frames.dtype != np.uint8:
+        raise ValueError(
+            f"frames must be uint8, got {frames.dtype}; convert with np.clip(x, 0, 255).astype(np.uint8)"
+        )
+    if min(frames.shape[:3]) < 1:
+        raise ValueError(
+            f"frames must have at least one frame, row and column, got {frames.shape}; drop empty videos "
+            "before computing flow"
+        )
+    return frames
+
+
+def quantize(flow: np.ndarray, bound: float = FLOW_BOUND) -> np.ndarray:
+    """Float flow (pixels, any shape) -> uint8: clip to ``[-bound, bound]``, map linearly to 0..255.
+
+    ``q = round((f + bound) * 255 / (2 * bound))``; with bound 20 one step is 40/255 = 0.157 px, -20 -> 0,
+    +20 -> 255, and 0 -> 127.5 which rounds (half to even) to 128.
+    """
+    bound = _check_bound(bound)
+    values = np.asarray(flow, dtype=np.float32)
+    if not np.isfinite(values).all():
+        raise ValueError(
+            "flow has NaN or infinite values; fix the flow source (quantize clips finite values only)"
+        )
+    scaled = (np.clip(values, -bound, bound) + bound) * np.float32(255.0 / (2.0 * bound))
+    # Already in [0, 255]: the clip above bounds (f + bound) to [0, 2 * bound], so no second clip.
+    return np.rint(scaled).astype(np.uint8)
+
+
+def dequantize(q: np.ndarray, bound: float = FLOW_BOUND) -> np.ndarray:
+    """uint8 flow -> float32 pixels, the inverse of ``quantize`` up to half a step (``bound / 255``).
+
+    ``f = q * 2 * bound / 255 - bound``: with bound 20, 0 -> -20, 255 -> +20, 128 -> +0.078.
+    """
+    bound = _check_bound(bound)
+    q = np.asarray(q)
+    if q.dtype != np.uint8:
+        raise ValueError(f"q must be uint8 quantised flow, got {q.dtype}; pass the output of compute_flow")
+    return q.astype(np.float32) * np.float32(2.0 * bound / 255.0) - np.float32(bound)
+
+
+def _gray(frames: np.ndarray) -> np.ndarray:
+    """uint8 ``[T, H, W, C]`` -> contiguous uint8 ``[T, H, W]`` (RGB to luma with OpenCV's weights)."""
+    t, h, w, c = frames.shape
+    if c == 1:
+        return np.ascontiguousarray(frames[..., 0])
+    cv2 = _cv2()
+    # One call for the whole video: stacking frames along rows, [T, H, W, 3] -> [T*H, W, 3], is a
+    # valid image, and the conversion is per pixel.
+    gray = cv2.cvtColor(np.ascontiguousarray(frames).reshape(t * h, w, 3), cv2.COLOR_RGB2GRAY)
+    return gray.reshape(t, h, w)
+
+
+def compute_flow(frames: np.ndarray, *, method: str | None = None, bound: float = FLOW_BOUND) -> np.ndarray:
+    """Quantised dense flow of a video: uint8 ``[T, H, W, C]`` (C = 3 RGB or 1 gray) -> uint8 ``[T, H, W, 2]``.
+
+    Channel 0 is x (right positive), channel 1 is y (down positive); 128 means zero, one step is
+    ``2 * bound / 255`` pixels. ``method`` is ``"tvl1"``, ``"farneback"`` or None for ``flow_method()``.
+
+    Output frame t holds the flow from frame t to frame t + 1, and the last flow is repeated to keep the
+    RGB length. Worked example, T = 4 frames f0..f3: flows ``[f0->f1, f1->f2, f2->f3, f2->f3]``; T = 1:
+    ``[zero]``. Repeating (rather than appending a zero flow) keeps the last frame's motion continuous, so
+    no fake "everything stops" frame marks the end of every video for the temporal model.
+    """
+    frames = _check_frames(frames)
+    bound = _check_bound(bound)
+    if method is None:
+        method = flow_method()
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS} or None (auto), got {method!r}")
+    t, h, w, _ = frames.shape
+    flows = np.zeros((t, h, w, 2), dtype=np.float32)
+    gray = _gray(frames)
+    if method == "tvl1":
+        factory = _tvl1_factory()
+        if factory is None:
+            raise ValueError(
+                "method='tvl1' needs opencv-contrib (cv2.optflow): pip install opencv-contrib-python-headless "
+                "in place of opencv-python-headless, or pass method='farneback' (or None for auto)"
+            )
+        tvl1 = factory()
+        for i in range(t - 1):
+            flows[i] = tvl1.calc(gray[i], gray[i + 1], None)
+    else:
+        cv2 = _cv2()
+        for i in range(t - 1):
+            flows[i] = cv2.calcOpticalFlowFarneback(gray[i], gray[i + 1], None, **FARNEBACK_PARAMS)
+    if t > 1:
+        flows[t - 1] = flows[t - 2]
+    return quantize(flows, bound)

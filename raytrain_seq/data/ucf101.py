@@ -1,0 +1,187 @@
+"""UCF101 reader: the official layout and the three train/test splits, as a ``VideoCatalog``.
+
+Layout under ``data_root`` (``--data-root``), as UCF101.rar and UCF101TrainTestSplits-RecognitionTask.zip
+unpack::
+
+    UCF-101/<Class>/v_<Class>_gXX_cYY.avi
+    ucfTrainTestlist/classInd.txt          "1 ApplyEyeMakeup" ... "101 YoYo" (1-based)
+    ucfTrainTestlist/trainlist0{1,2,3}.txt "ApplyEyeMakeup/v_ApplyEyeMakeup_g08_c01.avi 1"
+    ucfTrainTestlist/testlist0{1,2,3}.txt  "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01.avi" (no label)
+
+The label of a video is ALWAYS classInd's index of its class folder, minus one (0-based). A train-list
+label is only a check: it must equal that index, else the job stops with the file and line, so a list
+written against another class order can never shift labels silently. The folder, not the file name,
+names the class (the real set has folder ``HandstandPushups`` with files ``v_HandStandPushups_*``).
+Test lines may carry a label too; it is checked the same way.
+
+Ids: the rank of a video in the fold's train and test lists together, sorted by (label, file name), so
+train and test ids are disjoint, ascending within a catalog and (with the official lists, where every
+fold lists all 13,320 videos) the same for every fold. Lengths come from the container header through
+``video.probe`` (about 2 ms a file), then ``stride``/``fps`` (``video.output_length``).
+
+Errors that stop the job at start (ValueError naming the file, the line and the fix): a missing data root,
+``UCF-101/`` folder or list file; a malformed line; a class that classInd does not list; a label out of
+range or disagreeing with the folder; a video listed twice. A listed video that is missing, corrupt or
+has zero frames is skipped with one warning and recorded in ``VideoCatalog.skipped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from raytrain_seq.data.video import VideoCatalog, build_catalog, read_lines
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FOLDS", "LISTS_DIR", "SPLITS", "VIDEOS_DIR", "read_class_index", "ucf101_catalog"]
+
+VIDEOS_DIR = "UCF-101"
+LISTS_DIR = "ucfTrainTestlist"
+SPLITS = ("train", "test")
+FOLDS = (1, 2, 3)
+
+_LAYOUT = (
+    f"--data-root must hold {VIDEOS_DIR}/<Class>/*.avi and {LISTS_DIR}/ (classInd.txt, trainlist0N.txt, "
+    "testlist0N.txt) as UCF101.rar and UCF101TrainTestSplits-RecognitionTask.zip unpack"
+)
+
+
+def read_class_index(path: str) -> tuple[str, ...]:
+    """Class names in label order from classInd.txt (``"<index> <name>"``, indices exactly 1..N)."""
+    names: dict[int, tuple[str, int]] = {}
+    seen: dict[str, int] = {}
+    for lineno, line in read_lines(path, "UCF101 class index", _LAYOUT):
+        fields = line.split()
+        if len(fields) != 2 or not fields[0].isdigit():
+            raise ValueError(f"{path}:{lineno}: expected '<index> <ClassName>', got {line!r}; fix the line")
+        index, name = int(fields[0]), fields[1]
+        if index in names:
+            raise ValueError(
+                f"{path}:{lineno}: index {index} already used on line {names[index][1]}; each index once"
+            )
+        if name in seen:
+            raise ValueError(
+                f"{path}:{lineno}: class {name!r} already listed on line {seen[name]}; once only"
+            )
+        names[index] = (name, lineno)
+        seen[name] = lineno
+    if not names:
+        raise ValueError(f"{path}: no '<index> <ClassName>' lines; is this classInd.txt?")
+    if sorted(names) != list(range(1, len(names) + 1)):
+        gap = min(set(range(1, len(names) + 1)) - set(names))
+        raise ValueError(
+            f"{path}: indices must be exactly 1..{len(names)}, but {gap} is missing "
+            f"(highest is {max(names)} on line {names[max(names)][1]}); fix the numbering"
+        )
+    return tuple(names[i][0] for i in range(1, len(names) + 1))
+
+
+def _parse_list(
+    path: str, class_names: tuple[str, ...], *, label_required: bool
+) -> list[tuple[int, str, int]]:
+    """``(line, "<Class>/<file>", label)`` of a train or test list; every label checked against classInd."""
+    index = {name: k for k, name in enumerate(class_names)}
+    shape = "'<Class>/<video>.avi <label>'" if label_required else "'<Class>/<video>.avi'"
+    rows: list[tuple[int, str, int]] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in read_lines(path, "UCF101 split file", _LAYOUT):
+        fields = line.split()
+        if len(fields) not in ((2,) if label_required else (1, 2)):
+            raise ValueError(f"{path}:{lineno}: expected {shape}, got {line!r}; fix the line")
+        rel = fields[0].replace("\\", "/")
+        parts = rel.split("/")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise ValueError(f"{path}:{lineno}: expected {shape} (class folder / file), got {line!r}")
+        folder = parts[0]
+        if folder not in index:
+            raise ValueError(
+                f"{path}:{lineno}: class {folder!r} is not in classInd.txt ({len(class_names)} classes); "
+                "fix the line or use the classInd.txt that came with these lists"
+            )
+        label = index[folder]
+        if len(fields) == 2:
+            _check_label(path, lineno, fields[1], folder, label, class_names)
+        if rel in first_line:
+            raise ValueError(f"{path}:{lineno}: {rel} is already listed on line {first_line[rel]}; once only")
+        first_line[rel] = lineno
+        rows.append((lineno, rel, label))
+    return rows
+
+
+def _check_label(path: str, lineno: int, text: str, folder: str, label: int, names: tuple[str, ...]) -> None:
+    try:
+        given = int(text)
+    except ValueError:
+        raise ValueError(f"{path}:{lineno}: label {text!r} is not an integer; fix the line") from None
+    if not 1 <= given <= len(names):
+        raise ValueError(
+            f"{path}:{lineno}: label {given} is out of range 1..{len(names)} (classInd.txt has "
+            f"{len(names)} classes); fix the line or use the matching classInd.txt"
+        )
+    if given != label + 1:
+        raise ValueError(
+            f"{path}:{lineno}: label {given} is {names[given - 1]!r} in classInd.txt but the folder is "
+            f"{folder!r} (index {label + 1}); fix the line or classInd.txt "
+            "(labels are never shifted silently)"
+        )
+
+
+def ucf101_catalog(
+    data_root: str | os.PathLike[str],
+    split: str = "train",
+    fold: int = 1,
+    *,
+    stride: int = 1,
+    fps: float | None = None,
+    verify: bool = False,
+    workers: int = 4,
+) -> VideoCatalog:
+    """The ``split`` (``"train"``/``"test"``) of UCF101 fold ``fold`` (1, 2 or 3) under ``data_root``.
+
+    Both lists of the fold are read (ids span both, and a video in both is an error). ``stride``/``fps``
+    set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True`` counts frames by
+    decoding (slow); ``workers`` threads probe headers.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(fold, bool) or not isinstance(fold, int) or fold not in FOLDS:
+        raise ValueError(f"fold must be one of {FOLDS} (the official splits), got {fold!r}")
+    root = os.fspath(data_root)
+    if not os.path.isdir(root):
+        raise ValueError(f"UCF101 data root not found: {root}; {_LAYOUT}")
+    videos = os.path.join(root, VIDEOS_DIR)
+    if not os.path.isdir(videos):
+        raise ValueError(f"UCF101 video folder not found: {videos}; {_LAYOUT}")
+    lists = os.path.join(root, LISTS_DIR)
+    class_names = read_class_index(os.path.join(lists, "classInd.txt"))
+    train_file = os.path.join(lists, f"trainlist0{fold}.txt")
+    test_file = os.path.join(lists, f"testlist0{fold}.txt")
+    train = _parse_list(train_file, class_names, label_required=True)
+    test = _parse_list(test_file, class_names, label_required=False)
+    train_line = {rel: lineno for lineno, rel, _ in train}
+    for lineno, rel, _ in test:
+        if rel in train_line:
+            raise ValueError(
+                f"{test_file}:{lineno}: {rel} is also a training video ({train_file}:{train_line[rel]}); "
+                "a video belongs to one side of a split"
+            )
+    chosen = train if split == "train" else test
+    if not chosen:
+        raise ValueError(f"{train_file if split == 'train' else test_file}: lists no video; is it truncated?")
+    # Ids: rank in (label, file name) order over both lists. Lists {B/v_B_1, A/v_A_2, A/v_A_1} with
+    # classInd A=1, B=2 give A/v_A_1 -> 0, A/v_A_2 -> 1, B/v_B_1 -> 2.
+    everything = sorted(((label, rel.split("/")[1], rel) for _, rel, label in train + test))
+    rank = {rel: k for k, (_, _, rel) in enumerate(everything)}
+    entries = sorted((rank[rel], label, os.path.join(videos, *rel.split("/"))) for _, rel, label in chosen)
+    return build_catalog(
+        entries,
+        class_names=class_names,
+        split=split,
+        dataset="ucf101",
+        fold=fold,
+        stride=stride,
+        fps=fps,
+        verify=verify,
+        workers=workers,
+    )
