@@ -329,8 +329,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": {"learners": 2, "epochs": 2, "batch_size": 4, "micro_batch_size": 4},
     },
     # `make demo`: >= 90 % test accuracy on the synthetic set with 2 learners in <= 6 minutes on 2 cores.
-    # Measured on the 2-core box (python jobs/ucf101.py --preset demo): 95.5 % test accuracy, 0.21 %
-    # padding, 328 s for the whole job, 186 s of it compute.
+    # Measured on the 2-core box (`make demo`, nothing else running): 95.5 % test accuracy, 0.21 %
+    # padding, 319 s for the whole job, 157 s of it compute per learner.
     "demo": {
         "data": {"num_classes": 10, "max_videos": 3000, "cache_size": 36, "crop": 32},
         "model": {"width": 16, "depth": 3, "hidden": 64},

@@ -73,8 +73,16 @@ def _connect(config: Config) -> None:
         # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
         ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
         return
-    # No cluster named: a local one, with a logical CPU for every learner and for the data tasks
-    # (logical CPUs may exceed the cores; torch in each learner uses a thread).
+    try:
+        # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
+        ray.init(address="auto", namespace=NAMESPACE)
+        return
+    except ConnectionError as exc:
+        if "multiple" in str(exc):
+            raise ValueError(f"{exc} (export RAY_ADDRESS=HOST:PORT to pick one)") from exc
+        logger.info("no running Ray cluster found: starting a local one")
+    # No cluster: a local one, with a logical CPU for every learner and for the data tasks (logical
+    # CPUs may exceed the cores; torch in each learner uses a thread).
     cpus = max(os.cpu_count() or 1, config.train.learners + 2)
     ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, _system_config=WORKER_REUSE)
 
