@@ -227,9 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("run %s -> %s", config.run.run_name, config.run_dir())
 
     # Imported here, not at the top: importing this file must not pull in ray or torch.
+    from raytrain_seq.config import RunSetupError
     from raytrain_seq.dist.trainer import run
 
-    summary = run(config)
+    try:
+        summary = run(config)
+    except RunSetupError as err:
+        # Nothing has trained yet (run folder, cluster size, resume point): one line with the fix.
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(format_table(summary))
     print(f"summary written to {summary.json_path}")
     return 0

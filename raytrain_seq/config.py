@@ -30,7 +30,15 @@ from raytrain_seq.packing import STRATEGIES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PRESETS", "Config", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig"]
+__all__ = ["PRESETS", "Config", "DataConfig", "ModelConfig", "RunConfig", "RunSetupError", "TrainConfig"]
+
+
+class RunSetupError(ValueError):
+    """A valid configuration that cannot start here (run folder, cluster size, resume point).
+
+    Raised before any training, so the job reports it as one line naming the fix, like a bad flag.
+    """
+
 
 # Datasets with a reader today. The real-video readers add "ucf101" and "hmdb51" to this tuple.
 DATASETS: tuple[str, ...] = ("synthetic",)

@@ -386,6 +386,22 @@ def test_main_runs_prints_table_and_ends_with_summary_path(fake_trainer, capsys,
     assert any("92.5 %" in line for line in lines)  # the table of the returned summary
 
 
+def test_a_run_that_cannot_start_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
+    """run() raising RunSetupError (e.g. the run folder exists): exit 2, one `error:` line, no traceback."""
+    from raytrain_seq.config import RunSetupError
+
+    def run(config: Config) -> RunSummary:
+        raise RunSetupError(f"run folder {tmp_path} already exists: pass --resume to continue it")
+
+    module = types.ModuleType("raytrain_seq.dist.trainer")
+    module.run = run
+    monkeypatch.setitem(sys.modules, "raytrain_seq.dist.trainer", module)
+    assert job.main(["--preset", "smoke", "--run-name", "t2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: run folder") and "--resume" in captured.err
+    assert "Traceback" not in captured.err and "summary written" not in captured.out
+
+
 def test_importing_the_job_starts_nothing():
     """Importing jobs/ucf101.py loads neither ray nor torch, starts no thread and runs nothing."""
     code = (

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from raytrain_seq.config import Config
+from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.summary import RunSummary, plot_curves
 
 logger = logging.getLogger(__name__)
@@ -41,18 +41,18 @@ def check_storage(config: Config) -> Path:
     """The run folder, checked before any training: writable, and new unless resuming."""
     run_dir = config.run_dir()
     if run_dir.exists() and not config.run.resume and any(run_dir.iterdir()):
-        raise ValueError(
+        raise RunSetupError(
             f"run folder {run_dir} already exists: pass --resume to continue it, or a new --run-name"
         )
     if config.run.resume and not run_dir.exists():
-        raise ValueError(f"--resume: no run folder {run_dir}: check --storage-path and --run-name")
+        raise RunSetupError(f"--resume: no run folder {run_dir}: check --storage-path and --run-name")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{uuid.uuid4().hex}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise ValueError(
+        raise RunSetupError(
             f"cannot write the run folder {run_dir} ({exc.strerror}): pass a writable --storage-path"
         ) from exc
     return run_dir
@@ -79,7 +79,7 @@ def _connect(config: Config) -> None:
         return
     except ConnectionError as exc:
         if "multiple" in str(exc):
-            raise ValueError(f"{exc} (export RAY_ADDRESS=HOST:PORT to pick one)") from exc
+            raise RunSetupError(f"{exc} (export RAY_ADDRESS=HOST:PORT to pick one)") from exc
         logger.info("no running Ray cluster found: starting a local one")
     # No cluster: a local one, with a logical CPU for every learner and for the data tasks (logical
     # CPUs may exceed the cores; torch in each learner uses a thread).
@@ -93,7 +93,7 @@ def _check_cpus(config: Config) -> None:
 
     cpus = ray.cluster_resources().get("CPU", 0)
     if cpus < config.train.learners + 1:
-        raise ValueError(
+        raise RunSetupError(
             f"the Ray cluster has {cpus:g} CPUs: the {config.train.learners} learners hold one each and the "
             f"data tasks need at least one more, so training would wait forever; start Ray with "
             f"--num-cpus {config.train.learners + 2} (logical CPUs may exceed the cores) or lower --learners"
@@ -140,7 +140,7 @@ def run(config: Config) -> RunSummary:
     if config.run.resume:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
-            raise ValueError(f"--resume: {run_dir} holds no checkpoint yet: start it again without --resume")
+            raise RunSetupError(f"--resume: {run_dir} holds no checkpoint yet: start it again without --resume")
         state = torch.load(checkpoint / "state.pt", weights_only=True)
         ray.get(averager.restore.remote(state["averager"]))
         logger.info("resuming %s from %s", config.run.run_name, checkpoint.name)
