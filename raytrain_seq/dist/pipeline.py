@@ -29,10 +29,9 @@ are spent on the evaluation videos too), and its evaluation resize is the identi
 Trade-off: with reuse r the partial-augmentation work per epoch drops to 1/r after epoch 0; the price
 is object-store memory for one cached copy of every train video (+1/r for the next epoch's copies in
 flight) and one actor call per assembly task. Measured with bench/pipeline.py (600 synthetic videos,
-20 px cache, 16 px crop, t_max 100, 2 CPUs on a shared 2-core box, so +-30 %): epochs >= 1 deliver
-14.7k useful frames/s to 2 consumers, 2.2x a plain DataLoader that recomputes and pads every video
-(76 % of its frames are padding), 0.7x what 2 one-thread learners consume; the cold epoch 0 delivers
-3.2k. With ``augment_cost`` 0.01 s a video (machine loaded) r=3 delivered 7x the frames/s of r=1.
+3 epochs, r=3, 2 CPUs on the 2-core box): epochs >= 1 deliver 11.4k useful frames/s to 2 consumers,
+1.21x a plain DataLoader that recomputes and pads every video (76 % of its frames are padding) and
+0.65x what 2 one-thread learners consume; the cold epoch 0 brings the whole run to 4.7k (0.49x).
 """
 
 from __future__ import annotations
