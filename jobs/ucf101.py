@@ -71,22 +71,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = parser.add_argument_group("data", "which videos, how they are strided, refurbished and packed")
     data.add_argument(
-        "--dataset",
+        "--dataset", metavar="NAME", help=f"video source: {_names(DATASETS)} [default {d.data.dataset}]"
+    )
+    data.add_argument(
+        "--data-root",
+        metavar="DIR",
+        help="folder the official UCF101 / HMDB51 archives were extracted to (see README, 'Real video')",
+    )
+    data.add_argument(
+        "--split",
+        type=int,
+        metavar="N",
+        help=f"official train/test split: 1, 2 or 3 [default {d.data.split}]",
+    )
+    data.add_argument(
+        "--stream",
         metavar="NAME",
-        help=f"video source: {_names(DATASETS)} (ucf101 and hmdb51 come with the real-video readers) "
-        f"[default {d.data.dataset}]",
+        help=f"rgb, flow (optical flow) or fuse (evaluate --fuse RGB_RUN FLOW_RUN) [default {d.data.stream}]",
     )
     data.add_argument(
         "--num-classes",
         type=int,
         metavar="N",
-        help=f"action classes to train on [default {d.data.num_classes}]",
+        help="train on the first N classes [default: all of the dataset's, 10 for synthetic]",
     )
     data.add_argument(
         "--max-videos", type=int, metavar="N", help="train on at most N videos [default: all of them]"
     )
     data.add_argument(
         "--stride", type=int, metavar="S", help=f"keep every S-th frame [default {d.data.stride}]"
+    )
+    data.add_argument(
+        "--fps",
+        type=float,
+        metavar="F",
+        help="resample real videos to F frames/s instead of striding (with --stride 1) [default: stride]",
     )
     data.add_argument(
         "--t-max",
@@ -118,6 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--backbone", metavar="NAME", help=f"frame encoder: {_names(BACKBONES)} [default {d.model.backbone}]"
     )
     model.add_argument(
+        "--weights", metavar="FILE", help="local ImageNet weights (torchvision layout) for a resnet backbone"
+    )
+    model.add_argument(
+        "--init-from",
+        metavar="RUN_DIR",
+        help="start from that run's final model (RGB run -> flow model: cross-modality initialisation)",
+    )
+    model.add_argument(
+        "--fuse",
+        nargs=2,
+        metavar=("RGB_RUN", "FLOW_RUN"),
+        help="with --stream fuse: evaluate both runs' models on the test split and fuse their softmax",
+    )
+    model.add_argument(
         "--temporal",
         metavar="NAME",
         help=f"temporal module: {_names(TEMPORALS)} [default {d.model.temporal}]",
@@ -138,9 +171,48 @@ def build_parser() -> argparse.ArgumentParser:
     train = parser.add_argument_group("AAVG training", "learners, averaging rounds, adaptive batch size")
     train.add_argument(
         "--learners",
+        metavar="P|MIN:MAX",
+        help=f"AAVG learners (Ray Train workers), or an elastic range like 2:8 [default {d.train.learners}]",
+    )
+    train.add_argument(
+        "--max-failures",
         type=int,
-        metavar="P",
-        help=f"AAVG learners (Ray Train workers) [default {d.train.learners}]",
+        metavar="N",
+        help=f"learner-group restarts allowed after failures; -1 = no limit [default {d.train.max_failures}]",
+    )
+    train.add_argument(
+        "--worker-start-timeout-s",
+        type=float,
+        metavar="S",
+        help=f"seconds to wait for a (re)started learner group [default {d.train.worker_start_timeout_s}]",
+    )
+    train.add_argument(
+        "--resize-interval-s",
+        type=float,
+        metavar="S",
+        help=f"seconds between checks for room to add learners [default {d.train.resize_interval_s}]",
+    )
+    train.add_argument(
+        "--averager-timeout-s",
+        type=float,
+        metavar="S",
+        help=f"seconds a round waits for a learner before dropping it [default {d.train.averager_timeout_s}]",
+    )
+    train.add_argument(
+        "--averager-max-restarts",
+        type=int,
+        metavar="N",
+        help=f"restarts of the averaging actor; -1 = no limit [default {d.train.averager_max_restarts}]",
+    )
+    train.add_argument(
+        "--adaptive-batch",
+        action=argparse.BooleanOptionalAction,
+        help="grow the batch size when validation stalls (AAVG) [default: on]",
+    )
+    train.add_argument(
+        "--merge-moments",
+        action=argparse.BooleanOptionalAction,
+        help="average Adam moments with the weights at each round (AAVG) [default: on]",
     )
     train.add_argument(
         "--k",
@@ -179,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, metavar="LR", help=f"learning rate [default {d.train.lr}]")
     train.add_argument(
         "--optimizer", metavar="NAME", help=f"optimizer: {_names(OPTIMIZERS)} [default {d.train.optimizer}]"
+    )
+    train.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help=f"save a checkpoint every N averaging rounds [default {d.train.checkpoint_every}]",
     )
     train.add_argument(
         "--use-gpu",

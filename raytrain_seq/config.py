@@ -18,15 +18,24 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
+from raytrain_seq.checks import (
+    choice,
+    int_at_least,
+    is_int,
+    number,
+    optional_bool,
+    optional_int_at_least,
+    optional_path,
+)
 from raytrain_seq.packing import STRATEGIES
+from raytrain_seq.presets import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -40,49 +49,13 @@ class RunSetupError(ValueError):
     """
 
 
-# Datasets with a reader today. The real-video readers add "ucf101" and "hmdb51" to this tuple.
-DATASETS: tuple[str, ...] = ("synthetic",)
-BACKBONES: tuple[str, ...] = ("small",)
+DATASETS: tuple[str, ...] = ("synthetic", "ucf101", "hmdb51")
+REAL_DATASETS: tuple[str, ...] = ("ucf101", "hmdb51")
+STREAMS: tuple[str, ...] = ("rgb", "flow", "fuse")
+BACKBONES: tuple[str, ...] = ("small", "resnet18", "resnet50", "resnet152")
 TEMPORALS: tuple[str, ...] = ("gru", "tcn")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 PACKINGS: tuple[str, ...] = STRATEGIES
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass, but True as a batch size is always a mistake.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def _int_at_least(path: str, value: object, minimum: int, fix: str) -> None:
-    if not _is_int(value) or value < minimum:
-        raise ValueError(f"{path} must be an int >= {minimum}, got {value!r}: {fix}")
-
-
-def _optional_int_at_least(path: str, value: object, minimum: int, fix: str) -> None:
-    if value is not None:
-        _int_at_least(path, value, minimum, f"{fix}, or None")
-
-
-def _number(path: str, value: object, rule: str, in_range: Callable[[float], bool], fix: str) -> None:
-    if not _is_number(value) or not in_range(value):
-        raise ValueError(f"{path} must be a finite number {rule}, got {value!r}: {fix}")
-
-
-def _choice(path: str, value: object, choices: tuple[str, ...], extra: str = "") -> None:
-    if value not in choices:
-        names = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{path} must be one of {names}, got {value!r}: pick one of them{extra}")
-
-
-def _optional_bool(path: str, value: object, none_means: str) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise ValueError(
-            f"{path} must be True, False or None ({none_means}), got {value!r}: pass a bool or leave it None"
-        )
 
 
 @dataclass(kw_only=True)
@@ -92,13 +65,21 @@ class DataConfig:
     section: ClassVar[str] = "data"
 
     dataset: str = "synthetic"
-    """Video source: "synthetic" (built in); "ucf101" and "hmdb51" come with the real-video readers."""
-    num_classes: int = 10
-    """Number of action classes to train on (the first classes of the dataset)."""
+    """Video source: "synthetic" (built in), "ucf101" or "hmdb51" (official archives under data_root)."""
+    data_root: str | None = None
+    """Folder the official archives were extracted to (ucf101, hmdb51); unused by synthetic."""
+    split: int = 1
+    """Official train/test split of ucf101 and hmdb51: 1, 2 or 3."""
+    stream: str = "rgb"
+    """What the model sees: "rgb" frames, "flow" (optical flow, 2 channels), or "fuse" (evaluate two runs)."""
+    num_classes: int | None = None
+    """Train on the first this many classes; None = every class of the dataset (10 for synthetic)."""
     max_videos: int | None = None
     """Train on at most this many videos (a class-balanced subset); None = all of them."""
     stride: int = 8
     """Temporal stride: keep every stride-th frame, so a video of n frames gives ceil(n / stride)."""
+    fps: float | None = None
+    """Resample real videos to this frame rate instead of striding (stride must then be 1); None = stride."""
     t_max: int | None = None
     """Block length in (strided) frames; None = the longest strided video, so every video fits whole."""
     cache_size: int = 36
@@ -121,37 +102,66 @@ class DataConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
-        _choice(
-            "data.dataset", self.dataset, DATASETS, " (ucf101 and hmdb51 come with the real-video readers)"
+        choice("data.dataset", self.dataset, DATASETS)
+        if self.dataset in REAL_DATASETS and self.data_root is None:
+            raise ValueError(
+                f"data.data_root is needed for dataset {self.dataset!r}: pass --data-root DIR, the folder the "
+                "official archives were extracted to (see README, 'Real video')"
+            )
+        optional_path("data.data_root", self.data_root, "give the folder the official archives extracted to")
+        if not is_int(self.split) or self.split not in (1, 2, 3):
+            raise ValueError(
+                f"data.split must be 1, 2 or 3, got {self.split!r}: pick one of the official splits (--split 1)"
+            )
+        choice("data.stream", self.stream, STREAMS)
+        if self.stream == "flow" and self.dataset == "synthetic":
+            raise ValueError(
+                "data.stream='flow' needs real video (dataset ucf101 or hmdb51): the synthetic set has no "
+                "optical flow stream; use stream='rgb' or pick a real dataset"
+            )
+        if self.num_classes is None and self.dataset == "synthetic":
+            self.num_classes = 10
+        optional_int_at_least(
+            "data.num_classes", self.num_classes, 2, "a classifier needs at least 2 classes"
         )
-        _int_at_least("data.num_classes", self.num_classes, 2, "a classifier needs at least 2 classes")
-        _optional_int_at_least("data.max_videos", self.max_videos, 1, "give a positive video count")
-        if self.max_videos is not None and self.max_videos < self.num_classes:
+        optional_int_at_least("data.max_videos", self.max_videos, 1, "give a positive video count")
+        if (
+            self.max_videos is not None
+            and self.num_classes is not None
+            and self.max_videos < self.num_classes
+        ):
             raise ValueError(
                 f"data.max_videos={self.max_videos} is fewer than data.num_classes={self.num_classes}: "
                 f"every class needs a training video; raise max_videos to >= {self.num_classes} "
                 "or lower num_classes"
             )
-        _int_at_least("data.stride", self.stride, 1, "use 1 to keep every frame")
-        _optional_int_at_least("data.t_max", self.t_max, 1, "give the block length in frames")
-        _int_at_least("data.cache_size", self.cache_size, 1, "give the cached frame side in pixels, e.g. 36")
-        _int_at_least("data.crop", self.crop, 1, "give the crop side in pixels, e.g. 32")
+        int_at_least("data.stride", self.stride, 1, "use 1 to keep every frame")
+        if self.fps is not None:
+            number("data.fps", self.fps, "> 0", lambda v: v > 0, "use e.g. 25, or None to stride instead")
+            if self.stride != 1:
+                raise ValueError(
+                    f"data.fps={self.fps} and data.stride={self.stride} both pick frames: give one of them "
+                    "(set stride to 1 when resampling to fps)"
+                )
+        optional_int_at_least("data.t_max", self.t_max, 1, "give the block length in frames")
+        int_at_least("data.cache_size", self.cache_size, 1, "give the cached frame side in pixels, e.g. 36")
+        int_at_least("data.crop", self.crop, 1, "give the crop side in pixels, e.g. 32")
         if self.crop > self.cache_size:
             raise ValueError(
                 f"data.crop={self.crop} is larger than data.cache_size={self.cache_size}: the crop is cut "
                 f"from the cached frame; lower crop to <= {self.cache_size} or raise cache_size"
             )
-        _choice("data.packing", self.packing, PACKINGS)
-        _int_at_least("data.reuse", self.reuse, 1, "use 1 to recompute every epoch, 3 to reuse three times")
-        _number(
+        choice("data.packing", self.packing, PACKINGS)
+        int_at_least("data.reuse", self.reuse, 1, "use 1 to recompute every epoch, 3 to reuse three times")
+        number(
             "data.val_fraction",
             self.val_fraction,
             "strictly between 0 and 1",
             lambda v: 0 < v < 1,
             "use e.g. 0.1 to hold out 10 % of the videos",
         )
-        _int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
-        _number(
+        int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
+        number(
             "data.augment_cost",
             self.augment_cost,
             ">= 0",
@@ -167,7 +177,13 @@ class ModelConfig:
     section: ClassVar[str] = "model"
 
     backbone: str = "small"
-    """Frame encoder registered in raytrain_seq.models.frame_encoder.FRAME_ENCODERS ("small")."""
+    """Frame encoder: "small" (CPU-sized CNN) or "resnet18", "resnet50", "resnet152" (for GPUs)."""
+    weights: str | None = None
+    """Local ImageNet weights file (torchvision layout) for a resnet backbone; None = random init."""
+    init_from: str | None = None
+    """Run folder whose final model starts this one (an RGB run for a flow model: cross-modality init)."""
+    fuse: tuple[str, str] | None = None
+    """(RGB run folder, flow run folder) whose models stream="fuse" evaluates and fuses; else None."""
     width: int = 16
     """Channels of the first backbone stage; each further stage doubles them."""
     depth: int = 3
@@ -182,11 +198,29 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
-        _choice("model.backbone", self.backbone, BACKBONES)
-        _int_at_least("model.width", self.width, 1, "use e.g. 16")
-        _int_at_least("model.depth", self.depth, 1, "use e.g. 3")
-        _int_at_least("model.hidden", self.hidden, 1, "use e.g. 64")
-        _choice("model.temporal", self.temporal, TEMPORALS)
+        choice("model.backbone", self.backbone, BACKBONES)
+        optional_path("model.weights", self.weights, "give the path of a local ImageNet weights file")
+        if self.weights is not None and self.backbone == "small":
+            raise ValueError(
+                "model.weights are ImageNet weights for a resnet backbone, but model.backbone='small': "
+                "pick --backbone resnet18|resnet50|resnet152 or drop --weights"
+            )
+        optional_path("model.init_from", self.init_from, "give the folder of a finished run")
+        if isinstance(self.fuse, list):
+            self.fuse = tuple(self.fuse)  # JSON has no tuples: from_dict gets a list
+        if self.fuse is not None and (
+            not isinstance(self.fuse, tuple)
+            or len(self.fuse) != 2
+            or not all(isinstance(p, str) and p.strip() for p in self.fuse)
+        ):
+            raise ValueError(
+                f"model.fuse must be two run folders (RGB run, flow run), got {self.fuse!r}: "
+                "pass --fuse RGB_RUN FLOW_RUN"
+            )
+        int_at_least("model.width", self.width, 1, "use e.g. 16")
+        int_at_least("model.depth", self.depth, 1, "use e.g. 3")
+        int_at_least("model.hidden", self.hidden, 1, "use e.g. 64")
+        choice("model.temporal", self.temporal, TEMPORALS)
 
 
 @dataclass(kw_only=True)
@@ -195,8 +229,20 @@ class TrainConfig:
 
     section: ClassVar[str] = "train"
 
-    learners: int = 2
-    """Number of AAVG learners (Ray Train workers), P in the paper."""
+    learners: int | tuple[int, int] = 2
+    """AAVG learners (Ray Train workers, P in the paper): a count, or (min, max) / "MIN:MAX" for elastic."""
+    max_failures: int = 3
+    """Worker-group restarts Ray Train may make after a learner fails (FailureConfig); -1 = no limit."""
+    worker_start_timeout_s: float = 60.0
+    """Seconds Ray Train waits for a (re)started worker group before retrying with what is there."""
+    resize_interval_s: float = 60.0
+    """Seconds between Ray Train's checks for room to grow an elastic group (ScalingConfig)."""
+    averager_max_restarts: int = 3
+    """Restarts Ray may make of the averaging actor (it reloads the latest checkpoint); -1 = no limit."""
+    adaptive_batch: bool = True
+    """Grow the batch size when validation stalls (AAVG Algorithm 1); False keeps batch_size (ablation)."""
+    merge_moments: bool = True
+    """Average the learners' Adam moments with their weights (AAVG Algorithm 2); False = keep their own."""
     k: int = -1
     """Local steps between averaging rounds, K in the paper; -1 = one round at the end of every epoch."""
     batch_size: int = 4
@@ -231,48 +277,92 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
-        _int_at_least("train.learners", self.learners, 1, "use at least 1 learner (AAVG needs 2 to average)")
-        if not _is_int(self.k) or (self.k != -1 and self.k < 1):
+        self.learners = _parse_learners(self.learners)
+        for name in ("max_failures", "averager_max_restarts"):
+            value = getattr(self, name)
+            if not is_int(value) or value < -1:
+                raise ValueError(
+                    f"train.{name} must be an int >= -1 (-1 = no limit), got {value!r}: use e.g. 3"
+                )
+        for name in ("worker_start_timeout_s", "resize_interval_s"):
+            number(f"train.{name}", getattr(self, name), "> 0", lambda v: v > 0, "use e.g. 60.0 seconds")
+        for name in ("adaptive_batch", "merge_moments"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"train.{name} must be True or False, got {getattr(self, name)!r}: "
+                    f"pass --{name.replace('_', '-')} or --no-{name.replace('_', '-')}"
+                )
+        if not is_int(self.k) or (self.k != -1 and self.k < 1):
             raise ValueError(
                 f"train.k must be -1 (average once per epoch) or an int >= 1 (steps between rounds), "
                 f"got {self.k!r}: use -1 or a positive step count"
             )
-        _int_at_least("train.batch_size", self.batch_size, 1, "give the blocks per mini-batch, e.g. 4")
-        _int_at_least("train.max_batch_size", self.max_batch_size, 1, "use e.g. 576 as in the AAVG paper")
+        int_at_least("train.batch_size", self.batch_size, 1, "give the blocks per mini-batch, e.g. 4")
+        int_at_least("train.max_batch_size", self.max_batch_size, 1, "use e.g. 576 as in the AAVG paper")
         if self.max_batch_size < self.batch_size:
             raise ValueError(
                 f"train.max_batch_size={self.max_batch_size} is below train.batch_size={self.batch_size}: "
                 f"raise max_batch_size to >= {self.batch_size} or lower batch_size"
             )
         if self.micro_batch_size != "auto" and (
-            not _is_int(self.micro_batch_size) or self.micro_batch_size < 1
+            not is_int(self.micro_batch_size) or self.micro_batch_size < 1
         ):
             raise ValueError(
                 f"train.micro_batch_size must be an int >= 1 or 'auto', got {self.micro_batch_size!r}: "
                 "give the blocks that fit on the device at once, or 'auto' to find it"
             )
-        _int_at_least("train.validate_every", self.validate_every, 1, "use 1 to validate every round")
-        _number("train.b1", self.b1, "> 0", lambda v: v > 0, "use 1.0 as in the AAVG paper")
-        _number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
-        _int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
-        _number("train.lr", self.lr, "> 0", lambda v: v > 0, "use e.g. 1e-3")
-        _choice("train.optimizer", self.optimizer, OPTIMIZERS)
-        _number(
+        int_at_least("train.validate_every", self.validate_every, 1, "use 1 to validate every round")
+        number("train.b1", self.b1, "> 0", lambda v: v > 0, "use 1.0 as in the AAVG paper")
+        number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
+        int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
+        number("train.lr", self.lr, "> 0", lambda v: v > 0, "use e.g. 1e-3")
+        choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        number(
             "train.weight_decay",
             self.weight_decay,
             ">= 0",
             lambda v: v >= 0,
             "use 0.0 for none",
         )
-        _number(
+        number(
             "train.averager_timeout_s",
             self.averager_timeout_s,
             "> 0",
             lambda v: v > 0,
             "use e.g. 60.0 seconds",
         )
-        _int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
-        _optional_bool("train.use_gpu", self.use_gpu, "None = when the cluster has GPUs")
+        int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
+        optional_bool("train.use_gpu", self.use_gpu, "None = when the cluster has GPUs")
+
+    @property
+    def min_learners(self) -> int:
+        """Fewest learners the run goes on with (``learners`` itself when it is a count)."""
+        return self.learners if isinstance(self.learners, int) else self.learners[0]
+
+    @property
+    def max_learners(self) -> int:
+        """Most learners the run asks for (``learners`` itself when it is a count)."""
+        return self.learners if isinstance(self.learners, int) else self.learners[1]
+
+
+def _parse_learners(value: object) -> int | tuple[int, int]:
+    """A count stays an int; "MIN:MAX", [min, max] or (min, max) become a tuple (an int when min == max).
+
+    e.g. 2 -> 2, "4" -> 4, "2:8" -> (2, 8), [2, 8] (from JSON) -> (2, 8), "3:3" -> 3.
+    """
+    fix = "give a count (2) or an elastic range MIN:MAX with 1 <= MIN <= MAX (2:8)"
+    given = value
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"train.learners: cannot read {value!r}: {fix}")
+        value = tuple(int(p) for p in parts) if len(parts) == 2 else int(parts[0])
+    if isinstance(value, list | tuple):
+        if len(value) != 2 or not all(is_int(v) for v in value) or not 1 <= value[0] <= value[1]:
+            raise ValueError(f"train.learners must be a count or (min, max), got {given!r}: {fix}")
+        return value[0] if value[0] == value[1] else (value[0], value[1])
+    int_at_least("train.learners", value, 1, fix)
+    return value
 
 
 @dataclass(kw_only=True)
@@ -328,31 +418,6 @@ _FIELD_SECTION: dict[str, str] = {
     f.name: name for name, cls in _SECTIONS.items() for f in dataclasses.fields(cls)
 }
 
-# The two named runs. Only overrides of the defaults above; the lead tunes the numbers here.
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # ~1 minute end to end with 2 learners on 2 CPU cores: few tiny videos, a tiny model, 2 epochs.
-    "smoke": {
-        "data": {"num_classes": 4, "max_videos": 120, "cache_size": 20, "crop": 16},
-        "model": {"width": 8, "depth": 2, "hidden": 32},
-        "train": {"learners": 2, "epochs": 2, "batch_size": 4, "micro_batch_size": 4},
-    },
-    # `make demo`: >= 90 % test accuracy on the synthetic set with 2 learners in <= 6 minutes on 2 cores.
-    # Measured on the 2-core box (`make demo`, nothing else running): 95.5 % test accuracy, 0.21 %
-    # padding, 319 s for the whole job, 157 s of it compute per learner.
-    "demo": {
-        "data": {"num_classes": 10, "max_videos": 3000, "cache_size": 36, "crop": 32},
-        "model": {"width": 16, "depth": 3, "hidden": 64},
-        "train": {
-            "learners": 2,
-            "epochs": 10,
-            "batch_size": 4,
-            "micro_batch_size": 4,
-            "lr": 3e-3,
-            "checkpoint_every": 5,
-        },
-    },
-}
-
 
 def _unknown(keys: list[str], known: list[str], where: str) -> ValueError:
     hints = []
@@ -382,6 +447,11 @@ class Config:
                     f"Config.{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}: "
                     f"pass {name}={cls.__name__}(...) or build the whole tree with Config.from_dict"
                 )
+        if (self.data.stream == "fuse") != (self.model.fuse is not None):
+            raise ValueError(
+                "data.stream='fuse' and model.fuse go together: pass --stream fuse --fuse RGB_RUN FLOW_RUN "
+                f"(got stream={self.data.stream!r}, fuse={self.model.fuse!r})"
+            )
         if self.run.resume and self.run.run_name is None:
             raise ValueError(
                 "run.resume=True needs run.run_name: pass the name of the run to resume (--run-name NAME)"

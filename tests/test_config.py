@@ -35,17 +35,28 @@ def _load_job():
 job = _load_job()
 
 
+# Fields whose rule depends on another field: that field's value for both the bad and the good case.
+CONTEXT = {"data.fps": {"stride": 1}}
+
+
 def _build(path: str, value):
-    """Config with the single field ``path`` ("train.batch_size") set to ``value``."""
+    """Config with the single field ``path`` ("train.batch_size") set to ``value`` (plus its CONTEXT)."""
     section, name = path.split(".")
-    return Config.from_dict({section: {name: value}})
+    return Config.from_dict({section: {**CONTEXT.get(path, {}), name: value}})
 
 
 # (field, a bad value, a good value nearby): the good value proves the rule is what rejects the bad one.
 BAD_VALUES = [
-    ("data.dataset", "ucf101", "synthetic"),
-    ("data.dataset", "hmdb51", "synthetic"),
     ("data.dataset", "imagenet", "synthetic"),
+    ("data.dataset", "UCF101", "synthetic"),
+    ("data.data_root", "", "/videos"),
+    ("data.data_root", 3, "/videos"),
+    ("data.split", 4, 3),
+    ("data.split", "1", 1),
+    ("data.stream", "depth", "rgb"),
+    ("data.fps", 0, 25.0),
+    ("data.fps", -5.0, 12.5),
+    ("data.fps", "25", 25),
     ("data.num_classes", 1, 2),
     ("data.num_classes", 2.0, 2),
     ("data.num_classes", True, 2),
@@ -73,12 +84,27 @@ BAD_VALUES = [
     ("data.seed", 1.0, 1),
     ("data.augment_cost", -0.5, 0.5),
     ("data.augment_cost", math.inf, 0.5),
-    ("model.backbone", "resnet50", "small"),
+    ("model.backbone", "resnet34", "resnet50"),
+    ("model.backbone", "ResNet18", "small"),
+    ("model.weights", "", None),
+    ("model.init_from", "  ", "/runs/rgb"),
+    ("model.fuse", ("only-one",), None),
+    ("model.fuse", ("a", ""), None),
     ("model.width", 0, 1),
     ("model.depth", 0, 1),
     ("model.hidden", -4, 4),
     ("model.temporal", "lstm", "tcn"),
     ("train.learners", 0, 1),
+    ("train.learners", "2-8", 3),
+    ("train.learners", "8:2", 8),
+    ("train.learners", (0, 2), (1, 2)),
+    ("train.max_failures", -2, -1),
+    ("train.max_failures", 1.0, 1),
+    ("train.worker_start_timeout_s", 0, 1.0),
+    ("train.resize_interval_s", -1.0, 5.0),
+    ("train.averager_max_restarts", -3, 0),
+    ("train.adaptive_batch", "no", False),
+    ("train.merge_moments", 0, True),
     ("train.k", 0, 1),
     ("train.k", -2, -1),
     ("train.k", 1.5, 2),
@@ -133,11 +159,38 @@ def test_every_field_has_a_rule_in_the_table():
     assert every - covered == set()
 
 
-def test_real_video_datasets_are_announced():
-    """Asking for ucf101 or hmdb51 now says they come with the real-video readers."""
+def test_real_video_datasets_need_a_data_root_and_flow_needs_real_video():
+    """ucf101/hmdb51 without data_root name data.data_root and --data-root; flow on synthetic is refused."""
     for name in ("ucf101", "hmdb51"):
-        with pytest.raises(ValueError, match="ucf101 and hmdb51 come with the real-video readers"):
+        with pytest.raises(ValueError, match=r"data\.data_root.*--data-root"):
             Config.from_dict({"data": {"dataset": name}})
+        config = Config.from_dict({"data": {"dataset": name, "data_root": "/v", "stream": "flow"}})
+        assert config.data.num_classes is None  # None = every class of the dataset, read by the feed
+    assert Config().data.num_classes == 10  # the synthetic set's default
+    with pytest.raises(ValueError, match=r"data\.stream='flow' needs real video"):
+        Config.from_dict({"data": {"stream": "flow"}})
+
+
+def test_learners_count_or_elastic_range_round_trips():
+    """learners: 2 stays 2, "2:8" and [2, 8] become (2, 8), "3:3" -> 3; min/max follow; JSON round trip."""
+    cases = {2: (2, 2, 2), "4": (4, 4, 4), "2:8": ((2, 8), 2, 8), (1, 2): ((1, 2), 1, 2), "3:3": (3, 3, 3)}
+    for value, (stored, low, high) in cases.items():
+        train = Config.from_dict({"train": {"learners": value}}).train
+        assert (train.learners, train.min_learners, train.max_learners) == (stored, low, high), value
+    config = Config.from_dict({"train": {"learners": "2:8"}})
+    again = Config.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again.train.learners == (2, 8) and again == config
+
+
+def test_fuse_stream_and_fuse_runs_come_together():
+    """stream='fuse' needs model.fuse and model.fuse needs stream='fuse'; the pair survives JSON."""
+    with pytest.raises(ValueError, match="--fuse RGB_RUN FLOW_RUN"):
+        Config.from_dict({"data": {"stream": "fuse"}})
+    with pytest.raises(ValueError, match="--stream fuse"):
+        Config.from_dict({"model": {"fuse": ["a", "b"]}})
+    config = Config.from_dict({"data": {"stream": "fuse"}, "model": {"fuse": ["/r/rgb", "/r/flow"]}})
+    assert config.model.fuse == ("/r/rgb", "/r/flow")
+    assert Config.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 def test_resume_needs_a_run_name():
@@ -362,7 +415,10 @@ def fake_trainer(monkeypatch, tmp_path):
     [
         (["--batch-size", "0"], "train.batch_size"),
         (["--preset", "smoke", "--max-batch-size", "2"], "train.max_batch_size"),
-        (["--dataset", "ucf101"], "data.dataset"),
+        (["--dataset", "ucf101"], "data.data_root"),
+        (["--dataset", "kinetics"], "data.dataset"),
+        (["--learners", "2-8"], "train.learners"),
+        (["--stream", "fuse"], "data.stream"),
         (["--k", "0"], "train.k"),
         (["--resume"], "run.run_name"),
     ],
@@ -419,3 +475,10 @@ def test_importing_the_job_starts_nothing():
         "main": True,
     }
     assert out.stderr == ""
+
+
+def test_fps_and_a_stride_both_picking_frames_is_refused():
+    """data.fps with a stride other than 1 raises naming both fields; with stride 1 it is accepted."""
+    with pytest.raises(ValueError, match=r"data\.fps=25.0 and data\.stride=8"):
+        Config.from_dict({"data": {"fps": 25.0}})
+    assert Config.from_dict({"data": {"fps": 25.0, "stride": 1}}).data.fps == 25.0
