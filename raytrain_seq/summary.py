@@ -91,9 +91,13 @@ class RunSummary:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     """Learners dropped from a round or restarted, with the logged reason."""
     videos: dict[str, Any] = field(default_factory=dict)
-    """Video counts of the splits (train, val, test)."""
-    stream: dict[str, Any] = field(default_factory=dict)
-    """Micro-batch streaming details (micro_batch_size used, micro-batches per step)."""
+    """Videos per split and the ones skipped as unreadable: {train, val, test, skipped: [paths]}."""
+    stream: str = "rgb"
+    """What the model saw: "rgb", "flow" or "fuse" (config data.stream)."""
+    flow_method: str | None = None
+    """Optical flow algorithm of a flow stream ("tvl1" or "farneback"); None for rgb."""
+    per_class_accuracy: dict[str, float] = field(default_factory=dict)
+    """Test accuracy of each class, keyed by class name."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Any further top-level keys of summary.json."""
     path: Path | None = field(default=None, compare=False)

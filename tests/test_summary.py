@@ -105,10 +105,10 @@ def test_numpy_scalars_and_nan_become_plain_json(tmp_path):
     summary.frames_total = np.int64(10)
     summary.frames_per_second = np.float32(2.5)
     summary.test_accuracy = float("nan")
-    summary.stream = {"micro_batches": np.array([2, 2, 1])}
+    summary.per_class_accuracy = {"a": np.float32(0.5)}
     raw = json.loads(summary.write(tmp_path).read_text())
     assert raw["frames_total"] == 10 and raw["frames_per_second"] == 2.5 and raw["test_accuracy"] is None
-    assert raw["stream"] == {"micro_batches": [2, 2, 1]}
+    assert raw["per_class_accuracy"] == {"a": 0.5}
 
 
 def test_malformed_histories_and_breakdowns_are_rejected():

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from raytrain_seq.config import Config
-from raytrain_seq.models import build_model
+from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, load_averaged
 
 logger = logging.getLogger(__name__)
@@ -91,14 +91,9 @@ class Learner:
         self.feed = get_feed(names["feed"], namespace=names["namespace"])
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(config.data.seed)
-        model_cfg = config.model
-        self.model = build_model(
-            config.data.num_classes,
-            width=model_cfg.width,
-            depth=model_cfg.depth,
-            hidden=model_cfg.hidden,
-            temporal=model_cfg.temporal,
-            backbone=model_cfg.backbone,
+        spec = ray.get(self.feed.model_spec.remote())
+        self.model = build_model_for(
+            config, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
         ).to(device)
         train = config.train
         self.optimizer = build_optimizer(

@@ -201,6 +201,8 @@ class BlockFeed:
         self._catalogs = geometry["catalogs"]
         self.t_max, self.max_sequences = geometry["t_max"], geometry["max_sequences"]
         self._eval_strategy, self._channels = geometry["eval_strategy"], geometry["channels"]
+        self._skipped: list[str] = []  # unreadable videos left out of the catalogs (real datasets)
+        self._flow_method: str | None = None  # the optical flow algorithm of a flow stream
         train = self._catalogs["train"]
         self._train_ids, self._train_labels = train.ids.tolist(), train.labels.tolist()
         self._schedule = RefurbishSchedule(len(train), reuse=config.data.reuse, seed=config.data.seed)
@@ -376,6 +378,11 @@ class BlockFeed:
                 )
             return [table[i] for i in ids]
 
+    def model_spec(self) -> dict[str, Any]:
+        """What the learners' model must take: {"num_classes", "in_channels", "class_names"}."""
+        names = [str(c) for c in range(self._config.data.num_classes)]
+        return {"num_classes": len(names), "in_channels": self._channels, "class_names": names}
+
     def stats(self, wait: bool = False, ids: bool = False) -> dict[str, Any]:
         """Per epoch: recomputed, reused, packing stats, partial-augmentation videos and seconds; totals.
 
@@ -410,6 +417,11 @@ class BlockFeed:
                 for key in ("recomputed", "reused", "partial_videos", "partial_seconds")
             }
             return {
+                "videos": {
+                    **{split: len(self._catalogs[split]) for split in SPLITS},
+                    "skipped": list(self._skipped),
+                },
+                "flow_method": self._flow_method,
                 "epochs": per_epoch,
                 "eval": {"videos": len(ran.get(None, [])), "seconds": seconds.get(None, 0.0)},
                 "totals": dict(totals, tasks_pending=len(self._info_refs)),

@@ -118,6 +118,11 @@ def run(config: Config) -> RunSummary:
     from raytrain_seq.dist.learner import train_loop_per_worker
     from raytrain_seq.dist.pipeline import create_feed
 
+    if config.data.stream == "fuse":
+        # No training: evaluate two finished runs (RGB, flow) and fuse their predictions.
+        from raytrain_seq.dist.fuse import run_fuse
+
+        return run_fuse(config)
     began = time.perf_counter()
     run_dir = check_storage(config)
     _connect(config)
