@@ -31,10 +31,17 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
+## bench: the four papers' tables re-measured beside their baselines (bench/*.py, about 25 minutes on
+## 2 cores; each script has --full for a GPU cluster), then docs/BENCHMARKS.md from bench/results/
 bench: $(STAMP)
-	$(PY) bench/packing.py
+	mkdir -p bench/results
+	$(PY) bench/packing.py --out bench/results/packing.md
 	$(PY) bench/microbatch.py
-	$(PY) bench/pipeline.py
+	$(PY) bench/bload_table.py
+	$(PY) bench/refurbish.py
+	$(PY) bench/averaging.py
+	$(PY) bench/pipeline.py > bench/results/pipeline.txt && cat bench/results/pipeline.txt
+	$(PY) bench/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -111,23 +111,37 @@ def _resize_float(frames: np.ndarray, size: int, offset: float | None) -> np.nda
     pos = 0.5 if offset is None else offset
     top, left = round(pos * (out_h - size)), round(pos * (out_w - size))
     out = frames.astype(np.float32)
-    if (h, w) != (size, size):
+    # An axis already at its output size has identity weights (1 on the diagonal, 0 elsewhere), so it is
+    # sliced instead of multiplied: the same values exactly. Real videos decoded at short side ``size``
+    # (video.decode) only need the window along the long side.
+    if h == out_h:
+        out = out[:, top : top + size]
+    else:
         rows = _resize_weights(h, out_h)[top : top + size]
+        out = np.matmul(rows, out.reshape(t, h, w * c)).reshape(t, size, w, c)
+    if w == out_w:
+        out = out[:, :, left : left + size]
+    else:
         cols = _resize_weights(w, out_w)[left : left + size]
-        out = np.matmul(rows, out.reshape(t, h, w * c)).reshape(t * size, w, c)  # [T*size, W, C]
-        out = np.matmul(cols, out).reshape(t, size, size, c)
-    return out
+        out = np.matmul(cols, out.reshape(t * size, w, c)).reshape(t, size, size, c)
+    return np.ascontiguousarray(out)
 
 
 def _to_uint8(values: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(values), 0, 255).astype(np.uint8)
 
 
-def resize_video(frames: np.ndarray, size: int) -> np.ndarray:
-    """Deterministic resize for evaluation: short side to ``size``, centred square crop; uint8."""
+def resize_video(frames: np.ndarray, size: int, offset: float | None = None) -> np.ndarray:
+    """Short side to ``size``, square window along the long side; uint8, any channel count.
+
+    ``offset`` None (evaluation) centres the window; a value in [0, 1] places it (0: start, 1: end),
+    which is how the flow stream's partial augmentation draws its random window without colour jitter.
+    """
     frames = _check_video(frames)
     size = _check_int("size", size, 1)
-    return _to_uint8(_resize_float(frames, size, None))
+    if offset is not None and not 0.0 <= offset <= 1.0:
+        raise ValueError(f"offset must be in [0, 1] (0: start, 0.5: centre, 1: end) or None, got {offset}")
+    return _to_uint8(_resize_float(frames, size, offset))
 
 
 def _photometric_matrix(rng: np.random.Generator, channels: int) -> tuple[np.ndarray, float, float]:
@@ -218,13 +232,20 @@ def partial_augment(
 
 
 def final_augment(
-    frames: np.ndarray, *, crop: int, rng: np.random.Generator, flip_prob: float = 0.5, flow: bool = False
+    frames: np.ndarray,
+    *,
+    crop: int,
+    rng: np.random.Generator,
+    flip_prob: float = 0.5,
+    flow: bool | None = None,
 ) -> np.ndarray:
     """The cheap, per-use half: ONE random ``crop x crop`` window and ONE random horizontal flip for ALL
     frames of the sequence (never per frame: that would add motion). Returns a new uint8 array.
 
     ``flow=True`` marks a TSN-style optical-flow stack (C=2, x then y, 127.5 meaning zero): flipping it
-    must also negate the x component, ``u -> 255 - u``.
+    must also negate the x component, ``u -> 255 - u`` (content moving right moves left in the mirror).
+    ``flow=None`` (default) decides by the channels: C=2 is flow (the only 2-channel input of the
+    pipeline, so block assembly needs no flag), anything else is an image; ``flow=False`` forces an image.
     """
     frames = _check_video(frames)
     crop = _check_int("crop", crop, 1)
@@ -238,6 +259,8 @@ def final_augment(
         raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
     if flow and c != 2:
         raise ValueError(f"flow=True expects C=2 (x, y flow), got C={c}; pass flow=False for images")
+    if flow is None:
+        flow = c == 2
     top = int(rng.integers(0, h - crop + 1))
     left = int(rng.integers(0, w - crop + 1))
     flip = bool(rng.random() < flip_prob)

@@ -120,8 +120,10 @@ class InnerStep:
             sizer=self.sizer,
         )
         sequences = int(batch["num_sequences"].sum())
-        if sequences:
-            self.optimizer.step()
+        # Step even on a mini-batch of only filler rows (zero loss, so zero gradient): AAVG merges the
+        # Adam moments of learners that took the same number of steps, and a learner that skipped one
+        # would carry step 20 beside its peers' 21 (averaging.merge_adam_states refuses that round).
+        self.optimizer.step()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepStats(loss, sequences, useful_frames(batch), time.perf_counter() - began)

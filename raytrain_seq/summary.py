@@ -206,7 +206,22 @@ def format_table(summary: RunSummary) -> str:
     rows: list[tuple[str, str, str]] = []  # (label, value, note): three aligned columns
 
     title = s.config.get("run", {}).get("run_name") or (s.path.name if s.path else "run")
-    rows.append(("test accuracy", _acc(s.test_accuracy), ""))
+    fuse = s.extra.get("fuse") if isinstance(s.extra.get("fuse"), dict) else None
+    rows.append(("test accuracy", _acc(s.test_accuracy), "mean of the two softmax" if fuse else ""))
+    if fuse:
+        rows.append(("  rgb stream", _acc(fuse.get("rgb_accuracy")), str(fuse.get("rgb_run", ""))))
+        rows.append(("  flow stream", _acc(fuse.get("flow_accuracy")), str(fuse.get("flow_run", ""))))
+    rows.append(("stream", s.stream, f"flow method {s.flow_method}" if s.flow_method else ""))
+    if s.videos:
+        counts = "/".join(str(s.videos.get(split, "-")) for split in ("train", "val", "test"))
+        skipped = s.videos.get("skipped") or []
+        note = f"train/val/test; {len(skipped)} skipped" + (f" (e.g. {skipped[0]})" if skipped else "")
+        rows.append(("videos", counts, note))
+    if fuse:
+        # Nothing was trained: the training rows (frames, packing, refurbishing, rounds) would all be 0.
+        rows.append(("test videos", f"{fuse.get('test_videos', 0):,}", "scored by both streams"))
+        rows.append(("time total", f"{float(s.seconds['total']):,.1f} s", "evaluation of both runs"))
+        return _table(f"{title}: {s.dataset}, two-stream fusion", rows)
     if s.val_accuracy_history:
         best = max(s.val_accuracy_history, key=lambda e: e["accuracy"])
         last = s.val_accuracy_history[-1]
@@ -260,6 +275,11 @@ def format_table(summary: RunSummary) -> str:
         rows.append(("loss", f"{s.loss_history[-1]['loss']:.4f}", f"first {s.loss_history[0]['loss']:.4f}"))
 
     head = f"{title}: {s.dataset}, {s.learners} learners, {s.epochs} epochs, {s.rounds} averaging rounds"
+    return _table(head, rows)
+
+
+def _table(head: str, rows: list[tuple[str, str, str]]) -> str:
+    """Three aligned columns (label, right-aligned value, note) between two rules."""
     w_label = max(len(r[0]) for r in rows)
     w_value = max(len(r[1]) for r in rows)
     lines = [f"{label:<{w_label}}  {value:>{w_value}}  {note}".rstrip() for label, value, note in rows]

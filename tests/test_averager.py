@@ -122,7 +122,7 @@ def test_book_world_size_and_membership():
 
 
 def test_book_rejoin_after_drop():
-    """A dropped learner gets StaleRoundError until it joins; it then takes part from the next open round."""
+    """A dropped learner gets StaleRoundError until it joins; joining mid-round, it is expected in it."""
     book, clock = _book(timeout_s=1.0)
     book.arrive("a", 1, 3)
     book.arrive("b", 1, 3)
@@ -133,15 +133,52 @@ def test_book_rejoin_after_drop():
         book.arrive("c", 1, 3)
     assert info.value.learner == "c" and info.value.expected_round == 2
     book.arrive("a", 2, 3)  # round 2 is open without c
-    assert book.join("c") == 3  # joining mid-round: it takes part from round 3
-    with pytest.raises(StaleRoundError):
-        book.arrive("c", 2, 3)
-    assert book.arrive("b", 2, 3)  # round 2 completes without waiting for c
-    book.close()
+    assert book.quorum == 2 and book.join("c") == 2  # it starts from round 1's state: it can send round 2
+    assert book.quorum == 3 and book.expected == ["a", "b", "c"]
+    assert not book.arrive("b", 2, 3)  # round 2 now waits for c too
+    assert book.arrive("c", 2, 3)
+    assert [name for name, _ in book.close().present] == ["a", "b", "c"]
     book.finish()
     assert book.dropped == {}
-    book.arrive("a", 3, 3)
-    assert book.expected == ["a", "b", "c"]
+    changes = [(e["event"], e["learners"]) for e in book.membership_log if e["change"]]
+    assert changes == [("drop", 2), ("rejoin", 3)]
+
+
+def test_book_new_incarnation_starts_a_new_group():
+    """A new process under a known id, or another world size, regroups: the open round is abandoned."""
+    book = RoundBook(3, timeout_s=5.0, clock=FakeClock())
+    for learner in range(3):
+        book.join(learner, 3, incarnation=f"old-{learner}")
+    assert book.generation == 1  # the first group
+    book.arrive(0, 1, 3, "p0", incarnation="old-0")
+    book.arrive(2, 1, 3, "p2", incarnation="old-2")
+    # Ray Train restarted the group with 2 learners: rank 1's new process joins first.
+    assert book.join(1, 2, incarnation="new-1") == 1  # the abandoned round is sent again
+    assert (book.generation, book.world_size, book.phase, book.arrived) == (2, 2, "idle", [])
+    [group] = [e for e in book.membership_log if e["event"] == "group" and e["generation"] == 2]
+    assert "(3 -> 2)" in group["detail"] and "[0, 2] abandoned" in group["detail"] and group["learners"] == 2
+    with pytest.raises(MembershipError, match="replaced by a newer one"):
+        book.join(0, 2, incarnation="old-0")  # a leftover of the old group cannot disturb the new one
+    book.join(0, 2, incarnation="new-0")
+    with pytest.raises(MembershipError, match="another process"):
+        book.arrive(0, 1, 2, incarnation="stale")
+    assert not book.arrive(1, 1, 2, incarnation="new-1") and book.arrive(0, 1, 2, incarnation="new-0")
+    # Not vacuous: without incarnations the same joins are plain (re)joins and nothing regroups.
+    plain = RoundBook(2, timeout_s=5.0, clock=FakeClock())
+    plain.join(0)
+    plain.join(0)
+    assert plain.generation == 0 and [e["event"] for e in plain.membership_log] == ["join", "rejoin"]
+
+
+def test_book_late_joiner_of_a_group_takes_part_in_the_open_round():
+    """A group's learner joining after another already sent round n is expected in n (quorum = world)."""
+    book = RoundBook(2, timeout_s=5.0, clock=FakeClock())
+    book.join(0, 2, incarnation="x0")
+    assert not book.arrive(0, 1, 2, incarnation="x0")  # alone but 2 are due: the round waits
+    assert book.missing == [] and book.quorum == 2
+    assert book.join(1, 2, incarnation="x1") == 1
+    assert book.arrive(1, 1, 2, incarnation="x1")
+    assert [name for name, _ in book.close().present] == [0, 1]
 
 
 def test_book_too_few_learners_fail_the_round_and_keep_its_number():
@@ -194,24 +231,109 @@ def test_errors_pickle_round_trip():
 
 
 # ------------------------------------------------------------------------ the actor on asyncio, no ray
-def test_actor_restarted_learner_rejoining_does_not_hold_up_the_round():
-    """A learner that rejoins mid-round is not waited for; its join() returns that round's result."""
+def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
+    """When Ray Train restarts the group, the old round's senders get StaleRoundError; joiners the latest."""
 
     async def scenario():
         averager = ParameterAverager(3, timeout_s=30.0)
-        for learner in LEARNERS:
-            await averager.join(learner)
-        sends = [asyncio.create_task(averager.average(n, 1, 3, _tiny(k), None)) for k, n in enumerate("ab")]
+        for k, name in enumerate(LEARNERS):
+            await averager.join(name, 3, incarnation=f"old-{k}")
+        position = {"epoch": 0, "history": [], "world_size": 3, "rows_done": 4}
+        await asyncio.gather(
+            *(averager.average(n, 1, 3, _tiny(k), None, position=position) for k, n in enumerate(LEARNERS))
+        )
+        stuck = asyncio.create_task(averager.average("a", 2, 3, _tiny(7), None))
         await asyncio.sleep(0.05)
-        assert not any(task.done() for task in sends)  # the round is waiting for c
-        joined = await averager.join("c")  # c restarted: it cannot send round 1 any more
-        return joined, await asyncio.gather(*sends), averager
+        joined = await averager.join("b", 2, incarnation="new-b")  # 2 learners now: b's new process
+        with pytest.raises(StaleRoundError, match="restarted"):
+            await stuck
+        return joined, await averager.summary()
 
-    joined, results, averager = asyncio.run(asyncio.wait_for(scenario(), 20))
-    assert all(r.learners == ("a", "b") and r.dropped == () for r in results)  # no timeout, nobody dropped
-    assert joined.round == 2 and torch.equal(joined.params["w"], torch.full((4,), 0.5))
-    summary = asyncio.run(averager.summary())
-    assert [e["event"] for e in summary["membership"]] == ["join"] * 3 + ["rejoin"]
+    joined, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert (joined.round, joined.latest_round, joined.world_size, joined.source) == (2, 1, 2, "live")
+    assert torch.equal(joined.params["w"], torch.full((4,), 1.0)) and joined.position["rows_done"] == 4
+    [recovery] = summary["recoveries"]
+    assert recovery["kind"] == "live_recovery" and "round 1" in recovery["detail"]
+    groups = [e for e in summary["membership"] if e["event"] == "group"]
+    assert [g["learners"] for g in groups] == [3, 2] and "abandoned" in groups[1]["detail"]
+
+
+def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, monkeypatch):
+    """A restarted averager reloads run_dir's checkpoint; a learner ahead of it re-seeds it, nothing lost."""
+    from raytrain_seq.dist import averager as averager_module
+
+    monkeypatch.setattr(averager_module, "_actor_id", lambda: "actor-1")  # Ray keeps the id over restarts
+
+    async def scenario():
+        first = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path)
+        for name in "ab":
+            await first.join(name, 2, incarnation=name)
+        results = []
+        for r in (1, 2):
+            position = {"epoch": 0, "history": [], "world_size": 2, "rows_done": 2 * r}
+            sends = (
+                first.average(n, r, 2, _tiny(r * 10 + k), None, position=position) for k, n in enumerate("ab")
+            )
+            results.append((await asyncio.gather(*sends))[0])
+            if r == 1:  # the checkpoint Ray Train keeps after round 1
+                (tmp_path / "checkpoint_round_000001").mkdir()
+                torch.save(
+                    {"averager": await first.snapshot_state()}, tmp_path / "checkpoint_round_000001/state.pt"
+                )
+        second = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path)  # what Ray's restart constructs
+        reloaded = await second.latest()
+        last = results[-1]
+        seed = {
+            "round": last.round,
+            "params": last.params,
+            "optimizer_state": None,
+            "position": last.position,
+        }
+        joins = [await second.join(n, 2, incarnation=n, seed=seed) for n in "ab"]
+        third = await asyncio.gather(
+            *(second.average(n, 3, 2, _tiny(30 + k), None) for k, n in enumerate("ab"))
+        )
+        return reloaded, joins, third[0], await second.summary()
+
+    reloaded, joins, third, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert reloaded.round == 1 and torch.equal(reloaded.params["w"], torch.full((4,), 10.5))
+    assert [(j.round, j.latest_round, j.source) for j in joins] == [(3, 2, "seed"), (3, 2, "seed")]
+    assert joins[0].position["rows_done"] == 4 and torch.equal(joins[1].params["w"], torch.full((4,), 20.5))
+    assert third.round == 3 and third.learners == ("a", "b")  # round 3 follows round 2: no round lost
+    assert [r["kind"] for r in summary["recoveries"]] == ["averager_restart", "reseeded"]
+    # Round 1 from the checkpoint, round 2 from the events log (after the checkpoint), round 3 live.
+    assert [h["round"] for h in summary["loss_history"]] == [1, 2, 3]
+    assert summary["learners"]["a"]["rounds"] == 3 and summary["rounds_completed"] == 3
+    # The events log outlives the actor: the second one read the first one's membership back.
+    assert [e["event"] for e in summary["membership"]][:3] == ["group", "join", "join"]
+    assert (tmp_path / "events.jsonl").exists()
+
+
+def test_actor_ablations_keep_the_batch_size_and_the_moments():
+    """adaptive_batch=False never changes B; merge_moments=False averages weights and returns no moments."""
+    adam = [
+        {0: {"step": torch.tensor(1.0), "exp_avg": torch.full((4,), v), "exp_avg_sq": torch.ones(4)}}
+        for v in (0.0, 2.0)
+    ]
+
+    async def scenario(**flags):
+        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4, **flags)
+        for name in "ab":
+            await averager.join(name)
+        sizes = []
+        for r, accuracy in ((1, 0.5), (2, 0.1)):
+            sends = [averager.average(n, r, 2, _tiny(k), adam[k]) for k, n in enumerate("ab")]
+            results = await asyncio.gather(*sends)
+            sizes.append(await averager.report_validation(r, accuracy))
+        return results[0], sizes
+
+    adaptive, sizes = asyncio.run(asyncio.wait_for(scenario(), 20))
+    fixed, fixed_sizes = asyncio.run(
+        asyncio.wait_for(scenario(adaptive_batch=False, merge_moments=False), 20)
+    )
+    assert sizes == [4, 8] and fixed_sizes == [4, 4]  # the drop in accuracy grows B only when adaptive
+    assert torch.equal(adaptive.optimizer_state[0]["exp_avg"], torch.full((4,), 1.0))
+    assert fixed.optimizer_state is None and torch.equal(fixed.params["w"], adaptive.params["w"])
 
 
 def test_actor_rejects_a_bad_payload_without_spoiling_the_round():

@@ -337,3 +337,15 @@ def test_idle_timeout_is_set():
     assert "idle_timeout_minutes" in raw
     assert isinstance(raw["idle_timeout_minutes"], (int, float)) and raw["idle_timeout_minutes"] > 0
     assert _prepared()["idle_timeout_minutes"] == raw["idle_timeout_minutes"]
+
+
+def test_run_folder_is_on_storage_every_node_mounts():
+    """The job's --storage-path is mounted by a setup command that the head and every worker run."""
+    config = _prepared()
+    (path,) = set(re.findall(r"--storage-path (/[\w/.-]+)", _raw_text()))
+    mounts = re.compile(rf"\bmount\b[^;&|]*\s{re.escape(path)}(\s|$)")
+    for key in ("head_setup_commands", "worker_setup_commands"):
+        assert any(mounts.search(cmd) for cmd in config[key]), f"{key} never mounts {path}"
+    # Not vacuous: Ray's default commands mount nothing there.
+    defaults = prepare_config(yaml.safe_load((RAY_AUTOSCALER / "aws" / "defaults.yaml").read_text()))
+    assert not any(mounts.search(cmd) for cmd in _commands(defaults))

@@ -438,3 +438,31 @@ def test_registry_entries_and_option_checks():
         ResNetEncoder("resnet18", 0)
     with _on_meta():
         assert isinstance(build_frame_encoder("resnet18", 2, norm="group", depth=3).bn1, nn.GroupNorm)
+
+
+def test_build_model_for_with_weights_tiles_rgb_averages_flow_and_freezes_norm(rgb_file):
+    """--weights: frozen BN loaded; RGB conv1 = the ImageNet filters tiled over [frames, diffs], ImageNet
+    mean/std for RGB frames; a flow model gets TSN's average; every other encoder tensor is the file's."""
+    from raytrain_seq.config import Config
+    from raytrain_seq.models import IMAGENET_MEAN, IMAGENET_STD
+    from raytrain_seq.models.factory import build_model_for
+
+    source, path = rgb_file
+    config = Config.from_preset(None, backbone="resnet18", weights=str(path), hidden=6, run_name="x")
+    rgb = build_model_for(config, num_classes=4, in_channels=3)
+    flow = build_model_for(config, num_classes=4, in_channels=2)
+    conv = source.conv1.weight.detach()
+    assert (conv[:, 0] - conv[:, 1]).abs().max().item() > 1e-3  # colour filters really differ per channel
+    assert isinstance(rgb.encoder.bn1, FrozenBatchNorm2d) and rgb.encoder.norm == "frozen"
+    assert torch.equal(rgb.encoder.conv1.weight, torch.cat([conv, conv], dim=1))
+    assert torch.equal(flow.encoder.conv1.weight, conv.mean(1, keepdim=True).expand(-1, 4, -1, -1))
+    for key, value in source.state_dict().items():
+        if key != "conv1.weight":
+            assert torch.equal(rgb.encoder.state_dict()[key], value), key
+    assert torch.allclose(rgb.normalizer.mean, torch.tensor(IMAGENET_MEAN))
+    assert torch.allclose(rgb.normalizer.std, torch.tensor(IMAGENET_STD))
+    assert torch.allclose(flow.normalizer.mean, torch.full((2,), 0.5))  # flow keeps x / 255 - 0.5
+    scratch = build_model_for(
+        Config.from_preset(None, backbone="resnet18", run_name="x"), num_classes=4, in_channels=3
+    )
+    assert isinstance(scratch.encoder.bn1, nn.GroupNorm)  # without weights: GroupNorm, trainable from scratch

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 
+from raytrain_seq.averaging import merge_adam_states
 from raytrain_seq.models import build_model
 from raytrain_seq.step import (
     InnerStep,
@@ -90,18 +89,31 @@ def test_inner_step_equals_one_full_batch_adam_step(micro_batch_size):
     assert moved > 1e-4, "the step must actually move the parameters for the comparison to mean anything"
 
 
-def test_all_filler_batch_does_not_step():
-    """A mini-batch of only filler rows leaves parameters and optimizer state untouched."""
+def test_all_filler_batch_still_steps_so_learners_merge():
+    """A mini-batch of only filler rows steps with a zero gradient: same Adam step count as a real one.
+
+    Two learners, one of which draws an all-filler mini-batch on its second step, then merge: the merge
+    must succeed (equal steps) and the filler step must not have learned from data (zero gradient: the
+    first moment only decays).
+    """
     rng = np.random.default_rng(1)
-    batch = collate_rows([_row(rng, []), _row(rng, [])])
-    model = _model()
-    before = copy.deepcopy(model.state_dict())
-    optimizer = build_optimizer("adam", model.parameters(), lr=1e-2)
-    stats = InnerStep(model, optimizer, micro_batch_size=2)(batch)
-    assert (stats.sequences, stats.frames, stats.loss) == (0, 0, 0.0)
-    assert optimizer.state_dict()["state"] == {}
-    for key, value in model.state_dict().items():
-        assert torch.equal(value, before[key])
+    real = [_batch(3), _batch(3)]
+    filler = collate_rows([_row(rng, []), _row(rng, [])])
+    states = []
+    for batches in ([real[0], real[1]], [real[0], filler]):
+        model = _model()
+        optimizer = build_optimizer("adam", model.parameters(), lr=1e-2)
+        step = InnerStep(model, optimizer, micro_batch_size=2)
+        stats = [step(b) for b in batches]
+        states.append(optimizer.state_dict()["state"])
+    assert (stats[1].sequences, stats[1].frames, stats[1].loss) == (0, 0, 0.0)
+    steps = {float(entry["step"]) for state in states for entry in state.values()}
+    assert steps == {2.0}, steps
+    first = next(iter(states[1]))
+    moment_after_real = states[0][first]["exp_avg"]
+    assert not torch.equal(moment_after_real, states[1][first]["exp_avg"])  # the case is not trivial
+    merged = merge_adam_states(states)
+    assert float(merged[first]["step"]) == 2.0
 
 
 def test_evaluate_counts_every_real_sequence_once():

@@ -2,7 +2,8 @@
 
 Videos are tiny (32x24, 6 to 20 frames, mpeg4 in AVI like the real sets) and deterministic: every frame
 of a class-``c`` clip is filled with ``class_colour(c)`` except a white 6x6 square that moves 2 px per
-frame, so a test can tell classes apart from decoded pixels (the per-channel median is the class colour)
+frame in the class's direction (``class_motion``: right, down, up, then diagonals), so a test can tell
+classes apart from decoded pixels (the per-channel median is the class colour) or from optical flow,
 and frames apart from the square's position. ``ramp_frames`` makes frame ``i`` a flat grey
 ``8 + 12 i``, so ``frame_indices`` recovers which source frames a decode kept.
 
@@ -41,6 +42,9 @@ HMDB_CLASSES = (
 )  # fmt: skip
 _PALETTE = ((220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 200, 40), (200, 60, 210), (40, 210, 220))
 _HMDB_FLAGS = (1, 1, 1, 2, 2, 0)
+# Per class (label % 4): right, down, up, down-right. No class moves left, so a horizontally flipped
+# clip (training flips at random) never looks like another class's motion.
+_MOTIONS = ((2, 0), (0, 2), (0, -2), (2, 2))
 HEIGHT, WIDTH = 24, 32
 
 
@@ -52,13 +56,23 @@ def class_colour(label: int) -> tuple[int, int, int]:
     return round(r * 255), round(g * 255), round(b * 255)
 
 
+def class_motion(label: int) -> tuple[int, int]:
+    """(dx, dy) pixels per frame of the white square in class ``label``'s clips (y down)."""
+    return _MOTIONS[label % len(_MOTIONS)]
+
+
 def clip_frames(label: int, frames: int, *, height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
-    """uint8 ``[frames, height, width, 3]``: the class colour with a white square moving right 2 px/frame."""
+    """uint8 ``[frames, height, width, 3]``: the class colour with a white square moving by ``class_motion``.
+
+    Positions wrap: frame i puts the square's corner at ``x = (dx * i) mod (width - 6)``, ``y = (2 + dy * i)
+    mod (height - 6)``; class 0 (right) at 32 px wide: x = 0, 2, 4, ..., 24, then 0 again.
+    """
     out = np.empty((frames, height, width, 3), dtype=np.uint8)
     out[:] = class_colour(label)
+    dx, dy = class_motion(label)
     for i in range(frames):
-        x = (2 * i) % (width - 6)
-        out[i, 2:8, x : x + 6] = 255
+        x, y = (dx * i) % (width - 6), (2 + dy * i) % (height - 6)
+        out[i, y : y + 6, x : x + 6] = 255
     return out
 
 
@@ -108,6 +122,17 @@ def plant_corrupt(path: str | os.PathLike[str], *, nbytes: int = 3000, seed: int
 def plant_zero_frame(path: str | os.PathLike[str], fps: int = 25) -> None:
     """Overwrite ``path`` with a valid AVI that has a video stream and no frame."""
     write_video(path, np.zeros((0, HEIGHT, WIDTH, 3), dtype=np.uint8), fps=fps)
+
+
+def plant_truncated(path: str | os.PathLike[str]) -> None:
+    """Cut an AVI right after its ``movi`` tag: the header (frame count, size, rate) still reads, but no
+    frame decodes, like a download that stopped early. ``probe`` succeeds and ``decode`` finds zero frames.
+    """
+    data = Path(path).read_bytes()
+    at = data.find(b"movi")
+    if at < 0:
+        raise ValueError(f"{path} has no 'movi' list; is it an AVI written by write_video?")
+    Path(path).write_bytes(data[: at + 4])
 
 
 def plant_header_frames(path: str | os.PathLike[str], frames: int) -> None:

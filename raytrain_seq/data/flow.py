@@ -17,6 +17,10 @@ timed here (no contrib), so only Farneback is measured below.
 Sign convention (OpenCV's, for both methods): ``prev[y, x] ~ next[y + fy, x + fx]`` with x to the right and
 y DOWN the image. Content moving right gives ``fx > 0``; content moving up gives ``fy < 0``.
 
+Pairs: ``pair_flow(first, second)`` takes each kept frame with its source successor (``video.decode_pairs``),
+so a strided flow video still measures the motion between consecutive frames (stride 8 at 25 fps would
+otherwise ask for the motion over 0.32 s, far beyond what the +-20 px clip and the pyramid resolve).
+
 Length: ``T`` frames give ``T - 1`` flows (frame t to t + 1); the last flow is repeated so the flow video
 has the same ``T`` as the RGB video (the packer and the reset tables are built from RGB lengths). A 1-frame
 video gets one zero-flow frame.
@@ -39,7 +43,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FARNEBACK_PARAMS", "FLOW_BOUND", "compute_flow", "dequantize", "flow_method", "quantize"]
+__all__ = [
+    "FARNEBACK_PARAMS", "FLOW_BOUND", "compute_flow", "dequantize", "flow_method", "pair_flow", "quantize",
+]  # fmt: skip
 
 # The clip used by TSN / dense_flow (at their 340x256 frames; at 112x112 the same motion is ~3x smaller).
 FLOW_BOUND = 20.0
@@ -172,13 +178,20 @@ def compute_flow(frames: np.ndarray, *, method: str | None = None, bound: float 
     """
     frames = _check_frames(frames)
     bound = _check_bound(bound)
+    t = frames.shape[0]
+    gray = _gray(frames)
+    flows = _flows(gray[:-1], gray[1:], _solver(method), t)
+    if t > 1:
+        flows[t - 1] = flows[t - 2]
+    return quantize(flows, bound)
+
+
+def _solver(method: str | None) -> Any:
+    """``solve(prev_gray, next_gray) -> float32 [H, W, 2]`` for ``method`` (None: ``flow_method()``)."""
     if method is None:
         method = flow_method()
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS} or None (auto), got {method!r}")
-    t, h, w, _ = frames.shape
-    flows = np.zeros((t, h, w, 2), dtype=np.float32)
-    gray = _gray(frames)
     if method == "tvl1":
         factory = _tvl1_factory()
         if factory is None:
@@ -187,12 +200,46 @@ def compute_flow(frames: np.ndarray, *, method: str | None = None, bound: float 
                 "in place of opencv-python-headless, or pass method='farneback' (or None for auto)"
             )
         tvl1 = factory()
-        for i in range(t - 1):
-            flows[i] = tvl1.calc(gray[i], gray[i + 1], None)
-    else:
-        cv2 = _cv2()
-        for i in range(t - 1):
-            flows[i] = cv2.calcOpticalFlowFarneback(gray[i], gray[i + 1], None, **FARNEBACK_PARAMS)
-    if t > 1:
+        return lambda prev, nxt: tvl1.calc(prev, nxt, None)
+    cv2 = _cv2()
+    return lambda prev, nxt: cv2.calcOpticalFlowFarneback(prev, nxt, None, **FARNEBACK_PARAMS)
+
+
+def _flows(prev: np.ndarray, nxt: np.ndarray, solve: Any, t: int) -> np.ndarray:
+    """float32 ``[t, H, W, 2]``: row i is the flow of the pair ``(prev[i], nxt[i])``, the rest zero."""
+    flows = np.zeros((t, *prev.shape[1:3], 2), dtype=np.float32)
+    for i in range(prev.shape[0]):
+        flows[i] = solve(prev[i], nxt[i])
+    return flows
+
+
+def pair_flow(
+    first: np.ndarray,
+    second: np.ndarray,
+    *,
+    last: bool = True,
+    method: str | None = None,
+    bound: float = FLOW_BOUND,
+) -> np.ndarray:
+    """Quantised flow of each pair ``first[t] -> second[t]``: uint8 ``[T, H, W, 2]`` (as ``compute_flow``).
+
+    The pairs come from ``video.decode_pairs``: a kept frame and the source frame right after it, so a
+    strided video still gets the motion between consecutive frames. ``last=False`` says the last pair
+    has no real successor (``second[-1]`` is ``first[-1]``): its flow repeats the previous pair's, the
+    same rule as ``compute_flow`` (T = 1 without a successor gives one zero flow). With
+    ``second[t] = first[t + 1]`` and ``last=False`` this equals ``compute_flow(first)`` exactly.
+    """
+    first, second = _check_frames(first), _check_frames(second)
+    if first.shape != second.shape:
+        raise ValueError(
+            f"first and second must have one shape (a frame and its successor), got {first.shape} and "
+            f"{second.shape}; pass the two arrays of video.decode_pairs"
+        )
+    bound = _check_bound(bound)
+    t = first.shape[0]
+    solve = _solver(method)
+    pairs = t if last else t - 1
+    flows = _flows(_gray(first)[:pairs], _gray(second)[:pairs], solve, t)
+    if not last and t > 1:
         flows[t - 1] = flows[t - 2]
     return quantize(flows, bound)

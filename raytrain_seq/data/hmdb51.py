@@ -33,7 +33,7 @@ from raytrain_seq.data.video import VideoCatalog, build_catalog, read_lines
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FLAGS", "FOLDS", "SPLITS", "SPLITS_DIR", "hmdb51_catalog", "hmdb51_classes"]
+__all__ = ["FLAGS", "FOLDS", "SPLITS", "SPLITS_DIR", "hmdb51_catalog", "hmdb51_classes", "hmdb51_entries"]
 
 SPLITS_DIR = "testTrainMulti_7030_splits"
 SPLITS = ("train", "test")
@@ -97,23 +97,14 @@ def _parse_split_file(path: str) -> list[tuple[int, str, int]]:
     return rows
 
 
-def hmdb51_catalog(
-    data_root: str | os.PathLike[str],
-    split: str = "train",
-    fold: int = 1,
-    *,
-    stride: int = 1,
-    fps: float | None = None,
-    verify: bool = False,
-    workers: int = 4,
-) -> VideoCatalog:
-    """The ``split`` (``"train"``/``"test"``) of HMDB51 fold ``fold`` (1, 2 or 3) under ``data_root``.
+def hmdb51_entries(
+    data_root: str | os.PathLike[str], fold: int = 1
+) -> tuple[tuple[str, ...], dict[str, list[tuple[int, int, str]]]]:
+    """Class names and ``{"train": [...], "test": [...]}`` of ``(video_id, label, path)`` for ``fold``.
 
-    ``stride``/``fps`` set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True``
-    counts frames by decoding (slow); ``workers`` threads probe headers.
+    Reads and checks every split file of the fold (errors name the file and line) but opens no video,
+    so a worker that decodes by id can find paths cheaply. Entries are sorted by id (module docstring).
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(fold, bool) or not isinstance(fold, int) or fold not in FOLDS:
         raise ValueError(f"fold must be one of {FOLDS} (the official splits), got {fold!r}")
     root = os.fspath(data_root)
@@ -141,14 +132,39 @@ def hmdb51_catalog(
     # Ids: rank in (label, file name) order over all lines, flag 0 included. brush_hair/{b.avi 2, a.avi 0}
     # and cartwheel/{c.avi 1} give brush_hair/a -> 0, brush_hair/b -> 1, cartwheel/c -> 2.
     rows.sort()
-    entries = [(k, label, path) for k, (label, _, flag, path) in enumerate(rows) if flag == FLAGS[split]]
-    if not entries:
+    entries = {
+        side: [(k, label, path) for k, (label, _, flag, path) in enumerate(rows) if flag == FLAGS[side]]
+        for side in SPLITS
+    }
+    return class_names, entries
+
+
+def hmdb51_catalog(
+    data_root: str | os.PathLike[str],
+    split: str = "train",
+    fold: int = 1,
+    *,
+    stride: int = 1,
+    fps: float | None = None,
+    verify: bool = False,
+    workers: int = 4,
+) -> VideoCatalog:
+    """The ``split`` (``"train"``/``"test"``) of HMDB51 fold ``fold`` (1, 2 or 3) under ``data_root``.
+
+    ``stride``/``fps`` set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True``
+    counts frames by decoding (slow); ``workers`` threads probe headers.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    class_names, entries = hmdb51_entries(data_root, fold)
+    if not entries[split]:
+        splits = os.path.join(os.fspath(data_root), SPLITS_DIR)
         raise ValueError(
-            f"no HMDB51 video has flag {FLAGS[split]} ({split}) in {splits}/*{suffix}; "
+            f"no HMDB51 video has flag {FLAGS[split]} ({split}) in {splits}/*{_split_file_name('', fold)}; "
             "are the files truncated?"
         )
     return build_catalog(
-        entries,
+        entries[split],
         class_names=class_names,
         split=split,
         dataset="hmdb51",

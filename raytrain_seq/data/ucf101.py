@@ -34,7 +34,9 @@ from raytrain_seq.data.video import VideoCatalog, build_catalog, read_lines
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FOLDS", "LISTS_DIR", "SPLITS", "VIDEOS_DIR", "read_class_index", "ucf101_catalog"]
+__all__ = [
+    "FOLDS", "LISTS_DIR", "SPLITS", "VIDEOS_DIR", "read_class_index", "ucf101_catalog", "ucf101_entries",
+]  # fmt: skip
 
 VIDEOS_DIR = "UCF-101"
 LISTS_DIR = "ucfTrainTestlist"
@@ -127,24 +129,15 @@ def _check_label(path: str, lineno: int, text: str, folder: str, label: int, nam
         )
 
 
-def ucf101_catalog(
-    data_root: str | os.PathLike[str],
-    split: str = "train",
-    fold: int = 1,
-    *,
-    stride: int = 1,
-    fps: float | None = None,
-    verify: bool = False,
-    workers: int = 4,
-) -> VideoCatalog:
-    """The ``split`` (``"train"``/``"test"``) of UCF101 fold ``fold`` (1, 2 or 3) under ``data_root``.
+def ucf101_entries(
+    data_root: str | os.PathLike[str], fold: int = 1
+) -> tuple[tuple[str, ...], dict[str, list[tuple[int, int, str]]]]:
+    """Class names and ``{"train": [...], "test": [...]}`` of ``(video_id, label, path)`` for ``fold``.
 
-    Both lists of the fold are read (ids span both, and a video in both is an error). ``stride``/``fps``
-    set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True`` counts frames by
-    decoding (slow); ``workers`` threads probe headers.
+    Reads and checks classInd.txt and both list files (every error names the file and line) but opens
+    no video, so it is cheap (milliseconds for the real lists): a worker that decodes by id uses it to
+    find paths. Entries are sorted by id; see the module docstring for the ids.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(fold, bool) or not isinstance(fold, int) or fold not in FOLDS:
         raise ValueError(f"fold must be one of {FOLDS} (the official splits), got {fold!r}")
     root = os.fspath(data_root)
@@ -166,16 +159,42 @@ def ucf101_catalog(
                 f"{test_file}:{lineno}: {rel} is also a training video ({train_file}:{train_line[rel]}); "
                 "a video belongs to one side of a split"
             )
-    chosen = train if split == "train" else test
-    if not chosen:
-        raise ValueError(f"{train_file if split == 'train' else test_file}: lists no video; is it truncated?")
     # Ids: rank in (label, file name) order over both lists. Lists {B/v_B_1, A/v_A_2, A/v_A_1} with
     # classInd A=1, B=2 give A/v_A_1 -> 0, A/v_A_2 -> 1, B/v_B_1 -> 2.
     everything = sorted(((label, rel.split("/")[1], rel) for _, rel, label in train + test))
     rank = {rel: k for k, (_, _, rel) in enumerate(everything)}
-    entries = sorted((rank[rel], label, os.path.join(videos, *rel.split("/"))) for _, rel, label in chosen)
+    entries = {
+        side: sorted((rank[rel], label, os.path.join(videos, *rel.split("/"))) for _, rel, label in rows)
+        for side, rows in (("train", train), ("test", test))
+    }
+    return class_names, entries
+
+
+def ucf101_catalog(
+    data_root: str | os.PathLike[str],
+    split: str = "train",
+    fold: int = 1,
+    *,
+    stride: int = 1,
+    fps: float | None = None,
+    verify: bool = False,
+    workers: int = 4,
+) -> VideoCatalog:
+    """The ``split`` (``"train"``/``"test"``) of UCF101 fold ``fold`` (1, 2 or 3) under ``data_root``.
+
+    Both lists of the fold are read (ids span both, and a video in both is an error). ``stride``/``fps``
+    set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True`` counts frames by
+    decoding (slow); ``workers`` threads probe headers.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    class_names, entries = ucf101_entries(data_root, fold)
+    if not entries[split]:
+        name = f"trainlist0{fold}.txt" if split == "train" else f"testlist0{fold}.txt"
+        path = os.path.join(os.fspath(data_root), LISTS_DIR, name)
+        raise ValueError(f"{path}: lists no video; is it truncated?")
     return build_catalog(
-        entries,
+        entries[split],
         class_names=class_names,
         split=split,
         dataset="ucf101",

@@ -30,6 +30,9 @@ sharp edges (99th-percentile error 33 grey levels against cv2 INTER_AREA on the 
 5 for the fused pass), so it is not used. Sample aspect ratios are ignored (UCF101 and HMDB51 use square
 pixels).
 
+``decode_pairs`` returns the same kept frames plus, for each, the decoded frame right after it in the
+source (the optical-flow stream's pairs: flow between consecutive frames, whatever the stride).
+
 Threads: ``stream.thread_type = "AUTO"`` (frame and slice threading) with ``threads`` decoder threads (0
 lets FFmpeg take one per core; use 1 in a Ray task that reserves one CPU).
 
@@ -68,6 +71,7 @@ __all__ = [
     "VideoInfo",
     "build_catalog",
     "decode",
+    "decode_pairs",
     "output_length",
     "probe",
     "read_lines",
@@ -292,11 +296,7 @@ def decode(
             for index, frame in enumerate(container.decode(stream)):
                 if not keep(index):
                     continue
-                if not convert:
-                    width, height = _target_size(frame.width, frame.height, size)
-                    convert = {"format": "rgb24", "width": width, "height": height}
-                    if (width, height) != (frame.width, frame.height):
-                        convert["interpolation"] = "AREA"
+                convert = convert or _conversion(frame, size)
                 out.append(frame.to_ndarray(**convert))
                 if max_frames is not None and len(out) >= max_frames:
                     break
@@ -305,6 +305,67 @@ def decode(
     if not out:
         raise VideoError(path, "zero frames decoded")
     return np.stack(out)
+
+
+def _conversion(frame: av.VideoFrame, size: int | tuple[int, int] | None) -> dict[str, object]:
+    """``to_ndarray`` options for every frame of a stream, fixed by its first kept frame."""
+    width, height = _target_size(frame.width, frame.height, size)
+    convert: dict[str, object] = {"format": "rgb24", "width": width, "height": height}
+    if (width, height) != (frame.width, frame.height):
+        convert["interpolation"] = "AREA"
+    return convert
+
+
+def decode_pairs(
+    path: str | os.PathLike[str],
+    *,
+    stride: int = 1,
+    fps: float | None = None,
+    size: int | tuple[int, int] | None = None,
+    threads: int = 0,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The frames ``decode`` keeps, each with the decoded frame right after it: ``(first, second, last)``.
+
+    The optical-flow stream measures motion between CONSECUTIVE source frames (as the two-stream
+    literature does) even when ``stride``/``fps`` keep only some frames: 13 frames at stride 5 keep
+    0, 5, 10 and pair them with 1, 6, 11. ``first`` and ``second`` are uint8 ``[T, H, W, 3]``; when the
+    last kept frame is the video's last frame it has no successor, ``second[-1]`` is that frame itself
+    and ``last`` is False (the flow of that pair would be a fake zero: ``flow.pair_flow`` repeats the
+    previous one instead). With stride 1 ``second[t]`` is ``first[t + 1]``, so the pairs are exactly
+    the ones ``flow.compute_flow`` uses. Every frame is decoded once and converted at most once.
+    """
+    _check_selection(stride, fps)
+    size = _check_size(size)
+    threads = _check_int("threads", threads, 0)
+    path = os.fspath(path)
+    first: list[np.ndarray] = []
+    second: list[np.ndarray] = []
+    try:
+        with av.open(path) as container:
+            stream = _video_stream(container, path)
+            stream.thread_type = "AUTO"
+            stream.codec_context.thread_count = threads
+            keep = _selector(stride, fps, _stream_fps(stream), path)
+            convert: dict[str, object] = {}
+            waiting = False  # the last kept frame still needs its successor
+            for index, frame in enumerate(container.decode(stream)):
+                kept = keep(index)
+                if not (kept or waiting):
+                    continue
+                convert = convert or _conversion(frame, size)
+                image = frame.to_ndarray(**convert)
+                if waiting:
+                    second.append(image)
+                if kept:
+                    first.append(image)
+                waiting = kept
+    except (av.FFmpegError, OSError) as exc:
+        raise _open_error(path, exc) from exc
+    if not first:
+        raise VideoError(path, "zero frames decoded")
+    if waiting:
+        second.append(first[-1])
+    return np.stack(first), np.stack(second), not waiting
 
 
 # ---------------------------------------------------------------------------------------------- catalogs
@@ -386,11 +447,13 @@ def build_catalog(
     fps: float | None = None,
     verify: bool = False,
     workers: int = 4,
+    warn: bool = True,
 ) -> VideoCatalog:
     """Probe ``(video_id, label, path)`` entries (ids ascending) into a catalog, skipping bad videos.
 
     Each bad video (VideoError from ``probe``, or no frame rate when ``fps`` is set) gets exactly one
-    warning naming the file and an entry in ``skipped``. ValueError if no video is left.
+    warning naming the file and an entry in ``skipped``. ValueError if no video is left. ``warn=False``
+    logs the skips at DEBUG, for a process that rebuilds a catalog another one already warned about.
     """
     _check_selection(stride, fps)
     workers = _check_int("workers", workers, 1)
@@ -404,7 +467,7 @@ def build_catalog(
         if isinstance(info, VideoInfo) and fps is not None and info.fps <= 0:
             info = VideoError(path, "the container gives no frame rate, so it cannot be resampled to --fps")
         if isinstance(info, VideoError):
-            logger.warning("skipping video %s: %s", path, info.reason)
+            logger.log(logging.WARNING if warn else logging.DEBUG, "skipping video %s: %s", path, info.reason)
             skipped.append((path, info.reason))
             continue
         length = output_length(info.frames, stride=stride, fps=fps, src_fps=info.fps)

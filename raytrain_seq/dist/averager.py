@@ -19,19 +19,30 @@ first arrival to the result inside the actor, ~0.35-0.55 s from submitting the 4
 results (the rest is shipping 12 MB per learner each way). A stalled learner costs the others
 ``timeout_s`` once; it is not waited for again until it rejoins.
 
+Elastic groups and crashes. Every round carries the learners' ``EpochPosition`` (epoch, rows consumed),
+so the latest averaged state says where training stands: a group that Ray Train restarts or resizes
+starts from it without a trip through storage ("live recovery"). The actor runs with Ray's
+``max_restarts``; given the run folder it reloads the latest checkpoint on a restart, and since the
+learners that are ahead of that checkpoint still hold their last averaged state, the first of them to
+rejoin re-seeds the actor with it (``join(seed=...)``), so no finished round is lost; the others resend
+the round they were in. Membership changes and recoveries go to ``run_dir/events.jsonl`` as they
+happen, so a restarted actor (and a resumed run) keeps the whole story for the summary.
+
 The policy (``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``)
-is asyncio and becomes a Ray actor in ``create_averager``. ray is imported only inside the two functions
+is asyncio and becomes a Ray actor in ``create_averager``. ray is imported only inside the functions
 that talk to a cluster, and nothing happens at import time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -39,7 +50,9 @@ from torch import Tensor
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
 from raytrain_seq.dist.rounds import (
     AveragerError,
+    AveragerUnavailableError,
     AveragingTimeoutError,
+    Backoff,
     Learner,
     MembershipError,
     RoundBook,
@@ -48,13 +61,28 @@ from raytrain_seq.dist.rounds import (
     check_learner,
     check_number,
 )
+from raytrain_seq.dist.state import (
+    EVENTS_FILE,
+    EventLog,
+    JoinInfo,
+    RoundResult,
+    RunFolder,
+    Snapshot,
+    check_payload,
+    describe_position,
+    latest_checkpoint,
+    load_snapshot,
+)
 
 logger = logging.getLogger(__name__)
 
 
 __all__ = [
+    "EVENTS_FILE",
     "AveragerError",
+    "AveragerUnavailableError",
     "AveragingTimeoutError",
+    "Backoff",
     "JoinInfo",
     "MembershipError",
     "ParameterAverager",
@@ -64,96 +92,18 @@ __all__ = [
     "StaleRoundError",
     "create_averager",
     "get_averager",
+    "latest_checkpoint",
+    "load_snapshot",
 ]
 
 
-@dataclass(frozen=True)
-class RoundResult:
-    """What every learner of a round receives (the same object for all)."""
+class ParameterAverager(RunFolder):
+    """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
-    round: int
-    params: dict[str, Tensor]
-    optimizer_state: dict | None  # merged Adam state; None when the optimizer keeps no Adam moments
-    batch_size: int  # B for the next round
-    learners: tuple[Learner, ...]  # averaged, in this order
-    dropped: tuple[Learner, ...]
-    seconds: float  # first arrival -> result
-    weights: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class JoinInfo:
-    """Where a (re)joining learner starts: the round to send next and the latest averaged state."""
-
-    learner: Learner
-    round: int
-    params: dict[str, Tensor] | None
-    optimizer_state: dict | None
-    batch_size: int
-    adaptive_state: dict
-    world_size: int
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The latest averaged state and the logs a restarted averager needs; round 0 means none yet."""
-
-    round: int
-    params: dict[str, Tensor] | None
-    optimizer_state: dict | None
-    batch_size: int
-    adaptive_state: dict
-    validation_due: int | None = None
-    dropped_log: tuple = ()
-    batch_size_history: tuple = ()
-    validation_history: tuple = ()
-
-
-@dataclass(frozen=True)
-class _Arrival:
-    params: Mapping[str, Tensor]
-    optimizer_state: Mapping | None
-    stats: dict[str, float]
-    weight: float
-    adam: bool
-    signature: tuple
-
-
-def _has_adam_moments(state: Mapping | None) -> bool:
-    """True if the optimizer keeps Adam moments; SGD without momentum keeps none (an empty state)."""
-    kinds = {isinstance(entry, Mapping) and "exp_avg" in entry for entry in (state or {}).values()}
-    if len(kinds) > 1:
-        raise ValueError(
-            "optimizer_state has exp_avg for some parameters only: send one optimizer's whole state"
-        )
-    return kinds == {True}
-
-
-def _arrival(params: Any, optimizer_state: Any, stats: Any, weight: Any) -> _Arrival:
-    """Validate one learner's payload."""
-    if not isinstance(params, Mapping) or not all(isinstance(t, Tensor) for t in params.values()):
-        raise TypeError(
-            "params must be a dict of tensors: send {k: v.cpu() for k, v in model.state_dict().items()}"
-        )
-    if any(t.device.type != "cpu" for t in params.values()):
-        raise ValueError("params must be CPU tensors (the averager has no GPU): move them with .cpu() first")
-    if optimizer_state is not None and not isinstance(optimizer_state, Mapping):
-        raise TypeError("optimizer_state must be optimizer.state_dict()['state'] (a dict) or None")
-    if optimizer_state is not None and {"state", "param_groups"} <= set(optimizer_state):
-        raise TypeError("optimizer_state is a whole optimizer.state_dict(): send its ['state'] entry")
-    stats = dict(stats or {})
-    bad = [
-        key for key, value in stats.items() if isinstance(value, bool) or not isinstance(value, int | float)
-    ]
-    if bad:
-        raise TypeError(f"stats {bad} are not numbers: send only numeric totals (frames, compute_s, ...)")
-    weight = float(check_number("weight", weight, 0, int | float))
-    signature = tuple((key, tuple(t.shape), t.dtype) for key, t in params.items())
-    return _Arrival(params, optimizer_state, stats, weight, _has_adam_moments(optimizer_state), signature)
-
-
-class ParameterAverager:
-    """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node)."""
+    adaptive_batch False keeps the batch size whatever validation says; merge_moments False averages
+    the weights only (each learner keeps its own Adam moments): the AAVG ablations. run_dir: the run
+    folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
+    """
 
     def __init__(
         self,
@@ -167,23 +117,37 @@ class ParameterAverager:
         b2: float = 2,
         max_batch_size: int = 576,
         centred_pairs: tuple = (),
+        adaptive_batch: bool = True,
+        merge_moments: bool = True,
+        run_dir: str | Path | None = None,
     ) -> None:
-        self._book = RoundBook(
-            world_size, timeout_s=timeout_s, min_learners=min_learners, validate_every=validate_every
-        )
+        for name, flag in (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
+        self._book = RoundBook(world_size, **book, sink=self._on_member)
         self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size)
         self._centred_pairs = tuple(centred_pairs)
+        self._adaptive, self._merge_moments = adaptive_batch, merge_moments
         self._latest: tuple[int, dict | None, dict | None] = (0, None, None)  # round, params, optimizer
+        self._position: dict | None = None
+        self._source = "none"
         self._round_future: asyncio.Future | None = None
         self._validation_future: asyncio.Future | None = None
         self._timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._totals: dict[Learner, dict[str, float]] = {}
-        self._batch_history: list[dict] = []
-        self._validation_history: list[dict] = []
+        self._batch_history, self._validation_history, self._loss_history = [], [], []
         self._failed_rounds: list[dict] = []
         self._round_seconds: list[float] = []
+        self._recoveries: list[dict] = []
+        self._clock_offset, self._clock_start = 0.0, None
+        self._log = EventLog(None if run_dir is None else Path(run_dir) / EVENTS_FILE)
+        self._events_loaded, self._actor = False, None
+        if run_dir is not None:
+            self._load_run(Path(run_dir), _actor_id())
 
+    # ----------------------------------------------------------------------------------- the rounds
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # the loop holds only weak references to tasks
@@ -200,6 +164,14 @@ class ParameterAverager:
             self._timer.cancel()
         self._timer = None
         self._spawn(self._close_round(self._book.close(), self._round_future))
+
+    def _fail_round(self, why: str) -> None:
+        """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""
+        if self._timer is not None:
+            self._timer.cancel()
+        future, self._timer, self._round_future = self._round_future, None, None
+        if future is not None and not future.done():
+            future.set_exception(StaleRoundError("group", self._book.round, self._book.round, why))
 
     async def _close_round(self, closed: RoundClose, future: asyncio.Future) -> None:
         try:
@@ -219,12 +191,15 @@ class ParameterAverager:
             self._failed_rounds.append({"round": closed.round, "error": repr(exc), "time": time.time()})
             future.set_exception(exc)
         finally:
-            self._round_future = None
+            if self._round_future is future:
+                self._round_future = None
 
     async def _await_validation(self) -> None:
         due = self._book.validation_due
-        if due is None or self._validation_future is None:
+        if due is None:
             return
+        if self._validation_future is None:  # restored with a validation due: its report may still come
+            self._validation_future = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(asyncio.shield(self._validation_future), self._book.timeout_s)
         except asyncio.TimeoutError:
@@ -246,41 +221,121 @@ class ParameterAverager:
         weights = [arrival.weight for arrival in arrivals]
         params = average_states([a.params for a in arrivals], weights)
         optimizer_state = None
-        if arrivals[0].adam:
+        if arrivals[0].adam and self._merge_moments:
             states = [a.optimizer_state for a in arrivals]
             optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
         learners = tuple(learner for learner, _ in closed.present)
+        positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
+        if len(positions) > 1:
+            logger.warning(
+                "averager: round %d learners disagree on the position: %s", closed.round, positions
+            )
         seconds = time.monotonic() - closed.opened_at
-        batch = self._batch.size
         return RoundResult(
-            closed.round, params, optimizer_state, batch, learners, closed.dropped, seconds, tuple(weights)
-        )
+            closed.round, params, optimizer_state, self._batch.size, learners, closed.dropped, seconds,
+            tuple(weights), None if arrivals[0].position is None else dict(arrivals[0].position),
+            self._batch.state_dict(),
+        )  # fmt: skip
 
     def _publish(self, closed: RoundClose, result: RoundResult) -> None:
+        losses, added = [], []
         for learner, arrival in closed.present:
             totals = self._totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
             totals["rounds"] += 1
-            for key, value in arrival.stats.items():
+            stats = {key: value for key, value in arrival.stats.items() if key != "loss"}  # loss: a mean
+            for key, value in stats.items():
                 totals[key] = totals.get(key, 0) + value
-        self._batch_history.append({"round": result.round, "batch_size": result.batch_size})
+            added.append([learner, stats])
+            loss, n = arrival.stats.get("loss", math.nan), arrival.stats.get("sequences", 0)
+            if math.isfinite(loss) and n > 0:
+                losses.append((loss, n))
+        now = self._elapsed()
+        mean = sum(v * n for v, n in losses) / sum(n for _, n in losses) if losses else math.nan
+        self._loss_history.append({"round": result.round, "loss": mean, "time_s": now})
+        self._batch_history.append({"round": result.round, "batch_size": result.batch_size, "time_s": now})
         self._round_seconds.append(result.seconds)
-        self._latest = (result.round, result.params, result.optimizer_state)
-
-    async def join(self, learner: Learner, world_size: int | None = None) -> JoinInfo:
-        """Register a learner (again); returns where it starts, after the round open at the call (if any)."""
-        self._book.join(learner, world_size)
-        waiting_for = self._round_future
-        if self._book.complete:
-            self._start_close()  # the joiner was the last learner the open round waited for
-        if waiting_for is not None:
-            await asyncio.wait({waiting_for})  # the round's outcome is its senders' business
-        _, params, optimizer_state = self._latest
-        next_round, size, adaptive = (
-            self._book.next_round_for(learner),
-            self._batch.size,
-            self._batch.state_dict(),
+        record = {"type": "round", "actor": self._actor, "round": result.round, "seconds": result.seconds}
+        record.update(
+            loss=mean, batch_size=result.batch_size, elapsed_s=now, stats=added, position=result.position
         )
-        return JoinInfo(learner, next_round, params, optimizer_state, size, adaptive, self._book.world_size)
+        self._log.append(record)
+        self._latest = (result.round, result.params, result.optimizer_state)
+        self._position, self._source = result.position, "live"
+
+    # ------------------------------------------------------------------------------ learner-facing
+    async def join(
+        self,
+        learner: Learner,
+        world_size: int | None = None,
+        incarnation: str | None = None,
+        seed: Mapping[str, Any] | None = None,
+    ) -> JoinInfo:
+        """Register a learner (again); returns where it starts: the latest averaged state and its position.
+
+        incarnation: one id per learner process; the first join of a new process starts a new group
+        (Ray Train restarted or resized it). seed: the learner's last averaged state ({"round", "params",
+        "optimizer_state", "adaptive_state", "position"}), adopted when newer than the averager's (after
+        an averager restart), so no finished round is lost.
+        """
+        check_learner(learner)
+        if self._clock_start is None:
+            self._clock_start = time.monotonic()
+        while self._book.phase == "closing" and self._round_future is not None:
+            await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
+        generation = self._book.generation
+        self._book.join(learner, world_size, incarnation)
+        if self._book.generation != generation:
+            self._fail_round("the learner group was restarted")
+            self._on_new_group()
+        if seed is not None:
+            self._adopt(learner, seed)
+        last_round, params, optimizer_state = self._latest
+        return JoinInfo(
+            learner, self._book.next_round_for(learner), params, optimizer_state, self._batch.size,
+            self._batch.state_dict(), self._book.world_size, self._position, last_round, self._elapsed(),
+            self._source,
+        )  # fmt: skip
+
+    def _on_new_group(self) -> None:
+        """A restarted or resized group: record where its learners' state comes from."""
+        if self._book.generation < 2:
+            return  # the run's first group (or the learners rejoining a restarted averager)
+        last, size = self._latest[0], self._book.world_size
+        kind = {"live": "live_recovery", "seed": "live_recovery", "checkpoint": "checkpoint_recovery"}
+        where = describe_position(self._position)
+        if last == 0:
+            self._recover(
+                "restart_from_scratch", f"the new group of {size} starts over: no round averaged yet"
+            )
+        else:
+            how = "held by the averager" if self._source != "checkpoint" else "reloaded from a checkpoint"
+            self._recover(
+                kind[self._source],
+                f"the new group of {size} starts from round {last}'s state {how} ({where})",
+            )
+
+    def _adopt(self, learner: Learner, seed: Mapping[str, Any]) -> None:
+        """Take a rejoining learner's last averaged state when it is newer than ours."""
+        if not isinstance(seed, Mapping) or not {"round", "params"} <= set(seed):
+            raise TypeError("seed must be a dict with at least 'round' and 'params': the last RoundResult's")
+        seed_round, held = check_number("seed round", seed["round"], 1), self._latest[0]
+        if seed_round <= held:
+            return
+        check_payload(seed["params"], seed.get("optimizer_state"), None, 1.0, seed.get("position"))
+        self._fail_round(f"learner {learner!r} re-seeded round {seed_round}")
+        self._book.abandon()
+        self._latest = (seed_round, dict(seed["params"]), seed.get("optimizer_state"))
+        self._position = None if seed.get("position") is None else dict(seed["position"])
+        if seed.get("adaptive_state"):
+            self._batch.load_state_dict(seed["adaptive_state"])
+        self._book.restore(seed_round, None)
+        origin = seed.get("source", "learner")
+        self._source = "checkpoint" if origin == "checkpoint" else "seed"
+        kind = "checkpoint_recovery" if origin == "checkpoint" else "reseeded"
+        where = "Ray Train's latest checkpoint" if origin == "checkpoint" else "the state it held"
+        self._recover(
+            kind, f"learner {learner!r} re-seeded round {seed_round} from {where} (the averager had {held})"
+        )
 
     async def average(
         self,
@@ -291,16 +346,19 @@ class ParameterAverager:
         optimizer_state: Mapping | None,
         stats: Mapping[str, float] | None = None,
         weight: float = 1.0,
+        position: Mapping | None = None,
+        incarnation: str | None = None,
     ) -> RoundResult:
         """Send this learner's round n; returns the round's result once it closes (see the module doc).
 
-        weight: the learner's share in the mean (e.g. samples seen); stats: numeric totals for summary().
+        weight: the learner's share in the mean (e.g. samples seen); stats: numeric totals for summary();
+        position: ``EpochPosition.as_dict()`` after this round's rows; incarnation: as in join().
         """
         check_learner(learner)
         start = time.monotonic()
         try:
-            self._book.check(learner, round, world_size)
-            arrival = _arrival(params, optimizer_state, stats, weight)
+            self._book.check(learner, round, world_size, incarnation)
+            arrival = check_payload(params, optimizer_state, stats, weight, position)
             first = self._book.first_payload
             # Checked against the round's first arrival, so that a mismatch fails only the learner that
             # sent it (the round goes on without it) rather than the arithmetic failing the whole round.
@@ -310,7 +368,7 @@ class ParameterAverager:
                     "from the round's first learner's: every learner must run the same model and optimizer"
                 )
             opening = self._book.phase == "idle"
-            complete = self._book.arrive(learner, round, world_size, arrival)
+            complete = self._book.arrive(learner, round, world_size, arrival, incarnation)
             if opening:
                 self._round_future = asyncio.get_running_loop().create_future()
                 self._timer = self._spawn(self._expire(self._book.opening, self._book.deadline))
@@ -322,13 +380,18 @@ class ParameterAverager:
             totals = self._totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
             totals["averaging_s"] += time.monotonic() - start
 
-    async def report_validation(self, round: int, accuracy: float, learner: Learner = "validator") -> int:
+    async def report_validation(
+        self, round: int, accuracy: float, learner: Learner = "validator", epoch: int | None = None
+    ) -> int:
         """Rank 0's validation accuracy of the averaged model of `round`; returns the batch size decided."""
         check_number("accuracy", accuracy, -math.inf, int | float)
         self._book.report_validation(round, learner)
-        before, size = self._batch.size, self._batch.update(accuracy)
+        before = self._batch.size
+        size = self._batch.update(accuracy) if self._adaptive else before
         record = {"round": round, "accuracy": float(accuracy), "batch_size": size, "grew": size > before}
-        self._validation_history.append({**record, "missed": False, "time": time.time()})
+        record.update(epoch=epoch, missed=False, time=time.time(), time_s=self._elapsed())
+        self._validation_history.append(record)
+        self._log.append({"type": "validation", "actor": self._actor, **record})
         if self._validation_future is not None and not self._validation_future.done():
             self._validation_future.set_result(size)
         return size
@@ -343,20 +406,15 @@ class ParameterAverager:
         if self._book.complete:
             self._start_close()
 
+    # ------------------------------------------------------------------------ snapshots and summary
     async def latest(self) -> Snapshot:
         """The latest averaged state (round 0, params None before the first round) and its logs."""
         last_round, params, optimizer_state = self._latest
         return Snapshot(
-            last_round,
-            params,
-            optimizer_state,
-            self._batch.size,
-            self._batch.state_dict(),
-            self._book.validation_due,
-            tuple(self._book.dropped_log),
-            tuple(self._batch_history),
-            tuple(self._validation_history),
-        )
+            last_round, params, optimizer_state, self._batch.size, self._batch.state_dict(),
+            self._book.validation_due, tuple(self._book.dropped_log), tuple(self._batch_history),
+            tuple(self._validation_history), self._position, tuple(self._loss_history), self._elapsed(),
+        )  # fmt: skip
 
     async def snapshot_state(self) -> dict[str, Any]:
         """latest() as a plain dict of tensors, numbers and strings: torch.load(weights_only=True) reads it."""
@@ -365,6 +423,9 @@ class ParameterAverager:
 
     async def restore(self, snapshot: Snapshot | Mapping[str, Any]) -> None:
         """Continue from a checkpoint (snapshot_state()'s dict or a Snapshot), e.g. after a crash."""
+        self._restore(snapshot)
+
+    def _restore(self, snapshot: Snapshot | Mapping[str, Any]) -> None:
         if isinstance(snapshot, Mapping):
             snapshot = Snapshot(**snapshot)
         if not isinstance(snapshot, Snapshot):
@@ -373,52 +434,78 @@ class ParameterAverager:
             )
         batch = AdaptiveBatchSize(1)
         batch.load_state_dict(snapshot.adaptive_state)
-        self._book.restore(snapshot.round, snapshot.validation_due, snapshot.dropped_log)
+        # Drops since the checkpoint are in the events log when there is one: keep those.
+        drops = None if self._events_loaded else snapshot.dropped_log
+        self._book.restore(snapshot.round, snapshot.validation_due, drops)
         self._batch, self._latest = batch, (snapshot.round, snapshot.params, snapshot.optimizer_state)
-        if snapshot.validation_due is not None:
-            self._validation_future = asyncio.get_running_loop().create_future()
+        self._validation_future = None  # made when a round waits for the due validation
         self._batch_history = list(snapshot.batch_size_history)
         self._validation_history = list(snapshot.validation_history)
+        self._loss_history = list(snapshot.loss_history)
+        self._position, self._source = snapshot.position, "checkpoint"
+        self._clock_offset = max(self._clock_offset, float(snapshot.elapsed_s))
 
     async def summary(self) -> dict[str, Any]:
-        """Per-learner totals of their stats and averaging seconds; drops, membership, B, validations."""
+        """Per-learner totals, histories, drops, membership and recoveries, B and validations."""
         learners = {learner: dict(totals) for learner, totals in self._totals.items()}
         return {
             "rounds_completed": len(self._round_seconds),
             "next_round": self._book.round,
             "open_round": {"phase": self._book.phase, "arrived": self._book.arrived},
             "world_size": self._book.world_size,
+            "generation": self._book.generation,
             "learners": learners,
             "total_averaging_s": sum(t["averaging_s"] for t in learners.values()),
             "round_seconds": list(self._round_seconds),
             "dropped": list(self._book.dropped_log),
             "membership": list(self._book.membership_log),
+            "recoveries": list(self._recoveries),
             "failed_rounds": list(self._failed_rounds),
             "batch_size_history": list(self._batch_history),
             "validation_history": list(self._validation_history),
+            "loss_history": list(self._loss_history),
+            "position": self._position,
+            "elapsed_s": self._elapsed(),
         }
+
+
+def _actor_id() -> str | None:
+    """This actor's id (the same across its restarts), or None outside a Ray actor."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_actor_id()
 
 
 # --------------------------------------------------------------------------------------------- ray glue
 def create_averager(
-    name: str, *, namespace: str | None = None, max_concurrency: int | None = None, **kwargs: Any
+    name: str,
+    *,
+    namespace: str | None = None,
+    max_concurrency: int | None = None,
+    max_restarts: int = 0,
+    **kwargs: Any,
 ):
     """Start the named ParameterAverager actor on the driver's node, with 0 CPUs and 0 GPUs.
 
-    kwargs go to ParameterAverager (world_size=..., timeout_s=..., ...) and are checked here first, so that
-    a bad value fails in the driver. Each waiting average()/join() call holds a concurrency slot, so the
-    default leaves room for several per learner.
+    kwargs go to ParameterAverager (world_size=..., timeout_s=..., run_dir=...) and are checked here
+    first (without loading the run folder), so that a bad value fails in the driver. Each waiting
+    average()/join() call holds a concurrency slot, so the default leaves room for several per learner.
+    max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls in flight are not
+    retried by Ray (max_task_retries=0): the learners retry, since a round must be resent after a rejoin.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ParameterAverager(**kwargs)
+    ParameterAverager(**{**kwargs, "run_dir": None})
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     concurrency = max_concurrency or max(64, 4 * kwargs["world_size"] + 16)
     options = {"name": name, "namespace": namespace, "get_if_exists": False, "num_cpus": 0, "num_gpus": 0}
     options.update(scheduling_strategy=driver_node, max_concurrency=concurrency)
+    options.update(max_restarts=check_number("max_restarts", max_restarts, -1), max_task_retries=0)
     return ray.remote(num_cpus=0)(ParameterAverager).options(**options).remote(**kwargs)
 
 

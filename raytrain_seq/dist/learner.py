@@ -9,19 +9,29 @@ from this learner's shard of the epoch's BLoad plan (``raytrain_seq.dist.pipelin
 the same number of rows, and all learners see the same B, so they take the same number of steps and
 meet at the same rounds without a barrier of their own.
 
-Checkpoints are taken right after a round, when every learner holds the averaged state: rank 0 saves the
-averager's snapshot (weights, merged moments, adaptive batch-size state) and the position (epoch, rows
-consumed); every rank calls ``ray.train.report`` at the same rounds because Ray Train makes it a barrier.
-Resuming restores the averager from that snapshot (the driver does it) and skips the consumed rows.
+Elastic and fault tolerant. Each round also sends the learner's ``EpochPosition`` (epoch, rows taken,
+layouts of the epoch so far). When Ray Train starts or restarts the group (a failure, or an elastic
+resize), each new learner joins with a fresh incarnation id and starts from the averager's latest
+averaged state and position, the rest of the epoch re-split over the new group; only when the averager
+holds nothing (it lost its state and found no checkpoint) does the learner seed it from Ray Train's
+latest checkpoint. A learner dropped from a round (it stalled past the timeout) gets a
+``StaleRoundError``, rejoins, takes the latest state, moves to the others' position, and makes the
+``ray.train.report`` calls it missed (Ray Train's report is a barrier, so the others wait for them).
+Calls to an averager that is restarting are retried with bounded exponential backoff (``Backoff``);
+after an averager restart the learners re-seed it with their last averaged state and resend their
+round, so no finished round is lost. Checkpoints are taken right after a round: rank 0 saves the
+averager's snapshot and the position; every rank calls ``ray.train.report`` at the same rounds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +39,8 @@ from typing import Any
 import torch
 
 from raytrain_seq.config import Config
+from raytrain_seq.dist.assembly import EpochPosition
+from raytrain_seq.dist.rounds import AveragerError, AveragerUnavailableError, Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, load_averaged
 
@@ -36,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "state.pt"
 POSITION_FILE = "position.json"
+MAX_REJOINS = 3  # refused sends of one round (each followed by a rejoin) before the learner gives up
 
 
 @dataclass
@@ -75,10 +88,27 @@ class Tally:
         return delta
 
 
+class Realign(Exception):
+    """This learner was left behind (dropped from a round): continue from ``position``, the others'."""
+
+    def __init__(self, position: EpochPosition) -> None:
+        super().__init__(f"continue from {position}")
+        self.position = position
+
+
 class Learner:
     """One AAVG learner inside a Ray Train worker (``train_loop_per_worker`` builds and runs it)."""
 
-    def __init__(self, config: Config, names: dict[str, str], rank: int, world_size: int, device) -> None:
+    def __init__(
+        self,
+        config: Config,
+        names: dict[str, str],
+        rank: int,
+        world_size: int,
+        device,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
         import ray
 
         from raytrain_seq.dist.averager import get_averager
@@ -89,6 +119,8 @@ class Learner:
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.averager = get_averager(names["averager"], namespace=names["namespace"])
         self.feed = get_feed(names["feed"], namespace=names["namespace"])
+        self.incarnation = uuid.uuid4().hex  # this process: a restarted group's learners get new ones
+        self.backoff = backoff or Backoff()
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(config.data.seed)
         spec = ray.get(self.feed.model_spec.remote())
@@ -108,118 +140,243 @@ class Learner:
         self.batch_size = train.batch_size
         self.started = time.perf_counter()
         self.averaging_s = 0.0
-        self.history: dict[str, list[dict[str, Any]]] = {"loss": [], "val": [], "batch_size": []}
+        # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
+        self.round_timeout_s = 3 * train.averager_timeout_s + 120.0
+        self._last: dict[str, Any] | None = (
+            None  # the latest averaged state held: a restarted averager's seed
+        )
         self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
 
-    # ---------------------------------------------------------------------------------------- start
-    def start(self) -> tuple[int, int]:
-        """Join the averager and take its latest state; returns where to start (epoch, rows done)."""
-        epoch, rows_done = 0, 0
-        checkpoint = self.ray.train.get_checkpoint()
-        if checkpoint is not None:
-            with checkpoint.as_directory() as folder:
-                position = json.loads((Path(folder) / POSITION_FILE).read_text())
-            epoch, rows_done = int(position["epoch"]), int(position["rows_done"])
-            self.history = position.get("history", self.history) if self.rank == 0 else self.history
-            logger.info("learner %d resumes at epoch %d after %d rows", self.rank, epoch, rows_done)
-        info = self.ray.get(self.averager.join.remote(self.rank, self.world_size))
+    # -------------------------------------------------------------------------------- the averager
+    def _call(self, name: str, method, *args, timeout: float | None = None, **kwargs):
+        """``ray.get(method.remote(...))``, retried with bounded exponential backoff while the averager
+        cannot be reached (dead and restarting, unavailable, or silent past ``timeout``). A silent
+        ``average`` is not resent: its payload may already be in the round, so it fails at once."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        delays, began = self.backoff.delays(), time.monotonic()
+        for attempt in range(len(delays) + 1):
+            try:
+                return self.ray.get(method.remote(*args, **kwargs), timeout=timeout)
+            except (RayActorError, GetTimeoutError) as exc:  # ActorUnavailableError is a RayActorError
+                silent_round = name == "average" and isinstance(exc, GetTimeoutError)
+                if attempt == len(delays) or silent_round:
+                    seconds = time.monotonic() - began
+                    raise AveragerUnavailableError(name, attempt + 1, seconds, type(exc).__name__) from exc
+                logger.warning(
+                    "learner %d: %s() failed (%s); retry %d/%d in %.1f s",
+                    self.rank, name, type(exc).__name__, attempt + 1, len(delays), delays[attempt],
+                )  # fmt: skip
+                time.sleep(delays[attempt])
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _join(self, seed: dict[str, Any] | None = None):
+        return self._call(
+            "join", self.averager.join, self.rank, self.world_size, incarnation=self.incarnation, seed=seed
+        )
+
+    def _hold(self, round_: int, params, optimizer_state, adaptive_state, position) -> None:
+        """Remember the latest averaged state (what this learner re-seeds a restarted averager with)."""
+        self._last = None if not round_ else {
+            "round": round_, "params": params, "optimizer_state": optimizer_state,
+            "adaptive_state": adaptive_state, "position": position,
+        }  # fmt: skip
+
+    def _load(self, params, optimizer_state) -> None:
+        """Install averaged weights and moments. The optimizer gets copies of the moments: it updates
+        its state in place, and the held originals are what a restarted averager is re-seeded with."""
+        moments = None if optimizer_state is None else _to_device(optimizer_state, "cpu", copy=True)
+        load_averaged(self.model, self.optimizer, _to_device(params, self.device), moments)
+
+    def _take_join(self, info, *, load: bool = True) -> None:
+        """Adopt a JoinInfo: the round to send next, B and (with ``load``) the latest averaged state."""
         self.round, self.batch_size = info.round, info.batch_size
-        if info.params is not None:
-            load_averaged(self.model, self.optimizer, info.params, info.optimizer_state)
-        return epoch, rows_done
+        if load and info.params is not None:
+            self._load(info.params, info.optimizer_state)
+        self._hold(info.latest_round, info.params, info.optimizer_state, info.adaptive_state, info.position)
+
+    def _checkpoint_seed(self) -> dict[str, Any] | None:
+        """Ray Train's latest checkpoint of this run as a seed for an averager that holds nothing."""
+        checkpoint = self.ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as folder:
+            snapshot = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True)["averager"]
+        if not snapshot.get("round"):
+            return None
+        keys = ("round", "params", "optimizer_state", "adaptive_state", "position")
+        return {**{k: snapshot.get(k) for k in keys}, "source": "checkpoint"}
+
+    # ---------------------------------------------------------------------------------------- start
+    def start(self) -> EpochPosition:
+        """Join the averager and take its latest state; returns where this group starts."""
+        info = self._join()
+        if info.latest_round == 0:
+            seed = self._checkpoint_seed()
+            if seed is not None:
+                logger.warning(
+                    "learner %d: the averager holds no state; seeding it from checkpoint round %d",
+                    self.rank, seed["round"],
+                )  # fmt: skip
+                info = self._join(seed=seed)
+        self._take_join(info)
+        self.started = time.perf_counter() - info.elapsed_s  # the run's clock, not this process's
+        position = EpochPosition(0) if info.position is None else EpochPosition.from_dict(info.position)
+        position = position.for_group(self.world_size)
+        if info.latest_round:
+            logger.info(
+                "learner %d of %d starts from round %d (%s state): epoch %d, layouts %s",
+                self.rank, self.world_size, info.latest_round, info.source, position.epoch + 1,
+                [*position.history, (position.world_size, position.rows_done)],
+            )  # fmt: skip
+        return position
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> None:
-        from raytrain_seq.dist.pipeline import BlockRowStream, shard_dataset
-
-        epoch, skip = self.start()
-        train = self.config.train
-        while epoch < train.epochs:
-            shard = self.ray.get(self.feed.epoch_shard.remote(epoch, self.rank, self.world_size))
-            stream = BlockRowStream(shard_dataset(shard, self.feed))
-            rows_done = 0
-            if skip:
-                stream.take(skip)  # rows consumed before the checkpoint we resumed from
-                rows_done, skip = skip, 0
-            steps_since_round = 0
-            while True:
-                waited = stream.wait_seconds
-                rows = stream.take(self.batch_size)
-                self.tally.data_wait_s += stream.wait_seconds - waited
-                if rows is None:
-                    break
-                stats = self.step(collate_rows(rows))
-                rows_done += len(rows["num_sequences"])
-                self.tally.add_step(stats.frames, stats.sequences, stats.seconds, stats.loss)
-                self.metrics.set("loss", stats.loss)
-                self.metrics.set("frames_per_second", stats.frames / max(stats.seconds, 1e-9))
-                self.metrics.add("frames", stats.frames)
-                steps_since_round += 1
-                if train.k > 0 and steps_since_round == train.k:
-                    self._round(epoch, rows_done, shard_rows=len(shard.blocks))
-                    steps_since_round = 0
-            self.metrics.add("data_wait_seconds", stream.wait_seconds)
-            epoch += 1
-            if train.k < 0 or steps_since_round:
-                # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
-                # every epoch ends on an averaged model (the same for every learner: equal rows and B).
-                self._round(epoch, 0, shard_rows=0)
+        position = self.start()
+        while position.epoch < self.config.train.epochs:
+            try:
+                position = self._epoch(position)
+            except Realign as realign:
+                position = realign.position
         self._finish()
 
-    def _round(self, epoch: int, rows_done: int, *, shard_rows: int) -> None:
-        """One averaging round; (epoch, rows_done) is where training resumes if this is checkpointed."""
+    def _epoch(self, position: EpochPosition) -> EpochPosition:
+        """Train the rest of ``position``'s epoch in its layout; returns the next epoch's start."""
+        from raytrain_seq.dist.pipeline import BlockRowStream, shard_dataset
+
+        train = self.config.train
+        position = position.for_group(self.world_size)  # an epoch's start: this group's layout
+        full = self.ray.get(
+            self.feed.epoch_shard.remote(position.epoch, self.rank, self.world_size, history=position.history)
+        )
+        # The first rows_done rows were trained (and averaged) before: only the rest is assembled.
+        shard = dataclasses.replace(full, blocks=full.blocks[position.rows_done :])
+        stream = BlockRowStream(shard_dataset(shard, self.feed)) if shard.blocks else None
+        rows_done, steps, end = position.rows_done, 0, EpochPosition(position.epoch + 1)
+        while stream is not None:
+            waited = stream.wait_seconds
+            rows = stream.take(self.batch_size)
+            self.tally.data_wait_s += stream.wait_seconds - waited
+            if rows is None:
+                break
+            before = _step_of(self.optimizer)
+            stats = self.step(collate_rows(rows))
+            if not stats.sequences and _step_of(self.optimizer) == before:
+                _count_step(self.optimizer)
+            rows_done += len(rows["num_sequences"])
+            self.tally.add_step(stats.frames, stats.sequences, stats.seconds, stats.loss)
+            self.metrics.set("loss", stats.loss)
+            self.metrics.set("frames_per_second", stats.frames / max(stats.seconds, 1e-9))
+            self.metrics.add("frames", stats.frames)
+            steps += 1
+            if train.k > 0 and steps == train.k:
+                at = end if rows_done == len(full.blocks) else position.after(rows_done)
+                self._round(at, shard_rows=len(full.blocks))
+                steps = 0
+        if stream is not None:
+            self.metrics.add("data_wait_seconds", stream.wait_seconds)
+        if train.k < 0 or steps:
+            # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
+            # every epoch ends on an averaged model (the same for every learner: equal rows and B).
+            self._round(end, shard_rows=0)
+        return end
+
+    def _round(self, position: EpochPosition, *, shard_rows: int) -> None:
+        """One averaging round; ``position`` is where training stands once this round is averaged."""
         delta = self.tally.flush()
         params = {key: value.detach().cpu() for key, value in self.model.state_dict().items()}
-        state = _to_cpu(self.optimizer.state_dict()["state"])
+        merge = self.config.train.merge_moments  # False: each learner keeps its own Adam moments
+        state = _to_cpu(self.optimizer.state_dict()["state"]) if merge else None
         began = time.perf_counter()
-        result = self.ray.get(
-            self.averager.average.remote(self.rank, self.round, self.world_size, params, state, stats=delta)
-        )
+        result = self._average(params, state, delta, position)
         seconds = time.perf_counter() - began
         self.averaging_s += seconds
         self.metrics.add("averaging_seconds", seconds)
-        load_averaged(
-            self.model, self.optimizer, _to_device(result.params, self.device), result.optimizer_state
-        )
+        self._load(result.params, result.optimizer_state)
         self.round, self.batch_size = result.round + 1, result.batch_size
+        self._hold(
+            result.round, result.params, result.optimizer_state, result.adaptive_state, result.position
+        )
         self.metrics.set("batch_size", self.batch_size)
-        now = time.perf_counter() - self.started
         if self.rank == 0:
-            self.history["loss"].append({"round": result.round, "loss": delta["loss"], "time_s": now})
-            self.history["batch_size"].append(
-                {"round": result.round, "batch_size": self.batch_size, "time_s": now}
-            )
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
-                now, result.round, _progress(epoch, rows_done, shard_rows, self.config.train.epochs),
-                delta["loss"], self.batch_size, seconds,
-                f", dropped {list(result.dropped)}" if result.dropped else "",
+                time.perf_counter() - self.started, result.round,
+                _progress(position, shard_rows, self.config.train.epochs), delta["loss"], self.batch_size,
+                seconds, f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
         m = self.config.train.validate_every
         if self.rank == 0 and m and result.round % m == 0:
-            accuracy = self.evaluate("val").accuracy
-            self.metrics.set("val_accuracy", accuracy)
-            size = self.ray.get(
-                self.averager.report_validation.remote(result.round, accuracy, learner=self.rank)
-            )
-            self.history["val"].append(
-                {
-                    "round": result.round,
-                    "epoch": epoch,
-                    "accuracy": accuracy,
-                    "time_s": now,
-                    "batch_size": size,
-                }
-            )
-            logger.info(
-                "round %d: validation accuracy %.4f -> B=%d from the next round", result.round, accuracy, size
-            )
-        every = self.config.train.checkpoint_every
-        last = epoch >= self.config.train.epochs and rows_done == 0  # _finish checkpoints the end
-        if every and result.round % every == 0 and not last:
-            self._report(epoch, rows_done, checkpoint=True)
+            self._validate(result.round, position)
+        if self._checkpoint_due(result.round, position):
+            self._report(position, checkpoint=True)
+
+    def _average(self, params, state, delta, position: EpochPosition):
+        """Send this round; on a refusal rejoin, then resend it or realign (raises ``Realign``)."""
+        sent = self.round
+        for _ in range(MAX_REJOINS):
+            try:
+                return self._call(
+                    "average", self.averager.average, self.rank, sent, self.world_size, params, state,
+                    stats=delta, position=position.as_dict(), incarnation=self.incarnation,
+                    timeout=self.round_timeout_s,
+                )  # fmt: skip
+            except AveragerUnavailableError:
+                raise
+            except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
+                logger.warning("learner %d: round %d refused (%s): rejoining", self.rank, sent, exc)
+                info = self._join(seed=self._last)
+                if info.round == sent:
+                    # The averager came back (or took us back) before this round: resend the same payload.
+                    self._take_join(info, load=False)
+                    continue
+                self._take_join(info)
+                self._catch_up_reports(sent, info)
+                latest = EpochPosition(0) if info.position is None else EpochPosition.from_dict(info.position)
+                logger.warning(
+                    "learner %d: the others averaged rounds %d-%d without it; continuing from round %d",
+                    self.rank, sent, info.latest_round, info.latest_round,
+                )  # fmt: skip
+                raise Realign(latest.for_group(self.world_size)) from exc
+        raise RuntimeError(
+            f"learner {self.rank}: round {sent} was refused {MAX_REJOINS} times in a row after rejoining: "
+            "the averager and this learner disagree on the group; see the averager's log"
+        )
+
+    def _checkpoint_due(self, round_: int, position: EpochPosition | None) -> bool:
+        """Whether ``round_`` reports a checkpoint: every checkpoint_every rounds, except the run's last
+        one (``_finish`` checkpoints the end). ``position`` None: a round known not to be the last."""
+        every, epochs = self.config.train.checkpoint_every, self.config.train.epochs
+        last = position is not None and position.epoch >= epochs and position.rows_done == 0
+        return bool(every) and round_ % every == 0 and not last
+
+    def _catch_up_reports(self, first: int, info) -> None:
+        """The ``ray.train.report`` calls of the checkpoint rounds the others averaged without this learner
+        (rounds ``first``..latest): the others wait for them at Ray Train's report barrier."""
+        latest = None if info.position is None else EpochPosition.from_dict(info.position)
+        for round_ in range(first, info.latest_round + 1):
+            if self._checkpoint_due(round_, latest if round_ == info.latest_round else None):
+                epoch = latest.epoch if latest else 0
+                self.ray.train.report({"round": round_, "epoch": epoch, "batch_size": self.batch_size})
 
     # ----------------------------------------------------------------------------------- evaluation
+    def _validate(self, round_: int, position: EpochPosition) -> None:
+        """Rank 0: validate the averaged model of ``round_`` and report it (it may grow B)."""
+        accuracy = self.evaluate("val").accuracy
+        self.metrics.set("val_accuracy", accuracy)
+        try:
+            size = self._call(
+                "report_validation", self.averager.report_validation, round_, accuracy,
+                learner=self.rank, epoch=position.epoch,
+            )  # fmt: skip
+        except AveragerUnavailableError:
+            raise
+        except AveragerError as exc:  # the averager restarted or moved on: this one no longer decides B
+            logger.warning("round %d: validation accuracy %.4f not taken (%s)", round_, accuracy, exc)
+            return
+        logger.info("round %d: validation accuracy %.4f -> B=%d from the next round", round_, accuracy, size)
+
     def evaluate(self, split: str):
         """Accuracy of the current (averaged) model on the whole val or test split, rows cached in memory."""
         from raytrain_seq.dist.pipeline import BlockRowStream, shard_dataset
@@ -238,30 +395,28 @@ class Learner:
         )
 
     # ------------------------------------------------------------------------------- reports, finish
-    def _report(self, epoch: int, rows_done: int, *, checkpoint: bool, extra: dict | None = None) -> None:
+    def _report(self, position: EpochPosition, *, checkpoint: bool, extra: dict | None = None) -> None:
         """``ray.train.report`` on every rank (a barrier); rank 0 attaches the checkpoint."""
-        metrics = {"round": self.round - 1, "epoch": epoch, "batch_size": self.batch_size, **(extra or {})}
+        done = self.round - 1
+        metrics = {"round": done, "epoch": position.epoch, "batch_size": self.batch_size, **(extra or {})}
         if not checkpoint or self.rank != 0:
             self.ray.train.report(metrics)
             return
         from ray.train import Checkpoint
 
-        snapshot = self.ray.get(self.averager.snapshot_state.remote())
+        snapshot = self._call("snapshot_state", self.averager.snapshot_state)
+        if snapshot["round"] < done and self._last is not None:
+            # The averager restarted behind this learner: re-seed it, or the checkpoint holds older state.
+            self._join(seed=self._last)
+            snapshot = self._call("snapshot_state", self.averager.snapshot_state)
         with tempfile.TemporaryDirectory() as folder:
-            torch.save(
-                {"averager": snapshot, "config": self.config.to_dict()}, os.path.join(folder, CHECKPOINT_FILE)
-            )
-            position = {
-                "epoch": epoch,
-                "rows_done": rows_done,
-                "round": self.round - 1,
-                "history": self.history,
-            }
-            Path(folder, POSITION_FILE).write_text(json.dumps(position))
+            state = {"averager": snapshot, "config": self.config.to_dict()}
+            torch.save(state, os.path.join(folder, CHECKPOINT_FILE))
+            Path(folder, POSITION_FILE).write_text(json.dumps({**position.as_dict(), "round": done}))
             self.ray.train.report(
                 metrics,
                 checkpoint=Checkpoint.from_directory(folder),
-                checkpoint_dir_name=f"checkpoint_round_{self.round - 1:06d}",
+                checkpoint_dir_name=f"checkpoint_round_{done:06d}",
             )
 
     def _finish(self) -> None:
@@ -283,21 +438,38 @@ class Learner:
                 test_accuracy=test.accuracy,
                 test_sequences=test.sequences,
                 per_class={str(k): list(v) for k, v in test.per_class.items()},
-                history=self.history,
             )
             logger.info("test accuracy %.4f over %d sequences", test.accuracy, test.sequences)
-        self._report(self.config.train.epochs, 0, checkpoint=True, extra=extra)
+        self._report(EpochPosition(self.config.train.epochs), checkpoint=True, extra=extra)
 
 
-def _progress(epoch: int, rows_done: int, shard_rows: int, epochs: int) -> str:
-    """Where a round falls: "epoch 3/10 done", or "epoch 4/10, 32/109 rows" inside an epoch.
+def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
+    """Where a round falls: "epoch 3/10 done" at an epoch's end, or "epoch 4/10, 32/109 rows" inside."""
+    if position.rows_done == 0:
+        return f"epoch {position.epoch}/{epochs} done"
+    return f"epoch {position.epoch + 1}/{epochs}, {position.rows_done}/{shard_rows} rows"
 
-    ``epoch`` counts finished epochs at an epoch's closing round (rows_done 0) and the running epoch
-    (0-based) inside one, so the running one is shown 1-based.
+
+def _step_of(optimizer: torch.optim.Optimizer) -> float | None:
+    """The optimizer's step count (its first parameter's Adam ``step``), None while it keeps none."""
+    entry = next(iter(optimizer.state.values()), {})
+    return None if entry.get("step") is None else float(entry["step"])
+
+
+def _count_step(optimizer: torch.optim.Optimizer) -> None:
+    """Count a mini-batch of zero-weight filler blocks as a step of the optimizer's moments.
+
+    An inner step that skips ``optimizer.step()`` on a mini-batch with no sequence (a shard's filler
+    row on its own, e.g. a last mini-batch of 1 row) leaves this learner one Adam ``step`` behind the
+    others, which stepped on real rows there, and ``merge_adam_states`` needs them equal. Only the
+    counter moves (moments and weights stay), so the bias correction is off by one step here.
     """
-    if rows_done == 0:
-        return f"epoch {epoch}/{epochs} done"
-    return f"epoch {epoch + 1}/{epochs}, {rows_done}/{shard_rows} rows"
+    for entry in optimizer.state.values():
+        step = entry.get("step")
+        if torch.is_tensor(step):
+            step.add_(1)
+        elif step is not None:
+            entry["step"] = step + 1
 
 
 def _to_cpu(state: dict) -> dict:
@@ -307,8 +479,13 @@ def _to_cpu(state: dict) -> dict:
     }
 
 
-def _to_device(params: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
-    return {key: value.to(device) for key, value in params.items()}
+def _to_device(tree: dict, device, *, copy: bool = False) -> dict:
+    """Tensors of a (nested) dict moved to ``device``; ``copy`` makes new tensors even where they are."""
+    return {
+        key: _to_device(value, device, copy=copy) if isinstance(value, dict)
+        else value.to(device, copy=copy) if torch.is_tensor(value) else value
+        for key, value in tree.items()
+    }  # fmt: skip
 
 
 def train_loop_per_worker(loop_config: dict) -> None:

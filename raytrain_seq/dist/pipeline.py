@@ -22,9 +22,11 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
 
 Validation and test splits are packed once ("optimal", fixed seed; "chunk" only when training chunks
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
-centre-cropped. The synthetic set renders at ``cache_size`` already, so its partial augmentation is the
-photometric transform (+ ``augment_cost`` busy seconds, which stand for decoding and optical flow and so
-are spent on the evaluation videos too), and its evaluation resize is the identity.
+centre-cropped. The video sources live in ``dist/sources.py``: the synthetic set renders at
+``cache_size`` already, so its partial augmentation is the photometric transform (+ ``augment_cost``
+busy seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too);
+UCF101 / HMDB51 are decoded with PyAV, and the flow stream (2 channels) computes optical flow there
+too. A real video that fails to decode in a task becomes a zero clip listed in ``stats()["videos"]``.
 
 Trade-off: with reuse r the partial-augmentation work per epoch drops to 1/r after epoch 0; the price
 is object-store memory for one cached copy of every train video (+1/r for the next epoch's copies in
@@ -40,13 +42,11 @@ import functools
 import logging
 import math
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config
 from raytrain_seq.dist.assembly import (
     BlockRowStream,
@@ -55,12 +55,15 @@ from raytrain_seq.dist.assembly import (
     RowFormat,
     assemble_rows,
     consumption_order,
+    layout_specs,
     max_sequences_bound,
-    partial_rng,
     plan_seed,
     plan_specs,
     shard_items,
 )
+from raytrain_seq.dist.sources import augment_videos as _augment_videos
+from raytrain_seq.dist.sources import load_catalogs, render_size
+from raytrain_seq.dist.sources import source_kwargs as _source_kwargs
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 
@@ -73,59 +76,6 @@ __all__ = [
 
 SPLITS = ("train", "val", "test")
 _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits (epochs are >= 0)
-_CHANNELS = {"synthetic": 3}
-
-
-def render_size(config: Config) -> int:
-    """Side at which the synthetic set is rendered: the cache size (>= 8, the renderer's minimum), so the
-    partial augmentation's resize is the identity and only the random transform costs CPU."""
-    return max(8, config.data.cache_size)
-
-
-def _source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
-    data = config.data
-    if data.dataset not in _CHANNELS:
-        raise ValueError(
-            f"data.dataset={data.dataset!r} has no reader in the pipeline yet: use dataset='synthetic'"
-        )
-    fields = ("num_classes", "stride", "seed", "max_videos", "val_fraction")
-    return (*((name, getattr(data, name)) for name in fields), ("size", render_size(config)))
-
-
-@functools.lru_cache(maxsize=4)
-def _source(kwargs: tuple[tuple[str, Any], ...]):
-    """One video source per process and configuration (a task worker renders many videos)."""
-    from raytrain_seq.data.synthetic import SyntheticVideos
-
-    return SyntheticVideos(**dict(kwargs))
-
-
-def _busy(seconds: float) -> None:
-    """Burn CPU for ``seconds`` (``data.augment_cost``: makes augmentation the bottleneck on purpose)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def _augment_videos(
-    source: tuple, video_ids: list[int], epochs: list[int | None], seed: int, size: int, cost: float
-) -> tuple:
-    """Task body: decode (render) + partial augmentation of each video; epoch None = evaluation resize.
-
-    Returns one uint8 array per video, then ``{"ids", "epochs", "seconds"}`` (one extra return).
-    """
-    videos = _source(source)
-    began = time.perf_counter()
-    out = []
-    for video, epoch in zip(video_ids, epochs, strict=True):
-        frames = videos.render(video)
-        if epoch is None:
-            out.append(resize_video(frames, size))
-        else:
-            out.append(partial_augment(frames, size=size, rng=partial_rng(seed, video, epoch)))
-        _busy(cost)
-    info = {"ids": list(video_ids), "epochs": list(epochs), "seconds": time.perf_counter() - began}
-    return (*out, info)
 
 
 @functools.cache
@@ -136,10 +86,12 @@ def _augment_task():
     return ray.remote(_augment_videos)
 
 
-def _geometry(config: Config) -> dict[str, Any]:
-    """Catalogs, t_max, max_sequences and the evaluation strategy; raises ValueError for a bad fit."""
-    videos = _source(_source_kwargs(config))
-    catalogs = {split: videos.catalog(split) for split in SPLITS}
+def _geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
+    """Catalogs, t_max, max_sequences, the evaluation strategy and the sources' facts (channels, class
+    names, skipped videos, flow method); raises ValueError for a bad fit. ``warn=False``: skipped videos
+    are logged at DEBUG (the feed actor rebuilds the catalog the driver's check already warned about)."""
+    loaded = load_catalogs(config, warn=warn)
+    catalogs = loaded["catalogs"]
     data = config.data
     # t_max None: the longest video of ANY split, so evaluation never cuts a video that training would
     # not have cut (a small max_videos subset often has a longer val/test video than train video).
@@ -162,7 +114,7 @@ def _geometry(config: Config) -> dict[str, Any]:
         "t_max": int(t_max),
         "max_sequences": max_sequences_bound(every, t_max),
         "eval_strategy": eval_strategy,
-        "channels": _CHANNELS[data.dataset],
+        **{key: loaded[key] for key in ("channels", "class_names", "skipped", "flow_method")},
     }
 
 
@@ -197,12 +149,13 @@ class BlockFeed:
         self._videos_per_task = _int(videos_per_task, "videos_per_task", 1, "use e.g. 16")
         self._partial_cpus = float(partial_cpus)
         self._keep = _int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
-        geometry = _geometry(config)
+        geometry = _geometry(config, warn=False)
         self._catalogs = geometry["catalogs"]
         self.t_max, self.max_sequences = geometry["t_max"], geometry["max_sequences"]
         self._eval_strategy, self._channels = geometry["eval_strategy"], geometry["channels"]
-        self._skipped: list[str] = []  # unreadable videos left out of the catalogs (real datasets)
-        self._flow_method: str | None = None  # the optical flow algorithm of a flow stream
+        self._class_names: list[str] = list(geometry["class_names"])
+        self._skipped: list[str] = list(geometry["skipped"])  # unreadable videos left out of the catalogs
+        self._flow_method: str | None = geometry["flow_method"]  # the optical flow algorithm of a flow stream
         train = self._catalogs["train"]
         self._train_ids, self._train_labels = train.ids.tolist(), train.labels.tolist()
         self._schedule = RefurbishSchedule(len(train), reuse=config.data.reuse, seed=config.data.seed)
@@ -218,8 +171,15 @@ class BlockFeed:
         self._infos: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------------------------------- plans
-    def _plan(self, epoch: int, world_size: int) -> tuple[PackPlan, list[list[BlockSpec]]]:
-        key = (epoch, world_size)
+    def _plan(
+        self, epoch: int, world_size: int, history: tuple[tuple[int, int], ...] = ()
+    ) -> tuple[PackPlan, list[list[BlockSpec]]]:
+        """The epoch's plan and every learner's block specs; ``history`` (``EpochPosition.history``) gives
+        the layouts the epoch ran under before this group of ``world_size`` (``layout_specs``)."""
+        key = (epoch, world_size, history)
+        if history and key not in self._plans:
+            specs = layout_specs(lambda w: self._plan(epoch, w)[1], history, world_size)
+            self._plans[key] = (self._plan(epoch, history[0][0])[0], specs)
         if key not in self._plans:
             lengths = self._catalogs["train"].lengths
             plan = pack(
@@ -317,13 +277,21 @@ class BlockFeed:
             self.prefetch(epoch + 1, world_size)
 
     # ---------------------------------------------------------------------------------- public methods
-    def epoch_shard(self, epoch: int, rank: int, world_size: int) -> EpochShard:
-        """Learner ``rank``'s blocks of ``epoch`` (plans it and starts epoch+1's recompute on first call)."""
+    def epoch_shard(self, epoch: int, rank: int, world_size: int, history: Sequence = ()) -> EpochShard:
+        """Learner ``rank``'s blocks of ``epoch`` (plans it and starts epoch+1's recompute on first call).
+
+        ``history``: the layouts the epoch already ran under, (world_size, rows each) pairs of an
+        ``EpochPosition``; the blocks are then what those learners left, re-split over this group.
+        """
         epoch = _int(epoch, "epoch", 0, "epochs count from 0")
         rank, world_size = _rank(rank, world_size)
+        fix = "pass EpochPosition.history"
+        history = tuple(
+            (_int(w, "history world size", 1, fix), _int(r, "history rows", 0, fix)) for w, r in history
+        )
         with self._lock:
-            self._activate(epoch, world_size)
-            specs = self._plan(epoch, world_size)[1][rank]
+            self._activate(epoch, history[0][0] if history else world_size)
+            specs = self._plan(epoch, world_size, history)[1][rank]
             counts = self._epoch_stats[epoch]
             return self._shard(
                 "train", epoch, rank, world_size, specs, counts["recomputed"], counts["reused"]
@@ -380,7 +348,7 @@ class BlockFeed:
 
     def model_spec(self) -> dict[str, Any]:
         """What the learners' model must take: {"num_classes", "in_channels", "class_names"}."""
-        names = [str(c) for c in range(self._config.data.num_classes)]
+        names = list(self._class_names)
         return {"num_classes": len(names), "in_channels": self._channels, "class_names": names}
 
     def stats(self, wait: bool = False, ids: bool = False) -> dict[str, Any]:
@@ -416,12 +384,17 @@ class BlockFeed:
                 key: sum(entry.get(key, 0) for entry in per_epoch.values())
                 for key in ("recomputed", "reused", "partial_videos", "partial_seconds")
             }
+            failed = {path: reason for info in self._infos for path, reason in info.get("failed", [])}
+            methods = sorted({info["flow_method"] for info in self._infos if info.get("flow_method")})
             return {
                 "videos": {
                     **{split: len(self._catalogs[split]) for split in SPLITS},
-                    "skipped": list(self._skipped),
+                    # Unreadable at catalog time, then any that failed to decode in a task (zero clips).
+                    "skipped": [*self._skipped, *sorted(set(failed) - set(self._skipped))],
+                    "decode_failed": [{"path": p, "reason": r} for p, r in sorted(failed.items())],
+                    "length_fixed": len({r[0] for info in self._infos for r in info.get("refit", [])}),
                 },
-                "flow_method": self._flow_method,
+                "flow_method": "+".join(methods) if methods else self._flow_method,
                 "epochs": per_epoch,
                 "eval": {"videos": len(ran.get(None, [])), "seconds": seconds.get(None, 0.0)},
                 "totals": dict(totals, tasks_pending=len(self._info_refs)),

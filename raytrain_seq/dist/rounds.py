@@ -8,6 +8,16 @@ learner, a disagreement on the world size a ``MembershipError``, and a round wit
 ``min_learners`` arrivals an ``AveragingTimeoutError`` listing the missing ones. The errors are
 picklable (they cross Ray's process boundary intact). The clock is injectable, so the whole policy is
 unit-tested without a cluster or an event loop; ``raytrain_seq.dist.averager`` wraps it in an actor.
+
+Elastic groups. Ray Train restarts the whole worker group when a learner fails or the cluster grows or
+shrinks; every learner process joins with a fresh ``incarnation`` id, so the first join of a new
+process under a known learner id (or with another world size) starts a new generation: the open round
+of the old group is abandoned (its senders are gone), the members and the world size are replaced and
+the old incarnations are refused from then on. A round closes when every expected learner arrived and
+at least ``quorum`` (world size less the dropped) did, so learners of a group that join late, or
+rejoin a restarted averager, take part in the open round instead of being left out. Trade-off: a
+learner joining mid-round can keep the others waiting up to ``timeout_s`` for its first K steps.
+``Backoff`` is the learners' retry schedule for calls to an averager that is restarting.
 """
 
 from __future__ import annotations
@@ -81,6 +91,40 @@ class MembershipError(AveragerError):
         return f"learner {self.learner!r} sent world size {self.sent_world_size}, the averager's is {self.world_size}: {why}"
 
 
+class AveragerUnavailableError(AveragerError):
+    """The averager did not answer within the learner's retry budget (it died for good or hangs)."""
+
+    def __init__(self, call: str, attempts: int, seconds: float, cause: str) -> None:
+        super().__init__(call=call, attempts=attempts, seconds=seconds, cause=cause)
+
+    def _message(self) -> str:
+        return (
+            f"the averager did not answer {self.call}() in {self.attempts} tries over {self.seconds:.0f} s "
+            f"(last error: {self.cause}): it died past train.averager_max_restarts or its node is gone; "
+            "raise --averager-max-restarts, or --resume the run from its latest checkpoint"
+        )
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Bounded exponential backoff: waits base, 2*base, 4*base ... capped at cap_s, within budget_s.
+
+    ``delays()`` with base 0.5, cap 4, budget 10 gives [0.5, 1, 2, 4] (next would pass 10 s in all).
+    """
+
+    base_s: float = 0.5
+    cap_s: float = 8.0
+    budget_s: float = 120.0
+
+    def delays(self) -> list[float]:
+        out, total, delay = [], 0.0, self.base_s
+        while total + delay <= self.budget_s:
+            out.append(delay)
+            total += delay
+            delay = min(delay * 2, self.cap_s)
+        return out
+
+
 def check_learner(learner: Any) -> None:
     if isinstance(learner, bool) or not isinstance(learner, str | int):
         raise TypeError(f"learner must be a str or int id, got {learner!r}: pass e.g. the learner's rank")
@@ -116,10 +160,12 @@ class RoundClose:
 class RoundBook:
     """Who is expected, who arrived, the open round and its deadline, who was dropped and why.
 
-    Round n goes "idle" (nobody sent it yet) -> "open" (the first arrival froze the expected set to the
-    active members and set deadline = first arrival + timeout_s) -> "closing" (close() accepted it; the
-    caller averages) -> finish() -> round n+1 "idle". A learner that joins while n is open is pending and
-    takes part from n+1. Rounds start at 1 as in Algorithm 1. No ray, no asyncio; the clock is injected.
+    Round n goes "idle" (nobody sent it yet) -> "open" (the first arrival set the expected set to the
+    active members and deadline = first arrival + timeout_s) -> "closing" (close() accepted it; the
+    caller averages) -> finish() -> round n+1 "idle". A learner that joins while n is open starts from
+    round n-1's state and is expected in n; one that joins while n is closing takes part from n+1.
+    Rounds start at 1 as in Algorithm 1. ``sink`` receives every membership record as it is logged.
+    No ray, no asyncio; the clock is injected.
     """
 
     def __init__(
@@ -130,6 +176,7 @@ class RoundBook:
         min_learners: int = 1,
         validate_every: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        sink: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.world_size = check_number("world_size", world_size, 1)
         self.timeout_s = float(check_number("timeout_s", timeout_s, 0.001, int | float))
@@ -137,16 +184,20 @@ class RoundBook:
         if min_learners > world_size:
             raise ValueError(f"min_learners {min_learners} > world_size {world_size}: lower min_learners")
         self.validate_every = check_number("validate_every", validate_every, 0)
-        self._clock = clock
-        self.round, self.phase, self.opening = 1, "idle", 0
+        self._clock, self._sink = clock, sink
+        self.round, self.phase, self.opening, self.generation = 1, "idle", 0, 0
+        self.restarted = False  # set by an averager that came back from a crash: its first group rejoins
         self.opened_at: float | None = None
         self.deadline: float | None = None
         self.validation_due: int | None = None
         self._active: set[Learner] = set()
         self._pending: set[Learner] = set()
+        self._gone: set[Learner] = set()
         self._expected: frozenset[Learner] = frozenset()
         self._arrivals: dict[Learner, Any] = {}
         self._dropped: dict[Learner, dict[str, Any]] = {}
+        self._incarnations: dict[Learner, str] = {}
+        self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
 
@@ -168,43 +219,115 @@ class RoundBook:
         return {learner: record["reason"] for learner, record in self._dropped.items()}
 
     @property
+    def quorum(self) -> int:
+        """Arrivals a round needs before it may close early: the world less the dropped and the departed."""
+        return max(1, self.world_size - len(self._dropped) - len(self._gone))
+
+    @property
     def first_payload(self) -> Any:
         """The payload of the open round's first arrival (None while idle)."""
         return next(iter(self._arrivals.values()), None)
 
     @property
     def complete(self) -> bool:
-        return self.phase == "open" and not self.missing
+        return self.phase == "open" and not self.missing and len(self._arrivals) >= self.quorum
 
     def expired(self) -> bool:
         return self.phase == "open" and self._clock() >= self.deadline
 
     def next_round_for(self, learner: Learner) -> int:
-        """The round this learner sends next: one not expected in the open round waits for the one after."""
-        return self.round + 1 if self.phase != "idle" and learner not in self._expected else self.round
+        """The round this learner sends next: the open (or idle) one, or the one after a closing one."""
+        return self.round + 1 if self.phase == "closing" else self.round
 
-    def _log_member(self, event: str, learner: Learner | None, detail: str = "") -> None:
+    def _log_member(
+        self, event: str, learner: Learner | None, detail: str = "", change: bool = False
+    ) -> None:
+        """Record a membership event; ``change`` marks one that changes how many learners train."""
         record = {"time": time.time(), "round": self.round, "event": event, "learner": learner}
-        self.membership_log.append({**record, "detail": detail})
+        record.update(detail=detail, learners=self.quorum, change=change, generation=self.generation)
+        self.membership_log.append(record)
+        if self._sink is not None:
+            self._sink(record)
 
-    def join(self, learner: Learner, world_size: int | None = None) -> int:
-        """Register (or re-register) a learner; returns the round it must send next."""
+    def starts_group(self, learner: Learner, world_size: int | None, incarnation: str | None) -> bool:
+        """Whether this join is the first of a new learner group (Ray Train started or restarted one)."""
+        if incarnation is None:
+            return False
+        known = self._incarnations.get(learner)
+        resized = world_size is not None and world_size != self.world_size
+        return self.generation == 0 or resized or (known is not None and known != incarnation)
+
+    def regroup(self, world_size: int) -> list[Learner]:
+        """Start a new generation of ``world_size`` learners; returns the open round's abandoned senders.
+
+        The round number stays (the new group sends the round the old one could not finish); the old
+        members, drops and incarnations are forgotten, and the old incarnations refused from now on.
+        """
+        if self.phase == "closing":
+            raise RuntimeError(f"round {self.round} is being averaged: regroup after finish()")
+        check_number("world_size", world_size, max(1, self.min_learners))
+        abandoned = self.abandon()
+        old, first = self.world_size, self.generation == 0
+        self._retired |= set(self._incarnations.values())
+        self._active, self._pending, self._gone, self._dropped, self._incarnations = (
+            set(),
+            set(),
+            set(),
+            {},
+            {},
+        )
+        self.world_size, self.generation = world_size, self.generation + 1
+        if first:
+            why = "learners rejoined the restarted averager" if self.restarted else "learners started"
+        else:
+            how = (
+                "fewer: a learner or its node was lost" if world_size < old else "more: the cluster has room"
+            )
+            how = how if world_size != old else "as many: a learner failed"
+            why = f"Ray Train restarted the learner group with {how} ({old} -> {world_size})"
+        if abandoned:
+            why += f"; round {self.round} from {abandoned} abandoned"
+        self._log_member("group", None, why, change=True)
+        return abandoned
+
+    def abandon(self) -> list[Learner]:
+        """Give up the open round (its senders are gone or its base was superseded); keeps its number."""
+        if self.phase == "closing":
+            raise RuntimeError(f"round {self.round} is being averaged: it cannot be abandoned")
+        abandoned = self.arrived if self.phase == "open" else []
+        self._settle()
+        return abandoned
+
+    def join(self, learner: Learner, world_size: int | None = None, incarnation: str | None = None) -> int:
+        """Register (or re-register) a learner; returns the round it must send next.
+
+        With an ``incarnation`` (one id per learner process) the first join of a new group regroups.
+        """
         check_learner(learner)
+        if incarnation is not None and incarnation in self._retired:
+            why = "its learner group was replaced by a newer one; this process should exit"
+            raise MembershipError(learner, world_size or self.world_size, self.world_size, why)
+        if self.starts_group(learner, world_size, incarnation):
+            self.regroup(world_size or self.world_size)
         if world_size is not None and world_size != self.world_size:
             raise MembershipError(learner, world_size, self.world_size)
         members = self._active | self._pending
         if learner not in members and len(members) >= self.world_size:
             why = f"the group is full with {_order(members)}; call set_world_size() first to grow it"
             raise MembershipError(learner, len(members) + 1, self.world_size, why)
-        event = "rejoin" if learner in members or learner in self._dropped else "join"
+        returning = learner in self._dropped or learner in self._gone
+        event = "rejoin" if learner in members or returning else "join"
         self._dropped.pop(learner, None)
-        if self.phase == "idle" or learner in self._arrivals:
+        self._gone.discard(learner)
+        if incarnation is not None:
+            self._incarnations[learner] = incarnation
+        if self.phase == "closing" and learner not in self._arrivals:
+            self._pending.add(learner)  # the round is being averaged without it: it takes part in the next
+        else:
             self._active.add(learner)
-        else:  # a restarted learner must not hold up the round it can no longer send
-            self._expected -= {learner}
-            self._active.discard(learner)
-            self._pending.add(learner)
-        self._log_member(event, learner)
+            if self.phase == "open":
+                self._expected |= {learner}  # it starts from round n-1's state, so it can send round n
+        self._log_member(event, learner, change=returning)
         return self.next_round_for(learner)
 
     def leave(self, learner: Learner) -> None:
@@ -214,9 +337,10 @@ class RoundBook:
         self._active.discard(learner)
         self._pending.discard(learner)
         self._dropped.pop(learner, None)
+        self._gone.add(learner)
         if learner not in self._arrivals:
             self._expected -= {learner}
-        self._log_member("leave", learner)
+        self._log_member("leave", learner, change=True)
 
     def set_world_size(self, world_size: int) -> None:
         """Resize the group; from now on callers must send this world size."""
@@ -227,15 +351,18 @@ class RoundBook:
                 f"world_size {world_size} < {len(members)} registered learners {_order(members)}: "
                 "call leave() for the learners that go first"
             )
-        self._log_member("world_size", None, f"{self.world_size} -> {world_size}")
-        self.world_size = world_size
+        old, self.world_size, self._gone = self.world_size, world_size, set()
+        self._log_member("world_size", None, f"{old} -> {world_size}", change=True)
 
-    def check(self, learner: Learner, round: int, world_size: int) -> None:
+    def check(self, learner: Learner, round: int, world_size: int, incarnation: str | None = None) -> None:
         """Raise the typed error that arrive() would raise, changing nothing."""
         check_learner(learner)
         check_number("round", round, 1)
         if world_size != self.world_size:
             raise MembershipError(learner, world_size, self.world_size)
+        if incarnation is not None and self._incarnations.get(learner, incarnation) != incarnation:
+            why = "another process of this learner joined since (its group was restarted)"
+            raise MembershipError(learner, world_size, self.world_size, why)
         if learner in self._dropped:
             record = self._dropped[learner]
             why = f"it was dropped from round {record['round']}: {record['reason']}"
@@ -253,9 +380,16 @@ class RoundBook:
         if learner in self._arrivals:
             raise StaleRoundError(learner, round, round + 1, "it already sent this round")
 
-    def arrive(self, learner: Learner, round: int, world_size: int, payload: Any = None) -> bool:
-        """Record that a learner sent round `round`; returns True when every expected learner is in."""
-        self.check(learner, round, world_size)
+    def arrive(
+        self,
+        learner: Learner,
+        round: int,
+        world_size: int,
+        payload: Any = None,
+        incarnation: str | None = None,
+    ) -> bool:
+        """Record that a learner sent round `round`; returns True when the round may close (complete)."""
+        self.check(learner, round, world_size, incarnation)
         if self.phase == "idle":
             self.phase, self.opening = "open", self.opening + 1
             self._expected = frozenset(self._active)
@@ -269,7 +403,7 @@ class RoundBook:
         self._dropped[learner] = record
         self._active.discard(learner)
         self.dropped_log.append(record)
-        self._log_member("drop", learner, reason)
+        self._log_member("drop", learner, reason, change=True)
         logger.warning("averager: dropped learner %r from round %d: %s", learner, self.round, reason)
 
     def close(self) -> RoundClose:
@@ -288,6 +422,11 @@ class RoundBook:
                 learner, f"did not send round {self.round} within {self.timeout_s:g} s of the first arrival"
             )
         present = self.arrived
+        if len(present) < self.quorum:
+            logger.warning(
+                "averager: round %d closes with %d of %d learners: the others never joined this group",
+                self.round, len(present), self.world_size,
+            )  # fmt: skip
         if len(present) < self.min_learners:
             absent = _order(set(missing) | set(self._dropped))
             error = AveragingTimeoutError(self.round, absent, present, self.timeout_s)
@@ -340,14 +479,12 @@ class RoundBook:
         due, self.validation_due = self.validation_due, None
         return due
 
-    def restore(self, last_round: int, validation_due: int | None, dropped_log: Any) -> None:
-        """Continue after `last_round` (a checkpoint's); members are kept (a restarted actor has none)."""
+    def restore(self, last_round: int, validation_due: int | None, dropped_log: Any = None) -> None:
+        """Continue after `last_round` (a checkpoint's, or a re-seeding learner's); members are kept."""
         if self.phase != "idle":
             raise RuntimeError(f"round {self.round} is {self.phase}: restore only an idle averager")
         self.round = check_number("round", last_round, 0) + 1
         self.validation_due = validation_due
-        self.dropped_log = [dict(record) for record in dropped_log]
+        if dropped_log is not None:
+            self.dropped_log = [dict(record) for record in dropped_log]
         self._log_member("restore", None, f"from round {last_round}")
-
-
-# ------------------------------------------------------------------------------------------ the actor

@@ -6,24 +6,33 @@ plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``TorchTrainer``
 AAVG learners (``raytrain_seq.dist.learner``), then joins the learners' last report with the actors'
 statistics into ``summary.json`` and ``curves.png`` in the run folder.
 
-Resume: Ray Train V2 keeps a run's checkpoints under ``storage_path/run_name``; rerunning with the same
-name makes ``ray.train.get_checkpoint()`` return the latest one in the learners. The driver restores the
-averager from the same checkpoint before the learners join, so they start from its averaged state.
+Elastic learners: ``train.learners`` = (min, max) becomes Ray Train V2's ``ScalingConfig(num_workers=
+(min, max))``, whose controller restarts the whole worker group with as many learners as the cluster
+holds when a learner fails (at most ``train.max_failures`` times) or, every ``train.resize_interval_s``,
+when there is room for more; ``train.worker_start_timeout_s`` bounds each wait for a group to start
+(Ray reads it from ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, which the driver passes to the
+controller). The new learners start from the averager's latest averaged state (see ``learner``), and
+the summary records each change of the learner count (``membership``) and each recovery.
+
+Resume: Ray Train V2 keeps a run's checkpoints under ``storage_path/run_name``. The averager is given
+the run folder and reloads its latest checkpoint itself (also when Ray restarts it after a crash), so
+the learners start from its averaged state and skip the rows already trained.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import time
 import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.dist.state import latest_checkpoint, membership_entries, recovery_entries
 from raytrain_seq.summary import RunSummary, plot_curves
 
 logger = logging.getLogger(__name__)
@@ -35,6 +44,10 @@ NAMESPACE = "raytrain_seq"
 # of imports each on a small machine). Keeping idle workers a minute lets each epoch reuse the last
 # epoch's. `make demo` passes the same settings to `ray start` as RAY_* environment variables.
 WORKER_REUSE = {"idle_worker_killing_time_threshold_ms": 60_000}
+# Read by Ray Train's worker group in the controller actor; the driver's value travels there with the
+# controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
+WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+__all__ = ["NAMESPACE", "WORKER_REUSE", "check_storage", "latest_checkpoint", "run"]
 
 
 def check_storage(config: Config) -> Path:
@@ -58,12 +71,6 @@ def check_storage(config: Config) -> Path:
     return run_dir
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest ``checkpoint_round_NNNNNN`` folder of a run (names sort by round), or None."""
-    found = sorted(p for p in run_dir.glob("checkpoint_round_*") if (p / "state.pt").exists())
-    return found[-1] if found else None
-
-
 def _connect(config: Config) -> None:
     import ray
 
@@ -83,7 +90,7 @@ def _connect(config: Config) -> None:
         logger.info("no running Ray cluster found: starting a local one")
     # No cluster: a local one, with a logical CPU for every learner and for the data tasks (logical
     # CPUs may exceed the cores; torch in each learner uses a thread).
-    cpus = max(os.cpu_count() or 1, config.train.learners + 2)
+    cpus = max(os.cpu_count() or 1, config.train.max_learners + 2)
     ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, _system_config=WORKER_REUSE)
 
 
@@ -91,12 +98,12 @@ def _check_cpus(config: Config) -> None:
     """Fail fast where the data tasks could never run: each learner holds a CPU, they need one more."""
     import ray
 
-    cpus = ray.cluster_resources().get("CPU", 0)
-    if cpus < config.train.learners + 1:
+    cpus, least = ray.cluster_resources().get("CPU", 0), config.train.min_learners
+    if cpus < least + 1:
         raise RunSetupError(
-            f"the Ray cluster has {cpus:g} CPUs: the {config.train.learners} learners hold one each and the "
+            f"the Ray cluster has {cpus:g} CPUs: the {least} learners (at least) hold one each and the "
             f"data tasks need at least one more, so training would wait forever; start Ray with "
-            f"--num-cpus {config.train.learners + 2} (logical CPUs may exceed the cores) or lower --learners"
+            f"--num-cpus {least + 2} (logical CPUs may exceed the cores) or lower --learners"
         )
 
 
@@ -105,11 +112,31 @@ def _use_gpu(config: Config) -> bool:
 
     if config.train.use_gpu is not None:
         return bool(config.train.use_gpu)
-    return ray.cluster_resources().get("GPU", 0) >= config.train.learners
+    return ray.cluster_resources().get("GPU", 0) >= config.train.min_learners
 
 
-def run(config: Config) -> RunSummary:
-    """Train as ``config`` says; returns the summary, already written to ``run_dir/summary.json``."""
+@contextlib.contextmanager
+def _train_env(config: Config) -> Iterator[None]:
+    """Ray Train's worker-group start timeout from the config, for this fit only."""
+    before = os.environ.get(WORKER_START_TIMEOUT_ENV)
+    os.environ[WORKER_START_TIMEOUT_ENV] = f"{config.train.worker_start_timeout_s:g}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(WORKER_START_TIMEOUT_ENV, None)
+        else:
+            os.environ[WORKER_START_TIMEOUT_ENV] = before
+
+
+def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
+    """Train as ``config`` says; returns the summary, already written to ``run_dir/summary.json``.
+
+    learner_resources: Ray resources each learner holds besides its CPU (and its GPU), e.g.
+    ``{"learner_slot": 1}`` so that learners run only on nodes that advertise ``learner_slot`` (the
+    fault tests put the learners on the nodes they kill this way; a cluster can keep learners off
+    some nodes). Elastic ranges count the learners those resources can hold.
+    """
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -125,44 +152,55 @@ def run(config: Config) -> RunSummary:
         return run_fuse(config)
     began = time.perf_counter()
     run_dir = check_storage(config)
+    if config.run.resume and latest_checkpoint(run_dir) is None:
+        raise RunSetupError(f"--resume: {run_dir} holds no checkpoint yet: start it again without --resume")
+    extra = dict(learner_resources or {})
+    if any(not isinstance(v, int | float) or isinstance(v, bool) or v <= 0 for v in extra.values()):
+        raise ValueError(
+            f"learner_resources {extra} must map resource names to amounts > 0, e.g. {{'slot': 1}}"
+        )
     _connect(config)
     _check_cpus(config)
     train = config.train
     suffix = uuid.uuid4().hex[:8]
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
-    feed = create_feed(config, name=names["feed"], namespace=NAMESPACE)
+    feed = create_feed(
+        config, name=names["feed"], namespace=NAMESPACE, prefetch_world_size=train.max_learners
+    )
     averager = create_averager(
         names["averager"],
         namespace=NAMESPACE,
-        world_size=train.learners,
+        max_restarts=train.averager_max_restarts,
+        world_size=train.max_learners,  # each group's first learner sets its own size
         timeout_s=train.averager_timeout_s,
         validate_every=train.validate_every,
         batch_size=train.batch_size,
         b1=train.b1,
         b2=train.b2,
         max_batch_size=train.max_batch_size,
+        adaptive_batch=train.adaptive_batch,
+        merge_moments=train.merge_moments,
+        run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
     )
     if config.run.resume:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise RunSetupError(f"--resume: {run_dir} holds no checkpoint yet: start it again without --resume")
-        state = torch.load(checkpoint / "state.pt", weights_only=True)
-        ray.get(averager.restore.remote(state["averager"]))
-        logger.info("resuming %s from %s", config.run.run_name, checkpoint.name)
-    use_gpu = _use_gpu(config)
+        logger.info("resuming %s from %s", config.run.run_name, latest_checkpoint(run_dir).name)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": config.to_dict(), "names": names, "torch_threads": 1},
         scaling_config=ScalingConfig(
-            num_workers=train.learners, use_gpu=use_gpu, resources_per_worker={"CPU": 1}
+            num_workers=train.learners,
+            use_gpu=_use_gpu(config),
+            resources_per_worker={"CPU": 1, **extra},
+            elastic_resize_monitor_interval_s=train.resize_interval_s,
         ),
         run_config=RunConfig(
             name=config.run.run_name,
             storage_path=str(run_dir.parent),
-            failure_config=FailureConfig(max_failures=0),
+            failure_config=FailureConfig(max_failures=train.max_failures),
         ),
     )
-    result = trainer.fit()
+    with _train_env(config):
+        result = trainer.fit()
     if result.error is not None:
         raise result.error
     summary = _summary(
@@ -170,20 +208,28 @@ def run(config: Config) -> RunSummary:
         result.metrics or {},
         ray.get(averager.summary.remote()),
         ray.get(feed.stats.remote(wait=True)),
+        ray.get(feed.model_spec.remote())["class_names"],
     )
     summary.seconds["total"] = time.perf_counter() - began
     summary.write(run_dir)
     plot_curves(summary, run_dir / "curves.png")
     for actor in (averager, feed):
-        ray.kill(actor)
+        ray.kill(actor, no_restart=True)
     return summary
 
 
 def _summary(
-    config: Config, metrics: dict[str, Any], averaging: dict[str, Any], feed: dict[str, Any]
+    config: Config,
+    metrics: dict[str, Any],
+    averaging: dict[str, Any],
+    feed: dict[str, Any],
+    class_names: list[str] | None = None,
 ) -> RunSummary:
-    """Join rank 0's last report with the averager's and the feed's statistics."""
-    history = metrics.get("history", {})
+    """Join rank 0's last report with the averager's and the feed's statistics.
+
+    The histories come from the averager (it outlives learner-group restarts); ``per_class_accuracy``
+    names rank 0's test tallies {class index: [correct, total]} with ``class_names``.
+    """
     learners = averaging.get("learners", {})
     n = max(len(learners), 1)
     compute = sum(t.get("compute_s", 0.0) for t in learners.values()) / n
@@ -195,16 +241,32 @@ def _summary(
     padding = sum(p.get("padding", 0) for p in packing_epochs)
     blocks = sum(p.get("blocks", 0) for p in packing_epochs)
     t_max = feed.get("t_max", 0)
+    names = class_names or []
+    per_class = {
+        (names[int(k)] if int(k) < len(names) else str(k)): correct / total
+        for k, (correct, total) in metrics.get("per_class", {}).items()
+        if total
+    }
     return RunSummary(
         dataset=config.data.dataset,
-        learners=config.train.learners,
+        learners=int(averaging.get("world_size", config.train.min_learners)),
         epochs=config.train.epochs,
         test_accuracy=metrics.get("test_accuracy"),
         val_accuracy_history=[
-            {k: v[k] for k in ("round", "epoch", "accuracy", "time_s")} for v in history.get("val", [])
+            {
+                "round": v["round"],
+                "epoch": v.get("epoch"),
+                "accuracy": v["accuracy"],
+                "time_s": v.get("time_s", 0.0),
+            }
+            for v in averaging.get("validation_history", [])
+            if not v.get("missed")
         ],
-        batch_size_history=history.get("batch_size", []),
-        loss_history=[h for h in history.get("loss", []) if not math.isnan(h["loss"])],
+        batch_size_history=[
+            {"round": b["round"], "batch_size": b["batch_size"], "time_s": b.get("time_s", 0.0)}
+            for b in averaging.get("batch_size_history", [])
+        ],
+        loss_history=[h for h in averaging.get("loss_history", []) if not math.isnan(h["loss"])],
         rounds=int(averaging.get("rounds_completed", 0)),
         frames_total=frames,
         frames_deleted=sum(p.get("deleted", 0) for p in packing_epochs),
@@ -224,6 +286,12 @@ def _summary(
             "reused": int(feed.get("totals", {}).get("reused", 0)),
         },
         config=config.to_dict(),
+        membership=membership_entries(averaging),
+        recoveries=recovery_entries(averaging),
+        videos=dict(feed.get("videos", {})),
+        stream=config.data.stream,
+        flow_method=feed.get("flow_method"),
+        per_class_accuracy=per_class,
         extra={
             "per_class_test": metrics.get("per_class", {}),
             "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},

@@ -19,7 +19,7 @@ spend CNN time on every padding frame; the price is one host sync per forward to
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -61,6 +61,7 @@ class TemporalClassifier(nn.Module):
         std: Sequence[float] | None = None,
         motion: bool = True,
         segments: int = 2,
+        encoder_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
@@ -76,7 +77,11 @@ class TemporalClassifier(nn.Module):
         # model left chance after the first epoch with the gain and only after the third without it.
         self.motion_gain = 4.0
         encoder_channels = 2 * in_channels if self.motion else in_channels
-        self.encoder = build_frame_encoder(backbone, encoder_channels, width=width, depth=depth)
+        # encoder_options: the ResNets' ``norm`` ("frozen" to hold ImageNet statistics, "group" from
+        # scratch) and ``weights``; see ``build_frame_encoder``.
+        self.encoder = build_frame_encoder(
+            backbone, encoder_channels, width=width, depth=depth, **dict(encoder_options or {})
+        )
         self.temporal = build_temporal(
             temporal, self.encoder.out_dim, hidden, layers=temporal_layers, kernel_size=kernel_size
         )

@@ -4,23 +4,110 @@ One place turns ``ModelConfig`` into a ``TemporalClassifier`` so every process (
 evaluator, benchmarks) builds the same network for the same config. The class count and input channels
 come from the data (the feed's ``model_spec()``: a real dataset knows its classes only after its split
 files are read; the flow stream has 2 channels per frame), not from the config alone.
+
+Where the starting weights come from, in order:
+
+* ``model.init_from`` (a finished run's folder): the averaged model of its latest
+  ``checkpoint_round_*/state.pt`` (``torch.load(weights_only=True)``; ``state["averager"]["params"]``
+  is the averager's snapshot, a full ``state_dict``). Equal input channels: copied as they are. An RGB
+  run into a flow model: TSN's cross-modality initialisation (Wang et al., "Temporal Segment Networks",
+  ECCV 2016): the first conv averaged over the RGB channels and repeated over the flow channels, the
+  frames and the frame differences of the classifier's motion input kept apart (``groups=2``), every
+  other tensor copied. The backbone's normalisation (frozen BatchNorm or GroupNorm) follows the source
+  run's, so the keys match. The head must have this run's class count; a differing architecture is a
+  ValueError naming the field.
+* ``model.weights`` (a local torchvision ImageNet file, resnet backbones): loaded into the encoder with
+  frozen BatchNorm; the RGB input's conv1 gets the ImageNet filters tiled over [frames, differences]
+  and a flow input's the TSN average; RGB frames are then normalised with ImageNet's mean and std.
+* otherwise a fresh initialisation (seeded by the caller), GroupNorm for a resnet trained from scratch.
+
+Trade-off: every learner reads the source run's checkpoint itself (no broadcast), so ``init_from`` must
+be on storage every learner node can read (the same requirement Ray Train has for resuming); the file
+is the averaged model only (tens to hundreds of MB for a resnet), read once at start.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from raytrain_seq.models.classifier import TemporalClassifier, build_model
+from raytrain_seq.models.resnet import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ResNetEncoder,
+    cross_modality_init,
+    load_imagenet_weights,
+)
 
 if TYPE_CHECKING:
     from raytrain_seq.config import Config
 
-__all__ = ["build_model_for"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunState", "build_model_for", "load_run_state", "model_from_state"]
+
+STATE_FILE = "state.pt"
+# Fields that fix the shapes of a TemporalClassifier's tensors: a source run must agree on all of them.
+_ARCHITECTURE = ("backbone", "width", "depth", "hidden", "temporal")
 
 
-def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> TemporalClassifier:
-    """The classifier ``config.model`` describes, for ``num_classes`` classes and ``in_channels`` inputs."""
+class RunState:
+    """A finished run's averaged model (``params``), its config dict and the checkpoint it came from."""
+
+    def __init__(self, params: dict[str, torch.Tensor], config: dict[str, Any] | None, checkpoint: Path):
+        self.params, self.config, self.checkpoint = params, config, checkpoint
+
+    def model_field(self, name: str) -> Any:
+        return (self.config or {}).get("model", {}).get(name)
+
+
+def load_run_state(run_dir: str | Path) -> RunState:
+    """The averaged model of ``run_dir``'s latest ``checkpoint_round_*/state.pt``; ValueError naming it."""
+    folder = Path(run_dir).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"run folder {folder} does not exist: pass the folder of a finished run")
+    # Names sort by round: checkpoint_round_000002 before checkpoint_round_000010.
+    found = sorted(p for p in folder.glob("checkpoint_round_*") if (p / STATE_FILE).is_file())
+    if not found:
+        raise ValueError(
+            f"{folder} holds no checkpoint_round_*/{STATE_FILE}: pass the folder of a run that finished at "
+            "least one averaging round"
+        )
+    path = found[-1] / STATE_FILE
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(
+            f"{path} could not be read ({type(exc).__name__}: {exc}): is the run intact?"
+        ) from exc
+    params = state.get("averager", {}).get("params") if isinstance(state, Mapping) else None
+    if not isinstance(params, Mapping) or not params:
+        raise ValueError(
+            f"{path} has no averaged model (state['averager']['params']): pick a later checkpoint"
+        )
+    config = state.get("config")
+    return RunState(dict(params), config if isinstance(config, Mapping) else None, found[-1])
+
+
+def _uses_frozen_norm(params: Mapping[str, torch.Tensor]) -> bool:
+    """Frozen BatchNorm keeps running statistics as state; GroupNorm has none."""
+    return any(key.startswith("encoder.") and key.endswith("running_mean") for key in params)
+
+
+def _build(
+    config: Config, num_classes: int, in_channels: int, *, frozen: bool, imagenet: bool
+) -> TemporalClassifier:
     m = config.model
+    options: dict[str, Any] = {}
+    if m.backbone != "small":
+        options["encoder_options"] = {"norm": "frozen" if frozen else "group"}
+    if imagenet and in_channels == 3:
+        options.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     return build_model(
         num_classes,
         in_channels,
@@ -29,4 +116,94 @@ def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> Te
         hidden=m.hidden,
         temporal=m.temporal,
         backbone=m.backbone,
+        **options,
     )
+
+
+def _check_architecture(config: Config, source: RunState, num_classes: int) -> None:
+    where = f"--init-from {source.checkpoint.parent}"
+    for name in _ARCHITECTURE:
+        theirs = source.model_field(name)
+        if theirs is not None and theirs != getattr(config.model, name):
+            raise ValueError(
+                f"{where}: that run has model.{name}={theirs!r}, this one {getattr(config.model, name)!r}: "
+                f"pass --{name} {theirs} so the weights fit"
+            )
+    head = source.params.get("head.weight")
+    if head is not None and head.shape[0] != num_classes:
+        raise ValueError(
+            f"{where}: its classifier has {head.shape[0]} classes but this run has {num_classes}: train on "
+            "the same classes (same dataset and --num-classes) to start from it"
+        )
+
+
+def _first_conv(model: TemporalClassifier) -> str:
+    return "encoder.conv1.weight" if isinstance(model.encoder, ResNetEncoder) else "encoder.features.0.weight"
+
+
+def _initialise(model: TemporalClassifier, source: RunState) -> None:
+    target = model.state_dict()
+    key = _first_conv(model)
+    if key in source.params and source.params[key].shape[1] != target[key].shape[1]:
+        # The classifier feeds [frames, differences] to its encoder, so the halves stay apart.
+        state = cross_modality_init(target, source.params, key=key, groups=2 if model.motion else 1)
+        logger.info(
+            "model initialised from %s: %s cross-modality %d -> %d channels, %d other tensors copied",
+            source.checkpoint, key, source.params[key].shape[1], target[key].shape[1], len(state) - 1,
+        )  # fmt: skip
+    else:
+        missing = sorted(set(target) ^ set(source.params))
+        if missing:
+            raise ValueError(
+                f"--init-from {source.checkpoint.parent}: key {missing[0]!r} is in only one of the two "
+                "models: both need the same backbone, temporal module and sizes"
+            )
+        state = {k: source.params[k].to(dtype=v.dtype) for k, v in target.items()}
+        logger.info("model initialised from %s: %d tensors copied", source.checkpoint, len(state))
+    model.load_state_dict(state, strict=True)
+
+
+def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> TemporalClassifier:
+    """The classifier ``config.model`` describes, for ``num_classes`` classes and ``in_channels`` inputs.
+
+    Starting weights: ``model.init_from`` (with cross-modality init when the channels differ), else
+    ``model.weights`` (ImageNet, frozen BatchNorm), else the caller's seeded random initialisation.
+    """
+    m = config.model
+    if m.init_from is not None:
+        source = load_run_state(m.init_from)
+        _check_architecture(config, source, num_classes)
+        if m.weights is not None:
+            logger.info("model.init_from %s is used; model.weights %s is not loaded", m.init_from, m.weights)
+        imagenet = source.model_field("weights") is not None or m.weights is not None
+        model = _build(
+            config, num_classes, in_channels, frozen=_uses_frozen_norm(source.params), imagenet=imagenet
+        )
+        _initialise(model, source)
+        return model
+    model = _build(
+        config, num_classes, in_channels, frozen=m.weights is not None, imagenet=m.weights is not None
+    )
+    if m.weights is not None:
+        # The encoder sees 2 * in_channels (frames + differences): RGB 6 -> tile, flow 4 -> TSN average.
+        load_imagenet_weights(model.encoder, m.weights, conv1="tile" if in_channels == 3 else "average")
+    return model
+
+
+def model_from_state(
+    config: Config, params: Mapping[str, torch.Tensor], *, num_classes: int, in_channels: int
+) -> TemporalClassifier:
+    """A finished run's model: ``config`` (the run's) gives the architecture, ``params`` every tensor.
+
+    Neither ``init_from`` nor ``weights`` is read (the params already hold the trained values); the
+    norm follows the params and RGB frames get ImageNet statistics when the run was built with weights.
+    """
+    model = _build(
+        config,
+        num_classes,
+        in_channels,
+        frozen=_uses_frozen_norm(params),
+        imagenet=config.model.weights is not None,
+    )
+    model.load_state_dict(dict(params), strict=True)
+    return model

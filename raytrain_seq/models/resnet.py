@@ -28,7 +28,9 @@ for inputs with C channels (flow, or frames plus differences) starts from an RGB
 first conv's weights over the RGB input channels and replicating that average C times. Like TSN we do NOT
 rescale by 3/C: a gray input v on every channel then gives C/3 times the RGB response, but the frame
 channels of an RGB+difference input (differences ~0 away from motion) give exactly the pretrained gray
-response, which is what the frozen ``bn1`` statistics right after ``conv1`` expect.
+response, which is what the frozen ``bn1`` statistics right after ``conv1`` expect. For the RGB
+classifier itself ``load_imagenet_weights(..., conv1="tile")`` keeps the colour filters: the file's
+3-channel conv1 repeated over [frames, differences], so a still frame gets the exact ImageNet response.
 """
 
 from __future__ import annotations
@@ -236,17 +238,24 @@ def _state_mismatch(source: str, key: str, problem: str, fix: str) -> ValueError
     return ValueError(f"{source}: key {key!r} {problem}: {fix}")
 
 
-def load_imagenet_weights(encoder: ResNetEncoder, path: str | Path) -> list[str]:
+def load_imagenet_weights(encoder: ResNetEncoder, path: str | Path, *, conv1: str = "average") -> list[str]:
     """Load a torchvision ResNet state_dict file (``torch.load(weights_only=True)``) into ``encoder``.
 
     Strict about every tensor of the encoder: each must be in the file with its shape. File keys
     ``fc.*`` (the ImageNet classifier) and ``*.num_batches_tracked`` (a BatchNorm counter) are skipped
     and returned; any other extra key raises. If ``conv1`` has C != file's input channels (3 for RGB),
-    its weight is adapted by ``cross_modality_weight`` (TSN: averaged and repeated, not rescaled).
+    its weight is adapted: ``conv1="average"`` by ``cross_modality_weight`` (TSN: averaged and repeated,
+    not rescaled; for flow), ``conv1="tile"`` by repeating the RGB filters as they are when C is a
+    multiple of 3 (the classifier's RGB input [frames, differences]: a still frame then gets exactly the
+    pretrained colour response, which the frozen ``bn1`` statistics expect).
     Errors name the file and the first mismatched key, in the encoder's key order, then the file's.
     """
     if not isinstance(encoder, ResNetEncoder):
         raise TypeError(f"encoder must be a ResNetEncoder (build_resnet / 'resnet18'), got {type(encoder)}")
+    if conv1 not in ("average", "tile"):
+        raise ValueError(
+            f"conv1 must be 'average' (flow, TSN) or 'tile' (RGB frames + differences), got {conv1!r}"
+        )
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"weights file {str(path)!r} does not exist: pass the path of a local .pth file")
@@ -280,12 +289,21 @@ def load_imagenet_weights(encoder: ResNetEncoder, path: str | Path) -> list[str]
             )
         value = state[key]
         if key == "conv1.weight" and value.dim() == 4 and value.shape[1] != tensor.shape[1]:
-            value = cross_modality_weight(value, tensor.shape[1])
+            if conv1 == "tile":
+                if tensor.shape[1] % value.shape[1]:
+                    raise ValueError(
+                        f"{path}: conv1='tile' repeats the file's {value.shape[1]} input channels, which do "
+                        f"not divide the encoder's {tensor.shape[1]}: use conv1='average'"
+                    )
+                value = value.repeat(1, tensor.shape[1] // value.shape[1], 1, 1)
+            else:
+                value = cross_modality_weight(value, tensor.shape[1])
             logger.info(
-                "%s: conv1 adapted from %d to %d input channels (TSN)",
+                "%s: conv1 adapted from %d to %d input channels (%s)",
                 path,
                 state[key].shape[1],
                 tensor.shape[1],
+                "tiled" if conv1 == "tile" else "TSN average",
             )
         if value.shape != tensor.shape:
             raise _state_mismatch(

@@ -1,0 +1,462 @@
+"""AAVG on the synthetic set with 2 learners: K, the AAVG1..3 ablation, the DDP peer, the averager's bandwidth.
+
+The paper (Cong et al., "Accelerating deep neural network training for action recognition on a cluster
+of GPUs"; UCF101, ResNet-152 two-stream, 16 P100s) reports that sparse averaging (K = -1, once per epoch)
+converges well with little communication, the ablation AAVG1 (constant batch) 81.6 % < AAVG2 (adaptive
+batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB stream, and 61 minutes on
+16 GPUs against 2067 minutes for single-GPU SGD to similar accuracy. This script runs the real job
+(``raytrain_seq.dist.trainer.run`` with a ``Config``) on a local Ray cluster (``ray.init(num_cpus=4)``):
+
+1. K in {1, 4, 16, -1 (epoch)} -> test accuracy, wall time of the learners, share of it spent averaging
+   (``RunSummary.seconds``); m (validate every m rounds) is set so that every K validates once per epoch.
+2. AAVG1 (``adaptive_batch=False, merge_moments=False``), AAVG2 (adaptive, no merge), AAVG3 (both; the
+   job's default, the K = -1 run of part 1).
+3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
+   step, gloo on CPU): the same feed (``dist.pipeline.create_feed``/``shard_dataset``/``BlockRowStream``),
+   model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
+   differs. Headline: time to the same validation accuracy (the lower of the two runs' best), DDP / AAVG.
+4. The averager's bandwidth: MB/s of parameters + Adam moments averaged through the ParameterAverager
+   actor (2 learners' calls from the driver, serialisation included) against a numpy mean of the same
+   arrays and the library arithmetic (``average_states`` + ``merge_adam_states``) in one process; and a
+   cost model for 16 learners of ResNet-152 size.
+
+    python bench/averaging.py            # default size, about 10 minutes on 2 cores
+    python bench/averaging.py --tiny     # a minute or two (one short run of each kind)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ddp_peer
+from averager_cost import bandwidth, cost_model
+from benchlib import LocalData, Result, add_size_flags, command_line, fmt, new_figure, try_plot, write_results
+
+from raytrain_seq.config import Config
+from raytrain_seq.packing import pack, shard
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "raytrain_seq"
+SIZES = {
+    "tiny": {"videos": 40, "epochs": 2, "batch": 1, "ks": [4, -1], "ablation": False, "ddp": True, "mb": 4},
+    "default": {"videos": 500, "epochs": 5, "batch": 1, "ks": [1, 4, 16, -1], "ablation": True, "ddp": True, "mb": 100},
+    "full": {"videos": 9537, "epochs": 20, "batch": 4, "ks": [1, 4, 16, -1], "ablation": True, "ddp": True, "mb": 400},
+}  # fmt: skip
+# The paper's RGB-stream ablation (UCF101 validation accuracy, %) and speed-up.
+PAPER_ABLATION = {"AAVG1": 81.6, "AAVG2": 83.7, "AAVG3": 85.6}
+PAPER_SPEEDUP = 2067 / 61
+RESNET152_PARAMS = 60.2e6
+
+
+# -------------------------------------------------------------------------------------- pure helpers
+def steps_per_epoch(lengths: np.ndarray, t_max: int, learners: int, batch: int) -> int:
+    """Optimizer steps of each learner in one epoch: its equal share of the plan's blocks / batch."""
+    blocks = len(shard(pack(lengths, t_max, strategy="optimal"), learners)[0])
+    return max(1, math.ceil(blocks / batch))
+
+
+def validate_every(k: int, steps: int) -> int:
+    """m such that validation runs about once per epoch whatever K is: ceil(steps / K); 1 for K = -1.
+
+    32 steps an epoch: K=1 -> 32, K=4 -> 8, K=16 -> 2, K=-1 -> 1 (one round per epoch).
+    """
+    return 1 if k < 0 else max(1, math.ceil(steps / k))
+
+
+def time_to_reach(history: list[dict], target: float) -> float | None:
+    """The first ``time_s`` whose ``accuracy`` is >= target, or None if the run never got there."""
+    for entry in sorted(history, key=lambda e: e["time_s"]):
+        if entry["accuracy"] is not None and entry["accuracy"] >= target - 1e-12:
+            return float(entry["time_s"])
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the runs
+def base_config(size: dict, storage: str, name: str, **overrides) -> Config:
+    return Config.from_preset(
+        "demo", max_videos=size["videos"], epochs=size["epochs"], batch_size=size["batch"],
+        micro_batch_size=size["batch"], learners=2, checkpoint_every=10**9, storage_path=storage,
+        run_name=name, **overrides,
+    )  # fmt: skip
+
+
+def run_aavg(size: dict, storage: str, name: str, k: int, steps: int, **switches) -> dict:
+    from raytrain_seq.dist.trainer import run
+
+    config = base_config(size, storage, name, k=k, validate_every=validate_every(k, steps), **switches)
+    began = time.perf_counter()
+    summary = run(config)
+    wall = time.perf_counter() - began
+    learner_s = summary.extra.get("learner_seconds") or summary.seconds.get("compute", 0.0)
+    history = summary.val_accuracy_history
+    sizes = [h["batch_size"] for h in summary.batch_size_history] or [size["batch"]]
+    out = {
+        "name": name, "k": k, "m": config.train.validate_every, "test": summary.test_accuracy,
+        "val": history[-1]["accuracy"] if history else None, "best_val": max((h["accuracy"] for h in history), default=None),
+        "history": history, "rounds": summary.rounds, "learner_s": learner_s, "total_s": wall,
+        "averaging_s": summary.seconds.get("averaging", 0.0), "final_b": sizes[-1], "max_b": max(sizes),
+        "adaptive": config.train.adaptive_batch, "merge": config.train.merge_moments,
+    }  # fmt: skip
+    out["share"] = out["averaging_s"] / learner_s if learner_s else None
+    print(f"{name}: test {fmt(out['test'], '.3f')}, learners {learner_s:.1f} s, averaging {out['averaging_s']:.1f} s, "
+          f"B {sizes[0]}->{sizes[-1]}", flush=True)  # fmt: skip
+    return out
+
+
+def run_ddp(size: dict, storage: str, name: str) -> dict:
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from raytrain_seq.dist.pipeline import create_feed
+
+    config = base_config(size, storage, name, adaptive_batch=False, merge_moments=False)
+    began = time.perf_counter()
+    feed = create_feed(config, name=f"feed-{name}", namespace=NAMESPACE)
+    # ddp_peer is not importable on the workers (bench/ is no package): ship the loop by value.
+    ray.cloudpickle.register_pickle_by_value(ddp_peer)
+    trainer = TorchTrainer(
+        ddp_peer.ddp_loop,
+        train_loop_config={"config": config.to_dict(), "feed": f"feed-{name}", "namespace": NAMESPACE},
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=storage),
+    )
+    result = trainer.fit()
+    ray.kill(feed)
+    if result.error is not None:
+        raise result.error
+    m = result.metrics or {}
+    history = m.get("history", [])
+    out = {
+        "name": name, "test": m.get("test_accuracy"), "history": history, "learner_s": m.get("learner_seconds"),
+        "total_s": time.perf_counter() - began, "val": history[-1]["accuracy"] if history else None,
+        "best_val": max((h["accuracy"] for h in history), default=None),
+    }  # fmt: skip
+    print(f"{name}: test {fmt(out['test'], '.3f')}, learners {fmt(out['learner_s'], '.1f')} s", flush=True)
+    return out
+
+
+def run(args) -> dict:
+    import ray
+
+    size = dict(SIZES[args.size])
+    for key in ("videos", "epochs", "batch", "ks"):
+        if getattr(args, key) is not None:
+            size[key] = getattr(args, key)
+    data = LocalData(Config.from_preset("demo", max_videos=size["videos"]))
+    steps = steps_per_epoch(data.catalogs["train"].lengths, data.t_max, 2, size["batch"])
+    storage = tempfile.mkdtemp(prefix="bench-averaging-")
+    from raytrain_seq.dist.trainer import WORKER_REUSE
+
+    ray.init(
+        address="local",
+        num_cpus=4,
+        namespace=NAMESPACE,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=WORKER_REUSE,
+    )
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    try:
+        ks = [run_aavg(size, storage, f"aavg-k{k}", k, steps) for k in size["ks"]]
+        ablation = []
+        if size["ablation"]:
+            ablation.append(
+                run_aavg(size, storage, "aavg1", -1, steps, adaptive_batch=False, merge_moments=False)
+            )
+            ablation.append(
+                run_aavg(size, storage, "aavg2", -1, steps, adaptive_batch=True, merge_moments=False)
+            )
+        aavg3 = next(r for r in ks if r["k"] == -1)
+        ablation.append({**aavg3, "name": "aavg3"})
+        ddp = run_ddp(size, storage, "ddp") if size["ddp"] else None
+        band = bandwidth(size["mb"])
+    finally:
+        ray.shutdown()
+        shutil.rmtree(storage)  # the runs' checkpoints: the summaries are already read
+    return {
+        "size": size,
+        "steps": steps,
+        "ks": ks,
+        "ablation": ablation,
+        "ddp": ddp,
+        "aavg": aavg3,
+        "bandwidth": band,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
+    out = []
+    header = [
+        "K",
+        "m",
+        "rounds",
+        "test acc",
+        "best val",
+        "learners s",
+        "averaging s",
+        "averaging share",
+        "B first->last",
+    ]
+    rows = [
+        ["epoch (-1)" if r["k"] < 0 else str(r["k"]), str(r["m"]), str(r["rounds"]), _pct(r["test"]), _pct(r["best_val"]),
+         fmt(r["learner_s"], ".1f"), fmt(r["averaging_s"], ".1f"), _pct(r["share"]), f"{res['size']['batch']}->{r['final_b']}"]
+        for r in res["ks"]
+    ]  # fmt: skip
+    out.append(("K (local steps between averaging rounds):", header, rows))
+    header = [
+        "variant",
+        "adaptive batch",
+        "merge Adam",
+        "test acc",
+        "best val",
+        "largest B",
+        "paper (UCF101 RGB val)",
+    ]
+    rows = [
+        [r["name"].upper(), str(r["adaptive"]), str(r["merge"]), _pct(r["test"]), _pct(r["best_val"]), str(r["max_b"]),
+         f"{PAPER_ABLATION[r['name'].upper()]:.1f} %"]
+        for r in res["ablation"]
+    ]  # fmt: skip
+    out.append(("AAVG1..3 ablation (K = epoch):", header, rows))
+    if res["ddp"] is not None:
+        target, t_a, t_d = res["target"], res["t_aavg"], res["t_ddp"]
+        header = ["run", "test acc", "best val", f"s to val >= {_pct(target)}", "learners s", "vs AAVG"]
+        rows = [
+            ["AAVG (K = epoch, adaptive, merge)", _pct(res["aavg"]["test"]), _pct(res["aavg"]["best_val"]), fmt(t_a, ".1f"),
+             fmt(res["aavg"]["learner_s"], ".1f"), "1.00x"],
+            ["Ray Train TorchTrainer + DDP (all-reduce every step)", _pct(res["ddp"]["test"]), _pct(res["ddp"]["best_val"]),
+             fmt(t_d, ".1f"), fmt(res["ddp"]["learner_s"], ".1f"), fmt(t_d / t_a if t_a and t_d else None, ".2f") + "x"],
+        ]  # fmt: skip
+        out.append(("Time to the same validation accuracy, AAVG vs DDP:", header, rows))
+    b = res["bandwidth"]
+    header = ["path", "MB per round", "seconds", "MB/s", "vs numpy"]
+    names = {"numpy": "numpy mean, one process", "library": "average_states + merge_adam_states, one process",
+             "actor": "ParameterAverager actor, 2 learners' calls"}  # fmt: skip
+    rows = [
+        [
+            names[k],
+            f"{b['mb']:.0f}",
+            f"{b['seconds'][k]:.3f}",
+            f"{b['mbps'][k]:,.0f}",
+            f"{b['mbps'][k] / b['mbps']['numpy']:.2f}x",
+        ]
+        for k in names
+    ]
+    out.append(("Averager bandwidth (weights + 2 Adam moments, fp32; best of 5):", header, rows))
+    header = [
+        "NIC",
+        "payload per learner",
+        "averager wire s/round",
+        "arithmetic s/round",
+        "round s",
+        f"DDP ring s/epoch ({res['cost_steps']} steps)",
+    ]
+    rows = [
+        [f"{c['nic']:g} Gbit/s", f"{c['payload_mb']:.1f} MB", f"{c['wire_s']:.2f}", f"{c['mean_s']:.2f}", f"{c['round_s']:.2f}", f"{c['ring_epoch_s']:.2f}"]
+        for c in res["cost"]
+    ]  # fmt: skip
+    out.append(
+        (
+            f"Cost model, {args.cost_learners} learners of ResNet-152 size ({RESNET152_PARAMS / 1e6:.1f}M params):",
+            header,
+            rows,
+        )
+    )
+    return out
+
+
+def verdicts(res: dict) -> tuple[list[str], dict]:
+    from benchlib import compare_accuracy
+
+    out, head = [], {}
+    ks = {r["k"]: r for r in res["ks"]}
+    head["share_k_epoch"] = ks[-1]["share"]
+    if 1 in ks:
+        a, b = ks[-1], ks[1]
+        head["share_k1"] = b["share"]
+        _, _, word = compare_accuracy(a["test"] or 0.0, b["test"] or 0.0, res["test_videos"])
+        out.append(
+            f"K: averaging once per epoch spends {_pct(a['share'])} of the learners' time averaging against "
+            f"{_pct(b['share'])} at K=1 ({a['rounds']} vs {b['rounds']} rounds), and its test accuracy "
+            f"{word} K=1's ({_pct(a['test'])} vs {_pct(b['test'])}); the paper: K = -1 converges well with "
+            "near-linear speed-up."
+        )
+    abl = {r["name"]: r for r in res["ablation"]}
+    if {"aavg1", "aavg2", "aavg3"} <= set(abl):
+        n = res["test_videos"]
+        d21, se21, w21 = compare_accuracy(abl["aavg2"]["test"] or 0, abl["aavg1"]["test"] or 0, n)
+        d32, se32, w32 = compare_accuracy(abl["aavg3"]["test"] or 0, abl["aavg2"]["test"] or 0, n)
+        head.update(aavg2_minus_1=d21, aavg3_minus_2=d32)
+        grew = abl["aavg2"]["max_b"] > res["size"]["batch"]
+        out.append(
+            f"Ablation: AAVG2 {w21} AAVG1 ({d21:+.1f} points, se {se21:.1f}; the paper +2.1) and AAVG3 {w32} AAVG2 "
+            f"({d32:+.1f}, se {se32:.1f}; the paper +1.9) on {n} test videos"
+            + (
+                ""
+                if grew
+                else "; the batch size never grew in AAVG2, so that switch had nothing to act on in this run"
+            )
+            + (
+                ""
+                if abl["aavg1"]["max_b"] == res["size"]["batch"]
+                else "; AAVG1's batch size grew although adaptive_batch=False: the switch is not wired through"
+            )
+            + "."
+        )
+    chance = 1.0 / res.get("num_classes", 10)
+    if res["ddp"] is not None and res["target"] is not None and res["target"] < 1.5 * chance:
+        out.append(
+            f"Against Ray Train + DDP: the lower of the two best validation accuracies is {_pct(res['target'])}, near "
+            f"chance ({_pct(chance)}): too little training at this size for a time-to-accuracy comparison."
+        )
+    elif res["ddp"] is not None and res["t_aavg"] and res["t_ddp"]:
+        speed = res["t_ddp"] / res["t_aavg"]
+        head["ddp_over_aavg_time"] = speed
+        out.append(
+            f"Against Ray Train + DDP: AAVG reaches {_pct(res['target'])} validation accuracy in {res['t_aavg']:.1f} s of "
+            f"learner time, DDP in {res['t_ddp']:.1f} s ({speed:.2f}x; above 1 means AAVG is faster). The paper's "
+            f"{PAPER_SPEEDUP:.0f}x is over single-GPU SGD on 16 GPUs, not over DDP, and is not comparable at 2 CPU learners."
+        )
+    b = res["bandwidth"]["mbps"]
+    head.update(actor_mbps=b["actor"], numpy_mbps=b["numpy"])
+    job_mb = res.get("job_payload_mb", 0.0)
+    out.append(
+        f"Bandwidth: the actor averages {b['actor']:,.0f} MB/s ({b['actor'] / b['numpy']:.2f}x a one-process numpy mean at "
+        f"{b['numpy']:,.0f} MB/s; the library arithmetic alone {b['library']:,.0f} MB/s). This job's model sends "
+        f"{job_mb:.2f} MB per learner per round, i.e. {2 * job_mb / b['actor'] * 1e3:.1f} ms of actor time per round."
+    )
+    c = next((c for c in res["cost"] if c["nic"] == 100), res["cost"][0])
+    bigger = "arithmetic" if c["mean_s"] > c["wire_s"] else "the wire"
+    more = "more" if c["wire_s"] > c["ring_epoch_s"] else "fewer"
+    out.append(
+        f"Cost model (formula in the notes): at {c['nic']:g} Gbit/s one round for {res['cost_learners']} ResNet-152 "
+        f"learners takes about {c['round_s']:.1f} s at the averager: {c['wire_s']:.1f} s on its NIC (the star's hot "
+        f"spot) + {c['mean_s']:.1f} s of arithmetic at this machine's single-actor speed, so {bigger} dominates. DDP's "
+        f"ring all-reduce of the gradients costs {c['ring_epoch_s']:.1f} s per epoch ({res['cost_steps']} steps): at "
+        f"K = epoch the averager's NIC moves {more} bytes than each ring member's, and AAVG's saving is in "
+        "synchronisation points (one per epoch instead of one per step), not in bytes."
+    )
+    return out, head
+
+
+def plot(res: dict):
+    fig, (a1, a2) = new_figure(2)
+    for r in res["ks"]:
+        label = "K=epoch" if r["k"] < 0 else f"K={r['k']}"
+        a1.plot(
+            [h["time_s"] for h in r["history"]],
+            [100 * h["accuracy"] for h in r["history"]],
+            "o-",
+            label=label,
+        )
+    if res["ddp"] is not None:
+        h = res["ddp"]["history"]
+        a1.plot([e["time_s"] for e in h], [100 * e["accuracy"] for e in h], "s--", color="black", label="DDP")
+    a1.set_xlabel("learner seconds")
+    a1.set_ylabel("validation accuracy %")
+    a1.legend(fontsize=7)
+    names = [r["name"].upper() for r in res["ablation"]]
+    a2.bar(names, [100 * (r["test"] or 0) for r in res["ablation"]], color="#1f77b4")
+    a2.set_title("ablation: test accuracy %")
+    fig.suptitle("AAVG on the synthetic set, 2 learners")
+    return fig
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_size_flags(parser)
+    parser.add_argument("--videos", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None, help="blocks per learner step")
+    parser.add_argument("--ks", type=int, nargs="+", default=None, help="K values (must include -1)")
+    parser.add_argument("--cost-learners", type=int, default=16)
+    parser.add_argument(
+        "--cost-batch", type=int, default=32, help="per-learner batch of the DDP ring estimate"
+    )
+    args = parser.parse_args(argv)
+    if args.ks is not None and (-1 not in args.ks or any(k < 1 and k != -1 for k in args.ks)):
+        parser.error(
+            f"--ks must be -1 or ints >= 1 and include -1 (AAVG3 and the DDP reference), got {args.ks}"
+        )
+    for name in ("videos", "epochs", "batch"):
+        value = getattr(args, name)
+        if value is not None and value < (10 if name == "videos" else 1):
+            parser.error(
+                f"--{name} must be >= {10 if name == 'videos' else 1} (videos: one per class), got {value}"
+            )
+    res = run(args)
+    res["test_videos"] = len(
+        LocalData(Config.from_preset("demo", max_videos=res["size"]["videos"])).catalogs["test"]
+    )
+    steps = math.ceil(9537 / (args.cost_learners * args.cost_batch))  # UCF101 split-1 train videos
+    res["cost_steps"], res["cost_learners"] = steps, args.cost_learners
+    mean_gbps = res["bandwidth"]["mbps"]["library"] / 1e3
+    res["cost"] = [
+        {"nic": nic, **cost_model(args.cost_learners, RESNET152_PARAMS, nic, mean_gbps, steps=steps)}
+        for nic in (10, 25, 100)
+    ]
+    if res["ddp"] is not None:
+        best = [res["aavg"]["best_val"], res["ddp"]["best_val"]]
+        res["target"] = min(b for b in best if b is not None) if all(b is not None for b in best) else None
+        res["t_aavg"] = (
+            time_to_reach(res["aavg"]["history"], res["target"]) if res["target"] is not None else None
+        )
+        res["t_ddp"] = (
+            time_to_reach(res["ddp"]["history"], res["target"]) if res["target"] is not None else None
+        )
+    config = Config.from_preset("demo")
+    from raytrain_seq.models.factory import build_model_for
+
+    model = build_model_for(config, num_classes=10, in_channels=3)
+    res["job_payload_mb"] = 3 * sum(p.numel() for p in model.parameters()) * 4 / 1e6
+    extra = tables(res, args)
+    _, header, rows = extra[0]
+    lines, head = verdicts(res)
+    s = res["size"]
+    notes = [
+        f"{s['videos']} training videos, val and test up to as many, {s['epochs']} epochs, 2 learners of 1 CPU "
+        f"thread each on a local Ray cluster (num_cpus=4), {s['batch']} block(s) a step ({res['steps']} steps per "
+        "epoch per learner), the demo model and learning rate; every run is `raytrain_seq.dist.trainer.run` "
+        "except the DDP peer (a bench-local Ray Train loop over the same feed, model and InnerStep).",
+        "Learner seconds exclude Ray Train's worker start; 'averaging share' = the learners' mean time inside "
+        "averager calls / their wall time (RunSummary.seconds).",
+        f"Cost model: S = 60.2M x 4 B x 3 (weights + 2 Adam moments); averager round = 2 P S / B_nic + P S / B_mean "
+        f"with B_mean = this machine's library arithmetic ({1e3 * mean_gbps:,.0f} MB/s, one round of 2 learners); DDP ring = steps x 2 (P-1)/P x "
+        f"(60.2M x 4 B) / B_nic, {steps} steps = ceil(9537 UCF101 videos / ({args.cost_learners} x {args.cost_batch})).",
+    ]
+    result = Result(
+        name="averaging",
+        title="AAVG: averaging interval, ablation, DDP peer and the averager's cost (`bench/averaging.py`)",
+        command=command_line(argv, "averaging.py"),
+        size=args.size,
+        header=header,
+        rows=rows,
+        notes=notes,
+        verdicts=lines,
+        headline=head,
+        extra_tables=extra[1:],
+    )
+    write_results(result, args.results, try_plot(plot, res))
+    return res
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main()

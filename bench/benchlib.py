@@ -1,0 +1,346 @@
+"""Shared pieces of the benchmark scripts: result files, tables, plots, machine facts, single-process data.
+
+Every table script (``bload_table.py``, ``refurbish.py``, ``microbatch.py``, ``averaging.py``) ends with
+``write_results``: ``bench/results/<name>.md`` (title, command, table, notes, verdict sentences) and
+``<name>.json`` (the same plus the headline numbers), which ``report.py`` assembles into
+``docs/BENCHMARKS.md``. The verdicts are built by each script from the numbers it just measured.
+
+The single-process data helpers (``LocalData``) give the benchmarks the job's data path without Ray:
+the synthetic catalogs (``raytrain_seq.data.synthetic``), the partial and final augmentations
+(``raytrain_seq.augment``), the packing plan (``raytrain_seq.packing``) and the row assembly of
+``raytrain_seq.dist.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
+learner receives for the same seed, epoch and plan.
+
+Nothing here imports ray; matplotlib is imported inside ``new_figure`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# The scripts run as `python bench/x.py`; the repository root makes raytrain_seq importable uninstalled.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raytrain_seq.augment import partial_augment, resize_video
+from raytrain_seq.config import Config
+from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.dist.assembly import (
+    EpochShard,
+    assemble_rows,
+    max_sequences_bound,
+    partial_rng,
+    plan_seed,
+    plan_specs,
+    shard_items,
+)
+from raytrain_seq.packing import PackPlan, pack
+from raytrain_seq.step import collate_rows
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+SIZES = ("tiny", "default", "full")
+
+
+# ------------------------------------------------------------------------------------------ arguments
+def add_size_flags(parser) -> None:
+    """``--tiny`` (seconds: tests and smoke checks), default (``make bench`` on a 2-core box), ``--full``."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--tiny", action="store_const", dest="size", const="tiny", help="seconds-long check")
+    group.add_argument("--full", action="store_const", dest="size", const="full", help="GPU-cluster size")
+    parser.set_defaults(size="default")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help=f"folder for the .md/.json/.png (default {RESULTS})"
+    )
+
+
+def command_line(argv: Sequence[str] | None, script: str) -> str:
+    """The command that reproduces this run, as written in docs/BENCHMARKS.md."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join([".venv/bin/python", f"bench/{script}", *args])
+
+
+# --------------------------------------------------------------------------------------------- tables
+def fmt(value: float | None, spec: str = ".2f", missing: str = "n/a") -> str:
+    return missing if value is None or (isinstance(value, float) and np.isnan(value)) else format(value, spec)
+
+
+def compare_accuracy(a: float, b: float, n: int) -> tuple[float, float, str]:
+    """Points a - b, the standard error of that difference (two independent runs scored on n items),
+    and "beats" / "trails" / "is within noise of" (|difference| below two standard errors).
+
+    a 0.75, b 0.72, n 1000: +3.0 points, se sqrt(.75*.25/1000 + .72*.28/1000) = 1.96 points: noise.
+    """
+    diff = 100.0 * (a - b)
+    se = 100.0 * float(np.sqrt((a * (1 - a) + b * (1 - b)) / max(n, 1)))
+    word = "beats" if diff > 2 * se else "trails" if diff < -2 * se else "is within noise of"
+    return diff, se, word
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """GitHub table: the first column left-aligned, the others right-aligned."""
+    if any(len(r) != len(header) for r in rows):
+        raise ValueError(f"every row needs {len(header)} cells like the header {list(header)}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plain_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The same table for a terminal: padded columns and a rule under the header."""
+    widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+    out = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in [list(header), *rows]
+    ]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+@dataclass
+class Result:
+    """One script's output: a titled table plus the notes and verdicts that report.py puts under it."""
+
+    name: str
+    title: str
+    command: str
+    size: str
+    header: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+    headline: dict[str, Any] = field(default_factory=dict)
+    extra_tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        parts = [f"## {self.title}", "", f"`{self.command}` (size: {self.size})", ""]
+        parts += [markdown_table(self.header, self.rows), ""]
+        for caption, header, rows in self.extra_tables:
+            parts += [caption, "", markdown_table(header, rows), ""]
+        if self.verdicts:
+            parts += ["**Against the paper and the baseline**", ""]
+            parts += [f"- {v}" for v in self.verdicts] + [""]
+        if self.notes:
+            parts += ["Notes:", ""] + [f"- {n}" for n in self.notes] + [""]
+        parts.append(f"![{self.name}]({self.name}.png)")
+        return "\n".join(parts) + "\n"
+
+    def text(self) -> str:
+        parts = [self.title, plain_table(self.header, self.rows)]
+        for caption, header, rows in self.extra_tables:
+            parts += ["", caption, plain_table(header, rows)]
+        parts += [""] + [f"* {v}" for v in self.verdicts] + [""] + [f"- {n}" for n in self.notes]
+        return "\n".join(parts)
+
+
+def write_results(result: Result, out_dir: Path, figure=None) -> list[Path]:
+    """Print the table and write ``<name>.md``, ``<name>.json`` (and ``<name>.png``) under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(result.text(), flush=True)
+    written = []
+    md = out_dir / f"{result.name}.md"
+    md.write_text(result.markdown())
+    written.append(md)
+    data = {
+        "name": result.name,
+        "title": result.title,
+        "command": result.command,
+        "size": result.size,
+        "header": result.header,
+        "rows": result.rows,
+        "notes": result.notes,
+        "verdicts": result.verdicts,
+        "headline": result.headline,
+        "machine": machine_info(),
+    }
+    js = out_dir / f"{result.name}.json"
+    js.write_text(json.dumps(data, indent=1, default=float))
+    written.append(js)
+    if figure is not None:
+        png = out_dir / f"{result.name}.png"
+        figure.savefig(png, dpi=110, bbox_inches="tight")
+        written.append(png)
+    print("wrote " + ", ".join(str(p) for p in written), flush=True)
+    return written
+
+
+def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+    """A matplotlib Figure on a private Agg canvas (no pyplot state) and its axes (a list)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height))
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    return fig, axes
+
+
+def try_plot(plot: Callable[[Any], Any], res: Any):
+    """``plot(res)``, or None with a printed note where matplotlib is missing (a bare GPU machine)."""
+    try:
+        return plot(res)
+    except ImportError as exc:
+        print(f"no plot: {exc} (install matplotlib for the PNG)")
+        return None
+
+
+# -------------------------------------------------------------------------------------------- machine
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, memory, CPU model, GPU, versions and the date: the header of docs/BENCHMARKS.md."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        ram = float("nan")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gib": round(ram, 1),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": _version("ray"),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+    }
+
+
+# ------------------------------------------------------------------------------------ single process
+def busy(seconds: float) -> None:
+    """Burn CPU for ``seconds`` (a calibrated stand-in for augmentation work the set does not have)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@dataclass
+class LocalData:
+    """The job's synthetic data path in one process: catalogs, augmentations, plans, block rows.
+
+    ``videos`` renders at ``cache_size`` (what ``dist.pipeline`` does for the synthetic set), so the
+    partial augmentation's resize is the identity and evaluation frames are a centre crop of the render.
+    """
+
+    config: Config
+    videos: SyntheticVideos = field(init=False)
+    catalogs: dict[str, Any] = field(init=False)
+    t_max: int = field(init=False)
+    max_sequences: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        d = self.config.data
+        self.videos = SyntheticVideos(
+            d.num_classes, d.stride, max(8, d.cache_size), d.seed, d.max_videos, val_fraction=d.val_fraction
+        )
+        self.catalogs = {split: self.videos.catalog(split) for split in ("train", "val", "test")}
+        longest = max(int(c.lengths.max()) for c in self.catalogs.values())
+        self.t_max = d.t_max if d.t_max is not None else longest
+        every = np.concatenate([c.lengths for c in self.catalogs.values()])
+        self.max_sequences = max_sequences_bound(every, self.t_max)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.config.data.num_classes)
+
+    def partial(self, video: int, epoch: int, *, extra_ops: int = 0) -> np.ndarray:
+        """Decode (render) + the partial augmentation the job computes for ``video`` in ``epoch``."""
+        d = self.config.data
+        frames = self.videos.render(int(video))
+        return partial_augment(
+            frames, size=d.cache_size, rng=partial_rng(d.seed, int(video), epoch), extra_ops=extra_ops
+        )
+
+    def eval_frames(self, video: int) -> np.ndarray:
+        """The evaluation input of a video: deterministic resize (identity here), no augmentation."""
+        return resize_video(self.videos.render(int(video)), self.config.data.cache_size)
+
+    def plan(self, split: str, strategy: str, t_max: int, seed: int) -> PackPlan:
+        return pack(self.catalogs[split].lengths, t_max, strategy=strategy, seed=seed)
+
+    def epoch_plan(self, strategy: str, epoch: int, t_max: int | None = None) -> PackPlan:
+        """The training plan of ``epoch`` with the job's per-epoch packing seed."""
+        return self.plan("train", strategy, t_max or self.t_max, plan_seed(self.config.data.seed, epoch))
+
+    def rows(
+        self,
+        split: str,
+        plan: PackPlan,
+        arrays: dict[int, np.ndarray],
+        *,
+        epoch: int | None,
+        batch_rows: int | Sequence[int],
+        center: bool,
+        max_sequences: int | None = None,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Mini-batches of block rows (collated tensors), in the plan's order.
+
+        ``batch_rows``: rows per mini-batch, or the row count of each mini-batch in turn (``[3, 3, 2]``
+        cuts 8 rows into 3 steps).
+        ``arrays[video id]`` holds the partially augmented frames; ``center`` selects the evaluation
+        crop instead of the seeded random crop and flip (``assembly.assemble_rows`` either way).
+        """
+        catalog = self.catalogs[split]
+        specs = plan_specs(plan, 1, catalog.ids.tolist(), catalog.labels.tolist(), None)[0]
+        d = self.config.data
+        shard = EpochShard(
+            split=split, epoch=epoch, rank=0, world_size=1, blocks=tuple(specs), t_max=plan.t_max,
+            max_sequences=max_sequences or self.max_sequences, crop=d.crop, channels=3, seed=d.seed,
+            center=center, recomputed=0, reused=0,
+        )  # fmt: skip
+        items = shard_items(shard)
+        fmt_ = shard.row_format
+        if isinstance(batch_rows, int):
+            batch_rows = [batch_rows] * -(-len(items) // batch_rows)
+        if sum(batch_rows) < len(items):
+            raise ValueError(f"batch_rows {list(batch_rows)} do not cover the {len(items)} rows of the plan")
+        lo = 0
+        for count in batch_rows:
+            part = items[lo : lo + count]
+            lo += count
+            if not part:
+                break
+            batch = {key: np.stack([item[key] for item in part]) for key in part[0]}
+            yield collate_rows(assemble_rows(batch, arrays, fmt_))
+
+    def eval_batches(self, split: str, strategy: str = "optimal", t_max: int | None = None) -> list:
+        """Every row of an evaluation split, packed once (fixed seed), centre crop: a list of batches."""
+        catalog = self.catalogs[split]
+        t_max = t_max or self.t_max
+        seed = plan_seed(self.config.data.seed, -1 if split == "val" else -2)
+        plan = pack(catalog.lengths, t_max, strategy=strategy, seed=seed)
+        arrays = {int(v): self.eval_frames(int(v)) for v in catalog.ids}
+        bound = max_sequences_bound(catalog.lengths, t_max)
+        return list(
+            self.rows(split, plan, arrays, epoch=None, batch_rows=16, center=True, max_sequences=bound)
+        )

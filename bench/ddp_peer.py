@@ -1,0 +1,81 @@
+"""The DDP peer of the AAVG benchmark: the same job on Ray Train with DistributedDataParallel.
+
+One Ray Train worker loop (``TorchTrainer(ddp_loop, ...)``) that reuses everything of the AAVG job except
+the synchronisation: the data come from the job's feed (``dist.pipeline.get_feed``, ``shard_dataset``,
+``BlockRowStream``: the same refurbished, packed block rows), the model from
+``models.factory.build_model_for`` and the step from ``step.InnerStep`` (micro-batch streaming); the
+model is wrapped in ``DistributedDataParallel``, so every backward all-reduces the gradients (gloo on
+CPU) where AAVG averages weights every K steps. Rank 0 scores the validation split after every epoch
+(the curve that time-to-accuracy reads) and the test split at the end, and reports both with a
+checkpoint (Ray Train V2 returns the metrics of the latest checkpoint).
+
+Nothing here runs at import; ``bench/averaging.py`` ships this module to the workers by value.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+
+def ddp_loop(loop_config: dict) -> None:
+    """Ray Train worker: the job's data and InnerStep, synchronised by DDP all-reduce every step."""
+    import ray
+    import ray.train
+    import torch
+    from ray.train import Checkpoint
+    from torch.nn.parallel import DistributedDataParallel
+
+    from raytrain_seq.config import Config
+    from raytrain_seq.dist.pipeline import BlockRowStream, get_feed, shard_dataset
+    from raytrain_seq.models.factory import build_model_for
+    from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate
+
+    config = Config.from_dict(loop_config["config"])
+    torch.set_num_threads(1)
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    feed = get_feed(loop_config["feed"], namespace=loop_config["namespace"])
+    spec = ray.get(feed.model_spec.remote())
+    torch.manual_seed(config.data.seed)
+    model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    # Some ranks may get only filler rows in a last step: their forward then skips the CNN.
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    train = config.train
+    optimizer = build_optimizer(
+        train.optimizer, ddp.parameters(), lr=train.lr, weight_decay=train.weight_decay
+    )
+    step = InnerStep(ddp, optimizer, micro_batch_size=train.batch_size)
+    started = time.perf_counter()
+    history, eval_rows = [], {}
+
+    def score(split: str) -> float:
+        if split not in eval_rows:
+            stream = BlockRowStream(shard_dataset(ray.get(feed.eval_shard.remote(split)), feed))
+            eval_rows[split] = []
+            while (part := stream.take(16)) is not None:
+                eval_rows[split].append(collate_rows(part))
+        return evaluate(model, eval_rows[split], micro_batch_size=16).accuracy
+
+    for epoch in range(train.epochs):
+        stream = BlockRowStream(shard_dataset(ray.get(feed.epoch_shard.remote(epoch, rank, world)), feed))
+        while (rows := stream.take(train.batch_size)) is not None:
+            stats = step(collate_rows(rows))
+            if stats.sequences == 0:
+                # InnerStep skips the update when this rank's rows are all fillers, but under DDP the
+                # gradient is the all-reduced one (not zero), and every rank must step to stay in sync.
+                optimizer.step()
+        if rank == 0:
+            history.append(
+                {"epoch": epoch + 1, "accuracy": score("val"), "time_s": time.perf_counter() - started}
+            )
+    metrics = {"learner_seconds": time.perf_counter() - started}
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    metrics.update(test_accuracy=score("test"), history=history)
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "done").write_text("ok")
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))

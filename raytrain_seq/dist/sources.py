@@ -1,0 +1,439 @@
+"""Video sources of the refurbishing pipeline: the synthetic set and real UCF101 / HMDB51 videos.
+
+Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et al., "Refurbish Your
+Training Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
+(``dist.pipeline.BlockFeed``) submits for a batch of video ids: it decodes each video (PyAV, one decoder
+thread since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
+augmentation seeded by ``assembly.partial_rng(seed, video, computing epoch)``, so a recompute after a
+resume or on another worker gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
+
+* RGB: ``decode`` at short side ``cache_size`` then ``augment.partial_augment`` (random window along the
+  long side + one colour transform for the whole video).
+* Flow (two-stream, Simonyan & Zisserman 2014; TSN, Wang et al. 2016): ``video.decode_pairs`` gives each
+  kept frame and its source successor, one random window (``augment.resize_video`` with a seeded offset,
+  no colour jitter: flow has no colour) cuts both, and ``flow.pair_flow`` turns each pair into 2 uint8
+  channels, so a strided video still carries the motion between consecutive frames, same T as RGB.
+
+Catalogs (``load_catalogs``): the first ``data.num_classes`` classes (all when None) of the official
+split ``data.split``; a validation split held out from the training list, class by class and WHOLE
+UCF101 groups at a time (the clips of one group are cut from one long video, so a clip-level split
+would score near-duplicates; ``holdout``); then at most ``data.max_videos`` per split, class-balanced
+(``balanced_subset``). Lengths are strided (or fps-resampled) frame counts from the container headers.
+A reader error (missing split file, unknown class, label out of range: each names file and line) is a
+``RunSetupError``, so the job stops before training with one line.
+
+Bad videos. Unreadable at catalog time: skipped with one warning naming the file and listed in
+``skipped``. Readable then but failing to decode inside a task (corrupt packets after a good header):
+the run goes on, the task returns an all-zero clip of the catalog length (the plan was made from that
+length), logs a warning naming the file and reports it, so ``feed.stats()["videos"]["skipped"]`` and the
+summary list it; a black clip is a constant input that carries no class evidence. A decoded length
+that differs from the catalog's (a header that lies) is trimmed, or padded by repeating the last frame,
+to the catalog length, with a rate-limited warning. A file that was readable at catalog time and can no
+longer even be opened has no known length, so its task fails with a VideoError naming the file.
+
+Trade-off (measured for the pieces, see ``data/video.py`` and ``data/flow.py``): decoding is ~450
+frames/s per core at short side 128 and Farneback flow ~5 ms per 112x112 frame, so a flow video costs
+several times its RGB twin; both sit in the refurbished half, paid once per ``reuse`` epochs. The
+catalog is probed in every process that builds it (the driver's check and the feed actor: two header
+passes, 15-25 s each for the 13,320 UCF101 videos); the task workers never probe the catalog: they read
+the list files (milliseconds) and re-probe only the video they decode (1-2 ms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import numpy as np
+
+from raytrain_seq.augment import partial_augment, resize_video
+from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.dist.assembly import partial_rng
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CHANNELS", "SPLITS", "RealVideos", "SyntheticSource", "augment_videos", "balanced_subset", "busy",
+    "fit_length", "get_source", "holdout", "load_catalogs", "render_size", "source_kwargs",
+]  # fmt: skip
+
+SPLITS = ("train", "val", "test")
+CHANNELS = {"rgb": 3, "flow": 2}
+_VAL_SALT = 0x56414C44  # "VALD": the validation hold-out of class c
+_SUBSET_SALT = 0x53554253  # "SUBS": the max_videos subset of class c
+_GROUP = re.compile(r"_g(\d+)_c\d+\.[^.]+$")  # UCF101: v_<Class>_g08_c01.avi -> group "08"
+_REAL_FIELDS = (
+    "dataset", "data_root", "split", "stream", "num_classes", "max_videos", "stride", "fps", "seed",
+    "val_fraction",
+)  # fmt: skip
+_LOGGED_FIRST = 5  # per worker process: the first few length fixes are logged, then every 100th
+
+
+def render_size(config: Config) -> int:
+    """Side at which the synthetic set is rendered: the cache size (>= 8, the renderer's minimum), so the
+    partial augmentation's resize is the identity and only the random transform costs CPU."""
+    return max(8, config.data.cache_size)
+
+
+def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
+    """The hashable arguments of ``get_source`` for ``config`` (what a task needs to find its videos)."""
+    data = config.data
+    if data.stream == "fuse":
+        raise ValueError(
+            "data.stream='fuse' evaluates two finished runs and has no video source of its own: build the "
+            "feed from each run's config (dist.fuse.run_fuse does)"
+        )
+    if data.dataset == "synthetic":
+        fields = ("num_classes", "stride", "seed", "max_videos", "val_fraction")
+        return (*((name, getattr(data, name)) for name in fields), ("size", render_size(config)))
+    # "~" is expanded here, in the driver, so every worker opens the same absolute path.
+    values = {name: getattr(data, name) for name in _REAL_FIELDS}
+    values["data_root"] = os.path.abspath(os.path.expanduser(values["data_root"]))
+    return tuple(values.items())
+
+
+@functools.lru_cache(maxsize=4)
+def get_source(kwargs: tuple[tuple[str, Any], ...]) -> SyntheticSource | RealVideos:
+    """One video source per process and configuration (a task worker decodes many videos)."""
+    options = dict(kwargs)
+    if "dataset" in options:
+        return RealVideos(**options)
+    return SyntheticSource(**options)
+
+
+def busy(seconds: float) -> None:
+    """Burn CPU for ``seconds`` (``data.augment_cost``: makes augmentation the bottleneck on purpose)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def augment_videos(
+    source: tuple, video_ids: list[int], epochs: list[int | None], seed: int, size: int, cost: float
+) -> tuple:
+    """Task body: decode + partial augmentation of each video; epoch None = evaluation resize.
+
+    Returns one uint8 array per video, then ``{"ids", "epochs", "seconds", "failed", "refit",
+    "flow_method"}`` (one extra return): ``failed`` lists ``[path, reason]`` of videos served as zero
+    clips, ``refit`` ``[path, decoded, catalog]`` of lengths fixed to the catalog's.
+    """
+    videos = get_source(source)
+    began = time.perf_counter()
+    out, failed, refit = [], [], []
+    for video, epoch in zip(video_ids, epochs, strict=True):
+        frames, report = videos.load(video, epoch, seed, size)
+        out.append(frames)
+        failed += report.get("failed", [])
+        refit += report.get("refit", [])
+        busy(cost)
+    info = {
+        "ids": list(video_ids),
+        "epochs": list(epochs),
+        "seconds": time.perf_counter() - began,
+        "failed": failed,
+        "refit": refit,
+        "flow_method": videos.flow_method,
+    }
+    return (*out, info)
+
+
+def fit_length(frames: np.ndarray, length: int) -> np.ndarray:
+    """``frames`` cut or padded (last frame repeated) to ``length`` frames along axis 0.
+
+    The packing plan was made from catalog lengths, so the cached array must have exactly that many
+    frames. 5 frames f0..f4 to 7: f0..f4, f4, f4; to 3: f0, f1, f2. A repeated last frame (not a black
+    one) keeps the sequence's end still rather than adding a cut the model would read as an event.
+    """
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+        raise ValueError(f"length must be an int >= 1 (a catalog length), got {length!r}")
+    if frames.shape[0] < 1:
+        raise ValueError("fit_length needs at least one frame to repeat; got an empty array")
+    if frames.shape[0] >= length:
+        return frames[:length]
+    pad = np.repeat(frames[-1:], length - frames.shape[0], axis=0)
+    return np.concatenate([frames, pad])
+
+
+# --------------------------------------------------------------------------------------------- synthetic
+class SyntheticSource:
+    """The built-in synthetic set (``data.synthetic``) behind the same ``catalogs``/``load`` interface."""
+
+    flow_method = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        from raytrain_seq.data.synthetic import SyntheticVideos
+
+        self.videos = SyntheticVideos(**kwargs)
+        self.num_classes = int(kwargs["num_classes"])
+
+    def catalogs(self, *, warn: bool = True) -> dict[str, Any]:
+        return {
+            "catalogs": {split: self.videos.catalog(split) for split in SPLITS},
+            "class_names": [str(c) for c in range(self.num_classes)],
+            "skipped": [],
+        }
+
+    def load(self, video: int, epoch: int | None, seed: int, size: int) -> tuple[np.ndarray, dict]:
+        frames = self.videos.render(video)
+        if epoch is None:
+            return resize_video(frames, size), {}
+        return partial_augment(frames, size=size, rng=partial_rng(seed, video, epoch)), {}
+
+
+# ------------------------------------------------------------------------------------------ real videos
+def holdout(labels: np.ndarray, groups: list[str], fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of the validation videos: whole groups, about ``fraction`` of each class.
+
+    Per class c, its groups in a seeded random order are taken until they hold at least
+    ``max(1, round(fraction * n_c))`` videos, never every group (the class keeps a training video; a
+    class with one group gives none). Example: a class of 8 videos in groups g1..g4 (2 each), fraction
+    0.1: target max(1, round(0.8)) = 1, so the first group of the order (2 videos) is held out.
+    """
+    labels = np.asarray(labels)
+    keys = np.asarray(groups, dtype=object)
+    mask = np.zeros(len(labels), dtype=bool)
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        names = sorted(set(keys[members].tolist()))
+        if len(names) < 2:
+            continue
+        order = np.random.default_rng([seed, _VAL_SALT, int(label)]).permutation(len(names))
+        target, taken = max(1, round(fraction * len(members))), 0
+        for j in order[:-1]:
+            if taken >= target:
+                break
+            chosen = members[keys[members] == names[j]]
+            mask[chosen] = True
+            taken += len(chosen)
+    return mask
+
+
+def balanced_subset(labels: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
+    """Sorted positions of at most ``limit`` videos, dealt round-robin over the classes.
+
+    Each class's videos are put in a seeded random order; round r takes the r-th video of every class
+    that still has one (classes ascending). Labels [0, 0, 0, 1, 2, 2] with limit 4: round 0 takes one
+    video of classes 0, 1, 2, round 1 the second of class 0: classes 0, 0, 1, 2.
+    """
+    labels = np.asarray(labels)
+    if limit is None or limit >= len(labels):
+        return np.arange(len(labels))
+    queues = [
+        members[np.random.default_rng([seed, _SUBSET_SALT, int(label)]).permutation(len(members))]
+        for label in np.unique(labels)
+        for members in [np.flatnonzero(labels == label)]
+    ]
+    picks = [int(q[r]) for r in range(max(len(q) for q in queues)) for q in queues if r < len(q)]
+    return np.sort(np.asarray(picks[:limit], dtype=np.int64))
+
+
+def _subset(catalog, positions: np.ndarray, split: str):
+    return dataclasses.replace(
+        catalog,
+        ids=catalog.ids[positions],
+        labels=catalog.labels[positions],
+        lengths=catalog.lengths[positions],
+        frames=None if catalog.frames is None else catalog.frames[positions],
+        paths=tuple(catalog.paths[int(k)] for k in positions),
+        split=split,
+    )
+
+
+def _group(path: str) -> str:
+    """UCF101's group of a clip (``v_X_g08_c01.avi`` -> ``"08"``); any other file is its own group."""
+    name = os.path.basename(path)
+    match = _GROUP.search(name)
+    return match.group(1) if match else name
+
+
+class RealVideos:
+    """UCF101 or HMDB51 under ``data_root``: catalogs for the feed, ``load`` for the task workers."""
+
+    def __init__(
+        self,
+        *,
+        dataset: str,
+        data_root: str,
+        split: int,
+        stream: str,
+        num_classes: int | None,
+        max_videos: int | None,
+        stride: int,
+        fps: float | None,
+        seed: int,
+        val_fraction: float,
+    ) -> None:
+        if dataset not in ("ucf101", "hmdb51"):
+            raise ValueError(f"dataset must be 'ucf101' or 'hmdb51' for real videos, got {dataset!r}")
+        if stream not in CHANNELS:
+            raise ValueError(f"stream must be one of {sorted(CHANNELS)} for a video source, got {stream!r}")
+        self.dataset, self.data_root, self.fold, self.stream = dataset, data_root, split, stream
+        self.num_classes, self.max_videos = num_classes, max_videos
+        self.stride, self.fps, self.seed, self.val_fraction = stride, fps, seed, val_fraction
+        self.channels = CHANNELS[stream]
+        self._refits = 0  # length fixes in this process, for the rate limit of their warnings
+
+    @property
+    def flow_method(self) -> str | None:
+        """The optical flow algorithm this process uses ("tvl1" or "farneback"); None for RGB."""
+        if self.stream != "flow":
+            return None
+        from raytrain_seq.data.flow import flow_method
+
+        return flow_method()
+
+    @functools.cached_property
+    def _lists(self) -> tuple[tuple[str, ...], dict[str, list[tuple[int, int, str]]]]:
+        """Class names and the fold's entries from the list files (no video is opened)."""
+        if self.dataset == "ucf101":
+            from raytrain_seq.data.ucf101 import ucf101_entries as entries
+        else:
+            from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
+        return entries(self.data_root, self.fold)
+
+    @functools.cached_property
+    def paths(self) -> dict[int, str]:
+        """Video id -> file, for both sides of the fold."""
+        return {video: path for side in self._lists[1].values() for video, _, path in side}
+
+    def catalogs(self, *, warn: bool = True) -> dict[str, Any]:
+        """Probe the chosen classes' videos: train/val/test catalogs, class names and skipped paths."""
+        from raytrain_seq.data.video import build_catalog
+
+        names, lists = self._lists
+        k = len(names) if self.num_classes is None else self.num_classes
+        if k > len(names):
+            raise ValueError(
+                f"data.num_classes={k} but {self.dataset} under {self.data_root} has {len(names)} classes: "
+                f"pass --num-classes <= {len(names)} (or leave it out for all of them)"
+            )
+        options = {"dataset": self.dataset, "fold": self.fold, "stride": self.stride, "fps": self.fps}
+        built = {
+            side: build_catalog(
+                [e for e in lists[side] if e[1] < k],
+                class_names=names[:k],
+                split=side,
+                workers=8,
+                warn=warn,
+                **options,
+            )
+            for side in ("train", "test")
+        }
+        train = built["train"]
+        val_mask = holdout(train.labels, [_group(p) for p in train.paths], self.val_fraction, self.seed)
+        parts = {
+            "train": _subset(train, np.flatnonzero(~val_mask), "train"),
+            "val": _subset(train, np.flatnonzero(val_mask), "val"),
+            "test": built["test"],
+        }
+        if not val_mask.any():
+            raise ValueError(
+                f"{self.dataset}: no validation video could be held out of {len(train)} training videos "
+                "(every class has a single group or video): raise data.val_fraction or use more videos"
+            )
+        catalogs = {
+            split: _subset(c, balanced_subset(c.labels, self.max_videos, self.seed), split)
+            for split, c in parts.items()
+        }
+        missing = sorted(set(range(k)) - set(catalogs["train"].labels.tolist()))
+        if missing:
+            raise ValueError(
+                f"{self.dataset}: classes {[names[c] for c in missing[:5]]} have no training video left "
+                f"(max_videos={self.max_videos}, {len(train)} readable training videos): raise "
+                f"--max-videos to >= {k} or lower --num-classes"
+            )
+        skipped = [path for side in built.values() for path, _ in side.skipped]
+        return {"catalogs": catalogs, "class_names": list(names[:k]), "skipped": skipped}
+
+    def load(self, video: int, epoch: int | None, seed: int, size: int) -> tuple[np.ndarray, dict]:
+        """uint8 ``[catalog length, size, size, C]`` of ``video`` and a report (``failed``/``refit``)."""
+        from raytrain_seq.data.video import VideoError, output_length, probe
+
+        if video not in self.paths:
+            raise ValueError(f"video id {video} is not in {self.dataset} fold {self.fold}: use catalog ids")
+        path = self.paths[video]
+        try:
+            info = probe(path)
+        except VideoError as exc:
+            raise VideoError(
+                path, f"it was readable when the catalog was built but not now ({exc.reason})"
+            ) from exc
+        length = output_length(info.frames, stride=self.stride, fps=self.fps, src_fps=info.fps)
+        try:
+            frames, last = self._decode(path, size)
+        except VideoError as exc:
+            logger.warning(
+                "video %s failed to decode (%s): served as %d black frames; it is listed as skipped",
+                path, exc.reason, length,
+            )  # fmt: skip
+            return np.zeros((length, size, size, self.channels), np.uint8), {"failed": [[path, exc.reason]]}
+        report: dict[str, list] = {}
+        decoded = frames[0].shape[0]
+        if decoded != length:
+            self._log_refit(path, decoded, length)
+            report["refit"] = [[path, decoded, length]]
+        if self.stream == "flow":
+            from raytrain_seq.data.flow import pair_flow
+
+            _one_opencv_thread()
+            # The same first draw as partial_augment's window: one random window for the whole video.
+            offset = None if epoch is None else float(partial_rng(seed, video, epoch).uniform(0.0, 1.0))
+            first, second = (resize_video(f, size, offset) for f in frames)
+            return fit_length(pair_flow(first, second, last=last), length), report
+        rgb = fit_length(frames[0], length)
+        if epoch is None:
+            return resize_video(rgb, size), report
+        return partial_augment(rgb, size=size, rng=partial_rng(seed, video, epoch)), report
+
+    def _decode(self, path: str, size: int) -> tuple[tuple[np.ndarray, ...], bool]:
+        """Frames at short side ``size`` (RGB: ``(frames,)``; flow: ``(first, second)``), and ``last``."""
+        from raytrain_seq.data.video import decode, decode_pairs
+
+        if self.stream == "flow":
+            first, second, last = decode_pairs(path, stride=self.stride, fps=self.fps, size=size, threads=1)
+            return (first, second), last
+        return (decode(path, stride=self.stride, fps=self.fps, size=size, threads=1),), True
+
+    def _log_refit(self, path: str, decoded: int, length: int) -> None:
+        self._refits += 1
+        count = self._refits
+        if count <= _LOGGED_FIRST or count % 100 == 0:
+            logger.warning(
+                "video %s decodes to %d frames but its header gave %d: %s to %d (fix #%d in this worker; the "
+                "first %d and every 100th are logged)",
+                path, decoded, length, "cut" if decoded > length else "padded by repeating the last frame",
+                length, count, _LOGGED_FIRST,
+            )  # fmt: skip
+
+
+@functools.cache
+def _one_opencv_thread() -> None:
+    """A task holds one CPU: OpenCV's own pool (one thread per core by default) would oversubscribe it."""
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+# ---------------------------------------------------------------------------------------------- catalogs
+def load_catalogs(config: Config, *, warn: bool = True) -> dict[str, Any]:
+    """Catalogs of the three splits and what the model and summary need to know about them.
+
+    Returns ``{"catalogs": {train, val, test}, "class_names", "skipped": [paths], "channels",
+    "flow_method"}``. A reader's error (bad layout, split file, class or label) becomes a RunSetupError.
+    """
+    source = get_source(source_kwargs(config))
+    try:
+        loaded = source.catalogs(warn=warn)
+        method = source.flow_method  # imports OpenCV for a flow stream: missing, it fails here, at start
+    except RunSetupError:
+        raise
+    except (ValueError, ImportError) as exc:
+        if config.data.dataset == "synthetic":
+            raise
+        raise RunSetupError(str(exc)) from exc
+    return {**loaded, "channels": CHANNELS[config.data.stream], "flow_method": method}

@@ -1,0 +1,329 @@
+"""The benchmark scripts' pure helpers, and tiny runs of the single-process ones (no Ray, seconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import averaging  # noqa: E402
+import benchlib  # noqa: E402
+import bload_table  # noqa: E402
+import microbatch  # noqa: E402
+import randaugment  # noqa: E402
+import refurbish_loader as rl  # noqa: E402
+import report  # noqa: E402
+
+from raytrain_seq.config import Config  # noqa: E402
+from raytrain_seq.packing import pack, shard  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_data() -> benchlib.LocalData:
+    return benchlib.LocalData(Config.from_preset("demo", max_videos=12))
+
+
+# ------------------------------------------------------------------------------------------- benchlib
+def test_markdown_table_aligns_and_rejects_ragged_rows():
+    """markdown_table: first column left, the rest right; a row of the wrong width raises ValueError."""
+    text = benchlib.markdown_table(["a", "b", "c"], [["x", "1", "2"]])
+    assert text.splitlines()[1] == "|:---|---:|---:|"
+    with pytest.raises(ValueError, match="3 cells"):
+        benchlib.markdown_table(["a", "b", "c"], [["x", "1"]])
+
+
+def test_compare_accuracy_uses_two_standard_errors():
+    """compare_accuracy: points, the se of a difference of two runs, and a verdict at 2 se."""
+    diff, se, word = benchlib.compare_accuracy(0.75, 0.72, 1000)
+    assert diff == pytest.approx(3.0)
+    assert se == pytest.approx(100 * math.sqrt((0.75 * 0.25 + 0.72 * 0.28) / 1000))
+    assert word == "is within noise of"  # 3.0 < 2 * 1.96
+    assert benchlib.compare_accuracy(0.9, 0.7, 1000)[2] == "beats"
+    assert benchlib.compare_accuracy(0.7, 0.9, 1000)[2] == "trails"
+
+
+def test_local_rows_hold_every_sequence_of_the_plan_once(small_data):
+    """LocalData.rows: the plan's blocks as collated rows, every train video once, frames where it says."""
+    plan = small_data.epoch_plan("optimal", 0)
+    assert any(len(b.ids) > 1 for b in plan.blocks), "the case must pack several sequences per block"
+    arrays = {int(v): small_data.partial(int(v), 0) for v in small_data.catalogs["train"].ids}
+    batches = list(small_data.rows("train", plan, arrays, epoch=0, batch_rows=[2] * 8, center=True))
+    assert sum(len(b["num_sequences"]) for b in batches) == len(plan.blocks)
+    lengths = torch.cat([b["lengths"] for b in batches])
+    assert int(lengths.clamp(min=0).sum()) == int(small_data.catalogs["train"].lengths.sum())
+    frames = torch.cat([b["frames"] for b in batches])
+    row, slot = next((r, s) for r, b in enumerate(plan.blocks) for s in range(len(b.ids)) if b.starts[s] > 0)
+    start, length = plan.blocks[row].starts[slot], plan.blocks[row].lengths[slot]
+    video = int(small_data.catalogs["train"].ids[plan.blocks[row].ids[slot]])
+    crop = small_data.config.data.crop
+    offset = (arrays[video].shape[1] - crop) // 2
+    expected = arrays[video][:, offset : offset + crop, offset : offset + crop]
+    assert torch.equal(frames[row, start : start + length], torch.from_numpy(expected))
+    with pytest.raises(ValueError, match="do not cover"):
+        list(small_data.rows("train", plan, arrays, epoch=0, batch_rows=[1], center=True))
+
+
+# ---------------------------------------------------------------------------------------- bload table
+def test_steps_and_rows_give_every_strategy_the_same_steps():
+    """steps_and_rows: the reference's ceil(blocks/batch) steps for all, sizes within one, all rows used."""
+    steps, rows = bload_table.steps_and_rows({"optimal": 50, "pad": 200, "chunk": 7}, "optimal", 4)
+    assert steps == 13
+    assert rows["optimal"] == [4] * 11 + [3] * 2 and rows["pad"] == [16] * 5 + [15] * 8
+    assert rows["chunk"] == [1] * 7  # fewer blocks than steps: one row a step
+    for name, n in {"optimal": 50, "pad": 200}.items():
+        assert sum(rows[name]) == n and len(rows[name]) == steps and max(rows[name]) - min(rows[name]) <= 1
+
+
+def test_micro_rows_keep_the_frame_budget():
+    """micro_rows: the same frames per micro-batch at a shorter t_max (4 x 222 -> 38 rows of 23)."""
+    assert bload_table.micro_rows(4, 222, 23) == 38
+    assert bload_table.micro_rows(4, 222, 222) == 4
+    assert bload_table.micro_rows(1, 10, 100) == 1
+
+
+def test_bload_table_tiny_run_writes_a_consistent_table(tmp_path):
+    """A tiny run: 0 frames deleted except chunk, pad pads most, same steps for all, files written."""
+    res = bload_table.main(["--videos", "10", "--epochs", "1", "--batch", "2", "--results", str(tmp_path)])
+    r = res["results"]
+    assert {n: r[n]["stats"]["deleted"] for n in ("pad", "bload", "optimal")} == dict.fromkeys(
+        ("pad", "bload", "optimal"), 0
+    )
+    assert r["chunk"]["stats"]["deleted"] > 0, "chunk must cut something for the table to mean anything"
+    assert r["pad"]["stats"]["padding"] > max(
+        r["bload"]["stats"]["padding"], r["optimal"]["stats"]["padding"]
+    )
+    assert len({e["steps_per_epoch"] for e in r.values()}) == 1
+    assert all(0.0 <= e["test_accuracy"] <= 1.0 for e in r.values())
+    data = json.loads((tmp_path / "bload_table.json").read_text())
+    assert data["headline"]["padding_cut_optimal"] == pytest.approx(
+        r["pad"]["stats"]["padding"] / r["optimal"]["stats"]["padding"]
+    )
+    assert (tmp_path / "bload_table.png").stat().st_size > 0
+    assert f"{r['pad']['stats']['padding']:,}" in (tmp_path / "bload_table.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------ refurbish
+def test_balanced_eviction_recomputes_each_id_once_every_r_epochs():
+    """computing_epochs("balanced"): ages below r, N/r fresh per epoch, each id recomputed every r epochs."""
+    num, r, epochs = 10, 3, 7
+    comp = rl.computing_epochs("balanced", num, r, epochs, seed=0)
+    ages = np.arange(epochs)[:, None] - comp
+    assert ages.max() == r - 1 and ages.min() == 0
+    fresh = comp == np.arange(epochs)[:, None]
+    assert fresh[0].all() and all(fresh[e].sum() in (3, 4) for e in range(1, epochs))
+    assert (fresh[1:4].sum(axis=0) == 1).all()
+
+
+def test_naive_evictions_differ_from_balanced_as_documented():
+    """random: N//r fresh per epoch but some ids wait longer than r; refcount: everything at r, 2r."""
+    rand = rl.computing_epochs("random", 30, 3, 8, seed=0)
+    assert all((rand[e] == e).sum() == 10 for e in range(1, 8))
+    assert (np.arange(8)[:, None] - rand).max() > 2, "random eviction must show staleness beyond r-1"
+    ref = rl.computing_epochs("refcount", 4, 2, 4, seed=0)
+    assert ref.tolist() == [[0] * 4, [0] * 4, [2] * 4, [2] * 4]
+    with pytest.raises(ValueError, match="unknown eviction"):
+        rl.computing_epochs("lru", 4, 2, 4, seed=0)
+
+
+def test_step_sampler_covers_every_id_each_epoch_and_compose_balances_fresh():
+    """StepSampler: every id once per epoch; compose keeps fresh per full batch within one, shuffle does not."""
+    comp = rl.computing_epochs("balanced", 60, 3, 3, seed=0)
+    spreads = {}
+    for compose in (True, False):
+        sampler = rl.StepSampler(comp, 6, compose=compose, reuse=3, seed=0)
+        steps = list(sampler)
+        for epoch in range(3):
+            ids = sorted(t.position for s in steps for t in s if t.epoch == epoch)
+            assert ids == list(range(60))
+        fresh = [sum(t.computed_in == t.epoch for t in s) for s in steps if s[0].epoch == 1]
+        spreads[compose] = max(fresh) - min(fresh)
+    assert spreads[True] <= 1 < spreads[False]
+
+
+def test_loader_modes_cache_what_they_should(small_data):
+    """standard recomputes every use; refurbish reuses the partial (new crops); echo reuses the final array."""
+    config = small_data.config.to_dict()
+    comp = rl.computing_epochs("balanced", len(small_data.catalogs["train"]), 3, 3, seed=0)
+    tasks = [rl.Task(e, p, int(comp[e, p])) for e in range(3) for p in range(4)]
+    reused = [t for t in tasks if t.epoch and t.computed_in < t.epoch]
+    assert reused, "the case must reuse some cached samples"
+    outs = {}
+    for mode in ("standard", "refurbish", "echo"):
+        loader = rl.RefurbishingLoader(config, mode, frame_cost=0.0, t_max=small_data.t_max, max_sequences=12)
+        outs[mode] = {(t.epoch, t.position): loader.sample(t) for t in tasks}
+        expected = len(tasks) if mode == "standard" else len({(t.position, t.computed_in) for t in tasks})
+        assert loader.partials == expected
+    for t in reused:
+        first = (t.computed_in, t.position)
+        assert np.array_equal(outs["echo"][(t.epoch, t.position)], outs["echo"][first])
+    assert any(
+        not np.array_equal(
+            outs["refurbish"][(t.epoch, t.position)], outs["refurbish"][(t.computed_in, t.position)]
+        )
+        for t in reused
+    ), "refurbishing must give a reused sample a fresh final augmentation"
+
+
+def test_pack_rows_places_each_sequence_at_its_start():
+    """pack_rows: every sequence once, at its start in its row, labels beside it, -1 padding."""
+    seqs = [np.full((n, 2, 2, 3), i + 1, dtype=np.uint8) for i, n in enumerate([5, 3, 4])]
+    rows = rl.pack_rows(seqs, [7, 8, 9], 8, 3)
+    assert rows["num_sequences"].sum() == 3 and rows["frames"].shape == (2, 8, 2, 2, 3)
+    for row in range(2):
+        for slot in range(int(rows["num_sequences"][row])):
+            start, length = rows["starts"][row, slot], rows["lengths"][row, slot]
+            value = int(rows["frames"][row, start, 0, 0, 0])
+            assert (rows["frames"][row, start : start + length] == value).all()
+            assert [5, 3, 4][value - 1] == length and rows["labels"][row, slot] == [7, 8, 9][value - 1]
+    assert (rows["starts"][rows["starts"] < 0] == -1).all()
+
+
+def test_randaugment_changes_images_and_calibration_is_positive():
+    """randaugment keeps shape and dtype and alters the image; calibrate returns a positive cost."""
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    outs = [randaugment.randaugment(image, np.random.default_rng(s)) for s in range(6)]
+    assert all(o.shape == image.shape and o.dtype == np.uint8 for o in outs)
+    assert any(not np.array_equal(o, image) for o in outs)
+    assert randaugment.calibrate(size=32, images=2) > 0
+
+
+# ----------------------------------------------------------------------------------------- microbatch
+def test_overhead_vs_fit_is_per_sample():
+    """overhead_vs_fit: streamed s/sample over plain-at-fit s/sample minus one; None when missing."""
+    assert microbatch.overhead_vs_fit(1.04, 1024, 0.016, 16) == pytest.approx(1.04 / 1024 / 0.001 - 1)
+    assert microbatch.overhead_vs_fit(None, 1024, 0.016, 16) is None
+
+
+def test_microbatch_tiny_run_gradients_agree(tmp_path):
+    """A tiny CPU run streams 16 and 32 rows: gradients equal (fp32 1e-5, fp64 1e-9); the GPU part is declared missing."""
+    res = microbatch.main(["--tiny", "--repeats", "1", "--device", "cpu", "--results", str(tmp_path)])
+    assert [r["size"] for r in res["rows"]] == [16, 32]
+    diffs = [r["grad_diff"] for r in res["rows"]]
+    assert all(d is not None and d <= 1e-5 for d in diffs) and diffs[1] > 0, "32 rows in 2 micro-batches"
+    assert res["float64"]["size"] == 32 and res["float64"]["diff"] <= 1e-9
+    assert "no GPU" in (tmp_path / "microbatch.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------ averaging
+def test_validate_every_validates_once_per_epoch():
+    """validate_every: ceil(steps / K), 1 for K = -1."""
+    assert [averaging.validate_every(k, 32) for k in (1, 4, 16, 64, -1)] == [32, 8, 2, 1, 1]
+
+
+def test_time_to_reach_first_crossing():
+    """time_to_reach: the first time the curve reaches the target; None if never."""
+    history = [
+        {"accuracy": 0.2, "time_s": 1.0},
+        {"accuracy": 0.5, "time_s": 2.0},
+        {"accuracy": 0.4, "time_s": 3.0},
+    ]
+    assert averaging.time_to_reach(history, 0.4) == 2.0
+    assert averaging.time_to_reach(history, 0.6) is None
+
+
+def test_cost_model_matches_the_formula():
+    """cost_model: ResNet-152, 16 learners, 100 Gbit/s, 5 GB/s -> 722.4 MB, 1.85 s wire, 2.31 s mean."""
+    c = averaging.cost_model(16, 60.2e6, 100, 5.0, steps=19)
+    assert c["payload_mb"] == pytest.approx(722.4)
+    assert c["wire_s"] == pytest.approx(2 * 16 * 722.4e6 / 12.5e9)
+    assert c["mean_s"] == pytest.approx(16 * 722.4e6 / 5e9)
+    assert c["ring_epoch_s"] == pytest.approx(19 * 2 * 15 / 16 * 240.8e6 / 12.5e9)
+
+
+def test_steps_per_epoch_is_a_learners_share(small_data):
+    """steps_per_epoch: one learner's equal share of the optimal plan, divided by the batch."""
+    lengths = small_data.catalogs["train"].lengths
+    blocks = len(shard(pack(lengths, small_data.t_max), 2)[0])
+    assert averaging.steps_per_epoch(lengths, small_data.t_max, 2, 1) == blocks
+    assert averaging.steps_per_epoch(lengths, small_data.t_max, 2, 2) == math.ceil(blocks / 2)
+
+
+# --------------------------------------------------------------------------------------------- report
+def test_report_assembles_sections_and_headlines(tmp_path):
+    """report.build: headline from the JSON, a .md section, a .txt code block, missing ones named."""
+    result = benchlib.Result(
+        name="bload_table", title="T", command="cmd", size="tiny", header=["a"], rows=[["1"]],
+        verdicts=["v"], headline={"padding_cut_optimal": 1234.0},
+    )  # fmt: skip
+    benchlib.write_results(result, tmp_path)
+    (tmp_path / "pipeline.txt").write_text("rates here")
+    text = report.build(tmp_path, "../results")
+    assert "| bload_table | padding, naive / optimal packing | 1,234x |" in text
+    assert "```\nrates here\n```" in text
+    assert "Not run: no `bench/results/refurbish.md`" in text
+    assert "](../results/bload_table.png)" in text and "\n## T\n" in text
+
+
+def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
+    run = {"rounds": 10, "test": 0.6, "best_val": 0.6, "learner_s": 50.0, "averaging_s": 1.0, "final_b": 1,
+           "max_b": 2, "adaptive": True, "merge": True, "history": [{"accuracy": 0.6, "time_s": 40.0}]}  # fmt: skip
+    ks = [
+        {**run, "name": "aavg-k1", "k": 1, "m": 32, "share": 0.2},
+        {**run, "name": "aavg-k-1", "k": -1, "m": 1, "share": tmp_share},
+    ]
+    ablation = [
+        {**run, "name": "aavg1", "adaptive": False, "merge": False, "max_b": 1, "test": 0.4},
+        {**run, "name": "aavg2", "merge": False, "test": 0.55},
+        {**ks[1], "name": "aavg3"},
+    ]
+    cost = [{"nic": 100, **averaging.cost_model(16, 60.2e6, 100, 0.6, steps=19)}]
+    return {"size": {"batch": 1, "videos": 500, "epochs": 5}, "steps": 32, "ks": ks,
+            "ablation": ablation, "aavg": ks[1], "test_videos": 500, "target": 0.6, "t_aavg": 40.0, "t_ddp": 80.0,
+            "ddp": {**run, "name": "ddp", "history": [{"accuracy": 0.6, "time_s": 80.0}]},
+            "bandwidth": {"mb": 200.0, "seconds": {"numpy": 0.1, "library": 0.3, "actor": 1.0},
+                          "mbps": {"numpy": 2000.0, "library": 666.0, "actor": 200.0}},
+            "cost": cost, "cost_steps": 19, "cost_learners": 16, "job_payload_mb": 0.6}  # fmt: skip
+
+
+def test_averaging_verdicts_follow_the_numbers():
+    """averaging.verdicts: the DDP ratio, the ablation order and the dominant cost term come from the data."""
+    res = _fake_averaging_result()
+    lines, head = averaging.verdicts(res)
+    assert head["ddp_over_aavg_time"] == pytest.approx(2.0) and head["share_k_epoch"] == pytest.approx(0.02)
+    text = " ".join(lines)
+    assert "(2.00x; above 1 means AAVG is faster)" in text
+    assert "AAVG2 beats AAVG1 (+15.0 points" in text and "AAVG3 is within noise of AAVG2" in text
+    assert "so arithmetic dominates" in text  # 11.6 GB at 0.6 GB/s >> 23 GB at 12.5 GB/s
+    low = {**res, "target": 0.12}
+    assert (
+        "near chance" in " ".join(averaging.verdicts(low)[0])
+        and "ddp_over_aavg_time" not in averaging.verdicts(low)[1]
+    )
+    tables = averaging.tables(res, type("A", (), {"cost_learners": 16})())
+    assert [len(rows) for _, _, rows in tables] == [2, 3, 2, 3, 1]
+
+
+def test_refurbish_verdicts_follow_the_numbers():
+    """refurbish.verdicts: speed-up vs the 1.5x target, and echoing judged against r=3 at two standard errors."""
+    import refurbish
+
+    def run(name, mode, reuse, rate, acc):
+        return {"name": name, "mode": mode, "reuse": reuse, "rate_warm": rate, "rate_all": rate, "accuracy": acc,
+                "test_sequences": 1000, "partials": 1, "cpu_per_sample_warm": 1.0 / rate}  # fmt: skip
+
+    spread = [
+        {"policy": p, "compose": c, "cpu_cv": cv, "cpu_p95_median": 1.2, "epoch_cv": ecv}
+        for p, c, cv, ecv in (
+            ("balanced", True, 0.1, 0.05),
+            ("balanced", False, 0.4, 0.05),
+            ("refcount", False, 1.5, 1.8),
+        )
+    ]
+    res = {"runs": [run("standard", "standard", 1, 20.0, 0.60), run("echo", "echo", 3, 50.0, 0.45),
+                    run("r3", "refurbish", 3, 40.0, 0.595)], "spread": spread}  # fmt: skip
+    lines, head = refurbish.verdicts(res)
+    text = " ".join(lines)
+    assert head["r3_speedup"] == pytest.approx(2.0) and "target >= 1.5x: met" in text
+    assert head["r3_cpu_speedup"] == pytest.approx(2.0) and "2.00x less CPU per sample" in text
+    assert "within the paper's 1.03-2.04x range" in text and "target within 1 point: met" in text
+    assert "loses more accuracy than refurbishing r=3" in text
+    assert "varies by 10 %" in text and "180 % std/mean" in text

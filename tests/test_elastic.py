@@ -1,0 +1,394 @@
+"""Elastic and fault-tolerant learners, without a cluster: re-split, positions, backoff, the summary's logs.
+
+Contracts pinned: the blocks an epoch has left are re-split over a new group with equal counts, each
+block exactly once and nothing dropped, whatever chain of group sizes the epoch went through; an
+``EpochPosition`` survives JSON and describes that chain; the learners' retry schedule is bounded and
+exponential and ends in a clear error; the averager's membership log becomes the summary's
+``membership`` (one entry per change of the learner count) and ``recoveries``; the driver refuses a
+storage path it cannot write before it starts anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.dist.assembly import EpochPosition, layout_specs, plan_specs, resplit
+from raytrain_seq.dist.averager import ParameterAverager
+from raytrain_seq.dist.rounds import AveragerUnavailableError, Backoff, RoundBook
+from raytrain_seq.dist.state import membership_entries, recovery_entries
+from raytrain_seq.packing import pack
+
+
+def _plan(n: int = 53, seed: int = 3):
+    """A real packing plan of n random lengths, with ids/labels/fresh masks as the feed builds them."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 60, size=n)
+    plan = pack(lengths, 64, seed=seed)
+    ids, labels = (np.arange(n) + 1000).tolist(), (np.arange(n) % 4).tolist()
+    fresh = rng.random(n) < 0.4
+    return plan, lambda w: plan_specs(plan, w, ids, labels, fresh)
+
+
+def _key(block) -> tuple:
+    return (block.ids, block.offsets)
+
+
+def _plan_keys(plan) -> list[tuple]:
+    """The plan's blocks as spec keys (plan positions -> catalog ids, position + 1000)."""
+    return [(tuple(1000 + i for i in b.ids), b.offsets) for b in plan.blocks]
+
+
+def _real(blocks) -> list[tuple]:
+    return [_key(b) for b in blocks if b.ids]
+
+
+# ------------------------------------------------------------------------------------------ re-split
+@pytest.mark.parametrize(("old", "rows", "new"), [(4, 3, 3), (2, 5, 3), (3, 0, 1), (1, 7, 4)])
+def test_resplit_equal_counts_each_remaining_block_once(old, rows, new):
+    """resplit: every new shard has the same length; consumed + re-split = the plan, each block once."""
+    plan, split = _plan()
+    specs = split(old)
+    assert len({len(s) for s in specs}) == 1 and rows < len(specs[0])
+    out = resplit(specs, rows, new)
+    assert len(out) == new and len({len(s) for s in out}) == 1  # equal counts
+    consumed = [_key(b) for s in specs for b in s[:rows] if b.ids]
+    remaining = [k for s in out for k in _real(s)]
+    everything = Counter(consumed + remaining)
+    assert set(everything.values()) == {1}, "a block was trained twice"
+    assert set(everything) == set(_plan_keys(plan)), "a block was dropped"
+    fillers = sum(1 for s in out for b in s if not b.ids)
+    assert fillers == (-len(remaining)) % new and all(b.weight == 0.0 for s in out for b in s if not b.ids)
+    # Not vacuous: the old layout really had blocks left that now moved to other shards.
+    assert remaining and (old != new or rows == 0)
+
+
+def test_resplit_balances_frames_and_rejects_bad_arguments():
+    """The re-dealt shards' frames differ by at most one block's; bad rows or sizes raise ValueError."""
+    _, split = _plan(n=80, seed=5)
+    out = resplit(split(3), 4, 2)
+    frames = [sum(sum(b.lengths) for b in s) for s in out]
+    biggest = max(sum(b.lengths) for s in out for b in s)
+    assert abs(frames[0] - frames[1]) <= biggest
+    with pytest.raises(ValueError, match="rows_done"):
+        resplit(split(3), 10_000, 2)
+    with pytest.raises(ValueError, match="unequal"):
+        resplit([split(2)[0], split(2)[1][:-1]], 0, 2)
+
+
+def test_layout_chain_trains_every_block_exactly_once():
+    """An epoch run by 4, then 2, then 3 learners (rows taken in between) covers the plan exactly once."""
+    plan, split = _plan(n=90, seed=11)
+    chain = [(4, 3), (2, 2)]  # 4 learners took 3 rows each, then 2 learners 2 rows each; now 3 learners
+    trained: list[tuple] = []
+    for depth in range(len(chain) + 1):
+        specs = layout_specs(split, chain[:depth], chain[depth][0] if depth < len(chain) else 3)
+        rows = chain[depth][1] if depth < len(chain) else None
+        trained += [_key(b) for s in specs for b in s[:rows] if b.ids]
+    assert Counter(trained) == Counter(_plan_keys(plan))
+    final = layout_specs(split, chain, 3)
+    assert len({len(s) for s in final}) == 1 and len(final) == 3
+    # Deterministic: another process rebuilding the same chain gets the same shards.
+    assert layout_specs(split, chain, 3) == final
+
+
+# ------------------------------------------------------------------------------------------ position
+def test_epoch_position_for_group_and_json_round_trip():
+    """for_group keeps the layout for the same size, replaces an untouched one, chains a started one."""
+    start = EpochPosition(2)
+    assert start.for_group(3) == EpochPosition(2, (), 3, 0)
+    running = EpochPosition(2, (), 3, 0).after(5)
+    assert running.for_group(3) is running  # same size: same shards, no re-split
+    moved = running.for_group(2)
+    assert moved == EpochPosition(2, ((3, 5),), 2, 0)
+    assert moved.after(0).for_group(4) == EpochPosition(2, ((3, 5),), 4, 0)  # nothing taken: replaced
+    text = json.dumps(moved.after(1).as_dict())
+    assert EpochPosition.from_dict(json.loads(text)) == moved.after(1)
+    with pytest.raises(ValueError, match="for_group"):
+        start.after(4)  # rows taken under no layout could not be found again by another group
+    for bad in ({"epoch": -1}, {"rows_done": 2}, {"epoch": 0, "history": [[0, 3]]}):
+        with pytest.raises(ValueError, match="epoch position"):
+            EpochPosition.from_dict(bad)
+
+
+# ------------------------------------------------------------------------------------------- backoff
+def test_backoff_is_bounded_and_exponential():
+    """Delays double from base up to cap and their sum stays within the budget."""
+    assert Backoff(0.5, 4.0, 10.0).delays() == [0.5, 1.0, 2.0, 4.0]
+    delays = Backoff(0.25, 2.0, 30.0).delays()
+    assert delays[:4] == [0.25, 0.5, 1.0, 2.0] and set(delays[3:]) == {2.0}
+    assert sum(delays) <= 30.0 < sum(delays) + 2.0
+
+
+def test_learner_retries_an_unreachable_averager_then_fails_clearly(monkeypatch):
+    """Learner._call retries RayActorError/GetTimeoutError on the backoff schedule, then fails clearly."""
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError
+
+    from raytrain_seq.dist import learner as learner_module
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(learner_module.time, "sleep", sleeps.append)
+
+    class FakeRay:
+        def __init__(self, failures):
+            self.failures, self.calls = list(failures), 0
+
+        def get(self, ref, timeout=None):
+            self.calls += 1
+            if self.failures:
+                raise self.failures.pop(0)
+            return ref
+
+    class Method:
+        def remote(self, *args, **kwargs):
+            return ("answer", args, kwargs)
+
+    learner = learner_module.Learner.__new__(learner_module.Learner)
+    learner.rank, learner.backoff = 1, Backoff(0.1, 0.4, 1.0)
+    learner.ray = FakeRay([ActorUnavailableError("restarting", None), GetTimeoutError("slow")])
+    assert learner._call("join", Method(), 1, 2, seed=None) == ("answer", (1, 2), {"seed": None})
+    assert learner.ray.calls == 3 and sleeps == [0.1, 0.2]
+    sleeps.clear()
+    learner.ray = FakeRay([ActorUnavailableError("gone", None)] * 10)
+    with pytest.raises(AveragerUnavailableError, match="averager-max-restarts") as info:
+        learner._call("average", Method())
+    assert info.value.attempts == 4 and sleeps == [0.1, 0.2, 0.4]  # 0.1 + 0.2 + 0.4 <= 1.0 < + 0.4
+
+
+# ------------------------------------------------------------------------------- membership, summary
+def test_membership_log_becomes_the_summary_entries():
+    """Each change of the learner count (start, shrink, drop, rejoin, grow) is one membership entry."""
+    book = RoundBook(2, timeout_s=1.0, clock=lambda: 0.0)
+    for rank in (0, 1):
+        book.join(rank, 2, incarnation=f"a{rank}")
+    book.join(0, 1, incarnation="b0")  # Ray Train restarted with 1 learner
+    for rank in (0, 1):
+        book.join(rank, 2, incarnation=f"c{rank}")  # and grew back to 2
+    book.arrive(0, 1, 2, incarnation="c0")
+    book.deadline = -1.0  # past the deadline: rank 1 is dropped
+    book.close()
+    book.finish()
+    book.join(1, 2, incarnation="c1")
+    for i, record in enumerate(book.membership_log):
+        record["elapsed_s"] = float(i)
+    entries = membership_entries({"membership": book.membership_log})
+    assert [e["learners"] for e in entries] == [2, 1, 2, 1, 2]
+    reasons = [e["reason"] for e in entries]
+    assert reasons[0] == "learners started" and "fewer" in reasons[1] and "more" in reasons[2]
+    assert "dropped from round 1" in reasons[3] and "rejoined" in reasons[4]
+    assert [e["time_s"] for e in entries] == sorted(e["time_s"] for e in entries)
+    assert len(book.membership_log) > len(entries)  # plain joins are not changes
+    recoveries = recovery_entries({"recoveries": [{"elapsed_s": 3.0, "kind": "dropped", "detail": "x"}]})
+    assert recoveries == [{"time_s": 3.0, "kind": "dropped", "detail": "x"}]
+
+
+def test_summary_fills_elastic_and_video_fields():
+    """_summary: learners = final group, membership/recoveries from the averager, per-class by name."""
+    from raytrain_seq.dist.trainer import _summary
+
+    async def averaged():
+        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
+        for rank in (0, 1):
+            await averager.join(rank, 2, incarnation=f"a{rank}")
+        await averager.join(0, 1, incarnation="b0")  # the group shrank to one learner
+        result = await averager.average(
+            0, 1, 1, {"w": torch.ones(2)}, None, {"frames": 7.0, "loss": 0.5, "sequences": 2.0}
+        )
+        await averager.report_validation(1, 0.75, epoch=0)
+        return result, await averager.summary()
+
+    result, averaging = asyncio.run(asyncio.wait_for(averaged(), 20))
+    config = Config.from_preset("smoke")
+    feed = {"videos": {"train": 3, "val": 1, "test": 1, "skipped": []}, "flow_method": None, "epochs": {}}
+    metrics = {
+        "test_accuracy": 0.5,
+        "per_class": {"0": [1, 2], "2": [0, 0], "3": [3, 3]},
+        "learner_seconds": 2.0,
+    }
+    summary = _summary(config, metrics, averaging, feed, ["walk", "run", "jump", "swim"])
+    assert summary.learners == 1 and summary.frames_total == 7 and result.round == 1
+    assert [m["learners"] for m in summary.membership] == [2, 1]
+    assert [r["kind"] for r in summary.recoveries] == ["restart_from_scratch"]
+    assert summary.per_class_accuracy == {"walk": 0.5, "swim": 1.0}  # a class with no test video is left out
+    assert summary.videos["train"] == 3 and summary.stream == "rgb" and summary.flow_method is None
+    assert summary.val_accuracy_history == [
+        {
+            "round": 1,
+            "epoch": 0,
+            "accuracy": 0.75,
+            "time_s": pytest.approx(summary.val_accuracy_history[0]["time_s"]),
+        }
+    ]
+    assert summary.loss_history[0]["loss"] == 0.5
+
+
+def test_storage_path_that_cannot_be_written_is_refused_before_ray(tmp_path):
+    """A --storage-path that cannot hold the run folder stops the run with RunSetupError, Ray untouched."""
+    import ray
+
+    from raytrain_seq.dist.trainer import run
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # a path under a file cannot be created, even by root
+    config = Config.from_preset("smoke", storage_path=str(blocker / "runs"), run_name="x")
+    was_up = ray.is_initialized()
+    with pytest.raises(RunSetupError, match=r"cannot write the run folder .*pass a writable --storage-path"):
+        run(config)
+    assert ray.is_initialized() == was_up
+    assert os.path.isfile(blocker)
+
+
+def test_train_env_sets_the_start_timeout_for_the_fit_only(monkeypatch):
+    """The worker-group start timeout reaches Ray Train through its env var during fit, then is restored."""
+    from raytrain_seq.dist.trainer import WORKER_START_TIMEOUT_ENV, _train_env
+
+    monkeypatch.delenv(WORKER_START_TIMEOUT_ENV, raising=False)
+    config = Config.from_preset("smoke", worker_start_timeout_s=7.5)
+    with _train_env(config):
+        assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
+    assert WORKER_START_TIMEOUT_ENV not in os.environ
+    monkeypatch.setenv(WORKER_START_TIMEOUT_ENV, "99")
+    with _train_env(config):
+        assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
+    assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
+
+
+def test_filler_only_batch_keeps_adam_steps_in_lockstep():
+    """A mini-batch of fillers (no optimizer.step) still counts a step, so the learners' Adam steps agree."""
+    from raytrain_seq.averaging import merge_adam_states
+    from raytrain_seq.dist.learner import _count_step
+
+    def trained(steps: int) -> torch.optim.Adam:
+        weight = torch.nn.Parameter(torch.ones(3))
+        adam = torch.optim.Adam([weight], lr=0.1)
+        for _ in range(steps):
+            adam.zero_grad()
+            (weight**2).sum().backward()
+            adam.step()
+        return adam
+
+    full, skipped = trained(3), trained(2)  # the second learner's third mini-batch held only fillers
+    with pytest.raises(ValueError, match="step differs"):
+        merge_adam_states([full.state_dict()["state"], skipped.state_dict()["state"]])
+    _count_step(skipped)
+    merged = merge_adam_states([full.state_dict()["state"], skipped.state_dict()["state"]])
+    assert float(merged[0]["step"]) == 3.0
+    _count_step(torch.optim.Adam([torch.nn.Parameter(torch.ones(1))]))  # no state yet: nothing to count
+
+
+class _FakeRay:
+    """ray.get returns a fake ref's value or raises its error; ray.train.report is recorded."""
+
+    def __init__(self) -> None:
+        self.reports: list[dict] = []
+        self.train = self
+
+    def get(self, ref, timeout=None):
+        if isinstance(ref, BaseException):
+            raise ref
+        return ref
+
+    def report(self, metrics, **kwargs) -> None:
+        self.reports.append(metrics)
+
+
+class _Replies:
+    """An actor method whose .remote() hands out the scripted replies in order and records the calls."""
+
+    def __init__(self, *replies) -> None:
+        self.replies, self.calls = list(replies), []
+
+    def remote(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return self.replies.pop(0)
+
+
+def _learner(checkpoint_every: int = 2):
+    from raytrain_seq.dist import learner as learner_module
+
+    learner = learner_module.Learner.__new__(learner_module.Learner)
+    learner.config = Config.from_preset("smoke", checkpoint_every=checkpoint_every, epochs=3)
+    learner.rank, learner.world_size, learner.incarnation = 1, 2, "me"
+    learner.ray, learner.backoff, learner.device = _FakeRay(), Backoff(0.01, 0.01, 0.01), "cpu"
+    learner.model = torch.nn.Linear(2, 1)
+    learner.optimizer = torch.optim.Adam(learner.model.parameters())
+    learner.round, learner.batch_size, learner.round_timeout_s = 5, 4, 60.0
+    learner._last = {
+        "round": 4,
+        "params": {},
+        "optimizer_state": None,
+        "adaptive_state": {},
+        "position": None,
+    }
+    return learner
+
+
+def _join_info(round_: int, latest: int, position: dict | None):
+    from raytrain_seq.dist.state import JoinInfo
+
+    params = {k: torch.full_like(v, float(latest)) for k, v in torch.nn.Linear(2, 1).state_dict().items()}
+    return JoinInfo("me", round_, params, None, 4, {}, 2, position, latest, 3.0, "live")
+
+
+def test_refused_round_is_resent_after_an_averager_restart():
+    """StaleRound/Membership refusal, then join says the same round is due: the same payload is resent."""
+    from raytrain_seq.dist.rounds import MembershipError
+
+    learner = _learner()
+    sent = {"w": torch.ones(1)}
+    learner.averager = type("A", (), {})()
+    learner.averager.average = _Replies(MembershipError(1, 2, 3, "it is not registered"), "the result")
+    learner.averager.join = _Replies(_join_info(5, 4, None))
+    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    assert learner._average(sent, None, {"frames": 1.0}, EpochPosition(1, (), 2, 8)) == "the result"
+    (first, _), (again, _) = learner.averager.average.calls
+    assert first == again and again[3] is sent  # the same round, the same payload
+    assert learner.averager.join.calls[0][1]["seed"]["round"] == 4  # it offered its last averaged state
+    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())  # kept its weights
+    assert learner.ray.reports == []
+
+
+def test_dropped_learner_realigns_and_makes_the_missed_reports():
+    """Dropped from round 5 while the others averaged 5-7: it takes round 7's state and position, and
+    calls ray.train.report for the checkpoint rounds 6 it missed (Ray Train's barrier waits for them)."""
+    from raytrain_seq.dist.learner import Realign
+    from raytrain_seq.dist.rounds import StaleRoundError
+
+    learner = _learner(checkpoint_every=2)
+    latest = EpochPosition(1, (), 2, 24).as_dict()
+    learner.averager = type("A", (), {})()
+    learner.averager.average = _Replies(StaleRoundError(1, 5, 8, "it was dropped from round 5"))
+    learner.averager.join = _Replies(_join_info(8, 7, latest))
+    with pytest.raises(Realign) as info:
+        learner._average({"w": torch.ones(1)}, None, {}, EpochPosition(1, (), 2, 8))
+    assert info.value.position == EpochPosition(1, (), 2, 24)  # the others' position, same layout
+    assert [r["round"] for r in learner.ray.reports] == [6]  # rounds 5 and 7 were not checkpoint rounds
+    assert learner.round == 8 and all(
+        torch.equal(v, torch.full_like(v, 7.0)) for v in learner.model.state_dict().values()
+    )
+
+
+def test_feed_serves_the_resplit_layout(monkeypatch):
+    """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
+    from raytrain_seq.dist.pipeline import BlockFeed
+
+    monkeypatch.setattr(
+        BlockFeed, "_launch", lambda self, videos, epochs: [object() for _ in videos]
+    )  # no Ray
+    feed = BlockFeed(Config.from_preset("smoke"))
+    old = [feed.epoch_shard(1, rank, 2) for rank in range(2)]
+    new = [feed.epoch_shard(1, rank, 3, history=[[2, 5]]) for rank in range(3)]
+    assert len({len(s.blocks) for s in new}) == 1 and all(s.world_size == 3 for s in new)
+    taken = [_key(b) for s in old for b in s.blocks[:5] if b.ids]
+    rest = [_key(b) for s in new for b in s.blocks if b.ids]
+    assert Counter(taken + rest) == Counter(_key(b) for s in old for b in s.blocks if b.ids)
+    assert set(taken).isdisjoint(rest) and len(rest) > 0
+    with pytest.raises(ValueError, match="history"):
+        feed.epoch_shard(1, 0, 3, history=[[0, 5]])

@@ -1,0 +1,226 @@
+"""Fault tests on a several-raylet Ray cluster on this machine (``ray.cluster_utils.Cluster``).
+
+Contracts pinned (issue 5): (a) when the node of a learner dies mid-run the job finishes, the summary's
+membership records the smaller group, every training block is still trained exactly once (the epoch's
+remaining blocks are re-split) and the accuracy holds; (b) when a node joins mid-run the learner count
+grows onto it; (c) when the averager is killed Ray restarts it, it reloads the checkpoint, the learners
+re-seed it with the round they hold, and the job finishes without repeating a round.
+
+Learners hold a ``learner_slot`` resource that only the worker raylets advertise (``trainer.run``'s
+``learner_resources``), so each learner runs on a node the test can kill; the head runs the driver,
+the averager, the feed and the data tasks. Timeouts are tiny so that each test takes about two minutes
+on the 2-core box; they run in plain ``pytest`` (marker ``fault``, deselect with ``-m "not fault"``).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from raytrain_seq.config import Config
+from raytrain_seq.data.synthetic import SyntheticVideos
+
+pytestmark = [pytest.mark.ray, pytest.mark.fault]
+
+SLOT = "learner_slot"
+# Chance is 1/4 (4 classes, 240 test videos: one standard deviation is 0.03); the same run undisturbed
+# scores 0.68 (see _config). A recovery that lost the averaged state would end near chance.
+ACCURACY_FLOOR = 0.45
+
+
+class Harness:
+    """The cluster: a head without learner slots, plus worker raylets with one slot (one learner) each."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster, self.slots = cluster, []
+
+    def add_slot(self):
+        node = self.cluster.add_node(num_cpus=1, resources={SLOT: 1})
+        self.cluster.wait_for_nodes()
+        self.slots.append(node)
+        return node
+
+    def kill_slot(self) -> None:
+        """Kill a learner node as a crash would (no graceful shutdown)."""
+        self.cluster.remove_node(self.slots.pop(), allow_graceful=False)
+
+    def ensure_slots(self, n: int) -> None:
+        while len(self.slots) > n:
+            self.cluster.remove_node(self.slots.pop())
+        while len(self.slots) < n:
+            self.add_slot()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from raytrain_seq.dist.trainer import NAMESPACE, WORKER_REUSE
+
+    # Dead raylets are noticed after ~5 missed 1-second health checks instead of Ray's default ~30 s.
+    system = {**WORKER_REUSE, "health_check_period_ms": 1000, "health_check_failure_threshold": 5}
+    head = {"num_cpus": 3, "include_dashboard": False, "_system_config": system}
+    made = Cluster(initialize_head=True, head_node_args=head)
+    harness = Harness(made)
+    ray.init(address=made.address, namespace=NAMESPACE, log_to_driver=False)
+    yield harness
+    ray.shutdown()
+    made.shutdown()
+
+
+class Run:
+    """``trainer.run`` in a thread (the test thread kills and adds nodes), and its averager's summary."""
+
+    def __init__(self, config: Config) -> None:
+        import ray
+
+        from raytrain_seq.dist.trainer import NAMESPACE, run
+
+        self.ray, self.namespace = ray, NAMESPACE
+        self.before = self._averagers()
+        self.result: dict[str, Any] = {}
+        self.began = time.monotonic()
+
+        def target() -> None:
+            try:
+                self.result["summary"] = run(config, learner_resources={SLOT: 1})
+            except BaseException as exc:  # handed to the test thread, which re-raises it
+                self.result["error"] = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def _averagers(self) -> set[str]:
+        named = self.ray.util.list_named_actors(all_namespaces=True)
+        return {
+            a["name"] for a in named if a["namespace"] == self.namespace and a["name"].startswith("averager-")
+        }
+
+    def averager(self):
+        (name,) = self.wait(lambda: self._averagers() - self.before, "the run's averager")
+        return self.ray.get_actor(name, namespace=self.namespace)
+
+    def state(self) -> dict[str, Any]:
+        return self.ray.get(self.averager().summary.remote(), timeout=30)
+
+    def wait(self, condition: Callable[[], Any], what: str, timeout: float = 240.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "error" in self.result:
+                raise self.result["error"]
+            value = condition()
+            if value:
+                return value
+            if not self.thread.is_alive() and "summary" in self.result:
+                raise AssertionError(f"the run finished before {what}")
+            time.sleep(0.5)
+        raise AssertionError(f"waited {timeout:g} s for {what}")
+
+    def finish(self, timeout: float = 300.0):
+        self.thread.join(timeout)
+        if "error" in self.result:
+            raise self.result["error"]
+        assert "summary" in self.result, f"the run did not finish within {timeout:g} s"
+        return self.result["summary"]
+
+
+def _config(tmp_path, name: str, **overrides) -> Config:
+    """The smoke model on 240 videos, B=2, lr 1e-2: undisturbed, 3 epochs score 0.68 on the test split
+    (measured here; 0.62 after 5 epochs of 120 videos, chance 0.25). Tiny timeouts, fixed B, K=4."""
+    fast = {
+        "max_videos": 240,
+        "batch_size": 2,
+        "micro_batch_size": 2,
+        "lr": 0.01,
+        "k": 4,
+        "epochs": 3,
+        "validate_every": 50,  # validation is not what these tests look at: skip its cost
+        "adaptive_batch": False,
+        "worker_start_timeout_s": 8.0,
+        "resize_interval_s": 5.0,
+        "averager_timeout_s": 8.0,
+        "max_failures": 5,
+    }
+    return Config.from_preset("smoke", storage_path=str(tmp_path), run_name=name, **{**fast, **overrides})
+
+
+def _train_frames(config: Config) -> int:
+    data = config.data
+    catalog = SyntheticVideos(
+        num_classes=data.num_classes, stride=data.stride, size=data.cache_size, seed=data.seed,
+        max_videos=data.max_videos, val_fraction=data.val_fraction,
+    ).catalog("train")  # fmt: skip
+    return int(catalog.lengths.sum())
+
+
+def _rounds_since(state: dict[str, Any], generation: int) -> int:
+    """Rounds averaged by the group of ``generation`` or later (the membership log marks group starts)."""
+    starts = [
+        e["round"] for e in state["membership"] if e["event"] == "group" and e["generation"] >= generation
+    ]
+    return state["next_round"] - min(starts) if starts else 0
+
+
+def test_lost_node_shrinks_the_group_then_a_new_node_grows_it(cluster, tmp_path):
+    """(a)+(b): 2 learners, one node killed -> 1 learner finishes rounds -> a node added -> 2 again; the
+    job finishes, each block trained once, accuracy over the floor, membership logs 2 -> 1 -> 2."""
+    cluster.ensure_slots(2)
+    config = _config(tmp_path, "shrink-grow", learners="1:2")
+    run = Run(config)
+    run.wait(lambda: (s := run.state())["world_size"] == 2 and s["rounds_completed"] >= 1, "a round of 2")
+    killed_at = run.state()["elapsed_s"]  # the run's training clock, as in summary.membership
+    cluster.kill_slot()
+    run.wait(lambda: (s := run.state())["world_size"] == 1 and _rounds_since(s, 2) >= 1, "a round of 1")
+    added_at = run.state()["elapsed_s"]
+    cluster.add_slot()
+    run.wait(lambda: run.state()["world_size"] == 2 and run.state()["generation"] >= 3, "the group to grow")
+    summary = run.finish()
+
+    counts = [m["learners"] for m in summary.membership]
+    assert counts[0] == 2 and counts[-1] == 2 and 1 in counts, summary.membership
+    assert any(m["learners"] == 1 and "fewer" in m["reason"] for m in summary.membership)
+    assert summary.learners == 2
+    kinds = {r["kind"] for r in summary.recoveries}
+    assert "live_recovery" in kinds, summary.recoveries  # the new groups started from the averager's state
+    # Each training block exactly once per epoch, across the re-splits (unless a learner was dropped
+    # from a round before its group was restarted: then its rows of that round are lost, never repeated).
+    expected = config.train.epochs * _train_frames(config)
+    dropped = "dropped" in kinds
+    assert summary.frames_total <= expected and (dropped or summary.frames_total == expected)
+    assert summary.test_accuracy >= ACCURACY_FLOOR
+    print(f"node killed at {killed_at:.1f} s, node added at {added_at:.1f} s (run clock)")
+    print("membership:", *summary.membership, sep="\n  ")
+    print("recoveries:", *summary.recoveries, sep="\n  ")
+    print(f"test accuracy {summary.test_accuracy:.3f}, {time.monotonic() - run.began:.0f} s")
+
+
+def test_killed_averager_comes_back_and_the_run_finishes(cluster, tmp_path):
+    """(c): the averager is killed after a round that no checkpoint holds; Ray restarts it, it reloads the
+    last checkpoint, a learner re-seeds the newer round, and the job finishes with no round repeated or
+    lost and every block trained once."""
+    cluster.ensure_slots(2)
+    config = _config(tmp_path, "averager", learners=2, checkpoint_every=4, averager_max_restarts=2)
+    run = Run(config)
+    # Kill just after round 5 or 6: the last checkpoint holds round 4, the learners hold a newer round.
+    held = run.wait(lambda: (r := run.state()["next_round"] - 1) in (5, 6) and r, "round 5 or 6")
+    run.ray.kill(run.averager(), no_restart=False)
+    summary = run.finish()
+
+    kinds = [r["kind"] for r in summary.recoveries]
+    assert "averager_restart" in kinds, summary.recoveries
+    [restart] = [r["detail"] for r in summary.recoveries if r["kind"] == "averager_restart"]
+    reloaded = int(re.search(r"checkpoint_round_(\d+)", restart).group(1))
+    if reloaded < held:  # the learners held a newer round than the checkpoint: they re-seeded it
+        assert "reseeded" in kinds, summary.recoveries
+    rounds = [h["round"] for h in summary.loss_history]
+    assert rounds == list(range(1, summary.rounds + 1)), f"rounds lost or repeated: {rounds}"
+    assert summary.frames_total == config.train.epochs * _train_frames(config)  # no block lost or repeated
+    assert summary.test_accuracy >= ACCURACY_FLOOR
+    print("recoveries:", *summary.recoveries, sep="\n  ")
+    print(f"test accuracy {summary.test_accuracy:.3f}, {time.monotonic() - run.began:.0f} s")

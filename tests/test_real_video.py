@@ -1,0 +1,413 @@
+"""Real video through the whole job: sources, flow, transfer and fusion on a miniature UCF101.
+
+Fast tests (no Ray) pin the pieces: length fitting, the flow flip in block assembly, the validation
+hold-out and the class-balanced subset, flow of consecutive-frame pairs, the real source's handling of
+a lying header and of a video that fails to decode, catalog selection, and the model factory's
+``init_from``. The Ray tests (one local cluster for the module) run jobs/ucf101.py three times on the
+miniature set, as the README tells a user to: rgb -> flow with --init-from -> fuse.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from video_fixtures import (
+    frame_indices,
+    make_mini_hmdb51,
+    make_mini_ucf101,
+    plant_corrupt,
+    plant_header_frames,
+    plant_truncated,
+    ramp_frames,
+    write_video,
+)
+
+from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.data.flow import compute_flow, dequantize, flow_method, pair_flow
+from raytrain_seq.data.video import decode, decode_pairs
+from raytrain_seq.dist.assembly import RowFormat, assemble_rows, final_rng
+from raytrain_seq.dist.sources import (
+    balanced_subset,
+    fit_length,
+    get_source,
+    holdout,
+    load_catalogs,
+    source_kwargs,
+)
+from raytrain_seq.models import build_model
+from raytrain_seq.models.factory import build_model_for, load_run_state
+from raytrain_seq.summary import RunSummary, format_table
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZE = 20
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    """Mini UCF101 (3 classes x 6 groups x 2 clips); fold 1 has a corrupt, a truncated and a lying video."""
+    ds = make_mini_ucf101(tmp_path_factory.mktemp("ucf"))
+    bad = {
+        "corrupt": ds.path(ds.train[1][0]),  # unreadable: skipped at catalog time
+        "truncated": ds.path(ds.train[1][5]),  # header fine, no frame decodes: zero clip in the task
+        "lying": ds.path(ds.test[1][1]),  # header says 30 frames, the file has fewer
+    }
+    plant_corrupt(bad["corrupt"])
+    plant_truncated(bad["truncated"])
+    plant_header_frames(bad["lying"], 30)
+    ds.bad = bad
+    return ds
+
+
+def _config(ds, **overrides) -> Config:
+    base = dict(dataset="ucf101", data_root=str(ds.root), stride=2, cache_size=SIZE, crop=16, run_name="x")
+    return Config.from_preset(None, **{**base, **overrides})
+
+
+# ------------------------------------------------------------------------------------------ pure pieces
+def test_fit_length_cuts_or_repeats_the_last_frame():
+    """fit_length(frames, n): the first n frames, or all of them then the last one repeated up to n."""
+    frames = np.arange(5)[:, None, None, None].astype(np.uint8) * np.ones((5, 2, 2, 1), np.uint8)
+    assert fit_length(frames, 7)[:, 0, 0, 0].tolist() == [0, 1, 2, 3, 4, 4, 4]
+    assert fit_length(frames, 3)[:, 0, 0, 0].tolist() == [0, 1, 2]
+    assert np.array_equal(fit_length(frames, 5), frames)
+    with pytest.raises(ValueError, match="catalog length"):
+        fit_length(frames, 0)
+
+
+def test_block_assembly_negates_x_flow_when_it_flips():
+    """A 2-channel (flow) sequence flipped in block assembly gets u -> 255 - u; v and RGB only mirror."""
+    rng = np.random.default_rng(3)
+    video = rng.integers(0, 256, (4, 8, 8, 2), dtype=np.uint8)
+    batch = {
+        "block": np.array([0]), "ids": np.array([[7]]), "starts": np.array([[0]]), "lengths": np.array([[4]]),
+        "offsets": np.array([[0]]), "labels": np.array([[1]]), "num_sequences": np.array([1]),
+        "plan_index": np.array([0]), "weight": np.array([1.0], np.float32),
+    }  # fmt: skip
+    # Epochs whose seeded final augmentation flips / keeps (full-frame crop, so only the flip varies).
+    flips = {e: _flips(final_rng(0, e, 0, 0)) for e in range(20)}
+    epoch, kept = min(e for e in flips if flips[e]), min(e for e in flips if not flips[e])
+    unflipped = assemble_rows(batch, {7: video}, RowFormat("train", kept, 0, 4, 1, 8, 2, False))["frames"][0]
+    assert np.array_equal(unflipped, video)  # no flip: flow passes untouched
+    row = assemble_rows(batch, {7: video}, RowFormat("train", epoch, 0, 4, 1, 8, 2, False))["frames"][0]
+    mirrored = video[:, :, ::-1]
+    assert np.array_equal(row[..., 0], 255 - mirrored[..., 0])
+    assert np.array_equal(row[..., 1], mirrored[..., 1])
+    # In flow units (dequantised) the x component is exactly negated, the y component unchanged.
+    assert np.allclose(dequantize(row[..., 0]), -dequantize(mirrored[..., 0]), atol=1e-5)
+    rgb = np.repeat(video[..., :1], 3, axis=3)
+    out = assemble_rows(batch, {7: rgb}, RowFormat("train", epoch, 0, 4, 1, 8, 3, False))["frames"][0]
+    assert np.array_equal(out, rgb[:, :, ::-1])  # images are mirrored, never negated
+
+
+def _flips(rng: np.random.Generator) -> bool:
+    """final_augment's flip decision for an 8x8 crop of an 8x8 frame: its draws are top, left, flip."""
+    rng.integers(0, 1)
+    rng.integers(0, 1)
+    return bool(rng.random() < 0.5)
+
+
+def test_holdout_takes_whole_groups_and_keeps_every_class_in_training():
+    """holdout: per class, whole groups up to max(1, round(f * n)) videos, never all of a class's groups."""
+    labels = np.array([0] * 8 + [1] * 6 + [2] * 2)
+    groups = [f"g{k // 2}" for k in range(8)] + ["a", "a", "a", "b", "b", "c"] + ["solo", "solo"]
+    mask = holdout(labels, groups, 0.1, seed=0)
+    keys = np.array(groups)
+    for label in (0, 1):
+        held = set(keys[mask & (labels == label)])
+        kept = set(keys[~mask & (labels == label)])
+        assert held and kept and not held & kept  # whole groups, both sides non-empty
+    assert (mask & (labels == 0)).sum() == 2  # target max(1, round(0.8)) = 1 -> one group of 2
+    assert not mask[labels == 2].any()  # one group only: nothing to hold out
+    half = holdout(labels, groups, 0.5, seed=0)
+    assert (half & (labels == 0)).sum() == 4  # target 4 -> two groups of 2
+    others = [holdout(labels, groups, 0.1, seed=s) for s in range(1, 8)]
+    assert any(not np.array_equal(mask, o) for o in others)  # the seed picks the groups
+
+
+def test_balanced_subset_deals_round_robin_over_classes():
+    """balanced_subset: the docstring example, class counts within one, all when the limit is None."""
+    labels = np.array([0, 0, 0, 1, 2, 2])
+    picked = balanced_subset(labels, 4, seed=0)
+    assert sorted(labels[picked].tolist()) == [0, 0, 1, 2]
+    assert np.array_equal(picked, np.sort(picked))
+    many = np.repeat(np.arange(5), 20)
+    counts = np.bincount(many[balanced_subset(many, 23, seed=1)], minlength=5)
+    assert counts.sum() == 23 and counts.max() - counts.min() <= 1
+    assert np.array_equal(balanced_subset(labels, None, seed=0), np.arange(6))
+
+
+def test_decode_pairs_gives_each_kept_frame_its_successor(tmp_path):
+    """decode_pairs: stride 5 of 13 frames keeps 0, 5, 10 paired with 1, 6, 11; at the end last=False."""
+    path = write_video(tmp_path / "ramp.avi", ramp_frames(13))
+    first, second, last = decode_pairs(path, stride=5)
+    assert frame_indices(first) == [0, 5, 10] and frame_indices(second) == [1, 6, 11] and last
+    assert np.array_equal(first, decode(path, stride=5))
+    first, second, last = decode_pairs(path, stride=4)  # keeps 0, 4, 8, 12; 12 is the last frame
+    assert frame_indices(first) == [0, 4, 8, 12] and frame_indices(second) == [1, 5, 9, 12] and not last
+
+
+def test_pair_flow_of_consecutive_frames_equals_compute_flow():
+    """pair_flow(frames, frames shifted by one, last=False) is exactly compute_flow(frames)."""
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (40, 40), dtype=np.uint8)
+    frames = np.stack([np.roll(base, 2 * t, axis=1) for t in range(5)])[..., None].repeat(3, axis=3)
+    second = np.concatenate([frames[1:], frames[-1:]])
+    expected = compute_flow(frames, method="farneback")
+    assert np.array_equal(pair_flow(frames, second, last=False, method="farneback"), expected)
+    assert np.median(dequantize(expected[0, 10:30, 10:30, 0])) > 1.0  # real rightward motion was measured
+    with_last = pair_flow(frames, second, last=True, method="farneback")
+    assert (np.abs(dequantize(with_last[-1, ..., 0])) < 0.2).mean() > 0.9  # (f4, f4): a true zero flow
+
+
+# ------------------------------------------------------------------------------------- the real source
+def test_catalogs_select_classes_hold_out_val_and_list_skipped(mini):
+    """load_catalogs: first num_classes classes, val apart from train, max_videos balanced, skipped listed."""
+    loaded = load_catalogs(_config(mini, num_classes=2, max_videos=6))
+    cats = loaded["catalogs"]
+    assert loaded["class_names"] == ["ApplyEyeMakeup", "ApplyLipstick"] and loaded["channels"] == 3
+    assert loaded["skipped"] == [mini.bad["corrupt"]] and loaded["flow_method"] is None
+    assert not set(cats["train"].ids) & set(cats["val"].ids)
+    for split, catalog in cats.items():
+        assert len(catalog) <= 6 and set(catalog.labels.tolist()) == {0, 1}, split
+        assert abs(int((catalog.labels == 0).sum()) - int((catalog.labels == 1).sum())) <= 1
+    everything = load_catalogs(_config(mini, stream="flow"))
+    assert everything["channels"] == 2 and everything["flow_method"] == flow_method()
+    assert sum(len(c) for c in everything["catalogs"].values()) == len(mini.videos) - 1  # the corrupt one
+    with pytest.raises(ValueError, match="num_classes=4 but ucf101"):
+        load_catalogs(_config(mini, num_classes=4))
+
+
+def test_bad_split_file_is_a_setup_error_naming_file_and_line(mini, tmp_path):
+    """A label out of range in trainlist01.txt stops the run at start: RunSetupError with file:line."""
+    import shutil
+
+    root = tmp_path / "ucf"
+    shutil.copytree(mini.root / "ucfTrainTestlist", root / "ucfTrainTestlist")
+    (root / "UCF-101").mkdir()
+    path = root / "ucfTrainTestlist" / "trainlist01.txt"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].rsplit(" ", 1)[0] + " 9"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RunSetupError, match=r"trainlist01\.txt:3: label 9 is out of range"):
+        load_catalogs(_config(mini, data_root=str(root)))
+
+
+def test_source_fits_a_lying_header_and_zero_fills_a_failed_decode(mini):
+    """load(): catalog length always; a short decode is padded by its last frame, a failed one is all zero."""
+    catalogs = load_catalogs(_config(mini))["catalogs"]
+    length = {p: int(n) for c in catalogs.values() for p, n in zip(c.paths, c.lengths, strict=True)}
+    ids = {p: int(i) for c in catalogs.values() for p, i in zip(c.paths, c.ids, strict=True)}
+    rgb, flow = (get_source(source_kwargs(_config(mini, stream=s))) for s in ("rgb", "flow"))
+    lying = mini.bad["lying"]
+    assert length[lying] == 15  # the header's 30 frames at stride 2, not the file's
+    frames, report = rgb.load(ids[lying], None, 0, SIZE)
+    real = mini.videos[os.path.relpath(lying, mini.root / "UCF-101").replace(os.sep, "/")][1]
+    decoded = -(-real // 2)
+    assert real < 30 and frames.shape == (15, SIZE, SIZE, 3) and report["refit"] == [[lying, decoded, 15]]
+    assert all(np.array_equal(frames[k], frames[decoded - 1]) for k in range(decoded, 15))
+    truncated = mini.bad["truncated"]
+    for source, channels in ((rgb, 3), (flow, 2)):
+        frames, report = source.load(ids[truncated], 0, 0, SIZE)
+        assert frames.shape == (length[truncated], SIZE, SIZE, channels) and not frames.any()
+        assert report["failed"][0][0] == truncated and "zero frames" in report["failed"][0][1]
+
+
+def test_source_rgb_and_flow_are_seeded_and_the_same_length(mini):
+    """Same (seed, video, epoch): same bytes; another epoch: another window; flow is 2-channel, same T."""
+    catalog = load_catalogs(_config(mini))["catalogs"]["train"]
+    video, length = int(catalog.ids[3]), int(catalog.lengths[3])
+    rgb, flow = (get_source(source_kwargs(_config(mini, stream=s))) for s in ("rgb", "flow"))
+    a, b, c = (rgb.load(video, epoch, 0, SIZE)[0] for epoch in (1, 1, 2))
+    assert a.shape == (length, SIZE, SIZE, 3) and np.array_equal(a, b) and not np.array_equal(a, c)
+    f1, f2 = (flow.load(video, epoch, 0, SIZE)[0] for epoch in (1, 1))
+    assert f1.shape == (length, SIZE, SIZE, 2) and f1.dtype == np.uint8 and np.array_equal(f1, f2)
+    # The clip's white square moves right 2 px per source frame (scaled by 20/24): flow x > 0 on it.
+    assert dequantize(f1[..., 0]).max() > 0.8 and abs(float(dequantize(f1[..., 1]).mean())) < 0.5
+
+
+def test_hmdb51_with_fps_resampling_through_the_source(tmp_path):
+    """HMDB51 catalogs (each clip its own group) and --fps 10: every loaded clip has its catalog length."""
+    ds = make_mini_hmdb51(tmp_path / "hmdb")
+    config = Config.from_preset(
+        None, dataset="hmdb51", data_root=str(ds.root), stride=1, fps=10.0, cache_size=SIZE, crop=16,
+        val_fraction=0.3, run_name="x",
+    )  # fmt: skip
+    loaded = load_catalogs(config)
+    cats = loaded["catalogs"]
+    assert loaded["class_names"] == list(ds.class_names) and loaded["skipped"] == []
+    assert len(cats["train"]) + len(cats["val"]) == len(ds.train[1]) and len(cats["test"]) == len(ds.test[1])
+    assert set(cats["val"].labels.tolist()) == {0, 1, 2}  # max(1, round(0.3 * 3)) = 1 clip of each class
+    source = get_source(source_kwargs(config))
+    for catalog in cats.values():
+        for video, length, path in zip(catalog.ids, catalog.lengths, catalog.paths, strict=True):
+            frames = ds.videos[os.path.relpath(path, ds.root).replace(os.sep, "/")][1]
+            assert length == (frames - 1) * 10 // 25 + 1  # floor((n - 1) * f / F) + 1 at F = 25
+            out, report = source.load(int(video), 0, 0, SIZE)
+            assert out.shape == (length, SIZE, SIZE, 3) and report == {}, path
+
+
+# ----------------------------------------------------------------------------------- model factory
+def _fake_run(folder: Path, config: Config, model: torch.nn.Module) -> Path:
+    checkpoint = folder / "checkpoint_round_000003"
+    checkpoint.mkdir(parents=True)
+    state = {"averager": {"round": 3, "params": model.state_dict()}, "config": config.to_dict()}
+    torch.save(state, checkpoint / "state.pt")
+    return folder
+
+
+def test_init_from_copies_rgb_weights_and_checks_the_head(tmp_path):
+    """build_model_for(init_from=RGB run): flow conv1 = grouped mean, rest copied; class count must match."""
+    model_args = dict(width=4, depth=2, hidden=6, run_name="x")
+    rgb_config = Config.from_preset(None, **model_args)
+    torch.manual_seed(1)
+    rgb = build_model(3, 3, width=4, depth=2, hidden=6)
+    run = _fake_run(tmp_path / "rgb", rgb_config, rgb)
+    torch.manual_seed(2)
+    flow = build_model_for(
+        Config.from_preset(None, init_from=str(run), **model_args), num_classes=3, in_channels=2
+    )
+    key, source = "encoder.features.0.weight", rgb.state_dict()
+    got = flow.state_dict()
+    assert got[key].shape[1] == 4 and source[key].shape[1] == 6
+    assert torch.equal(got[key][:, :2], source[key][:, :3].mean(1, keepdim=True).expand(-1, 2, -1, -1))
+    assert torch.equal(got[key][:, 2:], source[key][:, 3:].mean(1, keepdim=True).expand(-1, 2, -1, -1))
+    assert list(got) == list(source)
+    for name in source:
+        if name != key:
+            assert torch.equal(got[name], source[name]), name
+    fresh = build_model(3, 2, width=4, depth=2, hidden=6).state_dict()
+    assert not torch.equal(fresh["temporal.gru.weight_hh_l0"], got["temporal.gru.weight_hh_l0"])
+    same = build_model_for(
+        Config.from_preset(None, init_from=str(run), **model_args), num_classes=3, in_channels=3
+    )
+    assert all(torch.equal(v, source[k]) for k, v in same.state_dict().items())
+    with pytest.raises(ValueError, match="its classifier has 3 classes but this run has 5"):
+        build_model_for(
+            Config.from_preset(None, init_from=str(run), **model_args), num_classes=5, in_channels=2
+        )
+    wider = {**model_args, "hidden": 8}
+    with pytest.raises(ValueError, match=r"model\.hidden=6, this one 8: pass --hidden 6"):
+        build_model_for(Config.from_preset(None, init_from=str(run), **wider), num_classes=3, in_channels=2)
+    with pytest.raises(ValueError, match="holds no checkpoint_round"):
+        load_run_state(tmp_path)
+
+
+def test_fuse_table_shows_both_streams():
+    """format_table of a fuse summary: fused, rgb and flow accuracies, stream, flow method, skipped count."""
+    summary = RunSummary(
+        dataset="ucf101", learners=0, epochs=0, test_accuracy=0.75, stream="fuse", flow_method="farneback",
+        videos={"train": 17, "val": 6, "test": 12, "skipped": ["/d/bad.avi"]},
+        extra={"fuse": {"rgb_accuracy": 0.5, "flow_accuracy": 0.25, "rgb_run": "/r/rgb", "test_videos": 12}},
+    )  # fmt: skip
+    table = format_table(summary)
+    for text in (
+        "75.0 %",
+        "rgb stream",
+        "50.0 %",
+        "flow stream",
+        "25.0 %",
+        "farneback",
+        "17/6/12",
+        "1 skipped",
+    ):
+        assert text in table, text
+    assert "frames trained" not in table  # nothing was trained
+
+
+# ------------------------------------------------------------------------------------------------ Ray
+def _load_job():
+    spec = importlib.util.spec_from_file_location("ucf101_job", ROOT / "jobs" / "ucf101.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    # address="local": a private cluster even when another one runs on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raytrain_seq")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def runs(ray_cluster, mini, tmp_path_factory):
+    """The README's three commands on the miniature set: rgb, flow --init-from rgb, fuse, swapped fuse."""
+    storage = tmp_path_factory.mktemp("runs")
+    job = _load_job()
+    # The README's commands with one epoch instead of the preset's 4: this checks plumbing, not learning.
+    common = ["--preset", "mini-video", "--dataset", "ucf101", "--data-root", str(mini.root), "--epochs", "1"]
+    common += ["--storage-path", str(storage)]
+    codes = {"rgb": job.main([*common, "--run-name", "rgb"])}
+    codes["flow"] = job.main(
+        [*common, "--run-name", "flow", "--stream", "flow", "--init-from", str(storage / "rgb")]
+    )
+    fuse = ["--stream", "fuse", "--fuse", str(storage / "rgb"), str(storage / "flow")]
+    codes["fuse"] = job.main([*common, "--run-name", "fuse", *fuse])
+    codes["swapped"] = job.main(
+        [*common, "--run-name", "swapped", "--stream", "fuse", "--fuse", *fuse[3:][::-1]]
+    )
+    return storage, codes
+
+
+def _summary(storage: Path, name: str) -> dict:
+    return json.loads((storage / name / "summary.json").read_text())
+
+
+@pytest.mark.ray
+def test_rgb_run_trains_on_readable_videos_and_lists_the_bad_ones(runs, mini):
+    """The rgb run finishes; its summary lists the corrupt and the undecodable video; test scored."""
+    storage, codes = runs
+    assert codes["rgb"] == 0
+    summary = _summary(storage, "rgb")
+    assert summary["stream"] == "rgb" and summary["flow_method"] is None
+    assert {mini.bad["corrupt"], mini.bad["truncated"]} <= set(summary["videos"]["skipped"])
+    assert summary["videos"]["test"] == len(mini.test[1])
+    assert 0.0 <= summary["test_accuracy"] <= 1.0
+    assert set(summary["per_class_accuracy"]) <= {"ApplyEyeMakeup", "ApplyLipstick", "Archery"}
+
+
+@pytest.mark.ray
+def test_flow_run_takes_two_channels_from_the_rgb_model(runs):
+    """The flow run takes 2 channels (conv1 sees 4: flow + differences), starting from the rgb model."""
+    storage, codes = runs
+    assert codes["flow"] == 0
+    summary = _summary(storage, "flow")
+    assert summary["stream"] == "flow" and summary["flow_method"] == flow_method()
+    flow_params = load_run_state(storage / "flow").params
+    assert flow_params["encoder.features.0.weight"].shape[1] == 4
+    # What the flow learners started from: the rgb run's final model, cross-modality initialised.
+    rgb_params = load_run_state(storage / "rgb").params
+    config = Config.from_dict(load_run_state(storage / "flow").config)
+    start = build_model_for(config, num_classes=3, in_channels=2).state_dict()
+    conv = rgb_params["encoder.features.0.weight"]
+    assert torch.equal(start["encoder.features.0.weight"][:, 0], conv[:, :3].mean(1))
+    assert torch.equal(start["encoder.features.0.weight"][:, 3], conv[:, 3:].mean(1))
+    for name, value in rgb_params.items():
+        if name != "encoder.features.0.weight":
+            assert torch.equal(start[name], value), name
+    assert not torch.equal(flow_params["head.weight"], rgb_params["head.weight"])  # then it trained
+
+
+@pytest.mark.ray
+def test_fuse_reports_rgb_flow_and_fused_accuracy(runs):
+    """fuse: each stream's accuracy equals its run's own test accuracy; fused (softmax mean) is in [0, 1]."""
+    storage, codes = runs
+    assert codes["fuse"] == 0
+    fused, rgb, flow = (_summary(storage, name) for name in ("fuse", "rgb", "flow"))
+    assert fused["stream"] == "fuse" and fused["flow_method"] == flow_method()
+    # The driver's evaluation reproduces the learners' (same final model, same evaluation rows).
+    assert fused["fuse"]["rgb_accuracy"] == pytest.approx(rgb["test_accuracy"])
+    assert fused["fuse"]["flow_accuracy"] == pytest.approx(flow["test_accuracy"])
+    assert 0.0 <= fused["test_accuracy"] <= 1.0 and fused["test_accuracy"] == fused["fuse"]["fused_accuracy"]
+    assert fused["fuse"]["test_videos"] == fused["videos"]["test"] == 12
+    assert set(fused["per_class_accuracy"]) == {"ApplyEyeMakeup", "ApplyLipstick", "Archery"}
+    assert fused["videos"]["skipped"][0].endswith(".avi")
+    assert codes["swapped"] == 2  # flow run given as the RGB run: refused before any work
