@@ -260,29 +260,6 @@ def test_train_env_sets_the_start_timeout_for_the_fit_only(monkeypatch):
     assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
 
 
-def test_filler_only_batch_keeps_adam_steps_in_lockstep():
-    """A mini-batch of fillers (no optimizer.step) still counts a step, so the learners' Adam steps agree."""
-    from raytrain_seq.averaging import merge_adam_states
-    from raytrain_seq.dist.learner import _count_step
-
-    def trained(steps: int) -> torch.optim.Adam:
-        weight = torch.nn.Parameter(torch.ones(3))
-        adam = torch.optim.Adam([weight], lr=0.1)
-        for _ in range(steps):
-            adam.zero_grad()
-            (weight**2).sum().backward()
-            adam.step()
-        return adam
-
-    full, skipped = trained(3), trained(2)  # the second learner's third mini-batch held only fillers
-    with pytest.raises(ValueError, match="step differs"):
-        merge_adam_states([full.state_dict()["state"], skipped.state_dict()["state"]])
-    _count_step(skipped)
-    merged = merge_adam_states([full.state_dict()["state"], skipped.state_dict()["state"]])
-    assert float(merged[0]["step"]) == 3.0
-    _count_step(torch.optim.Adam([torch.nn.Parameter(torch.ones(1))]))  # no state yet: nothing to count
-
-
 class _FakeRay:
     """ray.get returns a fake ref's value or raises its error; ray.train.report is recorded."""
 

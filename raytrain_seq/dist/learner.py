@@ -260,10 +260,7 @@ class Learner:
             self.tally.data_wait_s += stream.wait_seconds - waited
             if rows is None:
                 break
-            before = _step_of(self.optimizer)
-            stats = self.step(collate_rows(rows))
-            if not stats.sequences and _step_of(self.optimizer) == before:
-                _count_step(self.optimizer)
+            stats = self.step(collate_rows(rows))  # steps even on fillers: Adam steps stay in lockstep
             rows_done += len(rows["num_sequences"])
             self.tally.add_step(stats.frames, stats.sequences, stats.seconds, stats.loss)
             self.metrics.set("loss", stats.loss)
@@ -448,28 +445,6 @@ def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
     if position.rows_done == 0:
         return f"epoch {position.epoch}/{epochs} done"
     return f"epoch {position.epoch + 1}/{epochs}, {position.rows_done}/{shard_rows} rows"
-
-
-def _step_of(optimizer: torch.optim.Optimizer) -> float | None:
-    """The optimizer's step count (its first parameter's Adam ``step``), None while it keeps none."""
-    entry = next(iter(optimizer.state.values()), {})
-    return None if entry.get("step") is None else float(entry["step"])
-
-
-def _count_step(optimizer: torch.optim.Optimizer) -> None:
-    """Count a mini-batch of zero-weight filler blocks as a step of the optimizer's moments.
-
-    An inner step that skips ``optimizer.step()`` on a mini-batch with no sequence (a shard's filler
-    row on its own, e.g. a last mini-batch of 1 row) leaves this learner one Adam ``step`` behind the
-    others, which stepped on real rows there, and ``merge_adam_states`` needs them equal. Only the
-    counter moves (moments and weights stay), so the bias correction is off by one step here.
-    """
-    for entry in optimizer.state.values():
-        step = entry.get("step")
-        if torch.is_tensor(step):
-            step.add_(1)
-        elif step is not None:
-            entry["step"] = step + 1
 
 
 def _to_cpu(state: dict) -> dict:
