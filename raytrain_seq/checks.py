@@ -69,3 +69,23 @@ def optional_path(path: str, value: object, fix: str) -> None:
     """``value`` is None or a non-empty path string (existence is checked where the file is used)."""
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"{path} must be a non-empty path or None, got {value!r}: {fix}")
+
+
+def parse_learners(value: object) -> int | tuple[int, int]:
+    """A count stays an int; "MIN:MAX", [min, max] or (min, max) become a tuple (an int when min == max).
+
+    e.g. 2 -> 2, "4" -> 4, "2:8" -> (2, 8), [2, 8] (from JSON) -> (2, 8), "3:3" -> 3.
+    """
+    fix = "give a count (2) or an elastic range MIN:MAX with 1 <= MIN <= MAX (2:8)"
+    given = value
+    if isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"train.learners: cannot read {value!r}: {fix}")
+        value = tuple(int(p) for p in parts) if len(parts) == 2 else int(parts[0])
+    if isinstance(value, list | tuple):
+        if len(value) != 2 or not all(is_int(v) for v in value) or not 1 <= value[0] <= value[1]:
+            raise ValueError(f"train.learners must be a count or (min, max), got {given!r}: {fix}")
+        return value[0] if value[0] == value[1] else (value[0], value[1])
+    int_at_least("train.learners", value, 1, fix)
+    return value

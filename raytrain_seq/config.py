@@ -33,6 +33,7 @@ from raytrain_seq.checks import (
     optional_bool,
     optional_int_at_least,
     optional_path,
+    parse_learners,
 )
 from raytrain_seq.packing import STRATEGIES
 from raytrain_seq.presets import PRESETS
@@ -277,7 +278,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
-        self.learners = _parse_learners(self.learners)
+        self.learners = parse_learners(self.learners)
         for name in ("max_failures", "averager_max_restarts"):
             value = getattr(self, name)
             if not is_int(value) or value < -1:
@@ -343,26 +344,6 @@ class TrainConfig:
     def max_learners(self) -> int:
         """Most learners the run asks for (``learners`` itself when it is a count)."""
         return self.learners if isinstance(self.learners, int) else self.learners[1]
-
-
-def _parse_learners(value: object) -> int | tuple[int, int]:
-    """A count stays an int; "MIN:MAX", [min, max] or (min, max) become a tuple (an int when min == max).
-
-    e.g. 2 -> 2, "4" -> 4, "2:8" -> (2, 8), [2, 8] (from JSON) -> (2, 8), "3:3" -> 3.
-    """
-    fix = "give a count (2) or an elastic range MIN:MAX with 1 <= MIN <= MAX (2:8)"
-    given = value
-    if isinstance(value, str):
-        parts = value.split(":")
-        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"train.learners: cannot read {value!r}: {fix}")
-        value = tuple(int(p) for p in parts) if len(parts) == 2 else int(parts[0])
-    if isinstance(value, list | tuple):
-        if len(value) != 2 or not all(is_int(v) for v in value) or not 1 <= value[0] <= value[1]:
-            raise ValueError(f"train.learners must be a count or (min, max), got {given!r}: {fix}")
-        return value[0] if value[0] == value[1] else (value[0], value[1])
-    int_at_least("train.learners", value, 1, fix)
-    return value
 
 
 @dataclass(kw_only=True)

@@ -215,8 +215,9 @@ def test_microbatch_tiny_run_gradients_agree(tmp_path):
 
 # ------------------------------------------------------------------------------------------ averaging
 def test_validate_every_validates_once_per_epoch():
-    """validate_every: ceil(steps / K), 1 for K = -1."""
+    """validate_every: ceil(steps / (K x checks per epoch)), 1 for K = -1 (one round per epoch)."""
     assert [averaging.validate_every(k, 32) for k in (1, 4, 16, 64, -1)] == [32, 8, 2, 1, 1]
+    assert [averaging.validate_every(k, 63, 4) for k in (1, 4, 16, -1)] == [16, 4, 1, 1]
 
 
 def test_time_to_reach_first_crossing():
@@ -271,9 +272,9 @@ def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
         {**run, "name": "aavg-k-1", "k": -1, "m": 1, "share": tmp_share},
     ]
     ablation = [
-        {**run, "name": "aavg1", "adaptive": False, "merge": False, "max_b": 1, "test": 0.4},
-        {**run, "name": "aavg2", "merge": False, "test": 0.55},
-        {**ks[1], "name": "aavg3"},
+        {**run, "name": "aavg1", "k": 4, "m": 2, "adaptive": False, "merge": False, "max_b": 1, "test": 0.4},
+        {**run, "name": "aavg2", "k": 4, "m": 2, "merge": False, "test": 0.55},
+        {**run, "name": "aavg3", "k": 4, "m": 2},
     ]
     cost = [{"nic": 100, **averaging.cost_model(16, 60.2e6, 100, 0.6, steps=19)}]
     return {"size": {"batch": 1, "videos": 500, "epochs": 5}, "steps": 32, "ks": ks,

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.dist.assembly import EpochPosition, layout_specs, plan_specs, resplit
+from raytrain_seq.dist.assembly import plan_specs
 from raytrain_seq.dist.averager import ParameterAverager
+from raytrain_seq.dist.position import EpochPosition, layout_specs, resplit
 from raytrain_seq.dist.rounds import AveragerUnavailableError, Backoff, RoundBook
 from raytrain_seq.dist.state import membership_entries, recovery_entries
 from raytrain_seq.packing import pack

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from raytrain_seq.config import Config
-from raytrain_seq.dist.assembly import EpochPosition
+from raytrain_seq.dist.position import EpochPosition
 from raytrain_seq.dist.rounds import AveragerError, AveragerUnavailableError, Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, load_averaged

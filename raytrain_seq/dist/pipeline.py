@@ -55,12 +55,12 @@ from raytrain_seq.dist.assembly import (
     RowFormat,
     assemble_rows,
     consumption_order,
-    layout_specs,
     max_sequences_bound,
     plan_seed,
     plan_specs,
     shard_items,
 )
+from raytrain_seq.dist.position import layout_specs
 from raytrain_seq.dist.sources import augment_videos as _augment_videos
 from raytrain_seq.dist.sources import load_catalogs, render_size
 from raytrain_seq.dist.sources import source_kwargs as _source_kwargs
