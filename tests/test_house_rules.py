@@ -39,15 +39,41 @@ def test_only_dist_imports_ray():
     assert offenders == []
 
 
+def _project_imports(path: Path) -> set[str]:
+    """Dotted names of the raytrain_seq modules a module imports ("raytrain_seq.binpack")."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.split(".")[0] == "raytrain_seq")
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module.split(".")[0] == "raytrain_seq"
+        ):
+            names.add(node.module)
+    return names
+
+
+def _pure(roots: set[str]) -> set[str]:
+    """The roots that are neither the standard library nor numpy/torch."""
+    return {r for r in roots if r not in sys.stdlib_module_names} - {"numpy", "torch", "__future__"}
+
+
 @pytest.mark.parametrize("name", ALGORITHM_MODULES)
 def test_algorithm_modules_import_neither_ray_nor_each_other(name):
-    """Each of the four algorithm modules imports only the standard library, numpy and torch."""
+    """Each of the four algorithm modules imports only the standard library, numpy, torch and pure helper
+    modules of the package that import only those themselves (packing -> binpack), never each other."""
     path = PACKAGE / f"{name}.py"
     assert path.exists(), f"{path} is part of the fixed layout"
     roots = _imported_roots(path)
     assert roots, f"{path} imports nothing at all: the parser found no imports"
-    third_party = {r for r in roots if r not in sys.stdlib_module_names}
-    assert third_party <= {"numpy", "torch", "__future__"}, third_party
+    helpers = _project_imports(path)
+    assert _pure(roots) <= ({"raytrain_seq"} if helpers else set()), _pure(roots)
+    for helper in helpers:
+        assert helper.split(".")[1] not in ALGORITHM_MODULES, f"{name} imports the algorithm module {helper}"
+        helper_path = PACKAGE / f"{helper.split('.', 1)[1].replace('.', '/')}.py"
+        assert helper_path.exists(), f"{name} imports {helper}, which is not a module file of the package"
+        assert _pure(_imported_roots(helper_path)) == set(), f"{helper} (imported by {name}) is not pure"
 
 
 def test_importing_the_core_starts_nothing():
