@@ -273,7 +273,7 @@ def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
     ]
     ablation = [
         {**run, "name": "aavg1", "k": 4, "m": 2, "adaptive": False, "merge": False, "max_b": 1, "test": 0.4},
-        {**run, "name": "aavg2", "k": 4, "m": 2, "merge": False, "test": 0.55},
+        {**run, "name": "aavg2", "k": 4, "m": 2, "merge": False, "test": 0.55, "rounds": 6},
         {**run, "name": "aavg3", "k": 4, "m": 2},
     ]
     cost = [{"nic": 100, **averaging.cost_model(16, 60.2e6, 100, 0.6, steps=19)}]
@@ -293,6 +293,7 @@ def test_averaging_verdicts_follow_the_numbers():
     text = " ".join(lines)
     assert "(2.00x; above 1 means AAVG is faster)" in text
     assert "AAVG2 beats AAVG1 (+15.0 points" in text and "AAVG3 is within noise of AAVG2" in text
+    assert "grew from 1 to 2 blocks, so in the same 5 epochs it averaged 6 times against AAVG1's 10" in text
     assert "so arithmetic dominates" in text  # 11.6 GB at 0.6 GB/s >> 23 GB at 12.5 GB/s
     low = {**res, "target": 0.12}
     assert (
@@ -307,9 +308,10 @@ def test_refurbish_verdicts_follow_the_numbers():
     """refurbish.verdicts: speed-up vs the 1.5x target, and echoing judged against r=3 at two standard errors."""
     import refurbish
 
-    def run(name, mode, reuse, rate, acc):
+    def run(name, mode, reuse, rate, acc, model_rate=100.0):
         return {"name": name, "mode": mode, "reuse": reuse, "rate_warm": rate, "rate_all": rate, "accuracy": acc,
-                "test_sequences": 1000, "partials": 1, "cpu_per_sample_warm": 1.0 / rate}  # fmt: skip
+                "test_sequences": 1000, "partials": 1, "cpu_per_sample_warm": 1.0 / rate,
+                "model_rate_warm": model_rate}  # fmt: skip
 
     spread = [
         {"policy": p, "compose": c, "cpu_cv": cv, "cpu_p95_median": 1.2, "epoch_cv": ecv}
@@ -328,3 +330,8 @@ def test_refurbish_verdicts_follow_the_numbers():
     assert "within the paper's 1.03-2.04x range" in text and "target within 1 point: met" in text
     assert "loses more accuracy than refurbishing r=3" in text
     assert "varies by 10 %" in text and "180 % std/mean" in text
+    assert "The model alone trains 100.0 samples/s, 5.00x standard" in text and "bounds it" not in text
+    # The same speed-up against a model only 1.3x standard's rate: the model caps it, and the verdict says so.
+    capped = {**res, "runs": [res["runs"][0], res["runs"][1], run("r3", "refurbish", 3, 25.0, 0.595, 26.0)]}
+    text = " ".join(refurbish.verdicts(capped)[0])
+    assert "target >= 1.5x: NOT met" in text and "r=3 runs at 96 % of it, so the model" in text
