@@ -227,6 +227,27 @@ def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
     assert _geometry(_config())["eval_strategy"] == "optimal"
 
 
+def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
+    """BlockFeed(geometry=...) (what create_feed passes) builds on the driver's catalogs: no second probe."""
+    from raytrain_seq.dist import pipeline
+
+    config = _config()
+    geometry = _geometry(config)
+    calls = []
+
+    def probe(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("probed the videos")
+
+    monkeypatch.setattr(pipeline, "load_catalogs", probe)
+    feed = pipeline.BlockFeed(config, geometry=geometry)
+    assert calls == [] and feed.t_max == geometry["t_max"] and feed.max_sequences == geometry["max_sequences"]
+    assert feed.model_spec()["num_classes"] == len(geometry["class_names"])
+    with pytest.raises(RuntimeError, match="probed"):  # not vacuous: without geometry the feed probes
+        pipeline.BlockFeed(config)
+    assert len(calls) == 1
+
+
 # ------------------------------------------------------------------------------------------------ Ray
 def _drain(shard_, feed, takes=(1, 2, 3)) -> dict[str, np.ndarray]:
     from raytrain_seq.dist.pipeline import shard_dataset

@@ -109,8 +109,12 @@ def _evaluate(stream: str, run_dir: Path, run_config: Config, state, fuse_config
     from raytrain_seq.step import collate_rows
 
     began = time.perf_counter()
-    _geometry(run_config)  # a bad layout or t_max fails here, in the driver, with its own message
-    feed = ray.remote(BlockFeed).options(num_cpus=0, num_gpus=0, max_concurrency=32).remote(run_config)
+    geometry = _geometry(run_config)  # a bad layout or t_max fails here, in the driver, with its own message
+    feed = (
+        ray.remote(BlockFeed)
+        .options(num_cpus=0, num_gpus=0, max_concurrency=32)
+        .remote(run_config, geometry=geometry)
+    )
     try:
         spec = ray.get(feed.model_spec.remote())
         device = _device(fuse_config)

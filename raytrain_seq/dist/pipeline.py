@@ -141,15 +141,24 @@ class BlockFeed:
     """
 
     def __init__(
-        self, config: Config, *, videos_per_task: int = 16, partial_cpus: float = 1.0, keep_epochs: int = 2
+        self,
+        config: Config,
+        *,
+        videos_per_task: int = 16,
+        partial_cpus: float = 1.0,
+        keep_epochs: int = 2,
+        geometry: dict[str, Any] | None = None,
     ) -> None:
+        """``geometry``: the driver's ``_geometry(config)``, so a run probes its videos once (a pass over
+        full UCF101 opens 13,320 files); None computes it here."""
         if not isinstance(config, Config):
             raise TypeError(f"BlockFeed needs a raytrain_seq.config.Config, got {type(config).__name__}")
         self._config = config
         self._videos_per_task = _int(videos_per_task, "videos_per_task", 1, "use e.g. 16")
         self._partial_cpus = float(partial_cpus)
         self._keep = _int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
-        geometry = _geometry(config, warn=False)
+        if geometry is None:
+            geometry = _geometry(config, warn=False)
         self._catalogs = geometry["catalogs"]
         self.t_max, self.max_sequences = geometry["t_max"], geometry["max_sequences"]
         self._eval_strategy, self._channels = geometry["eval_strategy"], geometry["channels"]
@@ -416,7 +425,8 @@ def create_feed(
 ):
     """Start the BlockFeed actor (0 CPUs, on the driver's node) and its epoch-0 partial augmentation.
 
-    The configuration is checked here first, so a bad t_max fails in the driver. ``prefetch_world_size``
+    The configuration is checked here first, so a bad t_max fails in the driver; the actor gets the
+    catalogs built for that check instead of probing the videos again. ``prefetch_world_size``
     (default ``config.train.learners``) orders epoch 0's tasks by the learners' consumption.
     """
     import ray
@@ -424,7 +434,7 @@ def create_feed(
 
     if not isinstance(config, Config):
         raise TypeError(f"create_feed needs a raytrain_seq.config.Config, got {type(config).__name__}")
-    _geometry(config)
+    geometry = _geometry(config)
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
@@ -434,7 +444,7 @@ def create_feed(
     feed = (
         ray.remote(BlockFeed)
         .options(**options)
-        .remote(config, videos_per_task=videos_per_task, partial_cpus=partial_cpus)
+        .remote(config, videos_per_task=videos_per_task, partial_cpus=partial_cpus, geometry=geometry)
     )
     feed.prefetch.remote(0, prefetch_world_size or config.train.learners)
     return feed
