@@ -294,6 +294,25 @@ def test_averaging_verdicts_follow_the_numbers():
     assert "(2.00x; above 1 means AAVG is faster)" in text
     assert "AAVG2 beats AAVG1 (+15.0 points" in text and "AAVG3 is within noise of AAVG2" in text
     assert "grew from 1 to 2 blocks, so in the same 5 epochs it averaged 6 times against AAVG1's 10" in text
+    assert "The batch first grew" not in text  # no growth rounds recorded in the fake runs
+
+
+def test_batch_growth_on_the_chance_plateau_is_named():
+    """best_before_growth finds the first growth and the best validation before it; the verdict says when
+    that was still chance level (the b1 = 1 rule firing on noise), and not when the model had learned."""
+    vals = [{"round": 1, "accuracy": 0.10}, {"round": 2, "accuracy": 0.09}, {"round": 4, "accuracy": 0.5}]
+    sizes = [{"round": r, "batch_size": b} for r, b in ((1, 1), (2, 1), (3, 2), (4, 4))]
+    assert averaging.best_before_growth(vals, sizes) == (3, 0.10)
+    assert averaging.best_before_growth(vals, sizes[:2]) is None
+    res = _fake_averaging_result()
+    for run in res["ablation"][1:]:
+        run["first_growth"] = (3, 0.10)
+    text = " ".join(averaging.verdicts(res)[0])
+    assert "AAVG2 at round 3 (best validation so far 10.0 %)" in text and "still at chance (10.0 %)" in text
+    for run in res["ablation"][1:]:
+        run["first_growth"] = (9, 0.55)
+    text = " ".join(averaging.verdicts(res)[0])
+    assert "AAVG3 at round 9 (best validation so far 55.0 %)" in text and "still at chance" not in text
     assert "so arithmetic dominates" in text  # 11.6 GB at 0.6 GB/s >> 23 GB at 12.5 GB/s
     low = {**res, "target": 0.12}
     assert (
