@@ -12,13 +12,8 @@ import pytest
 import torch
 
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.dist.averager import (
-    AveragingTimeoutError,
-    MembershipError,
-    ParameterAverager,
-    RoundBook,
-    StaleRoundError,
-)
+from raytrain_seq.dist.averager import ParameterAverager
+from raytrain_seq.dist.rounds import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
 
 LEARNERS = ["a", "b", "c"]
 

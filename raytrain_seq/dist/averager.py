@@ -49,12 +49,7 @@ from torch import Tensor
 
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
 from raytrain_seq.dist.rounds import (
-    AveragerError,
-    AveragerUnavailableError,
-    AveragingTimeoutError,
-    Backoff,
     Learner,
-    MembershipError,
     RoundBook,
     RoundClose,
     StaleRoundError,
@@ -70,31 +65,12 @@ from raytrain_seq.dist.state import (
     Snapshot,
     check_payload,
     describe_position,
-    latest_checkpoint,
-    load_snapshot,
 )
 
 logger = logging.getLogger(__name__)
 
 
-__all__ = [
-    "EVENTS_FILE",
-    "AveragerError",
-    "AveragerUnavailableError",
-    "AveragingTimeoutError",
-    "Backoff",
-    "JoinInfo",
-    "MembershipError",
-    "ParameterAverager",
-    "RoundBook",
-    "RoundResult",
-    "Snapshot",
-    "StaleRoundError",
-    "create_averager",
-    "get_averager",
-    "latest_checkpoint",
-    "load_snapshot",
-]
+__all__ = ["ParameterAverager", "create_averager", "get_averager"]
 
 
 class ParameterAverager(RunFolder):
