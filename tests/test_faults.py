@@ -211,11 +211,12 @@ def test_killed_averager_comes_back_and_the_run_finishes(cluster, tmp_path):
     # K=2 gives 24 rounds; after the first (model set-up: seconds) a round takes a fraction of a second.
     config = _config(tmp_path, "averager", learners=2, k=2, checkpoint_every=4, averager_max_restarts=2)
     run = Run(config)
-    # Kill one or two rounds after a checkpoint (rounds 5, 6, 9, 10, ...): the last checkpoint holds an
-    # older round than the learners. Rounds are fast, so poll every 50 ms rather than aim at one window
-    # (CI once ran rounds 5-7 between two 0.5 s polls and the run finished unkilled).
+    # Kill one or two rounds after a checkpoint (every 4: rounds 5, 6, 9, 10, ...), so the last checkpoint
+    # holds an older round than the learners. Rounds are fast (here three once passed between two 0.5 s
+    # polls; on CI the run once finished unkilled), so poll every 50 ms with several windows to hit.
+    every = config.train.checkpoint_every
     held = run.wait(
-        lambda: (r := run.state()["next_round"] - 1) >= 5 and r % 4 in (1, 2) and r,
+        lambda: (r := run.state()["next_round"] - 1) > every and r % every in (1, 2) and r,
         "round 4n+1 or 4n+2",
         poll=0.05,
     )
