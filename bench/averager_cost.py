@@ -1,7 +1,7 @@
 """The averager's cost: its measured bandwidth, and a cost model for a large cluster.
 
 AAVG (Cong et al.) averages the learners' weights and merges their Adam moments every K steps through
-one ParameterAverager actor (``raytrain_seq.dist.averager``): a star. ``bandwidth`` measures how many
+one ParameterAverager actor (``raytrain_seq.runtime.averager``): a star. ``bandwidth`` measures how many
 MB/s of fp32 weights + moments one round of 2 learners pushes through the actor on this machine
 (serialisation, the object store and the arithmetic included) against a plain numpy mean of the same
 arrays and the library arithmetic (``averaging.average_states`` + ``merge_adam_states``) in one
@@ -68,7 +68,7 @@ def bandwidth(megabytes: float, rounds: int = 5) -> dict:
     """
     import ray
 
-    from raytrain_seq.dist.averager import create_averager
+    from raytrain_seq.runtime.averager import create_averager
 
     params = int(megabytes * 1e6 / 4 / 3)  # weights + 2 Adam moments, fp32
     payloads = [adam_payload(params, 8, seed) for seed in (1, 2)]

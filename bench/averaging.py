@@ -5,7 +5,7 @@ of GPUs"; UCF101, ResNet-152 two-stream, 16 P100s) reports that sparse averaging
 converges well with little communication, the ablation AAVG1 (constant batch) 81.6 % < AAVG2 (adaptive
 batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB stream, and 61 minutes on
 16 GPUs against 2067 minutes for single-GPU SGD to similar accuracy. This script runs the real job
-(``raytrain_seq.dist.trainer.run`` with a ``Config``) on a local Ray cluster (``ray.init(num_cpus=4)``):
+(``raytrain_seq.runtime.driver.run`` with a ``Config``) on a local Ray cluster (``ray.init(num_cpus=4)``):
 
 1. K in {1, 4, 16, -1 (epoch)} -> test accuracy, wall time of the learners, share of it spent averaging
    (``RunSummary.seconds``); m (validate every m rounds) is set so that every K validates once per epoch.
@@ -13,7 +13,7 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
    job's default), averaging every ``ABLATION_K`` steps and validating ``ABLATION_CHECKS`` times an epoch
    so that the batch-size rule (grow when validation falls below its best) gets chances to act.
 3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
-   step, gloo on CPU): the same feed (``dist.pipeline.create_feed``/``shard_dataset``/``BlockRowStream``),
+   step, gloo on CPU): the same feed (``runtime.feed.create_feed``/``shard_dataset``/``BlockRowStream``),
    model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
    differs. Headline: time to the same validation accuracy (the lower of the two runs' best), DDP / AAVG.
 4. The averager's bandwidth: MB/s of parameters + Adam moments averaged through the ParameterAverager
@@ -119,7 +119,7 @@ def base_config(size: dict, storage: str, name: str, **overrides) -> Config:
 
 
 def run_aavg(size: dict, storage: str, name: str, k: int, steps: int, checks: int = 1, **switches) -> dict:
-    from raytrain_seq.dist.trainer import run
+    from raytrain_seq.runtime.driver import run
 
     m = validate_every(k, steps, checks)
     config = base_config(size, storage, name, k=k, validate_every=m, **switches)
@@ -148,7 +148,7 @@ def run_ddp(size: dict, storage: str, name: str) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raytrain_seq.dist.pipeline import create_feed
+    from raytrain_seq.runtime.feed import create_feed
 
     config = base_config(size, storage, name, adaptive_batch=False, merge_moments=False)
     began = time.perf_counter()
@@ -187,7 +187,7 @@ def run(args) -> dict:
     data = LocalData(Config.from_preset("demo", max_videos=size["videos"], seed=size["seed"]))
     steps = steps_per_epoch(data.catalogs["train"].lengths, data.t_max, 2, size["batch"])
     storage = tempfile.mkdtemp(prefix="bench-averaging-")
-    from raytrain_seq.dist.trainer import WORKER_REUSE
+    from raytrain_seq.runtime.driver import WORKER_REUSE
 
     ray.init(
         address="local",
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> dict:
     notes = [
         f"{s['videos']} training videos, val and test up to as many, {s['epochs']} epochs, seed {s['seed']}, 2 learners of 1 CPU "
         f"thread each on a local Ray cluster (num_cpus=4), {s['batch']} block(s) a step ({res['steps']} steps per "
-        "epoch per learner), the demo model and learning rate; every run is `raytrain_seq.dist.trainer.run` "
+        "epoch per learner), the demo model and learning rate; every run is `raytrain_seq.runtime.driver.run` "
         "except the DDP peer (a bench-local Ray Train loop over the same feed, model and InnerStep).",
         "Learner seconds exclude Ray Train's worker start; 'averaging share' = the learners' mean time inside "
         "averager calls / their wall time (RunSummary.seconds).",

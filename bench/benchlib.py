@@ -8,7 +8,7 @@ Every table script (``bload_table.py``, ``refurbish.py``, ``microbatch.py``, ``a
 The single-process data helpers (``LocalData``) give the benchmarks the job's data path without Ray:
 the synthetic catalogs (``raytrain_seq.data.synthetic``), the partial and final augmentations
 (``raytrain_seq.augment``), the packing plan (``raytrain_seq.packing``) and the row assembly of
-``raytrain_seq.dist.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
+``raytrain_seq.elastic.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
 learner receives for the same seed, epoch and plan.
 
 Nothing here imports ray; matplotlib is imported inside ``new_figure`` only.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.dist.assembly import (
+from raytrain_seq.elastic.assembly import (
     EpochShard,
     assemble_rows,
     max_sequences_bound,
@@ -248,7 +248,7 @@ def busy(seconds: float) -> None:
 class LocalData:
     """The job's synthetic data path in one process: catalogs, augmentations, plans, block rows.
 
-    ``videos`` renders at ``cache_size`` (what ``dist.pipeline`` does for the synthetic set), so the
+    ``videos`` renders at ``cache_size`` (what ``runtime.feed`` does for the synthetic set), so the
     partial augmentation's resize is the identity and evaluation frames are a centre crop of the render.
     """
 

@@ -1,7 +1,7 @@
 """The DDP peer of the AAVG benchmark: the same job on Ray Train with DistributedDataParallel.
 
 One Ray Train worker loop (``TorchTrainer(ddp_loop, ...)``) that reuses everything of the AAVG job except
-the synchronisation: the data come from the job's feed (``dist.pipeline.get_feed``, ``shard_dataset``,
+the synchronisation: the data come from the job's feed (``runtime.feed.get_feed``, ``shard_dataset``,
 ``BlockRowStream``: the same refurbished, packed block rows), the model from
 ``models.factory.build_model_for`` and the step from ``step.InnerStep`` (micro-batch streaming); the
 model is wrapped in ``DistributedDataParallel``, so every backward all-reduces the gradients (gloo on
@@ -28,8 +28,8 @@ def ddp_loop(loop_config: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from raytrain_seq.config import Config
-    from raytrain_seq.dist.pipeline import BlockRowStream, get_feed, shard_dataset
     from raytrain_seq.models.factory import build_model_for
+    from raytrain_seq.runtime.feed import BlockRowStream, get_feed, shard_dataset
     from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate
 
     config = Config.from_dict(loop_config["config"])

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raytrain_seq.augment import final_augment, partial_augment
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.dist.assembly import BlockRowStream, partial_rng
+from raytrain_seq.elastic.assembly import BlockRowStream, partial_rng
 from raytrain_seq.models import build_model
 from raytrain_seq.step import InnerStep, build_optimizer, collate_rows
 
@@ -66,7 +66,7 @@ def run_ray(config: Config, args: argparse.Namespace, pace: float | None = None)
     """
     import ray
 
-    from raytrain_seq.dist.pipeline import create_feed, shard_dataset
+    from raytrain_seq.runtime.feed import create_feed, shard_dataset
 
     began = time.perf_counter()
     feed = create_feed(config, videos_per_task=args.videos_per_task)

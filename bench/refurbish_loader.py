@@ -24,7 +24,7 @@ from randaugment import burn_cpu
 
 from raytrain_seq.augment import final_augment
 from raytrain_seq.config import Config
-from raytrain_seq.dist.assembly import FINAL_STREAM
+from raytrain_seq.elastic.assembly import FINAL_STREAM
 from raytrain_seq.packing import pack
 from raytrain_seq.refurbish import RefurbishSchedule
 

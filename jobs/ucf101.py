@@ -7,7 +7,7 @@ The techniques (DESIGN.md): BLoad block packing (Iftekhar, Ruschel et al.; ``--p
 AAVG model averaging (Cong et al.; ``--k``, ``--validate-every``, ``--max-batch-size``), Revamper data
 refurbishing (Lee et al.; ``--reuse``) and micro-batch streaming (Piao, Synn et al.;
 ``--micro-batch-size``). This file is thin on purpose: every check lives in ``raytrain_seq.config`` and all
-the work in ``raytrain_seq.dist.trainer.run``, so the same run can be started from Python or tests.
+the work in ``raytrain_seq.runtime.driver.run``, so the same run can be started from Python or tests.
 Flags given on the command line override the preset; absent flags keep the preset's (or default) values.
 The last line printed is ``summary written to PATH``.
 """
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported here, not at the top: importing this file must not pull in ray or torch.
     from raytrain_seq.config import RunSetupError
-    from raytrain_seq.dist.trainer import run
+    from raytrain_seq.runtime.driver import run
 
     try:
         summary = run(config)

@@ -31,7 +31,7 @@ stop_head() {
 # The token lives in ~/.ray/auth_token; the head and `ray job submit` both read it.
 ray get-auth-token --generate >/dev/null 2>&1
 # Keep idle task workers a minute (Ray's default is a second), so each epoch's data tasks reuse the
-# last epoch's Python workers instead of starting new ones (raytrain_seq/dist/trainer.py: WORKER_REUSE).
+# last epoch's Python workers instead of starting new ones (raytrain_seq/runtime/driver.py: WORKER_REUSE).
 RAY_idle_worker_killing_time_threshold_ms=60000 ray start --head --port "$GCS_PORT" --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
   --num-cpus 4 --temp-dir "$RAY_TMP" --disable-usage-stats >/dev/null
 trap stop_head EXIT

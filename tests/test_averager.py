@@ -1,4 +1,4 @@
-"""Tests for raytrain_seq.dist.averager: the round policy (no ray) and the actor on a local Ray cluster."""
+"""Tests for raytrain_seq.runtime.averager: the round policy (no ray) and the actor on a local Ray cluster."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.dist.averager import ParameterAverager
-from raytrain_seq.dist.rounds import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
+from raytrain_seq.elastic.rounds import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
+from raytrain_seq.runtime.averager import ParameterAverager
 
 LEARNERS = ["a", "b", "c"]
 
@@ -58,7 +58,7 @@ def test_book_round_completes_when_all_arrive():
 
 def test_book_deadline_drops_the_missing_with_a_reason(caplog):
     """Past the deadline the missing learner is dropped with a logged reason and not expected any more."""
-    caplog.set_level(logging.WARNING, logger="raytrain_seq.dist.averager")
+    caplog.set_level(logging.WARNING, logger="raytrain_seq.runtime.averager")
     book, clock = _book(timeout_s=2.0)
     book.arrive("a", 1, 3)
     book.arrive("c", 1, 3)
@@ -255,7 +255,7 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
 
 def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, monkeypatch):
     """A restarted averager reloads run_dir's checkpoint; a learner ahead of it re-seeds it, nothing lost."""
-    from raytrain_seq.dist import averager as averager_module
+    from raytrain_seq.runtime import averager as averager_module
 
     monkeypatch.setattr(averager_module, "_actor_id", lambda: "actor-1")  # Ray keeps the id over restarts
 
@@ -394,7 +394,7 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def averagers(ray_cluster):
     """One fresh actor per test (timeout 1 s, learners a, b, c joined), all started at once to save time."""
-    from raytrain_seq.dist.averager import create_averager
+    from raytrain_seq.runtime.averager import create_averager
 
     configs = {
         "reference": {},

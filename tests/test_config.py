@@ -389,7 +389,7 @@ def test_every_flag_is_a_config_field_with_help():
 
 @pytest.fixture
 def fake_trainer(monkeypatch, tmp_path):
-    """A stand-in raytrain_seq.dist.trainer whose run() records its Config and writes a summary."""
+    """A stand-in raytrain_seq.runtime.driver whose run() records its Config and writes a summary."""
     calls: list[Config] = []
 
     def run(config: Config) -> RunSummary:
@@ -404,9 +404,9 @@ def fake_trainer(monkeypatch, tmp_path):
         summary.write(tmp_path / "run")
         return summary
 
-    module = types.ModuleType("raytrain_seq.dist.trainer")
+    module = types.ModuleType("raytrain_seq.runtime.driver")
     module.run = run
-    monkeypatch.setitem(sys.modules, "raytrain_seq.dist.trainer", module)
+    monkeypatch.setitem(sys.modules, "raytrain_seq.runtime.driver", module)
     return calls
 
 
@@ -449,9 +449,9 @@ def test_a_run_that_cannot_start_exits_2_with_one_line(monkeypatch, capsys, tmp_
     def run(config: Config) -> RunSummary:
         raise RunSetupError(f"run folder {tmp_path} already exists: pass --resume to continue it")
 
-    module = types.ModuleType("raytrain_seq.dist.trainer")
+    module = types.ModuleType("raytrain_seq.runtime.driver")
     module.run = run
-    monkeypatch.setitem(sys.modules, "raytrain_seq.dist.trainer", module)
+    monkeypatch.setitem(sys.modules, "raytrain_seq.runtime.driver", module)
     assert job.main(["--preset", "smoke", "--run-name", "t2"]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("error: run folder") and "--resume" in captured.err

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.dist.assembly import plan_specs
-from raytrain_seq.dist.averager import ParameterAverager
-from raytrain_seq.dist.position import EpochPosition, layout_specs, resplit
-from raytrain_seq.dist.rounds import AveragerUnavailableError, Backoff, RoundBook
-from raytrain_seq.dist.state import membership_entries, recovery_entries
+from raytrain_seq.elastic.assembly import plan_specs
+from raytrain_seq.elastic.position import EpochPosition, layout_specs, resplit
+from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, RoundBook
+from raytrain_seq.elastic.state import membership_entries, recovery_entries
 from raytrain_seq.packing import pack
+from raytrain_seq.runtime.averager import ParameterAverager
 
 
 def _plan(n: int = 53, seed: int = 3):
@@ -132,7 +132,7 @@ def test_learner_retries_an_unreachable_averager_then_fails_clearly(monkeypatch)
     """Learner._call retries RayActorError/GetTimeoutError on the backoff schedule, then fails clearly."""
     from ray.exceptions import ActorUnavailableError, GetTimeoutError
 
-    from raytrain_seq.dist import learner as learner_module
+    from raytrain_seq.runtime import learner as learner_module
 
     sleeps: list[float] = []
     monkeypatch.setattr(learner_module.time, "sleep", sleeps.append)
@@ -192,7 +192,7 @@ def test_membership_log_becomes_the_summary_entries():
 
 def test_summary_fills_elastic_and_video_fields():
     """_summary: learners = final group, membership/recoveries from the averager, per-class by name."""
-    from raytrain_seq.dist.trainer import _summary
+    from raytrain_seq.runtime.driver import _summary
 
     async def averaged():
         averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
@@ -234,7 +234,7 @@ def test_storage_path_that_cannot_be_written_is_refused_before_ray(tmp_path):
     """A --storage-path that cannot hold the run folder stops the run with RunSetupError, Ray untouched."""
     import ray
 
-    from raytrain_seq.dist.trainer import run
+    from raytrain_seq.runtime.driver import run
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")  # a path under a file cannot be created, even by root
@@ -248,7 +248,7 @@ def test_storage_path_that_cannot_be_written_is_refused_before_ray(tmp_path):
 
 def test_train_env_sets_the_start_timeout_for_the_fit_only(monkeypatch):
     """The worker-group start timeout reaches Ray Train through its env var during fit, then is restored."""
-    from raytrain_seq.dist.trainer import WORKER_START_TIMEOUT_ENV, _train_env
+    from raytrain_seq.runtime.driver import WORKER_START_TIMEOUT_ENV, _train_env
 
     monkeypatch.delenv(WORKER_START_TIMEOUT_ENV, raising=False)
     config = Config.from_preset("smoke", worker_start_timeout_s=7.5)
@@ -289,7 +289,7 @@ class _Replies:
 
 
 def _learner(checkpoint_every: int = 2):
-    from raytrain_seq.dist import learner as learner_module
+    from raytrain_seq.runtime import learner as learner_module
 
     learner = learner_module.Learner.__new__(learner_module.Learner)
     learner.config = Config.from_preset("smoke", checkpoint_every=checkpoint_every, epochs=3)
@@ -309,7 +309,7 @@ def _learner(checkpoint_every: int = 2):
 
 
 def _join_info(round_: int, latest: int, position: dict | None):
-    from raytrain_seq.dist.state import JoinInfo
+    from raytrain_seq.elastic.state import JoinInfo
 
     params = {k: torch.full_like(v, float(latest)) for k, v in torch.nn.Linear(2, 1).state_dict().items()}
     return JoinInfo("me", round_, params, None, 4, {}, 2, position, latest, 3.0, "live")
@@ -317,7 +317,7 @@ def _join_info(round_: int, latest: int, position: dict | None):
 
 def test_refused_round_is_resent_after_an_averager_restart():
     """StaleRound/Membership refusal, then join says the same round is due: the same payload is resent."""
-    from raytrain_seq.dist.rounds import MembershipError
+    from raytrain_seq.elastic.rounds import MembershipError
 
     learner = _learner()
     sent = {"w": torch.ones(1)}
@@ -336,8 +336,8 @@ def test_refused_round_is_resent_after_an_averager_restart():
 def test_dropped_learner_realigns_and_makes_the_missed_reports():
     """Dropped from round 5 while the others averaged 5-7: it takes round 7's state and position, and
     calls ray.train.report for the checkpoint rounds 6 it missed (Ray Train's barrier waits for them)."""
-    from raytrain_seq.dist.learner import Realign
-    from raytrain_seq.dist.rounds import StaleRoundError
+    from raytrain_seq.elastic.rounds import StaleRoundError
+    from raytrain_seq.runtime.learner import Realign
 
     learner = _learner(checkpoint_every=2)
     latest = EpochPosition(1, (), 2, 24).as_dict()
@@ -355,7 +355,7 @@ def test_dropped_learner_realigns_and_makes_the_missed_reports():
 
 def test_feed_serves_the_resplit_layout(monkeypatch):
     """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
-    from raytrain_seq.dist.pipeline import BlockFeed
+    from raytrain_seq.runtime.feed import BlockFeed
 
     monkeypatch.setattr(
         BlockFeed, "_launch", lambda self, videos, epochs: [object() for _ in videos]

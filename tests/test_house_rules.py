@@ -29,12 +29,12 @@ def _imported_roots(path: Path) -> set[str]:
     return roots
 
 
-def test_only_dist_imports_ray():
-    """No module outside raytrain_seq/dist/ imports ray, even lazily inside a function."""
+def test_only_runtime_imports_ray():
+    """No module outside raytrain_seq/runtime/ imports ray, even lazily inside a function."""
     offenders = [
         str(p.relative_to(ROOT))
         for p in PACKAGE.rglob("*.py")
-        if "dist" not in p.relative_to(PACKAGE).parts[:1] and "ray" in _imported_roots(p)
+        if "runtime" not in p.relative_to(PACKAGE).parts[:1] and "ray" in _imported_roots(p)
     ]
     assert offenders == []
 

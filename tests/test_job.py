@@ -34,7 +34,7 @@ def _smoke(tmp_path, **overrides) -> Config:
 
 def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
     """Smoke preset, 2 learners, 1 epoch; then --resume to 2 epochs continues from round 1's checkpoint."""
-    from raytrain_seq.dist.trainer import latest_checkpoint, run
+    from raytrain_seq.runtime.driver import latest_checkpoint, run
 
     config = _smoke(tmp_path, epochs=1, run_name="smoke")
     summary = run(config)

@@ -11,7 +11,7 @@ from raytrain_seq.augment import center_crop, final_augment, partial_augment, re
 from raytrain_seq.config import Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.dist.assembly import (
+from raytrain_seq.elastic.assembly import (
     FINAL_STREAM,
     PARTIAL_STREAM,
     PLAN_STREAM,
@@ -27,9 +27,9 @@ from raytrain_seq.dist.assembly import (
     shard_items,
     spread_fresh,
 )
-from raytrain_seq.dist.pipeline import _geometry, create_feed
 from raytrain_seq.packing import pack, shard
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.runtime.feed import _geometry, create_feed
 
 SEED = 0
 
@@ -229,7 +229,7 @@ def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
 
 def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
     """BlockFeed(geometry=...) (what create_feed passes) builds on the driver's catalogs: no second probe."""
-    from raytrain_seq.dist import pipeline
+    from raytrain_seq.runtime import feed as pipeline
 
     config = _config()
     geometry = _geometry(config)
@@ -250,7 +250,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ Ray
 def _drain(shard_, feed, takes=(1, 2, 3)) -> dict[str, np.ndarray]:
-    from raytrain_seq.dist.pipeline import shard_dataset
+    from raytrain_seq.runtime.feed import shard_dataset
 
     stream = BlockRowStream(shard_dataset(shard_, feed), prefetch_batches=1)
     parts, i = [], 0

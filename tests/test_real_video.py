@@ -30,9 +30,7 @@ from video_fixtures import (
 
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import compute_flow, dequantize, flow_method, pair_flow
-from raytrain_seq.data.video import decode, decode_pairs
-from raytrain_seq.dist.assembly import RowFormat, assemble_rows, final_rng
-from raytrain_seq.dist.sources import (
+from raytrain_seq.data.sources import (
     balanced_subset,
     fit_length,
     get_source,
@@ -40,6 +38,8 @@ from raytrain_seq.dist.sources import (
     load_catalogs,
     source_kwargs,
 )
+from raytrain_seq.data.video import decode, decode_pairs
+from raytrain_seq.elastic.assembly import RowFormat, assemble_rows, final_rng
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state
 from raytrain_seq.summary import RunSummary, format_table

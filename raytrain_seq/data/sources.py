@@ -53,7 +53,7 @@ import numpy as np
 
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.dist.assembly import partial_rng
+from raytrain_seq.elastic.assembly import partial_rng
 
 logger = logging.getLogger(__name__)
 

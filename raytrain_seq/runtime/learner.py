@@ -5,7 +5,7 @@ K local steps on mini-batches of B block rows (``raytrain_seq.step.InnerStep``: 
 its own Adam), then sends its weights and Adam moments to the ``ParameterAverager`` and continues from
 the mean (K = -1: one round per epoch). Every m rounds rank 0 validates the averaged model and reports
 the accuracy; the averager's answer of the next round carries the batch size for everyone. Rows come
-from this learner's shard of the epoch's BLoad plan (``raytrain_seq.dist.pipeline``): every learner gets
+from this learner's shard of the epoch's BLoad plan (``raytrain_seq.runtime.feed``): every learner gets
 the same number of rows, and all learners see the same B, so they take the same number of steps and
 meet at the same rounds without a barrier of their own.
 
@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from raytrain_seq.config import Config
-from raytrain_seq.dist.position import EpochPosition
-from raytrain_seq.dist.rounds import AveragerError, AveragerUnavailableError, Backoff
+from raytrain_seq.elastic.position import EpochPosition
+from raytrain_seq.elastic.rounds import AveragerError, AveragerUnavailableError, Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, load_averaged
 
@@ -111,9 +111,9 @@ class Learner:
     ) -> None:
         import ray
 
-        from raytrain_seq.dist.averager import get_averager
-        from raytrain_seq.dist.metrics import LearnerMetrics
-        from raytrain_seq.dist.pipeline import get_feed
+        from raytrain_seq.runtime.averager import get_averager
+        from raytrain_seq.runtime.feed import get_feed
+        from raytrain_seq.runtime.metrics import LearnerMetrics
 
         self.ray = ray
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
@@ -243,7 +243,7 @@ class Learner:
 
     def _epoch(self, position: EpochPosition) -> EpochPosition:
         """Train the rest of ``position``'s epoch in its layout; returns the next epoch's start."""
-        from raytrain_seq.dist.pipeline import BlockRowStream, shard_dataset
+        from raytrain_seq.runtime.feed import BlockRowStream, shard_dataset
 
         train = self.config.train
         position = position.for_group(self.world_size)  # an epoch's start: this group's layout
@@ -376,7 +376,7 @@ class Learner:
 
     def evaluate(self, split: str):
         """Accuracy of the current (averaged) model on the whole val or test split, rows cached in memory."""
-        from raytrain_seq.dist.pipeline import BlockRowStream, shard_dataset
+        from raytrain_seq.runtime.feed import BlockRowStream, shard_dataset
 
         if split not in self._eval_rows:
             shard = self.ray.get(self.feed.eval_shard.remote(split))

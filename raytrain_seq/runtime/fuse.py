@@ -103,9 +103,9 @@ def _evaluate(stream: str, run_dir: Path, run_config: Config, state, fuse_config
     """Softmax per test video id of one run's final model, through that run's own feed."""
     import ray
 
-    from raytrain_seq.dist.pipeline import BlockFeed, BlockRowStream, _geometry, shard_dataset
     from raytrain_seq.models import predict
     from raytrain_seq.models.factory import model_from_state
+    from raytrain_seq.runtime.feed import BlockFeed, BlockRowStream, _geometry, shard_dataset
     from raytrain_seq.step import collate_rows
 
     began = time.perf_counter()
@@ -193,7 +193,7 @@ def fuse_probabilities(
 
 def run_fuse(config: Config) -> RunSummary:
     """Evaluate ``config.model.fuse`` = (RGB run, flow run) on the test split; write, return the summary."""
-    from raytrain_seq.dist.trainer import _connect, check_storage
+    from raytrain_seq.runtime.driver import _connect, check_storage
 
     if config.data.stream != "fuse" or config.model.fuse is None:
         raise ValueError("run_fuse needs data.stream='fuse' and model.fuse=(RGB_RUN, FLOW_RUN): pass both")

@@ -48,7 +48,7 @@ from typing import Any
 from torch import Tensor
 
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
-from raytrain_seq.dist.rounds import (
+from raytrain_seq.elastic.rounds import (
     Learner,
     RoundBook,
     RoundClose,
@@ -56,7 +56,7 @@ from raytrain_seq.dist.rounds import (
     check_learner,
     check_number,
 )
-from raytrain_seq.dist.state import (
+from raytrain_seq.elastic.state import (
     EVENTS_FILE,
     EventLog,
     JoinInfo,

@@ -3,7 +3,7 @@
 ``run(config)`` is what ``jobs/ucf101.py`` calls. It connects to the Ray cluster the job runs in (or starts
 a local one), creates the two driver-side actors (``BlockFeed``: catalog, refurbishing cache, packing
 plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``TorchTrainer`` whose workers are the
-AAVG learners (``raytrain_seq.dist.learner``), then joins the learners' last report with the actors'
+AAVG learners (``raytrain_seq.runtime.learner``), then joins the learners' last report with the actors'
 statistics into ``summary.json`` and ``curves.png`` in the run folder.
 
 Elastic learners: ``train.learners`` = (min, max) becomes Ray Train V2's ``ScalingConfig(num_workers=
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.dist.state import latest_checkpoint, membership_entries, recovery_entries
+from raytrain_seq.elastic.state import latest_checkpoint, membership_entries, recovery_entries
 from raytrain_seq.summary import RunSummary, plot_curves
 
 logger = logging.getLogger(__name__)
@@ -141,13 +141,13 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raytrain_seq.dist.averager import create_averager
-    from raytrain_seq.dist.learner import train_loop_per_worker
-    from raytrain_seq.dist.pipeline import create_feed
+    from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.learner import train_loop_per_worker
 
     if config.data.stream == "fuse":
         # No training: evaluate two finished runs (RGB, flow) and fuse their predictions.
-        from raytrain_seq.dist.fuse import run_fuse
+        from raytrain_seq.runtime.fuse import run_fuse
 
         return run_fuse(config)
     began = time.perf_counter()

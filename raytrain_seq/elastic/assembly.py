@@ -24,8 +24,8 @@ the heaviest window drops from 1.8x to 1.4-1.5x the mean (it cannot go much lowe
 make blocks of up to 3x the mean fresh count). Recursive high-low pairing and bit-reversed quantile
 orders were tried and gave equal or larger spreads.
 
-Elastic groups: ``raytrain_seq.dist.position`` re-splits an epoch's unreached blocks when the learner group
-changes size. Nothing here imports ray: the Ray glue is ``raytrain_seq.dist.pipeline``.
+Elastic groups: ``raytrain_seq.elastic.position`` re-splits an epoch's unreached blocks when the learner group
+changes size. Nothing here imports ray: the Ray glue is ``raytrain_seq.runtime.feed``.
 """
 
 from __future__ import annotations

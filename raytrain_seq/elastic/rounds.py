@@ -7,7 +7,7 @@ and on the world size; a late, repeated or skipped-ahead round is a ``StaleRound
 learner, a disagreement on the world size a ``MembershipError``, and a round with fewer than
 ``min_learners`` arrivals an ``AveragingTimeoutError`` listing the missing ones. The errors are
 picklable (they cross Ray's process boundary intact). The clock is injectable, so the whole policy is
-unit-tested without a cluster or an event loop; ``raytrain_seq.dist.averager`` wraps it in an actor.
+unit-tested without a cluster or an event loop; ``raytrain_seq.runtime.averager`` wraps it in an actor.
 
 Elastic groups. Ray Train restarts the whole worker group when a learner fails or the cluster grows or
 shrinks; every learner process joins with a fresh ``incarnation`` id, so the first join of a new

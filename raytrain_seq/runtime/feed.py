@@ -48,7 +48,10 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.config import Config
-from raytrain_seq.dist.assembly import (
+from raytrain_seq.data.sources import augment_videos as _augment_videos
+from raytrain_seq.data.sources import load_catalogs, render_size
+from raytrain_seq.data.sources import source_kwargs as _source_kwargs
+from raytrain_seq.elastic.assembly import (
     BlockRowStream,
     BlockSpec,
     EpochShard,
@@ -60,10 +63,7 @@ from raytrain_seq.dist.assembly import (
     plan_specs,
     shard_items,
 )
-from raytrain_seq.dist.position import layout_specs
-from raytrain_seq.dist.sources import augment_videos as _augment_videos
-from raytrain_seq.dist.sources import load_catalogs, render_size
-from raytrain_seq.dist.sources import source_kwargs as _source_kwargs
+from raytrain_seq.elastic.position import layout_specs
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from raytrain_seq.dist.assembly import BlockSpec, spread_fresh
+from raytrain_seq.elastic.assembly import BlockSpec, spread_fresh
 
 __all__ = ["EpochPosition", "layout_specs", "resplit"]
 

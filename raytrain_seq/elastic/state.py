@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from raytrain_seq.dist.rounds import Learner, check_number
+from raytrain_seq.elastic.rounds import Learner, check_number
 
 logger = logging.getLogger(__name__)
 
