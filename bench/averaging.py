@@ -21,8 +21,8 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
    arrays and the library arithmetic (``average_states`` + ``merge_adam_states``) in one process; and a
    cost model for 16 learners of ResNet-152 size.
 
-    python bench/averaging.py            # default size, about 10 minutes on 2 cores
-    python bench/averaging.py --tiny     # a minute or two (one short run of each kind)
+    python bench/averaging.py            # default size (the one make bench runs)
+    python bench/averaging.py --tiny     # one short run of each kind
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ the same number of sequences; the micro-batch is a fixed frame budget (``micro``
 ``t_max``), i.e. the same device memory for every strategy. Accuracy is on whole test videos for every
 strategy (for chunk also on test videos cut like its training pieces, as the job would score it).
 
-    python bench/bload_table.py            # default size, about 4 minutes on 2 cores
+    python bench/bload_table.py            # default size (the one make bench runs)
     python bench/bload_table.py --tiny     # seconds (tests)
     python bench/bload_table.py --full     # the demo's 3000 videos, 10 epochs
 """

@@ -28,8 +28,9 @@ def ddp_loop(loop_config: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from raytrain_seq.config import Config
+    from raytrain_seq.elastic.assembly import BlockRowStream
     from raytrain_seq.models.factory import build_model_for
-    from raytrain_seq.runtime.feed import BlockRowStream, get_feed, shard_dataset
+    from raytrain_seq.runtime.feed import get_feed, shard_dataset
     from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate
 
     config = Config.from_dict(loop_config["config"])

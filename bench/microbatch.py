@@ -21,7 +21,7 @@ small CNN (3x32x32 inputs, no BatchNorm, so streaming must give the exact gradie
 
 Imports torch, numpy and raytrain_seq's pure modules only (no ray), so it runs on a bare GPU machine:
 
-    python bench/microbatch.py                  # sizes 16..1024 (CPU: about a minute on 2 cores)
+    python bench/microbatch.py                  # sizes 16..1024 (the size make bench runs)
     python bench/microbatch.py --full           # CUDA: up to 16384
     python bench/microbatch.py --memory-fraction 0.01
 """

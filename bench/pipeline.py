@@ -16,7 +16,7 @@ Useful frames are frames of real sequences (padding excluded); every rate covers
 (epoch 0 of the pipeline is cold: it computes every partial augmentation). A second table says, per
 epoch and consumer, how long the consumer was blocked in ``take`` and what the feed was computing then.
 
-    python bench/pipeline.py                                  # ~1-2 minutes on 2 cores
+    python bench/pipeline.py                                  # the size make bench runs
     python bench/pipeline.py --videos 400 --epochs 4 --reuse 3 --augment-cost 0.01
 """
 

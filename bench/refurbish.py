@@ -30,7 +30,7 @@ model) for r=3 with balanced eviction + ``compose`` (Revamper) against balanced 
 shuffle, random eviction (a random N/r subset each epoch) + plain shuffle, and the reference-count
 eviction the paper calls naive (every sample recomputed after r uses, i.e. all of them in epochs r, 2r).
 
-    python bench/refurbish.py            # default size, about 6 minutes on 2 cores
+    python bench/refurbish.py            # default size (the one make bench runs)
     python bench/refurbish.py --tiny     # seconds (tests)
 """
 

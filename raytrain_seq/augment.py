@@ -17,11 +17,10 @@ Resizing is a separable triangle filter whose support widens with the down-scali
 anti-aliased when shrinking. Short side to ``size``, the long side cropped (at random in
 ``partial_augment``, centred in ``resize_video``).
 
-Measured trade-off (100 synthetic videos, mean 21 frames of 32x32, to a 36 cache then a 32 crop; shared
-2-core CPU, best of 3): partial 0.84 ms per video with ``extra_ops=0``, 2.3 ms with 1, 6.2 ms with 4; final
-0.1 ms. So refurbishing with reuse r=3 cuts the augmentation CPU per use from 0.94 ms to 0.38 ms
-(2.5x) at ``extra_ops=0`` and by about 2.9x at ``extra_ops=4`` (arithmetic on these timings; the end-to-end
-claim is bench/'s job).
+Trade-off: the partial half costs several times the final half, and more with every ``extra_ops`` warp,
+so reusing it r times cuts the augmentation CPU per use to ``partial / r + final``, close to 1/r of the
+standard pipeline's when the partial half dominates (the per-video timings are in
+docs/LOG.md, 2026-11-22; the end-to-end claim is ``bench/refurbish.py``'s).
 
 ``stride_frames`` keeps every ``stride``-th frame for decoded real videos. The built-in synthetic set
 (``raytrain_seq.data.synthetic``) is rendered at its strided length already: do not stride it again.

@@ -9,12 +9,12 @@ optimizer state that averaging disrupts: Adam's moments become the learners' mea
 (mean, variance) pair -- BatchNorm's running statistics, the "b" quantities -- is merged by the law of
 total variance (lines 1, 3 and 6: z_j = v_j + m_j^2, m = mean m_j, v = mean z_j - m^2).
 
-Measured trade-off (the paper, UCF101 RGB stream, 16 GPUs): constant batch size 81.6% validation accuracy,
-adaptive batch size 83.7%, adaptive batch size plus the merged Adam state 85.6%; 61 minutes against 2067
-minutes for single-GPU SGD. The price is that the merged state is an approximation of one optimizer's state
-(the learners' moments are averaged, not recomputed) and the batch size only ever grows. Measured here
-(one CPU thread, shared machine): averaging 16 learners' states of 3.9M float32 values takes 0.66-0.86 s
-with float64 accumulation, against 0.54 s for a bare float32 stack().mean(0) of the same data.
+Trade-off, as the paper measured it (UCF101 RGB stream, 16 GPUs): constant batch size 81.6% validation
+accuracy, adaptive batch size 83.7%, adaptive batch size plus the merged Adam state 85.6%; 61 minutes against
+2067 minutes for single-GPU SGD. The price is that the merged state is an approximation of one optimizer's
+state (the learners' moments are averaged, not recomputed) and the batch size only ever grows. Accumulating in
+float64 costs little over a bare float32 mean (docs/LOG.md, 2026-11-22; the averager's cost per round is
+``bench/averager_cost.py``'s).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor) -> Tensor:
     Written as x_k + sum_j w_j (x_j - x_k), x_k the first learner with weight > 0: the same value since
     sum_j w_j = 1, but learners that agree give back exactly x_k, where the plain form rounds (three times
     x/3 is not always x). A learner of weight 0 is out of the round: even its nan/inf must not leak in.
-    One in-place float64 axpy per learner: 6x faster than stack + tensordot here, no [P, ...] buffer.
+    One in-place float64 axpy per learner: faster than stack + tensordot, and no [P, ...] buffer.
     """
     device = tensors[0].device
     kept = [(wj, t) for wj, t in zip(w.tolist(), tensors, strict=True) if wj > 0]

@@ -3,10 +3,10 @@
 Each filler takes the distinct lengths in descending order (``values``), how many sequences have each
 (``counts``), the block size ``t_max`` and the number of sequences ``n``, and returns the bin of each
 sequence in descending-length order plus the number of bins. Working on (length, count) groups instead of
-single items keeps planning fast: UCF101's 9,537 train videos have 507 distinct lengths, and a
-1,000,000-sequence list plans in 2-3 s (``bench/packing.py``). Which filler wins depends on the length
-distribution, so ``packing._pack_optimal`` runs them and keeps the fewest bins: on UCF101 split 1 at
-strides 1-8 the best is 0-1 bin over ``ceil(frames / t_max)`` and 2-4 under first-fit-decreasing.
+single items keeps planning fast: UCF101's 9,537 train videos have 507 distinct lengths
+(``bench/packing.py`` times a 1,000,000-sequence plan). Which filler wins depends on the length
+distribution, so ``packing._pack_optimal`` runs them and keeps the fewest bins (``bench/packing.py``
+compares them with ``ceil(frames / t_max)`` on the UCF101 split-1 lists).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """One dataclass tree for a whole run: ``Config(data=..., model=..., train=..., run=...)``.
 
-What it serves: the four techniques of DESIGN.md meet here as settings, so one value travels to every
-process: BLoad packing (Iftekhar, Ruschel et al.: ``data.packing``, ``data.t_max``), AAVG averaging (Cong
-et al.: ``train.k``, ``train.validate_every`` = m, ``train.b1``/``b2``, ``train.max_batch_size``),
-Revamper refurbishing (Lee et al.: ``data.reuse`` = r) and micro-batch streaming (Piao, Synn et al.:
-``train.micro_batch_size``). Field names are the job's flag names with ``-`` -> ``_``.
+What it serves: the four techniques (docs/ARCHITECTURE.md) meet here as settings, so one value travels
+to every process: BLoad packing (Iftekhar, Ruschel et al.: ``data.packing``, ``data.t_max``), AAVG
+averaging (Cong et al.: ``train.k``, ``train.validate_every`` = m, ``train.b1``/``b2``,
+``train.max_batch_size``), Revamper refurbishing (Lee et al.: ``data.reuse`` = r) and micro-batch
+streaming (Piao, Synn et al.: ``train.micro_batch_size``). ``raytrain_seq.cli`` generates the jobs'
+command line from this tree: every field is a flag ``--section.field`` and ``--field-name``, and its
+one-line docstring is that flag's help.
 
 Every value is checked once, at construction (``__post_init__``), and a bad one raises ValueError naming
 the field (``train.batch_size``), the value and the fix, so a mistake stops the driver before Ray starts
@@ -72,7 +74,7 @@ class DataConfig:
     split: int = 1
     """Official train/test split of ucf101 and hmdb51: 1, 2 or 3."""
     stream: str = "rgb"
-    """What the model sees: "rgb" frames, "flow" (optical flow, 2 channels), or "fuse" (evaluate two runs)."""
+    """What the model sees: "rgb" frames, "flow" (optical flow, 2 channels), or "fuse" (score model.fuse)."""
     num_classes: int | None = None
     """Train on the first this many classes; None = every class of the dataset (10 for synthetic)."""
     max_videos: int | None = None
@@ -184,7 +186,7 @@ class ModelConfig:
     init_from: str | None = None
     """Run folder whose final model starts this one (an RGB run for a flow model: cross-modality init)."""
     fuse: tuple[str, str] | None = None
-    """(RGB run folder, flow run folder) whose models stream="fuse" evaluates and fuses; else None."""
+    """The RGB run folder and flow run folder whose models stream="fuse" evaluates and fuses; else None."""
     width: int = 16
     """Channels of the first backbone stage; each further stage doubles them."""
     depth: int = 3
@@ -255,17 +257,17 @@ class TrainConfig:
     validate_every: int = 1
     """m in the paper: validate (and maybe grow the batch size) every m averaging rounds."""
     b1: float = 1.0
-    """AAVG accuracy margin: grow the batch when validation accuracy < b1 * best so far."""
+    """AAVG accuracy margin: grow the batch when validation accuracy < b1 * the best so far (> 0)."""
     b2: float = 2
-    """AAVG growth factor of the batch size (>= 1)."""
+    """AAVG growth factor: a growing batch size is multiplied by b2, up to max_batch_size (>= 1)."""
     epochs: int = 10
     """Passes over the training videos."""
     lr: float = 1e-3
-    """Learning rate."""
+    """Learning rate of the learners' optimizer."""
     optimizer: str = "adam"
     """Optimizer: "adam", "adamw" (Adam moments are merged at averaging) or "sgd"."""
     weight_decay: float = 0.0
-    """Weight decay (L2 for adam/sgd, decoupled for adamw)."""
+    """Weight decay of the optimizer (L2 for adam and sgd, decoupled for adamw); 0 = none."""
     averager_timeout_s: float = 60.0
     """Seconds the averager waits for a learner in a round before dropping it from that round."""
     checkpoint_every: int = 1

@@ -29,12 +29,11 @@ BatchNorm. Batch statistics are computed per micro-batch (the paper's "ghost bat
 with BatchNorm in training mode does not get the full-batch gradient; one warning per model suggests
 GroupNorm, whose statistics are per sample.
 
-Measured trade-off (``bench/microbatch.py``: small CNN, width 16, on 3x32x32, float32, micro-batch 16,
-mini-batches 16..256, one thread of a shared 2-core CPU, three runs). Streaming took 0.86x-1.40x the
-step time of one plain forward/backward of the whole batch (median per run 1.09x-1.18x; the machine is
-noisy), and the two gradients agreed to <= 3.1e-6 relative over all parameters (float32 summation
-order). What it buys is memory: on a GPU the activation peak is set by the micro-batch, not the
-mini-batch (the bench prints both peaks there; no GPU was available when these numbers were taken).
+Trade-off: what streaming buys is memory: the activation peak is set by the micro-batch, not the
+mini-batch; the price is one forward/backward per micro-batch instead of one per mini-batch. The
+gradient equals the whole-batch gradient up to summation order (relative: float64 1e-9, float32 1e-5,
+the tests' tolerances). ``bench/microbatch.py`` measures the step-time overhead, the gradient difference
+and, on a GPU, both memory peaks (docs/BENCHMARKS.md, "MBS").
 """
 
 from __future__ import annotations

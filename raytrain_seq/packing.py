@@ -18,12 +18,13 @@ Strategies (``pack(..., strategy=...)``):
 - ``"chunk"``: the paper's "sampling" baseline: sequences are cut into pieces of exactly ``t_max``
   frames and each tail shorter than ``t_max`` is deleted; it breaks temporal context.
 
-Measured trade-off (``bench/packing.py``; UCF101 split-1 train, 9537 videos, stride 1, t_max 1776,
-lower bound 1006 blocks): pad 9537 blocks, 15,151,633 padding frames (89.5 %); bload 1018 blocks on
-average (1.2 % padding); optimal 1007 blocks (2,353 padding frames, 0.13 %, 6,439x less than pad, 2
-fewer than FFD); chunk at t_max = mean (187) deletes 263,464 frames (14.8 %) and cuts 4,046 videos.
-Over train and test at strides 1-8 optimal is 0-1 block over the bound and 2-4 under FFD; bload is
-11-24 over. 10,000 sequences plan in tens of ms; 1,000,000 (UCF101-like) in 2-3 s.
+Contract: no strategy but ``"chunk"`` deletes a frame or cuts a sequence; ``"optimal"`` never uses more
+blocks than first-fit-decreasing (FFD is one of its candidates) and its seed changes the plan, never the
+block count. Trade-off: ``"pad"`` spends most block frames on padding, ``"chunk"`` loses frames and
+temporal context, ``"bload"`` needs blocks beyond the lower bound ``ceil(frames / t_max)``, and
+``"optimal"`` stays close to it. The figures on the real UCF101 split-1 lists (blocks, padding, deleted
+frames, planning time) are measured by ``bench/packing.py`` (docs/BENCHMARKS.md, "Packing on UCF101
+split 1").
 """
 
 from __future__ import annotations

@@ -31,15 +31,14 @@ _UCF101_GPU: dict[str, dict[str, Any]] = {
 
 # Only overrides of the defaults in raytrain_seq.config; the lead tunes the numbers here.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # ~1 minute end to end with 2 learners on 2 CPU cores: few tiny videos, a tiny model, 2 epochs.
+    # The quickest end-to-end run with 2 learners on 2 CPU cores: few tiny videos, a tiny model, 2 epochs.
     "smoke": {
         "data": {"num_classes": 4, "max_videos": 120, "cache_size": 20, "crop": 16},
         "model": {"width": 8, "depth": 2, "hidden": 32},
         "train": {"learners": 2, "epochs": 2, "batch_size": 4, "micro_batch_size": 4},
     },
-    # `make demo`: >= 90 % test accuracy on the synthetic set with 2 learners in <= 6 minutes on 2 cores.
-    # Measured on the 2-core box (`make demo`, nothing else running): 95.5 % test accuracy, 0.21 %
-    # padding, 319 s for the whole job, 157 s of it compute per learner.
+    # `make demo`: >= 90 % test accuracy on the synthetic set with 2 learners in <= 6 minutes on 2 cores
+    # (the target; README's "The demo, measured" has the runs that check it).
     "demo": {
         "data": {"num_classes": 10, "max_videos": 3000, "cache_size": 36, "crop": 32},
         "model": {"width": 16, "depth": 3, "hidden": 64},
@@ -57,8 +56,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The flow stream: pass --init-from RGB_RUN_DIR (cross-modality initialisation from the RGB run).
     "ucf101-flow": {**_UCF101_GPU, "data": {**_UCF101_GPU["data"], "stream": "flow"}},
     # A miniature dataset on a laptop CPU (README's miniature commands, tests/test_real_video.py): tiny
-    # frames and model, one learner, 4 epochs (on tests/video_fixtures' 3-class set: rgb 100 %, flow
-    # 67 %, fused 100 % once); pass --dataset ucf101|hmdb51 --data-root DIR.
+    # frames and model, one learner, 4 epochs; pass --dataset ucf101|hmdb51 --data-root DIR.
     "mini-video": {
         "data": {"stride": 2, "cache_size": 20, "crop": 16},
         "model": {"width": 8, "depth": 2, "hidden": 16},

@@ -39,13 +39,14 @@ sample and replays it; it is a pipeline choice (cache after the final augmentati
 so it needs nothing from this module. The paper reports that echoing loses accuracy while
 refurbishing keeps it.
 
-Measured trade-off. Recompute work per epoch drops to 1/r of the standard pipeline (r=3: 3179 of the
-9537 UCF101 split-1 training videos per epoch); the paper reports 1.03x-2.04x training throughput on
-ImageNet/ResNet-50 at comparable accuracy, the gain largest when CPUs are scarce. On that UCF101 size
-with r=3 and batch size 32 (epoch 1: 3179 fresh), ``compose`` keeps every full batch at 10 or 11 fresh
-ids, where a plain ``default_rng(seed).permutation`` shuffle puts between 2-5 and 17-20 fresh ids in a
-batch (seeds 0-19; seed 0: 3 to 18), i.e. up to ~2x the mean partial-augmentation work in one step.
-Composing one epoch of 1,000,000 ids takes about 0.2 s (shared 2-core CPU).
+Trade-off. Recompute work per epoch drops to 1/r of the standard pipeline (r=3: 3179 of the 9537
+UCF101 split-1 training videos per epoch); the paper reports 1.03x-2.04x training throughput on
+ImageNet/ResNet-50 at comparable accuracy, the gain largest when CPUs are scarce. The price is memory
+for one cached copy of every sample. On that UCF101 size with r=3 and batch size 32 (epoch 1: 3179
+fresh, 10.7 a batch on average), ``compose`` keeps every full batch at 10 or 11 fresh ids, by
+construction; a plain shuffle's count is binomial and its extremes reach about twice the mean
+(docs/LOG.md, 2026-11-22). ``bench/refurbish.py`` measures the end-to-end effect (docs/BENCHMARKS.md,
+"Revamper").
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ class RefurbishSchedule:
         # counts sizes - fresh = [2, 3, 1] -> cached labels [0, 0, 1, 1, 1, 2]. Sorting the distinct
         # integer keys label * N + (random rank in 0..N-1) groups each batch and shuffles inside it in one
         # pass (exact in int64 while N * n_batches < 2**63; a float key label + random() can round up
-        # into the next batch, and lexsort is ~10x slower).
+        # into the next batch, and lexsort is slower).
         batch_of = np.arange(n_batches, dtype=np.int64)
         labels = np.concatenate(
             [np.repeat(batch_of, fresh_counts), np.repeat(batch_of, sizes - fresh_counts)]

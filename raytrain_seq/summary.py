@@ -1,6 +1,6 @@
 """The result of one run: ``RunSummary`` -> summary.json, a terminal result table and curves.png.
 
-What it records: the evidence each technique of DESIGN.md must show, in one place. BLoad packing
+What it records: the evidence each technique (docs/ARCHITECTURE.md) must show, in one place. BLoad packing
 (Iftekhar, Ruschel et al.): frames deleted (0) and padding, and the block count against the lower bound
 ceil(frames / t_max). AAVG (Cong et al.): validation accuracy per averaging round and the adaptive batch
 size over time. Revamper refurbishing (Lee et al.): partial augmentations recomputed vs reused. Time split:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import pickle
 import time
@@ -11,6 +10,7 @@ import time
 import pytest
 import torch
 
+from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
 from raytrain_seq.elastic.rounds import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
 from raytrain_seq.runtime.averager import ParameterAverager
@@ -245,8 +245,14 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
         return joined, await averager.summary()
 
     joined, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
-    assert (joined.round, joined.latest_round, joined.world_size, joined.source) == (2, 1, 2, "live")
-    assert torch.equal(joined.params["w"], torch.full((4,), 1.0)) and joined.position["rows_done"] == 4
+    assert (joined.next_round, joined.state.round, joined.world_size, joined.state.source) == (
+        2,
+        1,
+        2,
+        "live",
+    )
+    assert torch.equal(joined.state.params["w"], torch.full((4,), 1.0))
+    assert joined.state.position["rows_done"] == 4
     [recovery] = summary["recoveries"]
     assert recovery["kind"] == "live_recovery" and "round 1" in recovery["detail"]
     groups = [e for e in summary["membership"] if e["event"] == "group"]
@@ -271,19 +277,11 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, m
             )
             results.append((await asyncio.gather(*sends))[0])
             if r == 1:  # the checkpoint Ray Train keeps after round 1
-                (tmp_path / "checkpoint_round_000001").mkdir()
-                torch.save(
-                    {"averager": await first.snapshot_state()}, tmp_path / "checkpoint_round_000001/state.pt"
-                )
+                state, history = await first.checkpoint_contents()
+                checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
         second = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path)  # what Ray's restart constructs
         reloaded = await second.latest()
-        last = results[-1]
-        seed = {
-            "round": last.round,
-            "params": last.params,
-            "optimizer_state": None,
-            "position": last.position,
-        }
+        seed = results[-1].state  # what each learner holds: round 2's averaged state
         joins = [await second.join(n, 2, incarnation=n, seed=seed) for n in "ab"]
         third = await asyncio.gather(
             *(second.average(n, 3, 2, _tiny(30 + k), None) for k, n in enumerate("ab"))
@@ -292,9 +290,11 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, m
 
     reloaded, joins, third, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert reloaded.round == 1 and torch.equal(reloaded.params["w"], torch.full((4,), 10.5))
-    assert [(j.round, j.latest_round, j.source) for j in joins] == [(3, 2, "seed"), (3, 2, "seed")]
-    assert joins[0].position["rows_done"] == 4 and torch.equal(joins[1].params["w"], torch.full((4,), 20.5))
-    assert third.round == 3 and third.learners == ("a", "b")  # round 3 follows round 2: no round lost
+    assert reloaded.source == "checkpoint"
+    assert [(j.next_round, j.state.round, j.state.source) for j in joins] == [(3, 2, "seed"), (3, 2, "seed")]
+    assert joins[0].state.position["rows_done"] == 4
+    assert torch.equal(joins[1].state.params["w"], torch.full((4,), 20.5))
+    assert third.state.round == 3 and third.learners == ("a", "b")  # round 3 follows round 2: no round lost
     assert [r["kind"] for r in summary["recoveries"]] == ["averager_restart", "reseeded"]
     # Round 1 from the checkpoint, round 2 from the events log (after the checkpoint), round 3 live.
     assert [h["round"] for h in summary["loss_history"]] == [1, 2, 3]
@@ -327,8 +327,9 @@ def test_actor_ablations_keep_the_batch_size_and_the_moments():
         asyncio.wait_for(scenario(adaptive_batch=False, merge_moments=False), 20)
     )
     assert sizes == [4, 8] and fixed_sizes == [4, 4]  # the drop in accuracy grows B only when adaptive
-    assert torch.equal(adaptive.optimizer_state[0]["exp_avg"], torch.full((4,), 1.0))
-    assert fixed.optimizer_state is None and torch.equal(fixed.params["w"], adaptive.params["w"])
+    assert torch.equal(adaptive.state.optimizer_state[0]["exp_avg"], torch.full((4,), 1.0))
+    assert fixed.state.optimizer_state is None
+    assert torch.equal(fixed.state.params["w"], adaptive.state.params["w"])
 
 
 def test_actor_rejects_a_bad_payload_without_spoiling_the_round():
@@ -357,12 +358,13 @@ def test_actor_rejects_a_bad_payload_without_spoiling_the_round():
 
     results = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert all(
-        r.learners == ("a", "b") and torch.equal(r.params["w"], torch.full((4,), 2.0)) for r in results
+        r.learners == ("a", "b") and torch.equal(r.state.params["w"], torch.full((4,), 2.0)) for r in results
     )
 
 
-def test_actor_snapshot_survives_torch_save_and_restores():
-    """snapshot_state() loads with torch.load(weights_only=True); a restored averager resumes from it."""
+def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
+    """checkpoint_contents() saved by the checkpoint module loads with weights_only=True (its file is
+    plain tensors and numbers) and a restored averager resumes from it, histories included."""
 
     async def scenario():
         averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
@@ -370,25 +372,23 @@ def test_actor_snapshot_survives_torch_save_and_restores():
             await averager.join(learner)
         await asyncio.gather(*(averager.average(n, 1, 2, _tiny(k + 1), None) for k, n in enumerate("ab")))
         await averager.report_validation(1, 0.3)
-        buffer = io.BytesIO()
-        torch.save(await averager.snapshot_state(), buffer)
-        buffer.seek(0)
+        state, history = await averager.checkpoint_contents()
+        folder = checkpoint.save(tmp_path / checkpoint.folder_name(state.round), state=state, history=history)
+        torch.load(folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
         restarted = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
-        await restarted.restore(torch.load(buffer, weights_only=True))
-        return await restarted.join("b"), await restarted.latest()
+        await restarted.restore(checkpoint.load(folder))
+        return await restarted.join("b"), await restarted.summary()
 
-    joined, latest = asyncio.run(asyncio.wait_for(scenario(), 20))
-    assert (joined.round, latest.round) == (2, 1) and torch.equal(joined.params["w"], torch.full((4,), 1.5))
-    assert joined.adaptive_state["best"] == 0.3 and latest.validation_history[0]["accuracy"] == 0.3
+    joined, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert (joined.next_round, joined.state.round) == (2, 1)
+    assert torch.equal(joined.state.params["w"], torch.full((4,), 1.5))
+    assert joined.state.adaptive_state["best"] == 0.3 and joined.state.source == "checkpoint"
+    assert summary["validation_history"][0]["accuracy"] == 0.3
 
 
 # ------------------------------------------------------------------------------- the actor on local ray
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+# tests/conftest.py's ray_cluster: 2 CPUs (the default), actor logs kept out of the test output.
+RAY_CLUSTER = {"log_to_driver": False}
 
 
 @pytest.fixture(scope="module")
@@ -447,12 +447,13 @@ def test_ray_round_equals_single_process_reference(ray_cluster, averagers):
     expected = average_states(params, weights)
     expected_opt = merge_adam_states(opt_states, weights=weights)
     for result in results:
-        assert result.round == 1 and result.learners == tuple(LEARNERS) and result.dropped == ()
-        assert result.params.keys() == expected.keys()
-        assert all(torch.equal(result.params[k], expected[k]) for k in expected)
-        assert result.optimizer_state.keys() == expected_opt.keys()
+        state = result.state
+        assert state.round == 1 and result.learners == tuple(LEARNERS) and result.dropped == ()
+        assert state.params.keys() == expected.keys()
+        assert all(torch.equal(state.params[k], expected[k]) for k in expected)
+        assert state.optimizer_state.keys() == expected_opt.keys()
         for index, entry in expected_opt.items():
-            assert all(torch.equal(result.optimizer_state[index][k], v) for k, v in entry.items())
+            assert all(torch.equal(state.optimizer_state[index][k], v) for k, v in entry.items())
     # Not vacuous: the weighted mean is none of the inputs and not the unweighted mean.
     plain = average_states(params)["0.weight"]
     assert not torch.equal(expected["0.weight"], plain)
@@ -474,8 +475,9 @@ def test_ray_missing_learner_is_dropped_then_rejoins(ray_cluster, averagers):
     elapsed = time.monotonic() - start
     assert 0.9 < elapsed < 10, elapsed
     for result in results:
-        assert result.dropped == ("c",) and result.learners == ("a", "b") and result.optimizer_state is None
-        assert torch.equal(result.params["w"], torch.full((4,), 0.5))
+        assert result.dropped == ("c",) and result.learners == ("a", "b")
+        assert result.state.optimizer_state is None
+        assert torch.equal(result.state.params["w"], torch.full((4,), 0.5))
     [record] = ray.get(actor.summary.remote())["dropped"]
     assert record["learner"] == "c" and "did not send round 1 within 1 s" in record["reason"]
     with pytest.raises(StaleRoundError) as info:
@@ -484,7 +486,7 @@ def test_ray_missing_learner_is_dropped_then_rejoins(ray_cluster, averagers):
     assert isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, StaleRoundError)
     assert (err.learner, err.sent_round, err.expected_round) == ("c", 1, 2) and "'c'" in str(err)
     joined = ray.get(actor.join.remote("c"))
-    assert joined.round == 2 and torch.equal(joined.params["w"], results[0].params["w"])
+    assert joined.next_round == 2 and torch.equal(joined.state.params["w"], results[0].state.params["w"])
 
 
 @pytest.mark.ray
@@ -511,7 +513,7 @@ def test_ray_validation_grows_batch_size_identically(ray_cluster, averagers):
                 time.sleep(0.01)
             assert not ray.wait(refs, timeout=0.1)[0]  # all in, yet round n waits for the validation
             assert ray.get(actor.report_validation.remote(n - 1, report)) == (8 if report < 0.5 else 4)
-        return {r.batch_size for r in ray.get(refs, timeout=30)}
+        return {r.state.batch_size for r in ray.get(refs, timeout=30)}
 
     assert round_(1) == {4}
     assert round_(2, report=0.5) == {4}  # a* = 0.5: no growth

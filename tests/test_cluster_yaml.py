@@ -27,7 +27,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_YAML = ROOT / "cluster.yaml"
-TRAINER_FILE = ROOT / "raytrain_seq" / "runtime" / "driver.py"
+CONNECT_FILE = ROOT / "raytrain_seq" / "runtime" / "connect.py"
 RAY_AUTOSCALER = Path(ray.autoscaler.__file__).parent
 DASHBOARD_PORT = 8265
 COMMAND_LISTS = (
@@ -160,11 +160,11 @@ def _dashboard_openings(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _worker_reuse() -> dict[str, int]:
-    """WORKER_REUSE from raytrain_seq/runtime/driver.py, read from its source (importing it loads torch)."""
-    for node in ast.parse(TRAINER_FILE.read_text()).body:
+    """WORKER_REUSE from raytrain_seq/runtime/connect.py, read from its source (importing it loads torch)."""
+    for node in ast.parse(CONNECT_FILE.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "WORKER_REUSE" for t in node.targets):
             return ast.literal_eval(node.value)
-    raise AssertionError(f"no WORKER_REUSE in {TRAINER_FILE}")
+    raise AssertionError(f"no WORKER_REUSE in {CONNECT_FILE}")
 
 
 def test_cluster_yaml_passes_rays_validator():

@@ -1,38 +1,21 @@
-"""Tests for raytrain_seq.config (the run's dataclass tree) and jobs/ucf101.py (flags -> Config -> run)."""
+"""Tests for raytrain_seq.config, the run's dataclass tree (its command line: tests/test_cli.py)."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
 import json
 import math
 import re
-import subprocess
-import sys
-import types
 from pathlib import Path
 
 import pytest
 
 from raytrain_seq.config import PRESETS, Config, DataConfig, ModelConfig, RunConfig, TrainConfig
-from raytrain_seq.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILE = ROOT / "raytrain_seq" / "config.py"
-JOB_FILE = ROOT / "jobs" / "ucf101.py"
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
-
-
-def _load_job():
-    """jobs/ has no __init__.py: load the entry point by path, as `python jobs/ucf101.py` would."""
-    spec = importlib.util.spec_from_file_location("ucf101_job", JOB_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-job = _load_job()
 
 
 # Fields whose rule depends on another field: that field's value for both the bad and the good case.
@@ -296,185 +279,6 @@ def test_run_name_is_automatic_stable_and_run_dir_expands_home(monkeypatch, tmp_
     assert Config.from_dict(config.to_dict()).run.run_name == config.run.run_name
     assert config.run_dir() == tmp_path / "raytrain_seq_runs" / config.run.run_name
     assert "~" not in str(config.run_dir())
-
-
-# ---- jobs/ucf101.py ----------------------------------------------------------------------------------
-
-
-def _fields_except_run_name(config: Config) -> dict:
-    d = config.to_dict()
-    d["run"].pop("run_name")
-    return d
-
-
-def test_flags_override_preset_and_absent_flags_keep_it():
-    """Given flags beat the preset; every other field keeps the preset value."""
-    args = job.build_parser().parse_args(
-        ["--preset", "smoke", "--epochs", "5", "--learners", "3", "--lr", "0.01"]
-    )
-    config = job.config_from_args(args)
-    assert (config.train.epochs, config.train.learners, config.train.lr) == (5, 3, 0.01)
-    assert PRESETS["smoke"]["train"]["epochs"] != 5  # the flag really changed something
-    expected = Config.from_preset("smoke", epochs=5, learners=3, lr=0.01)
-    assert _fields_except_run_name(config) == _fields_except_run_name(expected)
-
-
-def test_no_flags_gives_the_defaults_and_preset_alone_gives_the_preset():
-    """No flags = Config defaults; --preset alone = the preset, untouched."""
-    parser = job.build_parser()
-    assert _fields_except_run_name(job.config_from_args(parser.parse_args([]))) == _fields_except_run_name(
-        Config()
-    )
-    smoke = job.config_from_args(parser.parse_args(["--preset", "smoke"]))
-    assert _fields_except_run_name(smoke) == _fields_except_run_name(Config.from_preset("smoke"))
-    assert _fields_except_run_name(smoke) != _fields_except_run_name(Config())
-
-
-def test_micro_batch_size_flag_takes_int_or_auto():
-    """--micro-batch-size auto -> "auto"; 3 -> 3; anything else is an argparse error (exit 2)."""
-    parser = job.build_parser()
-    assert (
-        job.config_from_args(parser.parse_args(["--micro-batch-size", "auto"])).train.micro_batch_size
-        == "auto"
-    )
-    assert job.config_from_args(parser.parse_args(["--micro-batch-size", "3"])).train.micro_batch_size == 3
-    with pytest.raises(SystemExit) as info:
-        parser.parse_args(["--micro-batch-size", "lots"])
-    assert info.value.code == 2
-
-
-def test_every_flag_is_a_config_field_with_help():
-    """Each flag's dest is a config field (or preset/verbose) and has help; the required flags exist."""
-    fields = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-    actions = [a for a in job.build_parser()._actions if a.option_strings and a.dest != "help"]
-    for action in actions:
-        assert action.dest in fields | {"preset", "verbose"}, action.dest
-        assert action.help and len(action.help) > 10, action.dest
-    flags = {s for a in actions for s in a.option_strings}
-    required = [
-        "--dataset",
-        "--learners",
-        "--k",
-        "--batch-size",
-        "--max-batch-size",
-        "--micro-batch-size",
-        "--validate-every",
-        "--reuse",
-        "--stride",
-        "--t-max",
-        "--packing",
-        "--epochs",
-        "--lr",
-        "--storage-path",
-        "--run-name",
-        "--resume",
-        "--preset",
-        "--num-classes",
-        "--max-videos",
-        "--seed",
-        "--optimizer",
-    ]
-    assert set(required) <= flags
-    args = job.build_parser().parse_args(
-        ["--resume", "--run-name", "r", "--storage-path", "/tmp/s", "--k", "7"]
-    )
-    config = job.config_from_args(args)
-    assert (config.run.resume, config.run.run_name, config.run.storage_path, config.train.k) == (
-        True,
-        "r",
-        "/tmp/s",
-        7,
-    )
-
-
-@pytest.fixture
-def fake_trainer(monkeypatch, tmp_path):
-    """A stand-in raytrain_seq.runtime.driver whose run() records its Config and writes a summary."""
-    calls: list[Config] = []
-
-    def run(config: Config) -> RunSummary:
-        calls.append(config)
-        summary = RunSummary(
-            dataset=config.data.dataset,
-            learners=config.train.learners,
-            epochs=config.train.epochs,
-            test_accuracy=0.925,
-            config=config.to_dict(),
-        )
-        summary.write(tmp_path / "run")
-        return summary
-
-    module = types.ModuleType("raytrain_seq.runtime.driver")
-    module.run = run
-    monkeypatch.setitem(sys.modules, "raytrain_seq.runtime.driver", module)
-    return calls
-
-
-@pytest.mark.parametrize(
-    ("argv", "field"),
-    [
-        (["--batch-size", "0"], "train.batch_size"),
-        (["--preset", "smoke", "--max-batch-size", "2"], "train.max_batch_size"),
-        (["--dataset", "ucf101"], "data.data_root"),
-        (["--dataset", "kinetics"], "data.dataset"),
-        (["--learners", "2-8"], "train.learners"),
-        (["--stream", "fuse"], "data.stream"),
-        (["--k", "0"], "train.k"),
-        (["--resume"], "run.run_name"),
-    ],
-)
-def test_bad_flag_value_exits_2_naming_the_field_before_run(argv, field, fake_trainer, capsys):
-    """A value the config rejects: exit code 2, `error: <field> ...` on stderr, no traceback, run() never called."""
-    assert job.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and field in err and "Traceback" not in err
-    assert fake_trainer == []
-
-
-def test_main_runs_prints_table_and_ends_with_summary_path(fake_trainer, capsys, tmp_path):
-    """main() hands the flag-built Config to run(), prints the table, and the last line names summary.json."""
-    assert job.main(["--preset", "smoke", "--epochs", "3", "--run-name", "t1"]) == 0
-    (config,) = fake_trainer
-    assert config.train.epochs == 3 and config.run.run_name == "t1"
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1] == f"summary written to {tmp_path / 'run' / 'summary.json'}"
-    assert (tmp_path / "run" / "summary.json").is_file()
-    assert any("92.5 %" in line for line in lines)  # the table of the returned summary
-
-
-def test_a_run_that_cannot_start_exits_2_with_one_line(monkeypatch, capsys, tmp_path):
-    """run() raising RunSetupError (e.g. the run folder exists): exit 2, one `error:` line, no traceback."""
-    from raytrain_seq.config import RunSetupError
-
-    def run(config: Config) -> RunSummary:
-        raise RunSetupError(f"run folder {tmp_path} already exists: pass --resume to continue it")
-
-    module = types.ModuleType("raytrain_seq.runtime.driver")
-    module.run = run
-    monkeypatch.setitem(sys.modules, "raytrain_seq.runtime.driver", module)
-    assert job.main(["--preset", "smoke", "--run-name", "t2"]) == 2
-    captured = capsys.readouterr()
-    assert captured.err.startswith("error: run folder") and "--resume" in captured.err
-    assert "Traceback" not in captured.err and "summary written" not in captured.out
-
-
-def test_importing_the_job_starts_nothing():
-    """Importing jobs/ucf101.py loads neither ray nor torch, starts no thread and runs nothing."""
-    code = (
-        "import importlib.util, sys, threading, json\n"
-        f"spec = importlib.util.spec_from_file_location('j', {str(JOB_FILE)!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "print(json.dumps({'ray': 'ray' in sys.modules, 'torch': 'torch' in sys.modules,\n"
-        "                  'threads': threading.active_count(), 'main': callable(m.main)}))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
-        "ray": False,
-        "torch": False,
-        "threads": 1,
-        "main": True,
-    }
-    assert out.stderr == ""
 
 
 def test_fps_and_a_stride_both_picking_frames_is_refused():

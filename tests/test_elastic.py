@@ -3,7 +3,7 @@
 Contracts pinned: the blocks an epoch has left are re-split over a new group with equal counts, each
 block exactly once and nothing dropped, whatever chain of group sizes the epoch went through; an
 ``EpochPosition`` survives JSON and describes that chain; the learners' retry schedule is bounded and
-exponential and ends in a clear error; the averager's membership log becomes the summary's
+exponential; the averager's membership log becomes the summary's
 ``membership`` (one entry per change of the learner count) and ``recoveries``; the driver refuses a
 storage path it cannot write before it starts anything.
 """
@@ -21,9 +21,9 @@ import torch
 
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.assembly import plan_specs
+from raytrain_seq.elastic.events import membership_entries, recovery_entries
 from raytrain_seq.elastic.position import EpochPosition, layout_specs, resplit
-from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, RoundBook
-from raytrain_seq.elastic.state import membership_entries, recovery_entries
+from raytrain_seq.elastic.rounds import Backoff, RoundBook
 from raytrain_seq.packing import pack
 from raytrain_seq.runtime.averager import ParameterAverager
 
@@ -128,41 +128,6 @@ def test_backoff_is_bounded_and_exponential():
     assert sum(delays) <= 30.0 < sum(delays) + 2.0
 
 
-def test_learner_retries_an_unreachable_averager_then_fails_clearly(monkeypatch):
-    """Learner._call retries RayActorError/GetTimeoutError on the backoff schedule, then fails clearly."""
-    from ray.exceptions import ActorUnavailableError, GetTimeoutError
-
-    from raytrain_seq.runtime import learner as learner_module
-
-    sleeps: list[float] = []
-    monkeypatch.setattr(learner_module.time, "sleep", sleeps.append)
-
-    class FakeRay:
-        def __init__(self, failures):
-            self.failures, self.calls = list(failures), 0
-
-        def get(self, ref, timeout=None):
-            self.calls += 1
-            if self.failures:
-                raise self.failures.pop(0)
-            return ref
-
-    class Method:
-        def remote(self, *args, **kwargs):
-            return ("answer", args, kwargs)
-
-    learner = learner_module.Learner.__new__(learner_module.Learner)
-    learner.rank, learner.backoff = 1, Backoff(0.1, 0.4, 1.0)
-    learner.ray = FakeRay([ActorUnavailableError("restarting", None), GetTimeoutError("slow")])
-    assert learner._call("join", Method(), 1, 2, seed=None) == ("answer", (1, 2), {"seed": None})
-    assert learner.ray.calls == 3 and sleeps == [0.1, 0.2]
-    sleeps.clear()
-    learner.ray = FakeRay([ActorUnavailableError("gone", None)] * 10)
-    with pytest.raises(AveragerUnavailableError, match="averager-max-restarts") as info:
-        learner._call("average", Method())
-    assert info.value.attempts == 4 and sleeps == [0.1, 0.2, 0.4]  # 0.1 + 0.2 + 0.4 <= 1.0 < + 0.4
-
-
 # ------------------------------------------------------------------------------- membership, summary
 def test_membership_log_becomes_the_summary_entries():
     """Each change of the learner count (start, shrink, drop, rejoin, grow) is one membership entry."""
@@ -214,7 +179,7 @@ def test_summary_fills_elastic_and_video_fields():
         "learner_seconds": 2.0,
     }
     summary = _summary(config, metrics, averaging, feed, ["walk", "run", "jump", "swim"])
-    assert summary.learners == 1 and summary.frames_total == 7 and result.round == 1
+    assert summary.learners == 1 and summary.frames_total == 7 and result.state.round == 1
     assert [m["learners"] for m in summary.membership] == [2, 1]
     assert [r["kind"] for r in summary.recoveries] == ["restart_from_scratch"]
     assert summary.per_class_accuracy == {"walk": 0.5, "swim": 1.0}  # a class with no test video is left out
@@ -259,98 +224,6 @@ def test_train_env_sets_the_start_timeout_for_the_fit_only(monkeypatch):
     with _train_env(config):
         assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
     assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
-
-
-class _FakeRay:
-    """ray.get returns a fake ref's value or raises its error; ray.train.report is recorded."""
-
-    def __init__(self) -> None:
-        self.reports: list[dict] = []
-        self.train = self
-
-    def get(self, ref, timeout=None):
-        if isinstance(ref, BaseException):
-            raise ref
-        return ref
-
-    def report(self, metrics, **kwargs) -> None:
-        self.reports.append(metrics)
-
-
-class _Replies:
-    """An actor method whose .remote() hands out the scripted replies in order and records the calls."""
-
-    def __init__(self, *replies) -> None:
-        self.replies, self.calls = list(replies), []
-
-    def remote(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        return self.replies.pop(0)
-
-
-def _learner(checkpoint_every: int = 2):
-    from raytrain_seq.runtime import learner as learner_module
-
-    learner = learner_module.Learner.__new__(learner_module.Learner)
-    learner.config = Config.from_preset("smoke", checkpoint_every=checkpoint_every, epochs=3)
-    learner.rank, learner.world_size, learner.incarnation = 1, 2, "me"
-    learner.ray, learner.backoff, learner.device = _FakeRay(), Backoff(0.01, 0.01, 0.01), "cpu"
-    learner.model = torch.nn.Linear(2, 1)
-    learner.optimizer = torch.optim.Adam(learner.model.parameters())
-    learner.round, learner.batch_size, learner.round_timeout_s = 5, 4, 60.0
-    learner._last = {
-        "round": 4,
-        "params": {},
-        "optimizer_state": None,
-        "adaptive_state": {},
-        "position": None,
-    }
-    return learner
-
-
-def _join_info(round_: int, latest: int, position: dict | None):
-    from raytrain_seq.elastic.state import JoinInfo
-
-    params = {k: torch.full_like(v, float(latest)) for k, v in torch.nn.Linear(2, 1).state_dict().items()}
-    return JoinInfo("me", round_, params, None, 4, {}, 2, position, latest, 3.0, "live")
-
-
-def test_refused_round_is_resent_after_an_averager_restart():
-    """StaleRound/Membership refusal, then join says the same round is due: the same payload is resent."""
-    from raytrain_seq.elastic.rounds import MembershipError
-
-    learner = _learner()
-    sent = {"w": torch.ones(1)}
-    learner.averager = type("A", (), {})()
-    learner.averager.average = _Replies(MembershipError(1, 2, 3, "it is not registered"), "the result")
-    learner.averager.join = _Replies(_join_info(5, 4, None))
-    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    assert learner._average(sent, None, {"frames": 1.0}, EpochPosition(1, (), 2, 8)) == "the result"
-    (first, _), (again, _) = learner.averager.average.calls
-    assert first == again and again[3] is sent  # the same round, the same payload
-    assert learner.averager.join.calls[0][1]["seed"]["round"] == 4  # it offered its last averaged state
-    assert all(torch.equal(before[k], v) for k, v in learner.model.state_dict().items())  # kept its weights
-    assert learner.ray.reports == []
-
-
-def test_dropped_learner_realigns_and_makes_the_missed_reports():
-    """Dropped from round 5 while the others averaged 5-7: it takes round 7's state and position, and
-    calls ray.train.report for the checkpoint rounds 6 it missed (Ray Train's barrier waits for them)."""
-    from raytrain_seq.elastic.rounds import StaleRoundError
-    from raytrain_seq.runtime.learner import Realign
-
-    learner = _learner(checkpoint_every=2)
-    latest = EpochPosition(1, (), 2, 24).as_dict()
-    learner.averager = type("A", (), {})()
-    learner.averager.average = _Replies(StaleRoundError(1, 5, 8, "it was dropped from round 5"))
-    learner.averager.join = _Replies(_join_info(8, 7, latest))
-    with pytest.raises(Realign) as info:
-        learner._average({"w": torch.ones(1)}, None, {}, EpochPosition(1, (), 2, 8))
-    assert info.value.position == EpochPosition(1, (), 2, 24)  # the others' position, same layout
-    assert [r["round"] for r in learner.ray.reports] == [6]  # rounds 5 and 7 were not checkpoint rounds
-    assert learner.round == 8 and all(
-        torch.equal(v, torch.full_like(v, 7.0)) for v in learner.model.state_dict().values()
-    )
 
 
 def test_feed_serves_the_resplit_layout(monkeypatch):

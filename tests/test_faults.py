@@ -61,7 +61,7 @@ def cluster():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    from raytrain_seq.runtime.driver import NAMESPACE, WORKER_REUSE
+    from raytrain_seq.runtime.connect import NAMESPACE, WORKER_REUSE
 
     # Dead raylets are noticed after ~5 missed 1-second health checks instead of Ray's default ~30 s.
     system = {**WORKER_REUSE, "health_check_period_ms": 1000, "health_check_failure_threshold": 5}
@@ -80,7 +80,8 @@ class Run:
     def __init__(self, config: Config) -> None:
         import ray
 
-        from raytrain_seq.runtime.driver import NAMESPACE, run
+        from raytrain_seq.runtime.connect import NAMESPACE
+        from raytrain_seq.runtime.driver import run
 
         self.ray, self.namespace = ray, NAMESPACE
         self.before = self._averagers()

@@ -1,11 +1,33 @@
-"""The layout rules of DESIGN.md, checked: the algorithm core stays pure and cheap to import."""
+"""The house rules of the layout (docs/ARCHITECTURE.md), checked on the source with the AST.
+
+Rules pinned, each by a checker function and a test of the real tree:
+
+1. only modules under raytrain_seq/runtime/ import ray (imports inside functions count);
+2. no folder of the package is one that ruff skips by default (``dist``, ``build``, ``.venv``, ...), and
+   ``ruff check --show-files .`` lists every .py file of the package;
+3. the modules of raytrain_seq import each other without a cycle;
+4. no module of raytrain_seq/, jobs/ or bench/ uses another module's private name (tests may);
+5. the four algorithm modules are pure and import neither ray nor each other; importing the core
+   starts nothing;
+6. the Ray-free raytrain_seq/elastic/ imports neither ray nor raytrain_seq.runtime;
+7. no file of the project cites a path outside the repository (the seed design document, ``../`` out);
+8. tests start Ray only through tests/conftest.py's ``ray_cluster`` (or a cluster they name).
+
+Each checker also gets a synthetic counterexample (``test_checker_*``), so that no rule passes vacuously.
+"""
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+import textwrap
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,77 +35,700 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "raytrain_seq"
 ALGORITHM_MODULES = ["packing", "microbatch", "averaging", "refurbish"]
+# Folder names ruff skips by default (`exclude`, https://docs.astral.sh/ruff/settings/#exclude: the list
+# of ruff 0.6 and that of the ruff pinned here, `ruff check --show-settings`), and `build`, which older ruff
+# skipped and setuptools writes: no folder of the package may carry one of these names.
+RUFF_DEFAULT_EXCLUDES = frozenset(
+    {
+        ".bzr",
+        ".direnv",
+        ".eggs",
+        ".git",
+        ".git-rewrite",
+        ".hg",
+        ".ipynb_checkpoints",
+        ".mypy_cache",
+        ".nox",
+        ".pants.d",
+        ".pyenv",
+        ".pytest_cache",
+        ".pytype",
+        ".ruff_cache",
+        ".svn",
+        ".tox",
+        ".venv",
+        ".vscode",
+        "__pypackages__",
+        "_build",
+        "buck-out",
+        "build",
+        "dist",
+        "node_modules",
+        "site-packages",
+        "venv",
+    }
+)
+# The files rule 7 reads, and what counts as citing a path outside the repository. The patterns are
+# regexes, so this file does not match them itself.
+CITING_SUFFIXES = (".py", ".md", ".sh", ".yaml", ".toml")
+OUTSIDE_PATTERNS = {
+    r"\bDESIGN\.md\b": "the seed design document, outside the repository (docs/ARCHITECTURE.md replaces it)",
+    r"\.\./shared\b": "the seed's shared folder, outside the repository",
+}
+RELATIVE_PATH = re.compile(r"(?<![\w./~-])((?:\.\./)+[\w.\-/]*)")
 
 
-def _imported_roots(path: Path) -> set[str]:
-    """Top-level names a module imports anywhere in its body (functions included)."""
-    roots = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+# ------------------------------------------------------------------------------------------ helpers
+def _module_name(path: Path, base: Path) -> str:
+    """Dotted name of a module file below ``base`` (a package's ``__init__.py`` is the package)."""
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _package_modules(package: Path) -> dict[str, Path]:
+    """Dotted name -> file for every .py file of ``package`` (its parent is the import root)."""
+    return {
+        _module_name(p, package.parent): p
+        for p in sorted(package.rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+def _is_package_file(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _raw_imports(path: Path, own: str) -> Iterator[tuple[int, str, str | None, str | None]]:
+    """(line, module, name, bound-as) of every import in the file, inside functions too.
+
+    ``import a.b as c`` gives (n, "a.b", None, "c"); ``from a import b as c`` gives (n, "a", "b", "c").
+    A relative import is resolved against ``own``, the file's dotted module name.
+    """
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
+            for alias in node.names:
+                yield node.lineno, alias.name, None, alias.asname
         elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
             if node.level:
-                roots.add("." + (node.module or ""))
-            else:
-                roots.add(node.module.split(".")[0])
-    return roots
+                parts = own.split(".") if _is_package_file(path) else own.split(".")[:-1]
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                module = ".".join([*parts, *([node.module] if node.module else [])])
+            for alias in node.names:
+                yield node.lineno, module, alias.name, alias.asname
+
+
+def _imported_roots(path: Path, own: str = "") -> set[str]:
+    """Top-level names of the modules a file imports anywhere in its body (functions included)."""
+    return {module.split(".")[0] for _, module, _, _ in _raw_imports(path, own or path.stem) if module}
+
+
+def _longest_module(dotted: str, modules: Iterable[str]) -> str | None:
+    """The longest prefix of ``dotted`` that is one of ``modules`` (``a.b.c`` -> ``a.b`` if only that is)."""
+    known = set(modules)
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in known:
+            return ".".join(parts[:end])
+    return None
+
+
+def _imported_modules(path: Path, own: str, modules: dict[str, Path]) -> Iterator[tuple[int, str]]:
+    """(line, module) for each import of one of ``modules``: ``from a import b`` is module a.b when that is
+    a module file, else a; ``import a.b.c`` is the longest of a.b.c, a.b, a that is a module file."""
+    for line, module, name, _ in _raw_imports(path, own):
+        target = None
+        if name is not None and f"{module}.{name}" in modules:
+            target = f"{module}.{name}"
+        elif module:
+            target = _longest_module(module, modules)
+        if target is not None:
+            yield line, target
+
+
+def _git_files(root: Path, *pathspecs: str) -> list[Path] | None:
+    """Files git tracks or would track (untracked, not ignored) under ``root``; None without git."""
+    if shutil.which("git") is None:
+        return None
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", *pathspecs],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    if out.returncode != 0:
+        return None
+    # A file deleted in the working tree but still in the index is no longer part of the project.
+    return [root / name for name in out.stdout.split("\0") if name and (root / name).is_file()]
+
+
+# --------------------------------------------------------------------------- rule 1 and 6: ray imports
+def ray_importers(package: Path) -> list[str]:
+    """Files of ``package`` outside its runtime/ folder that import ray, even lazily."""
+    return sorted(
+        str(p.relative_to(package.parent))
+        for own, p in _package_modules(package).items()
+        if p.relative_to(package).parts[0] != "runtime" and "ray" in _imported_roots(p, own)
+    )
+
+
+def elastic_violations(package: Path) -> list[str]:
+    """Imports of ray or of ``<package>.runtime`` by the modules of ``<package>/elastic/``."""
+    runtime = f"{package.name}.runtime"
+    found = []
+    for own, path in _package_modules(package).items():
+        if not own.startswith(f"{package.name}.elastic"):
+            continue
+        for line, module, name, _ in _raw_imports(path, own):
+            full = f"{module}.{name}" if name else module
+            if module.split(".")[0] == "ray" or any(
+                m == runtime or m.startswith(runtime + ".") for m in (module, full)
+            ):
+                found.append(f"{path.relative_to(package.parent)}:{line} imports {full}")
+    return sorted(found)
 
 
 def test_only_runtime_imports_ray():
     """No module outside raytrain_seq/runtime/ imports ray, even lazily inside a function."""
-    offenders = [
-        str(p.relative_to(ROOT))
-        for p in PACKAGE.rglob("*.py")
-        if "runtime" not in p.relative_to(PACKAGE).parts[:1] and "ray" in _imported_roots(p)
+    assert (PACKAGE / "runtime").is_dir(), "raytrain_seq/runtime/ is part of the layout"
+    assert ray_importers(PACKAGE) == []
+
+
+def test_elastic_imports_neither_ray_nor_runtime():
+    """raytrain_seq/elastic/ is Ray-free: it imports neither ray nor raytrain_seq.runtime, even lazily."""
+    assert (PACKAGE / "elastic" / "__init__.py").is_file(), "raytrain_seq/elastic/ is part of the layout"
+    assert elastic_violations(PACKAGE) == []
+
+
+def test_checker_finds_ray_outside_runtime_and_runtime_in_elastic(tmp_path):
+    """The ray and elastic checkers catch a lazy ``import ray`` in the core and elastic importing runtime."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/core.py": "def f():\n    import ray.util\n",
+            "pkg/runtime/__init__.py": "",
+            "pkg/runtime/actor.py": "import ray\n",
+            "pkg/elastic/__init__.py": "from pkg import runtime\n",
+            "pkg/elastic/rounds.py": "def f():\n    from ..runtime.actor import g\n    import ray\n",
+        },
+    )
+    assert ray_importers(pkg) == ["pkg/core.py", "pkg/elastic/rounds.py"]
+    assert elastic_violations(pkg) == [
+        "pkg/elastic/__init__.py:1 imports pkg.runtime",
+        "pkg/elastic/rounds.py:2 imports pkg.runtime.actor.g",
+        "pkg/elastic/rounds.py:3 imports ray",
     ]
-    assert offenders == []
 
 
-def _project_imports(path: Path) -> set[str]:
-    """Dotted names of the raytrain_seq modules a module imports ("raytrain_seq.binpack")."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names if a.name.split(".")[0] == "raytrain_seq")
-        elif (
-            isinstance(node, ast.ImportFrom)
-            and not node.level
-            and node.module.split(".")[0] == "raytrain_seq"
-        ):
-            names.add(node.module)
-    return names
+# ------------------------------------------------------------------------- rule 2: what ruff sees
+def excluded_folders(package: Path) -> list[str]:
+    """Folders below ``package`` holding .py files whose name ruff excludes by default."""
+    return sorted(
+        str(d.relative_to(package.parent))
+        for d in package.rglob("*")
+        if d.is_dir() and d.name in RUFF_DEFAULT_EXCLUDES and any(d.rglob("*.py"))
+    )
 
 
-def _pure(roots: set[str]) -> set[str]:
-    """The roots that are neither the standard library nor numpy/torch."""
-    return {r for r in roots if r not in sys.stdlib_module_names} - {"numpy", "torch", "__future__"}
+def ruff_listed(root: Path) -> set[Path]:
+    """The files ``ruff check --show-files .`` lists when run from ``root`` (the venv's ruff)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "."],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert out.returncode == 0, f"ruff check --show-files failed in {root}:\n{out.stderr}"
+    return {(root / line.strip()).resolve() for line in out.stdout.splitlines() if line.strip()}
 
 
-@pytest.mark.parametrize("name", ALGORITHM_MODULES)
-def test_algorithm_modules_import_neither_ray_nor_each_other(name):
+def unlinted(files: Iterable[Path], listed: set[Path], root: Path) -> list[str]:
+    """The ``files`` that ruff does not list, relative to ``root``."""
+    return sorted(str(f.relative_to(root)) for f in files if f.resolve() not in listed)
+
+
+def test_no_package_folder_is_one_ruff_skips():
+    """No folder of raytrain_seq that holds code is named dist, build or another of ruff's default excludes."""
+    assert excluded_folders(PACKAGE) == []
+
+
+def test_ruff_lints_every_module_of_the_package():
+    """``ruff check --show-files .`` from the repository root lists every .py file of raytrain_seq/ that git
+    tracks (or would track: new, not ignored), so `make lint` checks all the package's code."""
+    files = _git_files(ROOT, "raytrain_seq/*.py")
+    if files is None:
+        pytest.skip("git is not available or this is no git checkout: the package's file list is unknown")
+    assert len(files) >= len(ALGORITHM_MODULES), f"git lists only {files}: not the package"
+    assert unlinted(files, ruff_listed(ROOT), ROOT) == []
+
+
+def test_checker_finds_a_dist_folder_that_ruff_skips(tmp_path):
+    """A package with a dist/ and a build/ folder: both named; ruff really leaves dist/'s modules out, so
+    the --show-files comparison names them."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/ok.py": "X = 1\n",
+            "pkg/dist/__init__.py": "",
+            "pkg/dist/mod.py": "X = 1\n",
+            "pkg/build/deep/mod.py": "X = 1\n",
+            "pkg/node_modules/README.md": "no code here\n",
+        },
+    )
+    assert excluded_folders(pkg) == ["pkg/build", "pkg/dist"]
+    files = sorted(pkg.rglob("*.py"))
+    assert unlinted(files, ruff_listed(tmp_path), tmp_path) == ["pkg/dist/__init__.py", "pkg/dist/mod.py"]
+
+
+# ------------------------------------------------------------------------------ rule 3: import cycles
+def import_graph(package: Path) -> dict[str, dict[str, int]]:
+    """module -> {imported module of the package: first line}, imports anywhere in the file counted."""
+    modules = _package_modules(package)
+    graph: dict[str, dict[str, int]] = {name: {} for name in modules}
+    for own, path in modules.items():
+        for line, target in _imported_modules(path, own, modules):
+            if target != own:
+                graph[own].setdefault(target, line)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected group of modules that import each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for group in sorted(groups):
+        start, members = group[0], set(group)
+        paths = {start: [start]}  # breadth first: the shortest cycle through the group's first module
+        frontier = [start]
+        cycle = None
+        while cycle is None:
+            step = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w == start and cycle is None:
+                        cycle = [*paths[v], start]
+                    elif w in members and w not in paths:
+                        paths[w] = [*paths[v], w]
+                        step.append(w)
+            frontier = step
+        cycles.append(cycle)
+    return cycles
+
+
+def _describe_cycle(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    links = ", ".join(f"{a} line {graph[a][b]} imports {b}" for a, b in itertools.pairwise(cycle))
+    return f"{' -> '.join(cycle)} ({links})"
+
+
+def test_no_import_cycle_in_the_package():
+    """The modules of raytrain_seq import each other without a cycle (imports inside functions count)."""
+    graph = import_graph(PACKAGE)
+    assert sum(map(len, graph.values())) > len(ALGORITHM_MODULES), "the graph has almost no edges"
+    cycles = [_describe_cycle(c, graph) for c in import_cycles(graph)]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_checker_finds_an_import_cycle(tmp_path):
+    """A lazy import closing a 3-module loop is found and printed; an acyclic package gives no cycle."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.a import A\n",
+            "pkg/a.py": "from pkg.b import B\nA = 1\n",
+            "pkg/b.py": "import pkg.sub.c\nB = 1\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/c.py": "def f():\n    from pkg import a\n",
+            "pkg/sub/d.py": "from . import c\nfrom .c import f\n",
+        },
+    )
+    graph = import_graph(pkg)
+    assert graph["pkg"] == {"pkg.a": 1} and graph["pkg.sub.d"] == {"pkg.sub.c": 1}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+    assert _describe_cycle(import_cycles(graph)[0], graph).startswith("pkg.a -> pkg.b -> pkg.sub.c -> pkg.a")
+    (pkg / "sub" / "c.py").write_text("def f():\n    return 1\n")
+    assert import_cycles(import_graph(pkg)) == []
+
+
+# ------------------------------------------------------------------------------ rule 4: private names
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _private_owner(importer: str, full: str, modules: dict[str, Path]) -> str | None:
+    """The module whose private name ``full`` (``pkg.mod._x`` or ``pkg._mod``) is, if ``importer`` may
+    not use it: a private name belongs to its module only, a private module to its package."""
+    parts = full.split(".")
+    for i in range(1, len(parts)):
+        if not _is_private(parts[i]):
+            continue
+        owner = ".".join(parts[:i])
+        if owner not in modules:
+            return None  # not one of the project's modules
+        if ".".join(parts[: i + 1]) in modules:  # a private module: its package's own business
+            if importer == owner or importer.startswith(owner + "."):
+                continue
+            return owner
+        return None if importer == owner else owner
+    return None
+
+
+def private_uses(files: Iterable[Path], package: Path) -> list[str]:
+    """Uses of another module's private name: ``from pkg.a import _x``, ``import pkg._a``, ``a._x``.
+
+    The modules are those of ``package`` and, for a script in a folder that is no package (bench/,
+    jobs/), the scripts beside it (``from benchlib import _x``).
+    """
+    package_modules = _package_modules(package)
+    found = []
+    for path in files:
+        own_base = package.parent
+        modules = dict(package_modules)
+        if not (path.parent / "__init__.py").exists():  # a script: its folder is on sys.path
+            modules.update({p.stem: p for p in path.parent.glob("*.py")})
+            own_base = path.parent
+        try:
+            own = _module_name(path, own_base)
+        except ValueError:
+            own = path.stem
+        bound: dict[str, str] = {}
+        for line, module, name, asname in _raw_imports(path, own):
+            full = f"{module}.{name}" if name else module
+            if name is None and asname is None:
+                bound[module.split(".")[0]] = module.split(".")[0]
+            else:
+                bound[asname or name or module] = full
+            owner = _private_owner(own, full, modules)
+            if owner is not None:
+                found.append(f"{_rel(path)}:{line} imports {full}, private to {_rel(modules[owner])}")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            dotted = _dotted(node)
+            if dotted is None or dotted.split(".")[0] not in bound:
+                continue
+            head, _, rest = dotted.partition(".")
+            full = f"{bound[head]}.{rest}"
+            if full.rsplit(".", 1)[0] not in modules:
+                continue  # an attribute of an object, not of a module
+            owner = _private_owner(own, full, modules)
+            if owner is not None:
+                found.append(f"{_rel(path)}:{node.lineno} uses {full}, private to {_rel(modules[owner])}")
+    return sorted(set(found))
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _project_code() -> list[Path]:
+    return sorted(p for top in ("raytrain_seq", "jobs", "bench") for p in (ROOT / top).rglob("*.py"))
+
+
+def test_no_module_uses_another_modules_private_name():
+    """No file of raytrain_seq/, jobs/ or bench/ imports (or reaches through an imported module) a name
+    that starts with ``_`` from another module: a shared helper gets a public name. Tests may."""
+    files = _project_code()
+    assert any(f.parent.name == "bench" for f in files) and any(f.parent.name == "jobs" for f in files)
+    assert private_uses(files, PACKAGE) == []
+
+
+def test_checker_finds_private_names_used_across_modules(tmp_path):
+    """``from a import _x``, ``import m; m._x``, a private module from outside its package and a script's
+    ``from helper import _x`` are named with both files; dunders, own names and sibling modules are fine."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "__version__ = '1'\n",
+            "pkg/a.py": "from pkg.a import _x\n_x = 1\n",
+            "pkg/b.py": "from pkg.a import _x, y\nfrom pkg import __version__\n",
+            "pkg/c.py": "def f():\n    import pkg.a as m\n    return m._x + m.y._z\n",
+            "pkg/d.py": "import pkg.a\nv = pkg.a._x\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/_impl.py": "",
+            "pkg/sub/e.py": "from pkg.sub import _impl\n",
+            "pkg/f.py": "from pkg.sub import _impl\nfrom .a import _x as x\n",
+            "bench/helper.py": "def _h():\n    pass\n",
+            "bench/run.py": "import helper\nfrom helper import _h\nhelper._h()\n",
+        },
+    )
+    files = sorted(tmp_path.rglob("*.py"))
+    assert private_uses(files, pkg) == sorted(
+        [
+            f"{tmp_path}/bench/run.py:2 imports helper._h, private to {tmp_path}/bench/helper.py",
+            f"{tmp_path}/bench/run.py:3 uses helper._h, private to {tmp_path}/bench/helper.py",
+            f"{tmp_path}/pkg/b.py:1 imports pkg.a._x, private to {tmp_path}/pkg/a.py",
+            f"{tmp_path}/pkg/c.py:3 uses pkg.a._x, private to {tmp_path}/pkg/a.py",
+            f"{tmp_path}/pkg/d.py:2 uses pkg.a._x, private to {tmp_path}/pkg/a.py",
+            f"{tmp_path}/pkg/f.py:1 imports pkg.sub._impl, private to {tmp_path}/pkg/sub/__init__.py",
+            f"{tmp_path}/pkg/f.py:2 imports pkg.a._x, private to {tmp_path}/pkg/a.py",
+        ]
+    )
+
+
+# ------------------------------------------------------------------- rule 5: the pure algorithm core
+def algorithm_violations(package: Path, names: list[str]) -> list[str]:
+    """What makes an algorithm module impure: a missing file, an import beyond the standard library,
+    numpy and torch, an import of another algorithm module, or a helper module of the package that is
+    not pure itself."""
+    allowed = set(sys.stdlib_module_names) | {"numpy", "torch", "__future__", package.name}
+    modules = _package_modules(package)
+    found = []
+    for name in names:
+        own = f"{package.name}.{name}"
+        path = package / f"{name}.py"
+        if not path.is_file():
+            found.append(f"{path.relative_to(package.parent)} is missing: it is part of the fixed layout")
+            continue
+        roots = _imported_roots(path, own)
+        if not roots:
+            found.append(f"{own} imports nothing at all: the parser found no imports")
+        found += [f"{own} imports {r}" for r in sorted(roots - allowed)]
+        for _, helper in sorted(set(_imported_modules(path, own, modules))):
+            if helper.rsplit(".", 1)[-1] in names:
+                found.append(f"{own} imports the algorithm module {helper}")
+                continue
+            impure = _imported_roots(modules[helper], helper) - (allowed - {package.name})
+            if impure:
+                found.append(f"{helper} (imported by {own}) is not pure: it imports {sorted(impure)}")
+    return found
+
+
+def test_algorithm_modules_import_neither_ray_nor_each_other():
     """Each of the four algorithm modules imports only the standard library, numpy, torch and pure helper
     modules of the package that import only those themselves (packing -> binpack), never each other."""
-    path = PACKAGE / f"{name}.py"
-    assert path.exists(), f"{path} is part of the fixed layout"
-    roots = _imported_roots(path)
-    assert roots, f"{path} imports nothing at all: the parser found no imports"
-    helpers = _project_imports(path)
-    assert _pure(roots) <= ({"raytrain_seq"} if helpers else set()), _pure(roots)
-    for helper in helpers:
-        assert helper.split(".")[1] not in ALGORITHM_MODULES, f"{name} imports the algorithm module {helper}"
-        helper_path = PACKAGE / f"{helper.split('.', 1)[1].replace('.', '/')}.py"
-        assert helper_path.exists(), f"{name} imports {helper}, which is not a module file of the package"
-        assert _pure(_imported_roots(helper_path)) == set(), f"{helper} (imported by {name}) is not pure"
+    assert algorithm_violations(PACKAGE, ALGORITHM_MODULES) == []
+
+
+def test_checker_finds_an_impure_algorithm_module(tmp_path):
+    """An algorithm module importing ray, another algorithm module or an impure helper is caught."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/packing.py": "import numpy\nfrom pkg.helper import h\n",
+            "pkg/helper.py": "import pandas\n",
+            "pkg/averaging.py": "import torch\ndef f():\n    import ray\n    from pkg import packing\n",
+        },
+    )
+    assert algorithm_violations(pkg, ["packing", "averaging", "refurbish"]) == [
+        "pkg.helper (imported by pkg.packing) is not pure: it imports ['pandas']",
+        "pkg.averaging imports ray",
+        "pkg.averaging imports the algorithm module pkg.packing",
+        "pkg/refurbish.py is missing: it is part of the fixed layout",
+    ]
+
+
+def import_probe(modules: list[str], cwd: Path) -> dict:
+    """Import ``modules`` in a fresh interpreter: is ray loaded, and how many threads run afterwards."""
+    code = (
+        "import sys, threading, json\n"
+        f"for name in {modules!r}:\n"
+        "    __import__(name)\n"
+        "print(json.dumps({'ray': 'ray' in sys.modules, 'threads': threading.active_count()}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_importing_the_core_starts_nothing():
     """Importing the package and its pure modules loads no ray and starts no thread pool."""
-    code = (
-        "import sys, threading, json\n"
-        "import raytrain_seq, raytrain_seq.packing, raytrain_seq.refurbish\n"
-        "import raytrain_seq.averaging, raytrain_seq.microbatch\n"
-        "print(json.dumps({'ray': 'ray' in sys.modules, 'threads': threading.active_count()}))\n"
+    core = ["raytrain_seq", *(f"raytrain_seq.{name}" for name in ALGORITHM_MODULES)]
+    assert import_probe(core, ROOT) == {"ray": False, "threads": 1}
+
+
+def test_checker_probe_sees_ray_and_a_thread(tmp_path):
+    """The import probe reports a module that loads (a stand-in for) ray and starts a thread."""
+    _write_tree(
+        tmp_path,
+        {
+            "noisy.py": textwrap.dedent(
+                """\
+                import sys, threading, time, types
+                sys.modules.setdefault("ray", types.ModuleType("ray"))
+                threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+                """
+            )
+        },
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report == {"ray": False, "threads": 1}
+    assert import_probe(["noisy"], tmp_path) == {"ray": True, "threads": 2}
+
+
+# -------------------------------------------------------------- rule 7: no path outside the repository
+def outside_citations(files: Iterable[Path], root: Path) -> list[str]:
+    """Lines of ``files`` that cite the seed design document, its shared folder, or a ``../`` path that
+    leaves ``root`` from the file's folder."""
+    found = []
+    for path in files:
+        for number, text in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            why = [reason for pattern, reason in OUTSIDE_PATTERNS.items() if re.search(pattern, text)]
+            for match in RELATIVE_PATH.finditer(text):
+                target = Path(os.path.normpath(path.parent / match.group(1)))
+                if not target.is_relative_to(root):
+                    why.append(f"{match.group(1)} leads out of the repository")
+            found += [f"{path.relative_to(root)}:{number}: {reason}" for reason in why]
+    return found
+
+
+def _project_text_files() -> list[Path]:
+    files = _git_files(ROOT)
+    if files is None:  # no git: walk the tree, leaving out what ruff and git leave out here
+        skip = RUFF_DEFAULT_EXCLUDES | {"__pycache__", ".pytest_cache"}
+        files = [
+            p
+            for p in ROOT.rglob("*")
+            if p.is_file()
+            and not any(part in skip or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)
+        ]
+    return sorted(p for p in files if p.suffix in CITING_SUFFIXES)
+
+
+def test_no_file_cites_a_path_outside_the_repository():
+    """No .py, .md, .sh, .yaml or .toml file of the project names the seed design document, the seed's
+    shared folder, or a relative path that leaves the repository: a reader of the repository has
+    nothing else, and docs/ARCHITECTURE.md is the design."""
+    files = _project_text_files()
+    assert {"README.md", "pyproject.toml"} <= {p.name for p in files}, "the project's files were not found"
+    assert outside_citations(files, ROOT) == []
+
+
+def test_checker_finds_citations_outside_the_repository(tmp_path):
+    """The seed document's name, its shared folder and a ``../`` escaping the repository are caught;
+    a ``../`` that stays inside (a doc linking a sibling folder) is not."""
+    seed, up = "DESIGN" + ".md", os.pardir + "/"
+    repo = tmp_path / "repo"
+    _write_tree(
+        repo,
+        {
+            "a.py": f'"""The rules of {seed}."""\n',
+            "docs/b.md": f"![x]({up}bench/x.png) and [y]({up}{up}elsewhere/y.md)\n",
+            "c.sh": f"cat {up}shared/spec.txt\n",
+            "d.toml": "x = 1\n",
+        },
+    )
+    files = sorted(p for p in repo.rglob("*") if p.is_file())
+    assert outside_citations(files, repo) == [
+        "a.py:1: " + OUTSIDE_PATTERNS[r"\bDESIGN\.md\b"],
+        "c.sh:1: " + OUTSIDE_PATTERNS[r"\.\./shared\b"],
+        f"c.sh:1: {up}shared/spec.txt leads out of the repository",
+        f"docs/b.md:1: {up}{up}elsewhere/y.md leads out of the repository",
+    ]
+
+
+# ------------------------------------------------------------- rule 8: tests start Ray in one place
+def ray_init_violations(test_files: Iterable[Path]) -> list[str]:
+    """``ray.init`` calls in tests that may attach to a cluster already on the machine (no ``address=``)
+    or that copy the shared local-cluster fixture outside conftest.py (``address="local"``). conftest.py
+    may pass ``**options``: ``test_shared_ray_cluster_is_always_local`` pins what they hold."""
+    found = []
+    for path in test_files:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Call) and _dotted(node.func) == "ray.init"):
+                continue
+            address = next((k.value for k in node.keywords if k.arg == "address"), None)
+            if address is None and path.name == "conftest.py" and any(k.arg is None for k in node.keywords):
+                continue
+            if address is None:
+                found.append(
+                    f"{path.name}:{node.lineno} ray.init without address= may attach to another cluster"
+                )
+            elif (
+                isinstance(address, ast.Constant) and address.value == "local" and path.name != "conftest.py"
+            ):
+                found.append(
+                    f"{path.name}:{node.lineno} starts its own local cluster: use conftest's ray_cluster"
+                )
+    return found
+
+
+def test_tests_start_ray_only_through_the_shared_fixture():
+    """tests/conftest.py's ``ray_cluster`` is the one place a test starts a local Ray cluster; a test that
+    needs another (tests/test_faults.py's several raylets) attaches to the address it made."""
+    test_files = sorted((ROOT / "tests").glob("*.py"))
+    assert ROOT / "tests" / "conftest.py" in test_files, "tests/conftest.py holds the shared Ray fixture"
+    assert ray_init_violations(test_files) == []
+
+
+def test_shared_ray_cluster_is_always_local():
+    """conftest's ray_cluster starts ``ray.init(address="local", ...)`` whatever a module's RAY_CLUSTER
+    asks, and refuses a RAY_CLUSTER that names another address."""
+    from conftest import RAY_DEFAULTS, ray_init_options
+
+    assert ray_init_options(None) == {"address": "local", **RAY_DEFAULTS}
+    assert ray_init_options({"num_cpus": 4, "namespace": "n"})["address"] == "local"
+    assert ray_init_options({"num_cpus": 4})["num_cpus"] == 4
+    with pytest.raises(ValueError, match="private local cluster"):
+        ray_init_options({"address": "auto"})
+
+
+def test_checker_finds_a_copied_ray_fixture(tmp_path):
+    """A bare ``ray.init()`` and a local-cluster fixture copied into a test file are both caught."""
+    _write_tree(
+        tmp_path,
+        {
+            "test_a.py": "import ray\nray.init(num_cpus=2)\n",
+            "test_b.py": "def f(ray):\n    ray.init(address='local')\n    ray.init(address=cluster.address)\n",
+            "conftest.py": "import ray\nray.init(address='local')\nray.init(**options)\n",
+            "test_c.py": "import ray\nray.init(**options)\n",
+        },
+    )
+    assert ray_init_violations(sorted(tmp_path.glob("*.py"))) == [
+        "test_a.py:2 ray.init without address= may attach to another cluster",
+        "test_b.py:2 starts its own local cluster: use conftest's ray_cluster",
+        "test_c.py:2 ray.init without address= may attach to another cluster",
+    ]
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+def _write_tree(base: Path, files: dict[str, str]) -> Path:
+    """Write ``files`` (relative path -> text) under ``base``; return the first top-level folder (the
+    package of a synthetic example) or ``base``."""
+    for name, text in files.items():
+        path = base / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    first = Path(next(iter(files))).parts
+    return base / first[0] if len(first) > 1 else base

@@ -14,18 +14,15 @@ import math
 import pytest
 import torch
 
+from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
 
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, namespace="raytrain_seq")
-    yield ray
-    ray.shutdown()
+# tests/conftest.py's ray_cluster: a learner per CPU for 2 learners, plus the feed's data tasks.
+RAY_CLUSTER = {"num_cpus": 4, "namespace": "raytrain_seq"}
 
 
 def _smoke(tmp_path, **overrides) -> Config:
@@ -34,7 +31,7 @@ def _smoke(tmp_path, **overrides) -> Config:
 
 def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
     """Smoke preset, 2 learners, 1 epoch; then --resume to 2 epochs continues from round 1's checkpoint."""
-    from raytrain_seq.runtime.driver import latest_checkpoint, run
+    from raytrain_seq.runtime.driver import run
 
     config = _smoke(tmp_path, epochs=1, run_name="smoke")
     summary = run(config)
@@ -66,10 +63,11 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
     for key in ("test_accuracy", "frames_total", "padding_fraction", "seconds", "packing", "refurbish"):
         assert key in stored
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    checkpoint = latest_checkpoint(run_dir)
-    assert checkpoint is not None and checkpoint.name == "checkpoint_round_000001"
-    state = torch.load(checkpoint / "state.pt", weights_only=True)
-    assert state["averager"]["round"] == 1 and state["averager"]["params"]
+    latest = checkpoint.load_latest(run_dir)
+    assert latest is not None and latest.folder.name == "checkpoint_round_000001"
+    raw = torch.load(latest.folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
+    assert raw["state"]["round"] == 1 and raw["state"]["params"] and latest.state.round == 1
+    assert latest.config == config.to_dict() and latest.position["round"] == 1
 
     # A second run with the same name refuses to overwrite it...
     with pytest.raises(ValueError, match="already exists"):
@@ -79,7 +77,7 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
     resumed = run(_smoke(tmp_path, epochs=2, run_name="smoke", resume=True))
     assert resumed.rounds == 1  # only round 2 was averaged in this run
     assert resumed.frames_total == int(catalog.lengths.sum())  # one more epoch, not two
-    assert latest_checkpoint(run_dir).name == "checkpoint_round_000002"
+    assert checkpoint.load_latest(run_dir).folder.name == "checkpoint_round_000002"
     assert not math.isnan(resumed.loss_history[-1]["loss"])
     rounds = [h["round"] for h in resumed.loss_history]
     assert rounds == [1, 2], "the resumed history continues the first run's"

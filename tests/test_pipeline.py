@@ -29,7 +29,7 @@ from raytrain_seq.elastic.assembly import (
 )
 from raytrain_seq.packing import pack, shard
 from raytrain_seq.refurbish import RefurbishSchedule
-from raytrain_seq.runtime.feed import _geometry, create_feed
+from raytrain_seq.runtime.feed import create_feed, feed_geometry
 
 SEED = 0
 
@@ -222,9 +222,9 @@ def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
     """An explicit t_max below a video's length is a ValueError naming the fix, unless packing is chunk."""
     with pytest.raises(ValueError, match=r"raise data\.t_max"):
         create_feed(_config(t_max=10))
-    geometry = _geometry(_config(t_max=10, packing="chunk"))
+    geometry = feed_geometry(_config(t_max=10, packing="chunk"))
     assert geometry["eval_strategy"] == "chunk" and geometry["t_max"] == 10
-    assert _geometry(_config())["eval_strategy"] == "optimal"
+    assert feed_geometry(_config())["eval_strategy"] == "optimal"
 
 
 def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
@@ -232,7 +232,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
     from raytrain_seq.runtime import feed as pipeline
 
     config = _config()
-    geometry = _geometry(config)
+    geometry = feed_geometry(config)
     calls = []
 
     def probe(*args, **kwargs):
@@ -262,30 +262,30 @@ def _drain(shard_, feed, takes=(1, 2, 3)) -> dict[str, np.ndarray]:
     return rows
 
 
+# tests/conftest.py's ray_cluster: 2 CPUs (the default), no worker logs to the driver, logging left as is.
+RAY_CLUSTER = {"log_to_driver": False, "configure_logging": False}
+
+
 @pytest.fixture(scope="module")
-def served():
+def served(ray_cluster):
     """One feed; epochs 0, 1, 2 at world size 2, epoch 1 also at world size 3, and both eval splits."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        config = _config()
-        feed = create_feed(config, videos_per_task=8)
-        out = {"config": config, "feed": feed, "shards": {}, "rows": {}}
-        for epoch, world_size in [(0, 2), (1, 2), (1, 3), (2, 2)]:
-            shards = ray.get([feed.epoch_shard.remote(epoch, r, world_size) for r in range(world_size)])
-            if epoch == 1 and world_size == 2:
-                # Epoch 2's recompute was started when epoch 1 was planned; epoch 1's rows come after it.
-                out["before_epoch_2"] = ray.get(feed.stats.remote(wait=True, ids=True))
-            out["shards"][epoch, world_size] = shards
-            out["rows"][epoch, world_size] = [_drain(s, feed) for s in shards]
-        for split in ("val", "test"):
-            shard_ = ray.get(feed.eval_shard.remote(split))
-            out["shards"][split] = [shard_]
-            out["rows"][split] = [_drain(shard_, feed)]
-        out["stats"] = ray.get(feed.stats.remote(wait=True, ids=True))
-        yield out
-    finally:
-        ray.shutdown()
+    ray = ray_cluster
+    config = _config()
+    feed = create_feed(config, videos_per_task=8)
+    out = {"config": config, "feed": feed, "shards": {}, "rows": {}}
+    for epoch, world_size in [(0, 2), (1, 2), (1, 3), (2, 2)]:
+        shards = ray.get([feed.epoch_shard.remote(epoch, r, world_size) for r in range(world_size)])
+        if epoch == 1 and world_size == 2:
+            # Epoch 2's recompute was started when epoch 1 was planned; epoch 1's rows come after it.
+            out["before_epoch_2"] = ray.get(feed.stats.remote(wait=True, ids=True))
+        out["shards"][epoch, world_size] = shards
+        out["rows"][epoch, world_size] = [_drain(s, feed) for s in shards]
+    for split in ("val", "test"):
+        shard_ = ray.get(feed.eval_shard.remote(split))
+        out["shards"][split] = [shard_]
+        out["rows"][split] = [_drain(shard_, feed)]
+    out["stats"] = ray.get(feed.stats.remote(wait=True, ids=True))
+    return out
 
 
 def _videos(config: Config) -> SyntheticVideos:

@@ -28,6 +28,7 @@ from video_fixtures import (
     write_video,
 )
 
+from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import compute_flow, dequantize, flow_method, pair_flow
 from raytrain_seq.data.sources import (
@@ -40,6 +41,7 @@ from raytrain_seq.data.sources import (
 )
 from raytrain_seq.data.video import decode, decode_pairs
 from raytrain_seq.elastic.assembly import RowFormat, assemble_rows, final_rng
+from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state
 from raytrain_seq.summary import RunSummary, format_table
@@ -254,10 +256,8 @@ def test_hmdb51_with_fps_resampling_through_the_source(tmp_path):
 
 # ----------------------------------------------------------------------------------- model factory
 def _fake_run(folder: Path, config: Config, model: torch.nn.Module) -> Path:
-    checkpoint = folder / "checkpoint_round_000003"
-    checkpoint.mkdir(parents=True)
-    state = {"averager": {"round": 3, "params": model.state_dict()}, "config": config.to_dict()}
-    torch.save(state, checkpoint / "state.pt")
+    state = AveragedState(round=3, params=model.state_dict(), batch_size=4)
+    checkpoint.save(folder / checkpoint.folder_name(3), state=state, config=config.to_dict())
     return folder
 
 
@@ -328,13 +328,8 @@ def _load_job():
     return module
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    # address="local": a private cluster even when another one runs on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="raytrain_seq")
-    yield ray
-    ray.shutdown()
+# tests/conftest.py's ray_cluster (a private local cluster even when another one runs on this machine).
+RAY_CLUSTER = {"num_cpus": 4, "namespace": "raytrain_seq"}
 
 
 @pytest.fixture(scope="module")
@@ -381,10 +376,10 @@ def test_flow_run_takes_two_channels_from_the_rgb_model(runs):
     assert codes["flow"] == 0
     summary = _summary(storage, "flow")
     assert summary["stream"] == "flow" and summary["flow_method"] == flow_method()
-    flow_params = load_run_state(storage / "flow").params
+    flow_params = load_run_state(storage / "flow").state.params
     assert flow_params["encoder.features.0.weight"].shape[1] == 4
     # What the flow learners started from: the rgb run's final model, cross-modality initialised.
-    rgb_params = load_run_state(storage / "rgb").params
+    rgb_params = load_run_state(storage / "rgb").state.params
     config = Config.from_dict(load_run_state(storage / "flow").config)
     start = build_model_for(config, num_classes=3, in_channels=2).state_dict()
     conv = rgb_params["encoder.features.0.weight"]

@@ -11,8 +11,7 @@ handle like RGB frames.
 Method: TV-L1 (``cv2.optflow.DualTVL1OpticalFlow_create``) when opencv-contrib is installed, otherwise
 Farneback's polynomial-expansion flow (Farneback, "Two-Frame Motion Estimation Based on Polynomial
 Expansion", SCIA 2003), which is in plain OpenCV. ``flow_method()`` says which one a run uses, so the run
-summary can report it. TV-L1 is the literature's choice (sharper at motion boundaries); it could not be
-timed here (no contrib), so only Farneback is measured below.
+summary can report it. TV-L1 is the literature's choice (sharper at motion boundaries).
 
 Sign convention (OpenCV's, for both methods): ``prev[y, x] ~ next[y + fy, x + fx]`` with x to the right and
 y DOWN the image. Content moving right gives ``fx > 0``; content moving up gives ``fy < 0``.
@@ -25,11 +24,9 @@ Length: ``T`` frames give ``T - 1`` flows (frame t to t + 1); the last flow is r
 has the same ``T`` as the RGB video (the packer and the reset tables are built from RGB lengths). A 1-frame
 video gets one zero-flow frame.
 
-Measured trade-off (Farneback with ``FARNEBACK_PARAMS``, one 17-frame textured video, median of 7 runs on
-the shared 2-core CPU at load ~3, OpenCV's default 2 threads): about 5 ms per flow frame at 112x112 and
-19 ms at 224x224 (roughly linear in pixels; one thread was no slower under that load). That is 3-4x what
-``partial_augment`` costs on the same frames (1.5 ms per frame from 128x171 to 112, 6.5 ms from 256x342 to
-224), which is why flow belongs in the cached (refurbished) half and never in the per-use final one.
+Trade-off: flow costs several times what ``partial_augment`` costs on the same frames, roughly linear in
+pixels (Farneback timings: docs/LOG.md, 2026-11-22), which is why flow belongs in the cached (refurbished)
+half and never in the per-use final one.
 """
 
 from __future__ import annotations

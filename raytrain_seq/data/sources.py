@@ -1,11 +1,11 @@
 """Video sources of the refurbishing pipeline: the synthetic set and real UCF101 / HMDB51 videos.
 
-Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et al., "Refurbish Your
-Training Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
-(``dist.pipeline.BlockFeed``) submits for a batch of video ids: it decodes each video (PyAV, one decoder
-thread since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
-augmentation seeded by ``assembly.partial_rng(seed, video, computing epoch)``, so a recompute after a
-resume or on another worker gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
+Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et al., "Refurbish Your Training
+Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
+(``raytrain_seq.runtime.feed.BlockFeed``) submits for a batch of video ids: it decodes each video (PyAV, one
+decoder thread since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
+augmentation seeded by ``assembly.partial_rng(seed, video, computing epoch)``, so a recompute after a resume
+or on another worker gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
 
 * RGB: ``decode`` at short side ``cache_size`` then ``augment.partial_augment`` (random window along the
   long side + one colour transform for the whole video).
@@ -31,12 +31,10 @@ that differs from the catalog's (a header that lies) is trimmed, or padded by re
 to the catalog length, with a rate-limited warning. A file that was readable at catalog time and can no
 longer even be opened has no known length, so its task fails with a VideoError naming the file.
 
-Trade-off (measured for the pieces, see ``data/video.py`` and ``data/flow.py``): decoding is ~450
-frames/s per core at short side 128 and Farneback flow ~5 ms per 112x112 frame, so a flow video costs
-several times its RGB twin; both sit in the refurbished half, paid once per ``reuse`` epochs. The
-catalog is probed in every process that builds it (the driver's check and the feed actor: two header
-passes, 15-25 s each for the 13,320 UCF101 videos); the task workers never probe the catalog: they read
-the list files (milliseconds) and re-probe only the video they decode (1-2 ms).
+Trade-off: a flow video costs several times its RGB twin (``data/flow.py``); both sit in the refurbished
+half, paid once per ``reuse`` epochs. The catalog is probed (one header read per video, ``video.probe``)
+by the driver, which hands it to the feed actor; the task workers never probe the catalog: they read
+the list files and re-probe only the video they decode.
 """
 
 from __future__ import annotations
@@ -86,7 +84,7 @@ def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
     if data.stream == "fuse":
         raise ValueError(
             "data.stream='fuse' evaluates two finished runs and has no video source of its own: build the "
-            "feed from each run's config (dist.fuse.run_fuse does)"
+            "feed from each run's config (runtime.fuse.run_fuse does)"
         )
     if data.dataset == "synthetic":
         fields = ("num_classes", "stride", "seed", "max_videos", "val_fraction")

@@ -47,8 +47,8 @@ Determinism: ``render(i)`` depends only on ``(seed, i)`` and the constructor arg
 stored up front, the catalog holds ids, labels and lengths and frames are rendered where they are
 decoded. Lengths are the real UCF101 split-1 frame counts (train list for ``train`` and ``val``, test
 list for ``test``) divided by ``stride`` with ``ceil``, so the set is ALREADY strided: do not apply
-``augment.stride_frames`` to it. Measured: 0.08 ms per 32x32 frame on a shared 2-core CPU (0.2 ms
-under heavy load), i.e. about 2 ms for a median 21-frame video (numpy, vectorised over frames).
+``augment.stride_frames`` to it. Rendering is numpy, vectorised over frames, and cheap next to decoding
+a real video (timings: docs/LOG.md, 2026-11-22).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Test lines may carry a label too; it is checked the same way.
 Ids: the rank of a video in the fold's train and test lists together, sorted by (label, file name), so
 train and test ids are disjoint, ascending within a catalog and (with the official lists, where every
 fold lists all 13,320 videos) the same for every fold. Lengths come from the container header through
-``video.probe`` (about 2 ms a file), then ``stride``/``fps`` (``video.output_length``).
+``video.probe`` (a header read, no decoding), then ``stride``/``fps`` (``video.output_length``).
 
 Errors that stop the job at start (ValueError naming the file, the line and the fix): a missing data root,
 ``UCF-101/`` folder or list file; a malformed line; a class that classInd does not list; a label out of

@@ -1,7 +1,7 @@
 """Real-video decoding with PyAV, and the catalog type shared by the UCF101 and HMDB51 readers.
 
-``probe(path)`` reads the frame count, frame rate and size from the container header (cheap: about 2 ms
-per file, no decoding); when the header has no frame count (0, e.g. Matroska) or ``verify=True``, it
+``probe(path)`` reads the frame count, frame rate and size from the container header (cheap: no
+decoding); when the header has no frame count (0, e.g. Matroska) or ``verify=True``, it
 counts by decoding, and a header that disagrees with the decode is logged once. ``decode(path)`` returns
 uint8 RGB frames ``[T, H, W, 3]`` and is the "decode, temporal stride, resize" head of the expensive
 partial augmentation that the refurbish cache (Lee et al., "Refurbish Your Training Data", USENIX ATC
@@ -25,9 +25,9 @@ Resize: ``size=k`` scales the short side to ``k`` and keeps the aspect ratio (32
 ``frame.to_ndarray(width=, height=, interpolation="AREA")``, fused with the YUV->RGB conversion: one C
 pass per frame with the GIL released, no full-size RGB copy, no OpenCV thread pool competing with Ray's
 workers (this module needs only numpy and av), and AREA averages the source pixels so a downscale does
-not alias. Scaling the YUV planes first and converting after is about 30% faster but smears chroma at
-sharp edges (99th-percentile error 33 grey levels against cv2 INTER_AREA on the full RGB frame, versus
-5 for the fused pass), so it is not used. Sample aspect ratios are ignored (UCF101 and HMDB51 use square
+not alias. Scaling the YUV planes first and converting after is faster but smears chroma at sharp
+edges (measured against cv2 INTER_AREA on the full RGB frame: docs/LOG.md, 2026-11-22), so it is not
+used. Sample aspect ratios are ignored (UCF101 and HMDB51 use square
 pixels).
 
 ``decode_pairs`` returns the same kept frames plus, for each, the decoded frame right after it in the
@@ -36,14 +36,11 @@ source (the optical-flow stream's pairs: flow between consecutive frames, whatev
 Threads: ``stream.thread_type = "AUTO"`` (frame and slice threading) with ``threads`` decoder threads (0
 lets FFmpeg take one per core; use 1 in a Ray task that reserves one CPU).
 
-Measured trade-off (mpeg4 AVI, 320x240, 150 frames; the shared 2-core machine at load average 5-12 from
-other jobs, best of 10-12 runs, so these are lower bounds): ``decode`` gives 650-850 frames/s at full
-size, about 450 at short side 128 (171x128) and about 1,900 source frames/s with stride 4 (every frame
-is decoded, a quarter converted). Decoding alone runs at 2,300 frames/s on one thread and 3,800 with
-threaded decoding: the RGB conversion and scaling dominate. Probing is 1-2 ms per file, so a
-13,320-video UCF101 catalog costs 15-25 s of header reads (``workers`` threads overlap them on slow
-disks); ``verify=True`` decodes every video (about 1 ms per 320x240 frame here, so tens of minutes for
-UCF101) and is for data sets whose headers are suspect.
+Trade-off: the RGB conversion and scaling, not the decoding, dominate ``decode``'s cost, so a stride
+saves most of it (every frame is decoded, only the kept ones converted). Probing reads headers only
+(``workers`` threads overlap the reads of a catalog on slow disks); ``verify=True`` decodes every video,
+which costs a full decoding pass over the data set, and is for data sets whose headers are suspect. The
+decode, probe and verify rates are in docs/LOG.md, 2026-11-22.
 
 Bad files raise ``VideoError(path, reason)`` (picklable, so it crosses Ray task boundaries): missing,
 unreadable, no video stream, a decode error, zero frames. The catalogs skip such files with one warning

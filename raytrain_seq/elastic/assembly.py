@@ -16,16 +16,12 @@ fresh frames tracks the straight line ``total * k / n``. Any window of consecuti
 adaptive batch size is at that point) then carries about its proportional share of fresh frames,
 instead of the runs of fresh-heavy and fresh-free blocks that a random order makes.
 
-Measured trade-off: the row costs one ``t_max`` frame buffer per block and one ``final_augment`` per
-sequence. ``spread_fresh`` is O(n log n) per shard. On UCF101 split-1 train (stride 8, t_max 222, r=3,
-epoch 1, 2 learners, seeds 0-1) the fresh frames of 4-block windows vary with a std of 26 % of their
-mean in the plan's random order and 8 % after ``spread_fresh`` (r=2: 19 % -> 4-6 %; r=5: 36 % -> 13-15 %);
-the heaviest window drops from 1.8x to 1.4-1.5x the mean (it cannot go much lower: single long videos
-make blocks of up to 3x the mean fresh count). Recursive high-low pairing and bit-reversed quantile
-orders were tried and gave equal or larger spreads.
+Trade-off: the row costs one ``t_max`` frame buffer per block and one ``final_augment`` per sequence;
+``spread_fresh`` is O(n log n) per shard. How much it evens the fresh frames of consecutive windows on
+UCF101 (and the orders that were tried and gave larger spreads) is in docs/LOG.md.
 
-Elastic groups: ``raytrain_seq.elastic.position`` re-splits an epoch's unreached blocks when the learner group
-changes size. Nothing here imports ray: the Ray glue is ``raytrain_seq.runtime.feed``.
+Elastic groups: ``raytrain_seq.elastic.position`` re-splits an epoch's unreached blocks when the
+learner group changes size. Nothing here imports ray: the Ray glue is ``raytrain_seq.runtime.feed``.
 """
 
 from __future__ import annotations

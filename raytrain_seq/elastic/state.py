@@ -1,108 +1,112 @@
-"""What the averager hands out and keeps: round results, join info, snapshots, checkpoints, the event log.
+"""The latest averaged state, one type for every place that hands it around, and a learner's checked payload.
 
-Plain data and files, no ray and no asyncio: ``RoundResult`` (what every learner of a round receives),
-``JoinInfo`` (where a joining learner starts), ``Snapshot`` (what a checkpoint stores, loadable with
-``torch.load(weights_only=True)``), ``check_payload`` (a learner's payload, checked), the run folder's
-checkpoints (``latest_checkpoint``, ``load_snapshot``: the newest one that loads, so a checkpoint cut
-short by a crash falls back to the one before), ``EventLog``, the append-only JSON-lines log of
-membership changes, recoveries and rounds that outlives an averager restart, and ``RunFolder``, the
-averager's side that writes and replays it. ``membership_entries`` and ``recovery_entries`` turn the
-averager's summary into the run summary's lists. Trade-off: the event log costs one small write per
-event and per round on the driver's node, and lets a restarted averager (and a resumed run) report the
-whole run instead of what happened since its last checkpoint.
+``AveragedState`` is what an averaging round gives every learner, what a (re)joining learner starts from,
+what a checkpoint stores, and what a learner re-seeds a restarted averager with. It is frozen and built by
+keyword; ``to_dict``/``from_dict`` give plain tensors, numbers and strings, which
+``torch.load(weights_only=True)`` reads back. Round 0 (``params`` None) means nothing averaged yet.
+
+``RoundResult`` (a round's state plus who took part) and ``JoinReply`` (the state plus the round a joining
+learner sends next) carry an ``AveragedState``; they add only what is not state.
+
+``check_payload`` validates what one learner sends for a round (CPU tensors, the optimizer's ``["state"]``
+entry, numeric stats) and returns an ``Arrival``; its ``signature`` lets the averager refuse a learner
+whose model or optimizer differs from the round's first one without failing the whole round.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import time
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from raytrain_seq.elastic.rounds import Learner, check_number
 
-logger = logging.getLogger(__name__)
+__all__ = ["SOURCES", "Arrival", "AveragedState", "JoinReply", "RoundResult", "check_payload"]
 
-STATE_FILE = "state.pt"
-EVENTS_FILE = "events.jsonl"
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest ``checkpoint_round_NNNNNN`` folder of a run (names sort by round), or None."""
-    found = sorted(p for p in Path(run_dir).glob("checkpoint_round_*") if (p / STATE_FILE).exists())
-    return found[-1] if found else None
+# Where a state came from: an averaging round of the live group, a checkpoint, a learner's re-seed, or
+# nothing yet. The averager records a group restart as a live or a checkpoint recovery by it.
+SOURCES = ("live", "checkpoint", "seed", "none")
 
 
-def load_snapshot(run_dir: Path) -> tuple[dict[str, Any], Path] | None:
-    """The averager snapshot of the newest checkpoint that loads (``weights_only=True``), and its folder.
+@dataclass(frozen=True, kw_only=True)
+class AveragedState:
+    """The latest averaged model, Adam moments, batch size and epoch position after round ``round``."""
 
-    A checkpoint cut short by a crash mid-upload fails to load and the next older one is used.
-    """
-    for folder in sorted(Path(run_dir).glob("checkpoint_round_*"), reverse=True):
-        try:
-            state = torch.load(folder / STATE_FILE, weights_only=True)
-        except (OSError, RuntimeError, EOFError) as exc:
-            logger.warning("averager: %s does not load (%s): trying the one before", folder.name, exc)
-            continue
-        return state["averager"], folder
-    return None
+    round: int = 0
+    """The averaged round this state closes; 0 = nothing averaged yet (``params`` is then None)."""
+    params: dict[str, Tensor] | None = None
+    """The averaged ``model.state_dict()`` (CPU tensors)."""
+    optimizer_state: dict | None = None
+    """The merged Adam moments (``optimizer.state_dict()["state"]``); None when none are merged."""
+    batch_size: int
+    """B for the round after this one (AAVG's adaptive batch size)."""
+    adaptive_state: dict = field(default_factory=dict)
+    """``AdaptiveBatchSize.state_dict()``: what a restore needs to keep deciding B the same way."""
+    position: dict | None = None
+    """``EpochPosition.as_dict()`` once this round's rows are trained; None = the start of the run."""
+    elapsed_s: float = 0.0
+    """The run's training clock when this state was made (a restarted group continues it)."""
+    source: str = "none"
+    """Where the state came from: one of ``SOURCES``."""
+
+    def __post_init__(self) -> None:
+        check_number("round", self.round, 0)
+        check_number("batch_size", self.batch_size, 1)
+        if self.source not in SOURCES:
+            raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
+        if self.round and self.params is None:
+            raise ValueError(f"round {self.round} has no params: an averaged round always carries its model")
+
+    @property
+    def empty(self) -> bool:
+        """Nothing averaged yet (a fresh averager that found no checkpoint)."""
+        return self.round == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields (tensors, numbers, strings, dicts): ``torch.save`` it, load with weights_only=True."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> AveragedState:
+        """Rebuild from ``to_dict()``; an unknown key is a ValueError naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown averaged-state fields {unknown}: expected some of {sorted(known)}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> AveragedState:
+        return dataclasses.replace(self, **changes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RoundResult:
     """What every learner of a round receives (the same object for all)."""
 
-    round: int
-    params: dict[str, Tensor]
-    optimizer_state: dict | None  # merged Adam state; None when the optimizer keeps no Adam moments
-    batch_size: int  # B for the next round
-    learners: tuple[Learner, ...]  # averaged, in this order
-    dropped: tuple[Learner, ...]
-    seconds: float  # first arrival -> result
-    weights: tuple[float, ...]
-    position: dict | None = None  # EpochPosition.as_dict() after this round's rows
-    adaptive_state: dict | None = None  # AdaptiveBatchSize.state_dict(): what a re-seed restores
+    state: AveragedState
+    """The averaged state after this round; ``state.round`` is the round."""
+    learners: tuple[Learner, ...]
+    """The learners averaged, in this order."""
+    dropped: tuple[Learner, ...] = ()
+    """The learners dropped from this round (they did not send it in time)."""
+    seconds: float = 0.0
+    """From the round's first arrival to its result."""
+    weights: tuple[float, ...] = ()
+    """Each averaged learner's weight in the mean."""
 
 
-@dataclass(frozen=True)
-class JoinInfo:
-    """Where a (re)joining learner starts: the round to send next and the latest averaged state."""
+@dataclass(frozen=True, kw_only=True)
+class JoinReply:
+    """Where a (re)joining learner starts: the latest averaged state and the round it sends next."""
 
-    learner: Learner
-    round: int
-    params: dict[str, Tensor] | None
-    optimizer_state: dict | None
-    batch_size: int
-    adaptive_state: dict
+    state: AveragedState
+    next_round: int
+    """The round this learner sends next (the open round, or the one after a closing one)."""
     world_size: int
-    position: dict | None = None  # where the latest round left the epoch (None: nothing averaged yet)
-    latest_round: int = 0
-    elapsed_s: float = 0.0  # the run's training clock: learners' time stamps continue it
-    source: str = "none"  # where the latest state came from: "live", "checkpoint", "seed" or "none"
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The latest averaged state and the logs a restarted averager needs; round 0 means none yet."""
-
-    round: int
-    params: dict[str, Tensor] | None
-    optimizer_state: dict | None
-    batch_size: int
-    adaptive_state: dict
-    validation_due: int | None = None
-    dropped_log: tuple = ()
-    batch_size_history: tuple = ()
-    validation_history: tuple = ()
-    position: dict | None = None
-    loss_history: tuple = ()
-    elapsed_s: float = 0.0
+    """The averager's group size: the learner must send it with every round."""
 
 
 @dataclass(frozen=True)
@@ -154,150 +158,3 @@ def check_payload(
     signature = tuple((key, tuple(t.shape), t.dtype) for key, t in params.items())
     adam = has_adam_moments(optimizer_state)
     return Arrival(params, optimizer_state, stats, weight, adam, signature, position)
-
-
-class EventLog:
-    """Append-only JSON lines at ``path`` (None: memory only, nothing written); ``read()`` loads them back."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        if self.path is not None:
-            with self.path.open("a") as out:
-                out.write(json.dumps(dict(record), default=str) + "\n")
-
-    def read(self) -> list[dict[str, Any]]:
-        if self.path is None or not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-    def replay(self) -> dict[str, Any]:
-        """The log sorted back into {membership, dropped, recoveries, rounds, validations} lists, the actor
-        ids that wrote it (a restarted actor finds its own id) and the training clock's last reading."""
-        records = self.read()
-        kinds = {"membership": [], "recovery": [], "round": [], "validation": []}
-        for record in records:
-            kinds.get(record.pop("type", None), []).append(record)
-        out: dict[str, Any] = {"records": records, "membership": kinds["membership"]}
-        out.update(recoveries=kinds["recovery"], rounds=kinds["round"], validations=kinds["validation"])
-        drops = [r for r in kinds["membership"] if r["event"] == "drop"]
-        out["dropped"] = [
-            {**{k: r[k] for k in ("round", "learner", "time")}, "reason": r["detail"]} for r in drops
-        ]
-        out["actors"] = {r["actor"] for r in records if r.get("actor")}
-        out["elapsed_s"] = max([float(r.get("elapsed_s", 0.0)) for r in records], default=0.0)
-        return out
-
-
-class RunFolder:
-    """The ParameterAverager's run-folder side (a mixin): the training clock, the event log, and the
-    reload after a resume or a restart. It uses the actor's book, batch state and histories."""
-
-    def _elapsed(self) -> float:
-        """The run's training clock: seconds since the first join, continued across restarts."""
-        if self._clock_start is None:
-            return self._clock_offset
-        return self._clock_offset + time.monotonic() - self._clock_start
-
-    def _on_member(self, record: dict[str, Any]) -> None:
-        """RoundBook's sink: time-stamp, persist, and count drops and returns as recoveries."""
-        record["elapsed_s"] = self._elapsed()
-        self._log.append({"type": "membership", **record})
-        if record["event"] == "drop":
-            self._recover(
-                "dropped",
-                f"learner {record['learner']!r} dropped from round {record['round']}: {record['detail']}",
-            )
-        elif record["event"] == "rejoin" and record["change"]:
-            self._recover("rejoined", f"learner {record['learner']!r} rejoined at round {record['round']}")
-
-    def _recover(self, kind: str, detail: str) -> None:
-        record = {"time": time.time(), "elapsed_s": self._elapsed(), "kind": kind, "detail": detail}
-        self._recoveries.append(record)
-        self._log.append({"type": "recovery", **record})
-        logger.warning("averager: %s: %s", kind, detail)
-
-    def _load_run(self, run_dir: Path, actor: str | None) -> None:
-        """Reload the events log and the latest checkpoint; tell a restart by Ray (same actor id) from a
-        first start (a new run, or a --resume)."""
-        self._actor = actor
-        past = self._log.replay()
-        self._events_loaded = bool(past["records"])
-        self._book.membership_log, self._book.dropped_log = past["membership"], past["dropped"]
-        self._recoveries, self._clock_offset = past["recoveries"], past["elapsed_s"]
-        restarted = actor is not None and actor in past["actors"]
-        self._log.append({"type": "start", "actor": actor, "time": time.time()})
-        self._book.restarted = restarted
-        found = load_snapshot(run_dir)
-        if found is not None:
-            self._restore(Snapshot(**found[0]))
-        if restarted:
-            self._clock_start = time.monotonic()  # the run is under way: its clock keeps going
-            self._replay_rounds(past, actor)
-            what = f"reloaded {found[1].name}" if found else "no checkpoint yet"
-            self._recover(
-                "averager_restart", f"Ray restarted the averager; {what}: learners ahead of it re-seed it"
-            )
-        elif found is not None:
-            self._recover("resumed", f"run resumed from {found[1].name} (round {found[0]['round']})")
-
-    def _replay_rounds(self, past: dict[str, Any], actor: str) -> None:
-        """After a restart: this actor's rounds and validations from the log, so that totals and histories
-        cover the rounds since the reloaded checkpoint too (the learners re-seed their state)."""
-        after = self._latest[0]
-        for record in (r for r in past["rounds"] if r["actor"] == actor):
-            for learner, stats in record["stats"]:
-                totals = self._totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
-                totals["rounds"] += 1
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0) + value
-            self._round_seconds.append(record["seconds"])
-            if record["round"] > after:
-                at = {"round": record["round"], "time_s": record["elapsed_s"]}
-                self._loss_history.append({**at, "loss": record["loss"]})
-                self._batch_history.append({**at, "batch_size": record["batch_size"]})
-        mine = [v for v in past["validations"] if v["actor"] == actor and v["round"] > after]
-        self._validation_history += [{k: v for k, v in record.items() if k != "actor"} for record in mine]
-
-
-def describe_position(position: Mapping | None) -> str:
-    """ "epoch 2, 12 rows taken by each of 3 learners" for a position dict (None: the start).
-
-    Epochs are shown 1-based, as in the learners' log (position epoch 1 is "epoch 2").
-    """
-    if not position:
-        return "the start"
-    if not position.get("rows_done"):
-        return f"start of epoch {position['epoch'] + 1}"
-    rows, world = position["rows_done"], position["world_size"]
-    return f"epoch {position['epoch'] + 1}, {rows} rows taken by each of {world} learners"
-
-
-def membership_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The run summary's membership: ``{time_s, learners, reason}`` for each change of the learner count
-    (a group started or restarted, a learner dropped, rejoined or left) in the averager's log."""
-    out = []
-    for record in averaging.get("membership", []):
-        if record.get("change"):
-            reason = record["detail"] or f"learner {record['learner']!r} {record['event']}"
-            if record["event"] == "drop":
-                reason = f"learner {record['learner']!r} dropped from round {record['round']}: {reason}"
-            elif record["event"] == "rejoin":
-                reason = f"learner {record['learner']!r} rejoined at round {record['round']}"
-            out.append(
-                {
-                    "time_s": float(record.get("elapsed_s", 0.0)),
-                    "learners": record["learners"],
-                    "reason": reason,
-                }
-            )
-    return out
-
-
-def recovery_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The run summary's recoveries: ``{time_s, kind, detail}`` from the averager's log."""
-    return [
-        {"time_s": float(r.get("elapsed_s", 0.0)), "kind": r["kind"], "detail": r["detail"]}
-        for r in averaging.get("recoveries", [])
-    ]

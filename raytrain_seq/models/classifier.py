@@ -8,12 +8,11 @@ mean-pool each sequence over its own steps only, and apply a linear head. A sequ
 equal (float64: to 1e-9) the logits of the same sequence alone in a block, at any offset, with any
 neighbours and any padding content: the tests pin this.
 
-Trade-off (measured on the 2-core CPU box, 8 rows, t_max=64, 32x32 RGB, 4 sequences a row = 500 real
-frames, 101 classes): the default model (width 16, depth 4, hidden 128) has 209,781 parameters with the
-GRU and 275,061 with the TCN; one forward+backward takes a median 0.13 s for either (0.6-1.5 s while other
-jobs loaded the box), ~80% of it in the frame encoder (0.10 s for the 500 frames alone). Padding costs
-nothing because it is never encoded, where a model that reset by masking a full ``[B, t_max]`` scan would
-spend CNN time on every padding frame; the price is one host sync per forward to size the gather.
+Trade-off: the model at width 16, depth 4, hidden 128 and 101 classes has 209,781 parameters with the
+GRU and 275,061 with the TCN, and the frame encoder takes most of a forward+backward (timings: docs/LOG.md,
+2026-11-22). Padding costs no compute because it is never encoded, where a model that reset by masking a
+full ``[B, t_max]`` scan would spend CNN time on every padding frame; the price is one host sync per
+forward to size the gather.
 """
 
 from __future__ import annotations

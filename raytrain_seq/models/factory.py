@@ -8,8 +8,8 @@ files are read; the flow stream has 2 channels per frame), not from the config a
 Where the starting weights come from, in order:
 
 * ``model.init_from`` (a finished run's folder): the averaged model of its latest
-  ``checkpoint_round_*/state.pt`` (``torch.load(weights_only=True)``; ``state["averager"]["params"]``
-  is the averager's snapshot, a full ``state_dict``). Equal input channels: copied as they are. An RGB
+  checkpoint that loads (``raytrain_seq.checkpoint.load_latest``; its ``state.params``
+  is a full ``state_dict``). Equal input channels: copied as they are. An RGB
   run into a flow model: TSN's cross-modality initialisation (Wang et al., "Temporal Segment Networks",
   ECCV 2016): the first conv averaged over the RGB channels and repeated over the flow channels, the
   frames and the frame differences of the classifier's motion input kept apart (``groups=2``), every
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from raytrain_seq import checkpoint
 from raytrain_seq.models.classifier import TemporalClassifier, build_model
 from raytrain_seq.models.resnet import (
     IMAGENET_MEAN,
@@ -49,49 +50,31 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunState", "build_model_for", "load_run_state", "model_from_state"]
+__all__ = ["build_model_for", "load_run_state", "model_from_state"]
 
-STATE_FILE = "state.pt"
 # Fields that fix the shapes of a TemporalClassifier's tensors: a source run must agree on all of them.
 _ARCHITECTURE = ("backbone", "width", "depth", "hidden", "temporal")
 
 
-class RunState:
-    """A finished run's averaged model (``params``), its config dict and the checkpoint it came from."""
-
-    def __init__(self, params: dict[str, torch.Tensor], config: dict[str, Any] | None, checkpoint: Path):
-        self.params, self.config, self.checkpoint = params, config, checkpoint
-
-    def model_field(self, name: str) -> Any:
-        return (self.config or {}).get("model", {}).get(name)
-
-
-def load_run_state(run_dir: str | Path) -> RunState:
-    """The averaged model of ``run_dir``'s latest ``checkpoint_round_*/state.pt``; ValueError naming it."""
+def load_run_state(run_dir: str | Path) -> checkpoint.Checkpoint:
+    """The newest checkpoint of ``run_dir`` that loads and holds an averaged model; ValueError naming it."""
     folder = Path(run_dir).expanduser()
     if not folder.is_dir():
         raise ValueError(f"run folder {folder} does not exist: pass the folder of a finished run")
-    # Names sort by round: checkpoint_round_000002 before checkpoint_round_000010.
-    found = sorted(p for p in folder.glob("checkpoint_round_*") if (p / STATE_FILE).is_file())
-    if not found:
+    found = checkpoint.load_latest(folder)
+    if found is None:
         raise ValueError(
-            f"{folder} holds no checkpoint_round_*/{STATE_FILE}: pass the folder of a run that finished at "
-            "least one averaging round"
+            f"{folder} holds no {checkpoint.PREFIX}*/{checkpoint.STATE_FILE} that loads: pass the folder of "
+            "a run that finished at least one averaging round"
         )
-    path = found[-1] / STATE_FILE
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(
-            f"{path} could not be read ({type(exc).__name__}: {exc}): is the run intact?"
-        ) from exc
-    params = state.get("averager", {}).get("params") if isinstance(state, Mapping) else None
-    if not isinstance(params, Mapping) or not params:
-        raise ValueError(
-            f"{path} has no averaged model (state['averager']['params']): pick a later checkpoint"
-        )
-    config = state.get("config")
-    return RunState(dict(params), config if isinstance(config, Mapping) else None, found[-1])
+    if not found.state.params:
+        raise ValueError(f"{found.folder} has no averaged model: pick a later checkpoint")
+    return found
+
+
+def _model_field(source: checkpoint.Checkpoint, name: str) -> Any:
+    """A model field of the source run's config (None when the checkpoint kept no config)."""
+    return (source.config or {}).get("model", {}).get(name)
 
 
 def _uses_frozen_norm(params: Mapping[str, torch.Tensor]) -> bool:
@@ -120,16 +103,16 @@ def _build(
     )
 
 
-def _check_architecture(config: Config, source: RunState, num_classes: int) -> None:
-    where = f"--init-from {source.checkpoint.parent}"
+def _check_architecture(config: Config, source: checkpoint.Checkpoint, num_classes: int) -> None:
+    where = f"--init-from {source.folder.parent}"
     for name in _ARCHITECTURE:
-        theirs = source.model_field(name)
+        theirs = _model_field(source, name)
         if theirs is not None and theirs != getattr(config.model, name):
             raise ValueError(
                 f"{where}: that run has model.{name}={theirs!r}, this one {getattr(config.model, name)!r}: "
                 f"pass --{name} {theirs} so the weights fit"
             )
-    head = source.params.get("head.weight")
+    head = source.state.params.get("head.weight")
     if head is not None and head.shape[0] != num_classes:
         raise ValueError(
             f"{where}: its classifier has {head.shape[0]} classes but this run has {num_classes}: train on "
@@ -141,25 +124,25 @@ def _first_conv(model: TemporalClassifier) -> str:
     return "encoder.conv1.weight" if isinstance(model.encoder, ResNetEncoder) else "encoder.features.0.weight"
 
 
-def _initialise(model: TemporalClassifier, source: RunState) -> None:
-    target = model.state_dict()
+def _initialise(model: TemporalClassifier, source: checkpoint.Checkpoint) -> None:
+    params, target = source.state.params, model.state_dict()
     key = _first_conv(model)
-    if key in source.params and source.params[key].shape[1] != target[key].shape[1]:
+    if key in params and params[key].shape[1] != target[key].shape[1]:
         # The classifier feeds [frames, differences] to its encoder, so the halves stay apart.
-        state = cross_modality_init(target, source.params, key=key, groups=2 if model.motion else 1)
+        state = cross_modality_init(target, params, key=key, groups=2 if model.motion else 1)
         logger.info(
             "model initialised from %s: %s cross-modality %d -> %d channels, %d other tensors copied",
-            source.checkpoint, key, source.params[key].shape[1], target[key].shape[1], len(state) - 1,
+            source.folder, key, params[key].shape[1], target[key].shape[1], len(state) - 1,
         )  # fmt: skip
     else:
-        missing = sorted(set(target) ^ set(source.params))
+        missing = sorted(set(target) ^ set(params))
         if missing:
             raise ValueError(
-                f"--init-from {source.checkpoint.parent}: key {missing[0]!r} is in only one of the two "
+                f"--init-from {source.folder.parent}: key {missing[0]!r} is in only one of the two "
                 "models: both need the same backbone, temporal module and sizes"
             )
-        state = {k: source.params[k].to(dtype=v.dtype) for k, v in target.items()}
-        logger.info("model initialised from %s: %d tensors copied", source.checkpoint, len(state))
+        state = {k: params[k].to(dtype=v.dtype) for k, v in target.items()}
+        logger.info("model initialised from %s: %d tensors copied", source.folder, len(state))
     model.load_state_dict(state, strict=True)
 
 
@@ -175,9 +158,9 @@ def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> Te
         _check_architecture(config, source, num_classes)
         if m.weights is not None:
             logger.info("model.init_from %s is used; model.weights %s is not loaded", m.init_from, m.weights)
-        imagenet = source.model_field("weights") is not None or m.weights is not None
+        imagenet = _model_field(source, "weights") is not None or m.weights is not None
         model = _build(
-            config, num_classes, in_channels, frozen=_uses_frozen_norm(source.params), imagenet=imagenet
+            config, num_classes, in_channels, frozen=_uses_frozen_norm(source.state.params), imagenet=imagenet
         )
         _initialise(model, source)
         return model

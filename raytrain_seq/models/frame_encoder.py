@@ -6,10 +6,9 @@ the encoder can never mix two sequences; the temporal module that follows is whe
 and a global spatial mean. GroupNorm, never BatchNorm: batch statistics would couple the frames of
 different sequences (and of different micro-batches, breaking the exact micro-batch gradient).
 
-Trade-off (measured, 2 CPU cores, 32x32 RGB): the default width 16 / depth 4 encoder has 97,680 parameters
-and takes ~80% of the classifier's forward+backward on CPU (0.10 s of 0.13 s for 500 frames); it is
-deliberately tiny so the whole pipeline trains on a laptop, and larger backbones plug into
-``build_frame_encoder`` (see ``FRAME_ENCODERS``).
+Trade-off: the width 16 / depth 4 encoder has 97,680 parameters and still takes most of the classifier's
+forward+backward on CPU (docs/LOG.md, 2026-11-22); it is deliberately tiny so the whole pipeline trains on
+a laptop, and larger backbones plug into ``build_frame_encoder`` (see ``FRAME_ENCODERS``).
 """
 
 from __future__ import annotations

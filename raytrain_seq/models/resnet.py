@@ -17,11 +17,9 @@ per-sample statistics and a learned affine, for training from scratch; it has no
 ImageNet BatchNorm files do not load into it (a clear error says so). Trade-off: frozen BN is exact and
 free but only normalises when pretrained statistics are loaded (from scratch it is the identity, and
 deep stacks of unnormalised residual blocks blow up); GroupNorm trains from scratch but costs a
-reduction per layer and cannot reuse ImageNet BatchNorm weights. Measured (2 shared CPU cores, float32):
-a resnet18 forward of 8 x 6 x 112 x 112 takes 0.085 s frozen, 0.09 s group (median of 11 on a quiet box,
-0.1-0.9 s while other jobs loaded it), forward+backward 0.27 s / 0.24 s: no measurable difference on CPU.
-At initialisation, on 2 x 6 x 64 x 64 randn inputs, the feature std is 1.4 / 15 / 7.9e6 (resnet18 / 50 /
-152) with frozen BN and 0.6 / 0.9 / 0.9 with GroupNorm.
+reduction per layer and cannot reuse ImageNet BatchNorm weights; on CPU the two cost about the same
+(docs/LOG.md, 2026-11-22, with the feature scale at initialisation: with frozen BN from scratch it grows
+by orders of magnitude with depth, with GroupNorm it stays near 1).
 
 Cross-modality initialisation (Wang et al., "Temporal Segment Networks", ECCV 2016, Sec. 3.2): a network
 for inputs with C channels (flow, or frames plus differences) starts from an RGB one by averaging the

@@ -13,10 +13,10 @@ cuts the block at its starts into a padded ``[K, L_max, D]`` tensor (one row per
   ``< length`` depend only on steps ``<= t`` of the same row (right-hand padding is never looked at).
 
 Both give, up to float rounding, the same output as running the sequence alone (tests pin float64 to
-1e-9). Trade-off (measured, 2 CPU cores): the GRU is sequential in time (L_max steps) while the TCN is
-parallel but has a finite receptive field, ``1 + (kernel_size - 1) * (2**layers - 1)`` frames (15 by
-default); on 32x32 frames either is ~20% of a forward+backward, the frame encoder the rest (99k GRU /
-164k TCN parameters at hidden 128).
+1e-9). Trade-off: the GRU is sequential in time (L_max steps) while the TCN is parallel but has a finite
+receptive field, ``1 + (kernel_size - 1) * (2**layers - 1)`` frames (15 by default); on small frames
+either is a minor share of a forward+backward next to the frame encoder (99k GRU / 164k TCN parameters
+at hidden 128; timings: docs/LOG.md, 2026-11-22).
 """
 
 from __future__ import annotations

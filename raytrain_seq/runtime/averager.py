@@ -14,22 +14,23 @@ Batch size: rank 0 validates the averaged model of round r (r % m == 0) while th
 round r+1, and the result of round r+1 is not computed before that report arrives (waiting at most
 ``timeout_s``), so every learner gets the same B. Trade-off: one round of lag against the paper, where
 round r+1 already trains with the new B, in exchange for validation staying off the critical path.
-Measured (4 learners x 1M float32 parameters with Adam state, loaded 2-core machine): ~0.1 s from the
-first arrival to the result inside the actor, ~0.35-0.55 s from submitting the 4 calls to holding all 4
-results (the rest is shipping 12 MB per learner each way). A stalled learner costs the others
-``timeout_s`` once; it is not waited for again until it rejoins.
+A stalled learner costs the others ``timeout_s`` once; it is not waited for again until it rejoins.
 
 Elastic groups and crashes. Every round carries the learners' ``EpochPosition`` (epoch, rows consumed),
 so the latest averaged state says where training stands: a group that Ray Train restarts or resizes
 starts from it without a trip through storage ("live recovery"). The actor runs with Ray's
 ``max_restarts``; given the run folder it reloads the latest checkpoint on a restart, and since the
 learners that are ahead of that checkpoint still hold their last averaged state, the first of them to
-rejoin re-seeds the actor with it (``join(seed=...)``), so no finished round is lost; the others resend
+rejoin re-seeds the actor with it (``join(seed=state)``), so no finished round is lost; the others resend
 the round they were in. Membership changes and recoveries go to ``run_dir/events.jsonl`` as they
 happen, so a restarted actor (and a resumed run) keeps the whole story for the summary.
 
-The policy (``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``)
-is asyncio and becomes a Ray actor in ``create_averager``. ray is imported only inside the functions
+What it hands out is one type, ``elastic.state.AveragedState`` (inside a ``RoundResult`` or a
+``JoinReply``); its run history (clock, totals, histories, recoveries, ``events.jsonl``) is an
+``elastic.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
+(``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``) is
+asyncio and becomes a Ray actor in ``create_averager``. Learners reach it through
+``elastic.client.AveragerClient`` over a ``RayTransport``. ray is imported only inside the functions
 that talk to a cluster, and nothing happens at import time.
 """
 
@@ -41,13 +42,15 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
+from raytrain_seq.elastic.client import Unreachable
+from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
 from raytrain_seq.elastic.rounds import (
     Learner,
     RoundBook,
@@ -56,24 +59,15 @@ from raytrain_seq.elastic.rounds import (
     check_learner,
     check_number,
 )
-from raytrain_seq.elastic.state import (
-    EVENTS_FILE,
-    EventLog,
-    JoinInfo,
-    RoundResult,
-    RunFolder,
-    Snapshot,
-    check_payload,
-    describe_position,
-)
+from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult, check_payload
 
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["ParameterAverager", "create_averager", "get_averager"]
+__all__ = ["ParameterAverager", "RayTransport", "create_averager", "get_averager"]
 
 
-class ParameterAverager(RunFolder):
+class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
     adaptive_batch False keeps the batch size whatever validation says; merge_moments False averages
@@ -100,28 +94,64 @@ class ParameterAverager(RunFolder):
         for name, flag in (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
+        actor = _actor_id() if run_dir is not None else None
+        self._history = RunHistory(None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor)
         book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
-        self._book = RoundBook(world_size, **book, sink=self._on_member)
+        self._book = RoundBook(world_size, **book, sink=self._history.on_member)
         self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size)
         self._centred_pairs = tuple(centred_pairs)
         self._adaptive, self._merge_moments = adaptive_batch, merge_moments
-        self._latest: tuple[int, dict | None, dict | None] = (0, None, None)  # round, params, optimizer
-        self._position: dict | None = None
-        self._source = "none"
+        self._state = AveragedState(batch_size=batch_size)  # round 0: nothing averaged yet
         self._round_future: asyncio.Future | None = None
         self._validation_future: asyncio.Future | None = None
         self._timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._totals: dict[Learner, dict[str, float]] = {}
-        self._batch_history, self._validation_history, self._loss_history = [], [], []
-        self._failed_rounds: list[dict] = []
-        self._round_seconds: list[float] = []
-        self._recoveries: list[dict] = []
-        self._clock_offset, self._clock_start = 0.0, None
-        self._log = EventLog(None if run_dir is None else Path(run_dir) / EVENTS_FILE)
-        self._events_loaded, self._actor = False, None
+        self._events_loaded = False
         if run_dir is not None:
-            self._load_run(Path(run_dir), _actor_id())
+            self._load_run(Path(run_dir), restarted_by_ray=actor is not None)
+
+    # ------------------------------------------------------------------------------ the run folder
+    def _load_run(self, run_dir: Path, *, restarted_by_ray: bool) -> None:
+        """Reload the events log and the latest checkpoint; tell a restart by Ray (this actor id wrote
+        the log before) from a first start (a new run, or a --resume)."""
+        past = self._history.log.replay()
+        self._events_loaded = bool(past["records"])
+        self._book.membership_log, self._book.dropped_log = past["membership"], past["dropped"]
+        self._history.adopt_log(past)
+        restarted = restarted_by_ray and self._history.actor in past["actors"]
+        self._history.mark_start()
+        self._book.restarted = restarted
+        found = checkpoint.load_latest(run_dir)
+        if found is not None:
+            self._restore(found)
+        if restarted:
+            self._history.start_clock()  # the run is under way: its clock keeps going
+            self._history.replay_rounds(past, after=self._state.round)
+            what = f"reloaded {found.folder.name}" if found else "no checkpoint yet"
+            self._history.recover(
+                "averager_restart", f"Ray restarted the averager; {what}: learners ahead of it re-seed it"
+            )
+        elif found is not None:
+            self._history.recover("resumed", f"run resumed from {found.folder.name} (round {found.round})")
+
+    def _restore(self, found: checkpoint.Checkpoint) -> None:
+        history = found.history
+        batch = AdaptiveBatchSize(1)
+        batch.load_state_dict(found.state.adaptive_state)
+        # Drops since the checkpoint are in the events log when there is one: keep those.
+        drops = None if self._events_loaded else history.get("dropped_log", ())
+        self._book.restore(found.state.round, history.get("validation_due"), drops)
+        self._batch, self._state = batch, found.state.replace(source="checkpoint")
+        self._validation_future = None  # made when a round waits for the due validation
+        self._history.restore_checkpoint_part(history, found.state.elapsed_s)
+
+    def _current(self) -> AveragedState:
+        """The latest averaged state with the batch size decided since and the clock's reading now."""
+        return self._state.replace(
+            batch_size=self._batch.size,
+            adaptive_state=self._batch.state_dict(),
+            elapsed_s=self._history.elapsed(),
+        )
 
     # ----------------------------------------------------------------------------------- the rounds
     def _spawn(self, coro: Any) -> asyncio.Task:
@@ -164,7 +194,7 @@ class ParameterAverager(RunFolder):
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
             if self._book.phase == "closing":
                 self._book.finish(ok=False)
-            self._failed_rounds.append({"round": closed.round, "error": repr(exc), "time": time.time()})
+            self._history.record_failed_round(closed.round, exc)
             future.set_exception(exc)
         finally:
             if self._round_future is future:
@@ -181,9 +211,7 @@ class ParameterAverager(RunFolder):
         except asyncio.TimeoutError:
             self._book.miss_validation()
             size = self._batch.size
-            self._validation_history.append(
-                {"round": due, "accuracy": None, "batch_size": size, "missed": True, "time": time.time()}
-            )
+            self._history.record_missed_validation(due, size)
             logger.warning(
                 "averager: validation of round %d not reported in %g s; B stays %d",
                 due,
@@ -200,43 +228,40 @@ class ParameterAverager(RunFolder):
         if arrivals[0].adam and self._merge_moments:
             states = [a.optimizer_state for a in arrivals]
             optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
-        learners = tuple(learner for learner, _ in closed.present)
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
             logger.warning(
                 "averager: round %d learners disagree on the position: %s", closed.round, positions
             )
-        seconds = time.monotonic() - closed.opened_at
+        position = None if arrivals[0].position is None else dict(arrivals[0].position)
+        state = AveragedState(
+            round=closed.round,
+            params=params,
+            optimizer_state=optimizer_state,
+            batch_size=self._batch.size,
+            adaptive_state=self._batch.state_dict(),
+            position=position,
+            elapsed_s=self._history.elapsed(),
+            source="live",
+        )
         return RoundResult(
-            closed.round, params, optimizer_state, self._batch.size, learners, closed.dropped, seconds,
-            tuple(weights), None if arrivals[0].position is None else dict(arrivals[0].position),
-            self._batch.state_dict(),
-        )  # fmt: skip
+            state=state,
+            learners=tuple(learner for learner, _ in closed.present),
+            dropped=closed.dropped,
+            seconds=time.monotonic() - closed.opened_at,
+            weights=tuple(weights),
+        )
 
     def _publish(self, closed: RoundClose, result: RoundResult) -> None:
-        losses, added = [], []
-        for learner, arrival in closed.present:
-            totals = self._totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
-            totals["rounds"] += 1
-            stats = {key: value for key, value in arrival.stats.items() if key != "loss"}  # loss: a mean
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0) + value
-            added.append([learner, stats])
-            loss, n = arrival.stats.get("loss", math.nan), arrival.stats.get("sequences", 0)
-            if math.isfinite(loss) and n > 0:
-                losses.append((loss, n))
-        now = self._elapsed()
-        mean = sum(v * n for v, n in losses) / sum(n for _, n in losses) if losses else math.nan
-        self._loss_history.append({"round": result.round, "loss": mean, "time_s": now})
-        self._batch_history.append({"round": result.round, "batch_size": result.batch_size, "time_s": now})
-        self._round_seconds.append(result.seconds)
-        record = {"type": "round", "actor": self._actor, "round": result.round, "seconds": result.seconds}
-        record.update(
-            loss=mean, batch_size=result.batch_size, elapsed_s=now, stats=added, position=result.position
+        state = result.state
+        self._history.record_round(
+            state.round,
+            seconds=result.seconds,
+            batch_size=state.batch_size,
+            position=state.position,
+            stats=[(learner, arrival.stats) for learner, arrival in closed.present],
         )
-        self._log.append(record)
-        self._latest = (result.round, result.params, result.optimizer_state)
-        self._position, self._source = result.position, "live"
+        self._state = state
 
     # ------------------------------------------------------------------------------ learner-facing
     async def join(
@@ -244,18 +269,20 @@ class ParameterAverager(RunFolder):
         learner: Learner,
         world_size: int | None = None,
         incarnation: str | None = None,
-        seed: Mapping[str, Any] | None = None,
-    ) -> JoinInfo:
+        seed: AveragedState | None = None,
+    ) -> JoinReply:
         """Register a learner (again); returns where it starts: the latest averaged state and its position.
 
         incarnation: one id per learner process; the first join of a new process starts a new group
-        (Ray Train restarted or resized it). seed: the learner's last averaged state ({"round", "params",
-        "optimizer_state", "adaptive_state", "position"}), adopted when newer than the averager's (after
-        an averager restart), so no finished round is lost.
+        (Ray Train restarted or resized it). seed: the learner's last averaged state, adopted when newer
+        than the averager's (after an averager restart), so no finished round is lost.
         """
         check_learner(learner)
-        if self._clock_start is None:
-            self._clock_start = time.monotonic()
+        if seed is not None and not isinstance(seed, AveragedState):
+            raise TypeError(
+                f"seed must be an AveragedState (the learner's held state), not {type(seed).__name__}"
+            )
+        self._history.start_clock()
         while self._book.phase == "closing" and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
         generation = self._book.generation
@@ -265,52 +292,46 @@ class ParameterAverager(RunFolder):
             self._on_new_group()
         if seed is not None:
             self._adopt(learner, seed)
-        last_round, params, optimizer_state = self._latest
-        return JoinInfo(
-            learner, self._book.next_round_for(learner), params, optimizer_state, self._batch.size,
-            self._batch.state_dict(), self._book.world_size, self._position, last_round, self._elapsed(),
-            self._source,
-        )  # fmt: skip
+        return JoinReply(
+            state=self._current(),
+            next_round=self._book.next_round_for(learner),
+            world_size=self._book.world_size,
+        )
 
     def _on_new_group(self) -> None:
         """A restarted or resized group: record where its learners' state comes from."""
         if self._book.generation < 2:
             return  # the run's first group (or the learners rejoining a restarted averager)
-        last, size = self._latest[0], self._book.world_size
-        kind = {"live": "live_recovery", "seed": "live_recovery", "checkpoint": "checkpoint_recovery"}
-        where = describe_position(self._position)
+        last, size, source = self._state.round, self._book.world_size, self._state.source
+        where = describe_position(self._state.position)
         if last == 0:
-            self._recover(
+            self._history.recover(
                 "restart_from_scratch", f"the new group of {size} starts over: no round averaged yet"
             )
         else:
-            how = "held by the averager" if self._source != "checkpoint" else "reloaded from a checkpoint"
-            self._recover(
-                kind[self._source],
-                f"the new group of {size} starts from round {last}'s state {how} ({where})",
+            kind = "checkpoint_recovery" if source == "checkpoint" else "live_recovery"
+            how = "reloaded from a checkpoint" if source == "checkpoint" else "held by the averager"
+            self._history.recover(
+                kind, f"the new group of {size} starts from round {last}'s state {how} ({where})"
             )
 
-    def _adopt(self, learner: Learner, seed: Mapping[str, Any]) -> None:
+    def _adopt(self, learner: Learner, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours."""
-        if not isinstance(seed, Mapping) or not {"round", "params"} <= set(seed):
-            raise TypeError("seed must be a dict with at least 'round' and 'params': the last RoundResult's")
-        seed_round, held = check_number("seed round", seed["round"], 1), self._latest[0]
-        if seed_round <= held:
+        held = self._state.round
+        if seed.round <= held:
             return
-        check_payload(seed["params"], seed.get("optimizer_state"), None, 1.0, seed.get("position"))
-        self._fail_round(f"learner {learner!r} re-seeded round {seed_round}")
+        check_payload(seed.params, seed.optimizer_state, None, 1.0, seed.position)
+        self._fail_round(f"learner {learner!r} re-seeded round {seed.round}")
         self._book.abandon()
-        self._latest = (seed_round, dict(seed["params"]), seed.get("optimizer_state"))
-        self._position = None if seed.get("position") is None else dict(seed["position"])
-        if seed.get("adaptive_state"):
-            self._batch.load_state_dict(seed["adaptive_state"])
-        self._book.restore(seed_round, None)
-        origin = seed.get("source", "learner")
-        self._source = "checkpoint" if origin == "checkpoint" else "seed"
-        kind = "checkpoint_recovery" if origin == "checkpoint" else "reseeded"
-        where = "Ray Train's latest checkpoint" if origin == "checkpoint" else "the state it held"
-        self._recover(
-            kind, f"learner {learner!r} re-seeded round {seed_round} from {where} (the averager had {held})"
+        from_checkpoint = seed.source == "checkpoint"
+        self._state = seed.replace(source="checkpoint" if from_checkpoint else "seed")
+        if seed.adaptive_state:
+            self._batch.load_state_dict(seed.adaptive_state)
+        self._book.restore(seed.round, None)
+        kind = "checkpoint_recovery" if from_checkpoint else "reseeded"
+        where = "Ray Train's latest checkpoint" if from_checkpoint else "the state it held"
+        self._history.recover(
+            kind, f"learner {learner!r} re-seeded round {seed.round} from {where} (the averager had {held})"
         )
 
     async def average(
@@ -353,8 +374,7 @@ class ParameterAverager(RunFolder):
                 self._start_close()
             return await asyncio.shield(future)
         finally:
-            totals = self._totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
-            totals["averaging_s"] += time.monotonic() - start
+            self._history.add_averaging_time(learner, time.monotonic() - start)
 
     async def report_validation(
         self, round: int, accuracy: float, learner: Learner = "validator", epoch: int | None = None
@@ -364,10 +384,7 @@ class ParameterAverager(RunFolder):
         self._book.report_validation(round, learner)
         before = self._batch.size
         size = self._batch.update(accuracy) if self._adaptive else before
-        record = {"round": round, "accuracy": float(accuracy), "batch_size": size, "grew": size > before}
-        record.update(epoch=epoch, missed=False, time=time.time(), time_s=self._elapsed())
-        self._validation_history.append(record)
-        self._log.append({"type": "validation", "actor": self._actor, **record})
+        self._history.record_validation(round, accuracy, batch_size=size, grew=size > before, epoch=epoch)
         if self._validation_future is not None and not self._validation_future.done():
             self._validation_future.set_result(size)
         return size
@@ -382,67 +399,58 @@ class ParameterAverager(RunFolder):
         if self._book.complete:
             self._start_close()
 
-    # ------------------------------------------------------------------------ snapshots and summary
-    async def latest(self) -> Snapshot:
-        """The latest averaged state (round 0, params None before the first round) and its logs."""
-        last_round, params, optimizer_state = self._latest
-        return Snapshot(
-            last_round, params, optimizer_state, self._batch.size, self._batch.state_dict(),
-            self._book.validation_due, tuple(self._book.dropped_log), tuple(self._batch_history),
-            tuple(self._validation_history), self._position, tuple(self._loss_history), self._elapsed(),
-        )  # fmt: skip
+    # ------------------------------------------------------------------------ checkpoints, summary
+    async def latest(self) -> AveragedState:
+        """The latest averaged state (round 0, params None before the first round)."""
+        return self._current()
 
-    async def snapshot_state(self) -> dict[str, Any]:
-        """latest() as a plain dict of tensors, numbers and strings: torch.load(weights_only=True) reads it."""
-        snapshot = await self.latest()
-        return {f.name: getattr(snapshot, f.name) for f in fields(snapshot)}
+    async def checkpoint_contents(self) -> tuple[AveragedState, dict[str, Any]]:
+        """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
+        history = self._history.checkpoint_part()
+        history.update(validation_due=self._book.validation_due, dropped_log=list(self._book.dropped_log))
+        return self._current(), history
 
-    async def restore(self, snapshot: Snapshot | Mapping[str, Any]) -> None:
-        """Continue from a checkpoint (snapshot_state()'s dict or a Snapshot), e.g. after a crash."""
-        self._restore(snapshot)
-
-    def _restore(self, snapshot: Snapshot | Mapping[str, Any]) -> None:
-        if isinstance(snapshot, Mapping):
-            snapshot = Snapshot(**snapshot)
-        if not isinstance(snapshot, Snapshot):
-            raise TypeError(
-                f"restore takes snapshot_state()'s dict or a Snapshot, not {type(snapshot).__name__}"
-            )
-        batch = AdaptiveBatchSize(1)
-        batch.load_state_dict(snapshot.adaptive_state)
-        # Drops since the checkpoint are in the events log when there is one: keep those.
-        drops = None if self._events_loaded else snapshot.dropped_log
-        self._book.restore(snapshot.round, snapshot.validation_due, drops)
-        self._batch, self._latest = batch, (snapshot.round, snapshot.params, snapshot.optimizer_state)
-        self._validation_future = None  # made when a round waits for the due validation
-        self._batch_history = list(snapshot.batch_size_history)
-        self._validation_history = list(snapshot.validation_history)
-        self._loss_history = list(snapshot.loss_history)
-        self._position, self._source = snapshot.position, "checkpoint"
-        self._clock_offset = max(self._clock_offset, float(snapshot.elapsed_s))
+    async def restore(self, found: checkpoint.Checkpoint) -> None:
+        """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""
+        if not isinstance(found, checkpoint.Checkpoint):
+            raise TypeError(f"restore takes a checkpoint.Checkpoint, not {type(found).__name__}")
+        self._restore(found)
 
     async def summary(self) -> dict[str, Any]:
         """Per-learner totals, histories, drops, membership and recoveries, B and validations."""
-        learners = {learner: dict(totals) for learner, totals in self._totals.items()}
-        return {
-            "rounds_completed": len(self._round_seconds),
-            "next_round": self._book.round,
-            "open_round": {"phase": self._book.phase, "arrived": self._book.arrived},
-            "world_size": self._book.world_size,
-            "generation": self._book.generation,
-            "learners": learners,
-            "total_averaging_s": sum(t["averaging_s"] for t in learners.values()),
-            "round_seconds": list(self._round_seconds),
-            "dropped": list(self._book.dropped_log),
-            "membership": list(self._book.membership_log),
-            "recoveries": list(self._recoveries),
-            "failed_rounds": list(self._failed_rounds),
-            "batch_size_history": list(self._batch_history),
-            "validation_history": list(self._validation_history),
-            "loss_history": list(self._loss_history),
-            "position": self._position,
-            "elapsed_s": self._elapsed(),
-        }
+        out = self._history.summary()
+        out.update(
+            next_round=self._book.round,
+            open_round={"phase": self._book.phase, "arrived": self._book.arrived},
+            world_size=self._book.world_size,
+            generation=self._book.generation,
+            dropped=list(self._book.dropped_log),
+            membership=list(self._book.membership_log),
+            position=self._state.position,
+        )
+        return out
+
+
+class RayTransport:
+    """``AveragerClient``'s transport in a Ray Train worker: ``ray.get(handle.method.remote(...))``.
+
+    A dead or restarting actor (``RayActorError``, which ``ActorUnavailableError`` is) and a call
+    silent past ``timeout`` (``GetTimeoutError``) become ``Unreachable``; the client retries those.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __call__(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return ray.get(getattr(self.handle, method).remote(*args, **kwargs), timeout=timeout)
+        except GetTimeoutError as exc:
+            raise Unreachable(f"{type(exc).__name__}: no answer in {timeout:g} s", silent=True) from exc
+        except RayActorError as exc:
+            raise Unreachable(type(exc).__name__) from exc
 
 
 def _actor_id() -> str | None:

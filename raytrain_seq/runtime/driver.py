@@ -28,83 +28,20 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
+from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.elastic.state import latest_checkpoint, membership_entries, recovery_entries
+from raytrain_seq.elastic.events import membership_entries, recovery_entries
+from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
 from raytrain_seq.summary import RunSummary, plot_curves
 
 logger = logging.getLogger(__name__)
 
-NAMESPACE = "raytrain_seq"
-
-# Ray kills idle task workers beyond one per logical CPU after a second. The driver-side actors and the
-# learners already hold that many, so every epoch's data tasks would start fresh Python workers (seconds
-# of imports each on a small machine). Keeping idle workers a minute lets each epoch reuse the last
-# epoch's. `make demo` passes the same settings to `ray start` as RAY_* environment variables.
-WORKER_REUSE = {"idle_worker_killing_time_threshold_ms": 60_000}
 # Read by Ray Train's worker group in the controller actor; the driver's value travels there with the
 # controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-__all__ = ["NAMESPACE", "WORKER_REUSE", "check_storage", "latest_checkpoint", "run"]
-
-
-def check_storage(config: Config) -> Path:
-    """The run folder, checked before any training: writable, and new unless resuming."""
-    run_dir = config.run_dir()
-    if run_dir.exists() and not config.run.resume and any(run_dir.iterdir()):
-        raise RunSetupError(
-            f"run folder {run_dir} already exists: pass --resume to continue it, or a new --run-name"
-        )
-    if config.run.resume and not run_dir.exists():
-        raise RunSetupError(f"--resume: no run folder {run_dir}: check --storage-path and --run-name")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{uuid.uuid4().hex}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise RunSetupError(
-            f"cannot write the run folder {run_dir} ({exc.strerror}): pass a writable --storage-path"
-        ) from exc
-    return run_dir
-
-
-def _connect(config: Config) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
-        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
-        return
-    try:
-        # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
-        ray.init(address="auto", namespace=NAMESPACE)
-        return
-    except ConnectionError as exc:
-        if "multiple" in str(exc):
-            raise RunSetupError(f"{exc} (export RAY_ADDRESS=HOST:PORT to pick one)") from exc
-        logger.info("no running Ray cluster found: starting a local one")
-    # No cluster: a local one, with a logical CPU for every learner and for the data tasks (logical
-    # CPUs may exceed the cores; torch in each learner uses a thread).
-    cpus = max(os.cpu_count() or 1, config.train.max_learners + 2)
-    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, _system_config=WORKER_REUSE)
-
-
-def _check_cpus(config: Config) -> None:
-    """Fail fast where the data tasks could never run: each learner holds a CPU, they need one more."""
-    import ray
-
-    cpus, least = ray.cluster_resources().get("CPU", 0), config.train.min_learners
-    if cpus < least + 1:
-        raise RunSetupError(
-            f"the Ray cluster has {cpus:g} CPUs: the {least} learners (at least) hold one each and the "
-            f"data tasks need at least one more, so training would wait forever; start Ray with "
-            f"--num-cpus {least + 2} (logical CPUs may exceed the cores) or lower --learners"
-        )
+__all__ = ["WORKER_START_TIMEOUT_ENV", "run"]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -146,21 +83,24 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from raytrain_seq.runtime.learner import train_loop_per_worker
 
     if config.data.stream == "fuse":
-        # No training: evaluate two finished runs (RGB, flow) and fuse their predictions.
-        from raytrain_seq.runtime.fuse import run_fuse
-
-        return run_fuse(config)
+        raise RunSetupError(
+            "data.stream='fuse' evaluates two finished runs and trains nothing: run jobs/fuse.py "
+            "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
+        )
     began = time.perf_counter()
     run_dir = check_storage(config)
-    if config.run.resume and latest_checkpoint(run_dir) is None:
-        raise RunSetupError(f"--resume: {run_dir} holds no checkpoint yet: start it again without --resume")
+    resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
+    if config.run.resume and resumed is None:
+        raise RunSetupError(
+            f"--resume: {run_dir} holds no checkpoint that loads: start it again without --resume"
+        )
     extra = dict(learner_resources or {})
     if any(not isinstance(v, int | float) or isinstance(v, bool) or v <= 0 for v in extra.values()):
         raise ValueError(
             f"learner_resources {extra} must map resource names to amounts > 0, e.g. {{'slot': 1}}"
         )
-    _connect(config)
-    _check_cpus(config)
+    connect(config)
+    check_cpus(config)
     train = config.train
     suffix = uuid.uuid4().hex[:8]
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
@@ -182,8 +122,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         merge_moments=train.merge_moments,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
     )
-    if config.run.resume:
-        logger.info("resuming %s from %s", config.run.run_name, latest_checkpoint(run_dir).name)
+    if resumed is not None:
+        logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"config": config.to_dict(), "names": names, "torch_threads": 1},

@@ -22,7 +22,7 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
 
 Validation and test splits are packed once ("optimal", fixed seed; "chunk" only when training chunks
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
-centre-cropped. The video sources live in ``dist/sources.py``: the synthetic set renders at
+centre-cropped. The video sources live in ``data/sources.py``: the synthetic set renders at
 ``cache_size`` already, so its partial augmentation is the photometric transform (+ ``augment_cost``
 busy seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too);
 UCF101 / HMDB51 are decoded with PyAV, and the flow stream (2 channels) computes optical flow there
@@ -30,14 +30,13 @@ too. A real video that fails to decode in a task becomes a zero clip listed in `
 
 Trade-off: with reuse r the partial-augmentation work per epoch drops to 1/r after epoch 0; the price
 is object-store memory for one cached copy of every train video (+1/r for the next epoch's copies in
-flight) and one actor call per assembly task. Measured with bench/pipeline.py (600 synthetic videos,
-3 epochs, r=3, 2 CPUs on the 2-core box): epochs >= 1 deliver 11.4k useful frames/s to 2 consumers,
-1.21x a plain DataLoader that recomputes and pads every video (76 % of its frames are padding) and
-0.65x what 2 one-thread learners consume; the cold epoch 0 brings the whole run to 4.7k (0.49x).
+flight) and one actor call per assembly task. bench/pipeline.py measures the delivered rate beside a
+plain DataLoader and what the learners consume (bench/results/pipeline.txt).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -49,7 +48,7 @@ import numpy as np
 
 from raytrain_seq.config import Config
 from raytrain_seq.data.sources import augment_videos as _augment_videos
-from raytrain_seq.data.sources import load_catalogs, render_size
+from raytrain_seq.data.sources import load_catalogs
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.elastic.assembly import (
     BlockRowStream,
@@ -69,10 +68,7 @@ from raytrain_seq.refurbish import RefurbishSchedule
 
 logger = logging.getLogger(__name__)
 
-# BlockRowStream and EpochShard live in assembly (no ray there) and are re-exported for the learners.
-__all__ = [
-    "BlockFeed", "BlockRowStream", "EpochShard", "create_feed", "get_feed", "render_size", "shard_dataset",
-]  # fmt: skip
+__all__ = ["BlockFeed", "LearnerFeed", "create_feed", "feed_geometry", "get_feed", "shard_dataset"]
 
 SPLITS = ("train", "val", "test")
 _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits (epochs are >= 0)
@@ -86,7 +82,7 @@ def _augment_task():
     return ray.remote(_augment_videos)
 
 
-def _geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
+def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
     """Catalogs, t_max, max_sequences, the evaluation strategy and the sources' facts (channels, class
     names, skipped videos, flow method); raises ValueError for a bad fit. ``warn=False``: skipped videos
     are logged at DEBUG (the feed actor rebuilds the catalog the driver's check already warned about)."""
@@ -149,7 +145,7 @@ class BlockFeed:
         keep_epochs: int = 2,
         geometry: dict[str, Any] | None = None,
     ) -> None:
-        """``geometry``: the driver's ``_geometry(config)``, so a run probes its videos once (a pass over
+        """``geometry``: the driver's ``feed_geometry(config)``, so a run probes its videos once (a pass over
         full UCF101 opens 13,320 files); None computes it here."""
         if not isinstance(config, Config):
             raise TypeError(f"BlockFeed needs a raytrain_seq.config.Config, got {type(config).__name__}")
@@ -158,7 +154,7 @@ class BlockFeed:
         self._partial_cpus = float(partial_cpus)
         self._keep = _int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
         if geometry is None:
-            geometry = _geometry(config, warn=False)
+            geometry = feed_geometry(config, warn=False)
         self._catalogs = geometry["catalogs"]
         self.t_max, self.max_sequences = geometry["t_max"], geometry["max_sequences"]
         self._eval_strategy, self._channels = geometry["eval_strategy"], geometry["channels"]
@@ -434,7 +430,7 @@ def create_feed(
 
     if not isinstance(config, Config):
         raise TypeError(f"create_feed needs a raytrain_seq.config.Config, got {type(config).__name__}")
-    geometry = _geometry(config)
+    geometry = feed_geometry(config)
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
@@ -469,8 +465,8 @@ def _assemble_batch(batch: dict[str, np.ndarray], feed, fmt: RowFormat) -> dict[
 def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: float = 1.0):
     """The learner's ``ray.data.Dataset`` of block rows for ``shard``, in the shard's block order.
 
-    ``batch_size`` blocks are assembled per task: Ray Data's overhead is tens of ms per task on a
-    loaded 2-core machine, so 8 blocks a task drained a 72-block shard 3x faster than 2 (0.7 s vs 2.3 s).
+    ``batch_size`` blocks are assembled per task: each Ray Data task has a fixed start-up cost, so a
+    few blocks a task amortise it while keeping the first rows close.
     ``preserve_order`` is set in this dataset's own DataContext so the cache-aware order survives.
     """
     import ray
@@ -494,3 +490,36 @@ def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: flo
             batch_format="numpy",
             num_cpus=num_cpus,
         )
+
+
+class LearnerFeed:
+    """A learner's view of the feed actor: its model spec, the block rows of its epoch shard, and the
+    rows of an evaluation split (the learner loop takes this object, so tests can hand it a fake)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def model_spec(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.handle.model_spec.remote())
+
+    def epoch_rows(
+        self, epoch: int, rank: int, world_size: int, *, history: Sequence = (), skip: int = 0
+    ) -> tuple[BlockRowStream | None, int]:
+        """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
+        many rows its shard has in all; the stream is None when nothing is left."""
+        import ray
+
+        full = ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
+        # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
+        shard = dataclasses.replace(full, blocks=full.blocks[skip:])
+        stream = BlockRowStream(shard_dataset(shard, self.handle)) if shard.blocks else None
+        return stream, len(full.blocks)
+
+    def eval_rows(self, split: str) -> BlockRowStream:
+        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped."""
+        import ray
+
+        shard = ray.get(self.handle.eval_shard.remote(split))
+        return BlockRowStream(shard_dataset(shard, self.handle))

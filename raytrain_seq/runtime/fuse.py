@@ -5,9 +5,9 @@ Networks for Action Recognition in Videos", NeurIPS 2014; Wang et al., "Temporal
 ECCV 2016), as the AAVG work (Cong et al.) reports it: each stream's class probabilities (softmax of its
 logits) for a test video are averaged with equal weights and the argmax is the fused prediction.
 
-``run_fuse(config)`` (``--stream fuse --fuse RGB_RUN FLOW_RUN``; ``trainer.run`` dispatches here) reads
-each run's final averaged model and config from its latest ``checkpoint_round_*/state.pt`` (the
-checkpoint's ``config``, else the run's summary.json), checks that both runs test the same videos
+``run_fuse(config)`` (``jobs/fuse.py RGB_RUN FLOW_RUN``, or ``jobs/ucf101.py --stream fuse --fuse RGB_RUN
+FLOW_RUN``) reads each run's final averaged model and config from its newest checkpoint that loads
+(``checkpoint.load_latest``; the checkpoint's ``config``, else the run's summary.json), checks that both runs test the same videos
 (dataset, split, classes, ``max_videos`` subset), evaluates each through the same pipeline the learners
 use (a ``BlockFeed`` actor built from that run's config: its evaluation cache, centre crops, BLoad
 blocks; ``shard_dataset`` rows; the model in the driver process) and fuses per video id, so the two runs
@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.runtime.connect import check_storage, connect
 from raytrain_seq.summary import SUMMARY_FILE, RunSummary
 
 logger = logging.getLogger(__name__)
@@ -42,9 +44,22 @@ __all__ = ["fuse_probabilities", "run_fuse"]
 _SAME_TEST_SET = ("dataset", "split", "num_classes", "max_videos")
 
 
-def _run_config(run_dir: Path, state) -> Config:
+def _load_checkpoint(run_dir: Path) -> checkpoint.Checkpoint:
+    """The run's newest checkpoint that loads; RunSetupError naming the folder when there is none."""
+    if not run_dir.is_dir():
+        raise RunSetupError(f"--fuse: run folder {run_dir} does not exist: pass the folder of a finished run")
+    found = checkpoint.load_latest(run_dir)
+    if found is None or found.state.empty:
+        raise RunSetupError(
+            f"--fuse: {run_dir} holds no {checkpoint.PREFIX}*/{checkpoint.STATE_FILE} that loads: pass the "
+            "folder of a run that finished at least one averaging round"
+        )
+    return found
+
+
+def _run_config(run_dir: Path, found: checkpoint.Checkpoint) -> Config:
     """The run's Config: from its checkpoint, else from its summary.json."""
-    raw = state.config
+    raw = found.config
     if raw is None and (run_dir / SUMMARY_FILE).is_file():
         raw = json.loads((run_dir / SUMMARY_FILE).read_text()).get("config")
     if not raw:
@@ -56,16 +71,11 @@ def _run_config(run_dir: Path, state) -> Config:
 
 
 def _load_runs(config: Config) -> dict[str, tuple[Path, Config, Any]]:
-    from raytrain_seq.models.factory import load_run_state
-
     runs = {}
     for stream, folder in zip(("rgb", "flow"), config.model.fuse, strict=True):
         run_dir = Path(folder).expanduser()
-        try:
-            state = load_run_state(run_dir)
-        except ValueError as exc:
-            raise RunSetupError(f"--fuse: {exc}") from exc
-        run_config = _run_config(run_dir, state)
+        found = _load_checkpoint(run_dir)
+        run_config = _run_config(run_dir, found)
         if run_config.data.stream != stream:
             raise RunSetupError(
                 f"--fuse {config.model.fuse[0]} {config.model.fuse[1]}: {run_dir} is a "
@@ -80,7 +90,7 @@ def _load_runs(config: Config) -> dict[str, tuple[Path, Config, Any]]:
             run_config.data.data_root = config.data.data_root
         run_config.model.init_from = None  # the params hold the trained values already
         run_config.validate()
-        runs[stream] = (run_dir, run_config, state)
+        runs[stream] = (run_dir, run_config, found)
     rgb, flow = runs["rgb"][1].data, runs["flow"][1].data
     fields = [*_SAME_TEST_SET, *(("seed",) if rgb.max_videos is not None else ())]
     for name in fields:
@@ -99,17 +109,22 @@ def _device(config: Config) -> torch.device:
     return torch.device("cpu")
 
 
-def _evaluate(stream: str, run_dir: Path, run_config: Config, state, fuse_config: Config) -> dict[str, Any]:
+def _evaluate(
+    stream: str, run_dir: Path, run_config: Config, found: checkpoint.Checkpoint, fuse_config: Config
+) -> dict[str, Any]:
     """Softmax per test video id of one run's final model, through that run's own feed."""
     import ray
 
+    from raytrain_seq.elastic.assembly import BlockRowStream
     from raytrain_seq.models import predict
     from raytrain_seq.models.factory import model_from_state
-    from raytrain_seq.runtime.feed import BlockFeed, BlockRowStream, _geometry, shard_dataset
+    from raytrain_seq.runtime.feed import BlockFeed, feed_geometry, shard_dataset
     from raytrain_seq.step import collate_rows
 
     began = time.perf_counter()
-    geometry = _geometry(run_config)  # a bad layout or t_max fails here, in the driver, with its own message
+    geometry = feed_geometry(
+        run_config
+    )  # a bad layout or t_max fails here, in the driver, with its own message
     feed = (
         ray.remote(BlockFeed)
         .options(num_cpus=0, num_gpus=0, max_concurrency=32)
@@ -119,7 +134,7 @@ def _evaluate(stream: str, run_dir: Path, run_config: Config, state, fuse_config
         spec = ray.get(feed.model_spec.remote())
         device = _device(fuse_config)
         model = model_from_state(
-            run_config, state.params, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+            run_config, found.state.params, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
         ).to(device)
         model.eval()
         shard = ray.get(feed.eval_shard.remote("test"))
@@ -193,17 +208,15 @@ def fuse_probabilities(
 
 def run_fuse(config: Config) -> RunSummary:
     """Evaluate ``config.model.fuse`` = (RGB run, flow run) on the test split; write, return the summary."""
-    from raytrain_seq.runtime.driver import _connect, check_storage
-
     if config.data.stream != "fuse" or config.model.fuse is None:
         raise ValueError("run_fuse needs data.stream='fuse' and model.fuse=(RGB_RUN, FLOW_RUN): pass both")
     began = time.perf_counter()
     runs = _load_runs(config)
     run_dir = check_storage(config)
-    _connect(config)
+    connect(config)
     results = {
-        stream: _evaluate(stream, folder, run_config, state, config)
-        for stream, (folder, run_config, state) in runs.items()
+        stream: _evaluate(stream, folder, run_config, found, config)
+        for stream, (folder, run_config, found) in runs.items()
     }
     rgb, flow = results["rgb"], results["flow"]
     if rgb["class_names"] != flow["class_names"]:
@@ -236,8 +249,8 @@ def run_fuse(config: Config) -> RunSummary:
             "fuse": {
                 "rgb_run": str(runs["rgb"][0]),
                 "flow_run": str(runs["flow"][0]),
-                "rgb_checkpoint": runs["rgb"][2].checkpoint.name,
-                "flow_checkpoint": runs["flow"][2].checkpoint.name,
+                "rgb_checkpoint": runs["rgb"][2].folder.name,
+                "flow_checkpoint": runs["flow"][2].folder.name,
                 "rgb_accuracy": fused["rgb"],
                 "flow_accuracy": fused["flow"],
                 "fused_accuracy": fused["fused"],

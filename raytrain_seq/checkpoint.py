@@ -1,0 +1,177 @@
+"""The run folder's checkpoints: layout, schedule, save, and "load the newest checkpoint that loads".
+
+Layout: ``RUN_DIR/checkpoint_round_NNNNNN/`` (six digits, so names sort by round) holding ``state.pt``
+and ``position.json``. ``state.pt`` is ``{"format": 2, "state": AveragedState.to_dict(), "history":
+{...}, "config": Config.to_dict()}`` of plain tensors, numbers and strings, so it loads with
+``torch.load(weights_only=True)``; ``history`` holds what a restored averager needs besides the state
+(the due validation, the drops, the batch-size, validation and loss histories). ``position.json`` is the
+epoch position and round, readable without torch.
+
+Schedule: round r is a checkpoint when ``r % every == 0``, except the run's final round, which the end
+of the run checkpoints anyway (``is_due``). Ray Train writes the folders (the learner hands it a folder
+made by ``save``); every reader goes through ``load``/``load_latest``: the learner (Ray Train's latest
+checkpoint as a seed), the averager (resume and restart), the driver (``--resume``), fusion and
+``--init-from``.
+
+Contract: ``load_latest`` returns the newest checkpoint that loads; a corrupt or half-written one is
+skipped with a warning naming it, and the one before is used. ``save`` writes each file under a
+temporary name and renames it, so a crash mid-write never leaves a half file under the real name; a
+write that fails raises ``CheckpointError`` naming the folder and leaves older checkpoints untouched.
+Checkpoints of the first format (``{"averager": {...}}``) still load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raytrain_seq.elastic.state import AveragedState
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "POSITION_FILE",
+    "PREFIX",
+    "STATE_FILE",
+    "Checkpoint",
+    "CheckpointError",
+    "candidates",
+    "folder_name",
+    "is_due",
+    "load",
+    "load_latest",
+    "save",
+]
+
+PREFIX = "checkpoint_round_"
+STATE_FILE = "state.pt"
+POSITION_FILE = "position.json"
+FORMAT = 2
+# Keys of the first format's averager snapshot that are history, not state.
+_HISTORY_KEYS = ("validation_due", "dropped_log", "batch_size_history", "validation_history", "loss_history")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the folder and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """One loaded checkpoint folder."""
+
+    folder: Path
+    state: AveragedState
+    history: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] | None = None
+    position: dict[str, Any] | None = None
+
+    @property
+    def round(self) -> int:
+        return self.state.round
+
+
+def folder_name(round: int) -> str:
+    """``checkpoint_round_000012`` for round 12."""
+    return f"{PREFIX}{round:06d}"
+
+
+def is_due(round: int, *, every: int, final: bool = False) -> bool:
+    """Whether round ``round`` is a checkpoint: every ``every`` rounds (0 = never), not the final one.
+
+    E.g. every=5: rounds 5, 10, 15 ...; the final round is checkpointed by the end of the run instead.
+    """
+    return bool(every) and round % every == 0 and not final
+
+
+def save(
+    folder: str | Path,
+    *,
+    state: AveragedState,
+    history: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    position: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``state.pt`` and ``position.json`` into ``folder`` (created); returns the folder."""
+    folder = Path(folder)
+    payload = {"format": FORMAT, "state": state.to_dict(), "history": dict(history or {})}
+    payload["config"] = None if config is None else dict(config)
+    where = {**(position or state.position or {}), "round": state.round}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write(folder / STATE_FILE, lambda path: torch.save(payload, path))
+        _write(folder / POSITION_FILE, lambda path: path.write_text(json.dumps(where)))
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot write checkpoint {folder} ({exc.strerror or exc}): free space on, or fix the "
+            "permissions of, the storage path; the previous checkpoints are untouched"
+        ) from exc
+    return folder
+
+
+def _write(path: Path, write) -> None:
+    """Write through a temporary name and rename: a crash never leaves a half file at ``path``."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def load(folder: str | Path) -> Checkpoint:
+    """The checkpoint in ``folder``; CheckpointError naming it when it is missing or does not load."""
+    folder = Path(folder)
+    path = folder / STATE_FILE
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{folder} holds no {STATE_FILE}: is it a checkpoint folder?") from exc
+    except Exception as exc:  # a truncated or corrupt file raises one of several unpickling errors
+        raise CheckpointError(f"{path} does not load ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(raw, Mapping):
+        raise CheckpointError(f"{path} holds a {type(raw).__name__}, not a checkpoint dict")
+    try:
+        if "averager" in raw:  # the first format: one averager snapshot dict
+            snapshot = dict(raw["averager"])
+            history = {key: snapshot.pop(key) for key in _HISTORY_KEYS if key in snapshot}
+            state = AveragedState.from_dict({**snapshot, "source": "checkpoint"})
+        else:
+            state = AveragedState.from_dict({**raw["state"], "source": "checkpoint"})
+            history = dict(raw.get("history") or {})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a raytrain_seq checkpoint ({exc})") from exc
+    position = None
+    if (folder / POSITION_FILE).is_file():
+        position = json.loads((folder / POSITION_FILE).read_text())
+    config = raw.get("config")
+    return Checkpoint(
+        folder=folder,
+        state=state,
+        history=history,
+        config=dict(config) if isinstance(config, Mapping) else None,
+        position=position,
+    )
+
+
+def candidates(run_dir: str | Path) -> list[Path]:
+    """The run's checkpoint folders that hold a state file, newest first."""
+    found = [p for p in Path(run_dir).glob(f"{PREFIX}*") if (p / STATE_FILE).is_file()]
+    return sorted(found, reverse=True)
+
+
+def load_latest(run_dir: str | Path) -> Checkpoint | None:
+    """The newest checkpoint of ``run_dir`` that loads (None: there is none); broken ones are skipped
+    with a warning naming each, so a checkpoint cut short by a crash falls back to the one before."""
+    for folder in candidates(run_dir):
+        try:
+            return load(folder)
+        except CheckpointError as exc:
+            logger.warning("checkpoint %s skipped: %s; trying the one before", folder.name, exc)
+    return None

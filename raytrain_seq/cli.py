@@ -1,0 +1,354 @@
+"""The command line of the jobs, generated from the ``Config`` dataclass tree: flags -> Config -> runner.
+
+Every field of every section gets two spellings of one flag: the dotted ``--data.crop`` (section.field,
+the field name as written) and the kebab ``--crop`` the jobs have always taken (field names are unique
+across sections). Booleans are switches: ``--adaptive-batch``/``--no-adaptive-batch`` and
+``--train.adaptive_batch``/``--train.no_adaptive_batch``. The type comes from the annotation (``X | None``
+also takes ``none``; a tuple field takes that many values: ``--fuse RGB_RUN FLOW_RUN``), the help from the
+field's attribute docstring and its default, the group description from the section's docstring.
+
+Precedence, lowest first: the dataclass defaults, ``--preset NAME``, ``--config FILE`` (YAML or JSON laid
+out as ``Config.to_dict()``: ``{data: {...}, train: {...}}``), then the flags given. Every field flag
+defaults to absent (``argparse.SUPPRESS``), so only flags actually typed override the layers below.
+``--print-config`` prints the resolved Config as YAML, which ``--config`` reads back to the same Config.
+
+Trade-off: a walker of our own (this module) rather than tyro or jsonargparse: no new dependency, and the
+kebab spellings (``--batch-size``, ``--no-use-gpu``) and the ``--fuse A B`` / ``--learners 2:8`` forms stay
+exactly as before, which those libraries would rename or need per-field overrides to keep. Values are
+checked once, by the Config itself; the parser only turns text into the annotated type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import itertools
+import json
+import logging
+import re
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raytrain_seq.config import (
+    PRESETS,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    RunSetupError,
+    TrainConfig,
+)
+from raytrain_seq.summary import RunSummary, format_table
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "SECTIONS",
+    "build_parser",
+    "config_from_args",
+    "config_yaml",
+    "field_docs",
+    "load_config_file",
+    "main",
+    "parse",
+    "run_job",
+]
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
+# Only where the annotation alone would give an unhelpful placeholder (a union, a pair).
+_METAVARS: dict[str, str | tuple[str, ...]] = {
+    "learners": "P|MIN:MAX",
+    "micro_batch_size": "N|auto",
+    "fuse": ("RGB_RUN", "FLOW_RUN"),
+}
+_CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: its attribute docstring}`` of a dataclass, read from the string right under each field."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # dedent: a nested class
+    return {
+        node.target.id: after.value.value.strip()
+        for node, after in itertools.pairwise(body)
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
+
+
+class _Switch(argparse.Action):
+    """A boolean flag and its negation: ``--resume``/``--no-resume``, ``--run.resume``/``--run.no_resume``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        negated = [_negate(s) for s in option_strings]
+        super().__init__([*option_strings, *negated], dest, nargs=0, **kwargs)
+        self.negated = frozenset(negated)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, option_string not in self.negated)
+
+
+def _negate(flag: str) -> str:
+    section, dot, name = flag[2:].rpartition(".")
+    return f"--{section}.no_{name}" if dot else f"--no-{name}"
+
+
+def _members(annotation: Any) -> tuple[list[Any], bool]:
+    """(the types of a union without None, whether None is one of them); a plain type is its own member."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return [annotation], False
+    args = typing.get_args(annotation)
+    return [m for m in args if m is not type(None)], type(None) in args
+
+
+def _is_fixed_tuple(annotation: Any) -> bool:
+    """``tuple[str, str]``-like: a fixed number of items of one of int, float or str (one flag, nargs N)."""
+    items = typing.get_args(annotation)
+    return typing.get_origin(annotation) is tuple and len(set(items)) == 1 and items[0] in (int, float, str)
+
+
+def _converter(annotation: Any) -> Callable[[str], Any]:
+    """Text -> the annotated scalar type: int, float or str members tried in that order; "none" -> None."""
+    members, optional = _members(annotation)
+    # A tuple member (learners "2:8") stays text: the config parses its own MIN:MAX form.
+    keeps_text = str in members or any(typing.get_origin(m) is tuple for m in members)
+    wanted = " or ".join(m.__name__ for m in (int, float) if m in members) or "text"
+
+    def convert(text: str) -> Any:
+        if optional and text.strip().lower() == "none":
+            return None
+        for kind in (int, float):
+            if kind in members:
+                try:
+                    return kind(text)
+                except ValueError:
+                    pass
+        if keeps_text:
+            return text
+        raise argparse.ArgumentTypeError(f"expected {wanted}{' or none' if optional else ''}, got {text!r}")
+
+    return convert
+
+
+def _add_field(group, section: str, f: dataclasses.Field, annotation: Any, doc: str) -> None:
+    flags = [f"--{f.name.replace('_', '-')}", f"--{section}.{f.name}"]
+    members, _ = _members(annotation)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    # argparse %-formats help, and a docstring may say "10 %".
+    text = f"{doc} [default {default}]".replace("%", "%%")
+    dest = f"{section}.{f.name}"
+    scalar = all(m in (int, float, str) or _is_fixed_tuple(m) for m in members)
+    if members != [bool] and not scalar:
+        # A programmer's error, found when the parser is built rather than when someone passes the flag.
+        raise TypeError(
+            f"{dest}: the annotation {annotation} has no command-line form: use int, float, str, bool, "
+            "a tuple, unions of those or X | None, or teach raytrain_seq/cli.py the new type"
+        )
+    if members == [bool]:
+        group.add_argument(*flags, action=_Switch, dest=dest, help=text)
+    elif len(members) == 1 and typing.get_origin(members[0]) is tuple:
+        items = typing.get_args(members[0])
+        metavar = _METAVARS.get(f.name, tuple(f"{f.name.upper()}_{i}" for i in range(len(items))))
+        group.add_argument(
+            *flags, nargs=len(items), type=_converter(items[0]), metavar=metavar, dest=dest, help=text
+        )
+    else:
+        metavar = _METAVARS.get(f.name, f.name.upper())
+        group.add_argument(*flags, type=_converter(annotation), metavar=metavar, dest=dest, help=text)
+
+
+def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
+    """Every field of every section as a flag, grouped by section; plus --preset, --config, --print-config."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        # Absent flags stay absent from the namespace, so the file, preset or default value is kept.
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="start from a named configuration; --config and flags override it",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="YAML or JSON file laid out like --print-config's output; overrides --preset, flags override it",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        default=False,
+        help="print the resolved configuration as YAML and exit without running anything",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", default=False, help="log at DEBUG level")
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section, inspect.getdoc(cls).splitlines()[0])
+        hints, docs = typing.get_type_hints(cls), field_docs(cls)
+        for f in dataclasses.fields(cls):
+            _add_field(group, section, f, hints[f.name], docs[f.name])
+    return parser
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    # PyYAML follows YAML 1.1, where a float needs a dot ("1e-3" would load as the string '1e-3');
+    # people write learning rates that way, so read the exponent form as a float too.
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+    return Loader
+
+
+def load_config_file(path: str) -> dict[str, dict[str, Any]]:
+    """The sections of a --config file; ValueError (one line naming the file, the key and the fix) if bad."""
+    where = f"--config {path}"
+    file = Path(path).expanduser()
+    if file.suffix.lower() not in _CONFIG_SUFFIXES:
+        raise ValueError(f"{where}: unknown format {file.suffix!r}: give a .yaml, .yml or .json file")
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or err
+        raise ValueError(
+            f"{where}: cannot read it ({reason}): give the path of an existing file "
+            "(write one with --print-config > FILE)"
+        ) from None
+    try:
+        # _yaml_loader() is a SafeLoader: it builds plain data only, never objects.
+        data = json.loads(text) if file.suffix.lower() == ".json" else yaml.load(text, Loader=_yaml_loader())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{where}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}): fix the syntax"
+        ) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ValueError(f"{where}: not valid YAML ({problem}{at}): fix the syntax") from None
+    if data is None:  # an empty file: nothing to override
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{where}: expected a mapping of sections ({', '.join(SECTIONS)}), got a {type(data).__name__}: "
+            "lay it out like --print-config's output"
+        )
+    owners = {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    unknown = []
+    for section, values in data.items():
+        if section not in SECTIONS:
+            unknown.append(_hint(str(section), list(SECTIONS)))
+        elif not isinstance(values, dict):
+            raise ValueError(
+                f"{where}: section {section!r} must map field names to values, got {values!r}: "
+                "lay it out like --print-config's output"
+            )
+        else:
+            known = [f.name for f in dataclasses.fields(SECTIONS[section])]
+            unknown += [
+                _hint(f"{section}.{key}", known, section, owners) for key in values if key not in known
+            ]
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key(s) {', '.join(unknown)}: use the section.field names --print-config writes"
+        )
+    return data
+
+
+def _hint(
+    key: str, known: list[str], section: str | None = None, owners: dict[str, str] | None = None
+) -> str:
+    """``key`` quoted, with where it belongs (a field of another section) or the closest known name."""
+    name = key.rsplit(".", 1)[-1]
+    if owners and name in owners:
+        return f"{key!r} (it belongs in {owners[name]!r}: {owners[name]}.{name})"
+    close = difflib.get_close_matches(name, known, n=1)
+    if not close:
+        return repr(key)
+    return f"{key!r} (did you mean {(f'{section}.' if section else '') + close[0]!r}?)"
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Defaults < --preset < --config FILE < flags given; ValueError naming the field (or file) if invalid."""
+    sections = load_config_file(args.config) if getattr(args, "config", None) else {}
+    sections = {name: dict(values) for name, values in sections.items()}
+    for dest, value in vars(args).items():
+        if "." in dest:  # field flags have the dest "section.field"; the job's own options have none
+            section, name = dest.split(".")
+            sections.setdefault(section, {})[name] = tuple(value) if isinstance(value, list) else value
+    return Config.from_preset(getattr(args, "preset", None), **sections)
+
+
+def parse(
+    argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None
+) -> tuple[Config, argparse.Namespace]:
+    """(the resolved Config, the namespace with preset/config/print_config/verbose); ValueError if invalid.
+
+    A flag argparse cannot read at all exits 2 (SystemExit), as argparse does.
+    """
+    args = (parser or build_parser()).parse_args(argv)
+    return config_from_args(args), args
+
+
+def config_yaml(config: Config) -> str:
+    """The Config as the YAML ``--config`` reads back (tuples become lists, which the Config accepts)."""
+    plain = json.loads(json.dumps(config.to_dict()))
+    return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+
+
+def run_job(config: Config, runner: Callable[[Config], RunSummary]) -> int:
+    """Run, print the result table and last ``summary written to PATH``; 2 if the run cannot start here."""
+    logger.info("run %s -> %s", config.run.run_name, config.run_dir())
+    try:
+        summary = runner(config)
+    except RunSetupError as err:
+        # Nothing has trained yet (run folder, cluster size, resume point): one line with the fix.
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(f"summary written to {summary.json_path}")
+    return 0
+
+
+def main(
+    argv: list[str] | None,
+    runner: Callable[[Config], RunSummary],
+    parser: argparse.ArgumentParser | None = None,
+) -> int:
+    """A job's whole main: parse, set up logging, then print the config or run it; returns the exit code."""
+    parser = parser or build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+    except ValueError as err:
+        # A bad value is the user's to fix: one line naming the field, no traceback (argparse style).
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return 0
+    return run_job(config, runner)

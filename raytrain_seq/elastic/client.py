@@ -1,0 +1,191 @@
+"""A learner's side of the averager: retries, join, average, rejoin and re-seed, as decisions.
+
+``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
+state the learner holds (``held``: what it re-seeds a restarted averager with). The transport to the
+actor is injected (``runtime.averager.RayTransport`` in a Ray Train worker, a fake in tests), so this
+module is plain Python.
+
+Calls that cannot reach the averager (it is dead and restarting, or silent past a timeout) raise
+``Unreachable`` from the transport and are retried on the ``Backoff`` schedule; when the schedule runs
+out the client raises ``AveragerUnavailableError``. A silent ``average`` is not resent: its payload may
+already be in the round. A round the averager refuses (``StaleRoundError``, ``MembershipError``,
+``AveragingTimeoutError``: the learner was dropped, or the averager restarted) is not an error for the
+learner: the client rejoins with ``held`` as the seed and returns a decision:
+
+* ``Averaged(result)``: the round closed; ``result.state`` is the new averaged state.
+* ``Realigned(reply, first_missed)``: the others averaged rounds ``first_missed`` .. ``reply.state.round``
+  without this learner; it continues from ``reply.state`` (weights, moments, B and position).
+
+A refusal followed by a rejoin that says the same round is still due (the averager came back, or took
+the learner back, before the round closed) resends the same payload, at most ``max_rejoins`` times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from raytrain_seq.elastic.rounds import AveragerError, AveragerUnavailableError, Backoff, Learner
+from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Averaged", "AveragerClient", "Realigned", "Transport", "Unreachable"]
+
+
+class Unreachable(Exception):
+    """The transport could not reach the averager; ``silent``: it timed out without an answer."""
+
+    def __init__(self, detail: str, *, silent: bool = False) -> None:
+        super().__init__(detail)
+        self.silent = silent
+
+
+class Transport(Protocol):
+    """Calls a method of the averager and returns its answer; raises ``Unreachable`` when it cannot."""
+
+    def __call__(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Averaged:
+    """The round closed with this learner in it."""
+
+    result: RoundResult
+
+
+@dataclass(frozen=True)
+class Realigned:
+    """The others went on without this learner: continue from ``reply.state``."""
+
+    reply: JoinReply
+    first_missed: int
+    """The first round averaged without this learner (its own refused round)."""
+
+
+class AveragerClient:
+    """One learner's calls to the averager, with retries, and the averaged state it holds."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        learner: Learner,
+        world_size: int,
+        incarnation: str,
+        round_timeout_s: float,
+        backoff: Backoff | None = None,
+        max_rejoins: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.transport = transport
+        self.learner, self.world_size, self.incarnation = learner, world_size, incarnation
+        self.round_timeout_s = round_timeout_s
+        self.backoff = backoff or Backoff()
+        self.max_rejoins = max_rejoins
+        self._sleep = sleep
+        self.held: AveragedState | None = None  # the latest averaged state: a restarted averager's seed
+        self.next_round = 1
+        self.batch_size: int | None = None  # B of the next round, known from the first join on
+
+    # --------------------------------------------------------------------------------------- calls
+    def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """The averager's answer to ``method``, retried while it cannot be reached."""
+        delays, began = self.backoff.delays(), time.monotonic()
+        for attempt in range(len(delays) + 1):
+            try:
+                return self.transport(method, *args, timeout=timeout, **kwargs)
+            except Unreachable as exc:
+                silent_round = method == "average" and exc.silent
+                if attempt == len(delays) or silent_round:
+                    seconds = time.monotonic() - began
+                    raise AveragerUnavailableError(method, attempt + 1, seconds, str(exc)) from exc
+                logger.warning(
+                    "learner %s: %s() failed (%s); retry %d/%d in %.1f s",
+                    self.learner, method, exc, attempt + 1, len(delays), delays[attempt],
+                )  # fmt: skip
+                self._sleep(delays[attempt])
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def join(self, seed: AveragedState | None = None) -> JoinReply:
+        """(Re)join; offers ``seed`` (a state newer than the averager's is adopted by it)."""
+        reply = self.call("join", self.learner, self.world_size, incarnation=self.incarnation, seed=seed)
+        self._take(reply.state, reply.next_round)
+        return reply
+
+    def start(self, checkpoint_seed: Callable[[], AveragedState | None]) -> JoinReply:
+        """The first join of this learner process; an averager that holds nothing is seeded from
+        ``checkpoint_seed()`` (Ray Train's latest checkpoint of the run) when there is one."""
+        reply = self.join()
+        if reply.state.empty:
+            seed = checkpoint_seed()
+            if seed is not None and not seed.empty:
+                logger.warning(
+                    "learner %s: the averager holds no state; seeding it from checkpoint round %d",
+                    self.learner, seed.round,
+                )  # fmt: skip
+                reply = self.join(seed=seed)
+        return reply
+
+    def average(
+        self,
+        params: Mapping[str, Any],
+        optimizer_state: Mapping | None,
+        *,
+        stats: Mapping[str, float],
+        position: Mapping | None,
+    ) -> Averaged | Realigned:
+        """Send this learner's next round; see the module docstring for the decisions."""
+        sent = self.next_round
+        for _ in range(self.max_rejoins):
+            try:
+                result = self.call(
+                    "average", self.learner, sent, self.world_size, params, optimizer_state,
+                    stats=dict(stats), position=None if position is None else dict(position),
+                    incarnation=self.incarnation, timeout=self.round_timeout_s,
+                )  # fmt: skip
+            except AveragerUnavailableError:
+                raise
+            except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
+                logger.warning("learner %s: round %d refused (%s): rejoining", self.learner, sent, exc)
+                reply = self.join(seed=self.held)
+                if reply.next_round == sent:
+                    continue  # the averager came back (or took us back) before this round: resend it
+                logger.warning(
+                    "learner %s: the others averaged rounds %d-%d without it; continuing from round %d",
+                    self.learner, sent, reply.state.round, reply.state.round,
+                )  # fmt: skip
+                return Realigned(reply, sent)
+            self._take(result.state, result.state.round + 1)
+            return Averaged(result)
+        raise RuntimeError(
+            f"learner {self.learner}: round {sent} was refused {self.max_rejoins} times in a row after "
+            "rejoining: the averager and this learner disagree on the group; see the averager's log"
+        )
+
+    def report_validation(self, round: int, accuracy: float, *, epoch: int) -> int | None:
+        """Report the validation of ``round``; the batch size decided, or None when it was not taken
+        (the averager restarted or moved on: this report no longer decides B)."""
+        try:
+            return self.call("report_validation", round, accuracy, learner=self.learner, epoch=epoch)
+        except AveragerUnavailableError:
+            raise
+        except AveragerError as exc:
+            logger.warning("round %d: validation accuracy %.4f not taken (%s)", round, accuracy, exc)
+            return None
+
+    def checkpoint_contents(self, done: int) -> tuple[AveragedState, dict[str, Any]]:
+        """The averager's state and history for a checkpoint of round ``done``; an averager that
+        restarted behind this learner is re-seeded first, so the checkpoint never holds older state."""
+        state, history = self.call("checkpoint_contents")
+        if state.round < done and self.held is not None:
+            self.join(seed=self.held)
+            state, history = self.call("checkpoint_contents")
+        return state, history
+
+    def _take(self, state: AveragedState, next_round: int) -> None:
+        self.next_round, self.batch_size = next_round, state.batch_size
+        self.held = None if state.empty else state

@@ -1,0 +1,279 @@
+"""The run's history as the averager keeps it: training clock, totals, histories, recoveries, event log.
+
+``EventLog`` is the append-only JSON-lines file ``run_dir/events.jsonl``: membership changes, recoveries,
+rounds and validations, written as they happen, so that a restarted averager (and a resumed run) reports
+the whole run, not only what happened since its last checkpoint. ``RunHistory`` owns it together with
+everything the summary needs: the run's training clock (continued across restarts), per-learner totals
+(frames, compute, data wait, averaging time), the loss, batch-size and validation histories, the round
+times, failed rounds and recoveries. The averager holds one ``RunHistory`` (composition) and feeds it;
+``RoundBook``'s membership records reach it through ``on_member``.
+
+``membership_entries`` and ``recovery_entries`` turn the averager's summary into the run summary's
+lists. Plain Python and files: no ray, no asyncio.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from raytrain_seq.elastic.rounds import Learner
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EVENTS_FILE",
+    "EventLog",
+    "RunHistory",
+    "describe_position",
+    "membership_entries",
+    "recovery_entries",
+]
+
+EVENTS_FILE = "events.jsonl"
+
+
+class EventLog:
+    """Append-only JSON lines at ``path`` (None: memory only, nothing written); ``read()`` loads them back."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as out:
+                out.write(json.dumps(dict(record), default=str) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        if self.path is None or not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def replay(self) -> dict[str, Any]:
+        """The log sorted back into {membership, dropped, recoveries, rounds, validations} lists, the actor
+        ids that wrote it (a restarted actor finds its own id) and the training clock's last reading."""
+        records = self.read()
+        kinds = {"membership": [], "recovery": [], "round": [], "validation": []}
+        for record in records:
+            kinds.get(record.pop("type", None), []).append(record)
+        out: dict[str, Any] = {"records": records, "membership": kinds["membership"]}
+        out.update(recoveries=kinds["recovery"], rounds=kinds["round"], validations=kinds["validation"])
+        drops = [r for r in kinds["membership"] if r["event"] == "drop"]
+        out["dropped"] = [
+            {**{k: r[k] for k in ("round", "learner", "time")}, "reason": r["detail"]} for r in drops
+        ]
+        out["actors"] = {r["actor"] for r in records if r.get("actor")}
+        out["elapsed_s"] = max([float(r.get("elapsed_s", 0.0)) for r in records], default=0.0)
+        return out
+
+
+class RunHistory:
+    """Everything the averager records about a run, and the event log that outlives its restarts.
+
+    ``actor`` is the averager's Ray actor id (the same across Ray's restarts of it), stamped on every
+    round and validation so that a restarted actor finds its own records in the log.
+    """
+
+    def __init__(self, log_path: Path | None = None, *, actor: str | None = None) -> None:
+        self.log = EventLog(log_path)
+        self.actor = actor
+        self.totals: dict[Learner, dict[str, float]] = {}
+        self.batch_history: list[dict[str, Any]] = []
+        self.validation_history: list[dict[str, Any]] = []
+        self.loss_history: list[dict[str, Any]] = []
+        self.round_seconds: list[float] = []
+        self.failed_rounds: list[dict[str, Any]] = []
+        self.recoveries: list[dict[str, Any]] = []
+        self._clock_offset, self._clock_start = 0.0, None
+
+    # ------------------------------------------------------------------------------------ the clock
+    def start_clock(self) -> None:
+        """Start the training clock (at the first join); a running clock is left alone."""
+        if self._clock_start is None:
+            self._clock_start = time.monotonic()
+
+    def elapsed(self) -> float:
+        """The run's training clock: seconds since the first join, continued across restarts."""
+        if self._clock_start is None:
+            return self._clock_offset
+        return self._clock_offset + time.monotonic() - self._clock_start
+
+    def continue_clock(self, elapsed_s: float) -> None:
+        """Continue from a restored reading (never moves the clock back)."""
+        self._clock_offset = max(self._clock_offset, float(elapsed_s))
+
+    # ------------------------------------------------------------------------------------- records
+    def on_member(self, record: dict[str, Any]) -> None:
+        """RoundBook's sink: time-stamp, persist, and count drops and returns as recoveries."""
+        record["elapsed_s"] = self.elapsed()
+        self.log.append({"type": "membership", **record})
+        if record["event"] == "drop":
+            self.recover(
+                "dropped",
+                f"learner {record['learner']!r} dropped from round {record['round']}: {record['detail']}",
+            )
+        elif record["event"] == "rejoin" and record["change"]:
+            self.recover("rejoined", f"learner {record['learner']!r} rejoined at round {record['round']}")
+
+    def recover(self, kind: str, detail: str) -> None:
+        record = {"time": time.time(), "elapsed_s": self.elapsed(), "kind": kind, "detail": detail}
+        self.recoveries.append(record)
+        self.log.append({"type": "recovery", **record})
+        logger.warning("averager: %s: %s", kind, detail)
+
+    def _learner(self, learner: Learner) -> dict[str, float]:
+        return self.totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
+
+    def add_averaging_time(self, learner: Learner, seconds: float) -> None:
+        """Time a learner spent inside an averaging call (waiting included)."""
+        self._learner(learner)["averaging_s"] += seconds
+
+    def record_round(
+        self,
+        round: int,
+        *,
+        seconds: float,
+        batch_size: int,
+        position: Mapping | None,
+        stats: Iterable[tuple[Learner, Mapping[str, float]]],
+    ) -> None:
+        """A finished round: add each learner's stats to its totals, log the sequence-weighted mean loss."""
+        losses, added = [], []
+        for learner, learner_stats in stats:
+            totals = self._learner(learner)
+            totals["rounds"] += 1
+            summed = {key: value for key, value in learner_stats.items() if key != "loss"}  # loss: a mean
+            for key, value in summed.items():
+                totals[key] = totals.get(key, 0) + value
+            added.append([learner, summed])
+            loss, n = learner_stats.get("loss", math.nan), learner_stats.get("sequences", 0)
+            if math.isfinite(loss) and n > 0:
+                losses.append((loss, n))
+        now = self.elapsed()
+        mean = sum(v * n for v, n in losses) / sum(n for _, n in losses) if losses else math.nan
+        self.loss_history.append({"round": round, "loss": mean, "time_s": now})
+        self.batch_history.append({"round": round, "batch_size": batch_size, "time_s": now})
+        self.round_seconds.append(seconds)
+        record = {"type": "round", "actor": self.actor, "round": round, "seconds": seconds}
+        record.update(loss=mean, batch_size=batch_size, elapsed_s=now, stats=added, position=position)
+        self.log.append(record)
+
+    def record_validation(
+        self, round: int, accuracy: float, *, batch_size: int, grew: bool, epoch: Any
+    ) -> None:
+        record = {"round": round, "accuracy": float(accuracy), "batch_size": batch_size, "grew": grew}
+        record.update(epoch=epoch, missed=False, time=time.time(), time_s=self.elapsed())
+        self.validation_history.append(record)
+        self.log.append({"type": "validation", "actor": self.actor, **record})
+
+    def record_missed_validation(self, round: int, batch_size: int) -> None:
+        self.validation_history.append(
+            {"round": round, "accuracy": None, "batch_size": batch_size, "missed": True, "time": time.time()}
+        )
+
+    def record_failed_round(self, round: int, error: BaseException) -> None:
+        self.failed_rounds.append({"round": round, "error": repr(error), "time": time.time()})
+
+    def mark_start(self) -> None:
+        """Log that an averager process started (a restarted one finds its actor id here later)."""
+        self.log.append({"type": "start", "actor": self.actor, "time": time.time()})
+
+    # ------------------------------------------------------------------------- checkpoint, restart
+    def checkpoint_part(self) -> dict[str, Any]:
+        """The histories a checkpoint keeps (plain lists), for ``restore_checkpoint_part``."""
+        return {
+            "batch_size_history": list(self.batch_history),
+            "validation_history": list(self.validation_history),
+            "loss_history": list(self.loss_history),
+        }
+
+    def restore_checkpoint_part(self, part: Mapping[str, Any], elapsed_s: float) -> None:
+        self.batch_history = list(part.get("batch_size_history", ()))
+        self.validation_history = list(part.get("validation_history", ()))
+        self.loss_history = list(part.get("loss_history", ()))
+        self.continue_clock(elapsed_s)
+
+    def adopt_log(self, past: Mapping[str, Any]) -> None:
+        """Take the recoveries and the clock of a replayed log (a resume or a restart)."""
+        self.recoveries = list(past["recoveries"])
+        self.continue_clock(past["elapsed_s"])
+
+    def replay_rounds(self, past: Mapping[str, Any], *, after: int) -> None:
+        """After a restart: this actor's rounds and validations from the log, so that totals and histories
+        cover the rounds since the reloaded checkpoint (round ``after``) too."""
+        for record in (r for r in past["rounds"] if r["actor"] == self.actor):
+            for learner, stats in record["stats"]:
+                totals = self._learner(learner)
+                totals["rounds"] += 1
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0) + value
+            self.round_seconds.append(record["seconds"])
+            if record["round"] > after:
+                at = {"round": record["round"], "time_s": record["elapsed_s"]}
+                self.loss_history.append({**at, "loss": record["loss"]})
+                self.batch_history.append({**at, "batch_size": record["batch_size"]})
+        mine = [v for v in past["validations"] if v["actor"] == self.actor and v["round"] > after]
+        self.validation_history += [{k: v for k, v in record.items() if k != "actor"} for record in mine]
+
+    def summary(self) -> dict[str, Any]:
+        """Per-learner totals and the histories, as plain data."""
+        learners = {learner: dict(totals) for learner, totals in self.totals.items()}
+        return {
+            "rounds_completed": len(self.round_seconds),
+            "learners": learners,
+            "total_averaging_s": sum(t["averaging_s"] for t in learners.values()),
+            "round_seconds": list(self.round_seconds),
+            "recoveries": list(self.recoveries),
+            "failed_rounds": list(self.failed_rounds),
+            "batch_size_history": list(self.batch_history),
+            "validation_history": list(self.validation_history),
+            "loss_history": list(self.loss_history),
+            "elapsed_s": self.elapsed(),
+        }
+
+
+def describe_position(position: Mapping | None) -> str:
+    """ "epoch 2, 12 rows taken by each of 3 learners" for a position dict (None: the start).
+
+    Epochs are shown 1-based, as in the learners' log (position epoch 1 is "epoch 2").
+    """
+    if not position:
+        return "the start"
+    if not position.get("rows_done"):
+        return f"start of epoch {position['epoch'] + 1}"
+    rows, world = position["rows_done"], position["world_size"]
+    return f"epoch {position['epoch'] + 1}, {rows} rows taken by each of {world} learners"
+
+
+def membership_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run summary's membership: ``{time_s, learners, reason}`` for each change of the learner count
+    (a group started or restarted, a learner dropped, rejoined or left) in the averager's log."""
+    out = []
+    for record in averaging.get("membership", []):
+        if record.get("change"):
+            reason = record["detail"] or f"learner {record['learner']!r} {record['event']}"
+            if record["event"] == "drop":
+                reason = f"learner {record['learner']!r} dropped from round {record['round']}: {reason}"
+            elif record["event"] == "rejoin":
+                reason = f"learner {record['learner']!r} rejoined at round {record['round']}"
+            out.append(
+                {
+                    "time_s": float(record.get("elapsed_s", 0.0)),
+                    "learners": record["learners"],
+                    "reason": reason,
+                }
+            )
+    return out
+
+
+def recovery_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run summary's recoveries: ``{time_s, kind, detail}`` from the averager's log."""
+    return [
+        {"time_s": float(r.get("elapsed_s", 0.0)), "kind": r["kind"], "detail": r["detail"]}
+        for r in averaging.get("recoveries", [])
+    ]

@@ -1,0 +1,60 @@
+"""Fixtures shared by the test modules: the private local Ray cluster of the Ray tests.
+
+``ray_cluster`` (module scope) starts one local Ray cluster for the test module that asks for it and
+yields the ``ray`` module; the cluster stops after the module's last test. A module tunes its cluster
+with a module-level ``RAY_CLUSTER`` dict of extra ``ray.init`` keywords, e.g.
+``RAY_CLUSTER = {"num_cpus": 4, "namespace": "raytrain_seq"}``; absent keys keep ``RAY_DEFAULTS``.
+
+The cluster is always started with ``address="local"``: a test never attaches to another cluster that
+runs on the same machine (a ``ray start`` head, a demo, another session's tests), and a module cannot
+override that. Tests that need several raylets (tests/test_faults.py) build a
+``ray.cluster_utils.Cluster`` themselves.
+
+Every test that uses ``ray_cluster``, directly or through another fixture, is marked ``ray``, so
+``-m "not ray"`` leaves out every test that starts Ray.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+# ray.init keywords of every test cluster; a module's RAY_CLUSTER adds to or overrides them.
+RAY_DEFAULTS: dict[str, Any] = {"num_cpus": 2, "include_dashboard": False}
+
+
+def ray_init_options(module_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The ray.init keywords for a module: RAY_DEFAULTS, the module's RAY_CLUSTER, then address="local"."""
+    options = {**RAY_DEFAULTS, **(module_options or {})}
+    if "address" in options:
+        raise ValueError(
+            f"RAY_CLUSTER sets address={options['address']!r}: ray_cluster always starts a private local "
+            "cluster (address='local'); attach to another cluster in the test itself"
+        )
+    return {"address": "local", **options}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """A private local Ray cluster for this test module (``ray.init(address="local", ...)``); yields ``ray``."""
+    ray = pytest.importorskip("ray")
+    options = ray_init_options(getattr(request.module, "RAY_CLUSTER", None))
+    if ray.is_initialized():
+        pytest.fail(
+            "a Ray session is already open (a test or fixture did not shut it down): "
+            "ray_cluster starts its own local cluster",
+            pytrace=False,
+        )
+    ray.init(**options)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``ray`` every test that needs ``ray_cluster`` (directly or through another fixture)."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)

@@ -1,0 +1,336 @@
+"""The learner's side of AAVG without Ray: the averager client's decisions, the K-step rounds, the loop.
+
+Contracts pinned: ``AveragerClient`` retries an unreachable averager on the backoff schedule and then
+fails clearly, never resends a round that went silent, resends the same payload when a rejoin says the
+same round is still due, and returns ``Realigned`` (not an exception) when the others went on; the
+learner loop installs the others' state, makes the Ray Train reports of the checkpoint rounds it missed
+and trains on from their position; and the whole loop, run against a real ``ParameterAverager`` in
+this process with one learner, ends on exactly the weights of a plain PyTorch loop over the same rows
+(averaging one learner is the identity), with a checkpoint at every due round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from raytrain_seq import checkpoint
+from raytrain_seq.config import Config
+from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned, Unreachable
+from raytrain_seq.elastic.position import EpochPosition
+from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
+from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
+from raytrain_seq.elastic.sync import missed_checkpoint_rounds
+from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.runtime.learner import Learner
+from raytrain_seq.step import InnerStep, build_optimizer, collate_rows
+
+T_MAX, SIZE, SLOTS, CLASSES = 12, 16, 3, 4
+
+
+# ------------------------------------------------------------------------------------------- fakes
+class Scripted:
+    """A transport that answers each method from a list of scripted replies (an exception is raised)."""
+
+    def __init__(self, **replies: list) -> None:
+        self.replies = {name: list(values) for name, values in replies.items()}
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __call__(self, method, *args, timeout=None, **kwargs):
+        self.calls.append((method, args, kwargs))
+        reply = self.replies[method].pop(0)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+
+class InProcess:
+    """A real ParameterAverager on an event loop in a background thread: the actor, minus Ray."""
+
+    def __init__(self, averager: ParameterAverager) -> None:
+        self.averager = averager
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.calls: list[str] = []
+
+    def __call__(self, method, *args, timeout=None, **kwargs):
+        self.calls.append(method)
+        call = getattr(self.averager, method)(*args, **kwargs)
+        return asyncio.run_coroutine_threadsafe(call, self.loop).result(timeout or 60)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class Rows:
+    """What ``BlockRowStream`` reads: a dataset whose ``iter_batches`` yields the rows in batches of 3."""
+
+    def __init__(self, rows: list[dict[str, np.ndarray]]) -> None:
+        self.rows = rows
+
+    def iter_batches(self, **_: object) -> Iterator[dict[str, np.ndarray]]:
+        for start in range(0, len(self.rows), 3):
+            part = self.rows[start : start + 3]
+            yield {key: np.stack([row[key] for row in part]) for key in part[0]}
+
+
+def _row(rng: np.random.Generator, lengths: list[int], block: int) -> dict[str, np.ndarray]:
+    """A block row with sequences of ``lengths`` laid end to end (lengths [5, 7] -> starts [0, 5])."""
+    frames = np.zeros((T_MAX, SIZE, SIZE, 3), dtype=np.uint8)
+    used = sum(lengths)
+    frames[:used] = rng.integers(0, 256, size=(used, SIZE, SIZE, 3), dtype=np.uint8)
+    pad = SLOTS - len(lengths)
+    return {
+        "frames": frames,
+        "starts": np.array([*np.cumsum([0, *lengths])[:-1], *[-1] * pad], dtype=np.int64),
+        "lengths": np.array([*lengths, *[-1] * pad], dtype=np.int64),
+        "labels": np.array([*rng.integers(0, CLASSES, len(lengths)), *[-1] * pad], dtype=np.int64),
+        "num_sequences": np.array(len(lengths), dtype=np.int64),
+        "weight": np.array(1.0 if lengths else 0.0, dtype=np.float32),
+        "block": np.array(block, dtype=np.int64),
+    }
+
+
+def _rows(seed: int, n: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    layouts = [[5, 7], [3, 3, 4], [12], [4, 4], [6, 2, 3], [9]]
+    return [_row(rng, layouts[i % len(layouts)], i) for i in range(n)]
+
+
+class Feed:
+    """The learner's feed, in memory: ``ROWS`` rows per epoch (a different draw each epoch)."""
+
+    ROWS = 8
+
+    def __init__(self) -> None:
+        self.epoch_calls: list[tuple[int, int]] = []
+
+    def model_spec(self) -> dict:
+        return {"num_classes": CLASSES, "in_channels": 3, "class_names": [f"c{i}" for i in range(CLASSES)]}
+
+    def epoch(self, epoch: int) -> list[dict[str, np.ndarray]]:
+        return _rows(100 + epoch, self.ROWS)
+
+    def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
+        from raytrain_seq.elastic.assembly import BlockRowStream
+
+        self.epoch_calls.append((epoch, skip))
+        rows = self.epoch(epoch)[skip:]
+        return (BlockRowStream(Rows(rows)) if rows else None), self.ROWS
+
+    def eval_rows(self, split):
+        from raytrain_seq.elastic.assembly import BlockRowStream
+
+        return BlockRowStream(Rows(_rows(7, 4)))
+
+
+def _config(**overrides) -> Config:
+    base = dict(learners=1, epochs=2, k=2, batch_size=2, micro_batch_size=2, checkpoint_every=2)
+    base.update(adaptive_batch=False, crop=SIZE, cache_size=SIZE, lr=1e-2)
+    return Config.from_preset("smoke", **{**base, **overrides})
+
+
+def _client(transport, **kwargs) -> AveragerClient:
+    options = dict(learner=0, world_size=1, incarnation="me", round_timeout_s=30.0)
+    options.update(backoff=Backoff(0.1, 0.4, 1.0), sleep=lambda s: None)
+    return AveragerClient(transport, **{**options, **kwargs})
+
+
+def _state(round_: int, value: float, position: dict | None = None, batch_size: int = 2) -> AveragedState:
+    params = {k: torch.full_like(v, value) for k, v in torch.nn.Linear(2, 1).state_dict().items()}
+    return AveragedState(round=round_, params=params, batch_size=batch_size, position=position, source="live")
+
+
+# -------------------------------------------------------------------------------------- the client
+def test_client_retries_an_unreachable_averager_then_fails_clearly():
+    """Unreachable is retried on the backoff schedule; when it runs out, AveragerUnavailableError says so."""
+    sleeps: list[float] = []
+    reply = JoinReply(state=AveragedState(batch_size=4), next_round=1, world_size=1)
+    transport = Scripted(join=[Unreachable("restarting"), Unreachable("slow", silent=True), reply])
+    client = _client(transport, sleep=sleeps.append)
+    assert client.join() is reply and sleeps == [0.1, 0.2]
+    assert (client.next_round, client.batch_size, client.held) == (1, 4, None)  # nothing averaged yet
+    sleeps.clear()
+    transport = Scripted(join=[Unreachable("gone")] * 10)
+    with pytest.raises(AveragerUnavailableError, match="averager-max-restarts") as info:
+        _client(transport, sleep=sleeps.append).join()
+    assert info.value.attempts == 4 and sleeps == [0.1, 0.2, 0.4]  # 0.1 + 0.2 + 0.4 <= 1.0 < + 0.4
+
+
+def test_client_never_resends_a_round_that_went_silent():
+    """A silent average() may already be in the round: the client fails at once instead of resending."""
+    transport = Scripted(average=[Unreachable("no answer", silent=True), "never sent"])
+    with pytest.raises(AveragerUnavailableError) as info:
+        _client(transport).average({"w": torch.ones(1)}, None, stats={}, position=None)
+    assert info.value.attempts == 1 and len(transport.calls) == 1
+
+
+def test_refused_round_is_resent_after_an_averager_restart():
+    """A refusal, then a rejoin that says the same round is due: the same payload is resent; the rejoin
+    offers the state the learner holds (a restarted averager is re-seeded with it)."""
+    held = _state(4, 4.0)
+    result = RoundResult(state=_state(5, 5.0), learners=(0, 1))
+    rejoin = JoinReply(state=held, next_round=5, world_size=2)
+    transport = Scripted(average=[MembershipError(0, 2, 3, "it is not registered"), result], join=[rejoin])
+    client = _client(transport, world_size=2)
+    client.held, client.next_round = held, 5
+    sent = {"w": torch.ones(1)}
+    decision = client.average(sent, None, stats={"frames": 1.0}, position=None)
+    assert isinstance(decision, Averaged) and decision.result is result
+    (_, first, _), (_, _, join_kwargs), (_, again, _) = transport.calls
+    assert first == again and again[1] == 5 and again[3] is sent  # the same round, the same payload
+    assert join_kwargs["seed"] is held
+    assert (client.next_round, client.held) == (6, result.state)
+
+
+def test_dropped_learner_gets_a_realigned_decision():
+    """Dropped from round 5 while the others averaged 5-7: a Realigned decision with their state."""
+    latest = _state(7, 7.0, EpochPosition(1, (), 2, 24).as_dict())
+    transport = Scripted(
+        average=[StaleRoundError(0, 5, 8, "it was dropped from round 5")],
+        join=[JoinReply(state=latest, next_round=8, world_size=2)],
+    )
+    client = _client(transport, world_size=2)
+    client.next_round = 5
+    decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None)
+    assert isinstance(decision, Realigned) and decision.first_missed == 5
+    assert decision.reply.state is latest and (client.next_round, client.held) == (8, latest)
+
+
+def test_missed_checkpoint_rounds_follow_the_schedule():
+    """Rounds 5-7 with every=2: 6 only; the run's final round is checkpointed by the end, not the schedule."""
+    assert missed_checkpoint_rounds(5, 7, every=2, latest_is_final=False) == [6]
+    assert missed_checkpoint_rounds(5, 8, every=2, latest_is_final=True) == [6]
+    assert missed_checkpoint_rounds(5, 8, every=2, latest_is_final=False) == [6, 8]
+    assert missed_checkpoint_rounds(5, 8, every=0, latest_is_final=False) == []
+
+
+# ---------------------------------------------------------------------------------------- the loop
+def _reference(config: Config, feed: Feed) -> dict[str, torch.Tensor]:
+    """A plain PyTorch loop over the same rows: the same seed, optimizer and mini-batches of B rows."""
+    torch.manual_seed(config.data.seed)
+    spec = feed.model_spec()
+    model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    train = config.train
+    optimizer = build_optimizer(train.optimizer, model.parameters(), lr=train.lr)
+    step = InnerStep(model, optimizer, micro_batch_size=train.micro_batch_size, device="cpu")
+    for epoch in range(train.epochs):
+        rows = feed.epoch(epoch)
+        for start in range(0, len(rows), train.batch_size):
+            step(collate_rows(rows[start : start + train.batch_size]))
+    return model.state_dict()
+
+
+def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
+    """One learner against a real in-process ParameterAverager ends on the plain loop's weights: averaging
+    one learner (weights and Adam moments) is the identity, so the loop must neither skip, repeat nor
+    reorder a step. Checkpoints are reported at the due rounds and load back."""
+    config = _config()
+    feed = Feed()
+    averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+    transport = InProcess(averager)
+    reports: list[tuple[dict, list[str]]] = []
+
+    def report(metrics, folder: Path | None) -> None:
+        saved = None
+        if folder is not None:
+            saved = checkpoint.load(folder)  # the folder is temporary: read it while it exists
+        reports.append((metrics, saved))
+
+    try:
+        learner = Learner(
+            config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed, report=report
+        )
+        learner.run()
+    finally:
+        transport.close()
+    expected = _reference(config, feed)
+    got = learner.model.state_dict()
+    assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)
+    # Not vacuous: training moved the weights away from the seeded initialisation.
+    torch.manual_seed(config.data.seed)
+    start = build_model_for(config, num_classes=CLASSES, in_channels=3).state_dict()
+    assert any(not torch.allclose(start[k], expected[k]) for k in expected)
+    # 8 rows / B=2 = 4 steps an epoch, K=2: rounds 1-2 in epoch 1, 3-4 in epoch 2; every=2 -> 2, final 4.
+    rounds = [(m["round"], saved is not None) for m, saved in reports]
+    assert rounds == [(2, True), (4, True)]
+    final = reports[-1][1]
+    assert final.state.round == 4 and reports[-1][0]["test_accuracy"] is not None
+    assert all(torch.equal(final.state.params[k], got[k]) for k in got)
+    assert final.position == {**EpochPosition(2).as_dict(), "round": 4}
+    assert transport.calls.count("average") == 4 and transport.calls.count("report_validation") == 4
+
+
+def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
+    """The first round is refused while the others averaged rounds 1-3 and took 4 rows: the learner
+    installs round 3's weights, reports checkpoint round 2 it missed, and trains on from row 4."""
+    config = _config(epochs=1)
+    feed = Feed()
+    template = Learner(
+        config,
+        rank=0,
+        world_size=1,
+        device="cpu",
+        client=_client(Scripted()),
+        feed=feed,
+        report=lambda m, f: None,
+    )
+    others = {k: torch.full_like(v, 0.5) for k, v in template.model.state_dict().items()}
+    position = EpochPosition(0, (), 1, 4).as_dict()
+    theirs = AveragedState(round=3, params=others, batch_size=2, position=position, source="live")
+    sent: list[dict] = []
+
+    def average(*args, **kwargs):
+        sent.append(kwargs["position"])
+        state = AveragedState(round=args[1], params=dict(args[3]), batch_size=2, position=kwargs["position"])
+        return RoundResult(state=state, learners=(0,))
+
+    class Others(Scripted):
+        def __call__(self, method, *args, timeout=None, **kwargs):
+            if method == "average" and self.replies["average"] == ["live"]:
+                self.calls.append((method, args, kwargs))
+                return average(*args, **kwargs)
+            return super().__call__(method, *args, timeout=timeout, **kwargs)
+
+    transport = Others(
+        join=[
+            JoinReply(state=AveragedState(batch_size=2), next_round=1, world_size=1),
+            JoinReply(state=theirs, next_round=4, world_size=1),
+        ],
+        average=[StaleRoundError(0, 1, 4, "it was dropped from round 1"), "live"],
+        report_validation=[2, 2],
+        checkpoint_contents=[],
+    )
+    reports: list[dict] = []
+    learner = Learner(
+        config,
+        rank=0,
+        world_size=1,
+        device="cpu",
+        client=_client(transport),
+        feed=feed,
+        report=lambda metrics, folder: reports.append(metrics),
+    )
+    installed: list[float] = []
+    original = learner.rounds.install
+    learner.rounds.install = lambda state: (installed.append(state.round), original(state))[1]
+    position = learner.start()
+    end = learner.train_epoch(position)
+    assert end == EpochPosition(0, (), 1, 4)  # the others' position: the loop continues from there
+    assert installed[-1] == 3 and all(
+        torch.equal(v, others[k]) for k, v in learner.model.state_dict().items()
+    )
+    assert [r["round"] for r in reports] == [2]  # rounds 1 and 3 are no checkpoint rounds (every=2)
+    final = learner.train_epoch(end)
+    assert final == EpochPosition(1)
+    assert feed.epoch_calls == [(0, 0), (0, 4)]  # the second pass skipped the 4 rows the others took
+    assert sent == [EpochPosition(1).as_dict()]  # rows 4-7 (2 steps = K) end the epoch in round 4
