@@ -118,7 +118,7 @@ class AveragerClient:
 
     def start(self, checkpoint_seed: Callable[[], AveragedState | None]) -> JoinReply:
         """The first join of this learner process; an averager that holds nothing is seeded from
-        ``checkpoint_seed()`` (Ray Train's latest checkpoint of the run) when there is one."""
+        ``checkpoint_seed()`` (the run's newest checkpoint that loads) when there is one."""
         reply = self.join()
         if reply.state.empty:
             seed = checkpoint_seed()

@@ -329,7 +329,7 @@ class ParameterAverager:
             self._batch.load_state_dict(seed.adaptive_state)
         self._book.restore(seed.round, None)
         kind = "checkpoint_recovery" if from_checkpoint else "reseeded"
-        where = "Ray Train's latest checkpoint" if from_checkpoint else "the state it held"
+        where = "the run's latest checkpoint" if from_checkpoint else "the state it held"
         self._history.recover(
             kind, f"learner {learner!r} re-seeded round {seed.round} from {where} (the averager had {held})"
         )

@@ -10,7 +10,7 @@ and meet at the same rounds without a barrier of their own.
 Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
 starts or restarts (a failure, an elastic resize) begins from the averager's latest state and position,
 the rest of the epoch re-split over the new group; only when the averager holds nothing is it seeded from
-Ray Train's latest checkpoint. A learner the others went on without (``Realigned``: it stalled past the
+the run's newest checkpoint that loads. A learner the others went on without (``Realigned``: it stalled past the
 timeout) takes their latest state and position and makes the ``ray.train.report`` calls of the
 checkpoint rounds it missed (Ray Train's report is a barrier, so the others wait for them). Checkpoints
 follow ``checkpoint.is_due`` right after a round: rank 0 saves the averager's state and history, every
@@ -294,15 +294,10 @@ def _ray_train_report(metrics: dict[str, Any], folder: Path | None) -> None:
     )
 
 
-def _ray_train_checkpoint_seed() -> AveragedState | None:
-    """Ray Train's latest checkpoint of this run, as a seed for an averager that holds nothing."""
-    import ray.train
-
-    found = ray.train.get_checkpoint()
-    if found is None:
-        return None
-    with found.as_directory() as folder:
-        return checkpoint.load(folder).state
+def _latest_state(config: Config) -> AveragedState | None:
+    """The newest loadable checkpoint of the run, as a seed for an averager that holds nothing."""
+    found = checkpoint.load_latest(config.run_dir())
+    return None if found is None else found.state
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
@@ -341,6 +336,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         client=client,
         feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"])),
         report=_ray_train_report,
-        checkpoint_seed=_ray_train_checkpoint_seed,
+        # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
+        checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
     ).run()

@@ -1,0 +1,129 @@
+"""The one checkpoint module: layout, schedule, save, and "load the newest checkpoint that loads".
+
+Contracts pinned: a saved checkpoint loads back to the same state, history, config and position, and its
+``state.pt`` loads with ``torch.load(weights_only=True)``; ``load_latest`` skips a corrupt or half-written
+newest checkpoint with a warning naming it and returns the one before; a write that fails raises
+``CheckpointError`` naming the folder and leaves the older checkpoints loadable; the schedule checkpoints
+every ``every`` rounds but the final one; checkpoints of the first format still load.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from raytrain_seq import checkpoint
+from raytrain_seq.elastic.state import AveragedState
+
+
+def _state(round_: int, value: float = 1.0) -> AveragedState:
+    params = {"w": torch.full((3,), value), "n": torch.tensor(round_)}
+    moments = {
+        0: {"step": torch.tensor(float(round_)), "exp_avg": torch.zeros(3), "exp_avg_sq": torch.ones(3)}
+    }
+    position = {"epoch": 1, "history": [[2, 3]], "world_size": 1, "rows_done": 4}
+    return AveragedState(
+        round=round_,
+        params=params,
+        optimizer_state=moments,
+        batch_size=8,
+        adaptive_state={"size": 8, "best": 0.5},
+        position=position,
+        elapsed_s=12.5,
+        source="live",
+    )
+
+
+def test_saved_checkpoint_loads_back_with_weights_only(tmp_path):
+    """save -> load gives the same state (source "checkpoint"), history, config and position."""
+    state = _state(5)
+    history = {"validation_due": 5, "loss_history": [{"round": 5, "loss": 0.25, "time_s": 1.0}]}
+    folder = checkpoint.save(
+        tmp_path / checkpoint.folder_name(5), state=state, history=history, config={"train": {"k": 2}}
+    )
+    assert folder.name == "checkpoint_round_000005"
+    raw = torch.load(folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
+    assert raw["format"] == 2 and raw["state"]["round"] == 5
+    loaded = checkpoint.load(folder)
+    assert loaded.state.round == 5 and all(
+        torch.equal(loaded.state.params[k], v) for k, v in state.params.items()
+    )
+    assert (loaded.state.adaptive_state, loaded.state.elapsed_s) == (state.adaptive_state, 12.5)
+    assert loaded.state.source == "checkpoint" and loaded.state.batch_size == 8
+    assert torch.equal(loaded.state.optimizer_state[0]["exp_avg_sq"], torch.ones(3))
+    assert loaded.history == history and loaded.config == {"train": {"k": 2}}
+    assert loaded.position == {**state.position, "round": 5}
+    assert not list(folder.glob(".*partial"))  # nothing left under a temporary name
+
+
+def test_load_latest_skips_a_corrupt_newest_checkpoint(tmp_path, caplog):
+    """The newest checkpoint, cut short by a crash, is skipped with a warning naming it."""
+    for round_ in (2, 4, 6):
+        checkpoint.save(tmp_path / checkpoint.folder_name(round_), state=_state(round_, float(round_)))
+    newest = tmp_path / checkpoint.folder_name(6) / checkpoint.STATE_FILE
+    newest.write_bytes(newest.read_bytes()[:100])  # half-written
+    (tmp_path / "checkpoint_round_000007").mkdir()  # a folder without a state file is not a checkpoint
+    with caplog.at_level(logging.WARNING, logger="raytrain_seq.checkpoint"):
+        found = checkpoint.load_latest(tmp_path)
+    assert found.round == 4 and torch.equal(found.state.params["w"], torch.full((3,), 4.0))
+    assert "checkpoint_round_000006" in caplog.text and "skipped" in caplog.text
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint_round_000006"):
+        checkpoint.load(tmp_path / checkpoint.folder_name(6))
+    assert checkpoint.load_latest(tmp_path / "empty") is None
+
+
+def test_a_failed_write_names_the_folder_and_keeps_the_older_checkpoints(tmp_path):
+    """A checkpoint that cannot be written raises CheckpointError naming it; the previous one still loads."""
+    checkpoint.save(tmp_path / checkpoint.folder_name(1), state=_state(1))
+    blocker = tmp_path / "checkpoint_round_000002"
+    blocker.write_text("a file where the folder should go")  # mkdir fails here even for root
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint_round_000002.*storage path"):
+        checkpoint.save(blocker, state=_state(2))
+    assert checkpoint.load_latest(tmp_path).round == 1
+
+
+def test_schedule_checkpoints_every_n_rounds_but_the_final_one():
+    """is_due: every=5 -> 5, 10, ...; the final round is left to the end of the run; every=0: never."""
+    assert [r for r in range(1, 16) if checkpoint.is_due(r, every=5)] == [5, 10, 15]
+    assert not checkpoint.is_due(10, every=5, final=True)
+    assert not any(checkpoint.is_due(r, every=0) for r in range(1, 10))
+
+
+def test_first_format_checkpoints_still_load(tmp_path):
+    """{"averager": snapshot} (the first format): the state and the history keys are split apart."""
+    folder = tmp_path / checkpoint.folder_name(3)
+    folder.mkdir()
+    snapshot = {
+        "round": 3,
+        "params": {"w": torch.ones(2)},
+        "optimizer_state": None,
+        "batch_size": 4,
+        "adaptive_state": {"size": 4},
+        "validation_due": None,
+        "dropped_log": (),
+        "batch_size_history": ({"round": 3, "batch_size": 4},),
+        "validation_history": (),
+        "position": None,
+        "loss_history": (),
+        "elapsed_s": 3.0,
+    }
+    torch.save({"averager": snapshot, "config": {"data": {}}}, folder / checkpoint.STATE_FILE)
+    loaded = checkpoint.load(folder)
+    assert (loaded.state.round, loaded.state.batch_size, loaded.state.source) == (3, 4, "checkpoint")
+    assert loaded.history["batch_size_history"] == ({"round": 3, "batch_size": 4},)
+    assert loaded.config == {"data": {}} and loaded.position is None
+
+
+def test_averaged_state_refuses_what_it_cannot_be():
+    """A round without params, an unknown source or field, a batch size < 1: clear errors."""
+    with pytest.raises(ValueError, match="round 2 has no params"):
+        AveragedState(round=2, batch_size=4)
+    with pytest.raises(ValueError, match="source"):
+        AveragedState(batch_size=4, source="disk")
+    with pytest.raises(ValueError, match="batch_size"):
+        AveragedState(batch_size=0)
+    with pytest.raises(ValueError, match=r"unknown averaged-state fields \['colour'\]"):
+        AveragedState.from_dict({"batch_size": 4, "colour": "red"})
+    assert AveragedState(batch_size=4).empty and not _state(1).empty
