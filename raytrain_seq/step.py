@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -131,16 +131,55 @@ class InnerStep:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Accuracy of a model over a set of block rows."""
+    """Scores of a model over a set of block rows; ``combine`` sums the results of disjoint shards."""
 
     accuracy: float
-    """Correct sequences / sequences (0.0 for an empty set)."""
+    """Correct sequences / sequences (top-1; 0.0 for an empty set)."""
     loss: float
     """Mean cross-entropy per sequence."""
     sequences: int
     """How many sequences were scored."""
     per_class: dict[int, tuple[int, int]]
     """label -> (correct, total)."""
+    top5_correct: int = 0
+    """Sequences whose label is among the 5 highest logits (all of them when there are <= 5 classes)."""
+    confusion: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(label, predicted class) -> count, the non-zero cells of the confusion matrix."""
+
+    @property
+    def top5_accuracy(self) -> float:
+        return self.top5_correct / self.sequences if self.sequences else 0.0
+
+    @property
+    def mean_class_accuracy(self) -> float:
+        """The mean over classes of each class's accuracy (MMAction2's mean class accuracy): every class
+        counts the same, however many test videos it has. Classes with no sequence are left out."""
+        rates = [c / t for c, t in self.per_class.values() if t]
+        return sum(rates) / len(rates) if rates else 0.0
+
+    @classmethod
+    def combine(cls, parts: Iterable[EvalResult]) -> EvalResult:
+        """One result for the union of disjoint shards' sequences (counts summed, means re-weighted)."""
+        parts = list(parts)
+        total = sum(p.sequences for p in parts)
+        per_class: dict[int, list[int]] = {}
+        confusion: dict[tuple[int, int], int] = {}
+        for part in parts:
+            for label, (c, t) in part.per_class.items():
+                tally = per_class.setdefault(label, [0, 0])
+                tally[0] += c
+                tally[1] += t
+            for cell, count in part.confusion.items():
+                confusion[cell] = confusion.get(cell, 0) + count
+        correct = sum(c for c, _ in per_class.values())
+        return cls(
+            accuracy=correct / total if total else 0.0,
+            loss=sum(p.loss * p.sequences for p in parts) / total if total else 0.0,
+            sequences=total,
+            per_class={label: (c, t) for label, (c, t) in sorted(per_class.items())},
+            top5_correct=sum(p.top5_correct for p in parts),
+            confusion=dict(sorted(confusion.items())),
+        )
 
 
 def evaluate(
@@ -154,9 +193,10 @@ def evaluate(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
-    correct = total = 0
+    correct = total = top5 = 0
     loss_sum = 0.0
     per_class: dict[int, list[int]] = {}
+    confusion: dict[tuple[int, int], int] = {}
     try:
         for batch in batches:
             rows = int(batch["num_sequences"].shape[0])
@@ -165,14 +205,18 @@ def evaluate(
                 logits, labels = predict(model, part)
                 if labels.numel() == 0:
                     continue
-                hits = logits.argmax(1) == labels
+                predicted = logits.argmax(1)
+                hits = predicted == labels
+                best5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+                top5 += int((best5 == labels[:, None]).any(1).sum())
                 loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
                 correct += int(hits.sum())
                 total += int(labels.numel())
-                for label, hit in zip(labels.tolist(), hits.tolist(), strict=True):
+                for label, guess in zip(labels.tolist(), predicted.tolist(), strict=True):
                     tally = per_class.setdefault(label, [0, 0])
-                    tally[0] += int(hit)
+                    tally[0] += int(label == guess)
                     tally[1] += 1
+                    confusion[(label, guess)] = confusion.get((label, guess), 0) + 1
     finally:
         model.train(was_training)
     return EvalResult(
@@ -180,6 +224,8 @@ def evaluate(
         loss=loss_sum / total if total else 0.0,
         sequences=total,
         per_class={label: (c, t) for label, (c, t) in sorted(per_class.items())},
+        top5_correct=top5,
+        confusion=dict(sorted(confusion.items())),
     )
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.events import membership_entries, recovery_entries
+from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
 from raytrain_seq.summary import RunSummary, plot_curves
 
@@ -88,6 +89,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
         )
     began = time.perf_counter()
+    check_paths(config)
     run_dir = check_storage(config)
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
     if config.run.resume and resumed is None:

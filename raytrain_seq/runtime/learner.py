@@ -82,7 +82,7 @@ class Learner:
         train = config.train
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(config.data.seed)
-        spec = feed.model_spec()
+        spec = self.model_spec = feed.model_spec()
         self.model = build_model_for(
             config, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
         ).to(device)
@@ -246,6 +246,7 @@ class Learner:
                 history=history,
                 config=self.config.to_dict(),
                 position=position.as_dict(),
+                model_spec=self.model_spec,
             )
             self.report(metrics, Path(folder))
 
