@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+import dataclasses
 import time
 
 import numpy as np
@@ -42,9 +42,7 @@ def test_device_crop_and_flip_equal_the_cpu_rows(channels):
     items = shard_items(shard)
     batch = {key: np.stack([item[key] for item in items]) for key in items[0]}
     cpu = assemble_rows(batch, arrays, shard.row_format)
-    deferred = assemble_rows(
-        batch, arrays, shard.row_format.__class__(**{**shard.row_format.__dict__, "final_on_learner": True})
-    )
+    deferred = assemble_rows(batch, arrays, dataclasses.replace(shard.row_format, final_on_learner=True))
     assert deferred["frames"].shape == (4, 12, 8, 8, channels) and "tops" in deferred
     flips = deferred["flips"][deferred["lengths"] > 0]
     assert 0 < flips.sum() < flips.size  # both branches (flipped and not) are exercised
@@ -138,9 +136,7 @@ def test_row_stream_mid_epoch_position_needs_a_new_stream_and_close_unblocks_the
     with pytest.raises(ValueError, match="close it and start"):
         stream.epoch_rows(1)
     stream.close()
-    assert not any(
-        t.name == "row-stream" and t.is_alive() for t in threading.enumerate() if t is stream._thread
-    )
+    assert not stream._thread.is_alive()
     again = RowStream(source, epoch=0, epochs=1, history=((3, 1),), skip=3)
     try:
         view, total = again.epoch_rows(0)
