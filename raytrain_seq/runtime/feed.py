@@ -572,9 +572,19 @@ class LearnerFeed:
             self._stream = None
 
     def eval_rows(self, split: str) -> BlockRowStream:
-        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped (Ray Data: built
-        once per split, the learner keeps the rows)."""
+        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped, assembled here
+        like the training rows (a Ray Data dataset would pay its start-up for a copy and a crop)."""
         import ray
 
         shard = ray.get(self.handle.eval_shard.remote(split))
-        return BlockRowStream(shard_dataset(shard, self.handle))
+        return BlockRowStream(_Batches(self._batches(shard)))
+
+
+class _Batches:
+    """An iterator of row batches in the shape ``BlockRowStream`` reads (Ray Data's ``iter_batches``)."""
+
+    def __init__(self, batches: Iterator[dict[str, np.ndarray]]) -> None:
+        self._batches = batches
+
+    def iter_batches(self, **_: Any) -> Iterator[dict[str, np.ndarray]]:
+        return self._batches
