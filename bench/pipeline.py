@@ -3,20 +3,27 @@
 Three rates in one run, on the same synthetic videos and the same augmentations (render = decode,
 ``partial_augment`` + ``--augment-cost`` busy seconds per video, ``final_augment`` per use):
 
-1. **ray**: ``create_feed`` + one ``shard_dataset``/``BlockRowStream`` per learner, drained by 2 consumer
-   threads with ``take(batch)``; BLoad blocks, partial augmentations cached and reused ``--reuse`` times.
+1. **ray**: ``create_feed`` + one persistent ``LearnerFeed`` row stream per learner (across all epochs),
+   drained by 2 consumer threads with ``take(batch)``; BLoad blocks, partial augmentations cached and
+   reused ``--reuse`` times; the rows are uncropped: the crop and flip belong to the learner (3).
 2. **dataloader**: ``torch.utils.data.DataLoader`` over a map-style dataset that renders, partial- and
    final-augments every video on every use (no cache: the r=1 pipeline) and pads it alone to ``t_max``
    (the naive per-video padding a plain loader needs to collate variable lengths); ``num_workers`` =
    the same CPU budget (``--cpus``) that the Ray cluster gets.
-3. **model**: ``raytrain_seq.step.InnerStep`` forward/backward/step on rows taken from the pipeline, one
-   learner with one torch thread (what each Ray Train learner gets), times 2 learners.
+3. **model**: ``raytrain_seq.step.stage_rows`` (the crop and flip on the learner's device) and
+   ``InnerStep`` forward/backward/step on rows taken from the pipeline, one learner with one torch
+   thread (what each Ray Train learner gets), times 2 learners.
+
+CPU: every process of each pipeline (the driver, Ray's raylet, GCS and workers; the loader and its
+workers), user + system seconds from /proc over the warm epochs, per 1,000 useful frames: unlike
+frames/s, it holds on a busy machine. ``--json`` prints the headline figures as the last line.
 
 Useful frames are frames of real sequences (padding excluded); every rate covers all ``--epochs`` epochs
 (epoch 0 of the pipeline is cold: it computes every partial augmentation). A second table says, per
 epoch and consumer, how long the consumer was blocked in ``take`` and what the feed was computing then.
 
     python bench/pipeline.py                                  # the size make bench runs
+    python bench/pipeline.py --json                           # ... and a JSON last line
     python bench/pipeline.py --videos 400 --epochs 4 --reuse 3 --augment-cost 0.01
 """
 
@@ -332,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "epoch 0 is cold: every partial augmentation is computed while the learners wait. From epoch 1 the\n"
-        "evicted videos were recomputed in the background during the previous epoch, so what remains is\n"
-        "block assembly (final crop/flip, copy into the row), Ray Data's per-task overhead, and the CPUs that\n"
-        "the background recompute and the two assembly streams share."
+        "evicted videos were recomputed in the background during the previous epoch and each learner's\n"
+        "persistent stream has run ahead into the epoch, so what remains is copying the cached arrays into\n"
+        "rows and the CPUs that the background recompute and the two streams share."
     )
     cpu = {"pipeline": _cpu_ms_per_1k(drained["epochs"]), "dataloader": _cpu_ms_per_1k(loader["epochs"])}
     print(

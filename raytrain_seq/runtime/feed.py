@@ -15,10 +15,12 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
 2. The plan: ``pack(lengths, t_max, strategy, seed=plan_seed(seed, e))`` and ``shard(plan, world_size)``
    (equal blocks per learner, zero-weight fillers); each learner's blocks are ordered by
    ``assembly.spread_fresh`` so the fresh frames spread evenly over consecutive mini-batches.
-3. A learner calls ``feed.epoch_shard(e, rank, world_size)`` and ``shard_dataset(shard, feed)``: a
-   ``ray.data.from_items(block specs).map_batches(...)`` whose tasks fetch the ObjectRefs they need from
-   the feed (``ray.get(feed.refs.remote(ids, epoch))``: the actor lends them, nothing rides in rows or
-   closures), final-augment each sequence and write the rows (``assembly.assemble_rows``), in order.
+3. A learner's ``LearnerFeed`` runs one persistent ``elastic.stream.RowStream`` across its epochs: a
+   thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
+   the refs of the whole shard in one ``feed.refs(ids, e)`` call, copies the cached arrays into uint8
+   rows at the cache size with each sequence's seeded crop draws (``assembly.assemble_rows``), in
+   order, and runs ahead into epoch e+1; the learner crops and flips on its device. ``shard_dataset``
+   (Ray Data, the crop on CPU) remains for the fusion evaluation and benchmark peers.
 
 Validation and test splits are packed once ("optimal", fixed seed; "chunk" only when training chunks
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
@@ -30,7 +32,7 @@ too. A real video that fails to decode in a task becomes a zero clip listed in `
 
 Trade-off: with reuse r the partial-augmentation work per epoch drops to 1/r after epoch 0; the price
 is object-store memory for one cached copy of every train video (+1/r for the next epoch's copies in
-flight) and one actor call per assembly task. bench/pipeline.py measures the delivered rate beside a
+flight) and one refs call per learner and epoch. bench/pipeline.py measures the delivered rate beside a
 plain DataLoader and what the learners consume (bench/results/pipeline.txt).
 """
 
