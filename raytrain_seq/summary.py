@@ -77,9 +77,9 @@ class RunSummary:
     seconds: dict[str, float] = field(
         default_factory=lambda: {"total": 0.0, "compute": 0.0, "averaging": 0.0, "data_wait": 0.0}
     )
-    """Wall time split: {total, compute, averaging, data_wait} per learner, averaged over learners
-    (data_wait: epochs >= 1); newer runs add startup (driver start to rank 0's first step), cold_epoch
-    (rank 0's data wait in epoch 0), validation, test (rank 0) and write (final checkpoint to summary)."""
+    """Wall time split: {total, compute, averaging, data_wait}; newer runs take every bucket from rank
+    0's timeline (data_wait: epochs >= 1) and add startup (driver start to rank 0's first step),
+    cold_epoch (its data wait in epoch 0), validation, test and write (final checkpoint to summary)."""
     packing: dict[str, Any] = field(
         default_factory=lambda: {"strategy": "optimal", "blocks": 0, "lower_bound_blocks": 0}
     )

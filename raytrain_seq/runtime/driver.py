@@ -221,11 +221,14 @@ def _summary(
         padding_fraction=padding / (blocks * t_max) if blocks and t_max else 0.0,
         # Useful frames per second of the whole run's training loop (all learners together).
         frames_per_second=frames / metrics["learner_seconds"] if metrics.get("learner_seconds") else 0.0,
+        # One timeline, rank 0's, so the buckets add up to the total: rank 0 validates while the others
+        # train and then wait for it in the round, so their means would count that time twice. The
+        # means over the learners (the whole run, every group) are kept in extra["learners_mean_s"].
         seconds={
             "total": 0.0,
-            "compute": compute,
-            "averaging": averaging_s,
-            "data_wait": data_wait,
+            "compute": float(metrics.get("compute_s", compute)),
+            "averaging": float(metrics.get("averaging_s", averaging_s)),
+            "data_wait": float(metrics.get("data_wait_s", data_wait)),
             # Rank 0's own clock: it waits for epoch 0's partial augmentations, validates and tests.
             **{key: float(metrics.get(f"{key}_s") or 0.0) for key in ("cold_epoch", "validation", "test")},
         },
@@ -250,5 +253,6 @@ def _summary(
             "per_class_test": metrics.get("per_class", {}),
             "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
             "learner_seconds": metrics.get("learner_seconds"),
+            "learners_mean_s": {"compute": compute, "averaging": averaging_s, "data_wait": data_wait},
         },
     )
