@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.microbatch import MicroBatchSizer, accumulate
 from raytrain_seq.models import predict, sequence_loss
 
@@ -51,6 +52,31 @@ def collate_rows(
         if array.dtype.kind in "biuf":
             out[key] = torch.from_numpy(np.ascontiguousarray(array))
     return out
+
+
+def stage_rows(
+    rows: Mapping[str, np.ndarray], device: torch.device | str | None, *, crop: int, flow: bool
+) -> dict[str, torch.Tensor]:
+    """Block rows as tensors on ``device``, final-augmented there when the rows carry the crop draws.
+
+    Rows from the learner's row stream hold the cached partial augmentation, uncropped (uint8, the
+    cache size), and each sequence's seeded ``tops``, ``lefts``, ``flips``: the crop and flip run here
+    on the whole mini-batch (``augment.final_augment_batch``), on the GPU when there is one. On CUDA the
+    host tensors are pinned and copied with ``non_blocking=True``, so staging the next mini-batch before
+    the current step overlaps the copy with compute. Rows without the draws are final already.
+    """
+    batch = collate_rows(rows)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
+    elif device.type != "cpu":
+        batch = {key: value.to(device) for key, value in batch.items()}
+    if "tops" in batch:
+        draws = {key: batch.pop(key) for key in ("tops", "lefts", "flips")}
+        batch["frames"] = final_augment_batch(
+            batch["frames"], starts=batch["starts"], lengths=batch["lengths"], crop=crop, flow=flow, **draws
+        )
+    return batch
 
 
 def useful_frames(batch: Mapping[str, torch.Tensor]) -> int:

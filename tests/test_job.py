@@ -74,6 +74,11 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path, capsys):
     assert summary.refurbish["recomputed"] == len(catalog)  # epoch 0 computes everything
     assert summary.test_accuracy is not None and 0.0 <= summary.test_accuracy <= 1.0
     assert summary.seconds["compute"] > 0 and summary.seconds["total"] > summary.seconds["compute"]
+    seconds = summary.seconds
+    buckets = ("startup", "cold_epoch", "compute", "averaging", "data_wait", "validation", "test", "write")
+    assert all(seconds[key] >= 0 for key in buckets) and seconds["startup"] > 0 and seconds["test"] > 0
+    # One timeline (rank 0's): the buckets add up to the total, within 5 % (what none measured).
+    assert abs(sum(seconds[key] for key in buckets) - seconds["total"]) <= 0.05 * seconds["total"], seconds
     learners = summary.extra["averager"]["membership"]
     assert sorted(event["learner"] for event in learners if event["event"] == "join") == [0, 1]
 
