@@ -20,6 +20,7 @@ from pathlib import Path
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.tracking import tracker_available
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,11 @@ def _data(config: Config) -> None:
 
 
 def check_paths(config: Config) -> None:
-    """Raise RunSetupError for the first path ``config`` would read that is missing or unusable."""
+    """Raise RunSetupError for the first path ``config`` would read that is missing or unusable (and
+    for a tracker whose package is not installed)."""
+    problem = tracker_available(config.run.tracker)
+    if problem is not None:
+        raise RunSetupError(problem)
     if config.data.stream != "fuse":
         _data(config)
     weights = config.model.weights
