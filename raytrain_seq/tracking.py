@@ -21,6 +21,7 @@ as TensorBoard expects.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,29 +59,38 @@ class NullTracker:
 
 
 class TensorBoardTracker:
-    """TensorBoard event files under ``folder`` (tensorboardX's SummaryWriter, no TensorFlow needed)."""
+    """TensorBoard event files under ``folder``, written synchronously (tensorboardX's protobufs and record
+    writer, no TensorFlow): an event is on disk when the call returns. tensorboardX's SummaryWriter queues
+    events for a background thread, so a reader (or a crash) could miss the latest round."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self._writer = None
 
-    def _open(self):
-        if self._writer is None:
-            from tensorboardX import SummaryWriter
+    def _write(self, summary: Any, step: int) -> None:
+        import time
 
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto import event_pb2
+
+        if self._writer is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self._writer = SummaryWriter(logdir=str(self.folder))
-        return self._writer
+            # A suffix per process: the averager and the driver may open a file in the same second.
+            self._writer = EventsWriter(str(self.folder / "events"), filename_suffix=f".{os.getpid()}")
+        self._writer.write_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        self._writer.flush()
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
-        writer = self._open()
+        from tensorboardX.summary import scalar
+
         for tag, value in values.items():
             if value is not None:
-                writer.add_scalar(tag, float(value), global_step=step)
-        writer.flush()
+                self._write(scalar(tag, float(value)), step)
 
     def text(self, tag: str, value: str, step: int) -> None:
-        self._open().add_text(tag, value, global_step=step)
+        from tensorboardX.summary import text
+
+        self._write(text(tag, value), step)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -125,6 +125,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "run.storage_path": (["/tmp/s"], "/tmp/s", []),
     "run.run_name": (["r1"], "r1", []),
     "run.resume": ([], True, ["--run-name", "r1"]),
+    "run.tracker": (["none"], "none", []),
 }
 
 # Every flag jobs/ucf101.py took before the CLI was generated: each must keep working.
