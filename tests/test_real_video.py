@@ -576,3 +576,28 @@ def test_export_and_predict_see_what_the_runs_evaluation_saw(runs, mini, tmp_pat
     printed = capsys.readouterr()
     assert test.paths[0] in printed.out and mini.bad["corrupt"] in printed.err
     assert export_main([str(tmp_path), "--out", str(tmp_path / "x.pt")]) == 2  # not a run folder
+
+
+@pytest.mark.ray
+def test_predict_on_the_flow_run_sees_the_flow_its_evaluation_saw(runs, mini):
+    """predict's flow path is the evaluation's flow-once bytes: the whole frame's flow, centred window."""
+    from raytrain_seq.augment import center_crop
+    from raytrain_seq.predict import Predictor
+
+    storage, codes = runs
+    assert codes["flow"] == 0
+    predictor = Predictor(storage / "flow")
+    config = predictor.config
+    assert config.data.stream == "flow"
+    source = get_source(source_kwargs(config))
+    test = load_catalogs(config)["catalogs"]["test"]
+    compared = 0
+    for video, path in zip(test.ids, test.paths, strict=True):
+        if path == mini.bad["lying"]:
+            continue  # the run pads it to the header's length, predict takes the real frames
+        ran, _ = source.load(int(video), None, config.data.seed, config.data.cache_size)
+        assert ran.shape[-1] == 2 and np.array_equal(
+            predictor.frames(path), center_crop(ran, config.data.crop)
+        )
+        compared += 1
+    assert compared == len(test) - 1

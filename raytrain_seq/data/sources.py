@@ -44,9 +44,9 @@ longer even be opened has no known length, so its task fails with a VideoError n
 Trade-off: a flow video costs several times its RGB twin (``data/flow.py``). RGB stays in the refurbished
 half, paid once per ``reuse`` epochs; flow is paid once per run, at the price of object-store memory for
 each training video's whole-frame flow (the long side / short side of the frames, 4:3 for UCF101, times a
-windowed copy) beside the windowed cache; Ray spills it to disk when the store is full. The catalog is probed (one header read per video, ``video.probe``)
-by the driver, which hands it to the feed actor; the task workers never probe the catalog: they read
-the list files and re-probe only the video they decode.
+windowed copy) beside the windowed cache; Ray spills it to disk when the store is full. The catalog is
+probed (one header read per video, ``video.probe``) by the driver, which hands it to the feed actor; the
+task workers never probe the catalog: they read the list files and re-probe only the video they decode.
 """
 
 from __future__ import annotations
