@@ -49,12 +49,11 @@ class Predictor:
 
         data = self.config.data
         if data.stream == "flow":
-            from raytrain_seq.data.flow import pair_flow
+            from raytrain_seq.data.flow import flow_window, pair_flow
 
+            # The run's evaluation: the flow of the whole frames, then the centred window (flow once).
             first, second, last = decode_pairs(path, stride=data.stride, fps=data.fps, size=data.cache_size)
-            frames = pair_flow(
-                resize_video(first, data.cache_size), resize_video(second, data.cache_size), last=last
-            )
+            frames = flow_window(pair_flow(first, second, last=last), data.cache_size)
         else:
             frames = resize_video(
                 decode(path, stride=data.stride, fps=data.fps, size=data.cache_size), data.cache_size

@@ -12,9 +12,16 @@ import cv2
 import numpy as np
 import pytest
 
-from raytrain_seq.augment import final_augment
+from raytrain_seq.augment import final_augment, resize_video
 from raytrain_seq.data import flow as flow_module
-from raytrain_seq.data.flow import FLOW_BOUND, compute_flow, dequantize, flow_method, quantize
+from raytrain_seq.data.flow import (
+    FLOW_BOUND,
+    compute_flow,
+    dequantize,
+    flow_method,
+    flow_window,
+    quantize,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 64
@@ -265,3 +272,38 @@ def test_rgb_frames_are_reduced_to_luma_in_rgb_order():
     gray = flow_module._gray(video).astype(np.float64)
     assert np.abs(gray - reference).max() <= 1.0
     assert np.abs(video.astype(np.float64) @ np.array([0.114, 0.587, 0.299]) - reference).min() > 40
+
+
+# ------------------------------------------------------------------------------- the flow-once window
+
+
+@pytest.mark.parametrize("shape", [(3, 20, 27, 2), (3, 27, 20, 2), (2, 20, 20, 2)])
+@pytest.mark.parametrize("offset", [0.0, 0.37, 0.5, 1.0, None])
+def test_flow_window_cuts_the_pixels_resize_video_would(shape, offset):
+    """flow_window(flow, 20, offset) equals resize_video(flow, 20, offset) on flow whose short side is 20
+    (there resize_video only slices), so the stored flow's window sits where the frames' window did."""
+    flow = np.random.default_rng(7).integers(0, 256, shape).astype(np.uint8)
+    window = flow_window(flow, 20, offset)
+    assert window.shape == (shape[0], 20, 20, 2) and window.dtype == np.uint8
+    assert np.array_equal(window, resize_video(flow, 20, offset))
+    long = max(shape[1:3])
+    start = round((0.5 if offset is None else offset) * (long - 20))
+    expect = flow[:, :, start : start + 20] if shape[2] == long else flow[:, start : start + 20]
+    assert np.array_equal(window, expect)
+    window[...] = 0  # a copy: the stored flow is shared by every later window and must not change
+    assert flow.any()
+
+
+def test_flow_window_refuses_resampling_and_bad_inputs():
+    """A short side other than size would need resampling (and scaled vectors): refused, like bad input."""
+    flow = np.zeros((2, 24, 32, 2), np.uint8)
+    with pytest.raises(ValueError, match="short side is 20"):
+        flow_window(flow, 20, 0.5)
+    with pytest.raises(ValueError, match=r"uint8 \[T, H, W, 2\]"):
+        flow_window(np.zeros((2, 20, 26, 3), np.uint8), 20)
+    with pytest.raises(ValueError, match=r"uint8 \[T, H, W, 2\]"):
+        flow_window(np.zeros((2, 20, 26, 2), np.float32), 20)
+    with pytest.raises(ValueError, match="offset must be in"):
+        flow_window(np.zeros((2, 20, 26, 2), np.uint8), 20, 1.5)
+    with pytest.raises(ValueError, match="size must be"):
+        flow_window(np.zeros((2, 20, 26, 2), np.uint8), 0)

@@ -29,18 +29,22 @@ from video_fixtures import (
 )
 
 from raytrain_seq import checkpoint
+from raytrain_seq.augment import resize_video
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.data.flow import compute_flow, dequantize, flow_method, pair_flow
+from raytrain_seq.data.flow import FLOW_BOUND, compute_flow, dequantize, flow_method, pair_flow
 from raytrain_seq.data.sources import (
     balanced_subset,
     fit_length,
+    flow_offset,
+    flow_videos,
     get_source,
     holdout,
     load_catalogs,
     source_kwargs,
+    window_videos,
 )
 from raytrain_seq.data.video import decode, decode_pairs
-from raytrain_seq.elastic.assembly import RowFormat, assemble_rows, final_rng
+from raytrain_seq.elastic.assembly import RowFormat, assemble_rows, final_rng, partial_rng
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state
@@ -233,6 +237,78 @@ def test_source_rgb_and_flow_are_seeded_and_the_same_length(mini):
     assert dequantize(f1[..., 0]).max() > 0.8 and abs(float(dequantize(f1[..., 1]).mean())) < 0.5
 
 
+def test_flow_is_computed_once_and_each_refurbish_is_a_window_of_it(mini):
+    """The flow-once contract: RealVideos.flow depends on neither seed nor epoch, and load(video, epoch)
+    is exactly flow_window(flow, size, flow_offset(seed, video, epoch)): the window partial_augment's
+    first draw places (the centre for evaluation), cut from one whole-frame flow."""
+    catalog = load_catalogs(_config(mini))["catalogs"]["train"]
+    video = int(catalog.ids[3])
+    source = get_source(source_kwargs(_config(mini, stream="flow")))
+    flow, report = source.flow(video, SIZE)
+    assert flow.shape == (int(catalog.lengths[3]), SIZE, 27, 2) and report == {}  # 32x24 at short side 20
+    assert np.array_equal(source.flow(video, SIZE)[0], flow)
+    starts = set()
+    for seed in (0, 5):
+        for epoch in (0, 1, 2, 3, None):
+            offset = flow_offset(seed, video, epoch)
+            if epoch is None:
+                assert offset is None
+            else:
+                assert offset == partial_rng(seed, video, epoch).uniform(0.0, 1.0)
+            start = round((0.5 if offset is None else offset) * (27 - SIZE))
+            starts.add(start)
+            expect = flow[:, :, start : start + SIZE]
+            assert np.array_equal(source.load(video, epoch, seed, SIZE)[0], expect), (seed, epoch)
+    assert len(starts) >= 3  # the epochs really cut different windows of the one stored flow
+    with pytest.raises(ValueError, match="flow stream"):
+        get_source(source_kwargs(_config(mini))).flow(video, SIZE)
+
+
+def test_flow_task_bodies_give_load_bytes_and_report_flow_seconds(mini):
+    """flow_videos (once) then window_videos (per refurbish) give load()'s bytes, a zero clip for the
+    video that fails to decode, and report each video's CPU seconds of decoding and flow."""
+    config = _config(mini, stream="flow")
+    catalogs = load_catalogs(config)["catalogs"]
+    source = source_kwargs(config)
+    id_of = {p: int(v) for c in catalogs.values() for p, v in zip(c.paths, c.ids, strict=True)}
+    ids = [int(catalogs["train"].ids[k]) for k in (0, 2)] + [id_of[mini.bad["truncated"]]]
+    ids.append(int(catalogs["test"].ids[0]))
+    epochs = [0, 1, 2, None]
+    *flows, info = flow_videos(source, ids, epochs, SIZE)
+    assert info["kind"] == "flow" and info["ids"] == ids and info["epochs"] == epochs
+    assert len(info["flow_seconds"]) == 4 and all(s > 0 for s in info["flow_seconds"][:2])
+    assert [path for path, _ in info["failed"]] == [mini.bad["truncated"]]
+    assert info["flow_method"] == flow_method()
+    *windows, winfo = window_videos(ids, epochs, 7, SIZE, 0.0, *flows)
+    assert winfo["kind"] == "window" and winfo["epochs"] == epochs and winfo["failed"] == []
+    for video, epoch, window in zip(ids, epochs, windows, strict=True):
+        assert np.array_equal(window, get_source(source).load(video, epoch, 7, SIZE)[0]), (video, epoch)
+    assert windows[0].any() and not windows[2].any()  # the truncated video: a zero clip
+    with pytest.raises(ValueError, match="one flow per video"):
+        window_videos(ids, epochs, 7, SIZE, 0.0, *flows[:2])
+
+
+def test_whole_frame_flow_differs_from_window_first_flow_only_near_the_borders(mini):
+    """What flow once changed: the window of the whole frame's flow is not the flow of the window (the
+    solver sees past the window's edge), but away from the edges the two agree to a quantisation step."""
+    size, margin = 64, 10
+    config = _config(mini, stream="flow", cache_size=size)
+    source = get_source(source_kwargs(config))
+    catalog = load_catalogs(config)["catalogs"]["train"]
+    inner, edges = [], []
+    for video in catalog.ids[:4].tolist():
+        offset = flow_offset(0, video, 1)
+        new = source.load(video, 1, 0, size)[0]
+        first, second, last = decode_pairs(source.paths[video], stride=2, size=size, threads=1)
+        old = pair_flow(resize_video(first, size, offset), resize_video(second, size, offset), last=last)
+        diff = np.abs(dequantize(new) - dequantize(fit_length(old, new.shape[0])))
+        inner.append(diff[:, margin:-margin, margin:-margin].ravel())
+        edges.append(diff[:, :, :3].ravel())
+    inner, edges = np.concatenate(inner), np.concatenate(edges)
+    assert (inner <= 2 * FLOW_BOUND / 255 + 1e-6).mean() > 0.97
+    assert edges.mean() > inner.mean()  # the difference sits at the window's edge
+
+
 def test_hmdb51_with_fps_resampling_through_the_source(tmp_path):
     """HMDB51 catalogs (each clip its own group) and --fps 10: every loaded clip has its catalog length."""
     ds = make_mini_hmdb51(tmp_path / "hmdb")
@@ -357,6 +433,53 @@ def _summary(storage: Path, name: str) -> dict:
 
 
 @pytest.mark.ray
+def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster, mini):
+    """A flow feed over 3 epochs, r = 2: each training video's flow is computed once (epoch 0), epochs 1
+    and 2 only cut windows (exactly the evicted ids), the served arrays equal load(video, computing
+    epoch) and evaluation's load(video, None), and the CPU saved is the flow seconds of the evicted ids:
+    with r = 2 epochs 1 and 2 evict every id once, so together they save all of epoch 0's flow seconds."""
+    from raytrain_seq.refurbish import RefurbishSchedule
+    from raytrain_seq.runtime.feed import create_feed
+
+    ray = ray_cluster
+    config = _config(mini, stream="flow", reuse=2, epochs=3, learners=1)
+    catalogs = load_catalogs(config)["catalogs"]
+    train = catalogs["train"].ids.tolist()
+    schedule = RefurbishSchedule(len(train), reuse=2, seed=config.data.seed)
+    evicted = {e: sorted(np.asarray(train)[schedule.evicted(e)].tolist()) for e in (1, 2)}
+    assert sorted(evicted[1] + evicted[2]) == sorted(train)  # r = 2: each id once in epochs 1..2
+    source = get_source(source_kwargs(config))
+    feed = create_feed(config, videos_per_task=4)
+    for epoch in range(3):
+        ray.get(feed.epoch_shard.remote(epoch, 0, 1))
+        arrays = ray.get(ray.get(feed.refs.remote(train, epoch)))
+        computing = epoch - schedule.age(epoch)
+        for k, (video, got) in enumerate(zip(train, arrays, strict=True)):
+            expect = source.load(video, int(computing[k]), config.data.seed, SIZE)[0]
+            assert np.array_equal(got, expect), (epoch, video)
+    held = []
+    for split in ("val", "test"):
+        ray.get(feed.eval_shard.remote(split))
+        ids = catalogs[split].ids.tolist()
+        for video, got in zip(ids, ray.get(ray.get(feed.refs.remote(ids, None))), strict=True):
+            assert np.array_equal(got, source.load(video, None, config.data.seed, SIZE)[0]), video
+        held += ids
+    stats = ray.get(feed.stats.remote(wait=True, ids=True))
+    epochs, totals = stats["epochs"], stats["totals"]
+    assert stats["flow_once"] and totals["tasks_pending"] == 0
+    assert epochs[0]["flow_videos"] == len(train) == epochs[0]["partial_videos"]
+    assert epochs[0]["flow_seconds"] > 0 and epochs[0]["flow_seconds_saved"] == 0
+    for epoch in (1, 2):
+        assert epochs[epoch]["partial_ids"] == evicted[epoch] == sorted(evicted[epoch])
+        assert epochs[epoch]["flow_videos"] == 0 and epochs[epoch]["flow_seconds"] == 0
+        assert epochs[epoch]["flow_seconds_saved"] > 0
+    saved = epochs[1]["flow_seconds_saved"] + epochs[2]["flow_seconds_saved"]
+    assert saved == pytest.approx(epochs[0]["flow_seconds"]) and totals["flow_videos"] == len(train)
+    # The video that fails to decode (a zero clip) is reported once, by its flow task.
+    assert stats["eval"]["videos"] == len(held) and mini.bad["truncated"] in stats["videos"]["skipped"]
+
+
+@pytest.mark.ray
 def test_rgb_run_trains_on_readable_videos_and_lists_the_bad_ones(runs, mini):
     """The rgb run finishes; its summary lists the corrupt and the undecodable video; test scored."""
     storage, codes = runs
@@ -453,3 +576,28 @@ def test_export_and_predict_see_what_the_runs_evaluation_saw(runs, mini, tmp_pat
     printed = capsys.readouterr()
     assert test.paths[0] in printed.out and mini.bad["corrupt"] in printed.err
     assert export_main([str(tmp_path), "--out", str(tmp_path / "x.pt")]) == 2  # not a run folder
+
+
+@pytest.mark.ray
+def test_predict_on_the_flow_run_sees_the_flow_its_evaluation_saw(runs, mini):
+    """predict's flow path is the evaluation's flow-once bytes: the whole frame's flow, centred window."""
+    from raytrain_seq.augment import center_crop
+    from raytrain_seq.predict import Predictor
+
+    storage, codes = runs
+    assert codes["flow"] == 0
+    predictor = Predictor(storage / "flow")
+    config = predictor.config
+    assert config.data.stream == "flow"
+    source = get_source(source_kwargs(config))
+    test = load_catalogs(config)["catalogs"]["test"]
+    compared = 0
+    for video, path in zip(test.ids, test.paths, strict=True):
+        if path == mini.bad["lying"]:
+            continue  # the run pads it to the header's length, predict takes the real frames
+        ran, _ = source.load(int(video), None, config.data.seed, config.data.cache_size)
+        assert ran.shape[-1] == 2 and np.array_equal(
+            predictor.frames(path), center_crop(ran, config.data.crop)
+        )
+        compared += 1
+    assert compared == len(test) - 1

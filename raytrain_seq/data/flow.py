@@ -24,6 +24,12 @@ Length: ``T`` frames give ``T - 1`` flows (frame t to t + 1); the last flow is r
 has the same ``T`` as the RGB video (the packer and the reset tables are built from RGB lengths). A 1-frame
 video gets one zero-flow frame.
 
+Windows: ``flow_window(flow, size, offset)`` cuts the square ``size`` window out of a flow video whose
+short side is ``size``, at the same position ``augment.resize_video`` would place it (0: start, 0.5 or
+None: centre, 1: end). It slices and never resamples: resampling would also have to scale the vectors.
+The flow stream computes a video's flow once at full frame (short side ``size``) and cuts each epoch's
+random window from it (``data/sources.py``).
+
 Trade-off: flow costs several times what ``partial_augment`` costs on the same frames, roughly linear in
 pixels (Farneback timings: docs/LOG.md, 2026-11-22), which is why flow belongs in the cached (refurbished)
 half and never in the per-use final one.
@@ -41,7 +47,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "FARNEBACK_PARAMS", "FLOW_BOUND", "compute_flow", "dequantize", "flow_method", "pair_flow", "quantize",
+    "FARNEBACK_PARAMS", "FLOW_BOUND", "compute_flow", "dequantize", "flow_method", "flow_window", "pair_flow",
+    "quantize",
 ]  # fmt: skip
 
 # The clip used by TSN / dense_flow (at their 340x256 frames; at 112x112 the same motion is ~3x smaller).
@@ -240,3 +247,28 @@ def pair_flow(
     if not last and t > 1:
         flows[t - 1] = flows[t - 2]
     return quantize(flows, bound)
+
+
+def flow_window(flow: np.ndarray, size: int, offset: float | None = None) -> np.ndarray:
+    """The ``size x size`` window of uint8 flow ``[T, H, W, 2]`` with ``min(H, W) == size``: a copy.
+
+    The window runs along the long side at ``round(offset * (long - size))`` (``offset`` None: 0.5,
+    the centre), the rounding of ``augment.resize_video``, so cutting the window out of the flow picks
+    the same pixels as cutting it out of the frames. A 20x26 flow, size 20, offset 0.5: columns 3..22.
+    """
+    if not isinstance(flow, np.ndarray) or flow.ndim != 4 or flow.shape[-1] != 2 or flow.dtype != np.uint8:
+        described = f"{flow.dtype} {flow.shape}" if isinstance(flow, np.ndarray) else type(flow).__name__
+        raise ValueError(f"flow must be uint8 [T, H, W, 2] (pair_flow's output), got {described}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise ValueError(f"size must be an int >= 1, got {size!r}")
+    _, h, w, _ = flow.shape
+    if min(h, w) != size:
+        raise ValueError(
+            f"flow_window cuts a {size}x{size} window out of flow whose short side is {size}, got {h}x{w}: "
+            f"compute the flow of frames decoded at short side {size}"
+        )
+    if offset is not None and not 0.0 <= offset <= 1.0:
+        raise ValueError(f"offset must be in [0, 1] (0: start, 0.5: centre, 1: end) or None, got {offset}")
+    pos = 0.5 if offset is None else offset
+    top, left = round(pos * (h - size)), round(pos * (w - size))
+    return np.array(flow[:, top : top + size, left : left + size], copy=True)

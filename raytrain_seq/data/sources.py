@@ -9,10 +9,20 @@ or on another worker gives the same bytes. ``epoch=None`` is the deterministic e
 
 * RGB: ``decode`` at short side ``cache_size`` then ``augment.partial_augment`` (random window along the
   long side + one colour transform for the whole video).
-* Flow (two-stream, Simonyan & Zisserman 2014; TSN, Wang et al. 2016): ``video.decode_pairs`` gives each
-  kept frame and its source successor, one random window (``augment.resize_video`` with a seeded offset,
-  no colour jitter: flow has no colour) cuts both, and ``flow.pair_flow`` turns each pair into 2 uint8
-  channels, so a strided video still carries the motion between consecutive frames, same T as RGB.
+* Flow (two-stream, Simonyan & Zisserman 2014; TSN, Wang et al. 2016), computed ONCE per video:
+  ``RealVideos.flow`` decodes each kept frame and its source successor (``video.decode_pairs``) at short
+  side ``cache_size`` and turns each pair into 2 uint8 channels (``flow.pair_flow``) over the WHOLE frame,
+  so a strided video still carries the motion between consecutive frames, same T as RGB. That array
+  does not depend on the seed or the epoch. The flow stream's partial augmentation is then only the
+  random window (no colour jitter: flow has no colour): ``flow.flow_window(flow, size, flow_offset(seed,
+  video, epoch))``, the offset being the first draw of ``partial_rng`` as in ``partial_augment``; epoch
+  None cuts the centre. ``load`` computes both in one call; the feed runs them as two task bodies,
+  ``flow_videos`` once per video (the result is kept in the object store for the run) and
+  ``window_videos`` per refurbish, so a recompute costs a slice, not a decode and an optical flow.
+  Contract of a flow refurbish: ``window(whole-frame flow, offset)``. Before issue 13 the window was cut
+  from the frames first and the flow computed on the window; the two differ where the solver's
+  neighbourhood reaches past the window (its borders, and the coarse pyramid levels), so the bytes are
+  not the old ones: the new ones see real pixels beyond the window's edge instead of its border.
 
 Catalogs (``load_catalogs``): the first ``data.num_classes`` classes (all when None) of the official
 split ``data.split``; a validation split held out from the training list, class by class and WHOLE
@@ -31,10 +41,12 @@ that differs from the catalog's (a header that lies) is trimmed, or padded by re
 to the catalog length, with a rate-limited warning. A file that was readable at catalog time and can no
 longer even be opened has no known length, so its task fails with a VideoError naming the file.
 
-Trade-off: a flow video costs several times its RGB twin (``data/flow.py``); both sit in the refurbished
-half, paid once per ``reuse`` epochs. The catalog is probed (one header read per video, ``video.probe``)
-by the driver, which hands it to the feed actor; the task workers never probe the catalog: they read
-the list files and re-probe only the video they decode.
+Trade-off: a flow video costs several times its RGB twin (``data/flow.py``). RGB stays in the refurbished
+half, paid once per ``reuse`` epochs; flow is paid once per run, at the price of object-store memory for
+each training video's whole-frame flow (the long side / short side of the frames, 4:3 for UCF101, times a
+windowed copy) beside the windowed cache; Ray spills it to disk when the store is full. The catalog is
+probed (one header read per video, ``video.probe``) by the driver, which hands it to the feed actor; the
+task workers never probe the catalog: they read the list files and re-probe only the video they decode.
 """
 
 from __future__ import annotations
@@ -51,13 +63,15 @@ import numpy as np
 
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.data.flow import flow_window
 from raytrain_seq.elastic.assembly import partial_rng
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHANNELS", "SPLITS", "RealVideos", "SyntheticSource", "augment_videos", "balanced_subset", "busy",
-    "fit_length", "get_source", "holdout", "load_catalogs", "render_size", "source_kwargs",
+    "fit_length", "flow_offset", "flow_videos", "get_source", "holdout", "load_catalogs", "render_size",
+    "source_kwargs", "window_videos",
 ]  # fmt: skip
 
 SPLITS = ("train", "val", "test")
@@ -138,6 +152,76 @@ def augment_videos(
         "flow_method": videos.flow_method,
     }
     return (*out, info)
+
+
+def flow_videos(source: tuple, video_ids: list[int], epochs: list[int | None], size: int) -> tuple:
+    """Task body of the flow stream's once-per-video half: ``RealVideos.flow`` of each video.
+
+    Returns one uint8 ``[T, H, W, 2]`` whole-frame flow per video (short side ``size``), then ``{"kind":
+    "flow", "ids", "epochs", "seconds", "flow_seconds", "failed", "refit", "flow_method"}``:
+    ``flow_seconds`` is each video's CPU seconds of decoding and flow (this thread's CPU time, so a busy
+    machine does not inflate it): what a recompute of that video would pay again. ``epochs`` are the
+    computing epochs that first needed each flow (None: evaluation), echoed for the feed's statistics;
+    the flow does not depend on them.
+    """
+    videos = get_source(source)
+    began = time.perf_counter()
+    out, each, failed, refit = [], [], [], []
+    for video in video_ids:
+        cpu = time.thread_time()
+        flow, report = videos.flow(video, size)
+        each.append(time.thread_time() - cpu)
+        out.append(flow)
+        failed += report.get("failed", [])
+        refit += report.get("refit", [])
+    info = {
+        "kind": "flow",
+        "ids": list(video_ids),
+        "epochs": list(epochs),
+        "seconds": time.perf_counter() - began,
+        "flow_seconds": each,
+        "failed": failed,
+        "refit": refit,
+        "flow_method": videos.flow_method,
+    }
+    return (*out, info)
+
+
+def window_videos(
+    video_ids: list[int], epochs: list[int | None], seed: int, size: int, cost: float, *flows: np.ndarray
+) -> tuple:
+    """Task body of the flow stream's refurbish: each stored flow's window for ``(seed, video, epoch)``.
+
+    ``flows`` are ``flow_videos``'s arrays (Ray resolves the refs passed in their place). Returns one
+    uint8 ``[T, size, size, 2]`` per video, then ``{"kind": "window", "ids", "epochs", "seconds",
+    "failed", "refit", "flow_method"}`` (no decode happens here, so nothing fails or is refitted).
+    """
+    if len(flows) != len(video_ids):
+        raise ValueError(f"window_videos needs one flow per video, got {len(flows)} for {len(video_ids)} ids")
+    began = time.perf_counter()
+    out = []
+    for video, epoch, flow in zip(video_ids, epochs, flows, strict=True):
+        out.append(flow_window(flow, size, flow_offset(seed, video, epoch)))
+        busy(cost)
+    info = {
+        "kind": "window",
+        "ids": list(video_ids),
+        "epochs": list(epochs),
+        "seconds": time.perf_counter() - began,
+        "failed": [],
+        "refit": [],
+        "flow_method": None,
+    }
+    return (*out, info)
+
+
+def flow_offset(seed: int, video: int, epoch: int | None) -> float | None:
+    """Where the flow stream's window of ``video`` sits in ``epoch`` (None: evaluation, the centre).
+
+    The first draw of ``partial_rng(seed, video, epoch)``, the same draw ``partial_augment`` places the
+    RGB window with, so both streams of one (seed, video, epoch) cut the same window.
+    """
+    return None if epoch is None else float(partial_rng(seed, video, epoch).uniform(0.0, 1.0))
 
 
 def fit_length(frames: np.ndarray, length: int) -> np.ndarray:
@@ -349,7 +433,41 @@ class RealVideos:
         return {"catalogs": catalogs, "class_names": list(names[:k]), "skipped": skipped}
 
     def load(self, video: int, epoch: int | None, seed: int, size: int) -> tuple[np.ndarray, dict]:
-        """uint8 ``[catalog length, size, size, C]`` of ``video`` and a report (``failed``/``refit``)."""
+        """uint8 ``[catalog length, size, size, C]`` of ``video`` and a report (``failed``/``refit``).
+
+        Flow: ``flow_window(self.flow(video, size), size, flow_offset(seed, video, epoch))``, the bytes the
+        feed's two tasks give; RGB: decode, then ``partial_augment`` (epoch None: the centred resize).
+        """
+        if self.stream == "flow":
+            flow, report = self.flow(video, size)
+            return flow_window(flow, size, flow_offset(seed, video, epoch)), report
+        frames, _, length, report = self._decoded(video, size)
+        if frames is None:
+            return np.zeros((length, size, size, self.channels), np.uint8), report
+        rgb = fit_length(frames[0], length)
+        if epoch is None:
+            return resize_video(rgb, size), report
+        return partial_augment(rgb, size=size, rng=partial_rng(seed, video, epoch)), report
+
+    def flow(self, video: int, size: int) -> tuple[np.ndarray, dict]:
+        """uint8 ``[catalog length, H, W, 2]``: the flow of ``video``'s whole frames at short side ``size``.
+
+        A pure function of the file, the stride (or fps) and ``size``: no seed, no epoch, so the feed
+        computes it once per run. A video that fails to decode gives ``size x size`` zeros.
+        """
+        if self.stream != "flow":
+            raise ValueError(f"RealVideos.flow is the flow stream's; this source's stream is {self.stream!r}")
+        from raytrain_seq.data.flow import pair_flow
+
+        frames, last, length, report = self._decoded(video, size)
+        if frames is None:
+            return np.zeros((length, size, size, 2), np.uint8), report
+        _one_opencv_thread()
+        first, second = frames
+        return fit_length(pair_flow(first, second, last=last), length), report
+
+    def _decoded(self, video: int, size: int) -> tuple[tuple[np.ndarray, ...] | None, bool, int, dict]:
+        """``(frames or None when the decode failed, last, catalog length, report)`` of ``video``."""
         from raytrain_seq.data.video import VideoError, output_length, probe
 
         if video not in self.paths:
@@ -369,24 +487,13 @@ class RealVideos:
                 "video %s failed to decode (%s): served as %d black frames; it is listed as skipped",
                 path, exc.reason, length,
             )  # fmt: skip
-            return np.zeros((length, size, size, self.channels), np.uint8), {"failed": [[path, exc.reason]]}
+            return None, True, length, {"failed": [[path, exc.reason]]}
         report: dict[str, list] = {}
         decoded = frames[0].shape[0]
         if decoded != length:
             self._log_refit(path, decoded, length)
             report["refit"] = [[path, decoded, length]]
-        if self.stream == "flow":
-            from raytrain_seq.data.flow import pair_flow
-
-            _one_opencv_thread()
-            # The same first draw as partial_augment's window: one random window for the whole video.
-            offset = None if epoch is None else float(partial_rng(seed, video, epoch).uniform(0.0, 1.0))
-            first, second = (resize_video(f, size, offset) for f in frames)
-            return fit_length(pair_flow(first, second, last=last), length), report
-        rgb = fit_length(frames[0], length)
-        if epoch is None:
-            return resize_video(rgb, size), report
-        return partial_augment(rgb, size=size, rng=partial_rng(seed, video, epoch)), report
+        return frames, last, length, report
 
     def _decode(self, path: str, size: int) -> tuple[tuple[np.ndarray, ...], bool]:
         """Frames at short side ``size`` (RGB: ``(frames,)``; flow: ``(first, second)``), and ``last``."""

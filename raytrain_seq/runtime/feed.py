@@ -27,8 +27,11 @@ and a video is longer than t_max), resized deterministically (``augment.resize_v
 centre-cropped. The video sources live in ``data/sources.py``: the synthetic set renders at
 ``cache_size`` already, so its partial augmentation is the photometric transform (+ ``augment_cost``
 busy seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too);
-UCF101 / HMDB51 are decoded with PyAV, and the flow stream (2 channels) computes optical flow there
-too. A real video that fails to decode in a task becomes a zero clip listed in ``stats()["videos"]``.
+UCF101 / HMDB51 are decoded with PyAV. The flow stream (2 channels) computes each video's whole-frame
+optical flow ONCE (a flow task; the feed keeps the ref of a training video's flow for the run, Ray
+spills it when the store is full), and every partial augmentation of it, evaluation's included, is a
+window task that cuts the epoch's seeded window out of that stored flow (``data/sources.py``). A real
+video that fails to decode in a task becomes a zero clip listed in ``stats()["videos"]``.
 
 Trade-off: with reuse r the partial-augmentation work per epoch drops to 1/r after epoch 0; the price
 is object-store memory for one cached copy of every train video (+1/r for the next epoch's copies in
@@ -50,8 +53,10 @@ import numpy as np
 
 from raytrain_seq.config import Config
 from raytrain_seq.data.sources import augment_videos as _augment_videos
+from raytrain_seq.data.sources import flow_videos as _flow_videos
 from raytrain_seq.data.sources import load_catalogs
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
+from raytrain_seq.data.sources import window_videos as _window_videos
 from raytrain_seq.elastic.assembly import (
     BlockRowStream,
     BlockSpec,
@@ -83,6 +88,22 @@ def _augment_task():
     import ray
 
     return ray.remote(_augment_videos)
+
+
+@functools.cache
+def _flow_task():
+    """The flow stream's once-per-video task (whole-frame optical flow), made on first use."""
+    import ray
+
+    return ray.remote(_flow_videos)
+
+
+@functools.cache
+def _window_task():
+    """The flow stream's refurbish task (a window of the stored flow), made on first use."""
+    import ray
+
+    return ray.remote(_window_videos)
 
 
 def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
@@ -173,6 +194,10 @@ class BlockFeed:
         self._pending: dict[int, tuple[int, Any]] = {}  # the next epoch's recomputes, in flight
         self._served: dict[int, dict[int, Any]] = {}  # epoch -> {video id: ref} for refs()
         self._eval_refs: dict[int, Any] = {}
+        # Flow once: a flow run computes each training video's whole-frame flow once and keeps its ref for
+        # the run (Ray spills it when the store is full); a refurbish then only cuts a window out of it.
+        self._flow_once = config.data.stream == "flow"
+        self._flows: dict[int, Any] = {}  # training video id -> ref of its whole-frame flow
         self._eval_plans: dict[str, tuple[PackPlan, dict[int, list[list[BlockSpec]]]]] = {}
         self._epoch_stats: dict[int, dict[str, Any]] = {}
         self._info_refs: list[Any] = []
@@ -209,6 +234,8 @@ class BlockFeed:
     # -------------------------------------------------------------------------------------- the cache
     def _launch(self, videos: list[int], epochs: list[int | None]) -> list[Any]:
         """Submit partial augmentation tasks; returns one ref per video, in order."""
+        if self._flow_once:
+            return self._launch_windows(videos, epochs)
         task = _augment_task()
         source, data = _source_kwargs(self._config), self._config.data
         refs: list[Any] = []
@@ -219,6 +246,49 @@ class BlockFeed:
             )
             out = task.options(num_returns=len(chunk) + 1, num_cpus=self._partial_cpus).remote(
                 source, chunk, chunk_epochs, self._seed, data.cache_size, data.augment_cost
+            )
+            refs.extend(out[:-1])
+            self._info_refs.append(out[-1])
+        return refs
+
+    def _launch_windows(self, videos: list[int], epochs: list[int | None]) -> list[Any]:
+        """Flow stream: the whole-frame flow of each video that has none yet, then every video's window.
+
+        A training video's flow ref is kept for the run, so its later refurbishes are window tasks on the
+        stored flow; an evaluation video's (epoch None) is dropped once its one window is cut.
+        """
+        source, data = _source_kwargs(self._config), self._config.data
+        flows = {v: self._flows[v] for v in videos if v in self._flows}
+        todo = [(v, e) for v, e in zip(videos, epochs, strict=True) if v not in flows]
+        for lo in range(0, len(todo), self._videos_per_task):
+            chunk = todo[lo : lo + self._videos_per_task]
+            ids, chunk_epochs = [v for v, _ in chunk], [e for _, e in chunk]
+            out = (
+                _flow_task()
+                .options(num_returns=len(chunk) + 1, num_cpus=self._partial_cpus)
+                .remote(source, ids, chunk_epochs, data.cache_size)
+            )
+            flows.update(zip(ids, out[:-1], strict=True))
+            self._flows.update((v, ref) for (v, e), ref in zip(chunk, out[:-1], strict=True) if e is not None)
+            self._info_refs.append(out[-1])
+        refs: list[Any] = []
+        for lo in range(0, len(videos), self._videos_per_task):
+            ids, chunk_epochs = (
+                videos[lo : lo + self._videos_per_task],
+                epochs[lo : lo + self._videos_per_task],
+            )
+            # The flow refs go in as top-level arguments, so Ray hands the task their arrays.
+            out = (
+                _window_task()
+                .options(num_returns=len(ids) + 1, num_cpus=self._partial_cpus)
+                .remote(
+                    ids,
+                    chunk_epochs,
+                    self._seed,
+                    data.cache_size,
+                    data.augment_cost,
+                    *(flows[v] for v in ids),
+                )
             )
             refs.extend(out[:-1])
             self._info_refs.append(out[-1])
@@ -359,8 +429,25 @@ class BlockFeed:
         names = list(self._class_names)
         return {"num_classes": len(names), "in_channels": self._channels, "class_names": names}
 
+    @staticmethod
+    def _flow_counts(windowed: list[int], flowed: list[int], flow_cpu: dict[int, float]) -> dict[str, Any]:
+        """One epoch's flow-once counts: flows computed and their CPU seconds, and the CPU seconds of the
+        flows a recompute-every-refurbish feed would have computed again (the windows cut from a flow
+        computed for an earlier epoch, each at the CPU its one computation took)."""
+        fresh = set(flowed)
+        return {
+            "flow_videos": len(flowed),
+            "flow_seconds": sum(flow_cpu.get(v, 0.0) for v in flowed),
+            "flow_seconds_saved": sum(flow_cpu.get(v, 0.0) for v in windowed if v not in fresh),
+        }
+
     def stats(self, wait: bool = False, ids: bool = False) -> dict[str, Any]:
         """Per epoch: recomputed, reused, packing stats, partial-augmentation videos and seconds; totals.
+
+        A flow run (flow once) adds per epoch and in the totals: ``flow_videos`` (whole-frame flows
+        computed for the epoch), ``flow_seconds`` (their CPU seconds of decoding and flow) and
+        ``flow_seconds_saved`` (what recomputing the flow of the epoch's refurbished videos would have
+        cost, at each video's measured flow seconds). ``partial_seconds`` counts flow and window tasks.
 
         Task reports are collected when finished (``wait=True`` waits for every launched task); with
         ``ids=True`` each epoch also lists the video ids its partial augmentations actually ran for.
@@ -377,21 +464,28 @@ class BlockFeed:
             self._info_refs.extend(not_ready)
             ran: dict[int | None, list[int]] = {}  # computing epoch (None: evaluation) -> video ids
             seconds: dict[int | None, float] = {}
+            flowed: dict[int | None, list[int]] = {}  # flow stream: epoch -> ids whose flow it computed
+            flow_cpu: dict[int, float] = {}  # flow stream: video id -> CPU seconds of its decode + flow
             for info in self._infos:
-                for video, epoch in zip(info["ids"], info["epochs"], strict=True):
-                    ran.setdefault(epoch, []).append(video)
+                flow = info.get("kind") == "flow"
+                for k, (video, epoch) in enumerate(zip(info["ids"], info["epochs"], strict=True)):
+                    (flowed if flow else ran).setdefault(epoch, []).append(video)
                     seconds[epoch] = seconds.get(epoch, 0.0) + info["seconds"] / len(info["ids"])
+                    if flow:
+                        flow_cpu[video] = info["flow_seconds"][k]
             per_epoch = {}
-            for epoch in sorted(set(self._epoch_stats) | {e for e in ran if e is not None}):
+            for epoch in sorted(set(self._epoch_stats) | {e for e in (*ran, *flowed) if e is not None}):
                 entry = dict(self._epoch_stats.get(epoch, {}))
                 entry.update(partial_videos=len(ran.get(epoch, [])), partial_seconds=seconds.get(epoch, 0.0))
+                if self._flow_once:
+                    entry.update(self._flow_counts(ran.get(epoch, []), flowed.get(epoch, []), flow_cpu))
                 if ids:
                     entry["partial_ids"] = sorted(ran.get(epoch, []))
                 per_epoch[epoch] = entry
-            totals = {
-                key: sum(entry.get(key, 0) for entry in per_epoch.values())
-                for key in ("recomputed", "reused", "partial_videos", "partial_seconds")
-            }
+            keys = ("recomputed", "reused", "partial_videos", "partial_seconds")
+            if self._flow_once:
+                keys += ("flow_videos", "flow_seconds", "flow_seconds_saved")
+            totals = {key: sum(entry.get(key, 0) for entry in per_epoch.values()) for key in keys}
             failed = {path: reason for info in self._infos for path, reason in info.get("failed", [])}
             methods = sorted({info["flow_method"] for info in self._infos if info.get("flow_method")})
             return {
@@ -403,6 +497,7 @@ class BlockFeed:
                     "length_fixed": len({r[0] for info in self._infos for r in info.get("refit", [])}),
                 },
                 "flow_method": "+".join(methods) if methods else self._flow_method,
+                "flow_once": self._flow_once,
                 "epochs": per_epoch,
                 "eval": {"videos": len(ran.get(None, [])), "seconds": seconds.get(None, 0.0)},
                 "totals": dict(totals, tasks_pending=len(self._info_refs)),
