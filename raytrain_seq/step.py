@@ -207,6 +207,10 @@ class EvalResult:
     """How many sequences were scored."""
     per_class: dict[int, tuple[int, int]]
     """label -> (correct, total)."""
+    top_k: int = 1
+    """The k of ``top_k_accuracy``."""
+    top_k_accuracy: float = 0.0
+    """Sequences whose label is among the k highest logits / sequences (= accuracy at k = 1)."""
 
 
 def evaluate(
@@ -215,12 +219,19 @@ def evaluate(
     *,
     micro_batch_size: int = 16,
     device: torch.device | str | None = None,
+    top_k: int = 1,
 ) -> EvalResult:
-    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd."""
+    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd.
+
+    ``top_k``: also count a sequence as a top-k hit when its label is among its k highest logits (k at
+    most the class count; with 10 classes and k = 5 a sequence scores when its label ranks 1st to 5th).
+    """
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
-    correct = total = 0
+    correct = total = top_hits = 0
     loss_sum = 0.0
     per_class: dict[int, list[int]] = {}
     try:
@@ -232,6 +243,8 @@ def evaluate(
                 if labels.numel() == 0:
                     continue
                 hits = logits.argmax(1) == labels
+                ranked = logits.topk(min(top_k, logits.shape[1]), dim=1).indices
+                top_hits += int((ranked == labels[:, None]).any(1).sum())
                 loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
                 correct += int(hits.sum())
                 total += int(labels.numel())
@@ -246,6 +259,8 @@ def evaluate(
         loss=loss_sum / total if total else 0.0,
         sequences=total,
         per_class={label: (c, t) for label, (c, t) in sorted(per_class.items())},
+        top_k=top_k,
+        top_k_accuracy=top_hits / total if total else 0.0,
     )
 
 

@@ -233,6 +233,29 @@ def test_evaluate_counts_every_real_sequence_once():
     assert evaluate(model, []).sequences == 0
 
 
+def test_evaluate_top_k_counts_labels_among_the_k_highest_logits():
+    """Top-k: 1 gives the accuracy, the class count gives 1.0, and k in between is the rank count."""
+    batch = _batch(3)
+    model = _model()
+    logits = model(batch["frames"], batch["starts"], batch["lengths"], batch["num_sequences"]).detach()
+    labels = torch.cat(
+        [row[: int(n)] for row, n in zip(batch["labels"], batch["num_sequences"], strict=True)]
+    )
+    # rank of each label among its row's logits: 0 = the highest
+    ranks = (logits > logits.gather(1, labels[:, None])).sum(1)
+    for k in (1, 2, 3):
+        result = evaluate(model, [batch], micro_batch_size=3, top_k=k)
+        assert result.top_k == k
+        assert result.top_k_accuracy == pytest.approx(float((ranks < k).double().mean()))
+    assert evaluate(model, [batch], top_k=1).top_k_accuracy == pytest.approx(
+        evaluate(model, [batch]).accuracy
+    )
+    assert evaluate(model, [batch], top_k=CLASSES + 3).top_k_accuracy == 1.0
+    assert 0 < float((ranks < 2).double().mean()) < 1, "the case is not trivial at k = 2"
+    with pytest.raises(ValueError, match="top_k"):
+        evaluate(model, [batch], top_k=0)
+
+
 def test_load_averaged_installs_weights_and_moments_but_keeps_hyperparameters():
     """Averaged params and merged Adam state replace the learner's; its learning rate stays."""
     batch = _batch()
