@@ -238,7 +238,7 @@ def machine_info() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ baselines
 SAMPLING_SENTENCE = (
-    "Fig. 4. Sampling solution, where each sequence is trimmed to match a smaller size, usually the "
+    "Sampling solution, where each sequence is trimmed to match a smaller size, usually the "
     "length of the average entry in the dataset. In this approach, one sequence might be broken into "
     "several smaller portions"
 )
@@ -373,7 +373,7 @@ class LocalData:
         catalog = self.catalogs[split]
         t_max = t_max or self.t_max
         seed = plan_seed(self.config.data.seed, -1 if split == "val" else -2)
-        plan = pack(catalog.lengths, t_max, strategy=strategy, seed=seed)
+        plan = self.plan(split, strategy, t_max, seed)
         arrays = {int(v): self.eval_frames(int(v)) for v in catalog.ids}
         bound = max_sequences_bound(catalog.lengths, t_max)
         return list(
