@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -240,7 +241,34 @@ def test_microbatch_tiny_run_gradients_agree(tmp_path):
     diffs = [r["grad_diff"] for r in res["rows"]]
     assert all(d is not None and d <= 1e-5 for d in diffs) and diffs[1] > 0, "32 rows in 2 micro-batches"
     assert res["float64"]["size"] == 32 and res["float64"]["diff"] <= 1e-9
-    assert "no GPU" in (tmp_path / "microbatch.md").read_text()
+    text = (tmp_path / "microbatch.md").read_text()
+    assert "no GPU" in text
+    # the accuracy column: plain only within the simulated cap (16 rows), streamed at every size
+    acc = res["accuracy"]
+    assert [(a["size"], a["micro"], a["plain"] is None) for a in acc] == [(16, 8, False), (32, 16, True)]
+    assert all(0.0 <= a["streamed"] <= 1.0 for a in acc) and "Failed (cap)" in text
+
+
+def test_microbatch_accuracy_run_starts_from_the_same_weights_and_samples():
+    """Streaming changes nothing but float summation: plain and streamed training end at one accuracy.
+
+    48 rows for 4 steps, plain vs micro-batches of 16: the same weights, the same sample stream, and the
+    gradient of each step equal up to float32 rounding, so the test accuracies agree to a sample or so.
+    """
+    args = argparse.Namespace(seed=0, width=8, lr=3e-3, train_steps=4)
+    templates = microbatch.task_templates(0)
+    test = microbatch.task_batch(400, torch.Generator().manual_seed(5), templates)
+    device = torch.device("cpu")
+    plain = microbatch.train_and_score(args, 48, None, templates, test, device)
+    streamed = microbatch.train_and_score(args, 48, 16, templates, test, device)
+    again = microbatch.train_and_score(args, 48, None, templates, test, device)
+    assert plain == again
+    assert abs(plain - streamed) <= 2 / 400
+    trained = microbatch.train_and_score(
+        argparse.Namespace(seed=0, width=16, lr=3e-3, train_steps=30),
+        64, 16, templates, test, device,
+    )  # fmt: skip
+    assert trained > 0.2, "the task must be learnable for the column to mean anything (chance 0.1)"
 
 
 # ------------------------------------------------------------------------------------------ averaging
