@@ -65,7 +65,7 @@ from raytrain_seq.microbatch import accumulate
 
 OOM = (torch.cuda.OutOfMemoryError,)
 SIZES = {"tiny": 32, "default": 1024}  # largest mini-batch; "full": 16384 on CUDA, 2048 on CPU
-TRAIN_STEPS = {"tiny": 3, "default": 40, "full": 40}  # optimizer steps per size for the accuracy column
+TRAIN_STEPS = {"tiny": 3, "default": 80, "full": 80}  # optimizer steps per size for the accuracy column
 TEST_SAMPLES = {"tiny": 200, "default": 2000, "full": 2000}
 CLASSES, SIGNAL = 10, 0.3  # template amplitude under unit noise: learnable, not trivially (chance 0.10)
 GRAD_TOLERANCE = 1e-5
