@@ -3,26 +3,34 @@
 Three rates in one run, on the same synthetic videos and the same augmentations (render = decode,
 ``partial_augment`` + ``--augment-cost`` busy seconds per video, ``final_augment`` per use):
 
-1. **ray**: ``create_feed`` + one ``shard_dataset``/``BlockRowStream`` per learner, drained by 2 consumer
-   threads with ``take(batch)``; BLoad blocks, partial augmentations cached and reused ``--reuse`` times.
+1. **ray**: ``create_feed`` + one persistent ``LearnerFeed`` row stream per learner (across all epochs),
+   drained by 2 consumer threads with ``take(batch)``; BLoad blocks, partial augmentations cached and
+   reused ``--reuse`` times; the rows are uncropped: the crop and flip belong to the learner (3).
 2. **dataloader**: ``torch.utils.data.DataLoader`` over a map-style dataset that renders, partial- and
    final-augments every video on every use (no cache: the r=1 pipeline) and pads it alone to ``t_max``
    (the naive per-video padding a plain loader needs to collate variable lengths); ``num_workers`` =
    the same CPU budget (``--cpus``) that the Ray cluster gets.
-3. **model**: ``raytrain_seq.step.InnerStep`` forward/backward/step on rows taken from the pipeline, one
-   learner with one torch thread (what each Ray Train learner gets), times 2 learners.
+3. **model**: ``raytrain_seq.step.stage_rows`` (the crop and flip on the learner's device) and
+   ``InnerStep`` forward/backward/step on rows taken from the pipeline, one learner with one torch
+   thread (what each Ray Train learner gets), times 2 learners.
+
+CPU: every process of each pipeline (the driver, Ray's raylet, GCS and workers; the loader and its
+workers), user + system seconds from /proc over the warm epochs, per 1,000 useful frames: unlike
+frames/s, it holds on a busy machine. ``--json`` prints the headline figures as the last line.
 
 Useful frames are frames of real sequences (padding excluded); every rate covers all ``--epochs`` epochs
 (epoch 0 of the pipeline is cold: it computes every partial augmentation). A second table says, per
 epoch and consumer, how long the consumer was blocked in ``take`` and what the feed was computing then.
 
     python bench/pipeline.py                                  # the size make bench runs
+    python bench/pipeline.py --json                           # ... and a JSON last line
     python bench/pipeline.py --videos 400 --epochs 4 --reuse 3 --augment-cost 0.01
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -38,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raytrain_seq.augment import final_augment, partial_augment
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.elastic.assembly import BlockRowStream, partial_rng
+from raytrain_seq.elastic.assembly import partial_rng
 from raytrain_seq.models import build_model
-from raytrain_seq.step import InnerStep, build_optimizer, collate_rows
+from raytrain_seq.step import InnerStep, build_optimizer, stage_rows
 
 CONSUMERS = 2
 _BASELINE_STREAM = 0x42415345  # "BASE": the baseline's final-augmentation stream
@@ -58,53 +66,85 @@ def make_config(args: argparse.Namespace) -> Config:
     )
 
 
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``root`` (default: this one) and every live descendant,
+    plus the children they already reaped (``cutime``/``cstime``), read from /proc: Ray's raylet, GCS and
+    workers are descendants of the driver that ``ray.init`` started them from, DataLoader workers of
+    the loader's process. CPU time is what a pipeline costs whatever else runs on the box."""
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the process ended between listdir and open: its time went to its parent's cutime
+        # After the ")" of the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15), 0-based.
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(v) for v in fields[11:15]) / tick
+    tree, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        children = [c for c, p in parent.items() if p == pid and c not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(cpu.get(pid, 0.0) for pid in tree)
+
+
 def run_ray(config: Config, args: argparse.Namespace, pace: float | None = None) -> dict:
-    """Every epoch's shards drained by one thread per consumer; keeps some epoch-1 rows for the model.
+    """Each consumer drains its learner's persistent row stream (``LearnerFeed``: one stream across all
+    epochs, rows uncropped, the crop left to the learner); keeps some epoch-1 rows for the model.
 
     ``pace`` (useful frames/s of one learner) makes each consumer sleep as long as that learner would
     compute on every mini-batch (a learner on its own device), so its wait is what a real learner waits.
     """
     import ray
 
-    from raytrain_seq.runtime.feed import create_feed, shard_dataset
+    from raytrain_seq.runtime.feed import LearnerFeed, create_feed
 
     began = time.perf_counter()
     feed = create_feed(config, videos_per_task=args.videos_per_task)
+    learners = [LearnerFeed(feed, epochs=config.train.epochs) for _ in range(CONSUMERS)]
     epochs, sample = [], []
+    keep_epoch = min(1, config.train.epochs - 1)
     for epoch in range(config.train.epochs):
-        shards = ray.get([feed.epoch_shard.remote(epoch, r, CONSUMERS) for r in range(CONSUMERS)])
-        streams = [BlockRowStream(shard_dataset(s, feed)) for s in shards]
-        t0 = time.perf_counter()
+        views: list = [None] * CONSUMERS
+        t0, cpu0 = time.perf_counter(), tree_cpu_seconds()
 
-        def drain(stream: BlockRowStream, keep: bool) -> None:
-            while (rows := stream.take(config.train.batch_size)) is not None:
-                if keep and len(sample) < args.model_batches:
+        def drain(rank: int, epoch: int, views: list) -> None:
+            view, _ = learners[rank].epoch_rows(epoch, rank, CONSUMERS)
+            views[rank] = view
+            while (rows := view.take(config.train.batch_size)) is not None:
+                if epoch == keep_epoch and rank == 0 and len(sample) < args.model_batches:
                     sample.append(rows)
                 if pace:
                     time.sleep(np.clip(rows["lengths"], 0, None).sum() / pace)
 
-        keep_epoch = min(1, config.train.epochs - 1)
-        threads = [
-            threading.Thread(target=drain, args=(stream, epoch == keep_epoch and i == 0))
-            for i, stream in enumerate(streams)
-        ]
+        threads = [threading.Thread(target=drain, args=(rank, epoch, views)) for rank in range(CONSUMERS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - cpu0
         epochs.append(
             {
                 "epoch": epoch,
                 "wall": wall,
-                "frames": sum(s.frames for s in streams),
-                "rows": sum(s.rows for s in streams),
-                "wait": [s.wait_seconds for s in streams],
-                "recomputed": shards[0].recomputed,
+                "cpu": cpu,
+                "frames": sum(v.frames for v in views),
+                "rows": sum(v.rows for v in views),
+                "wait": [v.wait_seconds for v in views],
             }
         )
     seconds = time.perf_counter() - began
+    for learner in learners:
+        learner.close()
     stats = ray.get(feed.stats.remote(wait=True))
+    for e in epochs:
+        e["recomputed"] = stats["epochs"].get(e["epoch"], {}).get("recomputed", 0)
     ray.kill(feed)
     return {"epochs": epochs, "seconds": seconds, "stats": stats, "sample": sample}
 
@@ -148,7 +188,7 @@ def run_dataloader(config: Config, t_max: int, args: argparse.Namespace) -> dict
     began = time.perf_counter()
     epochs = []
     for epoch in range(config.train.epochs):
-        t0, frames, rows = time.perf_counter(), 0, 0
+        t0, frames, rows, cpu0 = time.perf_counter(), 0, 0, tree_cpu_seconds()
         loader = torch.utils.data.DataLoader(
             PaddedVideos(config, t_max, epoch),
             batch_size=config.train.batch_size,
@@ -159,32 +199,51 @@ def run_dataloader(config: Config, t_max: int, args: argparse.Namespace) -> dict
         for batch in loader:
             frames += int(batch["lengths"].sum())
             rows += len(batch["lengths"])
-        epochs.append({"epoch": epoch, "wall": time.perf_counter() - t0, "frames": frames, "rows": rows})
+        del loader  # its workers end and are reaped: their CPU lands in this process's cutime
+        epochs.append(
+            {
+                "epoch": epoch,
+                "wall": time.perf_counter() - t0,
+                "cpu": tree_cpu_seconds() - cpu0,
+                "frames": frames,
+                "rows": rows,
+            }
+        )
     return {"seconds": time.perf_counter() - began, "epochs": epochs}
 
 
 def run_model(config: Config, sample: list[dict[str, np.ndarray]]) -> dict:
-    """One learner's InnerStep on the pipeline's own rows, one torch thread; the first step is warm-up."""
+    """One learner's InnerStep on the pipeline's own rows, one torch thread; the first step is warm-up.
+
+    The timed work is what the learner does per mini-batch: ``stage_rows`` (to the device, the crop and
+    flip there: work moved off the pipeline is charged to the model) and the step."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     m = config.model
     model = build_model(config.data.num_classes, 3, m.width, m.depth, m.hidden, m.temporal, m.backbone)
     optimizer = build_optimizer("adam", model.parameters(), lr=config.train.lr)
     step = InnerStep(model, optimizer, micro_batch_size=config.train.micro_batch_size)
-    batches = [collate_rows(rows) for rows in sample]
-    step(batches[0])
+    crop = config.data.crop
+    step(stage_rows(sample[0], "cpu", crop=crop, flow=False))
     seconds = frames = 0
-    for batch in batches[1:] or batches:
-        stats = step(batch)
-        seconds += stats.seconds
+    for rows in sample[1:] or sample:
+        began = time.perf_counter()
+        stats = step(stage_rows(rows, "cpu", crop=crop, flow=False))
+        seconds += time.perf_counter() - began
         frames += stats.frames
-    return {"seconds": seconds, "frames": frames, "steps": max(1, len(batches) - 1)}
+    return {"seconds": seconds, "frames": frames, "steps": max(1, len(sample) - 1)}
 
 
 def _steady(epochs: list[dict]) -> float:
     """Useful frames/s over epochs >= 1 (the warm cache), or over all when there is one epoch."""
     warm = epochs[1:] or epochs
     return sum(e["frames"] for e in warm) / sum(e["wall"] for e in warm)
+
+
+def _cpu_ms_per_1k(epochs: list[dict]) -> float:
+    """CPU milliseconds of every process of the pipeline per 1,000 useful frames, warm epochs."""
+    warm = epochs[1:] or epochs
+    return 1e6 * sum(e["cpu"] for e in warm) / max(1, sum(e["frames"] for e in warm))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model-batches", type=int, default=6, help="mini-batches timed through the model")
     parser.add_argument("--vs-reuse-1", action="store_true", help="also drain the Ray pipeline with reuse=1")
+    parser.add_argument(
+        "--json", action="store_true", help="print the headline figures as one JSON last line"
+    )
     args = parser.parse_args(argv)
     for name in ("videos", "epochs", "reuse", "batch", "cpus", "videos_per_task", "model_batches"):
         if getattr(args, name) < 1:
@@ -277,10 +339,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "epoch 0 is cold: every partial augmentation is computed while the learners wait. From epoch 1 the\n"
-        "evicted videos were recomputed in the background during the previous epoch, so what remains is\n"
-        "block assembly (final crop/flip, copy into the row), Ray Data's per-task overhead, and the CPUs that\n"
-        "the background recompute and the two assembly streams share."
+        "evicted videos were recomputed in the background during the previous epoch and each learner's\n"
+        "persistent stream has run ahead into the epoch, so what remains is copying the cached arrays into\n"
+        "rows and the CPUs that the background recompute and the two streams share."
     )
+    cpu = {"pipeline": _cpu_ms_per_1k(drained["epochs"]), "dataloader": _cpu_ms_per_1k(loader["epochs"])}
+    print(
+        f"\nCPU of every process per 1,000 useful frames, warm epochs: ray pipeline {cpu['pipeline']:.1f} ms, "
+        f"DataLoader {cpu['dataloader']:.1f} ms ({cpu['pipeline'] / cpu['dataloader']:.2f}x)"
+    )
+    if args.json:
+        headline = {
+            "pipeline_frames_s_warm": round(rates["ray pipeline, 2 consumers"][1], 1),
+            "model_frames_s": round(need[1], 1),
+            "pipeline_vs_model_warm": round(rates["ray pipeline, 2 consumers"][1] / need[1], 3),
+            "dataloader_frames_s_warm": round(base[1], 1),
+            "cpu_ms_per_1k_frames": {key: round(value, 2) for key, value in cpu.items()},
+        }
+        print(json.dumps(headline))
     return 0
 
 

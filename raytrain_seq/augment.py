@@ -35,7 +35,15 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["center_crop", "final_augment", "partial_augment", "resize_video", "stride_frames"]
+__all__ = [
+    "center_crop",
+    "final_augment",
+    "final_augment_batch",
+    "final_params",
+    "partial_augment",
+    "resize_video",
+    "stride_frames",
+]
 
 # Per-video photometric ranges (torchvision ColorJitter-like): factors are drawn uniformly in these.
 BRIGHTNESS = (0.7, 1.3)
@@ -260,15 +268,75 @@ def final_augment(
         raise ValueError(f"flow=True expects C=2 (x, y flow), got C={c}; pass flow=False for images")
     if flow is None:
         flow = c == 2
-    top = int(rng.integers(0, h - crop + 1))
-    left = int(rng.integers(0, w - crop + 1))
-    flip = bool(rng.random() < flip_prob)
+    top, left, flip = final_params(rng, h, w, crop, flip_prob)
     out = frames[:, top : top + crop, left : left + crop]
     if flip:
         out = out[:, :, ::-1]
     out = np.array(out, copy=True)
     if flip and flow:
         out[..., 0] = 255 - out[..., 0]
+    return out
+
+
+def final_params(
+    rng: np.random.Generator, height: int, width: int, crop: int, flip_prob: float = 0.5
+) -> tuple[int, int, bool]:
+    """The final augmentation's random draws for one sequence: ``(top, left, flip)``, in this order.
+
+    ``final_augment`` (numpy, per sequence) and ``final_augment_batch`` (torch, on the learner's device)
+    apply the same draws, so moving the crop and flip onto the device leaves the frames unchanged.
+    """
+    top = int(rng.integers(0, height - crop + 1))
+    left = int(rng.integers(0, width - crop + 1))
+    return top, left, bool(rng.random() < flip_prob)
+
+
+def final_augment_batch(
+    frames,
+    *,
+    starts,
+    lengths,
+    tops,
+    lefts,
+    flips,
+    crop: int,
+    flow: bool,
+):
+    """``final_augment`` for a whole mini-batch of block rows, vectorised in torch on ``frames``' device.
+
+    ``frames`` uint8 ``[B, T, H, W, C]`` (the cached partial augmentation, not yet cropped); ``starts``,
+    ``lengths``, ``tops``, ``lefts``, ``flips`` int ``[B, S]`` per sequence (lengths -1 past the real
+    sequences). Every frame of sequence (b, s) is cut at ``(tops[b, s], lefts[b, s])`` and mirrored when
+    ``flips[b, s]``; padding frames use (0, 0), no flip (they are zero either way). ``flow``: a flipped
+    frame's x channel becomes ``255 - u``, as in ``final_augment``. Returns uint8 ``[B, T, crop, crop, C]``.
+    One gather over the batch instead of a Python loop over its sequences.
+    """
+    import torch
+
+    b, t, h, w, _ = frames.shape
+    if crop > h or crop > w:
+        raise ValueError(
+            f"crop={crop} exceeds the frame size {h}x{w}; partial_augment to a size >= crop first"
+        )
+    device = frames.device
+    steps = torch.arange(t, device=device)
+    starts, lengths = starts.to(device), lengths.to(device)
+    # [B, S, T]: frame t belongs to sequence s (sequences never overlap, padding belongs to none).
+    member = (steps >= starts[..., None]) & (steps < (starts + lengths.clamp(min=0))[..., None])
+    member = member.long()
+
+    def per_frame(values) -> torch.Tensor:
+        return (member * values.to(device).clamp(min=0)[..., None]).sum(1)  # [B, T]
+
+    top, left, flip = per_frame(tops), per_frame(lefts), per_frame(flips).bool()
+    span = torch.arange(crop, device=device)
+    rows = top[..., None] + span  # [B, T, crop]
+    cols = left[..., None] + torch.where(flip[..., None], crop - 1 - span, span)
+    batch_index = torch.arange(b, device=device)[:, None, None, None]
+    out = frames[batch_index, steps[None, :, None, None], rows[..., None], cols[:, :, None, :]]
+    if flow:
+        mirrored = flip[:, :, None, None]
+        out[..., 0] = torch.where(mirrored, 255 - out[..., 0], out[..., 0])
     return out
 
 

@@ -17,7 +17,8 @@ Contract: ``load_latest`` returns the newest checkpoint that loads; a corrupt or
 skipped with a warning naming it, and the one before is used. ``save`` writes each file under a
 temporary name and renames it, so a crash mid-write never leaves a half file under the real name; a
 write that fails raises ``CheckpointError`` naming the folder and leaves older checkpoints untouched.
-Checkpoints of the first format (``{"averager": {...}}``) still load.
+Checkpoints of the first format (``{"averager": {...}}``) still load. torch is imported by ``save`` and
+``load`` only, so the layout (``candidates``) is cheap to check before a job starts anything.
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from raytrain_seq.elastic.state import AveragedState
+if TYPE_CHECKING:
+    from raytrain_seq.elastic.state import AveragedState
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class Checkpoint:
     history: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] | None = None
     position: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None
+    """What the model was built for: ``num_classes``, ``in_channels``, ``class_names`` (None: not kept)."""
 
     @property
     def round(self) -> int:
@@ -97,11 +99,15 @@ def save(
     history: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     position: Mapping[str, Any] | None = None,
+    model_spec: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``state.pt`` and ``position.json`` into ``folder`` (created); returns the folder."""
+    import torch
+
     folder = Path(folder)
     payload = {"format": FORMAT, "state": state.to_dict(), "history": dict(history or {})}
     payload["config"] = None if config is None else dict(config)
+    payload["model_spec"] = None if model_spec is None else dict(model_spec)
     where = {**(position or state.position or {}), "round": state.round}
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -127,6 +133,10 @@ def _write(path: Path, write) -> None:
 
 def load(folder: str | Path) -> Checkpoint:
     """The checkpoint in ``folder``; CheckpointError naming it when it is missing or does not load."""
+    import torch
+
+    from raytrain_seq.elastic.state import AveragedState
+
     folder = Path(folder)
     path = folder / STATE_FILE
     try:
@@ -150,13 +160,14 @@ def load(folder: str | Path) -> Checkpoint:
     position = None
     if (folder / POSITION_FILE).is_file():
         position = json.loads((folder / POSITION_FILE).read_text())
-    config = raw.get("config")
+    config, spec = raw.get("config"), raw.get("model_spec")
     return Checkpoint(
         folder=folder,
         state=state,
         history=history,
         config=dict(config) if isinstance(config, Mapping) else None,
         position=position,
+        model_spec=dict(spec) if isinstance(spec, Mapping) else None,
     )
 
 

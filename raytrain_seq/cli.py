@@ -49,6 +49,7 @@ from raytrain_seq.config import (
     RunSetupError,
     TrainConfig,
 )
+from raytrain_seq.preflight import check_paths
 from raytrain_seq.summary import RunSummary, format_table
 
 logger = logging.getLogger(__name__)
@@ -317,9 +318,11 @@ def config_yaml(config: Config) -> str:
 
 
 def run_job(config: Config, runner: Callable[[Config], RunSummary]) -> int:
-    """Run, print the result table and last ``summary written to PATH``; 2 if the run cannot start here."""
+    """Check the paths, run, print the result table and last ``summary written to PATH``; 2 if the run
+    cannot start here (a path, the run folder, the cluster)."""
     logger.info("run %s -> %s", config.run.run_name, config.run_dir())
     try:
+        check_paths(config)  # before the runner imports ray: a wrong path costs a second, not a cluster
         summary = runner(config)
     except RunSetupError as err:
         # Nothing has trained yet (run folder, cluster size, resume point): one line with the fix.

@@ -58,6 +58,7 @@ STREAMS: tuple[str, ...] = ("rgb", "flow", "fuse")
 BACKBONES: tuple[str, ...] = ("small", "resnet18", "resnet50", "resnet152")
 TEMPORALS: tuple[str, ...] = ("gru", "tcn")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
+TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "none")
 PACKINGS: tuple[str, ...] = STRATEGIES
 
 
@@ -367,6 +368,8 @@ class RunConfig:
     """Folder of this run under storage_path; None = "ucf101-<dataset>-<UTC timestamp>", fixed at creation."""
     resume: bool = False
     """Continue the run named run_name from its latest checkpoint."""
+    tracker: str = "tensorboard"
+    """Live tracking of losses, accuracies, batch size and times: "tensorboard", "mlflow" or "none"."""
 
     def __post_init__(self) -> None:
         if isinstance(self.storage_path, os.PathLike):
@@ -395,6 +398,7 @@ class RunConfig:
             raise ValueError(
                 f"run.resume must be True or False, got {self.resume!r}: pass True to continue run.run_name"
             )
+        choice("run.tracker", self.tracker, TRACKERS)
 
 
 _SECTIONS: dict[str, type] = {

@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
+from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.microbatch import MicroBatchSizer, accumulate
 from raytrain_seq.models import predict, sequence_loss
 
@@ -53,6 +54,31 @@ def collate_rows(
         if array.dtype.kind in "biuf":
             out[key] = torch.from_numpy(np.ascontiguousarray(array))
     return out
+
+
+def stage_rows(
+    rows: Mapping[str, np.ndarray], device: torch.device | str | None, *, crop: int, flow: bool
+) -> dict[str, torch.Tensor]:
+    """Block rows as tensors on ``device``, final-augmented there when the rows carry the crop draws.
+
+    Rows from the learner's row stream hold the cached partial augmentation, uncropped (uint8, the
+    cache size), and each sequence's seeded ``tops``, ``lefts``, ``flips``: the crop and flip run here
+    on the whole mini-batch (``augment.final_augment_batch``), on the GPU when there is one. On CUDA the
+    host tensors are pinned and copied with ``non_blocking=True``, so staging the next mini-batch before
+    the current step overlaps the copy with compute. Rows without the draws are final already.
+    """
+    batch = collate_rows(rows)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
+    elif device.type != "cpu":
+        batch = {key: value.to(device) for key, value in batch.items()}
+    if "tops" in batch:
+        draws = {key: batch.pop(key) for key in ("tops", "lefts", "flips")}
+        batch["frames"] = final_augment_batch(
+            batch["frames"], starts=batch["starts"], lengths=batch["lengths"], crop=crop, flow=flow, **draws
+        )
+    return batch
 
 
 def useful_frames(batch: Mapping[str, torch.Tensor]) -> int:
@@ -197,20 +223,55 @@ class InnerStep:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Accuracy of a model over a set of block rows."""
+    """Scores of a model over a set of block rows; ``combine`` sums the results of disjoint shards."""
 
     accuracy: float
-    """Correct sequences / sequences (0.0 for an empty set)."""
+    """Correct sequences / sequences (top-1; 0.0 for an empty set)."""
     loss: float
     """Mean cross-entropy per sequence."""
     sequences: int
     """How many sequences were scored."""
     per_class: dict[int, tuple[int, int]]
     """label -> (correct, total)."""
-    top_k: int = 1
-    """The k of ``top_k_accuracy``."""
-    top_k_accuracy: float = 0.0
-    """Sequences whose label is among the k highest logits / sequences (= accuracy at k = 1)."""
+    top5_correct: int = 0
+    """Sequences whose label is among the 5 highest logits (all of them when there are <= 5 classes)."""
+    confusion: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(label, predicted class) -> count, the non-zero cells of the confusion matrix."""
+
+    @property
+    def top5_accuracy(self) -> float:
+        return self.top5_correct / self.sequences if self.sequences else 0.0
+
+    @property
+    def mean_class_accuracy(self) -> float:
+        """The mean over classes of each class's accuracy (MMAction2's mean class accuracy): every class
+        counts the same, however many test videos it has. Classes with no sequence are left out."""
+        rates = [c / t for c, t in self.per_class.values() if t]
+        return sum(rates) / len(rates) if rates else 0.0
+
+    @classmethod
+    def combine(cls, parts: Iterable[EvalResult]) -> EvalResult:
+        """One result for the union of disjoint shards' sequences (counts summed, means re-weighted)."""
+        parts = list(parts)
+        total = sum(p.sequences for p in parts)
+        per_class: dict[int, list[int]] = {}
+        confusion: dict[tuple[int, int], int] = {}
+        for part in parts:
+            for label, (c, t) in part.per_class.items():
+                tally = per_class.setdefault(label, [0, 0])
+                tally[0] += c
+                tally[1] += t
+            for cell, count in part.confusion.items():
+                confusion[cell] = confusion.get(cell, 0) + count
+        correct = sum(c for c, _ in per_class.values())
+        return cls(
+            accuracy=correct / total if total else 0.0,
+            loss=sum(p.loss * p.sequences for p in parts) / total if total else 0.0,
+            sequences=total,
+            per_class={label: (c, t) for label, (c, t) in sorted(per_class.items())},
+            top5_correct=sum(p.top5_correct for p in parts),
+            confusion=dict(sorted(confusion.items())),
+        )
 
 
 def evaluate(
@@ -219,21 +280,15 @@ def evaluate(
     *,
     micro_batch_size: int = 16,
     device: torch.device | str | None = None,
-    top_k: int = 1,
 ) -> EvalResult:
-    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd.
-
-    ``top_k``: also count a sequence as a top-k hit when its label is among its k highest logits (k at
-    most the class count; with 10 classes and k = 5 a sequence scores when its label ranks 1st to 5th).
-    """
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
-    correct = total = top_hits = 0
+    correct = total = top5 = 0
     loss_sum = 0.0
     per_class: dict[int, list[int]] = {}
+    confusion: dict[tuple[int, int], int] = {}
     try:
         for batch in batches:
             rows = int(batch["num_sequences"].shape[0])
@@ -242,16 +297,18 @@ def evaluate(
                 logits, labels = predict(model, part)
                 if labels.numel() == 0:
                     continue
-                hits = logits.argmax(1) == labels
-                ranked = logits.topk(min(top_k, logits.shape[1]), dim=1).indices
-                top_hits += int((ranked == labels[:, None]).any(1).sum())
+                predicted = logits.argmax(1)
+                hits = predicted == labels
+                best5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+                top5 += int((best5 == labels[:, None]).any(1).sum())
                 loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
                 correct += int(hits.sum())
                 total += int(labels.numel())
-                for label, hit in zip(labels.tolist(), hits.tolist(), strict=True):
+                for label, guess in zip(labels.tolist(), predicted.tolist(), strict=True):
                     tally = per_class.setdefault(label, [0, 0])
-                    tally[0] += int(hit)
+                    tally[0] += int(label == guess)
                     tally[1] += 1
+                    confusion[(label, guess)] = confusion.get((label, guess), 0) + 1
     finally:
         model.train(was_training)
     return EvalResult(
@@ -259,8 +316,8 @@ def evaluate(
         loss=loss_sum / total if total else 0.0,
         sequences=total,
         per_class={label: (c, t) for label, (c, t) in sorted(per_class.items())},
-        top_k=top_k,
-        top_k_accuracy=top_hits / total if total else 0.0,
+        top5_correct=top5,
+        confusion=dict(sorted(confusion.items())),
     )
 
 

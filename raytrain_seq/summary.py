@@ -77,7 +77,9 @@ class RunSummary:
     seconds: dict[str, float] = field(
         default_factory=lambda: {"total": 0.0, "compute": 0.0, "averaging": 0.0, "data_wait": 0.0}
     )
-    """Wall time split: {total, compute, averaging, data_wait} (per learner, averaged over learners)."""
+    """Wall time split: {total, compute, averaging, data_wait}; newer runs take every bucket from rank
+    0's timeline (data_wait: epochs >= 1) and add startup (driver start to rank 0's first step),
+    cold_epoch (its data wait in epoch 0), validation, test and write (final checkpoint to summary)."""
     packing: dict[str, Any] = field(
         default_factory=lambda: {"strategy": "optimal", "blocks": 0, "lower_bound_blocks": 0}
     )
@@ -200,6 +202,19 @@ def _acc(value: float | None) -> str:
     return "n/a" if value is None else f"{100.0 * value:.1f} %"
 
 
+# The time buckets of ``seconds`` in the table's order (older summaries lack the first and the last four).
+_TIME_PARTS = (
+    ("startup", "startup"),
+    ("cold_epoch", "cold epoch wait"),
+    ("compute", "compute"),
+    ("averaging", "averaging"),
+    ("data_wait", "data wait"),
+    ("validation", "validation"),
+    ("test", "test"),
+    ("write", "write"),
+)
+
+
 def format_table(summary: RunSummary) -> str:
     """A readable, aligned result table for the terminal: accuracy, frames, time split, packing, reuse."""
     s = summary
@@ -242,9 +257,14 @@ def format_table(summary: RunSummary) -> str:
     sec = s.seconds
     total = float(sec["total"])
     rows.append(("time total", f"{total:,.1f} s", ""))
-    parts = [("compute", sec["compute"]), ("averaging", sec["averaging"]), ("data wait", sec["data_wait"])]
+    parts = [
+        (label, sec[key])
+        for key, label in _TIME_PARTS
+        if key in sec or key in ("compute", "averaging", "data_wait")
+    ]
     other = total - sum(float(v) for _, v in parts)
-    # "other" (startup, validation, checkpoints) only makes sense when the parts fit inside the total.
+    # "other" is what no bucket measured (checkpoints inside rounds, process start); it only makes sense
+    # when the parts fit inside the total.
     if other >= 0:
         parts.append(("other", other))
     for name, value in parts:

@@ -125,6 +125,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "run.storage_path": (["/tmp/s"], "/tmp/s", []),
     "run.run_name": (["r1"], "r1", []),
     "run.resume": ([], True, ["--run-name", "r1"]),
+    "run.tracker": (["none"], "none", []),
 }
 
 # Every flag jobs/ucf101.py took before the CLI was generated: each must keep working.
@@ -493,11 +494,23 @@ def test_main_runs_prints_table_and_ends_with_summary_path(fake_trainer, fake_fu
     assert any("92.5 %" in line for line in lines)  # the table of the returned summary
 
 
+def _finished_runs(root: Path) -> tuple[str, str]:
+    """Two run folders that pass the path checks (each holds a checkpoint folder with a state file)."""
+    runs = []
+    for name in ("rgb", "flow"):
+        folder = root / "r" / name / "checkpoint_round_000001"
+        folder.mkdir(parents=True)
+        (folder / "state.pt").write_bytes(b"")
+        runs.append(str(folder.parent))
+    return runs[0], runs[1]
+
+
 def test_stream_fuse_is_handed_to_run_fuse_not_the_trainer(fake_trainer, fake_fuse, capsys, tmp_path):
     """--stream fuse --fuse A B: run_fuse gets the Config, driver.run is never called."""
-    assert job.main(["--stream", "fuse", "--fuse", "/r/rgb", "/r/flow", "--run-name", "f1"]) == 0
+    rgb, flow = _finished_runs(tmp_path)
+    assert job.main(["--stream", "fuse", "--fuse", rgb, flow, "--run-name", "f1"]) == 0
     (config,) = fake_fuse
-    assert config.data.stream == "fuse" and config.model.fuse == ("/r/rgb", "/r/flow")
+    assert config.data.stream == "fuse" and config.model.fuse == (rgb, flow)
     assert fake_trainer == []
     assert capsys.readouterr().out.strip().splitlines()[-1].endswith(str(tmp_path / "f1" / "summary.json"))
 
@@ -522,10 +535,11 @@ def test_a_run_that_cannot_start_exits_2_with_one_line(monkeypatch, capsys, tmp_
 
 def test_fuse_job_takes_two_run_folders_and_calls_run_fuse(fake_trainer, fake_fuse, capsys, tmp_path):
     """fuse.py RGB FLOW --data-root D --run-name N: stream fuse, model.fuse the pair, run_fuse called."""
-    argv = ["/r/rgb", "/r/flow", "--dataset", "ucf101", "--data-root", "/v", "--run-name", "f2"]
+    rgb, flow = _finished_runs(tmp_path)
+    argv = [rgb, flow, "--dataset", "ucf101", "--data-root", "/v", "--run-name", "f2"]
     assert fuse_job.main(argv) == 0
     (config,) = fake_fuse
-    assert (config.data.stream, config.model.fuse) == ("fuse", ("/r/rgb", "/r/flow"))
+    assert (config.data.stream, config.model.fuse) == ("fuse", (rgb, flow))
     assert (config.data.dataset, config.data.data_root, config.run.run_name) == ("ucf101", "/v", "f2")
     assert fake_trainer == []
     lines = capsys.readouterr().out.strip().splitlines()
@@ -542,13 +556,20 @@ def test_fuse_job_errors_exit_2(monkeypatch, fake_fuse, capsys, tmp_path):
     assert capsys.readouterr().err.startswith("error: data.split")
     assert fake_fuse == []
 
-    def run_fuse(config: Config) -> RunSummary:
-        raise RunSetupError("--fuse: /r/rgb holds no finished run: give the folder of a finished RGB run")
-
-    monkeypatch.setattr(sys.modules["raytrain_seq.runtime.fuse"], "run_fuse", run_fuse)
+    # A run folder that is not there: the path check says so before anything runs.
     assert fuse_job.main(["/r/rgb", "/r/flow"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --fuse: /r/rgb") and err.count("\n") == 1
+    assert err.startswith("error: --fuse /r/rgb: no such run folder") and err.count("\n") == 1
+    assert fake_fuse == []
+
+    def run_fuse(config: Config) -> RunSummary:
+        raise RunSetupError(f"--fuse: {rgb} holds no finished run: give the folder of a finished RGB run")
+
+    rgb, flow = _finished_runs(tmp_path)
+    monkeypatch.setattr(sys.modules["raytrain_seq.runtime.fuse"], "run_fuse", run_fuse)
+    assert fuse_job.main([rgb, flow]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --fuse: {rgb}") and err.count("\n") == 1
 
 
 def test_fuse_job_prints_its_config(fake_fuse, capsys, tmp_path):

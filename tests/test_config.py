@@ -118,6 +118,7 @@ BAD_VALUES = [
     ("run.run_name", "", "x"),
     ("run.run_name", "..", "..x"),
     ("run.resume", "yes", False),
+    ("run.tracker", "wandb", "none"),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,8 @@ from raytrain_seq.data.synthetic import SyntheticVideos
 
 pytestmark = pytest.mark.ray
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 # tests/conftest.py's ray_cluster: a learner per CPU for 2 learners, plus the feed's data tasks.
 RAY_CLUSTER = {"num_cpus": 4, "namespace": "raytrain_seq"}
@@ -29,12 +32,27 @@ def _smoke(tmp_path, **overrides) -> Config:
     return Config.from_preset("smoke", storage_path=str(tmp_path), **overrides)
 
 
-def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
-    """Smoke preset, 2 learners, 1 epoch; then --resume to 2 epochs continues from round 1's checkpoint."""
+def _readme_python_block() -> str:
+    """The Python block of README's "From Python" section, as a user would paste it."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## From Python") :]
+    return section[section.index("```python\n") + len("```python\n") : section.index("\n```\n")]
+
+
+def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path, capsys):
+    """The README's Python API block (smoke preset, 2 learners, 1 epoch), as written there but for the
+    folder; then --resume to 2 epochs continues from round 1's checkpoint."""
     from raytrain_seq.runtime.driver import run
 
-    config = _smoke(tmp_path, epochs=1, run_name="smoke")
-    summary = run(config)
+    block = _readme_python_block()
+    assert "from raytrain_seq import Config, train" in block and "train(config)" in block
+    namespace: dict = {}
+    exec(
+        block.replace("/tmp/raytrain_seq_runs", str(tmp_path)).replace('"from-python"', '"smoke"'), namespace
+    )
+    config, summary = namespace["config"], namespace["summary"]
+    assert config.to_dict() == _smoke(tmp_path, epochs=1, run_name="smoke").to_dict()
+    assert str(summary.json_path) in capsys.readouterr().out
     run_dir = config.run_dir()
 
     # Every training sequence is trained once per epoch: frames match the catalog exactly.
@@ -56,6 +74,11 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path):
     assert summary.refurbish["recomputed"] == len(catalog)  # epoch 0 computes everything
     assert summary.test_accuracy is not None and 0.0 <= summary.test_accuracy <= 1.0
     assert summary.seconds["compute"] > 0 and summary.seconds["total"] > summary.seconds["compute"]
+    seconds = summary.seconds
+    buckets = ("startup", "cold_epoch", "compute", "averaging", "data_wait", "validation", "test", "write")
+    assert all(seconds[key] >= 0 for key in buckets) and seconds["startup"] > 0 and seconds["test"] > 0
+    # One timeline (rank 0's): the buckets add up to the total, within 5 % (what none measured).
+    assert abs(sum(seconds[key] for key in buckets) - seconds["total"]) <= 0.05 * seconds["total"], seconds
     learners = summary.extra["averager"]["membership"]
     assert sorted(event["learner"] for event in learners if event["event"] == "join") == [0, 1]
 

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from torch import cat as torch_cat
 
 from raytrain_seq.augment import center_crop, final_augment, partial_augment, resize_video
 from raytrain_seq.config import Config
@@ -420,3 +421,63 @@ def test_refs_of_a_dropped_epoch_raise(served):
         ray.get(feed.refs.remote([video], 0))
     with pytest.raises(ray.exceptions.RayTaskError, match="must not lag"):
         ray.get(feed.epoch_shard.remote(0, 0, 2))
+
+
+@pytest.mark.ray
+def test_learner_streams_serve_every_epoch_and_equal_the_independent_recomputation(ray_cluster):
+    """Two learners' persistent streams (one each, across all epochs) deliver every train id once per
+    epoch, in the shard's order, and after the device-side crop and flip (stage_rows, on CPU here) the
+    frames equal final_augment(partial_augment(render)) with the documented seeds; a stream restarted
+    mid-epoch at a position (a realignment) serves exactly the rest."""
+    from raytrain_seq.runtime.feed import LearnerFeed
+    from raytrain_seq.step import stage_rows
+
+    config = _config()
+    feed = create_feed(config, videos_per_task=8)
+    videos = _videos(config)
+    catalog = videos.catalog("train")
+    position = {v: i for i, v in enumerate(catalog.ids.tolist())}
+    schedule = RefurbishSchedule(len(catalog), reuse=3, seed=SEED)
+    learners = [LearnerFeed(feed, epochs=3, blocks_per_batch=3) for _ in range(2)]
+    checked = 0
+    try:
+        for epoch in range(3):
+            seen = []
+            for rank, learner in enumerate(learners):
+                view, total = learner.epoch_rows(epoch, rank, 2)
+                shard_ = ray_cluster.get(feed.epoch_shard.remote(epoch, rank, 2))
+                parts = []
+                while (rows := view.take(2)) is not None:
+                    parts.append(stage_rows(rows, "cpu", crop=config.data.crop, flow=False))
+                frames = torch_cat([p["frames"] for p in parts])
+                assert total == len(shard_.blocks) == frames.shape[0] and view.frames == shard_.frames
+                computed = epoch - schedule.age(epoch)
+                for b, spec in enumerate(shard_.blocks):
+                    seen.extend(spec.ids)
+                    for slot, (video, start, length) in enumerate(
+                        zip(spec.ids, spec.starts, spec.lengths, strict=True)
+                    ):
+                        rng = np.random.default_rng(
+                            [SEED, PARTIAL_STREAM, video, int(computed[position[video]])]
+                        )
+                        cached = partial_augment(videos.render(video), size=16, rng=rng)
+                        rng = np.random.default_rng([SEED, FINAL_STREAM, epoch, spec.plan_index, slot])
+                        expect = final_augment(cached, crop=config.data.crop, rng=rng)
+                        assert np.array_equal(frames[b, start : start + length].numpy(), expect), (
+                            epoch,
+                            video,
+                        )
+                        checked += 1
+            assert sorted(seen) == catalog.ids.tolist()
+        # A realignment: a fresh stream at (epoch 2, 3 rows done) serves the shard's rows from the fourth on.
+        again = LearnerFeed(feed, epochs=3)
+        view, total = again.epoch_rows(2, 0, 2, skip=3)
+        rest = []
+        while (rows := view.take(4)) is not None:
+            rest.extend(rows["block"].tolist())
+        assert rest == list(range(total - 3)) and total > 3
+        again.close()
+    finally:
+        for learner in learners:
+            learner.close()
+    assert checked >= 120

@@ -406,3 +406,50 @@ def test_fuse_reports_rgb_flow_and_fused_accuracy(runs):
     assert set(fused["per_class_accuracy"]) == {"ApplyEyeMakeup", "ApplyLipstick", "Archery"}
     assert fused["videos"]["skipped"][0].endswith(".avi")
     assert codes["swapped"] == 2  # flow run given as the RGB run: refused before any work
+
+
+@pytest.mark.ray
+def test_export_and_predict_see_what_the_runs_evaluation_saw(runs, mini, tmp_path, capsys):
+    """export writes the run's final model as a plain state_dict + spec that rebuild it; predict feeds each
+    test video exactly the frames the run's own evaluation fed (decode, resize, centre crop) and ranks the
+    run's classes by the model's softmax."""
+    from raytrain_seq.augment import center_crop
+    from raytrain_seq.export import export, load_exported
+    from raytrain_seq.export import main as export_main
+    from raytrain_seq.predict import Predictor
+    from raytrain_seq.predict import main as predict_main
+
+    storage, codes = runs
+    assert codes["rgb"] == 0
+    out, meta_path = export(storage / "rgb", tmp_path / "model.pt")
+    meta = json.loads(meta_path.read_text())
+    assert meta["class_names"] == list(mini.class_names) and meta["input"]["center_crop"] == 16
+    final = load_run_state(storage / "rgb")
+    saved = torch.load(out, weights_only=True)
+    assert saved.keys() == final.state.params.keys()
+    assert all(torch.equal(saved[k], v) for k, v in final.state.params.items())
+    model, _ = load_exported(out)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in final.state.params.items())
+
+    predictor = Predictor(storage / "rgb")
+    config = predictor.config
+    source = get_source(source_kwargs(config))
+    test = load_catalogs(config)["catalogs"]["test"]
+    compared = 0
+    for video, path in zip(test.ids, test.paths, strict=True):
+        if path == mini.bad["lying"]:
+            continue  # its header lies: the run pads it to the header's length, predict takes the real frames
+        ran, _ = source.load(int(video), None, config.data.seed, config.data.cache_size)
+        assert np.array_equal(predictor.frames(path), center_crop(ran, config.data.crop)), path
+        ranked = predictor.top(path, 5)
+        assert [name for name, _ in ranked] != [] and len(ranked) == 3  # 3 classes: all of them, ranked
+        assert sum(p for _, p in ranked) == pytest.approx(1.0, abs=1e-5)
+        assert [p for _, p in ranked] == sorted((p for _, p in ranked), reverse=True)
+        compared += 1
+    assert compared == len(test) - 1
+
+    assert export_main([str(storage / "rgb"), "--out", str(tmp_path / "again.pt")]) == 0
+    assert predict_main([str(storage / "rgb"), test.paths[0], mini.bad["corrupt"]]) == 1  # one unreadable
+    printed = capsys.readouterr()
+    assert test.paths[0] in printed.out and mini.bad["corrupt"] in printed.err
+    assert export_main([str(tmp_path), "--out", str(tmp_path / "x.pt")]) == 2  # not a run folder

@@ -9,6 +9,7 @@ import torch
 from raytrain_seq.averaging import merge_adam_states
 from raytrain_seq.models import build_model
 from raytrain_seq.step import (
+    EvalResult,
     InnerStep,
     build_optimizer,
     collate_rows,
@@ -233,27 +234,33 @@ def test_evaluate_counts_every_real_sequence_once():
     assert evaluate(model, []).sequences == 0
 
 
-def test_evaluate_top_k_counts_labels_among_the_k_highest_logits():
-    """Top-k: 1 gives the accuracy, the class count gives 1.0, and k in between is the rank count."""
-    batch = _batch(3)
-    model = _model()
+def test_evaluate_top5_mean_class_confusion_and_combine_of_shards():
+    """Top-5 against an independent topk, mean class accuracy as the mean of per-class rates, the
+    confusion matrix's cells sum to the sequences, and combining two shards' results equals scoring all."""
+    torch.manual_seed(3)
+    model = build_model(8, width=8, depth=2, hidden=16).double()
+    batch = _batch(4)
+    real = batch["labels"] >= 0
+    batch["labels"][real] = torch.randint(0, 8, (int(real.sum()),))  # 8 classes: top-5 is not everything
+    whole = evaluate(model, [batch], micro_batch_size=3)
     logits = model(batch["frames"], batch["starts"], batch["lengths"], batch["num_sequences"]).detach()
     labels = torch.cat(
         [row[: int(n)] for row, n in zip(batch["labels"], batch["num_sequences"], strict=True)]
     )
-    # rank of each label among its row's logits: 0 = the highest
-    ranks = (logits > logits.gather(1, labels[:, None])).sum(1)
-    for k in (1, 2, 3):
-        result = evaluate(model, [batch], micro_batch_size=3, top_k=k)
-        assert result.top_k == k
-        assert result.top_k_accuracy == pytest.approx(float((ranks < k).double().mean()))
-    assert evaluate(model, [batch], top_k=1).top_k_accuracy == pytest.approx(
-        evaluate(model, [batch]).accuracy
+    top5 = int((logits.topk(5, dim=1).indices == labels[:, None]).any(1).sum())
+    assert whole.top5_correct == top5 and whole.top5_accuracy == pytest.approx(top5 / 11)
+    assert whole.top5_correct >= round(whole.accuracy * 11)  # a top-1 hit is a top-5 hit
+    rates = [c / t for c, t in whole.per_class.values()]
+    assert whole.mean_class_accuracy == pytest.approx(sum(rates) / len(rates))
+    assert sum(whole.confusion.values()) == 11
+    assert sum(n for (truth, guess), n in whole.confusion.items() if truth == guess) == round(
+        whole.accuracy * 11
     )
-    assert evaluate(model, [batch], top_k=CLASSES + 3).top_k_accuracy == 1.0
-    assert 0 < float((ranks < 2).double().mean()) < 1, "the case is not trivial at k = 2"
-    with pytest.raises(ValueError, match="top_k"):
-        evaluate(model, [batch], top_k=0)
+    halves = [{k: v[:3] for k, v in batch.items()}, {k: v[3:] for k, v in batch.items()}]
+    combined = EvalResult.combine(evaluate(model, [half]) for half in halves)
+    assert combined.sequences == whole.sequences and combined.per_class == whole.per_class
+    assert combined.confusion == whole.confusion and combined.top5_correct == whole.top5_correct
+    assert combined.accuracy == pytest.approx(whole.accuracy) and combined.loss == pytest.approx(whole.loss)
 
 
 def test_load_averaged_installs_weights_and_moments_but_keeps_hyperparameters():

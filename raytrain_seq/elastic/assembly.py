@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raytrain_seq.augment import center_crop, final_augment
+from raytrain_seq.augment import center_crop, final_augment, final_params
 from raytrain_seq.packing import PackPlan, shard
 
 logger = logging.getLogger(__name__)
@@ -171,6 +171,11 @@ class RowFormat:
     channels: int
     center: bool
     """Evaluation: the centre crop and no flip instead of the seeded random crop and flip."""
+    final_on_learner: bool = False
+    """Leave the crop and flip to the learner: rows carry the uncropped ``size`` frames and each
+    sequence's seeded ``tops``, ``lefts``, ``flips`` (``augment.final_augment_batch`` applies them)."""
+    size: int = 0
+    """The cached frames' height and width (``data.cache_size``); rows use it when ``final_on_learner``."""
 
 
 @dataclass(frozen=True)
@@ -192,12 +197,14 @@ class EpochShard:
     """Videos whose partial augmentation is computed for this epoch (the whole split for evaluation)."""
     reused: int
     """Videos served from the cache of an earlier epoch."""
+    size: int = 0
+    """The cached frames' height and width (``data.cache_size``); 0: unknown (rows are cropped here)."""
 
     @property
     def row_format(self) -> RowFormat:
         return RowFormat(
             self.split, self.epoch, self.seed, self.t_max, self.max_sequences, self.crop, self.channels,
-            self.center,
+            self.center, size=self.size,
         )  # fmt: skip
 
     @property
@@ -301,7 +308,16 @@ def assemble_rows(
     starts [0, 37] and lengths [37, 24] fill frames 0-36 and 37-60, frames 61.. stay zero.
     """
     n = len(batch["block"])
-    frames = np.zeros((n, fmt.t_max, fmt.crop, fmt.crop, fmt.channels), dtype=np.uint8)
+    deferred = fmt.final_on_learner and not fmt.center
+    if deferred and fmt.size < fmt.crop:
+        raise ValueError(
+            f"RowFormat.size {fmt.size} < crop {fmt.crop}: a row left for the learner to crop needs the "
+            "cached frame size (data.cache_size) in RowFormat.size"
+        )
+    side = fmt.size if deferred else fmt.crop
+    frames = np.zeros((n, fmt.t_max, side, side, fmt.channels), dtype=np.uint8)
+    # The learner's crop draws, one per sequence: (top, left, flip), 0 for the padded slots.
+    params = np.zeros((3, n, fmt.max_sequences), dtype=np.int64) if deferred else None
     for row in range(n):
         plan_index = int(batch["plan_index"][row])
         for slot in range(int(batch["num_sequences"][row])):
@@ -317,11 +333,22 @@ def assemble_rows(
             piece = cached[offset : offset + length]
             if fmt.center:
                 piece = center_crop(piece, fmt.crop)
+            elif deferred:
+                if cached.shape[1:3] != (side, side):
+                    raise ValueError(
+                        f"video {video}: cached frames are {cached.shape[1]}x{cached.shape[2]}, the rows "
+                        f"{side}x{side}: RowFormat.size must be the run's data.cache_size"
+                    )
+                rng = final_rng(fmt.seed, fmt.epoch, plan_index, slot)
+                params[:, row, slot] = final_params(rng, side, side, fmt.crop)
             else:
                 piece = final_augment(
                     piece, crop=fmt.crop, rng=final_rng(fmt.seed, fmt.epoch, plan_index, slot)
                 )
             frames[row, start : start + length] = piece
+    extra = {}
+    if params is not None:
+        extra = {"tops": params[0], "lefts": params[1], "flips": params[2]}
     return {
         "frames": frames,
         "starts": np.asarray(batch["starts"], dtype=np.int64),
@@ -330,6 +357,7 @@ def assemble_rows(
         "num_sequences": np.asarray(batch["num_sequences"], dtype=np.int64),
         "weight": np.asarray(batch["weight"], dtype=np.float32),
         "block": np.asarray(batch["block"], dtype=np.int64),
+        **extra,
     }
 
 

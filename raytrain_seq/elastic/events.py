@@ -79,9 +79,14 @@ class RunHistory:
     round and validation so that a restarted actor finds its own records in the log.
     """
 
-    def __init__(self, log_path: Path | None = None, *, actor: str | None = None) -> None:
+    def __init__(
+        self, log_path: Path | None = None, *, actor: str | None = None, tracker: Any = None
+    ) -> None:
         self.log = EventLog(log_path)
         self.actor = actor
+        # Live tracking (raytrain_seq.tracking): anything with scalars(values, step) and text(tag, value, step).
+        self.tracker = tracker
+        self._last_round_at = 0.0
         self.totals: dict[Learner, dict[str, float]] = {}
         self.batch_history: list[dict[str, Any]] = []
         self.validation_history: list[dict[str, Any]] = []
@@ -125,6 +130,10 @@ class RunHistory:
         self.recoveries.append(record)
         self.log.append({"type": "recovery", **record})
         logger.warning("averager: %s: %s", kind, detail)
+        if self.tracker is not None:
+            step = self.loss_history[-1]["round"] if self.loss_history else 0
+            self.tracker.scalars({"recoveries/count": len(self.recoveries)}, step)
+            self.tracker.text("recoveries", f"{kind}: {detail}", step)
 
     def _learner(self, learner: Learner) -> dict[str, float]:
         return self.totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
@@ -162,14 +171,34 @@ class RunHistory:
         record = {"type": "round", "actor": self.actor, "round": round, "seconds": seconds}
         record.update(loss=mean, batch_size=batch_size, elapsed_s=now, stats=added, position=position)
         self.log.append(record)
+        if self.tracker is not None:
+            self.tracker.scalars(
+                _round_scalars(added, mean, batch_size, seconds, now - self._last_round_at), round
+            )
+        self._last_round_at = now
 
     def record_validation(
-        self, round: int, accuracy: float, *, batch_size: int, grew: bool, epoch: Any
+        self,
+        round: int,
+        accuracy: float,
+        *,
+        batch_size: int,
+        grew: bool,
+        epoch: Any,
+        metrics: Mapping[str, float] | None = None,
     ) -> None:
+        """A reported validation; ``metrics`` may add ``top5_accuracy`` and ``mean_class_accuracy``."""
         record = {"round": round, "accuracy": float(accuracy), "batch_size": batch_size, "grew": grew}
-        record.update(epoch=epoch, missed=False, time=time.time(), time_s=self.elapsed())
+        record.update(
+            epoch=epoch, missed=False, time=time.time(), time_s=self.elapsed(), **dict(metrics or {})
+        )
         self.validation_history.append(record)
         self.log.append({"type": "validation", "actor": self.actor, **record})
+        if self.tracker is not None:
+            extra = dict(metrics or {})
+            values = {"val/top1": float(accuracy), "val/top5": extra.get("top5_accuracy")}
+            values["val/mean_class_accuracy"] = extra.get("mean_class_accuracy")
+            self.tracker.scalars(values, round)
 
     def record_missed_validation(self, round: int, batch_size: int) -> None:
         self.validation_history.append(
@@ -235,6 +264,24 @@ class RunHistory:
             "loss_history": list(self.loss_history),
             "elapsed_s": self.elapsed(),
         }
+
+
+def _round_scalars(
+    stats: list, loss: float, batch_size: int, seconds: float, since_last: float
+) -> dict[str, float | None]:
+    """A round's tracking scalars from its learners' stats (``[[learner, {frames, compute_s, ...}], ...]``).
+
+    Frames per second: the round's frames over the time since the previous round closed, e.g. 2 learners
+    of 3,000 frames each in a round 4 s after the last one: 1,500 frames/s.
+    """
+    n = max(len(stats), 1)
+    frames = sum(s.get("frames", 0.0) for _, s in stats)
+    out: dict[str, float | None] = {"train/loss": loss if math.isfinite(loss) else None}
+    out.update({"train/batch_size": batch_size, "train/learners": len(stats), "time/round_s": seconds})
+    out["train/frames_per_second"] = frames / since_last if since_last > 0 else None
+    for key in ("compute_s", "data_wait_s"):
+        out[f"time/{key}"] = sum(s.get(key, 0.0) for _, s in stats) / n
+    return out
 
 
 def describe_position(position: Mapping | None) -> str:

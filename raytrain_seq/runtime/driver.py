@@ -33,6 +33,7 @@ from typing import Any
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.events import membership_entries, recovery_entries
+from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
 from raytrain_seq.summary import RunSummary, plot_curves
 
@@ -87,7 +88,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "data.stream='fuse' evaluates two finished runs and trains nothing: run jobs/fuse.py "
             "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
         )
-    began = time.perf_counter()
+    began, began_wall = time.perf_counter(), time.time()
+    check_paths(config)
     run_dir = check_storage(config)
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
     if config.run.resume and resumed is None:
@@ -150,9 +152,16 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         ray.get(feed.stats.remote(wait=True)),
         ray.get(feed.model_spec.remote())["class_names"],
     )
+    metrics = result.metrics or {}
+    # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
+    # its first step, "write" runs from its final report (checkpoint, Ray Train's shutdown, summary).
+    if metrics.get("first_step_wall") is not None:
+        summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - began_wall)
+    plot_curves(summary, run_dir / "curves.png")
+    if metrics.get("final_report_wall") is not None:
+        summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
     summary.seconds["total"] = time.perf_counter() - began
     summary.write(run_dir)
-    plot_curves(summary, run_dir / "curves.png")
     for actor in (averager, feed):
         ray.kill(actor, no_restart=True)
     return summary
@@ -214,7 +223,17 @@ def _summary(
         padding_fraction=padding / (blocks * t_max) if blocks and t_max else 0.0,
         # Useful frames per second of the whole run's training loop (all learners together).
         frames_per_second=frames / metrics["learner_seconds"] if metrics.get("learner_seconds") else 0.0,
-        seconds={"total": 0.0, "compute": compute, "averaging": averaging_s, "data_wait": data_wait},
+        # One timeline, rank 0's, so the buckets add up to the total: rank 0 validates while the others
+        # train and then wait for it in the round, so their means would count that time twice. The
+        # means over the learners (the whole run, every group) are kept in extra["learners_mean_s"].
+        seconds={
+            "total": 0.0,
+            "compute": float(metrics.get("compute_s", compute)),
+            "averaging": float(metrics.get("averaging_s", averaging_s)),
+            "data_wait": float(metrics.get("data_wait_s", data_wait)),
+            # Rank 0's own clock: it waits for epoch 0's partial augmentations, validates and tests.
+            **{key: float(metrics.get(f"{key}_s") or 0.0) for key in ("cold_epoch", "validation", "test")},
+        },
         packing={
             "strategy": config.data.packing,
             "blocks": packing_epochs[0]["blocks"] if packing_epochs else 0,
@@ -236,5 +255,6 @@ def _summary(
             "per_class_test": metrics.get("per_class", {}),
             "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
             "learner_seconds": metrics.get("learner_seconds"),
+            "learners_mean_s": {"compute": compute, "averaging": averaging_s, "data_wait": data_wait},
         },
     )

@@ -15,10 +15,12 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
 2. The plan: ``pack(lengths, t_max, strategy, seed=plan_seed(seed, e))`` and ``shard(plan, world_size)``
    (equal blocks per learner, zero-weight fillers); each learner's blocks are ordered by
    ``assembly.spread_fresh`` so the fresh frames spread evenly over consecutive mini-batches.
-3. A learner calls ``feed.epoch_shard(e, rank, world_size)`` and ``shard_dataset(shard, feed)``: a
-   ``ray.data.from_items(block specs).map_batches(...)`` whose tasks fetch the ObjectRefs they need from
-   the feed (``ray.get(feed.refs.remote(ids, epoch))``: the actor lends them, nothing rides in rows or
-   closures), final-augment each sequence and write the rows (``assembly.assemble_rows``), in order.
+3. A learner's ``LearnerFeed`` runs one persistent ``elastic.stream.RowStream`` across its epochs: a
+   thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
+   the refs of the whole shard in one ``feed.refs(ids, e)`` call, copies the cached arrays into uint8
+   rows at the cache size with each sequence's seeded crop draws (``assembly.assemble_rows``), in
+   order, and runs ahead into epoch e+1; the learner crops and flips on its device. ``shard_dataset``
+   (Ray Data, the crop on CPU) remains for the fusion evaluation and benchmark peers.
 
 Validation and test splits are packed once ("optimal", fixed seed; "chunk" only when training chunks
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
@@ -30,7 +32,7 @@ too. A real video that fails to decode in a task becomes a zero clip listed in `
 
 Trade-off: with reuse r the partial-augmentation work per epoch drops to 1/r after epoch 0; the price
 is object-store memory for one cached copy of every train video (+1/r for the next epoch's copies in
-flight) and one actor call per assembly task. bench/pipeline.py measures the delivered rate beside a
+flight) and one refs call per learner and epoch. bench/pipeline.py measures the delivered rate beside a
 plain DataLoader and what the learners consume (bench/results/pipeline.txt).
 """
 
@@ -41,7 +43,7 @@ import functools
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,7 @@ from raytrain_seq.elastic.assembly import (
     shard_items,
 )
 from raytrain_seq.elastic.position import layout_specs
+from raytrain_seq.elastic.stream import EpochRows, RowStream
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 
@@ -332,7 +335,7 @@ class BlockFeed:
         return EpochShard(
             split=split, epoch=epoch, rank=rank, world_size=world_size, blocks=tuple(specs), t_max=self.t_max,
             max_sequences=self.max_sequences, crop=data.crop, channels=self._channels, seed=self._seed,
-            center=epoch is None, recomputed=recomputed, reused=reused,
+            center=epoch is None, recomputed=recomputed, reused=reused, size=data.cache_size,
         )  # fmt: skip
 
     def refs(self, ids: Sequence[int], epoch: int | None) -> list[Any]:
@@ -493,33 +496,97 @@ def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: flo
 
 
 class LearnerFeed:
-    """A learner's view of the feed actor: its model spec, the block rows of its epoch shard, and the
-    rows of an evaluation split (the learner loop takes this object, so tests can hand it a fake)."""
+    """A learner's view of the feed actor: its model spec, the block rows of its epochs, and the rows of
+    an evaluation split (the learner loop takes this object, so tests can hand it a fake).
 
-    def __init__(self, handle: Any) -> None:
+    Training rows come from one persistent ``RowStream`` per learner: a thread in the learner's process
+    asks the feed for each epoch's shard (block specs) and, in one call, the ObjectRefs of its cached
+    arrays, then copies the arrays out of the object store into uint8 rows at the cache size; the crop
+    and flip are left to the learner's device (``augment.final_augment_batch``). It runs ahead into the
+    next epoch, so no epoch starts with a dataset's start-up; a learner that must start elsewhere (a
+    realignment) gets a new stream at that position.
+    """
+
+    def __init__(
+        self, handle: Any, *, epochs: int | None = None, blocks_per_batch: int = 4, depth: int = 4
+    ) -> None:
         self.handle = handle
+        self._epochs = epochs
+        self._blocks_per_batch = _int(blocks_per_batch, "blocks_per_batch", 1, "use e.g. 4")
+        self._depth = depth
+        self._stream: RowStream | None = None
 
     def model_spec(self) -> dict[str, Any]:
         import ray
 
         return ray.get(self.handle.model_spec.remote())
 
-    def epoch_rows(
-        self, epoch: int, rank: int, world_size: int, *, history: Sequence = (), skip: int = 0
-    ) -> tuple[BlockRowStream | None, int]:
-        """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
-        many rows its shard has in all; the stream is None when nothing is left."""
+    def _source(self, rank: int, world_size: int):
         import ray
 
-        full = ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
-        # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
-        shard = dataclasses.replace(full, blocks=full.blocks[skip:])
-        stream = BlockRowStream(shard_dataset(shard, self.handle)) if shard.blocks else None
-        return stream, len(full.blocks)
+        def source(epoch: int, history: tuple, skip: int):
+            full = ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
+            # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
+            shard = dataclasses.replace(full, blocks=full.blocks[skip:])
+            return len(full.blocks), self._batches(shard)
+
+        return source
+
+    def _batches(self, shard: EpochShard) -> Iterator[dict[str, np.ndarray]]:
+        import ray
+
+        fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
+        ids = shard.video_ids
+        # One actor call per epoch: the refs are borrowed for the whole shard, so a later epoch's cache
+        # swap in the feed cannot take the arrays away from under this epoch.
+        refs = dict(zip(ids, ray.get(self.handle.refs.remote(ids, shard.epoch)), strict=True)) if ids else {}
+        items = shard_items(shard)
+        for lo in range(0, len(items), self._blocks_per_batch):
+            part = items[lo : lo + self._blocks_per_batch]
+            batch = {key: np.stack([item[key] for item in part]) for key in part[0]}
+            need = sorted({i for item in part for i in item["ids"].tolist() if i >= 0})
+            arrays = dict(zip(need, ray.get([refs[i] for i in need]), strict=True)) if need else {}
+            yield assemble_rows(batch, arrays, fmt)
+
+    def epoch_rows(
+        self, epoch: int, rank: int, world_size: int, *, history: Sequence = (), skip: int = 0
+    ) -> tuple[EpochRows | None, int]:
+        """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
+        many rows its shard has in all; the stream is None when nothing is left."""
+        history = tuple((int(w), int(r)) for w, r in history)
+        if self._stream is None or not self._stream.continues(epoch, history, skip):
+            if self._stream is not None:
+                self._stream.close()
+            epochs = self._epochs if self._epochs is not None else epoch + 1
+            self._stream = RowStream(
+                self._source(rank, world_size), epoch=epoch, epochs=epochs, history=history, skip=skip,
+                depth=self._depth,
+            )  # fmt: skip
+        view, rows = self._stream.epoch_rows(epoch)
+        if skip >= rows:
+            view.take(1)  # nothing left: read the epoch's end, so the stream goes on to the next epoch
+            return None, rows
+        return view, rows
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     def eval_rows(self, split: str) -> BlockRowStream:
-        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped."""
+        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped, assembled here
+        like the training rows (a Ray Data dataset would pay its start-up for a copy and a crop)."""
         import ray
 
         shard = ray.get(self.handle.eval_shard.remote(split))
-        return BlockRowStream(shard_dataset(shard, self.handle))
+        return BlockRowStream(_Batches(self._batches(shard)))
+
+
+class _Batches:
+    """An iterator of row batches in the shape ``BlockRowStream`` reads (Ray Data's ``iter_batches``)."""
+
+    def __init__(self, batches: Iterator[dict[str, np.ndarray]]) -> None:
+        self._batches = batches
+
+    def iter_batches(self, **_: Any) -> Iterator[dict[str, np.ndarray]]:
+        return self._batches

@@ -40,7 +40,7 @@ from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.elastic.sync import LocalRounds, Tally, missed_checkpoint_rounds
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate
+from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, stage_rows
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ class Learner:
         train = config.train
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(config.data.seed)
-        spec = feed.model_spec()
+        spec = self.model_spec = feed.model_spec()
+        self.in_channels = spec["in_channels"]  # 2: optical flow, whose flip negates x
         self.model = build_model_for(
             config, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
         ).to(device)
@@ -97,6 +98,9 @@ class Learner:
         )
         self.tally = Tally()
         self.started = time.perf_counter()
+        # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
+        self.times = {"cold_epoch": 0.0, "validation": 0.0, "test": 0.0}
+        self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
         self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
 
     # ------------------------------------------------------------------------------------- training
@@ -128,15 +132,18 @@ class Learner:
             position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
         )
         rows_done, end = position.rows_done, EpochPosition(position.epoch + 1)
-        while stream is not None:
-            waited = stream.wait_seconds
-            rows = stream.take(self.client.batch_size)
-            self.tally.data_wait_s += stream.wait_seconds - waited
-            if rows is None:
-                break
-            stats = self.step(collate_rows(rows))  # steps even on fillers: Adam steps stay in lockstep
-            rows_done += len(rows["num_sequences"])
-            self.tally.add_step(stats.frames, stats.sequences, stats.seconds, stats.loss)
+        cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
+        ahead = self._stage(stream, self.client.batch_size, cold)
+        while ahead is not None:
+            batch, staged_s = self._fill(stream, ahead, cold)  # B may have grown at the last round
+            # One mini-batch ahead: its host-to-device copy (non_blocking) overlaps this step.
+            ahead = self._stage(stream, self.client.batch_size, cold)
+            if self.first_step_wall is None:
+                self.first_step_wall = time.time()
+            stats = self.step(batch)  # steps even on fillers: Adam steps stay in lockstep
+            rows_done += int(batch["num_sequences"].shape[0])
+            # The crop and flip moved onto the learner: they are compute, as in the model's rate.
+            self.tally.add_step(stats.frames, stats.sequences, stats.seconds + staged_s, stats.loss)
             self.metrics.set("loss", stats.loss)
             self.metrics.set("frames_per_second", stats.frames / max(stats.seconds, 1e-9))
             self.metrics.add("frames", stats.frames)
@@ -154,6 +161,38 @@ class Learner:
             if realigned is not None:
                 return realigned
         return end
+
+    # ------------------------------------------------------------------------------------ data loop
+    def _stage(self, stream: Any, size: int, cold: bool) -> tuple[dict[str, torch.Tensor], float] | None:
+        """The next ``size`` rows on the device (final-augmented there), and the seconds staging took;
+        None at the end of the shard. Time blocked on the stream is data wait (epoch 0: ``cold_epoch``)."""
+        if stream is None:
+            return None
+        waited = stream.wait_seconds
+        rows = stream.take(size)
+        blocked = stream.wait_seconds - waited
+        if cold:
+            self.times["cold_epoch"] += blocked
+        else:
+            self.tally.data_wait_s += blocked
+        if rows is None:
+            return None
+        began = time.perf_counter()
+        batch = stage_rows(rows, self.device, crop=self.config.data.crop, flow=self.in_channels == 2)
+        return batch, time.perf_counter() - began
+
+    def _fill(
+        self, stream: Any, staged: tuple[dict[str, torch.Tensor], float], cold: bool
+    ) -> tuple[dict[str, torch.Tensor], float]:
+        """``staged`` topped up to the current B (it was staged before a round that may have grown B)."""
+        batch, seconds = staged
+        missing = self.client.batch_size - int(batch["num_sequences"].shape[0])
+        if missing > 0:
+            more = self._stage(stream, missing, cold)
+            if more is not None:
+                batch = {key: torch.cat([batch[key], more[0][key]]) for key in batch}
+                seconds += more[1]
+        return batch, seconds
 
     def average(self, position: EpochPosition, *, shard_rows: int) -> EpochPosition | None:
         """One averaging round; ``position`` is where training stands once it is averaged. Returns the
@@ -177,7 +216,9 @@ class Learner:
             )  # fmt: skip
         round_, every = result.state.round, self.config.train.validate_every
         if self.rank == 0 and every and round_ % every == 0:
+            began = time.perf_counter()
             self.validate(round_, position)
+            self.times["validation"] += time.perf_counter() - began
         final = position.epoch >= self.config.train.epochs and position.rows_done == 0
         if checkpoint.is_due(round_, every=self.config.train.checkpoint_every, final=final):
             self._report(position, with_checkpoint=True)
@@ -246,6 +287,7 @@ class Learner:
                 history=history,
                 config=self.config.to_dict(),
                 position=position.as_dict(),
+                model_spec=self.model_spec,
             )
             self.report(metrics, Path(folder))
 
@@ -261,15 +303,20 @@ class Learner:
             "averaging_s": self.rounds.averaging_s,
             "compute_s": totals.get("compute_s", 0.0),
             "data_wait_s": totals.get("data_wait_s", 0.0),
+            "first_step_wall": self.first_step_wall,
+            **{f"{name}_s": seconds for name, seconds in self.times.items()},
         }
         if self.rank == 0:
+            began = time.perf_counter()
             test = self.evaluate("test")
+            extra["test_s"] = time.perf_counter() - began
             extra.update(
                 test_accuracy=test.accuracy,
                 test_sequences=test.sequences,
                 per_class={str(k): list(v) for k, v in test.per_class.items()},
             )
             logger.info("test accuracy %.4f over %d sequences", test.accuracy, test.sequences)
+        extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
         self._report(EpochPosition(self.config.train.epochs), with_checkpoint=True, extra=extra)
 
 
@@ -334,7 +381,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         world_size=world_size,
         device=ray.train.torch.get_device(),
         client=client,
-        feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"])),
+        feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"]), epochs=train.epochs),
         report=_ray_train_report,
         # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),

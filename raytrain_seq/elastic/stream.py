@@ -1,0 +1,217 @@
+"""A learner's persistent row stream: one producer thread walks the epochs ahead of training.
+
+Why: building a new dataset per epoch puts task start-up on every epoch's critical path, and the
+learner then waits for the first rows of each epoch. ``RowStream`` is started once, at a position
+(epoch, layout history, rows already trained), and produces the rows of that epoch and of every later
+epoch, in order, into a bounded queue; the learner opens one ``EpochRows`` view per epoch and takes
+any number of rows at a time from it (the adaptive batch size may grow between rounds).
+
+The rows come from an injected ``source(epoch, history, skip) -> (rows in the whole shard, iterator of
+row batches)``: plans are a pure function of (lengths, seed, epoch), so the source can be asked for epoch
+e+1 while epoch e trains (``runtime.feed.LearnerFeed`` borrows the cached arrays from the feed actor and
+assembles the rows there). The producer runs at most one epoch ahead of the consumer (the feed keeps
+the cache of two epochs) and at most ``depth`` batches ahead within one.
+
+Elastic groups and realignments: a stream only continues straight on (epoch e ends, epoch e+1 starts
+from its first row under this group). A learner that must start elsewhere (a realignment moved it to
+the others' position mid-epoch) closes the stream and starts a new one there; ``continues(epoch,
+history, skip)`` says whether the stream can serve a position. An error in the producer is raised in
+the consumer's ``take``, never dropped. Nothing here imports ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EpochRows", "RowStream", "Source"]
+
+Source = Callable[[int, tuple[tuple[int, int], ...], int], tuple[int, Iterator[Mapping[str, np.ndarray]]]]
+
+_POLL_S = 0.1  # how often a blocked producer looks at the stop flag
+
+
+class EpochRows:
+    """One epoch of a ``RowStream``: ``take(n)`` -> the next n rows (fewer at the end), None when done.
+
+    ``wait_seconds`` is the time the consumer was blocked on the producer (the learner's data wait);
+    ``rows`` and ``frames`` (useful frames, padding excluded) what it took.
+    """
+
+    def __init__(self, stream: RowStream, epoch: int) -> None:
+        self._stream, self.epoch = stream, epoch
+        self._pending: deque[dict[str, np.ndarray]] = deque()
+        self._buffered = 0
+        self.done = False
+        self.wait_seconds = 0.0
+        self.rows = 0
+        self.frames = 0
+
+    def _pull(self) -> None:
+        began = time.perf_counter()
+        try:
+            kind, payload = self._stream.get()
+        finally:
+            self.wait_seconds += time.perf_counter() - began
+        if kind == "end":
+            self.done = True
+            self._stream.ended(self.epoch)
+        elif kind == "rows":
+            size = len(payload["block"])
+            if size:
+                self._pending.append({key: np.asarray(value) for key, value in payload.items()})
+                self._buffered += size
+        else:
+            raise RuntimeError(f"row stream: {kind!r} inside epoch {self.epoch}: the producer lost its order")
+
+    def take(self, n: int) -> dict[str, np.ndarray] | None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"take(n) needs an int n >= 1, got {n!r}: pass the mini-batch size in blocks")
+        while self._buffered < n and not self.done:
+            self._pull()
+        if not self._buffered:
+            return None
+        parts, need = [], n
+        while need and self._pending:
+            head = self._pending[0]
+            size = len(head["block"])
+            if size <= need:
+                parts.append(self._pending.popleft())
+                need -= size
+            else:
+                parts.append({key: value[:need] for key, value in head.items()})
+                self._pending[0] = {key: value[need:] for key, value in head.items()}
+                need = 0
+        out = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        taken = len(out["block"])
+        self._buffered -= taken
+        self.rows += taken
+        self.frames += int(np.clip(out["lengths"], 0, None).sum())
+        return out
+
+
+class RowStream:
+    """Rows of every epoch from ``epoch`` (its first ``skip`` rows under ``history`` left out) to
+    ``epochs - 1``, produced by one thread into a queue of at most ``depth`` batches."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        epoch: int,
+        epochs: int,
+        history: tuple[tuple[int, int], ...] = (),
+        skip: int = 0,
+        depth: int = 4,
+    ) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}: queue e.g. 4 batches")
+        self._source = source
+        self._start = (int(epoch), tuple(history), int(skip))
+        self._epochs = int(epochs)
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._gate = threading.Condition()
+        self._opened = int(epoch) - 1  # the newest epoch the consumer opened
+        self._next: tuple[int, tuple, int] | None = self._start  # the position a new view must ask for
+        self._view: EpochRows | None = None
+        self._thread = threading.Thread(target=self._produce, name="row-stream", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------ producer
+    def _put(self, item: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        epoch, history, skip = self._start
+        try:
+            while epoch < self._epochs and not self._stop.is_set():
+                with self._gate:
+                    # One epoch ahead at most: the feed serves the cache of the newest two epochs.
+                    while self._opened < epoch - 1 and not self._stop.is_set():
+                        self._gate.wait(_POLL_S)
+                if self._stop.is_set():
+                    return
+                total, batches = self._source(epoch, history, skip)
+                if not self._put(("epoch", (epoch, total))):
+                    return
+                for batch in batches:
+                    if not self._put(("rows", batch)):
+                        return
+                if not self._put(("end", epoch)):
+                    return
+                epoch, history, skip = epoch + 1, (), 0
+        except BaseException as error:  # handed to the consumer, which raises it in take()
+            logger.exception("row stream: the producer failed at epoch %d", epoch)
+            self._put(("error", error))
+
+    # ------------------------------------------------------------------------------------ consumer
+    def get(self) -> tuple[str, Any]:
+        """The next item; raises the producer's error."""
+        while True:
+            if not self._thread.is_alive() and self._queue.empty():
+                raise RuntimeError("row stream: the producer ended without finishing the epoch")
+            try:
+                kind, payload = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            if kind == "error":
+                raise payload
+            return kind, payload
+
+    def ended(self, epoch: int) -> None:
+        self._next = (epoch + 1, (), 0) if epoch + 1 < self._epochs else None
+
+    def continues(self, epoch: int, history: tuple = (), skip: int = 0) -> bool:
+        """Whether this stream's next rows are those of ``(epoch, history, skip)``."""
+        at_boundary = self._view is None or self._view.done
+        return at_boundary and self._next == (epoch, tuple(history), skip)
+
+    def epoch_rows(self, epoch: int) -> tuple[EpochRows, int]:
+        """The view of ``epoch`` (the next one of the stream) and the rows of its whole shard."""
+        if self._next is None or self._next[0] != epoch or not (self._view is None or self._view.done):
+            raise ValueError(
+                f"row stream: epoch {epoch} asked, the stream continues at {self._next}: close it and start "
+                "a new RowStream at the position"
+            )
+        with self._gate:
+            self._opened = epoch
+            self._gate.notify_all()
+        view = EpochRows(self, epoch)
+        began = time.perf_counter()
+        kind, payload = self.get()
+        view.wait_seconds += time.perf_counter() - began
+        if kind != "epoch" or payload[0] != epoch:
+            raise RuntimeError(f"row stream: expected the start of epoch {epoch}, got {kind!r} {payload!r}")
+        self._view = view
+        self._next = None  # until the view ends
+        return view, payload[1]
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the producer (it may be blocked in its source; it is a daemon thread then)."""
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning(
+                "row stream: the producer is still in its source after %.0f s; left to end", timeout
+            )

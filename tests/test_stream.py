@@ -1,0 +1,157 @@
+"""The learner's persistent row stream and the final augmentation on the learner's device (no Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from raytrain_seq.augment import final_augment_batch
+from raytrain_seq.elastic.assembly import BlockSpec, EpochShard, assemble_rows, shard_items
+from raytrain_seq.elastic.stream import RowStream
+from raytrain_seq.step import stage_rows
+
+
+def _shard(blocks, *, channels: int, epoch: int = 4, center: bool = False) -> EpochShard:
+    return EpochShard(
+        split="train", epoch=epoch, rank=0, world_size=1, blocks=tuple(blocks), t_max=12, max_sequences=3,
+        crop=5, channels=channels, seed=7, center=center, recomputed=0, reused=0, size=8,
+    )  # fmt: skip
+
+
+BLOCKS = [
+    BlockSpec((10, 11), (0, 5), (5, 3), (0, 0), (1, 2), plan_index=3),
+    BlockSpec((11, 12, 10), (0, 4, 6), (4, 2, 5), (5, 0, 0), (2, 0, 1), plan_index=0),  # a chunk piece
+    BlockSpec((), (), (), (), (), plan_index=-1),  # a filler
+    BlockSpec((12,), (0,), (7,), (0,), (0,), plan_index=9),
+]
+
+
+@pytest.mark.parametrize("channels", [3, 2])
+def test_device_crop_and_flip_equal_the_cpu_rows(channels):
+    """Rows left uncropped for the learner, then final_augment_batch (via stage_rows), give exactly the
+    frames assemble_rows' per-sequence CPU final_augment gives: same final_rng draws, flow x negated."""
+    rng = np.random.default_rng(1)
+    arrays = {
+        v: rng.integers(1, 256, (n, 8, 8, channels), dtype=np.uint8) for v, n in [(10, 6), (11, 9), (12, 7)]
+    }
+    shard = _shard(BLOCKS, channels=channels)
+    items = shard_items(shard)
+    batch = {key: np.stack([item[key] for item in items]) for key in items[0]}
+    cpu = assemble_rows(batch, arrays, shard.row_format)
+    deferred = assemble_rows(batch, arrays, dataclasses.replace(shard.row_format, final_on_learner=True))
+    assert deferred["frames"].shape == (4, 12, 8, 8, channels) and "tops" in deferred
+    flips = deferred["flips"][deferred["lengths"] > 0]
+    assert 0 < flips.sum() < flips.size  # both branches (flipped and not) are exercised
+    staged = stage_rows(deferred, "cpu", crop=5, flow=channels == 2)
+    assert set(staged) == {k for k in cpu}
+    assert torch.equal(staged["frames"], torch.from_numpy(cpu["frames"]))
+    assert cpu["frames"][0, :8].min() > 0  # not vacuous: real pixels were compared
+    # Rows that are final already pass through unchanged.
+    assert torch.equal(stage_rows(cpu, "cpu", crop=5, flow=False)["frames"], torch.from_numpy(cpu["frames"]))
+
+
+def test_final_augment_batch_rejects_a_crop_larger_than_the_frames():
+    frames = torch.zeros((1, 2, 4, 4, 3), dtype=torch.uint8)
+    zeros = torch.zeros((1, 1), dtype=torch.int64)
+    with pytest.raises(ValueError, match="exceeds the frame size"):
+        final_augment_batch(
+            frames, starts=zeros, lengths=zeros + 2, tops=zeros, lefts=zeros, flips=zeros, crop=5, flow=False
+        )
+
+
+def _rows(epoch: int, first: int, count: int) -> dict[str, np.ndarray]:
+    block = np.arange(first, first + count)
+    return {
+        "block": block,
+        "lengths": np.stack([block + 1, np.full(count, -1)], axis=1),
+        "epoch": np.full(count, epoch),
+    }
+
+
+class _Source:
+    """Epoch e has 5 + e rows, yielded in batches of 2; records calls and the epochs opened by then."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.calls: list[tuple[int, tuple, int]] = []
+        self.fail_at = fail_at
+
+    def rows(self, epoch: int) -> int:
+        return 5 + epoch
+
+    def __call__(self, epoch, history, skip):
+        self.calls.append((epoch, history, skip))
+        if epoch == self.fail_at:
+            raise OSError(f"source broke at epoch {epoch}")
+        total = self.rows(epoch)
+
+        def batches():
+            for lo in range(skip, total, 2):
+                yield _rows(epoch, lo, min(2, total - lo))
+
+        return total, batches()
+
+
+def _drain(view, sizes=(1, 3, 2)) -> list[int]:
+    got, i = [], 0
+    while (out := view.take(sizes[i % len(sizes)])) is not None:
+        got.extend(out["block"].tolist())
+        i += 1
+    return got
+
+
+def test_row_stream_serves_every_epoch_in_order_and_runs_one_epoch_ahead_at_most():
+    """One stream from (epoch 1, skip 2) to the last epoch: every row once, in order, per epoch; the
+    producer asks for epoch e+1 only once the consumer opened epoch e."""
+    source = _Source()
+    stream = RowStream(source, epoch=1, epochs=4, skip=2, depth=2)
+    try:
+        time.sleep(0.3)  # room to run ahead: it must stop at epoch 2 (one ahead of nothing opened = 1)
+        assert [c[0] for c in source.calls] == [1]
+        assert stream.continues(1, (), 2) and not stream.continues(1, (), 0)
+        view, total = stream.epoch_rows(1)
+        assert total == 6 and _drain(view) == [2, 3, 4, 5]
+        assert stream.continues(2) and not stream.continues(3)
+        for epoch in (2, 3):
+            view, total = stream.epoch_rows(epoch)
+            assert total == source.rows(epoch) and _drain(view) == list(range(total))
+            assert view.rows == total and view.frames == sum(range(1, total + 1))
+        assert source.calls == [(1, (), 2), (2, (), 0), (3, (), 0)]
+        assert not stream.continues(4)
+    finally:
+        stream.close()
+
+
+def test_row_stream_mid_epoch_position_needs_a_new_stream_and_close_unblocks_the_producer():
+    """A view left mid-epoch (a realignment) means the stream cannot continue; a new stream at the
+    position serves the rest; close() stops a producer blocked on a full queue."""
+    source = _Source()
+    stream = RowStream(source, epoch=0, epochs=3, depth=1)
+    view, _ = stream.epoch_rows(0)
+    assert view.take(2)["block"].tolist() == [0, 1]
+    assert not stream.continues(1) and not stream.continues(0, (), 2)
+    with pytest.raises(ValueError, match="close it and start"):
+        stream.epoch_rows(1)
+    stream.close()
+    assert not stream._thread.is_alive()
+    again = RowStream(source, epoch=0, epochs=1, history=((3, 1),), skip=3)
+    try:
+        view, total = again.epoch_rows(0)
+        assert total == 5 and _drain(view) == [3, 4] and source.calls[-1] == (0, ((3, 1),), 3)
+    finally:
+        again.close()
+
+
+def test_row_stream_raises_the_sources_error_in_the_consumer():
+    """An error in the producer reaches the learner: epoch 0 is served, opening epoch 1 raises it."""
+    stream = RowStream(_Source(fail_at=1), epoch=0, epochs=3)
+    try:
+        view, _ = stream.epoch_rows(0)
+        assert _drain(view) == list(range(5))
+        with pytest.raises(OSError, match="source broke at epoch 1"):
+            stream.epoch_rows(1)
+    finally:
+        stream.close()
