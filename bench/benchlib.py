@@ -236,6 +236,38 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------------ baselines
+SAMPLING_SENTENCE = (
+    "Sampling solution, where each sequence is trimmed to match a smaller size, usually the "
+    "length of the average entry in the dataset. In this approach, one sequence might be broken into "
+    "several smaller portions"
+)
+"""The BLoad paper's description of its "sampling" baseline (Fig. 4 caption); Table I gives it 0 padding."""
+
+
+def sampling_plan(lengths, t_max: int, *, seed: int = 0) -> PackPlan:
+    """The BLoad paper's "sampling" baseline: pieces of exactly ``t_max`` frames and nothing else.
+
+    Each sequence is cut into ``length // t_max`` pieces of exactly ``t_max`` frames (``t_max``: the
+    mean length, as the Fig. 4 caption says); the tail and every sequence shorter than ``t_max`` are
+    deleted, so no block is padded (Table I: 0 padding). ``chunk`` differs in one point only: it keeps a
+    short sequence whole and pads its block. Lengths [50, 30, 10] at t_max 22: pieces (0, 0), (0, 22)
+    and (1, 0); deleted 6 + 8 + 10 = 24 frames, padding 0 (chunk keeps id 2 and pads 12 frames).
+    """
+    plan = pack(lengths, t_max, strategy="chunk", seed=seed)
+    short = [block for block in plan.blocks if block.frames < t_max]
+    blocks = [block for block in plan.blocks if block.frames == t_max]
+    return PackPlan(
+        blocks,
+        t_max,
+        "sampling",
+        seed,
+        plan.sequences,
+        deleted=plan.deleted + sum(block.frames for block in short),
+        cut=plan.cut,
+    )
+
+
 # ------------------------------------------------------------------------------------ single process
 def busy(seconds: float) -> None:
     """Burn CPU for ``seconds`` (a calibrated stand-in for augmentation work the set does not have)."""
@@ -286,6 +318,9 @@ class LocalData:
         return resize_video(self.videos.render(int(video)), self.config.data.cache_size)
 
     def plan(self, split: str, strategy: str, t_max: int, seed: int) -> PackPlan:
+        """``pack``'s plan, or ``sampling_plan``'s for ``strategy="sampling"`` (a baseline outside ``pack``)."""
+        if strategy == "sampling":
+            return sampling_plan(self.catalogs[split].lengths, t_max, seed=seed)
         return pack(self.catalogs[split].lengths, t_max, strategy=strategy, seed=seed)
 
     def epoch_plan(self, strategy: str, epoch: int, t_max: int | None = None) -> PackPlan:
@@ -338,7 +373,7 @@ class LocalData:
         catalog = self.catalogs[split]
         t_max = t_max or self.t_max
         seed = plan_seed(self.config.data.seed, -1 if split == "val" else -2)
-        plan = pack(catalog.lengths, t_max, strategy=strategy, seed=seed)
+        plan = self.plan(split, strategy, t_max, seed)
         arrays = {int(v): self.eval_frames(int(v)) for v in catalog.ids}
         bound = max_sequences_bound(catalog.lengths, t_max)
         return list(

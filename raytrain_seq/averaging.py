@@ -4,7 +4,11 @@ Algorithm: AAVG, "adaptive-batchsize model averaging with sparse communication" 
 Zhou, Chen, "Accelerating deep neural network training for action recognition on a cluster of GPUs").
 P learners take K local steps, then the weights are replaced by the learners' mean (Algorithm 1, line 12);
 every m rounds the validation accuracy a decides whether the batch size grows: if a < a* * b1 then
-B <- B * b2 (capped, 576 in the paper) and a* keeps the best accuracy (lines 13-21). Algorithm 2 repairs the
+B <- B * b2 (capped, 576 in the paper) and a* keeps the best accuracy (lines 13-21). Beyond the paper, the
+default growth test is noise-aware (grow only when a falls below a* by more than the binomial standard error
+of an accuracy measured on the validation set's size) and B never exceeds the rows a learner has per epoch:
+the paper's b1 = 1 assumes a large validation set, and on 10 validation videos it doubles B on every
+one-video dip (``AdaptiveBatchSize``). Algorithm 2 repairs the
 optimizer state that averaging disrupts: Adam's moments become the learners' mean (line 5) and a
 (mean, variance) pair -- BatchNorm's running statistics, the "b" quantities -- is merged by the law of
 total variance (lines 1, 3 and 6: z_j = v_j + m_j^2, m = mean m_j, v = mean z_j - m^2).
@@ -396,6 +400,8 @@ class BatchSizeRecord:
     best_before: float
     size: int
     grew: bool
+    threshold: float | None = None
+    """The accuracy below which this validation grows B (None in records saved before it was kept)."""
 
 
 def _int_field(name: str, value: Any, fix: str) -> int:
@@ -420,12 +426,31 @@ def _finite_field(name: str, value: Any, fix: str) -> float:
 class AdaptiveBatchSize:
     """AAVG's batch-size rule (Algorithm 1, lines 13-21), called once per validation.
 
-    If the accuracy a < a* * b1 the batch size is multiplied by b2 (rounded down, capped at max_size);
-    then a* <- max(a*, a), with a* starting at 0. b1 = 1 grows on any drop below the best, b1 < 1
-    tolerates a small drop, b1 > 1 demands a relative improvement. The paper uses b1=1, b2=2, max 576.
+    If the accuracy a is below a threshold, the batch size is multiplied by b2 (rounded down, capped at
+    max_size and at the rows a learner has per epoch); then a* <- max(a*, a), with a* starting at 0.
+    The threshold:
+
+    - ``b1=None`` (the default), noise-aware: a* - max(se, 1/n), where se = sqrt(a* (1 - a*) / n) is
+      the binomial standard error of an accuracy measured on the n validation sequences (``update``'s
+      ``val_size``), and 1/n, one sequence, is the floor: near a* = 0 or 1 the standard error is smaller
+      than the step an accuracy on n sequences moves by. n = 10, a* = 0.6: se = sqrt(0.24 / 10) = 0.155,
+      so 0.5 (one video fewer) keeps B and 0.4 grows it; a* = 1.0 of 10: se = 0, the floor 0.1 keeps B
+      at 0.9 and grows it at 0.8; n = 1000, a* = 0.6: se = 0.0155, so 0.58 grows it. B grows when the
+      model got worse by more than the validation set can resolve, not on every dip of a small set. A
+      rounding guard of 1e-9 keeps a drop of exactly the margin (1.0 - 0.9 in floats) from counting as
+      more.
+    - ``b1`` a number, the paper's rule exactly: a* x b1. b1 = 1 (the paper's) grows on any drop below
+      the best, b1 < 1 tolerates a small drop, b1 > 1 demands a relative improvement. The paper uses
+      b1=1, b2=2, max 576 with a large validation set and ImageNet-initialised weights; on 10 validation
+      videos every one-video dip doubles B, so B ratchets to the cap.
+
+    ``update``'s ``rows_cap`` (the rows, i.e. blocks, one learner gets per epoch) also caps B: a step
+    can take no more rows than the epoch holds, and beyond that a doubling only removes steps. When the
+    cap falls below the current B (more learners share the epoch) B comes down to it; it never goes
+    below ``initial``, the user's own choice.
     """
 
-    def __init__(self, initial: int, *, b1: float = 1.0, b2: float = 2, max_size: int = 576) -> None:
+    def __init__(self, initial: int, *, b1: float | None = None, b2: float = 2, max_size: int = 576) -> None:
         self._configure(initial, b1, b2, max_size)
         self._size = self._initial
         self._best = 0.0
@@ -434,12 +459,16 @@ class AdaptiveBatchSize:
     def _configure(self, initial: Any, b1: Any, b2: Any, max_size: Any) -> None:
         initial = _int_field("initial", initial, "pass the starting batch size as an int >= 1")
         max_size = _int_field("max_size", max_size, "pass the largest batch size as an int")
-        b1 = _finite_field("b1", b1, "pass the accuracy margin, e.g. 1.0")
+        if b1 is not None:
+            b1 = _finite_field("b1", b1, "pass None (noise-aware) or the paper's accuracy margin, e.g. 1.0")
+            if b1 <= 0:
+                raise ValueError(
+                    f"b1 must be > 0, got {b1}: use 1.0 (the paper: grow on any drop below the best accuracy) "
+                    "or None (grow on a drop beyond the validation set's noise)"
+                )
         b2 = _finite_field("b2", b2, "pass the growth factor, e.g. 2")
         if initial < 1:
             raise ValueError(f"initial must be >= 1, got {initial}: pass a positive batch size")
-        if b1 <= 0:
-            raise ValueError(f"b1 must be > 0, got {b1}: use 1.0 (grow on any drop below the best accuracy)")
         if b2 < 1:
             raise ValueError(f"b2 must be >= 1, got {b2}: the batch size only grows; use 2 as in the paper")
         if max_size < initial:
@@ -457,22 +486,62 @@ class AdaptiveBatchSize:
         return self._best
 
     @property
+    def noise_aware(self) -> bool:
+        """True for the default noise-aware threshold, False for the paper's a* x b1."""
+        return self._b1 is None
+
+    @property
     def history(self) -> list[BatchSizeRecord]:
         """One record per update, oldest first (a copy)."""
         return list(self._history)
 
-    def update(self, accuracy: float) -> int:
-        """Apply lines 15-20 for one validation accuracy; return the batch size to use from now on."""
+    def threshold(self, val_size: int | None = None) -> float:
+        """The accuracy below which the next ``update`` grows B (the rule of the class docstring)."""
+        if self._b1 is not None:
+            return self._best * self._b1
+        if val_size is None:
+            raise ValueError(
+                "val_size is missing: the noise-aware rule (b1=None, train.b1 = none) needs the number of "
+                "validation sequences the accuracy was measured on; pass update(accuracy, val_size=n), "
+                "or set b1 (train.b1 = 1.0) for the paper's rule"
+            )
+        n = _int_field("val_size", val_size, "pass the number of validation sequences, an int >= 1")
+        if n < 1:
+            raise ValueError(f"val_size must be >= 1, got {n}: pass the number of validation sequences")
+        return self._best - max(math.sqrt(self._best * (1.0 - self._best) / n), 1.0 / n)
+
+    def update(self, accuracy: float, *, val_size: int | None = None, rows_cap: int | None = None) -> int:
+        """Apply lines 15-20 for one validation accuracy; return the batch size to use from now on.
+
+        ``val_size``: the validation sequences behind ``accuracy`` (required by the noise-aware rule).
+        ``rows_cap``: the rows one learner gets per epoch now; B stays at or below max(initial, rows_cap).
+        """
         a = _finite_field("accuracy", accuracy, "pass the validation accuracy as a finite number")
+        limit = self._max_size
+        if rows_cap is not None:
+            cap = _int_field("rows_cap", rows_cap, "pass the rows one learner gets per epoch, an int >= 1")
+            if cap < 1:
+                raise ValueError(
+                    f"rows_cap must be >= 1, got {cap}: pass the rows one learner gets per epoch"
+                )
+            limit = min(limit, max(self._initial, cap))
+        threshold = self.threshold(val_size)
         best_before, before = self._best, self._size
-        if a < best_before * self._b1:
-            self._size = min(self._max_size, int(before * self._b2))
+        size = before
+        # The paper's comparison is exact; the noise-aware one gets the rounding guard (class docstring).
+        if a < threshold - (1e-9 if self._b1 is None else 0.0):
+            size = int(before * self._b2)
+        self._size = min(size, limit)
         if a > best_before:
             self._best = a
         grew = self._size > before
-        self._history.append(BatchSizeRecord(a, best_before, self._size, grew))
+        self._history.append(BatchSizeRecord(a, best_before, self._size, grew, threshold))
         if grew:
-            logger.info("batch size %d -> %d: accuracy %g < best %g * b1", before, self._size, a, best_before)
+            logger.info("batch size %d -> %d: accuracy %g < threshold %g", before, self._size, a, threshold)
+        elif self._size < before:
+            logger.info(
+                "batch size %d -> %d: a learner has only %d rows per epoch", before, self._size, limit
+            )
         return self._size
 
     def state_dict(self) -> dict[str, Any]:
@@ -482,7 +551,7 @@ class AdaptiveBatchSize:
         return {**config, "size": self._size, "best": self._best, "history": history}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state_dict() (configuration included), validating it first."""
+        """Restore a state_dict() (configuration included), validating it first; older dicts load too."""
         required = ("initial", "b1", "b2", "max_size", "size", "best", "history")
         missing = [key for key in required if key not in state]
         if missing:
@@ -497,5 +566,7 @@ class AdaptiveBatchSize:
         try:
             fresh._history = [BatchSizeRecord(**record) for record in state["history"]]
         except TypeError as exc:
-            raise ValueError(f"history entries need keys accuracy, best_before, size, grew: {exc}") from exc
+            raise ValueError(
+                f"history entries need keys accuracy, best_before, size, grew (and threshold): {exc}"
+            ) from exc
         self.__dict__.update(fresh.__dict__)

@@ -257,8 +257,8 @@ class TrainConfig:
     """Blocks streamed to the device at once (gradients accumulate exactly); "auto" = largest that fits."""
     validate_every: int = 1
     """m in the paper: validate (and maybe grow the batch size) every m averaging rounds."""
-    b1: float = 1.0
-    """AAVG accuracy margin: grow the batch when validation accuracy < b1 * the best so far (> 0)."""
+    b1: float | None = None
+    """Batch growth: none = val accuracy < best - its binomial std error; a number: < b1 x best (paper)."""
     b2: float = 2
     """AAVG growth factor: a growing batch size is multiplied by b2, up to max_batch_size (>= 1)."""
     epochs: int = 10
@@ -316,7 +316,14 @@ class TrainConfig:
                 "give the blocks that fit on the device at once, or 'auto' to find it"
             )
         int_at_least("train.validate_every", self.validate_every, 1, "use 1 to validate every round")
-        number("train.b1", self.b1, "> 0", lambda v: v > 0, "use 1.0 as in the AAVG paper")
+        if self.b1 is not None:
+            number(
+                "train.b1",
+                self.b1,
+                "> 0",
+                lambda v: v > 0,
+                "use 1.0 as in the AAVG paper, or none (noise-aware)",
+            )
         number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
         int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
         number("train.lr", self.lr, "> 0", lambda v: v > 0, "use e.g. 1e-3")

@@ -7,16 +7,20 @@ temporal state there. Nothing is cut and every learner sees equal-size samples.
 
 Strategies (``pack(..., strategy=...)``):
 
-- ``"bload"``: the paper's Fig. 7. Open a block of ``t_max`` frames, keep adding a sequence drawn
-  uniformly from the remaining sequences that still fit, close the block when none fits, pad the rest.
+- ``"bload"``: the paper's Fig. 7. Open a block of ``t_max`` frames, keep adding a sequence drawn by
+  the authors' Random* (a length drawn uniformly among the distinct remaining lengths that fit, then a
+  sequence of that length, as their reference implementation does), close the block when none fits,
+  pad the rest.
 - ``"optimal"`` (default): bin packing that stays near ``ceil(frames / t_max)``. Three candidates are
   planned and the one with the fewest blocks is kept: first-fit-decreasing, best-fit-decreasing and an
   exact-fill packer (largest items first, then close each block exactly with one or two sequences).
   Equal lengths are interchangeable, so the seed shuffles which equal-length sequences go where, the
   block order and the order inside each block without changing the block count.
 - ``"pad"``: one sequence per block (the naive padding baseline).
-- ``"chunk"``: the paper's "sampling" baseline: sequences are cut into pieces of exactly ``t_max``
-  frames and each tail shorter than ``t_max`` is deleted; it breaks temporal context.
+- ``"chunk"``: sequences longer than ``t_max`` are cut into pieces of exactly ``t_max`` frames and each
+  tail is deleted; a shorter sequence stays whole (padded). It breaks temporal context. The paper's
+  "sampling" baseline (Table I: no padding at all) also deletes every sequence shorter than the piece
+  length; ``bench/benchlib.py`` (``sampling_plan``) builds it from a chunk plan for the benchmarks.
 
 Contract: no strategy but ``"chunk"`` deletes a frame or cuts a sequence; ``"optimal"`` never uses more
 blocks than first-fit-decreasing (FFD is one of its candidates) and its seed changes the plan, never the
@@ -306,12 +310,19 @@ def _pack_chunk(lens: np.ndarray, t_max: int, rng, seed: int) -> PackPlan:
 
 
 def _pack_bload(lens: np.ndarray, t_max: int, rng) -> list[Block]:
-    """Fig. 7, exact-uniform over the remaining sequences that fit.
+    """Fig. 7 with the reference implementation's Random*: a fitting length, then a video of that length.
 
-    A Fenwick tree over per-length counts gives ``fit = #{remaining with length <= room}``; draw r in
-    [0, fit) and take the length bucket holding the r-th such sequence in length order, so a bucket is
-    chosen with probability count/fit; each bucket is pre-shuffled and popped from its end, which is
-    uniform within the bucket. Together: 1/fit for each sequence that fits.
+    Two-stage draw, as ``AG_BLoad.randomize`` in github.com/RRuschel/BLoad (file ``AG_BLoad.py``) does
+    it: draw uniformly among the DISTINCT lengths that still have a video and fit the room, then
+    uniformly among the remaining videos of that length. Remaining lengths {3: 1 video, 5: 9 videos} and
+    room 6: length 3 and length 5 each with probability 1/2, so the lone 3-frame video is drawn with
+    probability 1/2, not 1/10. (The reference draws the video index with ``randint(0, n)`` and maps n to
+    n - 1, which gives the first video of a length 2/(n+1); here every video of the length has 1/n.)
+
+    A Fenwick tree over "this length still has a video" (1 or 0 per length) gives
+    ``fit = #{distinct remaining lengths <= room}``; draw r in [0, fit) and descend to the (r+1)-th such
+    length; its bucket is pre-shuffled and popped from its end (uniform within the length). A length
+    leaves the tree when its bucket empties.
     """
     perm = rng.permutation(len(lens))
     grouped = perm[np.argsort(lens[perm], kind="stable")].tolist()
@@ -321,7 +332,7 @@ def _pack_bload(lens: np.ndarray, t_max: int, rng) -> list[Block]:
         if count:
             buckets[length] = grouped[begin : begin + count]
             begin += count
-    tree = counts[:]  # Fenwick tree in O(t_max): each node passes its total up to its parent
+    tree = [int(count > 0) for count in counts]  # Fenwick tree in O(t_max): each node passes its total up
     for j in range(1, t_max + 1):
         if j + (j & -j) <= t_max:
             tree[j + (j & -j)] += tree[j]
@@ -345,12 +356,14 @@ def _pack_bload(lens: np.ndarray, t_max: int, rng) -> list[Block]:
                     r -= tree[pos]
                 step >>= 1
             length = pos + 1
-            ids.append(buckets[length].pop())
+            bucket = buckets[length]
+            ids.append(bucket.pop())
             sizes.append(length)
-            j = length
-            while j <= t_max:
-                tree[j] -= 1
-                j += j & -j
+            if not bucket:
+                j = length
+                while j <= t_max:
+                    tree[j] -= 1
+                    j += j & -j
             room -= length
             remaining -= 1
         blocks.append(Block(tuple(ids), tuple(accumulate(sizes[:-1], initial=0)), tuple(sizes)))

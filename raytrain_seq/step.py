@@ -5,7 +5,9 @@ inside a Ray Train worker and in a GPU benchmark on a machine that has no Ray. O
 of B block rows (``frames [B, t_max, H, W, C]`` uint8 plus the reset tables), streams it to the device as
 micro-batches with :func:`raytrain_seq.microbatch.accumulate` (so the gradient is exactly the full-batch
 gradient, normalised by the number of real sequences), then steps the optimizer once. AAVG's Algorithm 1
-line 9 is exactly this update: the mean gradient over the B_n samples of the mini-batch.
+line 9 is exactly this update: the mean gradient over the B_n samples of the mini-batch. A mini-batch of
+only filler rows (no real sequence) counts as a step and changes nothing else
+(:func:`advance_without_update`): learners keep equal step counts, and no weight moves without data.
 
 Trade-off: a mini-batch of any size fits any device; the price is one forward/backward per micro-batch
 (``bench/microbatch.py`` measures the overhead against one batch that fits).
@@ -102,6 +104,66 @@ def build_optimizer(
     raise ValueError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
 
 
+def advance_without_update(optimizer: torch.optim.Optimizer) -> None:
+    """Count one optimizer step that changes no parameter and no moment: the step of a filler-only batch.
+
+    Every parameter that holds a gradient gets what one ``optimizer.step()`` would give its step counter
+    (Adam/AdamW's per-parameter ``step`` + 1; SGD keeps none) and nothing else: weights, ``exp_avg``,
+    ``exp_avg_sq`` and ``max_exp_avg_sq`` are left as they were. A parameter whose state the optimizer
+    has not created yet (a learner whose first mini-batch is all filler) gets the state a step creates,
+    made by the optimizer's own step on a zero gradient with weight decay off for that one call (zero
+    moments, step 1), then its weights are put back: every learner then holds the same state keys, which
+    the moment merge requires. Anything that reads the step counter (a learning-rate schedule, Adam's
+    bias correction) sees the step; the run has no learning-rate schedule yet, so the counter is all
+    there is to advance.
+    """
+    fresh: list[torch.Tensor] = []
+    known: list[torch.Tensor] = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None:
+                (known if optimizer.state.get(param) else fresh).append(param)
+    if fresh:
+        _create_state(optimizer, fresh, known)
+    for param in known:
+        state = optimizer.state[param]
+        if "step" not in state:
+            continue
+        if isinstance(state["step"], torch.Tensor):
+            state["step"].add_(1)
+        else:
+            state["step"] = state["step"] + 1
+
+
+def _create_state(
+    optimizer: torch.optim.Optimizer, fresh: list[torch.Tensor], known: list[torch.Tensor]
+) -> None:
+    """Let the optimizer create the state of ``fresh`` parameters by one step that updates none of them."""
+    saved_grads = [param.grad for param in (*fresh, *known)]
+    saved_decay = [group.get("weight_decay") for group in optimizer.param_groups]
+    weights = [param.detach().clone() for param in fresh]
+    try:
+        # Parameters without a gradient are skipped by torch's optimizers, so the known ones sit this
+        # call out; a zero gradient without weight decay leaves Adam's new moments at zero.
+        for param in known:
+            param.grad = None
+        for param in fresh:
+            param.grad = torch.zeros_like(param)
+        for group in optimizer.param_groups:
+            if "weight_decay" in group:
+                group["weight_decay"] = 0.0
+        optimizer.step()
+    finally:
+        for param, grad in zip((*fresh, *known), saved_grads, strict=True):
+            param.grad = grad
+        for group, decay in zip(optimizer.param_groups, saved_decay, strict=True):
+            if decay is not None:
+                group["weight_decay"] = decay
+    with torch.no_grad():
+        for param, weight in zip(fresh, weights, strict=True):
+            param.copy_(weight)
+
+
 @dataclass(frozen=True)
 class StepStats:
     """What one optimizer step did."""
@@ -146,10 +208,14 @@ class InnerStep:
             sizer=self.sizer,
         )
         sequences = int(batch["num_sequences"].sum())
-        # Step even on a mini-batch of only filler rows (zero loss, so zero gradient): AAVG merges the
-        # Adam moments of learners that took the same number of steps, and a learner that skipped one
-        # would carry step 20 beside its peers' 21 (averaging.merge_adam_states refuses that round).
-        self.optimizer.step()
+        if sequences:
+            self.optimizer.step()
+        else:
+            # A mini-batch of only filler rows has nothing to learn from, but a real Adam step on its zero
+            # gradient still moves every weight by about lr (m / (sqrt(v) + eps) is not zero once the
+            # moments are), so the step is counted and nothing else: the learner keeps the step count
+            # its peers reach (averaging.merge_adam_states refuses learners at steps 20 and 21).
+            advance_without_update(self.optimizer)
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepStats(loss, sequences, useful_frames(batch), time.perf_counter() - began)

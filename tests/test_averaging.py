@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -350,7 +351,7 @@ def test_flat_states_average_like_the_originals():
 # ------------------------------------------------------------------------------------ AdaptiveBatchSize
 def test_adaptive_batch_size_follows_algorithm1():
     """Batch size doubles only when a < a* * b1 (strictly), a* keeps the best; history records each step."""
-    rule = AdaptiveBatchSize(32)
+    rule = AdaptiveBatchSize(32, b1=1.0)
     accuracies = [0.5, 0.6, 0.55, 0.7, 0.7, 0.69]
     sizes = [rule.update(a) for a in accuracies]
     # a*: 0 -> 0.5 -> 0.6 -> 0.6 (0.55 < 0.6: grow) -> 0.7 -> 0.7 (0.7 < 0.7 is false) -> 0.69 < 0.7: grow
@@ -363,15 +364,15 @@ def test_adaptive_batch_size_follows_algorithm1():
 
 def test_adaptive_batch_size_cap_tolerance_and_factor():
     """Growth stops at max_size; b1 < 1 tolerates small drops; a non-integer b2 rounds down."""
-    capped = AdaptiveBatchSize(200)
+    capped = AdaptiveBatchSize(200, b1=1.0)
     assert [capped.update(a) for a in [0.9, 0.1, 0.1, 0.1]] == [200, 400, 576, 576]
     assert [r.grew for r in capped.history] == [False, True, True, False]
     seq = [0.7, 0.65, 0.62]
-    strict = AdaptiveBatchSize(32)
+    strict = AdaptiveBatchSize(32, b1=1.0)
     tolerant = AdaptiveBatchSize(32, b1=0.9)
     assert [strict.update(a) for a in seq] == [32, 64, 128]
     assert [tolerant.update(a) for a in seq] == [32, 32, 64]  # 0.65 >= 0.63, 0.62 < 0.63
-    fractional = AdaptiveBatchSize(32, b2=1.5, max_size=100)
+    fractional = AdaptiveBatchSize(32, b1=1.0, b2=1.5, max_size=100)
     assert [fractional.update(a) for a in [0.5, 0.4, 0.3, 0.2]] == [32, 48, 72, 100]
 
 
@@ -400,7 +401,7 @@ def test_adaptive_batch_size_validation():
             AdaptiveBatchSize(**kwargs)
     with pytest.raises(TypeError, match="initial must be an integer"):
         AdaptiveBatchSize(2.5)
-    rule = AdaptiveBatchSize(8)
+    rule = AdaptiveBatchSize(8, b1=1.0)
     for bad in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="accuracy must be a finite"):
             rule.update(bad)
@@ -412,6 +413,90 @@ def test_adaptive_batch_size_validation():
     with pytest.raises(ValueError, match="size 9999 is outside"):
         rule.load_state_dict({**before, "size": 9999})
     assert rule.state_dict() == before
+    noisy = AdaptiveBatchSize(8)
+    with pytest.raises(ValueError, match=r"val_size is missing.*train\.b1 = 1\.0"):
+        noisy.update(0.5)
+    for kwargs, pattern in (
+        ({"val_size": 0}, "val_size must be >= 1"),
+        ({"val_size": 10, "rows_cap": 0}, "rows_cap must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=pattern):
+            noisy.update(0.5, **kwargs)
+    with pytest.raises(TypeError, match="val_size must be an integer"):
+        noisy.update(0.5, val_size=9.5)
+    assert noisy.history == []
+
+
+# A noisy plateau on 10 validation videos: every value is the true 0.5-0.6 level give or take one video
+# (one video = 0.1), the way the issue's 5-class miniature UCF101 moved.
+NOISY_VAL = [0.3, 0.5, 0.4, 0.6, 0.5, 0.5, 0.6, 0.4, 0.5, 0.6, 0.5, 0.4, 0.5, 0.6, 0.5, 0.5]
+
+
+def test_paper_rule_ratchets_on_a_noisy_small_validation_set_and_the_noise_rule_does_not():
+    """Both rules on the same noisy sequence (n = 10): the paper's (b1 = 1) doubles B on every dip.
+
+    Paper: every value under the best so far doubles B (0.4 after 0.5, then 9 of the 12 values after
+    a* = 0.6), 10 doublings, so B goes 1 -> 512 -> 576 (max_size). Noise-aware: after a* = 0.6 the
+    threshold is 0.6 - sqrt(0.24 / 10) = 0.445, so only the two 0.4s grow B: B = 4.
+    """
+    paper = AdaptiveBatchSize(1, b1=1.0)
+    noise = AdaptiveBatchSize(1)
+    paper_sizes = [paper.update(a, val_size=10) for a in NOISY_VAL]
+    noise_sizes = [noise.update(a, val_size=10) for a in NOISY_VAL]
+    assert sum(r.grew for r in paper.history) == 10 and paper_sizes[-1] == 576
+    assert noise.noise_aware and not paper.noise_aware
+    grown_at = [i for i, r in enumerate(noise.history) if r.grew]
+    assert [NOISY_VAL[i] for i in grown_at] == [0.4, 0.4] and noise_sizes[-1] == 4
+    assert max(paper_sizes) == 576 and max(noise_sizes) == 4
+    assert noise.history[4].threshold == pytest.approx(0.6 - math.sqrt(0.24 / 10))
+    # a drop of one video (0.6 -> 0.5) is inside the noise of 10 videos, outside that of 1000
+    for n, grows in ((10, False), (1000, True)):
+        rule = AdaptiveBatchSize(4)
+        rule.update(0.6, val_size=n)
+        assert (rule.update(0.5, val_size=n) > 4) is grows
+
+
+def test_noise_rule_at_the_edges_of_the_accuracy_range():
+    """a* = 0 never grows; at a* = 1 of 10 the standard error is 0 and the one-video floor keeps B at 0.9."""
+    rule = AdaptiveBatchSize(2)
+    assert rule.update(0.0, val_size=10) == 2  # first validation: nothing to fall below
+    assert rule.update(1.0, val_size=10) == 2
+    assert rule.threshold(10) == pytest.approx(0.9)
+    assert rule.update(0.9, val_size=10) == 2  # 1.0 - 0.9 is 0.0999...98 in floats: the guard's case
+    assert rule.update(0.8, val_size=10) == 4
+    assert rule.update(0.7, val_size=10) == 8
+
+
+@pytest.mark.parametrize("b1", [None, 1.0])
+def test_batch_size_never_exceeds_the_rows_a_learner_has_per_epoch(b1):
+    """rows_cap bounds B under both rules, B comes down when the cap does, never below initial."""
+    rule = AdaptiveBatchSize(2, b1=b1)
+    dips = [0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
+    sizes = [rule.update(a, val_size=1000, rows_cap=12) for a in dips]
+    assert sizes == [2, 4, 8, 12, 12, 12, 12]
+    assert max(r.size for r in rule.history) <= 12
+    assert rule.update(0.1, val_size=1000, rows_cap=5) == 5  # more learners: 5 rows each
+    assert rule.update(0.1, val_size=1000, rows_cap=1) == 2  # never below initial
+    assert rule.update(0.1, val_size=1000) == 4  # no cap given: max_size rules
+
+
+def test_adaptive_batch_size_loads_a_state_dict_saved_before_the_noise_rule():
+    """An older checkpoint (b1 a number, history without thresholds) loads and keeps the paper's rule."""
+    old = {
+        "initial": 4, "b1": 1.0, "b2": 2, "max_size": 64, "size": 8, "best": 0.7,
+        "history": [{"accuracy": 0.7, "best_before": 0.0, "size": 4, "grew": False},
+                    {"accuracy": 0.6, "best_before": 0.7, "size": 8, "grew": True}],
+    }  # fmt: skip
+    rule = AdaptiveBatchSize(1)
+    rule.load_state_dict(old)
+    assert not rule.noise_aware and rule.size == 8 and rule.history[1].threshold is None
+    assert rule.update(0.69) == 16  # the paper's rule, no val_size needed
+    noise = AdaptiveBatchSize(4)
+    noise.update(0.5, val_size=10)
+    saved = json.loads(json.dumps(noise.state_dict()))
+    again = AdaptiveBatchSize(1, b1=1.0)
+    again.load_state_dict(saved)
+    assert again.noise_aware and again.state_dict() == noise.state_dict()
 
 
 def test_zero_weight_learner_is_left_out_entirely():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -89,14 +90,41 @@ def test_micro_rows_keep_the_frame_budget():
     assert bload_table.micro_rows(1, 10, 100) == 1
 
 
+def test_sampling_plan_is_chunk_without_padding():
+    """The paper's sampling: pieces of exactly t_max; tails and shorter sequences deleted, nothing padded.
+
+    Lengths [50, 30, 10] at t_max 22: pieces (0, 0), (0, 22), (1, 0); deleted 6 + 8 + 10 = 24 frames.
+    chunk keeps id 2 whole (12 padding frames) and deletes only the 14 tail frames.
+    """
+    plan = benchlib.sampling_plan([50, 30, 10], 22, seed=3)
+    assert sorted((b.ids[0], b.offsets[0], b.lengths[0]) for b in plan.blocks) == [
+        (0, 0, 22),
+        (0, 22, 22),
+        (1, 0, 22),
+    ]
+    stats = plan.stats()
+    assert (stats["padding"], stats["deleted"], stats["frames"], stats["strategy"]) == (0, 24, 66, "sampling")
+    chunk = pack([50, 30, 10], 22, strategy="chunk", seed=3).stats()
+    assert (chunk["padding"], chunk["deleted"]) == (12, 14)
+    assert stats["frames"] + stats["deleted"] == 90 == chunk["frames"] + chunk["deleted"]
+
+
 def test_bload_table_tiny_run_writes_a_consistent_table(tmp_path):
-    """A tiny run: 0 frames deleted except chunk, pad pads most, same steps for all, files written."""
+    """A tiny run: 0 frames deleted but by the cutting baselines, sampling pads none, pad pads most, same
+    steps for all, top-5 >= top-1, verdicts compare bload with the paper's sampling baseline, files written."""
     res = bload_table.main(["--videos", "10", "--epochs", "1", "--batch", "2", "--results", str(tmp_path)])
     r = res["results"]
+    assert list(r) == list(bload_table.STRATEGIES)
     assert {n: r[n]["stats"]["deleted"] for n in ("pad", "bload", "optimal")} == dict.fromkeys(
         ("pad", "bload", "optimal"), 0
     )
     assert r["chunk"]["stats"]["deleted"] > 0, "chunk must cut something for the table to mean anything"
+    assert r["sampling"]["stats"]["deleted"] > r["chunk"]["stats"]["deleted"]
+    assert r["sampling"]["stats"]["padding"] == 0 < r["chunk"]["stats"]["padding"]
+    assert all(e["test_accuracy"] <= e["test_top_k"] <= 1.0 for e in r.values())
+    assert r["sampling"]["piece_sequences"] < r["chunk"]["piece_sequences"], (
+        "sampling drops short test videos"
+    )
     assert r["pad"]["stats"]["padding"] > max(
         r["bload"]["stats"]["padding"], r["optimal"]["stats"]["padding"]
     )
@@ -107,7 +135,10 @@ def test_bload_table_tiny_run_writes_a_consistent_table(tmp_path):
         r["pad"]["stats"]["padding"] / r["optimal"]["stats"]["padding"]
     )
     assert (tmp_path / "bload_table.png").stat().st_size > 0
-    assert f"{r['pad']['stats']['padding']:,}" in (tmp_path / "bload_table.md").read_text()
+    text = (tmp_path / "bload_table.md").read_text()
+    assert f"{r['pad']['stats']['padding']:,}" in text
+    assert "Accuracy against the paper's sampling baseline" in text and "test top-5" in text
+    assert "accuracy_points_bload_minus_sampling" in data["headline"]
 
 
 # ------------------------------------------------------------------------------------------ refurbish
@@ -210,7 +241,34 @@ def test_microbatch_tiny_run_gradients_agree(tmp_path):
     diffs = [r["grad_diff"] for r in res["rows"]]
     assert all(d is not None and d <= 1e-5 for d in diffs) and diffs[1] > 0, "32 rows in 2 micro-batches"
     assert res["float64"]["size"] == 32 and res["float64"]["diff"] <= 1e-9
-    assert "no GPU" in (tmp_path / "microbatch.md").read_text()
+    text = (tmp_path / "microbatch.md").read_text()
+    assert "no GPU" in text
+    # the accuracy column: plain only within the simulated cap (16 rows), streamed at every size
+    acc = res["accuracy"]
+    assert [(a["size"], a["micro"], a["plain"] is None) for a in acc] == [(16, 8, False), (32, 16, True)]
+    assert all(0.0 <= a["streamed"] <= 1.0 for a in acc) and "Failed (cap)" in text
+
+
+def test_microbatch_accuracy_run_starts_from_the_same_weights_and_samples():
+    """Streaming changes nothing but float summation: plain and streamed training end at one accuracy.
+
+    48 rows for 4 steps, plain vs micro-batches of 16: the same weights, the same sample stream, and the
+    gradient of each step equal up to float32 rounding, so the test accuracies agree to a sample or so.
+    """
+    args = argparse.Namespace(seed=0, width=8, lr=3e-3, train_steps=4)
+    templates = microbatch.task_templates(0)
+    test = microbatch.task_batch(400, torch.Generator().manual_seed(5), templates)
+    device = torch.device("cpu")
+    plain = microbatch.train_and_score(args, 48, None, templates, test, device)
+    streamed = microbatch.train_and_score(args, 48, 16, templates, test, device)
+    again = microbatch.train_and_score(args, 48, None, templates, test, device)
+    assert plain == again
+    assert abs(plain - streamed) <= 2 / 400
+    trained = microbatch.train_and_score(
+        argparse.Namespace(seed=0, width=16, lr=3e-3, train_steps=30),
+        64, 16, templates, test, device,
+    )  # fmt: skip
+    assert trained > 0.2, "the task must be learnable for the column to mean anything (chance 0.1)"
 
 
 # ------------------------------------------------------------------------------------------ averaging

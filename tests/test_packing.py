@@ -223,14 +223,37 @@ def test_bload_closes_blocks_as_in_fig7():
     assert fig7_violations(pack(lens, strategy="pad"), lens) > 0, "the check can fail"
 
 
-def test_bload_draws_uniformly_over_sequences_that_fit():
-    """Bload's Random*: uniform over remaining sequences (not over distinct lengths) that fit."""
+def test_bload_draws_a_fitting_length_then_a_sequence_of_that_length():
+    """Bload's Random* (the authors' reference implementation): uniform over distinct fitting lengths first.
+
+    Lengths [1, 2, 2, 2] at t_max 2: the first draw picks length 1 or length 2 with 1/2 each, so id 0
+    (the only length-1 sequence) opens the first block half the time and each length-2 id 1/6 of the
+    time; uniform over sequences would give 1/4 each, which the bounds below rule out (5 standard
+    errors of 2000 trials are 0.056).
+    """
     trials = 2000
     firsts = np.bincount(
-        [pack([1, 2, 2, 2], 2, strategy="bload", seed=s).blocks[0].ids[0] for s in range(trials)]
+        [pack([1, 2, 2, 2], 2, strategy="bload", seed=s).blocks[0].ids[0] for s in range(trials)], minlength=4
     )
-    # uniform over sequences: 1/4 each; uniform over lengths would give id 0 a share of 1/2
-    assert np.all(np.abs(firsts / trials - 0.25) < 0.05), firsts
+    expected = np.array([1 / 2, 1 / 6, 1 / 6, 1 / 6])
+    assert np.all(np.abs(firsts / trials - expected) < 0.04), firsts
+
+
+def test_bload_draws_only_lengths_that_fit_the_room():
+    """After a 3-frame sequence in a block of 5, only length 2 fits: the room rules, not the counts.
+
+    Lengths [3, 2, 4, 4, 4, 4] at t_max 5. A block that opens with id 0 (length 3) must close with id 1
+    (the one length that fits the 2 frames left); the 4s each fill a block of their own.
+    """
+    for seed in range(200):
+        plan = pack([3, 2, 4, 4, 4, 4], 5, strategy="bload", seed=seed)
+        for block in plan.blocks:
+            if block.ids[0] == 0:
+                assert block.ids == (0, 1), (seed, block)
+            assert sum(block.lengths) <= 5
+            if 4 in block.lengths:
+                assert block.lengths == (4,), (seed, block)
+        assert sorted(i for b in plan.blocks for i in b.ids) == list(range(6))
 
 
 def test_bload_is_worse_than_optimal_but_far_better_than_pad():

@@ -90,31 +90,130 @@ def test_inner_step_equals_one_full_batch_adam_step(micro_batch_size):
     assert moved > 1e-4, "the step must actually move the parameters for the comparison to mean anything"
 
 
-def test_all_filler_batch_still_steps_so_learners_merge():
-    """A mini-batch of only filler rows steps with a zero gradient: same Adam step count as a real one.
-
-    Two learners, one of which draws an all-filler mini-batch on its second step, then merge: the merge
-    must succeed (equal steps) and the filler step must not have learned from data (zero gradient: the
-    first moment only decays).
-    """
+def _filler_batch() -> dict[str, torch.Tensor]:
     rng = np.random.default_rng(1)
+    return collate_rows([_row(rng, []), _row(rng, [])])
+
+
+def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list, dict]:
+    weights = [param.detach().clone() for param in model.parameters()]
+    state = {
+        index: {key: value.clone() for key, value in entry.items()}
+        for index, entry in optimizer.state_dict()["state"].items()
+    }
+    return weights, state
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("adam", {}),
+        ("adam", {"weight_decay": 0.1}),
+        ("adamw", {"weight_decay": 0.1}),
+        ("adam", {"amsgrad": True}),
+    ],
+)
+def test_filler_only_step_counts_a_step_and_changes_no_weight_nor_moment(name, options):
+    """After a real step, a filler-only mini-batch adds 1 to Adam's step and leaves everything else as it was.
+
+    The case is not trivial: the same optimizer's own step on that zero gradient moves the weights (by
+    about lr, since m / (sqrt(v) + eps) is not zero after a real step).
+    """
+    model = _model()
+    options = dict(options)
+    amsgrad = options.pop("amsgrad", False)
+    optimizer = build_optimizer(name, model.parameters(), lr=1e-2, **options)
+    if amsgrad:
+        optimizer.param_groups[0]["amsgrad"] = True
+    step = InnerStep(model, optimizer, micro_batch_size=3)
+    step(_batch(3))
+    weights, state = _snapshot(model, optimizer)
+
+    stats = step(_filler_batch())
+
+    assert (stats.sequences, stats.frames, stats.loss) == (0, 0, 0.0)
+    for param, before in zip(model.parameters(), weights, strict=True):
+        assert torch.equal(param.detach(), before)
+    after = optimizer.state_dict()["state"]
+    assert after.keys() == state.keys() and after
+    for index, entry in after.items():
+        assert entry.keys() == state[index].keys()
+        assert float(entry["step"]) == float(state[index]["step"]) + 1 == 2.0
+        for key in entry.keys() - {"step"}:
+            assert torch.equal(entry[key], state[index][key]), (index, key)
+    if amsgrad:
+        assert all("max_exp_avg_sq" in entry for entry in after.values())
+
+    optimizer.step()  # what InnerStep used to do on a filler-only batch
+    moved = max(float((p.detach() - w).abs().max()) for p, w in zip(model.parameters(), weights, strict=True))
+    assert moved > 1e-3, moved
+
+
+@pytest.mark.parametrize(
+    ("name", "options"), [("adam", {"weight_decay": 0.1}), ("adamw", {"weight_decay": 0.1})]
+)
+def test_filler_only_first_step_creates_the_state_a_real_step_creates(name, options):
+    """A learner whose first mini-batch is all filler: same state keys as its peer, zero moments, step 1, no move."""
+    filler_model, real_model = _model(), _model()
+    filler_opt = build_optimizer(name, filler_model.parameters(), lr=1e-2, **options)
+    real_opt = build_optimizer(name, real_model.parameters(), lr=1e-2, **options)
+    InnerStep(filler_model, filler_opt, micro_batch_size=2)(_filler_batch())
+    InnerStep(real_model, real_opt, micro_batch_size=2)(_batch(3))
+
+    for param, start in zip(filler_model.parameters(), _model().parameters(), strict=True):
+        assert torch.equal(param.detach(), start.detach())
+    assert filler_opt.param_groups[0]["weight_decay"] == 0.1  # switched off for the one call only
+    filler_state = filler_opt.state_dict()["state"]
+    real_state = real_opt.state_dict()["state"]
+    assert filler_state.keys() == real_state.keys() and filler_state
+    for index, entry in filler_state.items():
+        assert entry.keys() == real_state[index].keys()
+        assert float(entry["step"]) == 1.0
+        assert all(not entry[key].any() for key in entry.keys() - {"step"})
+    merged = merge_adam_states([filler_state, real_state])
+    assert all(float(entry["step"]) == 1.0 for entry in merged.values())
+
+
+def test_learner_with_a_filler_only_step_still_merges_with_its_peer():
+    """Two learners, one of which draws an all-filler mini-batch on its second step, then merge.
+
+    The merge succeeds (equal steps), and the filler learner's moments are those of its first step.
+    """
     real = [_batch(3), _batch(3)]
-    filler = collate_rows([_row(rng, []), _row(rng, [])])
     states = []
-    for batches in ([real[0], real[1]], [real[0], filler]):
+    for batches in ([real[0], real[1]], [real[0], _filler_batch()]):
         model = _model()
         optimizer = build_optimizer("adam", model.parameters(), lr=1e-2)
         step = InnerStep(model, optimizer, micro_batch_size=2)
-        stats = [step(b) for b in batches]
+        step(batches[0])
+        after_first = _snapshot(model, optimizer)[1]
+        step(batches[1])
         states.append(optimizer.state_dict()["state"])
-    assert (stats[1].sequences, stats[1].frames, stats[1].loss) == (0, 0, 0.0)
     steps = {float(entry["step"]) for state in states for entry in state.values()}
     assert steps == {2.0}, steps
     first = next(iter(states[1]))
-    moment_after_real = states[0][first]["exp_avg"]
-    assert not torch.equal(moment_after_real, states[1][first]["exp_avg"])  # the case is not trivial
+    assert not torch.equal(
+        states[0][first]["exp_avg"], states[1][first]["exp_avg"]
+    )  # the case is not trivial
+    assert torch.equal(states[1][first]["exp_avg"], after_first[first]["exp_avg"])
     merged = merge_adam_states(states)
     assert float(merged[first]["step"]) == 2.0
+
+
+def test_filler_only_step_with_sgd_moves_nothing():
+    """SGD keeps no step counter: a filler-only mini-batch leaves weights and momentum as they were."""
+    model = _model()
+    optimizer = build_optimizer("sgd", model.parameters(), lr=1e-1, weight_decay=0.1)
+    step = InnerStep(model, optimizer, micro_batch_size=4)
+    step(_batch(3))
+    weights, state = _snapshot(model, optimizer)
+    step(_filler_batch())
+    for param, before in zip(model.parameters(), weights, strict=True):
+        assert torch.equal(param.detach(), before)
+    after = optimizer.state_dict()["state"]
+    assert after.keys() == state.keys() and after
+    for index, entry in after.items():
+        assert torch.equal(entry["momentum_buffer"], state[index]["momentum_buffer"])
 
 
 def test_evaluate_counts_every_real_sequence_once():

@@ -166,11 +166,14 @@ class AveragerClient:
             "rejoining: the averager and this learner disagree on the group; see the averager's log"
         )
 
-    def report_validation(self, round: int, accuracy: float, *, epoch: int) -> int | None:
-        """Report the validation of ``round``; the batch size decided, or None when it was not taken
-        (the averager restarted or moved on: this report no longer decides B)."""
+    def report_validation(self, round: int, accuracy: float, *, epoch: int, **details: Any) -> int | None:
+        """Report the validation of ``round`` (``details``: val_size, rows_cap, metrics); the batch size
+        decided, or None when it was not taken (the averager restarted or moved on: this report no longer
+        decides B)."""
         try:
-            return self.call("report_validation", round, accuracy, learner=self.learner, epoch=epoch)
+            return self.call(
+                "report_validation", round, accuracy, learner=self.learner, epoch=epoch, **details
+            )
         except AveragerUnavailableError:
             raise
         except AveragerError as exc:

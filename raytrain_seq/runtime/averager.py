@@ -377,14 +377,30 @@ class ParameterAverager:
             self._history.add_averaging_time(learner, time.monotonic() - start)
 
     async def report_validation(
-        self, round: int, accuracy: float, learner: Learner = "validator", epoch: int | None = None
+        self,
+        round: int,
+        accuracy: float,
+        learner: Learner = "validator",
+        epoch: int | None = None,
+        *,
+        val_size: int | None = None,
+        rows_cap: int | None = None,
+        metrics: Mapping[str, float] | None = None,
     ) -> int:
-        """Rank 0's validation accuracy of the averaged model of `round`; returns the batch size decided."""
+        """The validation accuracy of the averaged model of `round`; returns the batch size decided.
+
+        val_size: the validation sequences behind it (the noise-aware batch rule needs it); rows_cap: the
+        rows one learner has this epoch (B never exceeds it); metrics: top-5 and mean class accuracy.
+        """
         check_number("accuracy", accuracy, -math.inf, int | float)
         self._book.report_validation(round, learner)
         before = self._batch.size
-        size = self._batch.update(accuracy) if self._adaptive else before
-        self._history.record_validation(round, accuracy, batch_size=size, grew=size > before, epoch=epoch)
+        size = (
+            self._batch.update(accuracy, val_size=val_size, rows_cap=rows_cap) if self._adaptive else before
+        )
+        self._history.record_validation(
+            round, accuracy, batch_size=size, grew=size > before, epoch=epoch, metrics=metrics
+        )
         if self._validation_future is not None and not self._validation_future.done():
             self._validation_future.set_result(size)
         return size

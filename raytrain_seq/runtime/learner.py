@@ -102,6 +102,7 @@ class Learner:
         self.times = {"cold_epoch": 0.0, "validation": 0.0, "test": 0.0}
         self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
         self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
+        self.shard_rows = 0
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> None:
@@ -131,6 +132,7 @@ class Learner:
         stream, shard_rows = self.feed.epoch_rows(
             position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
         )
+        self.shard_rows = shard_rows  # the rows a learner has this epoch: B never grows past them
         rows_done, end = position.rows_done, EpochPosition(position.epoch + 1)
         cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
         ahead = self._stage(stream, self.client.batch_size, cold)
@@ -245,9 +247,20 @@ class Learner:
     # ----------------------------------------------------------------------------------- evaluation
     def validate(self, round_: int, position: EpochPosition) -> None:
         """Rank 0: validate the averaged model of ``round_`` and report it (it may grow B)."""
-        accuracy = self.evaluate("val").accuracy
+        result = self.evaluate("val")
+        accuracy = result.accuracy
         self.metrics.set("val_accuracy", accuracy)
-        size = self.client.report_validation(round_, accuracy, epoch=position.epoch)
+        size = self.client.report_validation(
+            round_,
+            accuracy,
+            epoch=position.epoch,
+            val_size=result.sequences,
+            rows_cap=self.shard_rows or None,
+            metrics={
+                "top5_accuracy": result.top5_accuracy,
+                "mean_class_accuracy": result.mean_class_accuracy,
+            },
+        )
         if size is not None:
             logger.info(
                 "round %d: validation accuracy %.4f -> B=%d from the next round", round_, accuracy, size
