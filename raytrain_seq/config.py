@@ -59,6 +59,8 @@ BACKBONES: tuple[str, ...] = ("small", "resnet18", "resnet50", "resnet152")
 TEMPORALS: tuple[str, ...] = ("gru", "tcn")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "none")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 PACKINGS: tuple[str, ...] = STRATEGIES
 
 
@@ -275,6 +277,12 @@ class TrainConfig:
     """Save a checkpoint every this many averaging rounds."""
     use_gpu: bool | None = None
     """Train on GPUs: True, False, or None = when the cluster has GPUs."""
+    precision: str = "fp32"
+    """Forward-pass precision: "fp32", or autocast to "bf16" or "fp16" (fp16 with a gradient scaler)."""
+    lr_schedule: str = "constant"
+    """Learning rate over the run: "constant" (AAVG keeps it fixed) or "cosine" (to 0 at the last epoch)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up from 0 (0 = none)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -344,6 +352,9 @@ class TrainConfig:
         )
         int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
         optional_bool("train.use_gpu", self.use_gpu, "None = when the cluster has GPUs")
+        choice("train.precision", self.precision, PRECISIONS)
+        choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        int_at_least("train.warmup_steps", self.warmup_steps, 0, "use 0 for no warm-up, e.g. 500")
 
     @property
     def min_learners(self) -> int:

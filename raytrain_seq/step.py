@@ -16,6 +16,7 @@ Trade-off: a mini-batch of any size fits any device; the price is one forward/ba
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from raytrain_seq.augment import final_augment_batch
+from raytrain_seq.config import LR_SCHEDULES, PRECISIONS
 from raytrain_seq.microbatch import MicroBatchSizer, accumulate
 from raytrain_seq.models import predict, sequence_loss
 
@@ -178,8 +180,51 @@ class StepStats:
     """Wall time of the step, device work included."""
 
 
+@dataclass(frozen=True)
+class LearningRate:
+    """The learning rate of a step: a linear warm-up over the first ``warmup_steps`` optimizer steps, then
+    constant (AAVG's setting: the paper keeps it fixed) or a cosine decay to 0 over the run.
+
+    The cosine follows the run's progress (epochs done, as a fraction of all), not a step count: under
+    AAVG the batch size grows and an elastic group changes size, so the number of steps ahead is unknown,
+    while every learner knows where the epoch stands and so agrees on the rate. E.g. lr 1e-3, cosine,
+    progress 0.5: 5e-4; warm-up 100 steps, step 25 of it: 2.5e-4 (times the cosine factor).
+    """
+
+    lr: float
+    schedule: str = "constant"
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr schedule must be one of {LR_SCHEDULES}, got {self.schedule!r}")
+        if (
+            isinstance(self.warmup_steps, bool)
+            or not isinstance(self.warmup_steps, int)
+            or self.warmup_steps < 0
+        ):
+            raise ValueError(f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+
+    def at(self, step: int, progress: float) -> float:
+        """The rate for optimizer step ``step`` (1-based) at ``progress`` in [0, 1] of the run."""
+        factor = 1.0
+        if self.schedule == "cosine":
+            factor = 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+        if self.warmup_steps and step <= self.warmup_steps:
+            factor *= step / self.warmup_steps
+        return self.lr * factor
+
+
 class InnerStep:
-    """One AAVG local step: ``step(batch)`` = micro-batched forward/backward + one optimizer step."""
+    """One AAVG local step: ``step(batch)`` = micro-batched forward/backward + one optimizer step.
+
+    ``precision``: "fp32", or autocast to "bf16" or "fp16" for the forward passes (the weights, the
+    gradients and the optimizer stay fp32). fp16 scales the loss with a ``GradScaler``: every micro-batch's
+    loss is multiplied by the same scale, so the accumulated gradient is the scale times the exact
+    full-batch gradient and unscaling gives it back; a step whose gradient overflowed is skipped by the
+    scaler and counted like a filler step, so the learners' Adam step counts stay in lockstep.
+    ``lr``: a ``LearningRate`` set on the optimizer before each step (None: the optimizer's own rate).
+    """
 
     def __init__(
         self,
@@ -188,27 +233,61 @@ class InnerStep:
         *,
         micro_batch_size: int | str,
         device: torch.device | str | None = None,
+        precision: str = "fp32",
+        lr: LearningRate | None = None,
     ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.model = model
         self.optimizer = optimizer
         self.micro_batch_size = micro_batch_size
         self.device = torch.device(device) if device is not None else None
         # One sizer per learner: "auto" probes the largest micro-batch once per input shape.
         self.sizer = MicroBatchSizer()
+        self.precision, self.lr = precision, lr
+        device_type = (self.device or next(model.parameters()).device).type
+        self._autocast = {"device_type": device_type, "enabled": precision != "fp32"}
+        if precision != "fp32":
+            self._autocast["dtype"] = torch.bfloat16 if precision == "bf16" else torch.float16
+        self.scaler = torch.amp.GradScaler(device_type, enabled=precision == "fp16")
+        self.steps = 0
+        self.skipped = 0  # fp16 steps the scaler skipped on an overflow
 
-    def __call__(self, batch: Mapping[str, torch.Tensor]) -> StepStats:
+    def _loss(self, model: nn.Module, micro_batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        with torch.autocast(**self._autocast):
+            loss_sum, count = sequence_loss(model, micro_batch)
+        if loss_sum.dtype in (torch.float16, torch.bfloat16):
+            loss_sum = loss_sum.float()  # sum the micro-batches' losses at fp32 at least
+        # The same scale for every micro-batch keeps the accumulated gradient exact up to that factor.
+        return self.scaler.scale(loss_sum), count
+
+    def __call__(self, batch: Mapping[str, torch.Tensor], *, progress: float = 0.0) -> StepStats:
+        """One optimizer step on ``batch``; ``progress`` (0..1 of the run) drives a cosine rate."""
         began = time.perf_counter()
         self.model.train()
+        self.steps += 1
+        if self.lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr.at(self.steps, progress)
         loss = accumulate(
             self.model,
             dict(batch),
-            sequence_loss,
+            self._loss,
             micro_batch_size=self.micro_batch_size,
             device=self.device,
             sizer=self.sizer,
         )
+        if self.scaler.is_enabled():
+            loss /= self.scaler.get_scale()
         sequences = int(batch["num_sequences"].sum())
-        if sequences:
+        if sequences and self.scaler.is_enabled():
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # unscales; skips the update when a gradient is inf or nan
+            self.scaler.update()
+            if self.scaler.get_scale() < before:  # it backed off: this step was skipped
+                self.skipped += 1
+                advance_without_update(self.optimizer)
+        elif sequences:
             self.optimizer.step()
         else:
             # A mini-batch of only filler rows has nothing to learn from, but a real Adam step on its zero

@@ -119,6 +119,9 @@ BAD_VALUES = [
     ("run.run_name", "..", "..x"),
     ("run.resume", "yes", False),
     ("run.tracker", "wandb", "none"),
+    ("train.precision", "fp8", "bf16"),
+    ("train.lr_schedule", "step", "cosine"),
+    ("train.warmup_steps", -1, 10),
 ]
 
 

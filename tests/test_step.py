@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from raytrain_seq.models import build_model
 from raytrain_seq.step import (
     EvalResult,
     InnerStep,
+    LearningRate,
     build_optimizer,
     collate_rows,
     evaluate,
@@ -278,3 +281,71 @@ def test_load_averaged_installs_weights_and_moments_but_keeps_hyperparameters():
     assert merged and all(float(entry["step"]) == 1 for entry in merged.values())
     with pytest.raises(ValueError, match="unknown optimizer"):
         build_optimizer("lamb", learner.parameters(), lr=1.0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_steps_stay_exact_across_micro_batches(precision):
+    """Autocast steps: the gradient (fp16: unscaled by the GradScaler) is the same for micro-batches of 1,
+    3 and 7 rows, close to the fp32 gradient, and the step count advances once per step."""
+    grads = {}
+    for micro in (1, 3, 7):
+        torch.manual_seed(0)
+        model = build_model(CLASSES, width=8, depth=2, hidden=16)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        step = InnerStep(model, optimizer, micro_batch_size=micro, precision=precision)
+        # Capture the gradient the optimizer sees (after the scaler's unscale_).
+        seen = {}
+        original = optimizer.step
+
+        def capture(*args, _seen=seen, _model=model, _original=original, **kwargs):
+            _seen.update({n: p.grad.clone() for n, p in _model.named_parameters()})
+            return _original(*args, **kwargs)
+
+        optimizer.step = capture
+        stats = step(_batch(5))
+        assert math.isfinite(stats.loss) and stats.sequences == 11
+        grads[micro] = seen
+        assert all(int(s["step"]) == 1 for s in optimizer.state.values())
+    torch.manual_seed(0)
+    reference = build_model(CLASSES, width=8, depth=2, hidden=16)
+    InnerStep(reference, torch.optim.SGD(reference.parameters(), lr=0.0), micro_batch_size=7)(_batch(5))
+    for name, param in reference.named_parameters():
+        for micro in (1, 3):
+            assert torch.allclose(grads[micro][name], grads[7][name], rtol=1e-2, atol=1e-4), (name, micro)
+        # Low precision forward: close to fp32, not equal (bf16 keeps 8 bits of mantissa).
+        assert torch.allclose(grads[7][name], param.grad, rtol=0.1, atol=2e-2), name
+
+
+def test_an_overflowing_fp16_step_is_skipped_but_counted():
+    """The scaler skips a step whose gradient is inf; the step count still advances (learners in lockstep)."""
+    torch.manual_seed(0)
+    model = build_model(CLASSES, width=8, depth=2, hidden=16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    step = InnerStep(model, optimizer, micro_batch_size=4, precision="fp16")
+    step(_batch(1))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    original = step._loss
+    step._loss = lambda m, mb: (original(m, mb)[0] * float("inf"), original(m, mb)[1])
+    step(_batch(2))
+    assert step.skipped == 1
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # nothing moved
+    assert all(int(s["step"]) == 2 for s in optimizer.state.values())
+
+
+def test_learning_rate_warmup_and_cosine():
+    """Linear warm-up over the first steps, then constant or a cosine over the run's progress."""
+    constant = LearningRate(1e-3)
+    assert constant.at(1, 0.0) == constant.at(500, 0.9) == 1e-3
+    cosine = LearningRate(1e-3, "cosine", warmup_steps=100)
+    assert cosine.at(25, 0.0) == pytest.approx(2.5e-4)
+    assert cosine.at(200, 0.5) == pytest.approx(5e-4) and cosine.at(300, 1.0) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="lr schedule"):
+        LearningRate(1e-3, "step")
+    torch.manual_seed(0)
+    model = build_model(CLASSES, width=8, depth=2, hidden=16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0)
+    step = InnerStep(model, optimizer, micro_batch_size=4, lr=LearningRate(1e-2, "cosine", warmup_steps=2))
+    step(_batch(1), progress=0.0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)  # step 1 of a 2-step warm-up
+    step(_batch(2), progress=0.5)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)  # warm-up done, half-way cosine

@@ -40,7 +40,7 @@ from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.elastic.sync import LocalRounds, Tally, missed_checkpoint_rounds
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, stage_rows
+from raytrain_seq.step import InnerStep, LearningRate, build_optimizer, collate_rows, evaluate, stage_rows
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +90,16 @@ class Learner:
         self.optimizer = build_optimizer(
             train.optimizer, self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay
         )
+        schedule = None
+        if train.lr_schedule != "constant" or train.warmup_steps:
+            schedule = LearningRate(train.lr, train.lr_schedule, train.warmup_steps)
         self.step = InnerStep(
-            self.model, self.optimizer, micro_batch_size=train.micro_batch_size, device=device
+            self.model,
+            self.optimizer,
+            micro_batch_size=train.micro_batch_size,
+            device=device,
+            precision=train.precision,
+            lr=schedule,
         )
         self.rounds = LocalRounds(
             client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments, device=device
@@ -142,7 +150,9 @@ class Learner:
             ahead = self._stage(stream, self.client.batch_size, cold)
             if self.first_step_wall is None:
                 self.first_step_wall = time.time()
-            stats = self.step(batch)  # steps even on fillers: Adam steps stay in lockstep
+            # The run's progress drives a cosine rate: every learner is at the same place, so the same rate.
+            progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.config.train.epochs
+            stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
             rows_done += int(batch["num_sequences"].shape[0])
             # The crop and flip moved onto the learner: they are compute, as in the model's rate.
             self.tally.add_step(stats.frames, stats.sequences, stats.seconds + staged_s, stats.loss)
