@@ -82,6 +82,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.learner import train_loop_per_worker
+    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
     if config.data.stream == "fuse":
         raise RunSetupError(
@@ -141,8 +142,14 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             failure_config=FailureConfig(max_failures=train.max_failures),
         ),
     )
-    with _train_env(config):
-        result = trainer.fit()
+    progress = RunProgress(
+        train.epochs, position=averager_position_reader(averager), rows=feed_rows_reader(feed)
+    ).start()
+    try:
+        with _train_env(config):
+            result = trainer.fit()
+    finally:
+        progress.close()
     if result.error is not None:
         raise result.error
     summary = _summary(
