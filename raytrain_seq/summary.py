@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,12 @@ class RunSummary:
     """Epochs completed."""
     test_accuracy: float | None
     """Accuracy on the test set in [0, 1]; None when the run was not tested."""
+    top5_accuracy: float | None = None
+    """Test sequences whose label is among the model's 5 highest scores, in [0, 1]."""
+    mean_class_accuracy: float | None = None
+    """The mean over test classes of each class's accuracy (MMAction2's mean class accuracy)."""
+    test_views: str = "center"
+    """How each test video was scored: "center" (one centre crop) or the multi-view scheme used."""
     val_accuracy_history: list[dict[str, Any]] = field(default_factory=list)
     """One entry per validation: {round, epoch, accuracy, time_s}, accuracy in [0, 1]."""
     batch_size_history: list[dict[str, Any]] = field(default_factory=list)
@@ -222,7 +229,13 @@ def format_table(summary: RunSummary) -> str:
 
     title = s.config.get("run", {}).get("run_name") or (s.path.name if s.path else "run")
     fuse = s.extra.get("fuse") if isinstance(s.extra.get("fuse"), dict) else None
-    rows.append(("test accuracy", _acc(s.test_accuracy), "mean of the two softmax" if fuse else ""))
+    rows.append(("test accuracy", _acc(s.test_accuracy), "mean of the two softmax" if fuse else "top-1"))
+    if s.top5_accuracy is not None:
+        rows.append(("  top-5", _acc(s.top5_accuracy), ""))
+    if s.mean_class_accuracy is not None:
+        rows.append(("  mean class", _acc(s.mean_class_accuracy), "each class weighs the same"))
+    if s.test_views != "center":
+        rows.append(("  views", s.test_views, "softmax averaged over the views"))
     if fuse:
         rows.append(("  rgb stream", _acc(fuse.get("rgb_accuracy")), str(fuse.get("rgb_run", ""))))
         rows.append(("  flow stream", _acc(fuse.get("flow_accuracy")), str(fuse.get("flow_run", ""))))
@@ -373,4 +386,42 @@ def plot_curves(summary: RunSummary, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     logger.info("curves written to %s", path)
+    return path
+
+
+def plot_confusion(summary: RunSummary, cells: Mapping[str, int] | None, path: str | Path) -> Path | None:
+    """``confusion.png``: the test confusion matrix, rows = true class, columns = predicted, each row
+    normalised to its class's count (a perfect model is the diagonal). ``cells`` maps "true,pred" to a
+    count (what the learners report); None or empty: nothing is drawn and None is returned."""
+    if not cells:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pairs = [(tuple(int(v) for v in key.split(",")), count) for key, count in cells.items()]
+    names = list(summary.extra.get("class_names") or [])
+    size = max(len(names), 1 + max(max(t, p) for (t, p), _ in pairs))
+    matrix = np.zeros((size, size))
+    for (truth, guess), count in pairs:
+        matrix[truth, guess] += count
+    totals = matrix.sum(1, keepdims=True)
+    rates = np.divide(matrix, totals, out=np.zeros_like(matrix), where=totals > 0)
+    fig, ax = plt.subplots(figsize=(max(4, size * 0.35 + 2), max(4, size * 0.35 + 1.5)))
+    image = ax.imshow(rates, cmap="Blues", vmin=0.0, vmax=1.0)
+    labels = names if len(names) == size else [str(i) for i in range(size)]
+    if size <= 40:
+        ax.set_xticks(range(size), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(size), labels, fontsize=7)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(f"test confusion (top-1 {_acc(summary.test_accuracy)})")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    logger.info("confusion matrix written to %s", path)
     return path

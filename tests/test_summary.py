@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from raytrain_seq.config import Config
-from raytrain_seq.summary import SUMMARY_FILE, RunSummary, format_table, plot_curves
+from raytrain_seq.summary import SUMMARY_FILE, RunSummary, format_table, plot_confusion, plot_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -214,3 +214,23 @@ def test_importing_summary_does_not_import_matplotlib():
     code = "import sys, raytrain_seq.summary; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
+
+
+def test_top5_mean_class_and_the_confusion_plot(tmp_path):
+    """The table shows top-5 and mean class accuracy; confusion.png draws the reported cells."""
+    summary = RunSummary(
+        dataset="synthetic",
+        learners=2,
+        epochs=1,
+        test_accuracy=0.5,
+        top5_accuracy=0.9,
+        mean_class_accuracy=0.45,
+        extra={"class_names": ["walk", "run", "jump"]},
+    )
+    table = format_table(summary)
+    assert "top-5" in table and "90.0 %" in table and "mean class" in table and "45.0 %" in table
+    written = plot_confusion(summary, {"0,0": 3, "0,1": 1, "2,2": 2, "1,0": 2}, tmp_path / "confusion.png")
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_confusion(summary, {}, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+    back = RunSummary.from_dict(summary.to_dict())
+    assert (back.top5_accuracy, back.mean_class_accuracy, back.test_views) == (0.9, 0.45, "center")
