@@ -134,8 +134,25 @@ def merge_mean_var(
     return mean.to(means[0].dtype), var.to(variances[0].dtype)
 
 
+def weighted_mean(tensors: Sequence[Tensor], weights: Any = None) -> Tensor:
+    """sum_j w_j x_j of same-shape tensors (weights normalised to sum to one), accumulated in float64 and
+    cast back to the first tensor's dtype: the elementwise rule ``average_states`` applies to every plain
+    floating key, so a slice of a flat buffer merged here equals that slice of the per-key result."""
+    w = _normalised_weights(weights, len(tensors))
+    _check_alike(list(tensors), "weighted_mean")
+    return _weighted_mean(tensors, w).to(tensors[0].dtype)
+
+
+def weighted_max(tensors: Sequence[Tensor], weights: Any = None) -> Tensor:
+    """Elementwise max over the tensors of learners with weight > 0 (AMSGrad's max_exp_avg_sq rule)."""
+    w = _normalised_weights(weights, len(tensors))
+    _check_alike(list(tensors), "weighted_max")
+    kept = [t.detach() for t, wj in zip(tensors, w.tolist(), strict=True) if wj > 0]
+    return torch.stack(kept).amax(dim=0)
+
+
 # ------------------------------------------------------------------------------------------ model states
-def _bn_pairs(keys: Sequence[str], state: Mapping[str, Tensor]) -> dict[str, str]:
+def bn_pairs(keys: Sequence[str], state: Mapping[str, Tensor]) -> dict[str, str]:
     """running_var key -> running_mean key for every BatchNorm-style pair of floating tensors."""
     pairs = {}
     for key in keys:
@@ -167,7 +184,7 @@ def average_states(states: Sequence[Mapping[str, Tensor]], weights: Any = None) 
     keys = list(states[0])
     for key in keys:
         _check_alike([state[key] for state in states], f"key {key!r}")
-    pairs = _bn_pairs(keys, states[0])
+    pairs = bn_pairs(keys, states[0])
     merged: dict[str, Tensor] = {}
     for var_key, mean_key in pairs.items():
         merged[mean_key], merged[var_key] = merge_mean_var(

@@ -291,7 +291,8 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
 
     def average(*args, **kwargs):
         sent.append(kwargs["position"])
-        state = AveragedState(round=args[1], params=dict(args[3]), batch_size=2, position=kwargs["position"])
+        # One learner's mean is its own state: echo its flat payload (slices in process) as the result.
+        state = AveragedState(round=args[1], flat=args[3], batch_size=2, position=kwargs["position"])
         return RoundResult(state=state, learners=(0,))
 
     class Others(Scripted):

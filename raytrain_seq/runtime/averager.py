@@ -41,7 +41,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
 from raytrain_seq.elastic.client import Unreachable
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
 from raytrain_seq.elastic.rounds import (
     Learner,
     RoundBook,
@@ -90,10 +91,17 @@ class ParameterAverager:
         adaptive_batch: bool = True,
         merge_moments: bool = True,
         run_dir: str | Path | None = None,
+        shards: int = 1,
+        shard_pool: Callable[[int], ShardPool] | None = None,
     ) -> None:
         for name, flag in (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
+        check_number("shards", shards, 1)
+        # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
+        self._pool = (shard_pool or InProcessShards)(shards)
+        self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
+        self._nodes: dict[Learner, str] = {}
         actor = _actor_id() if run_dir is not None else None
         self._history = RunHistory(None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor)
         book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
@@ -223,11 +231,17 @@ class ParameterAverager:
         """The arithmetic, run in a worker thread so that the event loop keeps answering."""
         arrivals = [arrival for _, arrival in closed.present]
         weights = [arrival.weight for arrival in arrivals]
-        params = average_states([a.params for a in arrivals], weights)
-        optimizer_state = None
-        if arrivals[0].adam and self._merge_moments:
-            states = [a.optimizer_state for a in arrivals]
-            optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
+        params = optimizer_state = flat = None
+        if isinstance(arrivals[0].params, FlatPayload):
+            flat = self._merge_flat(closed.round, [a.params for a in arrivals], weights)
+        else:
+            params = average_states([a.params for a in arrivals], weights)
+            if arrivals[0].adam and self._merge_moments:
+                states = [a.optimizer_state for a in arrivals]
+                optimizer_state = merge_adam_states(
+                    states, weights=weights, centred_pairs=self._centred_pairs
+                )
+            self._record_load(closed.round, [], in_process=(arrivals, params, optimizer_state))
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
             logger.warning(
@@ -238,6 +252,7 @@ class ParameterAverager:
             round=closed.round,
             params=params,
             optimizer_state=optimizer_state,
+            flat=flat,
             batch_size=self._batch.size,
             adaptive_state=self._batch.state_dict(),
             position=position,
@@ -251,6 +266,28 @@ class ParameterAverager:
             seconds=time.monotonic() - closed.opened_at,
             weights=tuple(weights),
         )
+
+    def _merge_flat(self, round_: int, payloads: list[FlatPayload], weights: list[float]) -> FlatPayload:
+        """The data plane: the shards merge the slices (this actor passes object references only)."""
+        layout = payloads[0].layout
+        extras = merge_extras([p.extras for p in payloads])
+        parts, loads = self._pool.merge(round_, payloads, weights)
+        self._record_load(round_, loads)
+        return FlatPayload(layout, tuple(parts), extras)
+
+    def _record_load(self, round_: int, shard_loads: list[dict], in_process: tuple | None = None) -> None:
+        """Bytes each averaging actor received and sent in a round (hub load). This actor counts the
+        array bytes of the payloads it merged itself (the tensor path) and of the results it hands out,
+        times the learners; on the flat path it moves object references only and counts 0."""
+        received = sent = 0
+        if in_process is not None:
+            arrivals, params, moments = in_process
+            received = sum(_tensor_bytes(a.params) + _tensor_bytes(a.optimizer_state) for a in arrivals)
+            sent = (_tensor_bytes(params) + _tensor_bytes(moments)) * len(arrivals)
+        actors = {"control": {"received": received, "sent": sent}}
+        for load in shard_loads:
+            actors[f"shard{load['shard']}"] = {"received": load["received"], "sent": load["sent"]}
+        self._loads = [*self._loads[-63:], {"round": round_, "actors": actors}]
 
     def _publish(self, closed: RoundClose, result: RoundResult) -> None:
         state = result.state
@@ -270,18 +307,25 @@ class ParameterAverager:
         world_size: int | None = None,
         incarnation: str | None = None,
         seed: AveragedState | None = None,
+        node: str | None = None,
     ) -> JoinReply:
         """Register a learner (again); returns where it starts: the latest averaged state and its position.
 
         incarnation: one id per learner process; the first join of a new process starts a new group
         (Ray Train restarted or resized it). seed: the learner's last averaged state, adopted when newer
-        than the averager's (after an averager restart), so no finished round is lost.
+        than the averager's (after an averager restart), so no finished round is lost. node: the
+        learner's node id, where shard ``learner`` is placed (a hint).
         """
         check_learner(learner)
         if seed is not None and not isinstance(seed, AveragedState):
             raise TypeError(
                 f"seed must be an AveragedState (the learner's held state), not {type(seed).__name__}"
             )
+        if seed is not None and seed.flat is not None:
+            raise TypeError("seed lives in the object store: send seed.materialise(get), its tensors")
+        if node is not None:
+            self._nodes[learner] = node
+            self._pool.place(learner, node)
         self._history.start_clock()
         while self._book.phase == "closing" and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
@@ -296,6 +340,7 @@ class ParameterAverager:
             state=self._current(),
             next_round=self._book.next_round_for(learner),
             world_size=self._book.world_size,
+            shards=self._pool.count,
         )
 
     def _on_new_group(self) -> None:
@@ -356,6 +401,16 @@ class ParameterAverager:
         try:
             self._book.check(learner, round, world_size, incarnation)
             arrival = check_payload(params, optimizer_state, stats, weight, position)
+            if isinstance(params, FlatPayload) and len(params.parts) != self._pool.count:
+                raise ValueError(
+                    f"learner {learner!r} sent {len(params.parts)} parts for {self._pool.count} shards: "
+                    "split the buffers into JoinReply.shards slices"
+                )
+            if isinstance(params, FlatPayload) and params.layout.moments and not self._merge_moments:
+                raise ValueError(
+                    f"learner {learner!r} sent Adam moments but merge_moments=False: send the weights only "
+                    "(the AAVG2 ablation keeps each learner's own moments)"
+                )
             first = self._book.first_payload
             # Checked against the round's first arrival, so that a mismatch fails only the learner that
             # sent it (the round goes on without it) rather than the arithmetic failing the whole round.
@@ -416,6 +471,10 @@ class ParameterAverager:
             raise TypeError(f"restore takes a checkpoint.Checkpoint, not {type(found).__name__}")
         self._restore(found)
 
+    async def shard_actors(self) -> list[Any]:
+        """The averaging shard actors (created now if not yet); empty when this process merges."""
+        return self._pool.handles()
+
     async def summary(self) -> dict[str, Any]:
         """Per-learner totals, histories, drops, membership and recoveries, B and validations."""
         out = self._history.summary()
@@ -427,6 +486,8 @@ class ParameterAverager:
             dropped=list(self._book.dropped_log),
             membership=list(self._book.membership_log),
             position=self._state.position,
+            shards=self._pool.count,
+            hub_load=list(self._loads),
         )
         return out
 
@@ -453,6 +514,15 @@ class RayTransport:
             raise Unreachable(type(exc).__name__) from exc
 
 
+def _tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensors of a (nested) dict."""
+    if isinstance(tree, Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, Mapping):
+        return sum(_tensor_bytes(value) for value in tree.values())
+    return 0
+
+
 def _actor_id() -> str | None:
     """This actor's id (the same across its restarts), or None outside a Ray actor."""
     import ray
@@ -473,7 +543,8 @@ def create_averager(
 ):
     """Start the named ParameterAverager actor on the driver's node, with 0 CPUs and 0 GPUs.
 
-    kwargs go to ParameterAverager (world_size=..., timeout_s=..., run_dir=...) and are checked here
+    kwargs go to ParameterAverager (world_size=..., timeout_s=..., run_dir=..., shards=S: one per learner
+    unless given) and are checked here
     first (without loading the run folder), so that a bad value fails in the driver. Each waiting
     average()/join() call holds a concurrency slot, so the default leaves room for several per learner.
     max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls in flight are not
@@ -482,7 +553,11 @@ def create_averager(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from raytrain_seq.runtime.shards import RayShards
+
+    kwargs.setdefault("shards", kwargs["world_size"])  # one shard per learner by default
     ParameterAverager(**{**kwargs, "run_dir": None})
+    kwargs["shard_pool"] = RayShards  # the data plane: shard actors, created by the averager when needed
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)

@@ -121,6 +121,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         adaptive_batch=train.adaptive_batch,
         merge_moments=train.merge_moments,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
+        shards=train.shards,
     )
     if resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)

@@ -302,6 +302,7 @@ def _latest_state(config: Config) -> AveragedState | None:
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "names": {...}, "torch_threads"}."""
+    import ray
     import ray.data
     import ray.train
     import ray.train.torch
@@ -309,6 +310,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     from raytrain_seq.runtime.averager import RayTransport, get_averager
     from raytrain_seq.runtime.feed import LearnerFeed, get_feed
     from raytrain_seq.runtime.metrics import LearnerMetrics
+    from raytrain_seq.runtime.shards import RayStore
 
     config, names = Config.from_dict(loop_config["config"]), loop_config["names"]
     torch.set_num_threads(int(loop_config.get("torch_threads", 1)))
@@ -327,6 +329,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
         round_timeout_s=3 * train.averager_timeout_s + 120.0,
         backoff=Backoff(),
+        store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0),
+        node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
     )
     Learner(
         config,
