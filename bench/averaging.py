@@ -441,6 +441,46 @@ def plot(res: dict):
     return fig
 
 
+def bandwidth_headline(band: dict) -> dict:
+    """The JSON line of ``--only bandwidth --json`` (names as issue 12 asks for them)."""
+    mbps = band["mbps"]
+    return {
+        "actor_mb_s": mbps["actor"],
+        "numpy_mb_s": mbps["numpy"],
+        "library_mb_s": mbps["library"],
+        "actor_vs_numpy": mbps["actor"] / mbps["numpy"],
+        "round_s": band["round_s"],
+        "hub_load": band["hub_load"],
+        "hub_load_star": band["hub_load_star"],
+        "split_s": band["split_s"],
+        "shards": band["shards"],
+        "payload_mb_per_learner": band["payload_mb"],
+    }
+
+
+def only_bandwidth(args) -> dict:
+    """The data plane's rounds for 1, 2, 4, 8 learners on a local Ray cluster (no training runs)."""
+    import json
+
+    import ray
+
+    ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    try:
+        band = bandwidth(SIZES[args.size]["mb"])
+    finally:
+        ray.shutdown()
+    head = bandwidth_headline(band)
+    for n, seconds in head["round_s"].items():
+        print(
+            f"{n} learner(s): round {seconds:.3f} s, busiest actor {head['hub_load'][n]:.2f} payloads",
+            flush=True,
+        )
+    if args.json:
+        print(json.dumps(head), flush=True)
+    return head
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser)
@@ -453,7 +493,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--cost-batch", type=int, default=32, help="per-learner batch of the DDP ring estimate"
     )
+    parser.add_argument(
+        "--only",
+        choices=["bandwidth"],
+        default=None,
+        help="bandwidth: only the data plane's rounds (no training)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the headline numbers as one JSON last line"
+    )
     args = parser.parse_args(argv)
+    if args.only == "bandwidth":
+        return only_bandwidth(args)
     if args.ks is not None and (-1 not in args.ks or any(k < 1 and k != -1 for k in args.ks)):
         parser.error(
             f"--ks must be -1 or ints >= 1 and include -1 (AAVG3 and the DDP reference), got {args.ks}"

@@ -34,6 +34,7 @@ Plain numpy and torch: no ray.
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ __all__ = [
 RULES = ("mean", "pmean", "pvar", "max")
 # Elements merged per step: small enough that the float64 temporaries of a chunk stay in cache, large
 # enough that the per-call overhead of the torch ops is negligible.
-CHUNK = 1 << 19
+CHUNK = 1 << 16
 _MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
 
@@ -322,7 +323,7 @@ def merge_parts(parts: Sequence[Mapping[str, np.ndarray]], weights: Sequence[flo
             hi = min(n, lo + CHUNK)
             chunk = _tensors([part[key][lo:hi] for part in parts])
             if rule == "mean":
-                out[key][lo:hi] = weighted_mean(chunk, weights).numpy()
+                weighted_mean(chunk, weights, out=torch.from_numpy(out[key][lo:hi]))
             elif rule == "max":
                 out[key][lo:hi] = weighted_max(chunk, weights).numpy()
             else:
@@ -381,7 +382,8 @@ class ShardPool(Protocol):
     def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
-        """The merged parts (one per shard) and, per shard, the bytes it received and sent."""
+        """The merged parts (one per shard) and, per shard, the bytes it received and sent and the seconds
+        it took to read and merge."""
 
 
 class InProcessShards:
@@ -404,9 +406,13 @@ class InProcessShards:
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
         merged, loads = [], []
         for i in range(self.count):
+            began = time.perf_counter()
             parts = [payload.parts[i] for payload in payloads]
             out = merge_parts(parts, weights)
             merged.append(out)
             received = sum(part_nbytes(p) for p in parts)
-            loads.append({"shard": i, "received": received, "sent": part_nbytes(out) * len(payloads)})
+            sent = part_nbytes(out) * len(payloads)
+            loads.append(
+                {"shard": i, "received": received, "sent": sent, "seconds": time.perf_counter() - began}
+            )
         return tuple(merged), loads

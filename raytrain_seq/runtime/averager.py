@@ -286,7 +286,7 @@ class ParameterAverager:
             sent = (_tensor_bytes(params) + _tensor_bytes(moments)) * len(arrivals)
         actors = {"control": {"received": received, "sent": sent}}
         for load in shard_loads:
-            actors[f"shard{load['shard']}"] = {"received": load["received"], "sent": load["sent"]}
+            actors[f"shard{load['shard']}"] = {k: load[k] for k in ("received", "sent", "seconds")}
         self._loads = [*self._loads[-63:], {"round": round_, "actors": actors}]
 
     def _publish(self, closed: RoundClose, result: RoundResult) -> None:

@@ -26,6 +26,7 @@ the functions that talk to a cluster.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,10 +49,12 @@ class AveragingShard:
         """The merged slice and the bytes moved; ``parts``: references to every learner's slice."""
         import ray
 
+        began = time.perf_counter()
         arrays = ray.get(list(parts))
         merged = merge_parts(arrays, weights)
         received = sum(part_nbytes(part) for part in arrays)
         load = {
+            "seconds": time.perf_counter() - began,
             "shard": self.index,
             "round": round,
             "received": received,
