@@ -197,6 +197,10 @@ class AveragerClient:
             logger.warning("round %d: validation accuracy %.4f not taken (%s)", round, accuracy, exc)
             return None
 
+    def report_test(self, tallies: Mapping[str, Any]) -> dict[str, Any]:
+        """Send this learner's test tallies (its shard of the test split); returns the group's sums."""
+        return self.call("report_test", self.learner, dict(tallies), self.world_size)
+
     def checkpoint_contents(self, done: int) -> tuple[AveragedState, dict[str, Any]]:
         """The averager's state and history for a checkpoint of round ``done``; an averager that
         restarted behind this learner is re-seeded first, so the checkpoint never holds older state."""

@@ -41,7 +41,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,7 @@ class ParameterAverager:
         run_dir: str | Path | None = None,
         shards: int = 1,
         shard_pool: Callable[[int], ShardPool] | None = None,
+        validator: Callable[[AveragedState], Awaitable[float]] | None = None,
     ) -> None:
         for name, flag in (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments)):
             if not isinstance(flag, bool):
@@ -102,6 +103,11 @@ class ParameterAverager:
         self._pool = (shard_pool or InProcessShards)(shards)
         self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
         self._nodes: dict[Learner, str] = {}
+        # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
+        # None: a learner validates and calls report_validation, as before.
+        self._validator = validator
+        self._test: dict[Learner, dict[str, Any]] = {}  # the final test pass: each learner's tallies
+        self._test_done: asyncio.Event | None = None
         actor = _actor_id() if run_dir is not None else None
         self._history = RunHistory(None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor)
         book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
@@ -197,6 +203,8 @@ class ParameterAverager:
             self._book.finish(ok=True)
             if self._book.validation_due is not None:
                 self._validation_future = asyncio.get_running_loop().create_future()
+                if self._validator is not None and self._book.validation_due == result.state.round:
+                    self._spawn(self._validate(result.state))
             future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
@@ -208,6 +216,22 @@ class ParameterAverager:
             if self._round_future is future:
                 self._round_future = None
 
+    async def _validate(self, state: AveragedState) -> None:
+        """Have the validator score round ``state.round`` and report it; the learners go on meanwhile."""
+        epoch = None if state.position is None else int(state.position.get("epoch", 0))
+        try:
+            accuracy = float(await self._validator(state))
+        except Exception as exc:
+            # The round after waits for this report: a failed evaluation is a missed one, at once.
+            logger.error("averager: the evaluator failed on round %d: %r; B stays", state.round, exc)
+            if self._validation_future is not None and not self._validation_future.done():
+                self._validation_future.set_exception(exc)
+            return
+        try:
+            await self.report_validation(state.round, accuracy, learner="evaluator", epoch=epoch)
+        except StaleRoundError as exc:  # a new group or a re-seed moved on: this report decides nothing
+            logger.warning("averager: validation of round %d not taken (%s)", state.round, exc)
+
     async def _await_validation(self) -> None:
         due = self._book.validation_due
         if due is None:
@@ -216,7 +240,9 @@ class ParameterAverager:
             self._validation_future = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(asyncio.shield(self._validation_future), self._book.timeout_s)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, Exception) as exc:
+            if not isinstance(exc, asyncio.TimeoutError):
+                logger.warning("averager: validation of round %d failed (%r)", due, exc)
             self._book.miss_validation()
             size = self._batch.size
             self._history.record_missed_validation(due, size)
@@ -444,6 +470,48 @@ class ParameterAverager:
             self._validation_future.set_result(size)
         return size
 
+    async def report_test(
+        self, learner: Learner, tallies: Mapping[str, Any], world_size: int
+    ) -> dict[str, Any]:
+        """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
+        of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
+        most ``timeout_s``; then the sums of those that did, with ``learners`` saying how many)."""
+        check_learner(learner)
+        check_number("world_size", world_size, 1)
+        for key in ("correct", "sequences"):
+            check_number(f"tallies[{key!r}]", tallies.get(key), 0)
+        if self._test_done is None or (self._test_done.is_set() and learner in self._test):
+            self._test, self._test_done = {}, asyncio.Event()  # a new test pass (e.g. a restarted group)
+        self._test[learner] = {"correct": int(tallies["correct"]), "sequences": int(tallies["sequences"]),
+                               "per_class": dict(tallies.get("per_class", {}))}  # fmt: skip
+        if len(self._test) >= world_size:
+            self._test_done.set()
+        try:
+            await asyncio.wait_for(self._test_done.wait(), self._book.timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "averager: %d of %d learners reported their test tallies in %g s: summing those",
+                len(self._test), world_size, self._book.timeout_s,
+            )  # fmt: skip
+        return self._test_totals()
+
+    def _test_totals(self) -> dict[str, Any]:
+        per_class: dict[str, list[int]] = {}
+        for tallies in self._test.values():
+            for label, (correct, total) in tallies["per_class"].items():
+                entry = per_class.setdefault(str(label), [0, 0])
+                entry[0] += int(correct)
+                entry[1] += int(total)
+        correct = sum(t["correct"] for t in self._test.values())
+        sequences = sum(t["sequences"] for t in self._test.values())
+        return {
+            "correct": correct,
+            "sequences": sequences,
+            "accuracy": correct / sequences if sequences else 0.0,
+            "per_class": dict(sorted(per_class.items(), key=lambda kv: int(kv[0]))),
+            "learners": len(self._test),
+        }
+
     async def set_world_size(self, world_size: int) -> None:
         """Resize the group (learners must send the new size from now on)."""
         self._book.set_world_size(world_size)
@@ -488,6 +556,7 @@ class ParameterAverager:
             position=self._state.position,
             shards=self._pool.count,
             hub_load=list(self._loads),
+            test=self._test_totals() if self._test else None,
         )
         return out
 

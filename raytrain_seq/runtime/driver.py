@@ -79,6 +79,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from ray.train.torch import TorchTrainer
 
     from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.learner import train_loop_per_worker
 
@@ -107,6 +108,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     feed = create_feed(
         config, name=names["feed"], namespace=NAMESPACE, prefetch_world_size=train.max_learners
     )
+    # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
+    evaluator = None
+    if train.validate_every:
+        evaluator = create_evaluator(config, feed_name=names["feed"], namespace=NAMESPACE)
+        names["evaluator"] = "on"
     averager = create_averager(
         names["averager"],
         namespace=NAMESPACE,
@@ -122,6 +128,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         merge_moments=train.merge_moments,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
         shards=train.shards,
+        validator=RayValidator(evaluator) if evaluator is not None else None,
     )
     if resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
@@ -154,8 +161,9 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     summary.seconds["total"] = time.perf_counter() - began
     summary.write(run_dir)
     plot_curves(summary, run_dir / "curves.png")
-    for actor in (averager, feed):
-        ray.kill(actor, no_restart=True)
+    for actor in (averager, feed, evaluator):
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
     return summary
 
 

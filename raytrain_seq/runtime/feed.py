@@ -517,9 +517,10 @@ class LearnerFeed:
         stream = BlockRowStream(shard_dataset(shard, self.handle)) if shard.blocks else None
         return stream, len(full.blocks)
 
-    def eval_rows(self, split: str) -> BlockRowStream:
-        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped."""
+    def eval_rows(self, split: str, rank: int = 0, world_size: int = 1) -> BlockRowStream:
+        """The rows of learner ``rank``'s share of the ``split`` ("val" or "test") evaluation blocks
+        (all of them by default), centre-cropped."""
         import ray
 
-        shard = ray.get(self.handle.eval_shard.remote(split))
+        shard = ray.get(self.handle.eval_shard.remote(split, rank, world_size))
         return BlockRowStream(shard_dataset(shard, self.handle))
