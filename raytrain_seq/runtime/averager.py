@@ -10,9 +10,20 @@ missing ones are dropped with a logged reason and the round finishes with those 
 (``AveragingTimeoutError`` to them if fewer than ``min_learners`` came). All learners of a round receive
 the same result; the latest averaged state is kept so that a learner that (re)joins starts from it.
 
-Batch size: rank 0 validates the averaged model of round r (r % m == 0) while the others already train
-round r+1, and the result of round r+1 is not computed before that report arrives (waiting at most
-``timeout_s``), so every learner gets the same B. Trade-off: one round of lag against the paper, where
+Control plane and data plane. This actor decides (membership, B, position, checkpoints, drop and
+rejoin) but moves no weights when learners send ``FlatPayload``s (``elastic.payload``): it passes the
+object references of every learner's slice i to shard i of its ``ShardPool`` (``runtime.shards.RayShards``
+in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out the references of the
+merged slices, owned by it, which every learner reads from the object store. Payloads of tensors (a
+re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
+the bytes each averaging actor moved per round.
+
+Batch size: the averaged model of round r (r % m == 0) is validated while the learners already train
+round r+1 -- by the injected ``validator`` (``runtime.evaluator``: an evaluator actor reads the state
+from the object store; this actor reports its accuracy to itself) or, without one, by rank 0 through
+``report_validation`` -- and the result of round r+1 is not computed before that report arrives (waiting
+at most ``timeout_s``), so every learner gets the same B. ``report_test`` sums the learners' shares of
+the final test pass. Trade-off: one round of lag against the paper, where
 round r+1 already trains with the new B, in exchange for validation staying off the critical path.
 A stalled learner costs the others ``timeout_s`` once; it is not waited for again until it rejoins.
 

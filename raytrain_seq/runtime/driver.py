@@ -177,7 +177,7 @@ def _summary(
     """Join rank 0's last report with the averager's and the feed's statistics.
 
     The histories come from the averager (it outlives learner-group restarts); ``per_class_accuracy``
-    names rank 0's test tallies {class index: [correct, total]} with ``class_names``.
+    names the learners' summed test tallies {class index: [correct, total]} with ``class_names``.
     """
     learners = averaging.get("learners", {})
     n = max(len(learners), 1)
