@@ -379,6 +379,9 @@ class ShardPool(Protocol):
     def handles(self) -> list[Any]:
         """The shard actors (empty in process)."""
 
+    def prepare(self) -> None:
+        """Start the shards now (the learners' nodes are known), so the first round does not wait."""
+
     def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
@@ -400,6 +403,9 @@ class InProcessShards:
 
     def handles(self) -> list[Any]:
         return []
+
+    def prepare(self) -> None:
+        pass
 
     def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]

@@ -363,6 +363,8 @@ class ParameterAverager:
         if node is not None:
             self._nodes[learner] = node
             self._pool.place(learner, node)
+            if len(self._nodes) >= min(self._pool.count, self._book.world_size or 1):
+                self._pool.prepare()  # start the shards while the first round trains
         self._history.start_clock()
         while self._book.phase == "closing" and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business

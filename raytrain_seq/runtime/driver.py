@@ -109,10 +109,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         config, name=names["feed"], namespace=NAMESPACE, prefetch_world_size=train.max_learners
     )
     # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
-    evaluator = None
+    evaluator = prepared = None
     if train.validate_every:
         evaluator = create_evaluator(config, feed_name=names["feed"], namespace=NAMESPACE)
         names["evaluator"] = "on"
+        prepared = evaluator.prepare.remote()  # the validation rows, assembled while epoch 1 trains
     averager = create_averager(
         names["averager"],
         namespace=NAMESPACE,
@@ -149,6 +150,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     )
     with _train_env(config):
         result = trainer.fit()
+    if evaluator is not None:
+        ray.get(prepared)  # long done: raises here if assembling the validation rows failed
     if result.error is not None:
         raise result.error
     summary = _summary(

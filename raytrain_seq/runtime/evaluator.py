@@ -49,17 +49,23 @@ class Evaluator:
         self._rows: list[dict[str, torch.Tensor]] | None = None
         self.scored: list[int] = []  # the rounds scored, in order
 
+    def prepare(self) -> int:
+        """Assemble and keep the split's rows now (the driver calls it at the start, so that the first
+        validation round does not wait for them); returns how many batches of rows were kept."""
+        if self._rows is None:
+            stream, rows = self.feed.eval_rows(self.split), []
+            while (part := stream.take(16)) is not None:
+                rows.append(collate_rows(part))
+            self._rows = rows
+        return len(self._rows)
+
     def score(self, state: AveragedState) -> EvalResult:
         """The averaged model of ``state`` on the split (the state read from the store if it lives there)."""
         if state.empty:
             raise ValueError("state holds no averaged model (round 0): score a round's state")
         state = state.materialise(self.store.get)
         self.model.load_state_dict(dict(state.params))
-        if self._rows is None:
-            stream, rows = self.feed.eval_rows(self.split), []
-            while (part := stream.take(16)) is not None:
-                rows.append(collate_rows(part))
-            self._rows = rows
+        self.prepare()
         micro = self.config.train.micro_batch_size
         result = evaluate(
             self.model, self._rows, micro_batch_size=4 * micro if isinstance(micro, int) else 16

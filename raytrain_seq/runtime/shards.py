@@ -11,7 +11,8 @@ the caller (the control plane): it survives the shard actor, and every learner r
 per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
 
 Placement: shard i goes to the node of learner i (``NodeAffinitySchedulingStrategy(soft=True)``: another
-node when that one is gone), known from the learners' joins; the actors are created at the first merge.
+node when that one is gone), known from the learners' joins; the actors are created once the group's learners (or S of them) have
+joined (``prepare``), so that their start-up overlaps the first round's training.
 Shards hold no state between rounds: a merge is a pure function of the learners' slices, which the
 learners hold (their ``average`` call is waiting) until the round's answer. So a lost shard needs no
 re-seeding: Ray restarts the actor (``max_restarts=-1``) and re-runs the interrupted merge on it
@@ -94,6 +95,9 @@ class RayShards:
                 handles.append(ray.remote(AveragingShard).options(**options).remote(i))
             self._handles = handles
         return self._handles
+
+    def prepare(self) -> None:
+        self._ensure()
 
     def handles(self) -> list[Any]:
         """The shard actors (created on first use): the fault tests kill one."""
