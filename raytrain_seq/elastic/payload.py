@@ -382,6 +382,9 @@ class ShardPool(Protocol):
     def prepare(self) -> None:
         """Start the shards now (the learners' nodes are known), so the first round does not wait."""
 
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
+
     def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
@@ -406,6 +409,9 @@ class InProcessShards:
 
     def prepare(self) -> None:
         pass
+
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        return list(refs)
 
     def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]

@@ -119,6 +119,9 @@ class ParameterAverager:
         self._validator = validator
         self._test: dict[Learner, dict[str, Any]] = {}  # the final test pass: each learner's tallies
         self._test_done: asyncio.Event | None = None
+        # The latest flat state read into this process once (off the learners' path): what a (re)joining
+        # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
+        self._local: asyncio.Task | None = None
         actor = _actor_id() if run_dir is not None else None
         self._history = RunHistory(None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor)
         book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
@@ -211,6 +214,8 @@ class ParameterAverager:
             await self._await_validation()
             result = await asyncio.to_thread(self._compute, closed)
             self._publish(closed, result)
+            if result.state.flat is not None:
+                self._local = self._spawn(self._read_local(result.state))
             self._book.finish(ok=True)
             if self._book.validation_due is not None:
                 self._validation_future = asyncio.get_running_loop().create_future()
@@ -226,6 +231,35 @@ class ParameterAverager:
         finally:
             if self._round_future is future:
                 self._round_future = None
+
+    async def _read_local(self, state: AveragedState) -> AveragedState:
+        """Read a round's merged slices into this process (a secondary copy on the control plane's node);
+        counted in the round's hub load as bytes this actor received."""
+        local = await asyncio.to_thread(state.materialise, self._pool.fetch)
+        bytes_read = _tensor_bytes(local.params) + _tensor_bytes(local.optimizer_state)
+        for record in reversed(self._loads):
+            if record["round"] == state.round:
+                record["actors"]["control"]["received"] += bytes_read
+                break
+        return local
+
+    async def _held_state(self) -> AveragedState:
+        """The latest state with its tensors in this process when it can be had: for joins and checkpoints.
+        A failed read is logged and the references are handed out instead (their objects may be gone)."""
+        task = self._local
+        if task is not None and self._state.flat is not None:
+            try:
+                local = await asyncio.shield(task)
+            except Exception as exc:
+                logger.error("averager: reading round %d's merged state failed: %r", self._state.round, exc)
+            else:
+                if local.round == self._state.round:
+                    return local.replace(
+                        batch_size=self._batch.size,
+                        adaptive_state=self._batch.state_dict(),
+                        elapsed_s=self._history.elapsed(),
+                    )
+        return self._current()
 
     async def _validate(self, state: AveragedState) -> None:
         """Have the validator score round ``state.round`` and report it; the learners go on meanwhile."""
@@ -376,7 +410,7 @@ class ParameterAverager:
         if seed is not None:
             self._adopt(learner, seed)
         return JoinReply(
-            state=self._current(),
+            state=await self._held_state(),
             next_round=self._book.next_round_for(learner),
             world_size=self._book.world_size,
             shards=self._pool.count,
@@ -544,7 +578,7 @@ class ParameterAverager:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
         history = self._history.checkpoint_part()
         history.update(validation_due=self._book.validation_due, dropped_log=list(self._book.dropped_log))
-        return self._current(), history
+        return await self._held_state(), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:
         """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""

@@ -19,6 +19,11 @@ re-seeding: Ray restarts the actor (``max_restarts=-1``) and re-runs the interru
 (``max_task_retries``), and the control plane keeps the latest averaged state (its object references;
 the learners hold it in tensors and re-seed a restarted control plane with it).
 
+Object loss: the merged slices live on the shards' nodes, which are learners' nodes. The control plane
+reads each round's merged state once into its own process, off the learners' path (a copy on its node,
+which Ray also uses to recover a lost primary), and gives (re)joining groups and checkpoints those
+tensors, so a group restarted after a learner node died does not wait for objects that died with it.
+
 Hub load: each shard counts the bytes of the slices it read and of the slice it produced times the
 learners of the round (each learner fetches it; the object store serves the fetch, so this counts what
 the shard's node sends if every learner reads from there, an upper bound). ray is imported only inside
@@ -38,6 +43,8 @@ __all__ = ["AveragingShard", "RayShards", "RayStore"]
 
 # A merge interrupted by the shard's death is re-run on the restarted actor this many times.
 MERGE_RETRIES = 3
+# The control plane's read of a round's merged slices gives up after this long (their node may be gone).
+FETCH_TIMEOUT_S = 120.0
 
 
 class AveragingShard:
@@ -98,6 +105,11 @@ class RayShards:
 
     def prepare(self) -> None:
         self._ensure()
+
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(list(refs), timeout=FETCH_TIMEOUT_S)
 
     def handles(self) -> list[Any]:
         """The shard actors (created on first use): the fault tests kill one."""
