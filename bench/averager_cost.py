@@ -5,13 +5,15 @@ one ParameterAverager actor (``raytrain_seq.runtime.averager``): a star. ``bandw
 MB/s of fp32 weights + moments one round of 2 learners pushes through the actor on this machine
 (serialisation, the object store and the arithmetic included) against a plain numpy mean of the same
 arrays and the library arithmetic (``averaging.average_states`` + ``merge_adam_states``) in one
-process. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
+process, and how a round's wall time and the busiest actor's bytes grow with the learners (the sharded
+data plane, ``runtime/shards.py``). ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
 and compares it with DDP's ring all-reduce of the gradients per epoch.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import numpy as np
@@ -25,7 +27,8 @@ NAMESPACE = "raytrain_seq"
 def cost_model(
     learners: int, params: float, nic_gbit: float, mean_gbps: float, *, steps: int, moments: int = 2
 ) -> dict[str, float]:
-    """Seconds per averaging round of the star-shaped averager vs a ring all-reduce per epoch.
+    """Seconds per averaging round of the star-shaped averager, of the sharded one, and a ring all-reduce
+    per epoch.
 
     Per learner the averager receives and returns S = params * 4 B * (1 + moments) (weights + Adam
     moments, fp32). Its NIC carries 2 P S per round (P learners in, P results out) and it averages P S
@@ -33,6 +36,10 @@ def cost_model(
     2 (P - 1) / P * G per learner per step with G = params * 4 B: T_epoch = steps * 2 (P - 1) / P * G / B_nic.
     ResNet-152 (60.2M), P 16, 100 Gbit/s, B_mean 5 GB/s: S = 722.4 MB, 2 P S = 23.1 GB -> 1.85 s on the
     wire + 11.6 GB / 5 GB/s = 2.31 s of arithmetic.
+    Sharded (S = P shards, shard i on learner i's node): each shard receives P slices of S / P and its
+    result of S / P is read by P learners, so each node's NIC carries about 2 S per round and each shard
+    averages S bytes, in parallel: T_sharded = 2 S / B_nic + S / B_mean, flat in P (same example: 0.12 s
+    + 0.14 s).
     """
     nic = nic_gbit * 1e9 / 8
     size = params * 4 * (1 + moments)
@@ -46,6 +53,9 @@ def cost_model(
         "mean_s": arithmetic,
         "round_s": wire + arithmetic,
         "ring_epoch_s": ring,
+        "sharded_wire_s": 2 * size / nic,
+        "sharded_mean_s": size / (mean_gbps * 1e9),
+        "sharded_round_s": 2 * size / nic + size / (mean_gbps * 1e9),
     }
 
 
@@ -61,37 +71,142 @@ def adam_payload(params: int, tensors: int, seed: int) -> tuple[dict, dict]:
     return weights, state
 
 
-def bandwidth(megabytes: float, rounds: int = 5) -> dict:
-    """MB/s averaged by the actor (2 learners), by a numpy mean, and by the library arithmetic in process.
+def _learner_class():
+    """The bench's learner actor, defined here so that Ray pickles it by value (bench/ is not a package
+    the workers can import). It does what ``LocalRounds.sync`` does, without a model: pack the state into
+    flat buffers (staging reused), cut them into the averager's S slices, put each once, send the
+    references through ``AveragerClient``, and read the merged state back (``materialise``)."""
+    import uuid
 
-    Best of ``rounds`` for each (a shared machine only ever slows a run down).
+    from raytrain_seq.elastic.client import AveragerClient
+    from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
+    from raytrain_seq.runtime.averager import RayTransport
+    from raytrain_seq.runtime.shards import RayStore
+
+    class BenchLearner:
+        def __init__(self, params: int, seed: int) -> None:
+            torch.set_num_threads(1)
+            self.weights, self.moments = adam_payload(params, 8, seed)
+            self.layout = FlatLayout.of(self.weights, self.moments)
+            self.staging: dict = {}
+            self.client = None
+
+        def join(self, averager, rank: int, world_size: int) -> int:
+            import ray
+
+            self.client = AveragerClient(
+                RayTransport(averager), learner=rank, world_size=world_size, incarnation=uuid.uuid4().hex,
+                round_timeout_s=600.0, store=RayStore(), node=ray.get_runtime_context().get_node_id(),
+            )  # fmt: skip
+            self.client.join()
+            return self.layout.nbytes
+
+        def round(self) -> dict[str, float]:
+            """One round; the seconds of its phases as this learner saw them."""
+            began = time.perf_counter()
+            buffers, extras = self.layout.pack(self.weights, self.moments, staging=self.staging)
+            self.staging = buffers
+            packed = time.perf_counter()
+            parts = tuple(self.client.store.put(p) for p in self.layout.split(buffers, self.client.shards))
+            put = time.perf_counter()
+            payload = FlatPayload(self.layout, parts, extras)
+            decision = self.client.average(payload, None, stats={}, position=None)
+            if decision.result.state.params is None:
+                raise RuntimeError("the round's state was not materialised: the learner must hold tensors")
+            end = time.perf_counter()
+            return {"pack_s": packed - began, "put_s": put - packed, "average_s": end - put}
+
+    return BenchLearner
+
+
+def _numpy_and_library(params: int, rounds: int) -> dict:
+    """Seconds (best of ``rounds``) of a numpy mean and of the library arithmetic, one process, 2 learners."""
+    payloads = [adam_payload(params, 8, seed) for seed in (1, 2)]
+    arrays = [[t.numpy() for t in w.values()] + [v.numpy() for e in s.values() for v in (e["exp_avg"], e["exp_avg_sq"])] for w, s in payloads]  # fmt: skip
+    numpy_s, library_s = [], []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        [np.mean(np.stack(pair), axis=0) for pair in zip(*arrays, strict=True)]
+        numpy_s.append(time.perf_counter() - began)
+    for _ in range(rounds):
+        began = time.perf_counter()
+        average_states([w for w, _ in payloads])
+        merge_adam_states([s for _, s in payloads])
+        library_s.append(time.perf_counter() - began)
+    return {"numpy": min(numpy_s), "library": min(library_s)}
+
+
+def bandwidth(
+    megabytes: float,
+    learners: tuple[int, ...] = (1, 2, 4, 8),
+    rounds: int = 3,
+    star: tuple[int, ...] = (2, 8),
+) -> dict:
+    """One averaging round of n learners (n concurrent actor processes, each sending ``megabytes`` MB of
+    fp32 weights + 2 Adam moments) through the data plane, n in ``learners``, default sharding (S = n);
+    and the one-process numpy mean and library arithmetic of 2 learners' bytes.
+
+    ``round_s[n]``: the median over ``rounds`` rounds (after one warm-up round, which creates the shard
+    actors) of the wall time from the learners starting to pack until all hold the averaged state.
+    ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
+    by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
+    one shard (the star) for n in ``star``. ``mbps["actor"]`` compares the round of 2 learners with the
+    numpy mean of the same bytes (2 x megabytes). ``split_s[n]``: the median learner's pack, put and
+    average-call seconds (the last: from its send to holding the merged state) and the slowest shard's
+    read + merge seconds, per round: where a round's time goes.
     """
     import ray
 
     from raytrain_seq.runtime.averager import create_averager
 
     params = int(megabytes * 1e6 / 4 / 3)  # weights + 2 Adam moments, fp32
-    payloads = [adam_payload(params, 8, seed) for seed in (1, 2)]
-    total_mb = 2 * 3 * params * 4 / 1e6  # what one round averages: 2 learners x (weights + 2 moments)
-    arrays = [[t.numpy() for t in w.values()] + [v.numpy() for e in s.values() for v in (e["exp_avg"], e["exp_avg_sq"])] for w, s in payloads]  # fmt: skip
-    numpy_s = []
-    for _ in range(rounds):
+    total_mb = 2 * 3 * params * 4 / 1e6  # what one round of 2 learners averages
+    best = _numpy_and_library(params, rounds)
+    learner_cls = ray.remote(num_cpus=0)(_learner_class())
+    actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
+
+    def measure(n: int, shards: int | None, count: int) -> tuple[list[float], float]:
+        extra = {} if shards is None else {"shards": shards}
+        name = f"bandwidth-{os.getpid()}-{n}-{shards}"
+        averager = create_averager(name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, **extra)
+        try:
+            payload = ray.get([a.join.remote(averager, j, n) for j, a in enumerate(actors[:n])])[0]
+            times, phases = [], []
+            for _ in range(count + 1):
+                began = time.perf_counter()
+                seen = ray.get([a.round.remote() for a in actors[:n]])
+                times.append(time.perf_counter() - began)
+                phases.append({k: float(np.median([s[k] for s in seen])) for k in seen[0]})
+            rounds_ = ray.get(averager.summary.remote())["hub_load"]
+            loads = rounds_[-1]["actors"]
+            hub = max(a["received"] + a["sent"] for a in loads.values()) / payload
+            merge_s = [max(a.get("seconds", 0.0) for a in r["actors"].values()) for r in rounds_[1:]]
+        finally:
+            ray.kill(averager)
+        split = {k: float(np.median([p[k] for p in phases[1:]])) for k in phases[0]} if count else {}
+        if merge_s:
+            split["shard_merge_s"] = float(np.median(merge_s))
+        return times[1:], hub, split
+
+    round_s, hub_load, star_load, split = {}, {}, {}, {}
+    for n in learners:
         began = time.perf_counter()
-        [np.mean(np.stack(pair), axis=0) for pair in zip(*arrays, strict=True)]
-        numpy_s.append(time.perf_counter() - began)
-    library_s = []
-    for _ in range(rounds):
-        began = time.perf_counter()
-        average_states([w for w, _ in payloads])
-        merge_adam_states([s for _, s in payloads])
-        library_s.append(time.perf_counter() - began)
-    averager = create_averager(f"bandwidth-{os.getpid()}", namespace=NAMESPACE, world_size=2, timeout_s=300.0)
-    ray.get([averager.join.remote(j, 2) for j in (0, 1)])
-    actor_s = []
-    for round_ in range(1, rounds + 1):
-        began = time.perf_counter()
-        ray.get([averager.average.remote(j, round_, 2, w, s) for j, (w, s) in enumerate(payloads)])
-        actor_s.append(time.perf_counter() - began)
-    ray.kill(averager)
-    best = {name: min(v) for name, v in (("numpy", numpy_s), ("library", library_s), ("actor", actor_s))}
-    return {"mb": total_mb, "seconds": best, "mbps": {k: total_mb / v for k, v in best.items()}}
+        times, hub_load[str(n)], split[str(n)] = measure(n, None, rounds)
+        round_s[str(n)] = float(np.median(times))
+        print(f"  {n} learner(s): rounds {[round(t, 3) for t in times]} s ({time.perf_counter() - began:.0f} s with set-up)", file=sys.stderr, flush=True)  # fmt: skip
+    for n in star:
+        star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
+    for actor in actors:
+        ray.kill(actor)
+    best["actor"] = round_s["2"]
+    return {
+        "mb": total_mb,
+        "seconds": best,
+        "mbps": {k: total_mb / v for k, v in best.items()},
+        "round_s": round_s,
+        "hub_load": hub_load,
+        "hub_load_star": star_load,
+        "split_s": split,
+        "shards": "one per learner",
+        "payload_mb": 3 * params * 4 / 1e6,
+    }

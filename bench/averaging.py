@@ -16,13 +16,16 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
    step, gloo on CPU): the same feed (``runtime.feed.create_feed``/``shard_dataset``/``BlockRowStream``),
    model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
    differs. Headline: time to the same validation accuracy (the lower of the two runs' best), DDP / AAVG.
-4. The averager's bandwidth: MB/s of parameters + Adam moments averaged through the ParameterAverager
-   actor (2 learners' calls from the driver, serialisation included) against a numpy mean of the same
-   arrays and the library arithmetic (``average_states`` + ``merge_adam_states``) in one process; and a
-   cost model for 16 learners of ResNet-152 size.
+4. The averaging data plane: one round of n learner processes (n = 1, 2, 4, 8; 100 MB of weights + Adam
+   moments each; default sharding, one shard actor per learner) on the local cluster, from packing to
+   holding the averaged state, against a numpy mean of the same bytes and the library arithmetic
+   (``average_states`` + ``merge_adam_states``) in one process; the busiest actor's bytes per round
+   (hub load, counted by the actors) for the shards and for one shard (the star); where a round's time
+   goes; and a cost model for 16 learners of ResNet-152 size, star and sharded.
 
     python bench/averaging.py            # default size (the one make bench runs)
     python bench/averaging.py --tiny     # one short run of each kind
+    python bench/averaging.py --only bandwidth --json   # the data plane only; last line: one JSON object
 """
 
 from __future__ import annotations
@@ -287,7 +290,7 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
     b = res["bandwidth"]
     header = ["path", "MB per round", "seconds", "MB/s", "vs numpy"]
     names = {"numpy": "numpy mean, one process", "library": "average_states + merge_adam_states, one process",
-             "actor": "ParameterAverager actor, 2 learners' calls"}  # fmt: skip
+             "actor": "sharded data plane, one round of 2 learner processes"}  # fmt: skip
     rows = [
         [
             names[k],
@@ -298,17 +301,30 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
         ]
         for k in names
     ]
-    out.append(("Averager bandwidth (weights + 2 Adam moments, fp32; best of 5):", header, rows))
+    out.append(
+        ("Averager bandwidth (weights + 2 Adam moments, fp32; best of 3, the round: median):", header, rows)
+    )
+    if "round_s" in b:
+        header = ["learners", "round s (median)", "busiest actor, payloads/round", "one shard (star)"]
+        rows = [
+            [n, f"{t:.3f}", f"{b['hub_load'][n]:.2f}", fmt(b.get("hub_load_star", {}).get(n), ".2f")]
+            for n, t in b["round_s"].items()
+        ]
+        out.append(
+            ("Averaging rounds by learners (100 MB per learner, one shard per learner):", header, rows)
+        )
     header = [
         "NIC",
         "payload per learner",
         "averager wire s/round",
         "arithmetic s/round",
         "round s",
+        "sharded round s",
         f"DDP ring s/epoch ({res['cost_steps']} steps)",
     ]
     rows = [
-        [f"{c['nic']:g} Gbit/s", f"{c['payload_mb']:.1f} MB", f"{c['wire_s']:.2f}", f"{c['mean_s']:.2f}", f"{c['round_s']:.2f}", f"{c['ring_epoch_s']:.2f}"]
+        [f"{c['nic']:g} Gbit/s", f"{c['payload_mb']:.1f} MB", f"{c['wire_s']:.2f}", f"{c['mean_s']:.2f}", f"{c['round_s']:.2f}",
+         f"{c['sharded_round_s']:.2f}", f"{c['ring_epoch_s']:.2f}"]
         for c in res["cost"]
     ]  # fmt: skip
     out.append(
@@ -381,9 +397,11 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
     head.update(actor_mbps=b["actor"], numpy_mbps=b["numpy"])
     job_mb = res.get("job_payload_mb", 0.0)
     out.append(
-        f"Bandwidth: the actor averages {b['actor']:,.0f} MB/s ({b['actor'] / b['numpy']:.2f}x a one-process numpy mean at "
-        f"{b['numpy']:,.0f} MB/s; the library arithmetic alone {b['library']:,.0f} MB/s). This job's model sends "
-        f"{job_mb:.2f} MB per learner per round, i.e. {2 * job_mb / b['actor'] * 1e3:.1f} ms of actor time per round."
+        f"Bandwidth: a round of 2 learners through the sharded data plane averages {b['actor']:,.0f} MB/s "
+        f"({b['actor'] / b['numpy']:.2f}x a one-process numpy mean at {b['numpy']:,.0f} MB/s; the library arithmetic "
+        f"alone {b['library']:,.0f} MB/s). This job's model sends {job_mb:.2f} MB per learner per round, i.e. "
+        f"{2 * job_mb / b['actor'] * 1e3:.1f} ms of averaging per round at that rate."
+        + _rounds_clause(res["bandwidth"])
     )
     c = next((c for c in res["cost"] if c["nic"] == 100), res["cost"][0])
     bigger = "arithmetic" if c["mean_s"] > c["wire_s"] else "the wire"
@@ -394,9 +412,33 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         f"spot) + {c['mean_s']:.1f} s of arithmetic at this machine's single-actor speed, so {bigger} dominates. DDP's "
         f"ring all-reduce of the gradients costs {c['ring_epoch_s']:.1f} s per epoch ({res['cost_steps']} steps): at "
         f"K = epoch the averager's NIC moves {more} bytes than each ring member's, and AAVG's saving is in "
-        "synchronisation points (one per epoch instead of one per step), not in bytes."
+        "synchronisation points (one per epoch instead of one per step), not in bytes. Sharded (one shard per "
+        f"learner), the same round costs about {c['sharded_round_s']:.2f} s: each node moves 2 payloads and each shard "
+        "averages one, whatever the number of learners."
     )
     return out, head
+
+
+def _rounds_clause(band: dict) -> str:
+    """How the round grows with the learners and where its time goes (from --only bandwidth's numbers)."""
+    if "round_s" not in band or "2" not in band["round_s"] or "8" not in band["round_s"]:
+        return ""
+    r = band["round_s"]
+    text = (
+        f" A round of 8 learners takes {r['8'] / r['2']:.2f}x a round of 2 (on this box's cores every learner's "
+        f"copies share the same CPUs); the busiest averaging actor moves {band['hub_load']['8']:.2f} payloads "
+        f"per round at 8 learners (one shard for all: {band.get('hub_load_star', {}).get('8', float('nan')):.2f})."
+    )
+    split = band.get("split_s", {}).get("2")
+    if split:
+        text += (
+            f" At 2 learners a learner spends {1e3 * split['pack_s']:.0f} ms packing, {1e3 * split['put_s']:.0f} ms "
+            f"putting its slices in the object store and {1e3 * split['average_s']:.0f} ms from sending to holding the "
+            f"merged state, of which the slowest shard's read + merge is {1e3 * split.get('shard_merge_s', 0):.0f} ms: "
+            "the copies into the object store and the merge's float64 passes are what a numpy mean of two "
+            "in-memory arrays does not pay."
+        )
+    return text
 
 
 def _plateau_clause(abl: dict, chance: float) -> str:
@@ -441,6 +483,46 @@ def plot(res: dict):
     return fig
 
 
+def bandwidth_headline(band: dict) -> dict:
+    """The JSON line of ``--only bandwidth --json`` (names as issue 12 asks for them)."""
+    mbps = band["mbps"]
+    return {
+        "actor_mb_s": mbps["actor"],
+        "numpy_mb_s": mbps["numpy"],
+        "library_mb_s": mbps["library"],
+        "actor_vs_numpy": mbps["actor"] / mbps["numpy"],
+        "round_s": band["round_s"],
+        "hub_load": band["hub_load"],
+        "hub_load_star": band["hub_load_star"],
+        "split_s": band["split_s"],
+        "shards": band["shards"],
+        "payload_mb_per_learner": band["payload_mb"],
+    }
+
+
+def only_bandwidth(args) -> dict:
+    """The data plane's rounds for 1, 2, 4, 8 learners on a local Ray cluster (no training runs)."""
+    import json
+
+    import ray
+
+    ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    try:
+        band = bandwidth(SIZES[args.size]["mb"])
+    finally:
+        ray.shutdown()
+    head = bandwidth_headline(band)
+    for n, seconds in head["round_s"].items():
+        print(
+            f"{n} learner(s): round {seconds:.3f} s, busiest actor {head['hub_load'][n]:.2f} payloads",
+            flush=True,
+        )
+    if args.json:
+        print(json.dumps(head), flush=True)
+    return head
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser)
@@ -453,7 +535,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--cost-batch", type=int, default=32, help="per-learner batch of the DDP ring estimate"
     )
+    parser.add_argument(
+        "--only",
+        choices=["bandwidth"],
+        default=None,
+        help="bandwidth: only the data plane's rounds (no training)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the headline numbers as one JSON last line"
+    )
     args = parser.parse_args(argv)
+    if args.only == "bandwidth":
+        return only_bandwidth(args)
     if args.ks is not None and (-1 not in args.ks or any(k < 1 and k != -1 for k in args.ks)):
         parser.error(
             f"--ks must be -1 or ints >= 1 and include -1 (AAVG3 and the DDP reference), got {args.ks}"

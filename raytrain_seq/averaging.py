@@ -71,14 +71,18 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor) -> Tensor:
     Written as x_k + sum_j w_j (x_j - x_k), x_k the first learner with weight > 0: the same value since
     sum_j w_j = 1, but learners that agree give back exactly x_k, where the plain form rounds (three times
     x/3 is not always x). A learner of weight 0 is out of the round: even its nan/inf must not leak in.
-    One in-place float64 axpy per learner: faster than stack + tensordot, and no [P, ...] buffer.
+    One in-place float64 axpy per learner: faster than stack + tensordot, and no [P, ...] buffer. Each
+    learner is widened into a float64 scratch first (exact) and subtracted in place: the same values as
+    torch.sub's type promotion, whose mixed-dtype kernel is several times slower.
     """
     device = tensors[0].device
     kept = [(wj, t) for wj, t in zip(w.tolist(), tensors, strict=True) if wj > 0]
     base = kept[0][1].detach().to(device=device, dtype=_ACC)
     acc = torch.zeros_like(base)
+    scratch = torch.empty_like(base) if len(kept) > 1 else None
     for wj, t in kept[1:]:
-        acc.add_(torch.sub(t.detach().to(device), base), alpha=wj)
+        scratch.copy_(t.detach())
+        acc.add_(scratch.sub_(base), alpha=wj)
     return acc.add_(base)
 
 
@@ -138,8 +142,27 @@ def merge_mean_var(
     return mean.to(means[0].dtype), var.to(variances[0].dtype)
 
 
+def weighted_mean(tensors: Sequence[Tensor], weights: Any = None, *, out: Tensor | None = None) -> Tensor:
+    """sum_j w_j x_j of same-shape tensors (weights normalised to sum to one), accumulated in float64 and
+    cast back to the first tensor's dtype: the elementwise rule ``average_states`` applies to every plain
+    floating key, so a slice of a flat buffer merged here equals that slice of the per-key result.
+    ``out``: written with the result (the same rounding as the cast) instead of a new tensor."""
+    w = _normalised_weights(weights, len(tensors))
+    _check_alike(list(tensors), "weighted_mean")
+    mean = _weighted_mean(tensors, w)
+    return mean.to(tensors[0].dtype) if out is None else out.copy_(mean)
+
+
+def weighted_max(tensors: Sequence[Tensor], weights: Any = None) -> Tensor:
+    """Elementwise max over the tensors of learners with weight > 0 (AMSGrad's max_exp_avg_sq rule)."""
+    w = _normalised_weights(weights, len(tensors))
+    _check_alike(list(tensors), "weighted_max")
+    kept = [t.detach() for t, wj in zip(tensors, w.tolist(), strict=True) if wj > 0]
+    return torch.stack(kept).amax(dim=0)
+
+
 # ------------------------------------------------------------------------------------------ model states
-def _bn_pairs(keys: Sequence[str], state: Mapping[str, Tensor]) -> dict[str, str]:
+def bn_pairs(keys: Sequence[str], state: Mapping[str, Tensor]) -> dict[str, str]:
     """running_var key -> running_mean key for every BatchNorm-style pair of floating tensors."""
     pairs = {}
     for key in keys:
@@ -171,7 +194,7 @@ def average_states(states: Sequence[Mapping[str, Tensor]], weights: Any = None) 
     keys = list(states[0])
     for key in keys:
         _check_alike([state[key] for state in states], f"key {key!r}")
-    pairs = _bn_pairs(keys, states[0])
+    pairs = bn_pairs(keys, states[0])
     merged: dict[str, Tensor] = {}
     for var_key, mean_key in pairs.items():
         merged[mean_key], merged[var_key] = merge_mean_var(

@@ -273,6 +273,8 @@ class TrainConfig:
     """Weight decay of the optimizer (L2 for adam and sgd, decoupled for adamw); 0 = none."""
     averager_timeout_s: float = 60.0
     """Seconds the averager waits for a learner in a round before dropping it from that round."""
+    averager_shards: int | None = None
+    """Averaging shard actors S, each merging a slice of the weights; None = one per learner (the max)."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many averaging rounds."""
     use_gpu: bool | None = None
@@ -351,10 +353,19 @@ class TrainConfig:
             "use e.g. 60.0 seconds",
         )
         int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
+        if self.averager_shards is not None:
+            int_at_least(
+                "train.averager_shards", self.averager_shards, 1, "use 1 or more, or None for one per learner"
+            )
         optional_bool("train.use_gpu", self.use_gpu, "None = when the cluster has GPUs")
         choice("train.precision", self.precision, PRECISIONS)
         choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         int_at_least("train.warmup_steps", self.warmup_steps, 0, "use 0 for no warm-up, e.g. 500")
+
+    @property
+    def shards(self) -> int:
+        """S, the averaging shards: ``averager_shards``, or one per learner of the largest group."""
+        return self.averager_shards if self.averager_shards is not None else self.max_learners
 
     @property
     def min_learners(self) -> int:

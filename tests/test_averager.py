@@ -464,6 +464,59 @@ def test_ray_round_equals_single_process_reference(ray_cluster, averagers):
 
 
 @pytest.mark.ray
+def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_cluster):
+    """3 learners' flat payloads through the object store and 3 shard actors: every learner reads the
+    reference state; each shard moves about one payload in and one out; a shard killed between rounds is
+    restarted by Ray and the next round is again the reference (shards hold no state to re-seed)."""
+    from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
+    from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.shards import RayStore
+
+    ray = ray_cluster
+    actor = create_averager("avg-sharded", world_size=3, timeout_s=30.0)
+    store = RayStore(timeout_s=60)
+    try:
+        replies = ray.get(
+            [actor.join.remote(j, 3, node=ray.get_runtime_context().get_node_id()) for j in range(3)]
+        )
+        assert {reply.shards for reply in replies} == {3}  # one shard per learner by default
+        params, opt_states = _adam_runs()
+        weights = [30.0, 50.0, 20.0]
+        expected = average_states(params, weights)
+        expected_opt = merge_adam_states(opt_states, weights=weights)
+
+        def round_(number: int) -> list:
+            sends = []
+            for j in range(3):
+                layout = FlatLayout.of(params[j], opt_states[j])
+                buffers, extras = layout.pack(params[j], opt_states[j])
+                parts = tuple(store.put(part) for part in layout.split(buffers, 3))
+                payload = FlatPayload(layout, parts, extras)
+                sends.append(actor.average.remote(j, number, 3, payload, None, weight=weights[j]))
+            return ray.get(sends, timeout=60)
+
+        for number in (1, 2):
+            results = round_(number)
+            assert len({tuple(r.state.flat.parts) for r in results}) == 1  # one object per shard for all
+            for result in results:
+                state = result.state.materialise(store.get)
+                assert all(torch.equal(state.params[k], v) for k, v in expected.items())
+                for index, entry in expected_opt.items():
+                    assert all(torch.equal(state.optimizer_state[index][k], v) for k, v in entry.items())
+            if number == 1:
+                shards = ray.get(actor.shard_actors.remote())
+                assert len(shards) == 3
+                ray.kill(shards[0], no_restart=False)
+        summary = ray.get(actor.summary.remote())
+        payload_bytes = FlatLayout.of(params[0], opt_states[0]).nbytes
+        loads = summary["hub_load"][-1]["actors"]
+        hub = max((a["received"] + a["sent"]) / payload_bytes for a in loads.values())
+        assert 1.9 <= hub <= 2.1 and summary["shards"] == 3
+    finally:
+        ray.kill(actor)
+
+
+@pytest.mark.ray
 def test_ray_missing_learner_is_dropped_then_rejoins(ray_cluster, averagers):
     """A learner that never comes is dropped after the timeout; late, it gets StaleRoundError, then join()."""
     ray = ray_cluster

@@ -412,3 +412,26 @@ def test_refurbish_verdicts_follow_the_numbers():
     capped = {**res, "runs": [res["runs"][0], res["runs"][1], run("r3", "refurbish", 3, 25.0, 0.595, 26.0)]}
     text = " ".join(refurbish.verdicts(capped)[0])
     assert "target >= 1.5x: NOT met" in text and "r=3 runs at 96 % of it, so the model" in text
+
+
+def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split():
+    """--only bandwidth --json: actor_mb_s, numpy_mb_s, actor_vs_numpy (the round of 2 vs numpy),
+    round_s and hub_load per learner count, shards; the verdict reports the 8/2 ratio and the split."""
+    band = {
+        "mb": 200.0, "seconds": {"numpy": 0.1, "library": 0.05, "actor": 0.2},
+        "mbps": {"numpy": 2000.0, "library": 4000.0, "actor": 1000.0},
+        "round_s": {"1": 0.1, "2": 0.2, "4": 0.4, "8": 0.7}, "hub_load": {"1": 2.0, "2": 2.0, "4": 2.0, "8": 2.0},
+        "hub_load_star": {"2": 4.0, "8": 16.0}, "shards": "one per learner", "payload_mb": 100.0,
+        "split_s": {"2": {"pack_s": 0.01, "put_s": 0.04, "average_s": 0.15, "shard_merge_s": 0.05}},
+    }  # fmt: skip
+    head = averaging.bandwidth_headline(band)
+    assert head["actor_vs_numpy"] == pytest.approx(0.5) and head["round_s"]["8"] == 0.7
+    assert {"actor_mb_s", "numpy_mb_s", "round_s", "hub_load", "shards"} <= set(head)
+    json.dumps(head)
+    clause = averaging._rounds_clause(band)
+    assert (
+        "3.50x a round of 2" in clause
+        and "2.00 payloads" in clause
+        and "(one shard for all: 16.00)" in clause
+    )
+    assert "40 ms putting" in clause and "50 ms" in clause

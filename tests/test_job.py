@@ -86,6 +86,12 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path, capsys):
     for key in ("test_accuracy", "frames_total", "padding_fraction", "seconds", "packing", "refurbish"):
         assert key in stored
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run_dir / "confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The standard metrics, and the live tracking written while it ran (TensorBoard by default).
+    assert 0.0 <= summary.test_accuracy <= summary.top5_accuracy <= 1.0
+    assert summary.mean_class_accuracy is not None and 0.0 <= summary.mean_class_accuracy <= 1.0
+    assert stored["top5_accuracy"] == summary.top5_accuracy and "mean_class_accuracy" in stored
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard event file"
     latest = checkpoint.load_latest(run_dir)
     assert latest is not None and latest.folder.name == "checkpoint_round_000001"
     raw = torch.load(latest.folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only

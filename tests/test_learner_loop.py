@@ -127,10 +127,10 @@ class Feed:
         rows = self.epoch(epoch)[skip:]
         return (BlockRowStream(Rows(rows)) if rows else None), self.ROWS
 
-    def eval_rows(self, split):
+    def eval_rows(self, split, rank=0, world_size=1):
         from raytrain_seq.elastic.assembly import BlockRowStream
 
-        return BlockRowStream(Rows(_rows(7, 4)))
+        return BlockRowStream(Rows(_rows(7, 6)[rank::world_size]))
 
 
 def _config(**overrides) -> Config:
@@ -291,7 +291,8 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
 
     def average(*args, **kwargs):
         sent.append(kwargs["position"])
-        state = AveragedState(round=args[1], params=dict(args[3]), batch_size=2, position=kwargs["position"])
+        # One learner's mean is its own state: echo its flat payload (slices in process) as the result.
+        state = AveragedState(round=args[1], flat=args[3], batch_size=2, position=kwargs["position"])
         return RoundResult(state=state, learners=(0,))
 
     class Others(Scripted):
@@ -334,3 +335,66 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     assert final == EpochPosition(1)
     assert feed.epoch_calls == [(0, 0), (0, 4)]  # the second pass skipped the 4 rows the others took
     assert sent == [EpochPosition(1).as_dict()]  # rows 4-7 (2 steps = K) end the epoch in round 4
+
+
+def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_split():
+    """With a validator the learner never validates: the averager scores each validation round's averaged
+    state itself (here an in-process Evaluator reading the flat state) and reports it, so the validation
+    history holds the Evaluator's accuracy of exactly those rounds. The final test pass: each of two
+    learners scores its share and the averager's sums equal one model scoring the whole split."""
+    from raytrain_seq.elastic.payload import InProcessStore
+    from raytrain_seq.runtime.evaluator import Evaluator
+    from raytrain_seq.step import evaluate
+
+    config = _config()
+    feed = Feed()
+    evaluator = Evaluator(config, feed=feed, store=InProcessStore())
+    scores: dict[int, float] = {}
+
+    async def validator(state):
+        scores[state.round] = evaluator.validate(state)
+        return scores[state.round]
+
+    averager = ParameterAverager(
+        1, timeout_s=30.0, validate_every=2, batch_size=2, adaptive_batch=False, validator=validator
+    )
+    transport = InProcess(averager)
+    try:
+        learner = Learner(
+            config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
+            report=lambda m, f: None, validate=False,
+        )  # fmt: skip
+        learner.run()
+        summary = transport("summary")
+    finally:
+        transport.close()
+    assert "report_validation" not in transport.calls  # nobody on the learner's side validated
+    assert evaluator.scored == [2, 4] and sorted(scores) == [2, 4]
+    history = summary["validation_history"]
+    assert [(v["round"], v["accuracy"]) for v in history] == [
+        (r, s["accuracy"]) for r, s in sorted(scores.items())
+    ]
+    assert all(v["top5_accuracy"] == scores[v["round"]]["top5_accuracy"] for v in history)
+    # The test pass in two shares against one model scoring every row.
+    model = learner.model
+    whole = evaluate(model, [collate_rows(_rows(7, 6))], micro_batch_size=4)
+    shares = [evaluate(model, [collate_rows(_rows(7, 6)[r::2])], micro_batch_size=4) for r in (0, 1)]
+    two = ParameterAverager(2, timeout_s=30.0)
+
+    async def report_both():
+        return await asyncio.gather(*(
+            two.report_test(r, {"correct": sum(c for c, _ in s.per_class.values()), "sequences": s.sequences,
+                                "per_class": {str(k): list(v) for k, v in s.per_class.items()},
+                                "top5_correct": s.top5_correct,
+                                "confusion": {f"{t},{p}": n for (t, p), n in s.confusion.items()}}, 2)
+            for r, s in enumerate(shares)
+        ))  # fmt: skip
+
+    first, second = asyncio.run(report_both())
+    assert first == second and first["learners"] == 2
+    assert first["sequences"] == whole.sequences and first["accuracy"] == whole.accuracy
+    assert first["per_class"] == {str(k): list(v) for k, v in whole.per_class.items()}
+    assert first["top5_accuracy"] == whole.top5_accuracy
+    assert first["mean_class_accuracy"] == pytest.approx(whole.mean_class_accuracy)
+    assert first["confusion"] == {f"{t},{p}": n for (t, p), n in whole.confusion.items()}
+    assert 0 < shares[0].sequences < whole.sequences  # not vacuous: each share is a real part

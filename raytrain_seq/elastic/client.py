@@ -16,6 +16,12 @@ learner: the client rejoins with ``held`` as the seed and returns a decision:
 * ``Realigned(reply, first_missed)``: the others averaged rounds ``first_missed`` .. ``reply.state.round``
   without this learner; it continues from ``reply.state`` (weights, moments, B and position).
 
+The data plane: states come back from the averager as object references (``AveragedState.flat``); the
+client reads them through its ``store`` (``ObjectStore``, injected like the transport) as soon as they
+arrive, so every state it hands out or holds is in plain tensors (``AveragedState.materialise``): a
+restarted averager, whose objects died with it, is re-seeded from bytes the learner has. ``shards`` is S
+from the latest join: how many slices the learner cuts its buffers into.
+
 A refusal followed by a rejoin that says the same round is still due (the averager came back, or took
 the learner back, before the round closed) resends the same payload, at most ``max_rejoins`` times.
 """
@@ -25,9 +31,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from raytrain_seq.elastic.payload import InProcessStore, ObjectStore
 from raytrain_seq.elastic.rounds import AveragerError, AveragerUnavailableError, Backoff, Learner
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
 
@@ -80,6 +87,8 @@ class AveragerClient:
         backoff: Backoff | None = None,
         max_rejoins: int = 3,
         sleep: Callable[[float], None] = time.sleep,
+        store: ObjectStore | None = None,
+        node: str | None = None,
     ) -> None:
         self.transport = transport
         self.learner, self.world_size, self.incarnation = learner, world_size, incarnation
@@ -87,6 +96,9 @@ class AveragerClient:
         self.backoff = backoff or Backoff()
         self.max_rejoins = max_rejoins
         self._sleep = sleep
+        self.store = store or InProcessStore()
+        self.node = node  # where this learner runs: the averager places its shard there
+        self.shards = 1  # S, from the latest join
         self.held: AveragedState | None = None  # the latest averaged state: a restarted averager's seed
         self.next_round = 1
         self.batch_size: int | None = None  # B of the next round, known from the first join on
@@ -112,7 +124,13 @@ class AveragerClient:
 
     def join(self, seed: AveragedState | None = None) -> JoinReply:
         """(Re)join; offers ``seed`` (a state newer than the averager's is adopted by it)."""
-        reply = self.call("join", self.learner, self.world_size, incarnation=self.incarnation, seed=seed)
+        kwargs = {"incarnation": self.incarnation, "seed": seed}
+        if self.node is not None:
+            kwargs["node"] = self.node
+        reply = self.call("join", self.learner, self.world_size, **kwargs)
+        if reply.state.flat is not None:
+            reply = replace(reply, state=reply.state.materialise(self.store.get))
+        self.shards = reply.shards
         self._take(reply.state, reply.next_round)
         return reply
 
@@ -137,15 +155,17 @@ class AveragerClient:
         *,
         stats: Mapping[str, float],
         position: Mapping | None,
+        rows: int | None = None,
     ) -> Averaged | Realigned:
-        """Send this learner's next round; see the module docstring for the decisions."""
+        """Send this learner's next round (``rows``: the rows it has this epoch, the batch-size cap); see
+        the module docstring for the decisions."""
         sent = self.next_round
         for _ in range(self.max_rejoins):
             try:
                 result = self.call(
                     "average", self.learner, sent, self.world_size, params, optimizer_state,
                     stats=dict(stats), position=None if position is None else dict(position),
-                    incarnation=self.incarnation, timeout=self.round_timeout_s,
+                    incarnation=self.incarnation, rows=rows, timeout=self.round_timeout_s,
                 )  # fmt: skip
             except AveragerUnavailableError:
                 raise
@@ -159,6 +179,8 @@ class AveragerClient:
                     self.learner, sent, reply.state.round, reply.state.round,
                 )  # fmt: skip
                 return Realigned(reply, sent)
+            if result.state.flat is not None:
+                result = replace(result, state=result.state.materialise(self.store.get))
             self._take(result.state, result.state.round + 1)
             return Averaged(result)
         raise RuntimeError(
@@ -180,6 +202,10 @@ class AveragerClient:
             logger.warning("round %d: validation accuracy %.4f not taken (%s)", round, accuracy, exc)
             return None
 
+    def report_test(self, tallies: Mapping[str, Any]) -> dict[str, Any]:
+        """Send this learner's test tallies (its shard of the test split); returns the group's sums."""
+        return self.call("report_test", self.learner, dict(tallies), self.world_size)
+
     def checkpoint_contents(self, done: int) -> tuple[AveragedState, dict[str, Any]]:
         """The averager's state and history for a checkpoint of round ``done``; an averager that
         restarted behind this learner is re-seeded first, so the checkpoint never holds older state."""
@@ -187,7 +213,7 @@ class AveragerClient:
         if state.round < done and self.held is not None:
             self.join(seed=self.held)
             state, history = self.call("checkpoint_contents")
-        return state, history
+        return state.materialise(self.store.get), history
 
     def _take(self, state: AveragedState, next_round: int) -> None:
         self.next_round, self.batch_size = next_round, state.batch_size

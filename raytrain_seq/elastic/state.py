@@ -5,6 +5,12 @@ what a checkpoint stores, and what a learner re-seeds a restarted averager with.
 keyword; ``to_dict``/``from_dict`` give plain tensors, numbers and strings, which
 ``torch.load(weights_only=True)`` reads back. Round 0 (``params`` None) means nothing averaged yet.
 
+A state can live in the object store: ``flat`` then holds its layout and the object references of its
+merged slices (``elastic.payload.FlatPayload``) and ``params``/``optimizer_state`` are None;
+``materialise(get)`` reads the slices (``get``: the store's, e.g. ``ray.get``) and gives the same state
+with plain tensors, which is what a learner holds, installs, checkpoints and re-seeds with. The control
+plane never reads the bytes: every learner fetches the one merged object per shard itself.
+
 ``RoundResult`` (a round's state plus who took part) and ``JoinReply`` (the state plus the round a joining
 learner sends next) carry an ``AveragedState``; they add only what is not state.
 
@@ -16,12 +22,13 @@ whose model or optimizer differs from the round's first one without failing the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
+from raytrain_seq.elastic.payload import FlatPayload
 from raytrain_seq.elastic.rounds import Learner, check_number
 
 __all__ = ["SOURCES", "Arrival", "AveragedState", "JoinReply", "RoundResult", "check_payload"]
@@ -51,23 +58,39 @@ class AveragedState:
     """The run's training clock when this state was made (a restarted group continues it)."""
     source: str = "none"
     """Where the state came from: one of ``SOURCES``."""
+    flat: FlatPayload | None = None
+    """The weights and moments as merged slices in the object store (then params is None); see the doc."""
 
     def __post_init__(self) -> None:
         check_number("round", self.round, 0)
         check_number("batch_size", self.batch_size, 1)
         if self.source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {self.source!r}")
-        if self.round and self.params is None:
+        if self.round and self.params is None and self.flat is None:
             raise ValueError(f"round {self.round} has no params: an averaged round always carries its model")
+        if self.flat is not None and not isinstance(self.flat, FlatPayload):
+            raise TypeError(f"flat must be a FlatPayload, not {type(self.flat).__name__}")
 
     @property
     def empty(self) -> bool:
         """Nothing averaged yet (a fresh averager that found no checkpoint)."""
         return self.round == 0
 
+    def materialise(self, get: Callable[[Sequence[Any]], list[Any]]) -> AveragedState:
+        """This state with plain tensors: the merged slices read through ``get`` (zero-copy where a tensor
+        lies in one slice; see ``FlatLayout.unpack``); a state already in tensors is returned as is."""
+        if self.flat is None:
+            return self
+        params, moments = self.flat.layout.unpack(get(list(self.flat.parts)), self.flat.extras)
+        return self.replace(params=params, optimizer_state=moments, flat=None)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain fields (tensors, numbers, strings, dicts): ``torch.save`` it, load with weights_only=True."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.flat is not None:
+            raise ValueError("this state lives in the object store: materialise(get) it before saving")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del out["flat"]  # always None here; the checkpoint format stays as it was
+        return out
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> AveragedState:
@@ -107,6 +130,8 @@ class JoinReply:
     """The round this learner sends next (the open round, or the one after a closing one)."""
     world_size: int
     """The averager's group size: the learner must send it with every round."""
+    shards: int = 1
+    """S, the averaging shards: the learner cuts its flat buffers into S slices (``FlatLayout.split``)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +160,20 @@ def has_adam_moments(state: Mapping | None) -> bool:
 def check_payload(
     params: Any, optimizer_state: Any, stats: Any, weight: Any, position: Any = None
 ) -> Arrival:
-    """Validate one learner's payload."""
+    """Validate one learner's payload: tensors (params, optimizer_state), or a ``FlatPayload`` as params
+    with optimizer_state None (its moments travel in its buffers)."""
+    if isinstance(params, FlatPayload):
+        if optimizer_state is not None:
+            raise TypeError("a FlatPayload carries its moments: send optimizer_state=None with it")
+        return _checked(
+            params,
+            None,
+            stats,
+            weight,
+            position,
+            ("flat", params.layout.signature, len(params.parts)),
+            params.layout.moments,
+        )
     if not isinstance(params, Mapping) or not all(isinstance(t, Tensor) for t in params.values()):
         raise TypeError(
             "params must be a dict of tensors: send {k: v.cpu() for k, v in model.state_dict().items()}"
@@ -146,6 +184,15 @@ def check_payload(
         raise TypeError("optimizer_state must be optimizer.state_dict()['state'] (a dict) or None")
     if optimizer_state is not None and {"state", "param_groups"} <= set(optimizer_state):
         raise TypeError("optimizer_state is a whole optimizer.state_dict(): send its ['state'] entry")
+    signature = tuple((key, tuple(t.shape), t.dtype) for key, t in params.items())
+    return _checked(
+        params, optimizer_state, stats, weight, position, signature, has_adam_moments(optimizer_state)
+    )
+
+
+def _checked(
+    params: Any, optimizer_state: Any, stats: Any, weight: Any, position: Any, signature: tuple, adam: bool
+) -> Arrival:
     stats = dict(stats or {})
     bad = [
         key for key, value in stats.items() if isinstance(value, bool) or not isinstance(value, int | float)
@@ -155,6 +202,4 @@ def check_payload(
     weight = float(check_number("weight", weight, 0, int | float))
     if position is not None and not isinstance(position, Mapping):
         raise TypeError("position must be EpochPosition.as_dict() (a dict) or None")
-    signature = tuple((key, tuple(t.shape), t.dtype) for key, t in params.items())
-    adam = has_adam_moments(optimizer_state)
     return Arrival(params, optimizer_state, stats, weight, adam, signature, position)

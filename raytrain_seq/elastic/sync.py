@@ -5,7 +5,10 @@ local optimizer steps, then sends its weights and Adam moments for averaging and
 mean (K = -1: one round at the end of every epoch). ``LocalRounds`` counts the local steps
 (``step()`` says when K are done; ``pending`` whether an epoch's last steps still need a round), sends
 the round through an ``AveragerClient`` and installs what comes back: the round's averaged state, or,
-when the others went on without this learner, their latest state. It mirrors the shape of torchft's
+when the others went on without this learner, their latest state. The round travels as flat buffers
+(``elastic.payload``): the weights and moments are packed into one contiguous buffer per merge rule and
+dtype (reused between rounds; pinned on CUDA), cut into the client's S slices, each put in the object
+store once, and the control plane gets their references. It mirrors the shape of torchft's
 ``LocalSGD`` (a step counter and a ``sync``); the weights travel through the averager, not a collective.
 
 ``Tally`` is the work done since the last round (frames, sequences, steps, compute and data-wait
@@ -18,12 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from raytrain_seq.checkpoint import is_due
 from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned
+from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
 from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.step import load_averaged
@@ -88,6 +91,7 @@ class LocalRounds:
         self.local_steps = 0
         self.averaging_s = 0.0  # inside averaging calls, waiting included
         self.last_seconds = 0.0
+        self._staging: dict[str, torch.Tensor] = {}  # the packed buffers, reused (pinned on CUDA)
 
     def step(self) -> bool:
         """Count one local optimizer step; True when K steps were taken since the last round."""
@@ -109,13 +113,22 @@ class LocalRounds:
         )
         load_averaged(self.model, self.optimizer, _to_device(state.params, self.device), moments)
 
-    def sync(self, *, stats: Mapping[str, float], position: EpochPosition) -> Averaged | Realigned:
-        """Send this learner's round (``position``: where training stands once it is averaged) and
-        install the outcome: the round's mean, or the others' latest state after a realignment."""
-        params = {key: value.detach().cpu() for key, value in self.model.state_dict().items()}
-        moments = _to_cpu(self.optimizer.state_dict()["state"]) if self.merge_moments else None
+    def sync(
+        self, *, stats: Mapping[str, float], position: EpochPosition, rows: int | None = None
+    ) -> Averaged | Realigned:
+        """Send this learner's round (``position``: where training stands once it is averaged; ``rows``:
+        its rows this epoch) and install the outcome: the round's mean, or the others' latest state
+        after a realignment."""
         began = time.perf_counter()
-        decision = self.client.average(params, moments, stats=stats, position=position.as_dict())
+        params = self.model.state_dict()
+        moments = self.optimizer.state_dict()["state"] if self.merge_moments else None
+        layout = FlatLayout.of(params, moments)
+        buffers, extras = layout.pack(params, moments, staging=self._staging)
+        self._staging = buffers
+        store = self.client.store
+        parts = tuple(store.put(part) for part in layout.split(buffers, self.client.shards))
+        payload = FlatPayload(layout, parts, extras)
+        decision = self.client.average(payload, None, stats=stats, position=position.as_dict(), rows=rows)
         self.last_seconds = time.perf_counter() - began
         self.averaging_s += self.last_seconds
         self.install(decision.result.state if isinstance(decision, Averaged) else decision.reply.state)
@@ -131,13 +144,6 @@ def missed_checkpoint_rounds(first: int, latest: int, *, every: int, latest_is_f
     """
     rounds = range(first, latest + 1)
     return [r for r in rounds if is_due(r, every=every, final=latest_is_final and r == latest)]
-
-
-def _to_cpu(state: Mapping[Any, Mapping[str, Any]]) -> dict:
-    return {
-        key: {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in entry.items()}
-        for key, entry in state.items()
-    }
 
 
 def _to_device(tree: Mapping, device, *, copy: bool = False) -> dict:

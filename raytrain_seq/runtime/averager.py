@@ -10,9 +10,20 @@ missing ones are dropped with a logged reason and the round finishes with those 
 (``AveragingTimeoutError`` to them if fewer than ``min_learners`` came). All learners of a round receive
 the same result; the latest averaged state is kept so that a learner that (re)joins starts from it.
 
-Batch size: rank 0 validates the averaged model of round r (r % m == 0) while the others already train
-round r+1, and the result of round r+1 is not computed before that report arrives (waiting at most
-``timeout_s``), so every learner gets the same B. Trade-off: one round of lag against the paper, where
+Control plane and data plane. This actor decides (membership, B, position, checkpoints, drop and
+rejoin) but moves no weights when learners send ``FlatPayload``s (``elastic.payload``): it passes the
+object references of every learner's slice i to shard i of its ``ShardPool`` (``runtime.shards.RayShards``
+in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out the references of the
+merged slices, owned by it, which every learner reads from the object store. Payloads of tensors (a
+re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
+the bytes each averaging actor moved per round.
+
+Batch size: the averaged model of round r (r % m == 0) is validated while the learners already train
+round r+1 -- by the injected ``validator`` (``runtime.evaluator``: an evaluator actor reads the state
+from the object store; this actor reports its accuracy to itself) or, without one, by rank 0 through
+``report_validation`` -- and the result of round r+1 is not computed before that report arrives (waiting
+at most ``timeout_s``), so every learner gets the same B. ``report_test`` sums the learners' shares of
+the final test pass. Trade-off: one round of lag against the paper, where
 round r+1 already trains with the new B, in exchange for validation staying off the critical path.
 A stalled learner costs the others ``timeout_s`` once; it is not waited for again until it rejoins.
 
@@ -41,7 +52,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +62,7 @@ from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
 from raytrain_seq.elastic.client import Unreachable
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
 from raytrain_seq.elastic.rounds import (
     Learner,
     RoundBook,
@@ -60,6 +72,7 @@ from raytrain_seq.elastic.rounds import (
     check_number,
 )
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +103,33 @@ class ParameterAverager:
         adaptive_batch: bool = True,
         merge_moments: bool = True,
         run_dir: str | Path | None = None,
+        shards: int = 1,
+        shard_pool: Callable[[int], ShardPool] | None = None,
+        validator: Callable[[AveragedState], Awaitable[Mapping[str, float]]] | None = None,
+        tracker: str = "none",
     ) -> None:
         for name, flag in (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
+        check_number("shards", shards, 1)
+        # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
+        self._pool = (shard_pool or InProcessShards)(shards)
+        self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
+        self._nodes: dict[Learner, str] = {}
+        # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
+        # None: a learner validates and calls report_validation, as before.
+        self._validator = validator
+        self._test: dict[Learner, dict[str, Any]] = {}  # the final test pass: each learner's tallies
+        self._test_done: asyncio.Event | None = None
+        # The latest flat state read into this process once (off the learners' path): what a (re)joining
+        # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
+        self._local: asyncio.Task | None = None
         actor = _actor_id() if run_dir is not None else None
-        self._history = RunHistory(None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor)
+        # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
+        live = make_tracker(tracker, run_dir)
+        self._history = RunHistory(
+            None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor, tracker=live
+        )
         book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
         self._book = RoundBook(world_size, **book, sink=self._history.on_member)
         self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size)
@@ -106,6 +140,7 @@ class ParameterAverager:
         self._validation_future: asyncio.Future | None = None
         self._timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._rows_cap: int | None = None  # the rows a learner has per epoch, sent with the rounds
         self._events_loaded = False
         if run_dir is not None:
             self._load_run(Path(run_dir), restarted_by_ray=actor is not None)
@@ -186,9 +221,13 @@ class ParameterAverager:
             await self._await_validation()
             result = await asyncio.to_thread(self._compute, closed)
             self._publish(closed, result)
+            if result.state.flat is not None:
+                self._local = self._spawn(self._read_local(result.state))
             self._book.finish(ok=True)
             if self._book.validation_due is not None:
                 self._validation_future = asyncio.get_running_loop().create_future()
+                if self._validator is not None and self._book.validation_due == result.state.round:
+                    self._spawn(self._validate(result.state))
             future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
@@ -200,6 +239,59 @@ class ParameterAverager:
             if self._round_future is future:
                 self._round_future = None
 
+    async def _read_local(self, state: AveragedState) -> AveragedState:
+        """Read a round's merged slices into this process (a secondary copy on the control plane's node);
+        counted in the round's hub load as bytes this actor received."""
+        local = await asyncio.to_thread(state.materialise, self._pool.fetch)
+        bytes_read = _tensor_bytes(local.params) + _tensor_bytes(local.optimizer_state)
+        for record in reversed(self._loads):
+            if record["round"] == state.round:
+                record["actors"]["control"]["received"] += bytes_read
+                break
+        return local
+
+    async def _held_state(self) -> AveragedState:
+        """The latest state with its tensors in this process when it can be had: for joins and checkpoints.
+        A failed read is logged and the references are handed out instead (their objects may be gone)."""
+        task = self._local
+        if task is not None and self._state.flat is not None:
+            try:
+                local = await asyncio.shield(task)
+            except Exception as exc:
+                logger.error("averager: reading round %d's merged state failed: %r", self._state.round, exc)
+            else:
+                if local.round == self._state.round:
+                    return local.replace(
+                        batch_size=self._batch.size,
+                        adaptive_state=self._batch.state_dict(),
+                        elapsed_s=self._history.elapsed(),
+                    )
+        return self._current()
+
+    async def _validate(self, state: AveragedState) -> None:
+        """Have the validator score round ``state.round`` and report it; the learners go on meanwhile."""
+        epoch = None if state.position is None else int(state.position.get("epoch", 0))
+        try:
+            scores = dict(await self._validator(state))
+        except Exception as exc:
+            # The round after waits for this report: a failed evaluation is a missed one, at once.
+            logger.error("averager: the evaluator failed on round %d: %r; B stays", state.round, exc)
+            if self._validation_future is not None and not self._validation_future.done():
+                self._validation_future.set_exception(exc)
+            return
+        try:
+            await self.report_validation(
+                state.round,
+                scores["accuracy"],
+                learner="evaluator",
+                epoch=epoch,
+                val_size=scores["sequences"],
+                rows_cap=self._rows_cap,
+                metrics={k: scores[k] for k in ("top5_accuracy", "mean_class_accuracy")},
+            )
+        except StaleRoundError as exc:  # a new group or a re-seed moved on: this report decides nothing
+            logger.warning("averager: validation of round %d not taken (%s)", state.round, exc)
+
     async def _await_validation(self) -> None:
         due = self._book.validation_due
         if due is None:
@@ -208,7 +300,9 @@ class ParameterAverager:
             self._validation_future = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(asyncio.shield(self._validation_future), self._book.timeout_s)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, Exception) as exc:
+            if not isinstance(exc, asyncio.TimeoutError):
+                logger.warning("averager: validation of round %d failed (%r)", due, exc)
             self._book.miss_validation()
             size = self._batch.size
             self._history.record_missed_validation(due, size)
@@ -223,11 +317,17 @@ class ParameterAverager:
         """The arithmetic, run in a worker thread so that the event loop keeps answering."""
         arrivals = [arrival for _, arrival in closed.present]
         weights = [arrival.weight for arrival in arrivals]
-        params = average_states([a.params for a in arrivals], weights)
-        optimizer_state = None
-        if arrivals[0].adam and self._merge_moments:
-            states = [a.optimizer_state for a in arrivals]
-            optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
+        params = optimizer_state = flat = None
+        if isinstance(arrivals[0].params, FlatPayload):
+            flat = self._merge_flat(closed.round, [a.params for a in arrivals], weights)
+        else:
+            params = average_states([a.params for a in arrivals], weights)
+            if arrivals[0].adam and self._merge_moments:
+                states = [a.optimizer_state for a in arrivals]
+                optimizer_state = merge_adam_states(
+                    states, weights=weights, centred_pairs=self._centred_pairs
+                )
+            self._record_load(closed.round, [], in_process=(arrivals, params, optimizer_state))
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
             logger.warning(
@@ -238,6 +338,7 @@ class ParameterAverager:
             round=closed.round,
             params=params,
             optimizer_state=optimizer_state,
+            flat=flat,
             batch_size=self._batch.size,
             adaptive_state=self._batch.state_dict(),
             position=position,
@@ -251,6 +352,28 @@ class ParameterAverager:
             seconds=time.monotonic() - closed.opened_at,
             weights=tuple(weights),
         )
+
+    def _merge_flat(self, round_: int, payloads: list[FlatPayload], weights: list[float]) -> FlatPayload:
+        """The data plane: the shards merge the slices (this actor passes object references only)."""
+        layout = payloads[0].layout
+        extras = merge_extras([p.extras for p in payloads])
+        parts, loads = self._pool.merge(round_, payloads, weights)
+        self._record_load(round_, loads)
+        return FlatPayload(layout, tuple(parts), extras)
+
+    def _record_load(self, round_: int, shard_loads: list[dict], in_process: tuple | None = None) -> None:
+        """Bytes each averaging actor received and sent in a round (hub load). This actor counts the
+        array bytes of the payloads it merged itself (the tensor path) and of the results it hands out,
+        times the learners; on the flat path it moves object references only and counts 0."""
+        received = sent = 0
+        if in_process is not None:
+            arrivals, params, moments = in_process
+            received = sum(_tensor_bytes(a.params) + _tensor_bytes(a.optimizer_state) for a in arrivals)
+            sent = (_tensor_bytes(params) + _tensor_bytes(moments)) * len(arrivals)
+        actors = {"control": {"received": received, "sent": sent}}
+        for load in shard_loads:
+            actors[f"shard{load['shard']}"] = {k: load[k] for k in ("received", "sent", "seconds")}
+        self._loads = [*self._loads[-63:], {"round": round_, "actors": actors}]
 
     def _publish(self, closed: RoundClose, result: RoundResult) -> None:
         state = result.state
@@ -270,18 +393,27 @@ class ParameterAverager:
         world_size: int | None = None,
         incarnation: str | None = None,
         seed: AveragedState | None = None,
+        node: str | None = None,
     ) -> JoinReply:
         """Register a learner (again); returns where it starts: the latest averaged state and its position.
 
         incarnation: one id per learner process; the first join of a new process starts a new group
         (Ray Train restarted or resized it). seed: the learner's last averaged state, adopted when newer
-        than the averager's (after an averager restart), so no finished round is lost.
+        than the averager's (after an averager restart), so no finished round is lost. node: the
+        learner's node id, where shard ``learner`` is placed (a hint).
         """
         check_learner(learner)
         if seed is not None and not isinstance(seed, AveragedState):
             raise TypeError(
                 f"seed must be an AveragedState (the learner's held state), not {type(seed).__name__}"
             )
+        if seed is not None and seed.flat is not None:
+            raise TypeError("seed lives in the object store: send seed.materialise(get), its tensors")
+        if node is not None:
+            self._nodes[learner] = node
+            self._pool.place(learner, node)
+            if len(self._nodes) >= min(self._pool.count, self._book.world_size or 1):
+                self._pool.prepare()  # start the shards while the first round trains
         self._history.start_clock()
         while self._book.phase == "closing" and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
@@ -293,9 +425,10 @@ class ParameterAverager:
         if seed is not None:
             self._adopt(learner, seed)
         return JoinReply(
-            state=self._current(),
+            state=await self._held_state(),
             next_round=self._book.next_round_for(learner),
             world_size=self._book.world_size,
+            shards=self._pool.count,
         )
 
     def _on_new_group(self) -> None:
@@ -345,17 +478,31 @@ class ParameterAverager:
         weight: float = 1.0,
         position: Mapping | None = None,
         incarnation: str | None = None,
+        rows: int | None = None,
     ) -> RoundResult:
         """Send this learner's round n; returns the round's result once it closes (see the module doc).
 
         weight: the learner's share in the mean (e.g. samples seen); stats: numeric totals for summary();
-        position: ``EpochPosition.as_dict()`` after this round's rows; incarnation: as in join().
+        position: ``EpochPosition.as_dict()`` after this round's rows; incarnation: as in join(); rows: the
+        rows each learner has this epoch (every learner has as many), the batch-size rule's cap.
         """
         check_learner(learner)
+        if rows is not None:
+            self._rows_cap = int(check_number("rows", rows, 1))
         start = time.monotonic()
         try:
             self._book.check(learner, round, world_size, incarnation)
             arrival = check_payload(params, optimizer_state, stats, weight, position)
+            if isinstance(params, FlatPayload) and len(params.parts) != self._pool.count:
+                raise ValueError(
+                    f"learner {learner!r} sent {len(params.parts)} parts for {self._pool.count} shards: "
+                    "split the buffers into JoinReply.shards slices"
+                )
+            if isinstance(params, FlatPayload) and params.layout.moments and not self._merge_moments:
+                raise ValueError(
+                    f"learner {learner!r} sent Adam moments but merge_moments=False: send the weights only "
+                    "(the AAVG2 ablation keeps each learner's own moments)"
+                )
             first = self._book.first_payload
             # Checked against the round's first arrival, so that a mismatch fails only the learner that
             # sent it (the round goes on without it) rather than the arithmetic failing the whole round.
@@ -405,6 +552,59 @@ class ParameterAverager:
             self._validation_future.set_result(size)
         return size
 
+    async def report_test(
+        self, learner: Learner, tallies: Mapping[str, Any], world_size: int
+    ) -> dict[str, Any]:
+        """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
+        of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
+        most ``timeout_s``; then the sums of those that did, with ``learners`` saying how many)."""
+        check_learner(learner)
+        check_number("world_size", world_size, 1)
+        for key in ("correct", "sequences"):
+            check_number(f"tallies[{key!r}]", tallies.get(key), 0)
+        if self._test_done is None or (self._test_done.is_set() and learner in self._test):
+            self._test, self._test_done = {}, asyncio.Event()  # a new test pass (e.g. a restarted group)
+        self._test[learner] = {"correct": int(tallies["correct"]), "sequences": int(tallies["sequences"]),
+                               "per_class": dict(tallies.get("per_class", {})),
+                               "top5_correct": int(tallies.get("top5_correct", 0)),
+                               "confusion": dict(tallies.get("confusion", {}))}  # fmt: skip
+        if len(self._test) >= world_size:
+            self._test_done.set()
+        try:
+            await asyncio.wait_for(self._test_done.wait(), self._book.timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning(
+                "averager: %d of %d learners reported their test tallies in %g s: summing those",
+                len(self._test), world_size, self._book.timeout_s,
+            )  # fmt: skip
+        return self._test_totals()
+
+    def _test_totals(self) -> dict[str, Any]:
+        per_class: dict[str, list[int]] = {}
+        for tallies in self._test.values():
+            for label, (correct, total) in tallies["per_class"].items():
+                entry = per_class.setdefault(str(label), [0, 0])
+                entry[0] += int(correct)
+                entry[1] += int(total)
+        confusion: dict[str, int] = {}
+        for tallies in self._test.values():
+            for cell, count in tallies["confusion"].items():
+                confusion[cell] = confusion.get(cell, 0) + int(count)
+        correct = sum(t["correct"] for t in self._test.values())
+        sequences = sum(t["sequences"] for t in self._test.values())
+        top5 = sum(t["top5_correct"] for t in self._test.values())
+        rates = [c / t for c, t in per_class.values() if t]
+        return {
+            "correct": correct,
+            "sequences": sequences,
+            "accuracy": correct / sequences if sequences else 0.0,
+            "top5_accuracy": top5 / sequences if sequences else 0.0,
+            "mean_class_accuracy": sum(rates) / len(rates) if rates else 0.0,
+            "per_class": dict(sorted(per_class.items(), key=lambda kv: int(kv[0]))),
+            "confusion": confusion,
+            "learners": len(self._test),
+        }
+
     async def set_world_size(self, world_size: int) -> None:
         """Resize the group (learners must send the new size from now on)."""
         self._book.set_world_size(world_size)
@@ -424,13 +624,17 @@ class ParameterAverager:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
         history = self._history.checkpoint_part()
         history.update(validation_due=self._book.validation_due, dropped_log=list(self._book.dropped_log))
-        return self._current(), history
+        return await self._held_state(), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:
         """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""
         if not isinstance(found, checkpoint.Checkpoint):
             raise TypeError(f"restore takes a checkpoint.Checkpoint, not {type(found).__name__}")
         self._restore(found)
+
+    async def shard_actors(self) -> list[Any]:
+        """The averaging shard actors (created now if not yet); empty when this process merges."""
+        return self._pool.handles()
 
     async def summary(self) -> dict[str, Any]:
         """Per-learner totals, histories, drops, membership and recoveries, B and validations."""
@@ -443,6 +647,9 @@ class ParameterAverager:
             dropped=list(self._book.dropped_log),
             membership=list(self._book.membership_log),
             position=self._state.position,
+            shards=self._pool.count,
+            hub_load=list(self._loads),
+            test=self._test_totals() if self._test else None,
         )
         return out
 
@@ -469,6 +676,15 @@ class RayTransport:
             raise Unreachable(type(exc).__name__) from exc
 
 
+def _tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensors of a (nested) dict."""
+    if isinstance(tree, Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, Mapping):
+        return sum(_tensor_bytes(value) for value in tree.values())
+    return 0
+
+
 def _actor_id() -> str | None:
     """This actor's id (the same across its restarts), or None outside a Ray actor."""
     import ray
@@ -489,7 +705,8 @@ def create_averager(
 ):
     """Start the named ParameterAverager actor on the driver's node, with 0 CPUs and 0 GPUs.
 
-    kwargs go to ParameterAverager (world_size=..., timeout_s=..., run_dir=...) and are checked here
+    kwargs go to ParameterAverager (world_size=..., timeout_s=..., run_dir=..., shards=S: one per learner
+    unless given) and are checked here
     first (without loading the run folder), so that a bad value fails in the driver. Each waiting
     average()/join() call holds a concurrency slot, so the default leaves room for several per learner.
     max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls in flight are not
@@ -498,7 +715,11 @@ def create_averager(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from raytrain_seq.runtime.shards import RayShards
+
+    kwargs.setdefault("shards", kwargs["world_size"])  # one shard per learner by default
     ParameterAverager(**{**kwargs, "run_dir": None})
+    kwargs["shard_pool"] = RayShards  # the data plane: shard actors, created by the averager when needed
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)

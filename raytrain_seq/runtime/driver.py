@@ -35,7 +35,8 @@ from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.events import membership_entries, recovery_entries
 from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
-from raytrain_seq.summary import RunSummary, plot_curves
+from raytrain_seq.summary import RunSummary, plot_confusion, plot_curves
+from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from ray.train.torch import TorchTrainer
 
     from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.learner import train_loop_per_worker
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
@@ -110,6 +112,12 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     feed = create_feed(
         config, name=names["feed"], namespace=NAMESPACE, prefetch_world_size=train.max_learners
     )
+    # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
+    evaluator = prepared = None
+    if train.validate_every:
+        evaluator = create_evaluator(config, feed_name=names["feed"], namespace=NAMESPACE)
+        names["evaluator"] = "on"
+        prepared = evaluator.prepare.remote()  # the validation rows, assembled while epoch 1 trains
     averager = create_averager(
         names["averager"],
         namespace=NAMESPACE,
@@ -124,6 +132,9 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         adaptive_batch=train.adaptive_batch,
         merge_moments=train.merge_moments,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
+        shards=train.shards,
+        validator=RayValidator(evaluator) if evaluator is not None else None,
+        tracker=config.run.tracker,
     )
     if resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
@@ -150,6 +161,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             result = trainer.fit()
     finally:
         progress.close()
+    if evaluator is not None:
+        ray.get(prepared)  # long done: raises here if assembling the validation rows failed
     if result.error is not None:
         raise result.error
     summary = _summary(
@@ -169,9 +182,21 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
     summary.seconds["total"] = time.perf_counter() - began
     summary.write(run_dir)
-    for actor in (averager, feed):
-        ray.kill(actor, no_restart=True)
+    plot_confusion(summary, metrics.get("confusion"), run_dir / "confusion.png")
+    _track_test(config, summary)
+    for actor in (averager, feed, evaluator):
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
     return summary
+
+
+def _track_test(config: Config, summary: RunSummary) -> None:
+    """The test scores, once, beside the averager's per-round scalars (step = the last round)."""
+    tracker = make_tracker(config.run.tracker, config.run_dir())
+    values = {"test/top1": summary.test_accuracy, "test/top5": summary.top5_accuracy}
+    values["test/mean_class_accuracy"] = summary.mean_class_accuracy
+    tracker.scalars(values, summary.rounds)
+    tracker.close()
 
 
 def _summary(
@@ -184,7 +209,7 @@ def _summary(
     """Join rank 0's last report with the averager's and the feed's statistics.
 
     The histories come from the averager (it outlives learner-group restarts); ``per_class_accuracy``
-    names rank 0's test tallies {class index: [correct, total]} with ``class_names``.
+    names the learners' summed test tallies {class index: [correct, total]} with ``class_names``.
     """
     learners = averaging.get("learners", {})
     n = max(len(learners), 1)
@@ -208,12 +233,15 @@ def _summary(
         learners=int(averaging.get("world_size", config.train.min_learners)),
         epochs=config.train.epochs,
         test_accuracy=metrics.get("test_accuracy"),
+        top5_accuracy=metrics.get("top5_accuracy"),
+        mean_class_accuracy=metrics.get("mean_class_accuracy"),
         val_accuracy_history=[
             {
                 "round": v["round"],
                 "epoch": v.get("epoch"),
                 "accuracy": v["accuracy"],
                 "time_s": v.get("time_s", 0.0),
+                **{k: v[k] for k in ("top5_accuracy", "mean_class_accuracy") if k in v},
             }
             for v in averaging.get("validation_history", [])
             if not v.get("missed")
@@ -250,6 +278,12 @@ def _summary(
             "reuse": config.data.reuse,
             "recomputed": int(feed.get("totals", {}).get("recomputed", 0)),
             "reused": int(feed.get("totals", {}).get("reused", 0)),
+            # The flow stream computes each video's flow once; a refurbish then cuts a window out of it.
+            **{
+                key: feed["totals"][key]
+                for key in ("flow_videos", "flow_seconds", "flow_seconds_saved")
+                if key in feed.get("totals", {})
+            },
         },
         config=config.to_dict(),
         membership=membership_entries(averaging),
@@ -260,6 +294,7 @@ def _summary(
         per_class_accuracy=per_class,
         extra={
             "per_class_test": metrics.get("per_class", {}),
+            "class_names": names,
             "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
             "learner_seconds": metrics.get("learner_seconds"),
             "learners_mean_s": {"compute": compute, "averaging": averaging_s, "data_wait": data_wait},

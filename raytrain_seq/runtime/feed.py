@@ -668,12 +668,13 @@ class LearnerFeed:
             self._stream.close()
             self._stream = None
 
-    def eval_rows(self, split: str) -> BlockRowStream:
-        """Every row of the ``split`` ("val" or "test") evaluation shard, centre-cropped, assembled here
-        like the training rows (a Ray Data dataset would pay its start-up for a copy and a crop)."""
+    def eval_rows(self, split: str, rank: int = 0, world_size: int = 1) -> BlockRowStream:
+        """The rows of learner ``rank``'s share of the ``split`` ("val" or "test") evaluation blocks (all of
+        them by default), centre-cropped, assembled here like the training rows (a Ray Data dataset would
+        pay its start-up for a copy and a crop)."""
         import ray
 
-        shard = ray.get(self.handle.eval_shard.remote(split))
+        shard = ray.get(self.handle.eval_shard.remote(split, rank, world_size))
         return BlockRowStream(_Batches(self._batches(shard)))
 
 

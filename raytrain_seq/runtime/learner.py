@@ -3,8 +3,9 @@
 Per epoch the learner takes its shard of the epoch's BLoad plan (``LearnerFeed.epoch_rows``: every
 learner gets the same number of rows), steps on mini-batches of B rows (``step.InnerStep``: micro-batch
 streaming, its own Adam) and lets ``elastic.sync.LocalRounds`` average every K steps (K = -1: at the end
-of the epoch) through the ``AveragerClient``. Every m rounds rank 0 validates the averaged model and
-reports it; the next round's answer carries B for everyone, so all learners take the same number of steps
+of the epoch) through the ``AveragerClient``. Every m rounds the averaged model is validated: by the
+averager's evaluator actor (``runtime/evaluator.py``, the run's default: no learner waits for it) or, with
+``validate=True`` (tests, no evaluator), by rank 0, which reports it; the next round's answer carries B for everyone, so all learners take the same number of steps
 and meet at the same rounds without a barrier of their own.
 
 Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
@@ -60,7 +61,7 @@ class _NoMetrics:
 
 
 class Learner:
-    """One AAVG learner: ``run()`` trains every epoch, then scores the test split (rank 0)."""
+    """One AAVG learner: ``run()`` trains every epoch, then scores its share of the test split."""
 
     def __init__(
         self,
@@ -74,10 +75,12 @@ class Learner:
         report: Report,
         checkpoint_seed: Callable[[], AveragedState | None] = lambda: None,
         metrics: Any = None,
+        validate: bool = True,
     ) -> None:
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.client, self.feed, self.report = client, feed, report
         self.checkpoint_seed = checkpoint_seed
+        self.validates = validate  # False: the averager's evaluator scores validation rounds
         self.metrics = metrics or _NoMetrics()
         train = config.train
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
@@ -210,7 +213,7 @@ class Learner:
         """One averaging round; ``position`` is where training stands once it is averaged. Returns the
         position to continue from when the others went on without this learner, else None."""
         stats = self.tally.flush()
-        decision = self.rounds.sync(stats=stats, position=position)
+        decision = self.rounds.sync(stats=stats, position=position, rows=self.shard_rows or None)
         self.metrics.add("averaging_seconds", self.rounds.last_seconds)
         self.metrics.set("batch_size", self.client.batch_size)
         if isinstance(decision, Realigned):
@@ -227,7 +230,7 @@ class Learner:
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
         round_, every = result.state.round, self.config.train.validate_every
-        if self.rank == 0 and every and round_ % every == 0:
+        if self.validates and self.rank == 0 and every and round_ % every == 0:
             began = time.perf_counter()
             self.validate(round_, position)
             self.times["validation"] += time.perf_counter() - began
@@ -276,10 +279,12 @@ class Learner:
                 "round %d: validation accuracy %.4f -> B=%d from the next round", round_, accuracy, size
             )
 
-    def evaluate(self, split: str):
-        """Accuracy of the current (averaged) model on the whole val or test split, rows cached in memory."""
+    def evaluate(self, split: str, *, shard: bool = False):
+        """Accuracy of the current (averaged) model on the val or test split, rows cached in memory;
+        ``shard``: only this learner's share of it (``feed.eval_shard(split, rank, world_size)``)."""
         if split not in self._eval_rows:
-            stream, rows = self.feed.eval_rows(split), []
+            where = (self.rank, self.world_size) if shard else (0, 1)
+            stream, rows = self.feed.eval_rows(split, *where), []
             while (part := stream.take(16)) is not None:
                 rows.append(collate_rows(part))
             self._eval_rows[split] = rows
@@ -315,10 +320,12 @@ class Learner:
             self.report(metrics, Path(folder))
 
     def finish(self) -> None:
-        """Rank 0 scores the test split; every rank sends its last report, rank 0's with the final checkpoint.
+        """Every rank scores its share of the test split and the averager sums the tallies; every rank
+        sends its last report, rank 0's with the final checkpoint and the summed test results.
 
         Ray Train's ``Result.metrics`` are those of the latest checkpoint, so the final metrics must travel
-        with one (which also keeps the final averaged model).
+        with one (which also keeps the final averaged model). Every learner holds the same final averaged
+        model, so the shares add up to the whole split scored by that one model.
         """
         totals = dict(self.tally.totals)
         extra: dict[str, Any] = {
@@ -329,16 +336,33 @@ class Learner:
             "first_step_wall": self.first_step_wall,
             **{f"{name}_s": seconds for name, seconds in self.times.items()},
         }
+        began = time.perf_counter()
+        mine = self.evaluate("test", shard=True)
+        totals = self.client.report_test(
+            {
+                "correct": sum(c for c, _ in mine.per_class.values()),
+                "sequences": mine.sequences,
+                "per_class": {str(k): list(v) for k, v in mine.per_class.items()},
+                "top5_correct": mine.top5_correct,
+                "confusion": {f"{t},{p}": n for (t, p), n in mine.confusion.items()},
+            }
+        )
+        extra.update(test_sequences_mine=mine.sequences, test_s=time.perf_counter() - began)
         if self.rank == 0:
-            began = time.perf_counter()
-            test = self.evaluate("test")
-            extra["test_s"] = time.perf_counter() - began
             extra.update(
-                test_accuracy=test.accuracy,
-                test_sequences=test.sequences,
-                per_class={str(k): list(v) for k, v in test.per_class.items()},
+                test_accuracy=totals["accuracy"],
+                test_sequences=totals["sequences"],
+                test_learners=totals["learners"],
+                per_class=totals["per_class"],
+                top5_accuracy=totals["top5_accuracy"],
+                mean_class_accuracy=totals["mean_class_accuracy"],
+                confusion=totals["confusion"],
             )
-            logger.info("test accuracy %.4f over %d sequences", test.accuracy, test.sequences)
+            logger.info(
+                "test accuracy %.4f (top-5 %.4f, mean class %.4f) over %d sequences (%d learners' shares)",
+                totals["accuracy"], totals["top5_accuracy"], totals["mean_class_accuracy"],
+                totals["sequences"], totals["learners"],
+            )  # fmt: skip
         extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
         self._report(EpochPosition(self.config.train.epochs), with_checkpoint=True, extra=extra)
 
@@ -372,6 +396,7 @@ def _latest_state(config: Config) -> AveragedState | None:
 
 def train_loop_per_worker(loop_config: dict) -> None:
     """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "names": {...}, "torch_threads"}."""
+    import ray
     import ray.data
     import ray.train
     import ray.train.torch
@@ -379,6 +404,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     from raytrain_seq.runtime.averager import RayTransport, get_averager
     from raytrain_seq.runtime.feed import LearnerFeed, get_feed
     from raytrain_seq.runtime.metrics import LearnerMetrics
+    from raytrain_seq.runtime.shards import RayStore
 
     config, names = Config.from_dict(loop_config["config"]), loop_config["names"]
     torch.set_num_threads(int(loop_config.get("torch_threads", 1)))
@@ -397,6 +423,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
         round_timeout_s=3 * train.averager_timeout_s + 120.0,
         backoff=Backoff(),
+        store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0),
+        node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
     )
     Learner(
         config,
@@ -409,4 +437,5 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
+        validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
     ).run()

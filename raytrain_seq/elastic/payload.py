@@ -1,0 +1,430 @@
+"""A learner's weights and Adam moments as flat contiguous buffers, cut into one slice per averaging shard.
+
+The data plane of an averaging round (docs/ARCHITECTURE.md, "The averaging round"). A learner packs its
+``model.state_dict()`` and ``optimizer.state_dict()["state"]`` into one contiguous buffer per merge rule
+and dtype (``FlatLayout.pack``; on CUDA through a reused pinned host buffer), cuts every buffer into S
+near-equal slices (``FlatLayout.split``), puts slice i in the object store once and sends the S object
+references, the layout and the few values that are not averaged (``FlatPayload``) to the control plane.
+Shard i reads slice i of every learner and merges it (``merge_parts``); every learner reads the S merged
+slices back (``FlatLayout.unpack``: a tensor that lies inside one slice is a zero-copy view of it, only a
+tensor cut by a slice boundary is copied once).
+
+Why the buffers are split by merge rule: every rule of AAVG's arithmetic is elementwise, so any slice can
+be merged alone, provided paired quantities sit at the same offsets. Buffer keys are ``"RULE/DTYPE"``:
+
+* ``mean``: weighted mean (floating weights, Adam's exp_avg and exp_avg_sq), ``averaging.weighted_mean``;
+* ``pmean`` and ``pvar``: BatchNorm-style (running_mean, running_var) pairs, laid out in the same order in
+  two buffers of equal length, so the same bounds cut both; merged by the law of total variance
+  (``averaging.merge_mean_var``);
+* ``max``: AMSGrad's max_exp_avg_sq, the elementwise max (``averaging.weighted_max``).
+
+The arithmetic is ``averaging``'s (float64 accumulation, cast back once), applied chunk by chunk; since it
+is elementwise, a merged slice equals that slice of ``average_states``/``merge_adam_states`` bit for bit.
+Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
+``FlatPayload.extras`` through the control plane; steps must agree across learners and integer buffers
+are learner 0's, as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the
+float32 buffers (an exact widening) and are rounded back once on unpacking.
+
+``ObjectStore`` is how a payload reaches the shards: ``runtime.shards.RayStore`` (``ray.put``/``ray.get``)
+in a cluster, ``InProcessStore`` (the objects themselves, copied on put as ``ray.put`` copies) in tests;
+``ShardPool`` is who merges: ``runtime.shards.RayShards`` (one actor per shard) or ``InProcessShards``.
+Plain numpy and torch: no ray.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from raytrain_seq.averaging import bn_pairs, merge_mean_var, weighted_max, weighted_mean
+
+__all__ = [
+    "FlatLayout",
+    "FlatPayload",
+    "InProcessShards",
+    "InProcessStore",
+    "ObjectStore",
+    "ShardPool",
+    "Slot",
+    "merge_extras",
+    "merge_parts",
+    "part_nbytes",
+]
+
+RULES = ("mean", "pmean", "pvar", "max")
+# Elements merged per step: small enough that the float64 temporaries of a chunk stay in cache, large
+# enough that the per-call overhead of the torch ops is negligible.
+CHUNK = 1 << 16
+_MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one floating tensor lives: ``buffer[offset : offset + numel]``, viewed as ``shape``."""
+
+    owner: str
+    """"model" (a state_dict key) or "optimizer" (a (param index, moment name) pair)."""
+    key: Any
+    buffer: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """How a model state and its Adam moments map onto the flat buffers (built by ``FlatLayout.of``)."""
+
+    model_keys: tuple[str, ...]
+    """The state_dict's keys, in order."""
+    moment_keys: tuple[tuple[Any, tuple[str, ...]], ...] | None
+    """Per parameter index, its optimizer-state keys in order; None when no moments travel."""
+    slots: tuple[Slot, ...]
+    sizes: tuple[tuple[str, int], ...]
+    """(buffer key, numel), sorted by key."""
+
+    @classmethod
+    def of(cls, params: Mapping[str, Tensor], moments: Mapping | None) -> FlatLayout:
+        """The layout of ``params`` (a state_dict) and ``moments`` (``optimizer.state_dict()["state"]``
+        of Adam/AdamW, or None); an optimizer state holding other floating tensors is a ValueError."""
+        if not isinstance(params, Mapping) or not all(isinstance(t, Tensor) for t in params.values()):
+            raise TypeError("params must be a dict of tensors (model.state_dict())")
+        sizes: dict[str, int] = {}
+        slots: list[Slot] = []
+
+        def place(owner: str, key: Any, tensor: Tensor, rule: str) -> None:
+            if tensor.is_complex():
+                raise TypeError(f"{owner} {key!r} is complex: split it into real and imaginary parts first")
+            dtype = tensor.dtype if tensor.dtype in _NUMPY_FLOATS else torch.float32
+            buffer = f"{rule}/{str(dtype).removeprefix('torch.')}"
+            offset = sizes.get(buffer, 0)
+            slots.append(Slot(owner, key, buffer, offset, tuple(tensor.shape), tensor.dtype))
+            sizes[buffer] = offset + tensor.numel()
+
+        pairs = bn_pairs(list(params), params)
+        paired = set(pairs) | set(pairs.values())
+        for key, tensor in params.items():
+            if tensor.is_floating_point() and key not in paired:
+                place("model", key, tensor, "mean")
+        # A pair's mean and variance take the same offset in pmean and pvar: one pair after the other.
+        for var_key, mean_key in pairs.items():
+            if params[var_key].shape != params[mean_key].shape:
+                raise ValueError(f"{mean_key!r} and {var_key!r} differ in shape: not a (mean, var) pair")
+            place("model", mean_key, params[mean_key], "pmean")
+            place("model", var_key, params[var_key], "pvar")
+        moment_keys = None
+        if moments is not None:
+            if not isinstance(moments, Mapping):
+                raise TypeError("moments must be optimizer.state_dict()['state'] (a dict) or None")
+            moment_keys = []
+            for index, entry in moments.items():
+                if not isinstance(entry, Mapping):
+                    raise TypeError(f"param {index}: the optimizer state entry is a {type(entry).__name__}")
+                for name, value in entry.items():
+                    if name in _MOMENT_RULES and isinstance(value, Tensor):
+                        place("optimizer", (index, name), value, _MOMENT_RULES[name])
+                    elif name != "step" and isinstance(value, Tensor) and value.is_floating_point():
+                        raise ValueError(
+                            f"param {index}: unknown floating optimizer state {name!r} (known: step, "
+                            "exp_avg, exp_avg_sq, max_exp_avg_sq): average with Adam/AdamW, or merge it yourself"
+                        )
+                moment_keys.append((index, tuple(entry)))
+            moment_keys = tuple(moment_keys)
+        return cls(tuple(params), moment_keys, tuple(slots), tuple(sorted(sizes.items())))
+
+    # ------------------------------------------------------------------------------------- queries
+    @property
+    def moments(self) -> bool:
+        """Whether Adam moments travel (and are merged) with the weights."""
+        return bool(self.moment_keys) and any(slot.owner == "optimizer" for slot in self.slots)
+
+    @property
+    def signature(self) -> tuple:
+        """What two learners of one round must agree on (keys, shapes, dtypes, buffers)."""
+        return (self.model_keys, self.moment_keys, self.slots)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all buffers: what one learner sends (and receives) per round."""
+        return sum(n * np.dtype(key.split("/")[1]).itemsize for key, n in self.sizes)
+
+    def bounds(self, shards: int) -> list[dict[str, tuple[int, int]]]:
+        """Per shard, per buffer, its [lo, hi) range: S near-equal cuts (pmean and pvar cut alike)."""
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be an int >= 1, got {shards!r}")
+        return [
+            {key: (n * i // shards, n * (i + 1) // shards) for key, n in self.sizes} for i in range(shards)
+        ]
+
+    # ----------------------------------------------------------------------------- pack, split, unpack
+    def pack(
+        self, params: Mapping[str, Tensor], moments: Mapping | None, staging: dict[str, Tensor] | None = None
+    ) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The CPU buffers of ``params`` and ``moments`` and the extras (what is not averaged).
+
+        ``staging``: buffers of an earlier ``pack`` of this layout, reused (the object store copies on
+        put, so a learner can overwrite them next round). On CUDA they are pinned, so that the
+        device-to-host copies run asynchronously at full speed; one synchronisation ends them.
+        """
+        tensors = [self._tensor(params, moments, slot) for slot in self.slots]
+        cuda = any(t.device.type == "cuda" for t in tensors)
+        buffers = {}
+        for key, n in self.sizes:
+            dtype = getattr(torch, key.split("/")[1])
+            old = (staging or {}).get(key)
+            if old is not None and old.numel() == n and old.dtype == dtype and old.is_pinned() == cuda:
+                buffers[key] = old
+            else:
+                buffers[key] = torch.empty(n, dtype=dtype, pin_memory=cuda)
+        for slot, tensor in zip(self.slots, tensors, strict=True):
+            target = buffers[slot.buffer][slot.offset : slot.offset + slot.numel]
+            target.copy_(tensor.detach().reshape(-1), non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+        extras = {
+            "model": {k: t.detach().cpu().clone() for k, t in params.items() if not t.is_floating_point()},
+            "optimizer": {
+                index: {
+                    name: value.detach().cpu().clone() if isinstance(value, Tensor) else copy.deepcopy(value)
+                    for name, value in moments[index].items()
+                    if name not in _MOMENT_RULES or not isinstance(value, Tensor)
+                }
+                for index, _ in self.moment_keys
+            }
+            if self.moment_keys is not None and moments is not None
+            else None,
+        }
+        return buffers, extras
+
+    def _tensor(self, params: Mapping, moments: Mapping | None, slot: Slot) -> Tensor:
+        if slot.owner == "model":
+            return params[slot.key]
+        index, name = slot.key
+        return moments[index][name]
+
+    def split(self, buffers: Mapping[str, Tensor], shards: int) -> list[dict[str, np.ndarray]]:
+        """Slice i of every buffer, for shard i (numpy views: no copy here; a put copies them once)."""
+        arrays = {key: buffers[key].numpy() for key, _ in self.sizes}
+        return [{key: arrays[key][lo:hi] for key, (lo, hi) in part.items()} for part in self.bounds(shards)]
+
+    def unpack(
+        self, parts: Sequence[Mapping[str, np.ndarray]], extras: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], dict | None]:
+        """The state_dict and optimizer state from the merged slices and the extras.
+
+        A tensor inside one slice is a zero-copy view of it: read-only when the slice is an object-store
+        buffer, so load it (``load_state_dict`` copies) and never write into it; a tensor cut by a slice
+        boundary is copied once. Tensors keep their own dtype (bfloat16 is rounded back from float32).
+        """
+        starts: dict[str, list[int]] = {}
+        for key, _ in self.sizes:
+            lengths = [len(part[key]) for part in parts]
+            starts[key] = list(np.cumsum([0, *lengths]))
+        found = {}
+        for slot in self.slots:
+            found[(slot.owner, slot.key)] = self._read(parts, starts[slot.buffer], slot)
+        params = {}
+        for key in self.model_keys:
+            params[key] = found[("model", key)] if ("model", key) in found else extras["model"][key]
+        if self.moment_keys is None:
+            return params, None
+        moments = {}
+        for index, names in self.moment_keys:
+            entry = {}
+            for name in names:
+                entry[name] = (
+                    found[("optimizer", (index, name))]
+                    if ("optimizer", (index, name)) in found
+                    else extras["optimizer"][index][name]
+                )
+            moments[index] = entry
+        return params, moments
+
+    @staticmethod
+    def _read(parts: Sequence[Mapping[str, np.ndarray]], starts: list[int], slot: Slot) -> Tensor:
+        lo, hi = slot.offset, slot.offset + slot.numel
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        if hi <= starts[first + 1] or lo == hi:
+            flat = parts[first][slot.buffer][lo - starts[first] : hi - starts[first]]
+        else:
+            pieces, i = [], first
+            while i < len(parts) and starts[i] < hi:
+                a, b = max(lo, starts[i]) - starts[i], min(hi, starts[i + 1]) - starts[i]
+                pieces.append(parts[i][slot.buffer][a:b])
+                i += 1
+            flat = np.concatenate(pieces)
+        with warnings.catch_warnings():
+            # An object-store buffer is read-only; this view is only ever read (see unpack).
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(flat)
+        tensor = tensor.view(slot.shape)
+        return tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
+
+
+@dataclass(frozen=True)
+class FlatPayload:
+    """A state in the data plane: its layout, one part per shard, and the values that are not averaged.
+
+    A learner's arrival holds its S slices; an averaged state holds the S merged slices. A part is an
+    object reference (``RayStore.put``) or, in process, the dict of arrays itself.
+    """
+
+    layout: FlatLayout
+    parts: tuple[Any, ...]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------ merging
+def part_nbytes(part: Mapping[str, np.ndarray]) -> int:
+    """Bytes of one part's arrays."""
+    return sum(int(np.asarray(a).nbytes) for a in part.values())
+
+
+def _tensors(arrays: Sequence[np.ndarray]) -> list[Tensor]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # object-store buffers are read-only: only read here
+        return [torch.from_numpy(np.asarray(a)) for a in arrays]
+
+
+def merge_parts(parts: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Merge one shard's slice of every learner (``parts[j]``: learner j's), by each buffer's rule."""
+    if not parts:
+        raise ValueError("parts is empty: pass one part per learner of the round")
+    keys = set(parts[0])
+    for j, part in enumerate(parts):
+        if set(part) != keys or any(len(part[k]) != len(parts[0][k]) for k in keys):
+            raise ValueError(f"learner {j}'s part differs from learner 0's in buffers or lengths")
+    out: dict[str, np.ndarray] = {}
+    for key in sorted(keys):
+        rule = key.split("/")[0]
+        if rule not in RULES:
+            raise ValueError(f"unknown buffer {key!r}: buffers are named RULE/DTYPE with RULE in {RULES}")
+        if rule == "pvar":
+            continue  # merged with its pmean
+        n = len(parts[0][key])
+        out[key] = np.empty(n, dtype=parts[0][key].dtype)
+        var_key = "pvar/" + key.split("/")[1]
+        if rule == "pmean":
+            out[var_key] = np.empty(n, dtype=parts[0][var_key].dtype)
+        for lo in range(0, n, CHUNK):
+            hi = min(n, lo + CHUNK)
+            chunk = _tensors([part[key][lo:hi] for part in parts])
+            if rule == "mean":
+                weighted_mean(chunk, weights, out=torch.from_numpy(out[key][lo:hi]))
+            elif rule == "max":
+                out[key][lo:hi] = weighted_max(chunk, weights).numpy()
+            else:
+                variances = _tensors([part[var_key][lo:hi] for part in parts])
+                mean, var = merge_mean_var(chunk, variances, weights)
+                out[key][lo:hi], out[var_key][lo:hi] = mean.numpy(), var.numpy()
+    return out
+
+
+def merge_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The round's extras: learner 0's, after checking that every learner's Adam steps agree (the bias
+    correction 1 - beta^step depends on it; AAVG learners take the same number of local steps)."""
+    first = extras[0]
+    for j, other in enumerate(extras[1:], start=1):
+        for index, entry in (first.get("optimizer") or {}).items():
+            mine, theirs = entry.get("step"), (other.get("optimizer") or {}).get(index, {}).get("step")
+            values = [float(v.item()) if isinstance(v, Tensor) else v for v in (mine, theirs)]
+            if values[0] != values[1]:
+                raise ValueError(
+                    f"param {index}: step differs across learners (learner 0 {values[0]}, learner {j} "
+                    f"{values[1]}): merge states of one averaging round"
+                )
+    return first
+
+
+# --------------------------------------------------------------------------------- stores and pools
+class ObjectStore(Protocol):
+    """Where a learner puts its parts and reads the merged ones."""
+
+    def put(self, value: Any) -> Any: ...
+
+    def get(self, refs: Sequence[Any]) -> list[Any]: ...
+
+
+class InProcessStore:
+    """The objects are their own references; ``put`` copies the arrays, as ``ray.put`` does."""
+
+    def put(self, value: Any) -> Any:
+        return {key: np.array(array, copy=True) for key, array in value.items()}
+
+    def get(self, refs: Sequence[Any]) -> list[Any]:
+        return list(refs)
+
+
+class ShardPool(Protocol):
+    """Merges a round's flat payloads, one shard per slice; ``count`` shards."""
+
+    count: int
+
+    def place(self, learner: Any, node: str | None) -> None:
+        """Where learner ``learner`` runs (a hint: shard i goes to learner i's node)."""
+
+    def handles(self) -> list[Any]:
+        """The shard actors (empty in process)."""
+
+    def prepare(self) -> None:
+        """Start the shards now (the learners' nodes are known), so the first round does not wait."""
+
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
+
+    def merge(
+        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
+    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
+        """The merged parts (one per shard) and, per shard, the bytes it received and sent and the seconds
+        it took to read and merge."""
+
+
+class InProcessShards:
+    """``count`` shards merged in this process, one after the other: the pool of tests and one-process
+    runs. Bytes sent are counted as the merged part times the learners that read it."""
+
+    def __init__(self, count: int) -> None:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"shards must be an int >= 1, got {count!r}")
+        self.count = count
+
+    def place(self, learner: Any, node: str | None) -> None:
+        pass
+
+    def handles(self) -> list[Any]:
+        return []
+
+    def prepare(self) -> None:
+        pass
+
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        return list(refs)
+
+    def merge(
+        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
+    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
+        merged, loads = [], []
+        for i in range(self.count):
+            began = time.perf_counter()
+            parts = [payload.parts[i] for payload in payloads]
+            out = merge_parts(parts, weights)
+            merged.append(out)
+            received = sum(part_nbytes(p) for p in parts)
+            sent = part_nbytes(out) * len(payloads)
+            loads.append(
+                {"shard": i, "received": received, "sent": sent, "seconds": time.perf_counter() - began}
+            )
+        return tuple(merged), loads

@@ -1,0 +1,115 @@
+"""Validation off the learners' critical path: an evaluator scores the averaged model of validation rounds.
+
+AAVG decides the batch size from the validation accuracy of the averaged model every m rounds (Algorithm
+1, lines 13-21). Here no learner computes it: when round r (r % m == 0) closes, the ParameterAverager
+hands its ``AveragedState`` (object references to the merged slices: the evaluator reads them from the
+object store itself, like a learner) to ``validate``, and reports the accuracy to itself when it comes
+back. Every learner goes on training meanwhile; the accuracy reaches ``AdaptiveBatchSize`` through the
+existing one-round lag (round r+1's result waits for it, at most ``timeout_s``), as when rank 0 validated.
+
+The evaluator is a Ray actor with ``num_cpus=0``: it holds nothing the learners or the row-assembly tasks
+need (the cluster check asks for learners + 1 CPUs, and a reserved fraction of a CPU would block the data
+tasks' whole CPU), so on a box with no spare core it competes with them for CPU time, but nobody waits
+for it except through the one-round-lag rule. It builds the run's model once (``build_model_for`` with
+the feed's model spec), caches the validation rows it assembles once (the feed's "val" evaluation shard,
+as the learner did), and scores each state with ``step.evaluate``.
+
+``Evaluator`` is the plain class (a test runs it in process with a fake feed and an ``InProcessStore``);
+``EvaluatorActor`` builds the real feed and store inside the actor; ``RayValidator`` is the picklable
+callable the control plane awaits. ray is imported only inside the functions that talk to a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from raytrain_seq.config import Config
+from raytrain_seq.elastic.payload import ObjectStore
+from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.step import EvalResult, collate_rows, evaluate
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Evaluator", "EvaluatorActor", "RayValidator", "create_evaluator"]
+
+
+class Evaluator:
+    """Scores averaged states on an evaluation split; the rows are assembled once and kept."""
+
+    def __init__(self, config: Config, *, feed: Any, store: ObjectStore, split: str = "val") -> None:
+        if split not in ("val", "test"):
+            raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        spec = feed.model_spec()
+        self.model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+        self.config, self.feed, self.store, self.split = config, feed, store, split
+        self._rows: list[dict[str, torch.Tensor]] | None = None
+        self.scored: list[int] = []  # the rounds scored, in order
+
+    def prepare(self) -> int:
+        """Assemble and keep the split's rows now (the driver calls it at the start, so that the first
+        validation round does not wait for them); returns how many batches of rows were kept."""
+        if self._rows is None:
+            stream, rows = self.feed.eval_rows(self.split), []
+            while (part := stream.take(16)) is not None:
+                rows.append(collate_rows(part))
+            self._rows = rows
+        return len(self._rows)
+
+    def score(self, state: AveragedState) -> EvalResult:
+        """The averaged model of ``state`` on the split (the state read from the store if it lives there)."""
+        if state.empty:
+            raise ValueError("state holds no averaged model (round 0): score a round's state")
+        state = state.materialise(self.store.get)
+        self.model.load_state_dict(dict(state.params))
+        self.prepare()
+        micro = self.config.train.micro_batch_size
+        result = evaluate(
+            self.model, self._rows, micro_batch_size=4 * micro if isinstance(micro, int) else 16
+        )
+        self.scored.append(state.round)
+        return result
+
+    def validate(self, state: AveragedState) -> dict[str, float]:
+        """The scores of ``state``'s averaged model that the control plane reports for B: accuracy, the
+        validation sequences behind it (the noise-aware batch rule's n), top-5 and mean class accuracy."""
+        result = self.score(state)
+        return {
+            "accuracy": result.accuracy,
+            "sequences": result.sequences,
+            "top5_accuracy": result.top5_accuracy,
+            "mean_class_accuracy": result.mean_class_accuracy,
+        }
+
+
+class EvaluatorActor(Evaluator):
+    """The Ray actor: the run's feed (by name) and Ray's object store."""
+
+    def __init__(self, config: dict, feed_name: str, namespace: str) -> None:
+        from raytrain_seq.runtime.feed import LearnerFeed, get_feed
+        from raytrain_seq.runtime.shards import RayStore
+
+        torch.set_num_threads(1)
+        feed = LearnerFeed(get_feed(feed_name, namespace=namespace))
+        super().__init__(Config.from_dict(config), feed=feed, store=RayStore())
+
+
+class RayValidator:
+    """The control plane's validator: ``await validator(state)`` runs ``validate`` on the evaluator actor."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __call__(self, state: AveragedState) -> Any:
+        return self.handle.validate.remote(state)  # an ObjectRef: awaitable in the asyncio actor
+
+
+def create_evaluator(config: Config, *, feed_name: str, namespace: str) -> Any:
+    """Start the evaluator actor (0 CPUs, restartable: it holds only caches)."""
+    import ray
+
+    options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 1}
+    return ray.remote(EvaluatorActor).options(**options).remote(config.to_dict(), feed_name, namespace)

@@ -1,0 +1,148 @@
+"""The averaging data plane on Ray: S shard actors merge the slices; learners put and get through the store.
+
+``ParameterAverager`` stays the one control plane (membership, B, position, checkpoints, drop and rejoin);
+the bytes never pass through it. A learner puts slice i of its flat buffers in the object store once
+(``RayStore.put``) and sends the S references; when a round closes the control plane calls
+``AveragingShard.merge`` on shard i with the references to every learner's slice i (nested in a list, so
+Ray does not resolve them in the control plane: the shard reads them itself, zero-copy where they are on
+its node). The merged slice is the task's return value, so it lives in the object store once, owned by
+the caller (the control plane): it survives the shard actor, and every learner reads that one object
+(``RayStore.get``). With S = number of learners each shard handles about one learner's bytes in and out
+per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
+
+Placement: shard i goes to the node of learner i (``NodeAffinitySchedulingStrategy(soft=True)``: another
+node when that one is gone), known from the learners' joins; the actors are created once the group's learners (or S of them) have
+joined (``prepare``), so that their start-up overlaps the first round's training.
+Shards hold no state between rounds: a merge is a pure function of the learners' slices, which the
+learners hold (their ``average`` call is waiting) until the round's answer. So a lost shard needs no
+re-seeding: Ray restarts the actor (``max_restarts=-1``) and re-runs the interrupted merge on it
+(``max_task_retries``), and the control plane keeps the latest averaged state (its object references;
+the learners hold it in tensors and re-seed a restarted control plane with it).
+
+Object loss: the merged slices live on the shards' nodes, which are learners' nodes. The control plane
+reads each round's merged state once into its own process, off the learners' path (a copy on its node,
+which Ray also uses to recover a lost primary), and gives (re)joining groups and checkpoints those
+tensors, so a group restarted after a learner node died does not wait for objects that died with it.
+
+Hub load: each shard counts the bytes of the slices it read and of the slice it produced times the
+learners of the round (each learner fetches it; the object store serves the fetch, so this counts what
+the shard's node sends if every learner reads from there, an upper bound). ray is imported only inside
+the functions that talk to a cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from raytrain_seq.elastic.payload import FlatPayload, merge_parts, part_nbytes
+from raytrain_seq.elastic.rounds import Learner, check_number
+
+__all__ = ["AveragingShard", "RayShards", "RayStore"]
+
+# A merge interrupted by the shard's death is re-run on the restarted actor this many times.
+MERGE_RETRIES = 3
+# The control plane's read of a round's merged slices gives up after this long (their node may be gone).
+FETCH_TIMEOUT_S = 120.0
+
+
+class AveragingShard:
+    """One slice of the flat vector: merges slice i of every learner of a round (stateless)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def merge(self, round: int, parts: list[Any], weights: list[float], readers: int) -> tuple[dict, dict]:
+        """The merged slice and the bytes moved; ``parts``: references to every learner's slice."""
+        import ray
+
+        began = time.perf_counter()
+        arrays = ray.get(list(parts))
+        merged = merge_parts(arrays, weights)
+        received = sum(part_nbytes(part) for part in arrays)
+        load = {
+            "seconds": time.perf_counter() - began,
+            "shard": self.index,
+            "round": round,
+            "received": received,
+            "sent": part_nbytes(merged) * readers,
+        }
+        return merged, load
+
+
+class RayShards:
+    """The pool of ``count`` AveragingShard actors the control plane (an actor) creates and owns."""
+
+    def __init__(self, count: int) -> None:
+        self.count = check_number("shards", count, 1)
+        self._nodes: dict[int, str] = {}
+        self._handles: list[Any] | None = None
+
+    def place(self, learner: Learner, node: str | None) -> None:
+        if node is not None and isinstance(learner, int):
+            self._nodes[learner] = node
+
+    def _ensure(self) -> list[Any]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if self._handles is None:
+            known = [self._nodes[k] for k in sorted(self._nodes)]
+            handles = []
+            for i in range(self.count):
+                options: dict[str, Any] = {
+                    "num_cpus": 0,
+                    "max_restarts": -1,
+                    "max_task_retries": MERGE_RETRIES,
+                }
+                node = self._nodes.get(i) or (known[i % len(known)] if known else None)
+                if node is not None:
+                    options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+                handles.append(ray.remote(AveragingShard).options(**options).remote(i))
+            self._handles = handles
+        return self._handles
+
+    def prepare(self) -> None:
+        self._ensure()
+
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(list(refs), timeout=FETCH_TIMEOUT_S)
+
+    def handles(self) -> list[Any]:
+        """The shard actors (created on first use): the fault tests kill one."""
+        return self._ensure()
+
+    def merge(
+        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
+    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
+        import ray
+
+        calls = [
+            shard.merge.options(num_returns=2).remote(
+                round, [payload.parts[i] for payload in payloads], list(weights), len(payloads)
+            )
+            for i, shard in enumerate(self._ensure())
+        ]
+        loads = ray.get([load for _, load in calls])
+        return tuple(merged for merged, _ in calls), loads
+
+
+class RayStore:
+    """``ObjectStore`` over Ray's object store: ``ray.put`` (one copy in), ``ray.get`` (zero-copy out
+    for numpy arrays on this node: read-only views, which ``FlatLayout.unpack`` only reads)."""
+
+    def __init__(self, timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s
+
+    def put(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value)
+
+    def get(self, refs: Sequence[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(list(refs), timeout=self.timeout_s)

@@ -1,0 +1,188 @@
+"""The flat data plane (raytrain_seq.elastic.payload) without Ray, and the control plane over it in process.
+
+Contracts pinned: a state packed into flat buffers and cut into S slices comes back exactly (keys, order,
+dtypes, shapes, integer buffers, Adam steps); merging the slices shard by shard equals
+``average_states`` + ``merge_adam_states`` bit for bit for every S (BatchNorm pairs cut at the same
+offsets, AMSGrad's max, weights); a tensor inside one slice is read without a copy; an in-process
+ParameterAverager over flat payloads hands every learner that same state and counts each shard's bytes
+(about one learner's payload in and out with S = learners, where one actor moves 2 P of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.elastic.payload import (
+    FlatLayout,
+    FlatPayload,
+    InProcessShards,
+    InProcessStore,
+    merge_extras,
+    merge_parts,
+)
+from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.runtime.averager import ParameterAverager
+
+
+def learners(count: int = 3, *, amsgrad: bool = False, steps: int = 3) -> tuple[list[dict], list[dict]]:
+    """``count`` learners of one model with BatchNorm (a (mean, var) pair, an int counter), real Adam steps."""
+    torch.manual_seed(0)
+    init = torch.nn.Sequential(torch.nn.Linear(6, 50), torch.nn.BatchNorm1d(50), torch.nn.Linear(50, 3))
+    params, moments = [], []
+    for j in range(count):
+        model = pickle.loads(pickle.dumps(init))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=amsgrad)
+        gen = torch.Generator().manual_seed(10 + j)
+        for _ in range(steps):
+            x, y = torch.randn(16, 6, generator=gen) * (j + 1), torch.randint(0, 3, (16,), generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        moments.append(opt.state_dict()["state"])
+    return params, moments
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 7])
+def test_pack_split_unpack_round_trip_is_exact(shards):
+    params, moments = learners(1)
+    layout = FlatLayout.of(params[0], moments[0])
+    buffers, extras = layout.pack(params[0], moments[0])
+    parts = layout.split(buffers, shards)
+    assert len(parts) == shards
+    assert {key for key, _ in layout.sizes} == {"mean/float32", "pmean/float32", "pvar/float32"}
+    assert sum(p["pmean/float32"].size for p in parts) == 50  # one BatchNorm pair of 50 channels
+    back, back_moments = layout.unpack(parts, extras)
+    assert same(back, params[0]) and same(back_moments, moments[0])
+    assert layout.nbytes == sum(b.numel() * 4 for b in buffers.values())
+
+
+def test_a_tensor_inside_one_slice_is_read_without_a_copy():
+    params, moments = learners(1)
+    layout = FlatLayout.of(params[0], moments[0])
+    buffers, extras = layout.pack(params[0], moments[0])
+    parts = layout.split(buffers, 1)
+    back, _ = layout.unpack(parts, extras)
+    slot = next(s for s in layout.slots if s.key == "2.weight")
+    assert np.shares_memory(back["2.weight"].numpy(), parts[0][slot.buffer])
+
+
+@pytest.mark.parametrize("shards", [1, 2, 5])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_sharded_merge_equals_the_single_process_reference_bit_for_bit(shards, amsgrad):
+    params, moments = learners(3, amsgrad=amsgrad)
+    weights = [30.0, 50.0, 20.0]
+    layouts = [FlatLayout.of(p, m) for p, m in zip(params, moments, strict=True)]
+    assert len({layout.signature for layout in layouts}) == 1
+    packed = [layout.pack(p, m) for layout, p, m in zip(layouts, params, moments, strict=True)]
+    sliced = [layouts[0].split(buffers, shards) for buffers, _ in packed]
+    merged = [merge_parts([s[i] for s in sliced], weights) for i in range(shards)]
+    got, got_moments = layouts[0].unpack(merged, merge_extras([e for _, e in packed]))
+    expected = average_states(params, weights)
+    expected_moments = merge_adam_states(moments, weights=weights)
+    assert same(got, expected) and same(got_moments, expected_moments)
+    # Not vacuous: the BatchNorm variance is a total-variance merge, not the plain weighted mean.
+    plain = sum(w * p["1.running_var"].double() for w, p in zip(weights, params, strict=True)) / 100
+    assert not torch.allclose(got["1.running_var"].double(), plain, rtol=0, atol=1e-9)
+    if amsgrad:
+        assert any(key == "max/float32" for key, _ in layouts[0].sizes)
+
+
+def test_bad_inputs_fail_early_with_the_fix():
+    params, _ = learners(1)
+    odd = {0: {"step": torch.tensor(1.0), "momentum_buffer": torch.zeros(3)}}
+    with pytest.raises(ValueError, match="unknown floating optimizer state 'momentum_buffer'"):
+        FlatLayout.of(params[0], odd)
+    layout = FlatLayout.of(params[0], None)
+    with pytest.raises(ValueError, match="shards must be an int >= 1"):
+        layout.bounds(0)
+    steps = [{"optimizer": {0: {"step": torch.tensor(3.0)}}}, {"optimizer": {0: {"step": torch.tensor(4.0)}}}]
+    with pytest.raises(ValueError, match="step differs across learners"):
+        merge_extras(steps)
+    with pytest.raises(ValueError, match="materialise"):
+        AveragedState(round=1, batch_size=2, flat=FlatPayload(layout, ())).to_dict()
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_shard_bytes():
+    params, moments = learners(3)
+    weights = [1.0, 2.0, 1.0]
+    store = InProcessStore()
+    averager = ParameterAverager(3, timeout_s=30.0, shards=3)
+
+    async def round_():
+        replies = [await averager.join(j, 3) for j in range(3)]
+        assert {r.shards for r in replies} == {3}
+        sends = []
+        for j in range(3):
+            layout = FlatLayout.of(params[j], moments[j])
+            buffers, extras = layout.pack(params[j], moments[j])
+            parts = tuple(store.put(p) for p in layout.split(buffers, 3))
+            sends.append(
+                averager.average(j, 1, 3, FlatPayload(layout, parts, extras), None, weight=weights[j])
+            )
+        return await asyncio.gather(*sends), await averager.summary()
+
+    results, summary = _run(round_())
+    expected = average_states(params, weights)
+    expected_moments = merge_adam_states(moments, weights=weights)
+    for result in results:
+        assert result.state.params is None and result.state.flat is not None  # the control plane holds refs
+        state = result.state.materialise(store.get)
+        assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
+    payload = FlatLayout.of(params[0], moments[0]).nbytes
+    loads = summary["hub_load"][-1]["actors"]
+    assert set(loads) == {"control", "shard0", "shard1", "shard2"}
+    assert loads["control"] == {"received": 0, "sent": 0}  # references only
+    per_shard = [(a["received"] + a["sent"]) / payload for k, a in loads.items() if k != "control"]
+    assert max(per_shard) <= 2.1 and min(per_shard) >= 1.9  # ~ one payload in, one out, each
+
+
+def test_star_hub_load_is_about_two_payloads_per_learner():
+    """The tensor path (one actor) counts 2 P payloads: the star the shards replace."""
+    params, moments = learners(3)
+    averager = ParameterAverager(3, timeout_s=30.0)
+
+    async def round_():
+        for j in range(3):
+            await averager.join(j, 3)
+        await asyncio.gather(*(averager.average(j, 1, 3, params[j], moments[j]) for j in range(3)))
+        return await averager.summary()
+
+    loads = _run(round_())["hub_load"][-1]["actors"]
+    payload = FlatLayout.of(params[0], moments[0]).nbytes
+    hub = (loads["control"]["received"] + loads["control"]["sent"]) / payload
+    assert 5.5 < hub < 6.5
+
+
+def test_wrong_number_of_parts_is_refused_for_that_learner_only():
+    params, moments = learners(1)
+    averager = ParameterAverager(1, timeout_s=30.0, shards=2)
+    layout = FlatLayout.of(params[0], moments[0])
+    buffers, extras = layout.pack(params[0], moments[0])
+    payload = FlatPayload(layout, tuple(layout.split(buffers, 3)), extras)
+
+    async def send():
+        await averager.join(0, 1)
+        return await averager.average(0, 1, 1, payload, None)
+
+    with pytest.raises(ValueError, match="3 parts for 2 shards"):
+        _run(send())
+    assert InProcessShards(2).count == 2
