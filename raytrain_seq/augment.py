@@ -36,6 +36,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "TEST_VIEWS",
     "center_crop",
     "final_augment",
     "final_augment_batch",
@@ -43,6 +44,7 @@ __all__ = [
     "partial_augment",
     "resize_video",
     "stride_frames",
+    "test_views",
 ]
 
 # Per-video photometric ranges (torchvision ColorJitter-like): factors are drawn uniformly in these.
@@ -359,3 +361,31 @@ def stride_frames(frames: np.ndarray, stride: int) -> np.ndarray:
         raise TypeError(f"frames must be a numpy array with a leading time axis, got {type(frames).__name__}")
     stride = _check_int("stride", stride, 1)
     return frames[::stride]
+
+
+TEST_VIEWS = ("center", "center_flip", "three_crop", "three_crop_flip", "ten_crop")
+
+
+def test_views(name: str, size: int, crop: int) -> list[tuple[int, int, bool]]:
+    """The (top, left, flip) of each test view of a ``size`` x ``size`` cached frame, as MMAction2 tests:
+
+    "center": the centre crop; "center_flip": it and its mirror; "three_crop": three crops across the
+    frame at its vertical centre (left, centre, right: MMAction2's ThreeCrop of a frame whose short side
+    is the crop); "three_crop_flip": those and their mirrors; "ten_crop": the four corners and the centre,
+    and their mirrors (TenCrop). E.g. size 36, crop 32, "three_crop": [(2, 0), (2, 2), (2, 4)], no flip.
+    """
+    if name not in TEST_VIEWS:
+        raise ValueError(f"test views must be one of {TEST_VIEWS}, got {name!r}")
+    if crop > size:
+        raise ValueError(
+            f"crop {crop} exceeds the frame size {size}: the views are cut from the cached frame"
+        )
+    end, mid = size - crop, (size - crop) // 2
+    if name.startswith("center"):
+        spots = [(mid, mid)]
+    elif name.startswith("three_crop"):
+        spots = [(mid, 0), (mid, mid), (mid, end)]
+    else:
+        spots = [(0, 0), (0, end), (end, 0), (end, end), (mid, mid)]
+    flips = (False, True) if name in ("center_flip", "three_crop_flip", "ten_crop") else (False,)
+    return [(top, left, flip) for flip in flips for top, left in spots]

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
+from raytrain_seq.augment import TEST_VIEWS
 from raytrain_seq.checks import (
     choice,
     int_at_least,
@@ -100,6 +101,8 @@ class DataConfig:
     """Fraction of the training videos held out for AAVG's validation rounds, strictly between 0 and 1."""
     seed: int = 0
     """Root seed of the split, packing plans, augmentations and model initialisation."""
+    test_views: str = "center"
+    """Views each test video is scored on, softmax averaged: center, center_flip, three_crop, three_crop_flip, ten_crop."""
     augment_cost: float = 0
     """Extra busy CPU seconds per partial augmentation of one video, to make augmentation the bottleneck."""
 
@@ -167,6 +170,7 @@ class DataConfig:
             "use e.g. 0.1 to hold out 10 % of the videos",
         )
         int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
+        choice("data.test_views", self.test_views, TEST_VIEWS)
         number(
             "data.augment_cost",
             self.augment_cost,

@@ -353,14 +353,47 @@ class EvalResult:
         )
 
 
+def view_probabilities(
+    model: nn.Module,
+    batch: Mapping[str, torch.Tensor],
+    views: Sequence[tuple[int, int, bool]],
+    *,
+    crop: int,
+    flow: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class probabilities ``[K, classes]`` of the batch's real sequences, the softmax averaged over
+    ``views`` ((top, left, flip) cut from the batch's uncropped frames on its device), and their labels."""
+    total, labels = None, None
+    for top, left, flip in views:
+        draws = {
+            "tops": torch.full_like(batch["starts"], top),
+            "lefts": torch.full_like(batch["starts"], left),
+            "flips": torch.full_like(batch["starts"], int(flip)),
+        }
+        frames = final_augment_batch(
+            batch["frames"], starts=batch["starts"], lengths=batch["lengths"], crop=crop, flow=flow, **draws
+        )
+        logits, labels = predict(model, {**batch, "frames": frames})
+        probs = torch.softmax(logits.float(), dim=1)
+        total = probs if total is None else total + probs
+    return total / len(views), labels
+
+
 def evaluate(
     model: nn.Module,
     batches: Iterable[Mapping[str, torch.Tensor]],
     *,
     micro_batch_size: int = 16,
     device: torch.device | str | None = None,
+    views: Sequence[tuple[int, int, bool]] | None = None,
+    crop: int | None = None,
+    flow: bool = False,
 ) -> EvalResult:
-    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd."""
+    """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd.
+
+    ``views`` (with ``crop``): the batches hold uncropped frames and each sequence is scored on every
+    (top, left, flip) view, the softmax averaged (multi-view testing); the loss is then the negative log
+    of the averaged probability. None: the frames are final already (one view)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -373,7 +406,11 @@ def evaluate(
             rows = int(batch["num_sequences"].shape[0])
             for lo in range(0, rows, micro_batch_size):
                 part = {key: value[lo : lo + micro_batch_size].to(device) for key, value in batch.items()}
-                logits, labels = predict(model, part)
+                if views:
+                    probs, labels = view_probabilities(model, part, views, crop=crop, flow=flow)
+                    logits = torch.log(probs.clamp_min(1e-12))  # log-probabilities rank like logits
+                else:
+                    logits, labels = predict(model, part)
                 if labels.numel() == 0:
                     continue
                 predicted = logits.argmax(1)

@@ -130,6 +130,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "run.run_name": (["r1"], "r1", []),
     "run.resume": ([], True, ["--run-name", "r1"]),
     "run.tracker": (["none"], "none", []),
+    "data.test_views": (["three_crop_flip"], "three_crop_flip", []),
 }
 
 # Every flag jobs/ucf101.py took before the CLI was generated: each must keep working.

@@ -120,6 +120,7 @@ BAD_VALUES = [
     ("run.run_name", "..", "..x"),
     ("run.resume", "yes", False),
     ("run.tracker", "wandb", "none"),
+    ("data.test_views", "five_crop", "ten_crop"),
     ("train.precision", "fp8", "bf16"),
     ("train.lr_schedule", "step", "cosine"),
     ("train.warmup_steps", -1, 10),

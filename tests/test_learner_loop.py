@@ -127,7 +127,7 @@ class Feed:
         rows = self.epoch(epoch)[skip:]
         return (BlockRowStream(Rows(rows)) if rows else None), self.ROWS
 
-    def eval_rows(self, split, rank=0, world_size=1):
+    def eval_rows(self, split, rank=0, world_size=1, *, uncropped=False):
         from raytrain_seq.elastic.assembly import BlockRowStream
 
         return BlockRowStream(Rows(_rows(7, 6)[rank::world_size]))

@@ -150,7 +150,9 @@ def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_
     payload = FlatLayout.of(params[0], moments[0]).nbytes
     loads = summary["hub_load"][-1]["actors"]
     assert set(loads) == {"control", "shard0", "shard1", "shard2"}
-    assert loads["control"] == {"received": 0, "sent": 0}  # references only
+    # The control plane passes references on; in the background it reads the merged state once (joins
+    # and checkpoints get tensors), at most one payload, and that read may or may not be done by now.
+    assert loads["control"]["sent"] == 0 and loads["control"]["received"] <= 1.01 * payload
     per_shard = [(a["received"] + a["sent"]) / payload for k, a in loads.items() if k != "control"]
     assert max(per_shard) <= 2.1 and min(per_shard) >= 1.9  # ~ one payload in, one out, each
 

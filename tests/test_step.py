@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raytrain_seq.averaging import merge_adam_states
-from raytrain_seq.models import build_model
+from raytrain_seq.models import build_model, predict
 from raytrain_seq.step import (
     EvalResult,
     InnerStep,
@@ -349,3 +349,39 @@ def test_learning_rate_warmup_and_cosine():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)  # step 1 of a 2-step warm-up
     step(_batch(2), progress=0.5)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)  # warm-up done, half-way cosine
+
+
+def test_multi_view_scores_average_the_views_softmax():
+    """The centre view of uncropped rows scores exactly as the centre-cropped rows; several views average
+    their softmax (checked against scoring each view's crop on its own)."""
+    from raytrain_seq.augment import center_crop, test_views
+    from raytrain_seq.step import view_probabilities
+
+    size, crop = 10, 8
+    rng = np.random.default_rng(0)
+    rows = [_row(rng, lengths) for lengths in ([5, 7], [3, 3, 4], [12])]
+    for row in rows:  # uncropped rows: frames of the cached size
+        row["frames"] = rng.integers(0, 256, size=(T_MAX, size, size, 3), dtype=np.uint8)
+    uncropped = collate_rows(rows)
+    cropped = dict(uncropped)
+    cropped["frames"] = torch.from_numpy(np.stack([center_crop(r["frames"], crop) for r in rows]))
+    model = _model()
+    assert test_views("center", size, crop) == [(1, 1, False)]
+    center = evaluate(model, [uncropped], views=test_views("center", size, crop), crop=crop)
+    plain = evaluate(model, [cropped])
+    assert center.per_class == plain.per_class and center.loss == pytest.approx(plain.loss)
+    views = test_views("three_crop_flip", size, crop)
+    assert len(views) == 6 and {v[2] for v in views} == {False, True} and {v[1] for v in views} == {0, 1, 2}
+    probs, labels = view_probabilities(model, uncropped, views, crop=crop)
+    by_hand = []
+    for top, left, flip in views:
+        batch = dict(uncropped)
+        frames = uncropped["frames"][:, :, top : top + crop, left : left + crop]
+        batch["frames"] = frames.flip(3) if flip else frames
+        logits, _ = predict(model, batch)
+        by_hand.append(torch.softmax(logits.float(), 1))
+    torch.testing.assert_close(probs, torch.stack(by_hand).mean(0))
+    assert labels.numel() == 6
+    with pytest.raises(ValueError, match="test views"):
+        test_views("five_crop", size, crop)
+    assert len(test_views("ten_crop", size, crop)) == 10

@@ -229,6 +229,7 @@ def _summary(
         if total
     }
     return RunSummary(
+        test_views=config.data.test_views,
         dataset=config.data.dataset,
         learners=int(averaging.get("world_size", config.train.min_learners)),
         epochs=config.train.epochs,

@@ -668,13 +668,23 @@ class LearnerFeed:
             self._stream.close()
             self._stream = None
 
-    def eval_rows(self, split: str, rank: int = 0, world_size: int = 1) -> BlockRowStream:
+    def eval_rows(
+        self, split: str, rank: int = 0, world_size: int = 1, *, uncropped: bool = False
+    ) -> BlockRowStream:
         """The rows of learner ``rank``'s share of the ``split`` ("val" or "test") evaluation blocks (all of
         them by default), centre-cropped, assembled here like the training rows (a Ray Data dataset would
-        pay its start-up for a copy and a crop)."""
+        pay its start-up for a copy and a crop). ``uncropped``: the cached frames whole, for multi-view
+        testing (``step.evaluate(views=...)`` cuts the views on the learner's device)."""
         import ray
 
-        shard = ray.get(self.handle.eval_shard.remote(split, rank, world_size))
+        return self.rows_of(
+            ray.get(self.handle.eval_shard.remote(split, rank, world_size)), uncropped=uncropped
+        )
+
+    def rows_of(self, shard: EpochShard, *, uncropped: bool = False) -> BlockRowStream:
+        """The rows of an evaluation ``shard`` (``feed.eval_shard``), centre-cropped or ``uncropped``."""
+        if uncropped:
+            shard = dataclasses.replace(shard, center=False)
         return BlockRowStream(_Batches(self._batches(shard)))
 
 

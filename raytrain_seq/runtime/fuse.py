@@ -7,17 +7,18 @@ logits) for a test video are averaged with equal weights and the argmax is the f
 
 ``run_fuse(config)`` (``jobs/fuse.py RGB_RUN FLOW_RUN``, or ``jobs/ucf101.py --stream fuse --fuse RGB_RUN
 FLOW_RUN``) reads each run's final averaged model and config from its newest checkpoint that loads
-(``checkpoint.load_latest``; the checkpoint's ``config``, else the run's summary.json), checks that both runs test the same videos
-(dataset, split, classes, ``max_videos`` subset), evaluates each through the same pipeline the learners
-use (a ``BlockFeed`` actor built from that run's config: its evaluation cache, centre crops, BLoad
-blocks; ``shard_dataset`` rows; the model in the driver process) and fuses per video id, so the two runs
-may stride or pack differently. ``--data-root`` overrides where the videos are (e.g. fusing on another
+(``checkpoint.load_latest``; the checkpoint's ``config``, else the run's summary.json), checks that both
+runs test the same videos (dataset, split, classes, ``max_videos`` subset), evaluates each through the
+same pipeline the learners use (a ``BlockFeed`` actor built from that run's config: its evaluation
+cache, BLoad blocks, the rows ``LearnerFeed`` assembles; the model in the driver process; the centre
+crop, or the views of ``--test-views`` with their softmax averaged) and fuses per video id, so the two
+runs may stride or pack differently. ``--data-root`` overrides where the videos are (e.g. fusing on another
 machine); every other data setting comes from the runs. The summary's ``test_accuracy`` is the fused
 accuracy, ``extra["fuse"]`` holds the RGB and flow accuracies, and ``per_class_accuracy`` the fused one.
 
 Trade-off: evaluation runs in the driver (one process, no Ray Train): simple and exact, but a large test
-split on a CPU driver is slow (the 3,783 UCF101 split-1 test videos through a ResNet-50 are ~10^13
-FLOPs per stream); run the fuse job on a GPU node (``ray job submit`` places the driver on the head).
+split on a CPU driver is slow (UCF101 split 1's 3,783 test videos through a ResNet-50, per stream and
+view); run the fuse job on a GPU node (``ray job submit`` places the driver on the head).
 """
 
 from __future__ import annotations
@@ -115,11 +116,11 @@ def _evaluate(
     """Softmax per test video id of one run's final model, through that run's own feed."""
     import ray
 
-    from raytrain_seq.elastic.assembly import BlockRowStream
+    from raytrain_seq.augment import test_views
     from raytrain_seq.models import predict
     from raytrain_seq.models.factory import model_from_state
-    from raytrain_seq.runtime.feed import BlockFeed, feed_geometry, shard_dataset
-    from raytrain_seq.step import collate_rows
+    from raytrain_seq.runtime.feed import BlockFeed, LearnerFeed, feed_geometry
+    from raytrain_seq.step import collate_rows, view_probabilities
 
     began = time.perf_counter()
     geometry = feed_geometry(
@@ -138,7 +139,10 @@ def _evaluate(
         ).to(device)
         model.eval()
         shard = ray.get(feed.eval_shard.remote("test"))
-        rows = BlockRowStream(shard_dataset(shard, feed))
+        data = fuse_config.data
+        views = test_views(data.test_views, run_config.data.cache_size, run_config.data.crop)
+        multi = data.test_views != "center"
+        rows = LearnerFeed(feed).rows_of(shard, uncropped=multi)
         micro = fuse_config.train.micro_batch_size
         micro = 4 * micro if isinstance(micro, int) else 16
         sums: dict[int, np.ndarray] = {}
@@ -146,8 +150,13 @@ def _evaluate(
         labels: dict[int, int] = {}
         while (part := rows.take(micro)) is not None:
             batch = {k: v.to(device) for k, v in collate_rows(part).items()}
-            logits, targets = predict(model, batch)
-            probs = torch.softmax(logits.float(), dim=1).cpu().numpy()
+            if multi:  # the softmax averaged over the views, each cut from the uncropped frames
+                flow = spec["in_channels"] == 2
+                probs, targets = view_probabilities(model, batch, views, crop=run_config.data.crop, flow=flow)
+            else:
+                logits, targets = predict(model, batch)
+                probs = torch.softmax(logits.float(), dim=1)
+            probs = probs.cpu().numpy()
             # predict's order is row-major (row, slot): row r's sequences are its block's ids in order.
             ids = [
                 video
@@ -235,6 +244,7 @@ def run_fuse(config: Config) -> RunSummary:
     rgb_config = runs["rgb"][1]
     evaluation = rgb["seconds"] + flow["seconds"]
     summary = RunSummary(
+        test_views=config.data.test_views,
         dataset=rgb_config.data.dataset,
         learners=0,
         epochs=0,

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from raytrain_seq import checkpoint
+from raytrain_seq.augment import test_views
 from raytrain_seq.config import Config
 from raytrain_seq.elastic.client import AveragerClient, Realigned
 from raytrain_seq.elastic.position import EpochPosition
@@ -282,16 +283,27 @@ class Learner:
     def evaluate(self, split: str, *, shard: bool = False):
         """Accuracy of the current (averaged) model on the val or test split, rows cached in memory;
         ``shard``: only this learner's share of it (``feed.eval_shard(split, rank, world_size)``)."""
+        data = self.config.data
+        # The test split can be scored on several views (data.test_views): rows uncropped, views cut here.
+        views = test_views(data.test_views, data.cache_size, data.crop) if split == "test" else None
+        multi = views is not None and data.test_views != "center"
         if split not in self._eval_rows:
             where = (self.rank, self.world_size) if shard else (0, 1)
-            stream, rows = self.feed.eval_rows(split, *where), []
+            stream, rows = self.feed.eval_rows(split, *where, uncropped=multi), []
             while (part := stream.take(16)) is not None:
-                rows.append(collate_rows(part))
+                rows.append(
+                    {k: v for k, v in collate_rows(part).items() if k not in ("tops", "lefts", "flips")}
+                )
             self._eval_rows[split] = rows
         # No backward pass: a forward-only micro-batch can be several times the training one.
         micro = self.config.train.micro_batch_size
         return evaluate(
-            self.model, self._eval_rows[split], micro_batch_size=4 * micro if isinstance(micro, int) else 16
+            self.model,
+            self._eval_rows[split],
+            views=views if multi else None,
+            crop=data.crop,
+            flow=self.in_channels == 2,
+            micro_batch_size=4 * micro if isinstance(micro, int) else 16,
         )
 
     # ------------------------------------------------------------------------------- reports, finish
