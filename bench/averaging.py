@@ -190,7 +190,7 @@ def run(args) -> dict:
     data = LocalData(Config.from_preset("demo", max_videos=size["videos"], seed=size["seed"]))
     steps = steps_per_epoch(data.catalogs["train"].lengths, data.t_max, 2, size["batch"])
     storage = tempfile.mkdtemp(prefix="bench-averaging-")
-    from raytrain_seq.runtime.driver import WORKER_REUSE
+    from raytrain_seq.runtime.connect import WORKER_REUSE
 
     ray.init(
         address="local",

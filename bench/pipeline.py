@@ -274,7 +274,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=args.cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     logging.getLogger("ray").setLevel(logging.WARNING)
     # Start the worker processes before timing: a Ray job on a live cluster does not pay that per epoch.
     ray.data.range(8, override_num_blocks=args.cpus).map_batches(lambda b: b).take_all()

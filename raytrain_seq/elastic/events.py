@@ -272,7 +272,7 @@ def _round_scalars(
     """A round's tracking scalars from its learners' stats (``[[learner, {frames, compute_s, ...}], ...]``).
 
     Frames per second: the round's frames over the time since the previous round closed, e.g. 2 learners
-    of 3,000 frames each in a round 4 s after the last one: 1,500 frames/s.
+    of 3,000 frames each in a round 4 s after the last one: 6,000 / 4 = 1,500 frames per second.
     """
     n = max(len(stats), 1)
     frames = sum(s.get("frames", 0.0) for _, s in stats)
