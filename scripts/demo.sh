@@ -39,7 +39,8 @@ read -r AGENT_PORT CLIENT_PORT < <(python -c 'import socket
 ports = []
 for _ in range(2):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); ports.append(s); print(s.getsockname()[1], end=" ")
-for s in ports: s.close()')
+for s in ports: s.close()
+print()')
 RAY_idle_worker_killing_time_threshold_ms=60000 ray start --head --port "$GCS_PORT" --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
   --dashboard-agent-listen-port "$AGENT_PORT" --ray-client-server-port "$CLIENT_PORT" \
   --num-cpus 4 --temp-dir "$RAY_TMP" --disable-usage-stats >/dev/null
