@@ -105,8 +105,9 @@ class Learner:
             lr=schedule,
         )
         self.rounds = LocalRounds(
-            client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments, device=device
-        )
+            client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments,
+            merge_bn_stats=train.merge_bn_stats, device=device,
+        )  # fmt: skip
         self.tally = Tally()
         self.started = time.perf_counter()
         # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
