@@ -191,6 +191,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     return summary
 
 
+def _whole(epochs: float) -> int | float:
+    """An epoch count as an int when it is whole (3.0 -> 3), else the float (2.5)."""
+    return int(epochs) if float(epochs).is_integer() else float(epochs)
+
+
 def _track_test(config: Config, summary: RunSummary) -> None:
     """The test scores, once, beside the averager's per-round scalars (step = the last round)."""
     tracker = make_tracker(config.run.tracker, config.run_dir())
@@ -232,7 +237,9 @@ def _summary(
     return RunSummary(
         dataset=config.data.dataset,
         learners=int(averaging.get("world_size", config.train.min_learners)),
-        epochs=config.train.epochs,
+        # What the learners trained (train.steps may end a run inside an epoch); older reports: the config.
+        epochs=_whole(metrics.get("epochs_trained", config.train.epochs)),
+        steps=int(metrics.get("steps_trained") or 0),
         test_accuracy=metrics.get("test_accuracy"),
         top5_accuracy=metrics.get("top5_accuracy"),
         mean_class_accuracy=metrics.get("mean_class_accuracy"),
