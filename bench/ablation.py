@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # and the epochs of its runs.
 SIZES = {
     "tiny": {"videos": 40, "warm_epochs": 1, "steps": 8, "seeds": [0, 1], "ucf": (3, 6, 2), "video_epochs": 1},
-    "default": {"videos": 200, "warm_epochs": 3, "steps": 48, "seeds": [0, 1, 2], "ucf": (3, 6, 2),
+    "default": {"videos": 200, "warm_epochs": 6, "steps": 64, "seeds": [0, 1, 2], "ucf": (3, 6, 2),
                 "video_epochs": 4},
     "full": {"videos": 1000, "warm_epochs": 3, "steps": 400, "seeds": [0, 1, 2, 3, 4], "ucf": (5, 9, 2),
              "video_epochs": 8},
@@ -154,6 +154,19 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
 def verdicts(res: dict) -> list[str]:
     v = res["variants"]
     lines = []
+    warm, chance = res.get("warm"), 1 / res.get("num_classes", 10)
+    if warm is not None:
+        at_chance = warm["val"] is None or warm["val"] < 1.5 * chance
+        lines.append(
+            f"Warm start: AAVG1 from scratch for {warm['epochs']} epochs reached {_pct(warm['val'])} validation and "
+            f"{_pct(warm['test'])} test accuracy (chance {_pct(chance)})"
+            + (
+                ": still on the from-scratch plateau, so the paper's pretrained start is not reproduced and the "
+                "batch-size rule may act on that plateau's noise."
+                if at_chance
+                else ", so every variant starts past the from-scratch plateau (the paper starts from ImageNet weights)."
+            )
+        )
     equal = all(s["steps"] == res["steps"] for s in v.values())
     lines.append(
         f"Steps: every run of every variant took {res['steps']} optimizer steps per learner."
