@@ -155,7 +155,10 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         ),
     )
     progress = RunProgress(
-        train.epochs, position=averager_position_reader(averager), rows=feed_rows_reader(feed)
+        train.epochs,
+        position=averager_position_reader(averager),
+        rows=feed_rows_reader(feed),
+        steps=train.steps,
     ).start()
     try:
         with _train_env(config):
