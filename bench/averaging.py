@@ -1,4 +1,4 @@
-"""AAVG on the synthetic set with 2 learners: K, the AAVG1..3 ablation, the DDP peer, the averager's bandwidth.
+"""AAVG on the synthetic set with 2 learners: K, the DDP peer, the averager's bandwidth; the AAVG1..4 ablation.
 
 The paper (Cong et al., "Accelerating deep neural network training for action recognition on a cluster
 of GPUs"; UCF101, ResNet-152 two-stream, 16 P100s) reports that sparse averaging (K = -1, once per epoch)
@@ -9,9 +9,9 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
 
 1. K in {1, 4, 16, -1 (epoch)} -> test accuracy, wall time of the learners, share of it spent averaging
    (``RunSummary.seconds``); m (validate every m rounds) is set so that every K validates once per epoch.
-2. AAVG1 (``adaptive_batch=False, merge_moments=False``), AAVG2 (adaptive, no merge), AAVG3 (both; the
-   job's default), averaging every ``ABLATION_K`` steps and validating ``ABLATION_CHECKS`` times an epoch
-   so that the batch-size rule (grow when validation falls below its best) gets chances to act.
+2. The AAVG1..3 ablation lives in ``bench/ablation.py`` and runs alone (``--only ablation``, its own
+   result ``averaging_ablation``): every variant takes the same N steps (``--steps``) from one warm start,
+   over several seeds, plus AAVG4 and the two-stream fusion on a miniature real-video set.
 3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
    step, gloo on CPU): the same feed (``runtime.feed.create_feed``/``shard_dataset``/``BlockRowStream``),
    model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
@@ -26,6 +26,7 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
     python bench/averaging.py            # default size (the one make bench runs)
     python bench/averaging.py --tiny     # one short run of each kind
     python bench/averaging.py --only bandwidth --json   # the data plane only; last line: one JSON object
+    python bench/averaging.py --only ablation --json    # the ablation at equal N; last line: one JSON object
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ablation
 import ddp_peer
 from averager_cost import bandwidth, cost_model
 from benchlib import LocalData, Result, add_size_flags, command_line, fmt, new_figure, try_plot, write_results
@@ -55,18 +57,12 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE = "raytrain_seq"
 SIZES = {
-    "tiny": {"videos": 40, "epochs": 2, "batch": 1, "ks": [4, -1], "ablation": False, "ddp": True, "mb": 4},
-    "default": {"videos": 500, "epochs": 5, "batch": 1, "ks": [1, 4, 16, -1], "ablation": True, "ddp": True, "mb": 100},
-    "full": {"videos": 9537, "epochs": 20, "batch": 4, "ks": [1, 4, 16, -1], "ablation": True, "ddp": True, "mb": 400},
+    "tiny": {"videos": 40, "epochs": 2, "batch": 1, "ks": [4, -1], "ddp": True, "mb": 4},
+    "default": {"videos": 500, "epochs": 5, "batch": 1, "ks": [1, 4, 16, -1], "ddp": True, "mb": 100},
+    "full": {"videos": 9537, "epochs": 20, "batch": 4, "ks": [1, 4, 16, -1], "ddp": True, "mb": 400},
 }  # fmt: skip
-# The paper's RGB-stream ablation (UCF101 validation accuracy, %) and speed-up.
-PAPER_ABLATION = {"AAVG1": 81.6, "AAVG2": 83.7, "AAVG3": 85.6}
+# The paper's speed-up (2067 min of single-GPU SGD against 61 min on 16 GPUs).
 PAPER_SPEEDUP = 2067 / 61
-# The ablation averages every ABLATION_K steps and validates ABLATION_CHECKS times an epoch: the batch-size
-# rule acts only when a validation falls below the best one, and 5 epochs validated once each (K = epoch)
-# kept rising in every earlier run, so AAVG2 was AAVG1 with nothing switched on. The paper leaves m open.
-ABLATION_K = 4
-ABLATION_CHECKS = 4
 RESNET152_PARAMS = 60.2e6
 
 
@@ -139,6 +135,7 @@ def run_aavg(size: dict, storage: str, name: str, k: int, steps: int, checks: in
         "averaging_s": summary.seconds.get("averaging", 0.0), "final_b": sizes[-1], "max_b": max(sizes),
         "adaptive": config.train.adaptive_batch, "merge": config.train.merge_moments,
         "first_growth": best_before_growth(history, summary.batch_size_history),
+        "steps": summary.steps,
     }  # fmt: skip
     out["share"] = out["averaging_s"] / learner_s if learner_s else None
     print(f"{name}: test {fmt(out['test'], '.3f')}, learners {learner_s:.1f} s, averaging {out['averaging_s']:.1f} s, "
@@ -204,16 +201,6 @@ def run(args) -> dict:
     try:
         ks = [run_aavg(size, storage, f"aavg-k{k}", k, steps) for k in size["ks"]]
         aavg3 = next(r for r in ks if r["k"] == -1)
-        if size["ablation"]:
-            switches = {"aavg1": (False, False), "aavg2": (True, False), "aavg3": (True, True)}
-            ablation = [
-                run_aavg(
-                    size, storage, name, ABLATION_K, steps, ABLATION_CHECKS, adaptive_batch=a, merge_moments=m
-                )
-                for name, (a, m) in switches.items()
-            ]
-        else:
-            ablation = [{**aavg3, "name": "aavg3"}]
         ddp = run_ddp(size, storage, "ddp") if size["ddp"] else None
         band = bandwidth(size["mb"])
     finally:
@@ -223,7 +210,6 @@ def run(args) -> dict:
         "size": size,
         "steps": steps,
         "ks": ks,
-        "ablation": ablation,
         "ddp": ddp,
         "aavg": aavg3,
         "bandwidth": band,
@@ -253,30 +239,6 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
         for r in res["ks"]
     ]  # fmt: skip
     out.append(("K (local steps between averaging rounds):", header, rows))
-    header = [
-        "variant",
-        "K",
-        "m",
-        "adaptive batch",
-        "merge Adam",
-        "test acc",
-        "best val",
-        "largest B",
-        "rounds",
-        "paper (UCF101 RGB val)",
-    ]
-    rows = [
-        [r["name"].upper(), "epoch" if r["k"] < 0 else str(r["k"]), str(r["m"]), str(r["adaptive"]), str(r["merge"]), _pct(r["test"]), _pct(r["best_val"]), str(r["max_b"]), str(r["rounds"]),
-         f"{PAPER_ABLATION[r['name'].upper()]:.1f} %"]
-        for r in res["ablation"]
-    ]  # fmt: skip
-    out.append(
-        (
-            "AAVG1..3 ablation (validation several times an epoch, so the batch-size rule can act):",
-            header,
-            rows,
-        )
-    )
     if res["ddp"] is not None:
         target, t_a, t_d = res["target"], res["t_aavg"], res["t_ddp"]
         header = ["run", "test acc", "best val", f"s to val >= {_pct(target)}", "learners s", "vs AAVG"]
@@ -353,33 +315,7 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
             f"{word} K=1's ({_pct(a['test'])} vs {_pct(b['test'])}); the paper: K = -1 converges well with "
             "near-linear speed-up."
         )
-    abl = {r["name"]: r for r in res["ablation"]}
     chance = 1.0 / res.get("num_classes", 10)
-    if {"aavg1", "aavg2", "aavg3"} <= set(abl):
-        n = res["test_videos"]
-        d21, se21, w21 = compare_accuracy(abl["aavg2"]["test"] or 0, abl["aavg1"]["test"] or 0, n)
-        d32, se32, w32 = compare_accuracy(abl["aavg3"]["test"] or 0, abl["aavg2"]["test"] or 0, n)
-        head.update(aavg2_minus_1=d21, aavg3_minus_2=d32)
-        grew = abl["aavg2"]["max_b"] > res["size"]["batch"]
-        out.append(
-            f"Ablation: AAVG2 {w21} AAVG1 ({d21:+.1f} points, se {se21:.1f}; the paper +2.1) and AAVG3 {w32} AAVG2 "
-            f"({d32:+.1f}, se {se32:.1f}; the paper +1.9) on {n} test videos"
-            + (
-                f"; AAVG2's batch grew from {res['size']['batch']} to {abl['aavg2']['max_b']} blocks, so in the same "
-                f"{res['size']['epochs']} epochs it averaged {abl['aavg2']['rounds']} times against AAVG1's "
-                f"{abl['aavg1']['rounds']}: the paper fixes the number of steps N, where a grown batch sees more "
-                "data, while this job fixes the epochs, where a grown batch takes fewer steps"
-                + _plateau_clause(abl, chance)
-                if grew
-                else "; the batch size never grew in AAVG2, so that switch had nothing to act on in this run"
-            )
-            + (
-                ""
-                if abl["aavg1"]["max_b"] == res["size"]["batch"]
-                else "; AAVG1's batch size grew although adaptive_batch=False: the switch is not wired through"
-            )
-            + "."
-        )
     if res["ddp"] is not None and res["target"] is not None and res["target"] < 1.5 * chance:
         out.append(
             f"Against Ray Train + DDP: the lower of the two best validation accuracies is {_pct(res['target'])}, near "
@@ -441,25 +377,6 @@ def _rounds_clause(band: dict) -> str:
     return text
 
 
-def _plateau_clause(abl: dict, chance: float) -> str:
-    """Where the batch first grew in AAVG2/AAVG3, and whether validation had left chance level by then."""
-    parts = []
-    for name in ("aavg2", "aavg3"):
-        growth = abl[name].get("first_growth")
-        if growth:
-            parts.append(f"{name.upper()} at round {growth[0]} (best validation so far {_pct(growth[1])})")
-    if not parts:
-        return ""
-    early = all(g[1] < 1.5 * chance for n in ("aavg2", "aavg3") if (g := abl[n].get("first_growth")))
-    return f". The batch first grew in {' and in '.join(parts)}" + (
-        f", with validation still at chance ({_pct(chance)}): with b1 = 1 the rule fires on the noise of the "
-        "initial plateau of a model trained from scratch (b1 < 1, e.g. 0.98, tolerates it; the paper starts "
-        "from ImageNet weights)"
-        if early
-        else ""
-    )
-
-
 def plot(res: dict):
     fig, (a1, a2) = new_figure(2)
     for r in res["ks"]:
@@ -476,9 +393,10 @@ def plot(res: dict):
     a1.set_xlabel("learner seconds")
     a1.set_ylabel("validation accuracy %")
     a1.legend(fontsize=7)
-    names = [r["name"].upper() for r in res["ablation"]]
-    a2.bar(names, [100 * (r["test"] or 0) for r in res["ablation"]], color="#1f77b4")
-    a2.set_title("ablation: test accuracy %")
+    names = ["epoch" if r["k"] < 0 else str(r["k"]) for r in res["ks"]]
+    a2.bar(names, [100 * (r["share"] or 0) for r in res["ks"]], color="#1f77b4")
+    a2.set_xlabel("K")
+    a2.set_title("time spent averaging, % of the learners'")
     fig.suptitle("AAVG on the synthetic set, 2 learners")
     return fig
 
@@ -523,6 +441,48 @@ def only_bandwidth(args) -> dict:
     return head
 
 
+def only_ablation(args, argv: list[str] | None) -> dict:
+    """AAVG1..3 at equal N from one warm start over seeds, AAVG4 and the fusion (``bench/ablation.py``);
+    writes the ``averaging_ablation`` result and, with ``--json``, prints its headline as the last line."""
+    import json
+
+    res = ablation.run(args.size)
+    head = ablation.headline(res)
+    extra = ablation.tables(res)
+    _, header, rows = extra[0]
+    s = res["size"]
+    notes = [
+        f"Synthetic set: {s['videos']} training videos (val and test up to as many), 2 learners of 1 CPU thread on a "
+        f"local Ray cluster (num_cpus=4), the demo model, B = 1 block at the start (at most {ablation.MAX_B}), "
+        f"K = {ablation.K}, validation every {ablation.M} rounds, b1 = {ablation.B1} (the paper's growth test); warm start: AAVG1 for {s['warm_epochs']} epochs from scratch (seed 0), then every "
+        f"variant --init-from it and --steps {s['steps']}; seeds {s['seeds']} (data.seed: the videos, plans and "
+        "augmentations). 'val acc' is each run's last validation (the evaluator's, every "
+        f"{ablation.M} rounds), 'test acc' its final model's; mean +- standard error over the seeds.",
+        f"Miniature UCF101 (tests/video_fixtures.py: {s['ucf'][0]} classes x {s['ucf'][1]} groups x {s['ucf'][2]} "
+        f"clips), preset mini-video, {s['video_epochs']} epochs, one seed; the fusion averages the softmax of the RGB "
+        f"and the AAVG4 flow run per test video. Whole section: {res['wall_s'] / 60:.1f} min.",
+    ]
+    verdicts = ablation.verdicts(res)
+    d21, _ = ablation.gap(res["variants"]["AAVG2"], res["variants"]["AAVG1"])
+    d32, _ = ablation.gap(res["variants"]["AAVG3"], res["variants"]["AAVG2"])
+    result = Result(
+        name="averaging_ablation",
+        title="AAVG ablation at equal steps: AAVG1..3 over seeds, AAVG4 and two streams (`bench/averaging.py --only ablation`)",
+        command=command_line(argv, "averaging.py"),
+        size=args.size,
+        header=header,
+        rows=rows,
+        notes=notes,
+        verdicts=verdicts,
+        headline={"aavg2_minus_1": d21, "aavg3_minus_2": d32, **head},
+        extra_tables=extra[1:],
+    )
+    write_results(result, args.results)
+    if args.json:
+        print(json.dumps(head), flush=True)
+    return head
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser)
@@ -537,9 +497,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument(
         "--only",
-        choices=["bandwidth"],
+        choices=["bandwidth", "ablation"],
         default=None,
-        help="bandwidth: only the data plane's rounds (no training)",
+        help="bandwidth: only the data plane's rounds (no training); ablation: AAVG1..4 at equal steps",
     )
     parser.add_argument(
         "--json", action="store_true", help="print the headline numbers as one JSON last line"
@@ -547,6 +507,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.only == "bandwidth":
         return only_bandwidth(args)
+    if args.only == "ablation":
+        return only_ablation(args, argv)
     if args.ks is not None and (-1 not in args.ks or any(k < 1 and k != -1 for k in args.ks)):
         parser.error(
             f"--ks must be -1 or ints >= 1 and include -1 (AAVG3 and the DDP reference), got {args.ks}"
@@ -601,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     result = Result(
         name="averaging",
-        title="AAVG: averaging interval, ablation, DDP peer and the averager's cost (`bench/averaging.py`)",
+        title="AAVG: averaging interval, DDP peer and the averager's cost (`bench/averaging.py`)",
         command=command_line(argv, "averaging.py"),
         size=args.size,
         header=header,

@@ -173,7 +173,9 @@ def bn_pairs(keys: Sequence[str], state: Mapping[str, Tensor]) -> dict[str, str]
     return pairs
 
 
-def average_states(states: Sequence[Mapping[str, Tensor]], weights: Any = None) -> dict[str, Tensor]:
+def average_states(
+    states: Sequence[Mapping[str, Tensor]], weights: Any = None, *, merge_bn_stats: bool = True
+) -> dict[str, Tensor]:
     """Weighted mean of the learners' model states (Algorithm 1, line 12), key by key.
 
     Floating tensors become sum_j w_j x_j (weights default to equal; they are normalised to sum to one),
@@ -182,7 +184,9 @@ def average_states(states: Sequence[Mapping[str, Tensor]], weights: Any = None) 
     first learner. A BatchNorm ``X.running_var`` whose ``X.running_mean`` is present is merged by the law
     of total variance (see merge_mean_var): each learner's running statistics describe its own data, and
     the plain mean of the variances would ignore how far apart the learners' means are, underestimating the
-    variance of the data all learners saw together (Algorithm 2, lines 1, 3 and 6).
+    variance of the data all learners saw together (Algorithm 2, lines 1, 3 and 6). ``merge_bn_stats``
+    False takes the plain weighted mean of both halves of a pair instead: Algorithm 2 is part of AAVG3
+    only, so the AAVG1 and AAVG2 ablations average the statistics like any other tensor.
     """
     if isinstance(states, Mapping) or not isinstance(states, Sequence):
         raise TypeError(f"states must be a list of state dicts (one per learner), not {type(states)}")
@@ -194,7 +198,7 @@ def average_states(states: Sequence[Mapping[str, Tensor]], weights: Any = None) 
     keys = list(states[0])
     for key in keys:
         _check_alike([state[key] for state in states], f"key {key!r}")
-    pairs = bn_pairs(keys, states[0])
+    pairs = bn_pairs(keys, states[0]) if merge_bn_stats else {}
     merged: dict[str, Tensor] = {}
     for var_key, mean_key in pairs.items():
         merged[mean_key], merged[var_key] = merge_mean_var(

@@ -253,6 +253,8 @@ class TrainConfig:
     """Grow the batch size when validation stalls (AAVG Algorithm 1); False keeps batch_size (ablation)."""
     merge_moments: bool = True
     """Average the learners' Adam moments with their weights (AAVG Algorithm 2); False = keep their own."""
+    merge_bn_stats: bool = True
+    """Merge BatchNorm (mean, var) pairs by the law of total variance (AAVG Algorithm 2); False = plain mean."""
     k: int = -1
     """Local steps between averaging rounds, K in the paper; -1 = one round at the end of every epoch."""
     batch_size: int = 4
@@ -268,7 +270,9 @@ class TrainConfig:
     b2: float = 2
     """AAVG growth factor: a growing batch size is multiplied by b2, up to max_batch_size (>= 1)."""
     epochs: int = 10
-    """Passes over the training videos."""
+    """Passes over the training videos (the run's end when train.steps is none)."""
+    steps: int | None = None
+    """Optimizer steps per learner, N in AAVG Algorithm 1: the run ends there, whatever the epoch; none = epochs."""
     lr: float = 1e-3
     """Learning rate of the learners' optimizer."""
     optimizer: str = "adam"
@@ -304,7 +308,7 @@ class TrainConfig:
                 )
         for name in ("worker_start_timeout_s", "resize_interval_s"):
             number(f"train.{name}", getattr(self, name), "> 0", lambda v: v > 0, "use e.g. 60.0 seconds")
-        for name in ("adaptive_batch", "merge_moments"):
+        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"train.{name} must be True or False, got {getattr(self, name)!r}: "
@@ -340,6 +344,9 @@ class TrainConfig:
             )
         number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
         int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
+        optional_int_at_least(
+            "train.steps", self.steps, 1, "give the optimizer steps per learner, e.g. 200, or none for epochs"
+        )
         number("train.lr", self.lr, "> 0", lambda v: v > 0, "use e.g. 1e-3")
         choice("train.optimizer", self.optimizer, OPTIMIZERS)
         number(
@@ -365,6 +372,12 @@ class TrainConfig:
         choice("train.precision", self.precision, PRECISIONS)
         choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         int_at_least("train.warmup_steps", self.warmup_steps, 0, "use 0 for no warm-up, e.g. 500")
+
+    @property
+    def max_epochs(self) -> int:
+        """Epochs the run may start: ``epochs``, or with ``steps`` one per step at most (every learner
+        has at least one row per epoch, so every epoch takes at least one step)."""
+        return self.epochs if self.steps is None else self.steps
 
     @property
     def shards(self) -> int:

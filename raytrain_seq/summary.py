@@ -53,8 +53,8 @@ class RunSummary:
     """Dataset name (config data.dataset)."""
     learners: int
     """Learners at the end of the run."""
-    epochs: int
-    """Epochs completed."""
+    epochs: int | float
+    """Epochs trained; a run ended by train.steps inside an epoch adds that epoch's share of rows done."""
     test_accuracy: float | None
     """Accuracy on the test set in [0, 1]; None when the run was not tested."""
     top5_accuracy: float | None = None
@@ -71,6 +71,8 @@ class RunSummary:
     """Mean training loss per averaging round: {round, loss, time_s}."""
     rounds: int = 0
     """Averaging rounds completed."""
+    steps: int = 0
+    """Optimizer steps each learner took (N in AAVG Algorithm 1 when train.steps set the run's end)."""
     frames_total: int = 0
     """Real (non-padding) frames trained on, summed over epochs."""
     frames_deleted: int = 0
@@ -307,7 +309,9 @@ def format_table(summary: RunSummary) -> str:
     if s.loss_history:
         rows.append(("loss", f"{s.loss_history[-1]['loss']:.4f}", f"first {s.loss_history[0]['loss']:.4f}"))
 
-    head = f"{title}: {s.dataset}, {s.learners} learners, {s.epochs} epochs, {s.rounds} averaging rounds"
+    epochs = f"{s.epochs:g}" if isinstance(s.epochs, float) else str(s.epochs)
+    steps = f", {s.steps} steps" if s.steps else ""
+    head = f"{title}: {s.dataset}, {s.learners} learners, {epochs} epochs{steps}, {s.rounds} averaging rounds"
     return _table(head, rows)
 
 

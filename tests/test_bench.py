@@ -15,6 +15,7 @@ import torch
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import ablation  # noqa: E402
 import averaging  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
@@ -329,14 +330,9 @@ def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
         {**run, "name": "aavg-k1", "k": 1, "m": 32, "share": 0.2},
         {**run, "name": "aavg-k-1", "k": -1, "m": 1, "share": tmp_share},
     ]
-    ablation = [
-        {**run, "name": "aavg1", "k": 4, "m": 2, "adaptive": False, "merge": False, "max_b": 1, "test": 0.4},
-        {**run, "name": "aavg2", "k": 4, "m": 2, "merge": False, "test": 0.55, "rounds": 6},
-        {**run, "name": "aavg3", "k": 4, "m": 2},
-    ]
     cost = [{"nic": 100, **averaging.cost_model(16, 60.2e6, 100, 0.6, steps=19)}]
     return {"size": {"batch": 1, "videos": 500, "epochs": 5}, "steps": 32, "ks": ks,
-            "ablation": ablation, "aavg": ks[1], "test_videos": 500, "target": 0.6, "t_aavg": 40.0, "t_ddp": 80.0,
+            "aavg": ks[1], "test_videos": 500, "target": 0.6, "t_aavg": 40.0, "t_ddp": 80.0,
             "ddp": {**run, "name": "ddp", "history": [{"accuracy": 0.6, "time_s": 80.0}]},
             "bandwidth": {"mb": 200.0, "seconds": {"numpy": 0.1, "library": 0.3, "actor": 1.0},
                           "mbps": {"numpy": 2000.0, "library": 666.0, "actor": 200.0}},
@@ -344,33 +340,24 @@ def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
 
 
 def test_averaging_verdicts_follow_the_numbers():
-    """averaging.verdicts: the DDP ratio, the ablation order and the dominant cost term come from the data."""
+    """averaging.verdicts: the DDP ratio and the dominant cost term come from the data."""
     res = _fake_averaging_result()
     lines, head = averaging.verdicts(res)
     assert head["ddp_over_aavg_time"] == pytest.approx(2.0) and head["share_k_epoch"] == pytest.approx(0.02)
     text = " ".join(lines)
     assert "(2.00x; above 1 means AAVG is faster)" in text
-    assert "AAVG2 beats AAVG1 (+15.0 points" in text and "AAVG3 is within noise of AAVG2" in text
-    assert "grew from 1 to 2 blocks, so in the same 5 epochs it averaged 6 times against AAVG1's 10" in text
-    assert "The batch first grew" not in text  # no growth rounds recorded in the fake runs
+    assert "Ablation" not in text  # the ablation is its own result (bench/ablation.py)
 
 
-def test_batch_growth_on_the_chance_plateau_is_named():
-    """best_before_growth finds the first growth and the best validation before it; the verdict says when
-    that was still chance level (the b1 = 1 rule firing on noise), and not when the model had learned."""
+def test_batch_growth_and_the_cost_terms_come_from_the_data():
+    """best_before_growth finds the first growth and the best validation before it; the cost verdict names
+    the dominant term; a DDP target near chance gives no speed ratio."""
     vals = [{"round": 1, "accuracy": 0.10}, {"round": 2, "accuracy": 0.09}, {"round": 4, "accuracy": 0.5}]
     sizes = [{"round": r, "batch_size": b} for r, b in ((1, 1), (2, 1), (3, 2), (4, 4))]
     assert averaging.best_before_growth(vals, sizes) == (3, 0.10)
     assert averaging.best_before_growth(vals, sizes[:2]) is None
     res = _fake_averaging_result()
-    for run in res["ablation"][1:]:
-        run["first_growth"] = (3, 0.10)
     text = " ".join(averaging.verdicts(res)[0])
-    assert "AAVG2 at round 3 (best validation so far 10.0 %)" in text and "still at chance (10.0 %)" in text
-    for run in res["ablation"][1:]:
-        run["first_growth"] = (9, 0.55)
-    text = " ".join(averaging.verdicts(res)[0])
-    assert "AAVG3 at round 9 (best validation so far 55.0 %)" in text and "still at chance" not in text
     assert "so arithmetic dominates" in text  # 11.6 GB at 0.6 GB/s >> 23 GB at 12.5 GB/s
     low = {**res, "target": 0.12}
     assert (
@@ -378,7 +365,59 @@ def test_batch_growth_on_the_chance_plateau_is_named():
         and "ddp_over_aavg_time" not in averaging.verdicts(low)[1]
     )
     tables = averaging.tables(res, type("A", (), {"cost_learners": 16})())
-    assert [len(rows) for _, _, rows in tables] == [2, 3, 2, 3, 1]
+    assert [len(rows) for _, _, rows in tables] == [2, 2, 3, 1]
+
+
+def _ablation_result(vals: dict[str, list[float]], steps: dict[str, list[int]] | None = None) -> dict:
+    runs = {
+        name: [
+            {"seed": seed, "val": v, "test": v - 0.01, "steps": (steps or {}).get(name, [40] * 3)[seed],
+             "epochs": 1.5, "max_b": 1 if name == "AAVG1" else 4}
+            for seed, v in enumerate(values)
+        ]
+        for name, values in vals.items()
+    }  # fmt: skip
+    video = {"rgb": {"val": 0.5, "test": 0.5, "epochs": 4}, "flow": {"val": 0.6, "test": 0.6, "epochs": 4},
+             "flow_scratch": {"val": 0.4, "test": 0.4, "epochs": 4}, "test_videos": 12,
+             "fused": {"rgb": 0.5, "flow": 0.6, "fused": 0.7}}  # fmt: skip
+    return {"variants": {n: ablation.variant_stats(r) for n, r in runs.items()}, "steps": 40, "seeds": [0, 1, 2],
+            "video": video, "bn_pairs": 0, "aavg4": {"flow_test": 0.6}, "two_stream": video["fused"],
+            "warm": {"epochs": 6, "val": 0.3, "test": 0.32}}  # fmt: skip
+
+
+def test_ablation_statistics_and_the_verdict_on_the_targets():
+    """mean_se is the mean and sample std / sqrt(n); gaps combine the two se; the verdict states each target
+    (>= -1 se) from the numbers, the equal step counts, the BatchNorm pair count and AAVG4's comparison."""
+    mean, se = ablation.mean_se([0.5, 0.7, 0.6])
+    assert mean == pytest.approx(0.6) and se == pytest.approx(0.1 / math.sqrt(3))
+    assert ablation.mean_se([0.5]) == (0.5, None) and ablation.mean_se([]) == (None, None)
+    res = _ablation_result(
+        {"AAVG1": [0.5, 0.6, 0.7], "AAVG2": [0.62, 0.62, 0.62], "AAVG3": [0.5, 0.51, 0.52]}
+    )
+    d, se = ablation.gap(res["variants"]["AAVG2"], res["variants"]["AAVG1"])
+    assert d == pytest.approx(2.0) and se == pytest.approx(10 / math.sqrt(3))
+    text = " ".join(ablation.verdicts(res))
+    assert "every run of every variant took 40 optimizer steps" in text
+    assert "for 6 epochs reached 30.0 % validation and 32.0 % test accuracy (chance 10.0 %), so every" in text
+    cold = {**res, "warm": {"epochs": 1, "val": 0.1, "test": 0.1}}
+    assert "still on the from-scratch plateau" in " ".join(ablation.verdicts(cold))
+    assert (
+        "AAVG2 - AAVG1: +2.0 validation points (se 5.8; the paper +2.1): the target (>= -1 se) is met" in text
+    )
+    assert (
+        "AAVG3 - AAVG2: -11.0 validation points (se 0.6; the paper +1.9): the target (>= -1 se) is missed"
+        in text
+    )
+    assert "has 0 BatchNorm (mean, var) pairs, so the switch changes nothing" in text
+    assert "reached B = 4 (AAVG2)" in text and "60.0 % test accuracy against 40.0 % from scratch" in text
+    head = ablation.headline(res)
+    assert head["variants"]["AAVG1"]["steps"] == 40 and head["equal_steps"] and head["seeds"] == [0, 1, 2]
+    assert json.loads(json.dumps(head)) == head
+    uneven = _ablation_result({n: [0.5] * 3 for n in ablation.VARIANTS}, steps={"AAVG2": [40, 40, 39]})
+    assert uneven["variants"]["AAVG2"]["steps"] == [39, 40]
+    assert "did NOT take equal steps" in " ".join(ablation.verdicts(uneven))
+    assert not ablation.headline(uneven)["equal_steps"]
+    assert [len(rows) for _, _, rows in ablation.tables(res)] == [3, 4]
 
 
 def test_refurbish_verdicts_follow_the_numbers():

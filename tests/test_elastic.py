@@ -119,6 +119,27 @@ def test_epoch_position_for_group_and_json_round_trip():
             EpochPosition.from_dict(bad)
 
 
+def test_epoch_position_carries_the_run_step_count_through_layouts_and_json():
+    """train.steps counts on from the position: for_group and after keep the count, JSON keeps it, a
+    position written before the count existed reads as 0 steps, and a negative count is refused."""
+    moved = EpochPosition(2, (), 3, 0, steps=40).after(5).for_group(2)
+    assert moved == EpochPosition(2, ((3, 5),), 2, 0, steps=40)
+    later = moved.after(1).with_steps(41)
+    assert EpochPosition.from_dict(json.loads(json.dumps(later.as_dict()))) == later
+    assert EpochPosition.from_dict({"epoch": 1, "world_size": 2, "rows_done": 3}).steps == 0
+    with pytest.raises(ValueError, match="epoch position"):
+        EpochPosition.from_dict({"epoch": 1, "steps": -1})
+
+
+def test_epochs_trained_counts_the_share_of_rows_over_every_layout():
+    from raytrain_seq.runtime.learner import epochs_trained
+
+    assert epochs_trained(EpochPosition(3, steps=9), 10) == 3.0
+    assert epochs_trained(EpochPosition(1, (), 1, 2), 8) == 1.25
+    # 8 rows each by 4 learners, then 2 of 10 each by 3: (32 + 6) / (32 + 30).
+    assert epochs_trained(EpochPosition(2, ((4, 8),), 3, 2), 10) == pytest.approx(2 + 38 / 62)
+
+
 # ------------------------------------------------------------------------------------------- backoff
 def test_backoff_is_bounded_and_exponential():
     """Delays double from base up to cap and their sum stays within the budget."""

@@ -12,6 +12,7 @@ this process with one learner, ends on exactly the weights of a plain PyTorch lo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,17 +216,22 @@ def test_missed_checkpoint_rounds_follow_the_schedule():
 
 
 # ---------------------------------------------------------------------------------------- the loop
-def _reference(config: Config, feed: Feed) -> dict[str, torch.Tensor]:
-    """A plain PyTorch loop over the same rows: the same seed, optimizer and mini-batches of B rows."""
+def _reference(config: Config, feed: Feed, steps: int | None = None) -> dict[str, torch.Tensor]:
+    """A plain PyTorch loop over the same rows: the same seed, optimizer and mini-batches of B rows
+    (``steps``: stop after that many steps, epochs or not)."""
     torch.manual_seed(config.data.seed)
     spec = feed.model_spec()
     model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
     train = config.train
     optimizer = build_optimizer(train.optimizer, model.parameters(), lr=train.lr)
     step = InnerStep(model, optimizer, micro_batch_size=train.micro_batch_size, device="cpu")
-    for epoch in range(train.epochs):
+    for epoch in itertools.count():
+        if steps is None and epoch == train.epochs:
+            break
         rows = feed.epoch(epoch)
         for start in range(0, len(rows), train.batch_size):
+            if step.steps == steps:
+                return model.state_dict()
             step(collate_rows(rows[start : start + train.batch_size]))
     return model.state_dict()
 
@@ -266,8 +272,54 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     final = reports[-1][1]
     assert final.state.round == 4 and reports[-1][0]["test_accuracy"] is not None
     assert all(torch.equal(final.state.params[k], got[k]) for k in got)
-    assert final.position == {**EpochPosition(2).as_dict(), "round": 4}
+    assert final.position == {**EpochPosition(2, steps=8).as_dict(), "round": 4}
+    assert reports[-1][0]["steps_trained"] == 8 and reports[-1][0]["epochs_trained"] == 2
     assert transport.calls.count("average") == 4 and transport.calls.count("report_validation") == 4
+
+
+def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restart(tmp_path):
+    """train.steps=5 with epochs=1 (4 steps an epoch): the run goes on into epoch 2, ends after its first
+    step with a final round (K=2: rounds at steps 2, 4 and the 5th) on the plain loop's 5-step weights,
+    and the final checkpoint records 5 steps and 1.25 epochs. A new group started from the round-2
+    checkpoint (an averager that holds nothing, seeded from it: a restart or a --resume) counts on from
+    its 4 steps and takes exactly 1 more, to the same weights."""
+    config = _config(epochs=1, steps=5)
+    feed = Feed()
+
+    def train(seed=lambda: None) -> tuple[Learner, list[tuple[dict, object]], list[str]]:
+        averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+        transport = InProcess(averager)
+        reports: list[tuple[dict, object]] = []
+
+        def report(metrics, folder: Path | None) -> None:
+            reports.append((metrics, None if folder is None else checkpoint.load(folder)))
+
+        try:
+            learner = Learner(
+                config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
+                report=report, checkpoint_seed=seed,
+            )  # fmt: skip
+            learner.run()
+        finally:
+            transport.close()
+        return learner, reports, transport.calls
+
+    learner, reports, calls = train()
+    expected = _reference(config, feed, steps=5)
+    got = learner.model.state_dict()
+    assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)
+    # Not vacuous: 4 steps (the one epoch asked for) end elsewhere.
+    four = _reference(config, feed, steps=4)
+    assert any(not torch.allclose(four[k], expected[k], rtol=0, atol=1e-6) for k in expected)
+    assert [(m["round"], saved is not None) for m, saved in reports] == [(2, True), (3, True)]
+    assert calls.count("average") == 3 and learner.step.steps == 5
+    final_metrics, final = reports[-1]
+    assert final.position == {**EpochPosition(1, (), 1, 2, steps=5).as_dict(), "round": 3}
+    assert final_metrics["steps_trained"] == 5 and final_metrics["epochs_trained"] == 1.25
+    resumed, _, calls = train(seed=lambda: reports[0][1].state)
+    assert resumed.steps_done == 5 and resumed.step.steps == 1 and calls.count("average") == 1
+    again = resumed.model.state_dict()
+    assert all(torch.allclose(again[k], expected[k], rtol=0, atol=1e-6) for k in expected)
 
 
 def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
@@ -285,7 +337,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
         report=lambda m, f: None,
     )
     others = {k: torch.full_like(v, 0.5) for k, v in template.model.state_dict().items()}
-    position = EpochPosition(0, (), 1, 4).as_dict()
+    position = EpochPosition(0, (), 1, 4, steps=2).as_dict()
     theirs = AveragedState(round=3, params=others, batch_size=2, position=position, source="live")
     sent: list[dict] = []
 
@@ -326,15 +378,16 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     learner.rounds.install = lambda state: (installed.append(state.round), original(state))[1]
     position = learner.start()
     end = learner.train_epoch(position)
-    assert end == EpochPosition(0, (), 1, 4)  # the others' position: the loop continues from there
+    assert end == EpochPosition(0, (), 1, 4, steps=2)  # the others' position: the loop continues from there
+    assert learner.steps_done == 2  # and their step count (train.steps counts on from it)
     assert installed[-1] == 3 and all(
         torch.equal(v, others[k]) for k, v in learner.model.state_dict().items()
     )
     assert [r["round"] for r in reports] == [2]  # rounds 1 and 3 are no checkpoint rounds (every=2)
     final = learner.train_epoch(end)
-    assert final == EpochPosition(1)
+    assert final == EpochPosition(1, steps=4)
     assert feed.epoch_calls == [(0, 0), (0, 4)]  # the second pass skipped the 4 rows the others took
-    assert sent == [EpochPosition(1).as_dict()]  # rows 4-7 (2 steps = K) end the epoch in round 4
+    assert sent == [EpochPosition(1, steps=4).as_dict()]  # rows 4-7 (2 steps = K) end the epoch in round 4
 
 
 def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_split():

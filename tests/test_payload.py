@@ -102,6 +102,28 @@ def test_sharded_merge_equals_the_single_process_reference_bit_for_bit(shards, a
         assert any(key == "max/float32" for key, _ in layouts[0].sizes)
 
 
+@pytest.mark.parametrize("shards", [1, 3])
+def test_merge_bn_stats_off_averages_batchnorm_pairs_as_plain_means_in_both_paths(shards):
+    """train.merge_bn_stats=False (the AAVG1/AAVG2 ablations): no pmean/pvar buffers, the shards' merge
+    equals ``average_states(..., merge_bn_stats=False)`` and the variance is the plain weighted mean."""
+    params, moments = learners(3)
+    weights = [30.0, 50.0, 20.0]
+    layouts = [FlatLayout.of(p, m, merge_bn_stats=False) for p, m in zip(params, moments, strict=True)]
+    assert {key for key, _ in layouts[0].sizes} == {"mean/float32"}
+    assert layouts[0].signature != FlatLayout.of(params[0], moments[0]).signature
+    packed = [layout.pack(p, m) for layout, p, m in zip(layouts, params, moments, strict=True)]
+    sliced = [layouts[0].split(buffers, shards) for buffers, _ in packed]
+    merged = [merge_parts([s[i] for s in sliced], weights) for i in range(shards)]
+    got, _ = layouts[0].unpack(merged, merge_extras([e for _, e in packed]))
+    expected = average_states(params, weights, merge_bn_stats=False)
+    assert same(got, expected)
+    plain = sum(w * p["1.running_var"].double() for w, p in zip(weights, params, strict=True)) / 100
+    assert torch.allclose(got["1.running_var"].double(), plain, rtol=1e-6, atol=0)
+    # Not vacuous: the learners' statistics differ, so the total-variance merge gives a larger variance.
+    merged_on = average_states(params, weights)
+    assert bool((merged_on["1.running_var"] > got["1.running_var"]).any())
+
+
 def test_bad_inputs_fail_early_with_the_fix():
     params, _ = learners(1)
     odd = {0: {"step": torch.tensor(1.0), "momentum_buffer": torch.zeros(3)}}

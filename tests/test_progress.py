@@ -49,3 +49,15 @@ def test_the_bar_follows_the_position_and_survives_a_failed_read(caplog):
     assert rows_asked == [(1, 2), (4, 2)]
     assert caplog.text.count("cannot read the run's position") == 1
     assert "epochs" in out.getvalue() and "ETA" in out.getvalue()
+
+
+def test_a_steps_run_counts_the_positions_steps_out_of_n():
+    """train.steps: the bar is the averaged position's run-wide step count out of N, capped at N."""
+    positions = [None, {"epoch": 3, "rows_done": 2, "world_size": 2, "steps": 40}, {"epoch": 9, "steps": 70}]
+    out = io.StringIO()
+    progress = RunProgress(
+        10, position=lambda: positions.pop(0), rows=lambda e, w: 100, interval_s=3600, stream=out, steps=64
+    )
+    assert [progress.poll() for _ in range(3)] == [0.0, 40.0, 64.0]
+    progress.close()
+    assert "/64 steps" in out.getvalue()

@@ -97,9 +97,13 @@ class FlatLayout:
     """(buffer key, numel), sorted by key."""
 
     @classmethod
-    def of(cls, params: Mapping[str, Tensor], moments: Mapping | None) -> FlatLayout:
+    def of(
+        cls, params: Mapping[str, Tensor], moments: Mapping | None, *, merge_bn_stats: bool = True
+    ) -> FlatLayout:
         """The layout of ``params`` (a state_dict) and ``moments`` (``optimizer.state_dict()["state"]``
-        of Adam/AdamW, or None); an optimizer state holding other floating tensors is a ValueError."""
+        of Adam/AdamW, or None); an optimizer state holding other floating tensors is a ValueError.
+        ``merge_bn_stats`` False places BatchNorm (mean, var) pairs in the ``mean`` buffers (a plain
+        mean, as ``average_states(..., merge_bn_stats=False)``): the shards merge by the buffer's rule."""
         if not isinstance(params, Mapping) or not all(isinstance(t, Tensor) for t in params.values()):
             raise TypeError("params must be a dict of tensors (model.state_dict())")
         sizes: dict[str, int] = {}
@@ -114,7 +118,7 @@ class FlatLayout:
             slots.append(Slot(owner, key, buffer, offset, tuple(tensor.shape), tensor.dtype))
             sizes[buffer] = offset + tensor.numel()
 
-        pairs = bn_pairs(list(params), params)
+        pairs = bn_pairs(list(params), params) if merge_bn_stats else {}
         paired = set(pairs) | set(pairs.values())
         for key, tensor in params.items():
             if tensor.is_floating_point() and key not in paired:

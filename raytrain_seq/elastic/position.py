@@ -31,27 +31,36 @@ class EpochPosition:
     pairs; ``world_size`` and ``rows_done`` are the current layout (world_size None: no group picked one
     yet, as at the start of an epoch). Epoch 3, begun by 4 learners that took 8 rows each, then continued
     by 3 learners that took 2 rows each: ``EpochPosition(3, ((4, 8),), 3, 2)``.
+
+    ``steps`` is the run's count of optimizer steps each learner took up to here (every learner takes
+    the same): it travels with every round and checkpoint, so a restarted group and a resumed run go on
+    counting towards ``train.steps`` (N in AAVG Algorithm 1) from the averaged state's count.
     """
 
     epoch: int
     history: tuple[tuple[int, int], ...] = ()
     world_size: int | None = None
     rows_done: int = 0
+    steps: int = 0
 
     def for_group(self, world_size: int) -> EpochPosition:
         """The position a group of ``world_size`` learners continues from (its layout becomes current)."""
         if world_size == self.world_size:
             return self  # same group size: keep the shards, and with them their cache-aware order
         if self.world_size is None or self.rows_done == 0:
-            return EpochPosition(self.epoch, self.history, world_size, 0)
+            return dataclasses.replace(self, world_size=world_size, rows_done=0)
         done = (*self.history, (self.world_size, self.rows_done))
-        return EpochPosition(self.epoch, done, world_size, 0)
+        return dataclasses.replace(self, history=done, world_size=world_size, rows_done=0)
 
     def after(self, rows_done: int) -> EpochPosition:
         """The same layout with ``rows_done`` rows taken by each learner (a layout must be chosen)."""
         if self.world_size is None and rows_done:
             raise ValueError(f"{self} has no layout yet: call for_group(world_size) before taking rows")
-        return EpochPosition(self.epoch, self.history, self.world_size, rows_done)
+        return dataclasses.replace(self, rows_done=rows_done)
+
+    def with_steps(self, steps: int) -> EpochPosition:
+        """The same place, ``steps`` optimizer steps into the run."""
+        return dataclasses.replace(self, steps=int(steps))
 
     def as_dict(self) -> dict:
         """Plain ints and lists (JSON, ``torch.load(weights_only=True)``); ``from_dict`` reads it back."""
@@ -64,13 +73,19 @@ class EpochPosition:
             history = tuple((int(w), int(r)) for w, r in d.get("history", ()))
             world = d.get("world_size")
             position = cls(
-                int(d["epoch"]), history, None if world is None else int(world), int(d.get("rows_done", 0))
-            )
+                int(d["epoch"]), history, None if world is None else int(world), int(d.get("rows_done", 0)),
+                int(d.get("steps", 0)),  # positions written before train.steps counted from 0
+            )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"malformed epoch position {dict(d)!r} ({exc}): pass EpochPosition.as_dict()"
             ) from exc
-        bad = position.epoch < 0 or position.rows_done < 0 or (world is not None and position.world_size < 1)
+        bad = (
+            position.epoch < 0
+            or position.rows_done < 0
+            or position.steps < 0
+            or (world is not None and position.world_size < 1)
+        )
         if bad or any(w < 1 or r < 0 for w, r in history):
             raise ValueError(f"epoch position {dict(d)!r} has a negative count or a world size < 1")
         return position

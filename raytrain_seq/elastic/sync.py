@@ -82,12 +82,14 @@ class LocalRounds:
         *,
         k: int,
         merge_moments: bool = True,
+        merge_bn_stats: bool = True,
         device: torch.device | str = "cpu",
     ) -> None:
         if k == 0 or k < -1:
             raise ValueError(f"k must be -1 (one round per epoch) or >= 1 local steps, got {k}")
         self.client, self.model, self.optimizer = client, model, optimizer
         self.k, self.merge_moments, self.device = k, merge_moments, device
+        self.merge_bn_stats = merge_bn_stats  # the layout decides the shards' rule for BatchNorm pairs
         self.local_steps = 0
         self.averaging_s = 0.0  # inside averaging calls, waiting included
         self.last_seconds = 0.0
@@ -122,7 +124,7 @@ class LocalRounds:
         began = time.perf_counter()
         params = self.model.state_dict()
         moments = self.optimizer.state_dict()["state"] if self.merge_moments else None
-        layout = FlatLayout.of(params, moments)
+        layout = FlatLayout.of(params, moments, merge_bn_stats=self.merge_bn_stats)
         buffers, extras = layout.pack(params, moments, staging=self._staging)
         self._staging = buffers
         store = self.client.store

@@ -84,7 +84,9 @@ class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
     adaptive_batch False keeps the batch size whatever validation says; merge_moments False averages
-    the weights only (each learner keeps its own Adam moments): the AAVG ablations. run_dir: the run
+    the weights only (each learner keeps its own Adam moments); merge_bn_stats False averages BatchNorm
+    (mean, var) pairs as plain means (flat payloads: the learner's layout says so, see
+    ``FlatLayout.of``): the AAVG ablations. run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
     """
 
@@ -102,13 +104,15 @@ class ParameterAverager:
         centred_pairs: tuple = (),
         adaptive_batch: bool = True,
         merge_moments: bool = True,
+        merge_bn_stats: bool = True,
         run_dir: str | Path | None = None,
         shards: int = 1,
         shard_pool: Callable[[int], ShardPool] | None = None,
         validator: Callable[[AveragedState], Awaitable[Mapping[str, float]]] | None = None,
         tracker: str = "none",
     ) -> None:
-        for name, flag in (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments)):
+        flags = (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments))
+        for name, flag in (*flags, ("merge_bn_stats", merge_bn_stats)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         check_number("shards", shards, 1)
@@ -135,6 +139,7 @@ class ParameterAverager:
         self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size)
         self._centred_pairs = tuple(centred_pairs)
         self._adaptive, self._merge_moments = adaptive_batch, merge_moments
+        self._merge_bn_stats = merge_bn_stats
         self._state = AveragedState(batch_size=batch_size)  # round 0: nothing averaged yet
         self._round_future: asyncio.Future | None = None
         self._validation_future: asyncio.Future | None = None
@@ -321,7 +326,9 @@ class ParameterAverager:
         if isinstance(arrivals[0].params, FlatPayload):
             flat = self._merge_flat(closed.round, [a.params for a in arrivals], weights)
         else:
-            params = average_states([a.params for a in arrivals], weights)
+            params = average_states(
+                [a.params for a in arrivals], weights, merge_bn_stats=self._merge_bn_stats
+            )
             if arrivals[0].adam and self._merge_moments:
                 states = [a.optimizer_state for a in arrivals]
                 optimizer_state = merge_adam_states(

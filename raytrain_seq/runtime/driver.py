@@ -131,6 +131,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         max_batch_size=train.max_batch_size,
         adaptive_batch=train.adaptive_batch,
         merge_moments=train.merge_moments,
+        merge_bn_stats=train.merge_bn_stats,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
         shards=train.shards,
         validator=RayValidator(evaluator) if evaluator is not None else None,
@@ -154,7 +155,10 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         ),
     )
     progress = RunProgress(
-        train.epochs, position=averager_position_reader(averager), rows=feed_rows_reader(feed)
+        train.epochs,
+        position=averager_position_reader(averager),
+        rows=feed_rows_reader(feed),
+        steps=train.steps,
     ).start()
     try:
         with _train_env(config):
@@ -188,6 +192,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         if actor is not None:
             ray.kill(actor, no_restart=True)
     return summary
+
+
+def _whole(epochs: float) -> int | float:
+    """An epoch count as an int when it is whole (3.0 -> 3), else the float (2.5)."""
+    return int(epochs) if float(epochs).is_integer() else float(epochs)
 
 
 def _track_test(config: Config, summary: RunSummary) -> None:
@@ -232,7 +241,9 @@ def _summary(
         test_views=config.data.test_views,
         dataset=config.data.dataset,
         learners=int(averaging.get("world_size", config.train.min_learners)),
-        epochs=config.train.epochs,
+        # What the learners trained (train.steps may end a run inside an epoch); older reports: the config.
+        epochs=_whole(metrics.get("epochs_trained", config.train.epochs)),
+        steps=int(metrics.get("steps_trained") or 0),
         test_accuracy=metrics.get("test_accuracy"),
         top5_accuracy=metrics.get("top5_accuracy"),
         mean_class_accuracy=metrics.get("mean_class_accuracy"),

@@ -351,7 +351,7 @@ class BlockFeed:
         logger.info(
             "feed: epoch %d served: %d recomputed, %d reused", epoch, recomputed, len(wanted) - recomputed
         )
-        if epoch + 1 < self._config.train.epochs:
+        if epoch + 1 < self._config.train.max_epochs:
             self.prefetch(epoch + 1, world_size)
 
     # ---------------------------------------------------------------------------------- public methods

@@ -46,7 +46,7 @@ from raytrain_seq.step import InnerStep, LearningRate, build_optimizer, collate_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Learner", "train_loop_per_worker"]
+__all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
 # on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``.
@@ -106,8 +106,9 @@ class Learner:
             lr=schedule,
         )
         self.rounds = LocalRounds(
-            client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments, device=device
-        )
+            client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments,
+            merge_bn_stats=train.merge_bn_stats, device=device,
+        )  # fmt: skip
         self.tally = Tally()
         self.started = time.perf_counter()
         # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
@@ -115,13 +116,27 @@ class Learner:
         self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
         self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
         self.shard_rows = 0
+        # Optimizer steps each learner took over the run (the averaged position's count, then this
+        # process's steps): the same on every learner, since they take equal rows with the same B.
+        self.steps_done = 0
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> None:
         position = self.start()
-        while position.epoch < self.config.train.epochs:
+        while not self.finished(position):
             position = self.train_epoch(position)
-        self.finish()
+        close = getattr(self.feed, "close", None)
+        if close is not None:
+            close()  # a --steps run may end mid-epoch with the row stream still producing
+        self.finish(position)
+
+    def finished(self, position: EpochPosition) -> bool:
+        """Whether training ends at ``position``: ``train.steps`` optimizer steps taken (N in AAVG
+        Algorithm 1, wherever in an epoch that falls), else ``train.epochs`` epochs done."""
+        steps = self.config.train.steps
+        if steps is not None:
+            return position.steps >= steps
+        return position.epoch >= self.config.train.epochs and position.rows_done == 0
 
     def start(self) -> EpochPosition:
         """Join the averager and take its latest state; returns where this group starts."""
@@ -129,6 +144,7 @@ class Learner:
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
         position = self._position_of(reply.state)
+        self.steps_done = position.steps  # a restarted group or a resumed run counts on from here
         if not reply.state.empty:
             logger.info(
                 "learner %d of %d starts from round %d (%s state): epoch %d, layouts %s",
@@ -145,7 +161,8 @@ class Learner:
             position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
         )
         self.shard_rows = shard_rows  # the rows a learner has this epoch: B never grows past them
-        rows_done, end = position.rows_done, EpochPosition(position.epoch + 1)
+        rows_done, next_epoch = position.rows_done, EpochPosition(position.epoch + 1)
+        limit = self.config.train.steps
         cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
         ahead = self._stage(stream, self.client.batch_size, cold)
         while ahead is not None:
@@ -155,28 +172,37 @@ class Learner:
             if self.first_step_wall is None:
                 self.first_step_wall = time.time()
             # The run's progress drives a cosine rate: every learner is at the same place, so the same rate.
-            progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.config.train.epochs
+            if limit is not None:
+                progress = self.steps_done / limit
+            else:
+                progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.config.train.epochs
             stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
+            self.steps_done += 1
             rows_done += int(batch["num_sequences"].shape[0])
             # The crop and flip moved onto the learner: they are compute, as in the model's rate.
             self.tally.add_step(stats.frames, stats.sequences, stats.seconds + staged_s, stats.loss)
             self.metrics.set("loss", stats.loss)
             self.metrics.set("frames_per_second", stats.frames / max(stats.seconds, 1e-9))
             self.metrics.add("frames", stats.frames)
-            if self.rounds.step():
-                at = end if rows_done == shard_rows else position.after(rows_done)
+            last = limit is not None and self.steps_done >= limit
+            if self.rounds.step() or last:
+                # The N-th step ends the run with a round wherever it falls, so it ends averaged.
+                at = next_epoch if rows_done == shard_rows else position.after(rows_done)
+                at = at.with_steps(self.steps_done)
                 realigned = self.average(at, shard_rows=shard_rows)
                 if realigned is not None:
                     return realigned
+                if last:
+                    return at
         if stream is not None:
             self.metrics.add("data_wait_seconds", stream.wait_seconds)
         if self.rounds.pending:
             # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
             # every epoch ends on an averaged model (the same for every learner: equal rows and B).
-            realigned = self.average(end, shard_rows=0)
+            realigned = self.average(next_epoch.with_steps(self.steps_done), shard_rows=0)
             if realigned is not None:
                 return realigned
-        return end
+        return next_epoch.with_steps(self.steps_done)
 
     # ------------------------------------------------------------------------------------ data loop
     def _stage(self, stream: Any, size: int, cold: bool) -> tuple[dict[str, torch.Tensor], float] | None:
@@ -220,7 +246,9 @@ class Learner:
         if isinstance(decision, Realigned):
             state = decision.reply.state
             self._catch_up_reports(decision)
-            return self._position_of(state)
+            realigned = self._position_of(state)
+            self.steps_done = realigned.steps  # the others' count: equal rows and B kept them together
+            return realigned
         result = decision.result
         if self.rank == 0:
             logger.info(
@@ -235,7 +263,7 @@ class Learner:
             began = time.perf_counter()
             self.validate(round_, position)
             self.times["validation"] += time.perf_counter() - began
-        final = position.epoch >= self.config.train.epochs and position.rows_done == 0
+        final = self.finished(position)
         if checkpoint.is_due(round_, every=self.config.train.checkpoint_every, final=final):
             self._report(position, with_checkpoint=True)
         return None
@@ -248,7 +276,7 @@ class Learner:
         """The ``report`` calls of the checkpoint rounds the others averaged without this learner."""
         state = decision.reply.state
         latest = EpochPosition(0) if state.position is None else EpochPosition.from_dict(state.position)
-        final = latest.epoch >= self.config.train.epochs and latest.rows_done == 0
+        final = self.finished(latest)
         rounds = missed_checkpoint_rounds(
             decision.first_missed,
             state.round,
@@ -331,14 +359,17 @@ class Learner:
             )
             self.report(metrics, Path(folder))
 
-    def finish(self) -> None:
+    def finish(self, position: EpochPosition | None = None) -> None:
         """Every rank scores its share of the test split and the averager sums the tallies; every rank
         sends its last report, rank 0's with the final checkpoint and the summed test results.
 
         Ray Train's ``Result.metrics`` are those of the latest checkpoint, so the final metrics must travel
         with one (which also keeps the final averaged model). Every learner holds the same final averaged
-        model, so the shares add up to the whole split scored by that one model.
+        model, so the shares add up to the whole split scored by that one model. ``position``: where
+        training ended (the final checkpoint's position; by default the end of ``train.epochs``).
         """
+        if position is None:
+            position = EpochPosition(self.config.train.epochs).with_steps(self.steps_done)
         totals = dict(self.tally.totals)
         extra: dict[str, Any] = {
             "learner_seconds": time.perf_counter() - self.started,
@@ -346,6 +377,9 @@ class Learner:
             "compute_s": totals.get("compute_s", 0.0),
             "data_wait_s": totals.get("data_wait_s", 0.0),
             "first_step_wall": self.first_step_wall,
+            # What was trained: N steps (train.steps) may end inside an epoch, so epochs is fractional.
+            "steps_trained": position.steps,
+            "epochs_trained": epochs_trained(position, self.shard_rows),
             **{f"{name}_s": seconds for name, seconds in self.times.items()},
         }
         began = time.perf_counter()
@@ -376,7 +410,19 @@ class Learner:
                 totals["sequences"], totals["learners"],
             )  # fmt: skip
         extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
-        self._report(EpochPosition(self.config.train.epochs), with_checkpoint=True, extra=extra)
+        self._report(position, with_checkpoint=True, extra=extra)
+
+
+def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
+    """Epochs done at ``position``: whole epochs plus the share of the current epoch's rows taken, over
+    every layout it ran under (``shard_rows``: each learner's rows in the current layout, from its
+    ``rows_done`` = 0). Epoch 2, 8 rows each by 4 learners, then 2 of 10 each by 3: 2 + 38/62."""
+    if position.rows_done == 0 and not position.history:
+        return float(position.epoch)
+    done = sum(w * r for w, r in position.history)
+    world = position.world_size or 1
+    total = done + world * max(shard_rows, position.rows_done)
+    return position.epoch + (done + world * position.rows_done) / max(total, 1)
 
 
 def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
@@ -444,7 +490,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         world_size=world_size,
         device=ray.train.torch.get_device(),
         client=client,
-        feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"]), epochs=train.epochs),
+        feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"]), epochs=train.max_epochs),
         report=_ray_train_report,
         # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),

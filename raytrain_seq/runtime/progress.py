@@ -3,7 +3,9 @@
 The driver spends a run inside ``TorchTrainer.fit()``; this thread polls the averager's summary (the
 latest averaged round's epoch position) and the feed's plan sizes every ``interval_s`` and moves a tqdm
 bar whose unit is an epoch: epoch 3 with 40 of 160 rows taken by each learner shows 3.25 of 10, and
-tqdm's rate gives the ETA. The bar goes to stderr (a job's log); the learners still log each round.
+tqdm's rate gives the ETA. A run ended by ``train.steps`` counts steps instead (``steps=N``: the
+position's run-wide step count out of N), since its epochs are not known ahead. The bar goes to stderr
+(a job's log); the learners still log each round.
 
 The two readers are injected (``position()`` -> the averager summary's position dict or None,
 ``rows(epoch, world_size)`` -> rows per learner or None), so the arithmetic is tested without Ray; a
@@ -50,14 +52,19 @@ class RunProgress:
         rows: Callable[[int, int], int | None],
         interval_s: float = 10.0,
         stream: Any = None,
+        steps: int | None = None,
     ) -> None:
         from tqdm import tqdm
 
         self.epochs, self._position, self._rows, self.interval_s = epochs, position, rows, interval_s
+        self.steps = steps
+        total, unit = (epochs, "epoch") if steps is None else (steps, "step")
         self.bar = tqdm(
-            total=epochs, unit="epoch", desc="training", file=stream or sys.stderr, dynamic_ncols=True
+            total=total, unit=unit, desc="training", file=stream or sys.stderr, dynamic_ncols=True
         )
-        self.bar.bar_format = "{desc}: {n:.2f}/{total} epochs |{bar}| {elapsed} elapsed, ETA {remaining}"
+        self.bar.bar_format = (
+            "{desc}: {n:.2f}/{total} " + unit + "s |{bar}| {elapsed} elapsed, ETA {remaining}"
+        )
         self._stop = threading.Event()
         self._warned = False
         self._thread = threading.Thread(target=self._run, name="run-progress", daemon=True)
@@ -70,6 +77,11 @@ class RunProgress:
         """Read the position once and move the bar; returns the epochs done (the bar's value)."""
         try:
             position = self._position()
+            if self.steps is not None:
+                done = min(float((position or {}).get("steps", 0) or 0), float(self.steps))
+                if not math.isclose(done, self.bar.n):
+                    self.bar.update(done - self.bar.n)
+                return done
             rows = None
             if position and position.get("world_size"):
                 rows = self._rows(int(position["epoch"]), int(position["world_size"]))
