@@ -141,13 +141,35 @@ class Soak:
         self.ray.kill(self.handle(which), no_restart=False)
         return f"{which} actor killed"
 
-    def stall_learner(self) -> str:
-        from ray.util.state import list_actors
+    def learner_pids(self) -> list[int]:
+        """The pids of this cluster's learner processes (Ray Train workers under a slot node's raylet):
+        the process table, since the state API needs the dashboard, which this cluster does not run."""
+        raylets = {node.all_processes["raylet"][0].process.pid for node in self.slots}
+        parents, titles = {}, {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                titles[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
+            except OSError:  # the process ended while the table was read
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
 
-        workers = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
-        if len(workers) < 2:
-            raise RuntimeError(f"a stall needs 2 learners, {len(workers)} alive: the schedule's model is off")
-        pid = sorted(int(w["pid"]) for w in workers)[-1]
+        def under_slot(pid: int) -> bool:
+            while pid > 1:
+                if pid in raylets:
+                    return True
+                pid = parents.get(pid, 0)
+            return False
+
+        return sorted(p for p, t in titles.items() if t.startswith("ray::RayTrainWorker") and under_slot(p))
+
+    def stall_learner(self) -> str:
+        pids = self.learner_pids()
+        if len(pids) < 2:
+            raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
+        pid = pids[-1]
         seconds = self.timeout_s + 4.0
         os.kill(pid, signal.SIGSTOP)
         try:
