@@ -142,28 +142,14 @@ class Soak:
         return f"{which} actor killed"
 
     def learner_pids(self) -> list[int]:
-        """The pids of this cluster's learner processes (Ray Train workers under a slot node's raylet):
-        the process table, since the state API needs the dashboard, which this cluster does not run."""
-        raylets = {node.all_processes["raylet"][0].process.pid for node in self.slots}
-        parents, titles = {}, {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                titles[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")[0].decode()
-            except OSError:  # the process ended while the table was read
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        """The pids of the live learner processes (Ray Train workers), from the GCS actor table: the state
+        API (ray.util.state) needs the dashboard, which this cluster does not run."""
+        from ray._private.state import actors
 
-        def under_slot(pid: int) -> bool:
-            while pid > 1:
-                if pid in raylets:
-                    return True
-                pid = parents.get(pid, 0)
-            return False
-
-        return sorted(p for p, t in titles.items() if t.startswith("ray::RayTrainWorker") and under_slot(p))
+        table = actors().values()
+        return sorted(
+            int(a["Pid"]) for a in table if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE"
+        )
 
     def stall_learner(self) -> str:
         pids = self.learner_pids()
@@ -171,12 +157,23 @@ class Soak:
             raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
         pid = pids[-1]
         seconds = self.timeout_s + 4.0
+        drops = self.drops()
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(seconds)
         finally:
             os.kill(pid, signal.SIGCONT)
-        return f"learner process {pid} frozen for {seconds:.0f} s (averager timeout {self.timeout_s:g} s)"
+        deadline = time.monotonic() + 30.0  # the others drop it when their round times out
+        while not (dropped := self.drops() > drops) and not self.done and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return (
+            f"learner process {pid} frozen for {seconds:.0f} s (averager timeout {self.timeout_s:g} s): "
+            + ("dropped from its round" if dropped else "NOT dropped within 30 s")
+        )
+
+    def drops(self) -> int:
+        state = self.state() or {}
+        return sum(r["kind"] == "dropped" for r in state.get("recoveries", []))
 
     # ------------------------------------------------------------------------------------ the run
     def start(self, config, before: set[str]) -> None:
@@ -407,6 +404,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "undisturbed_accuracy": calm.test_accuracy,
         "seconds": round(seconds, 1),
         "undisturbed_seconds": round(calm_seconds, 1),
+        "accuracy_within_5_points": abs(summary.test_accuracy - calm.test_accuracy) <= 0.05,
         "rows_short": checks["rows_short"],
         "rounds": checks["rounds"],
         "undisturbed_rounds": calm.rounds,
