@@ -142,20 +142,25 @@ class Soak:
         return f"{which} actor killed"
 
     def learner_pids(self) -> list[int]:
-        """The pids of the live learner processes (Ray Train workers), from the GCS actor table: the state
-        API (ray.util.state) needs the dashboard, which this cluster does not run."""
+        """The pids of this run's live learner processes (Ray Train workers started since ``start``; an
+        earlier run's may linger), newest first, from the GCS actor table: the state API (ray.util.state)
+        needs the dashboard, which this cluster does not run. Newest first: pids wrap on a busy box."""
         from ray._private.state import actors
 
-        table = actors().values()
-        return sorted(
-            int(a["Pid"]) for a in table if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE"
-        )
+        live = [
+            a
+            for a in actors().values()
+            if a["ActorClassName"] == "RayTrainWorker"
+            and a["State"] == "ALIVE"
+            and a["StartTime"] >= self.began_ms
+        ]
+        return [int(a["Pid"]) for a in sorted(live, key=lambda a: a["StartTime"], reverse=True)]
 
     def stall_learner(self) -> str:
         pids = self.learner_pids()
         if len(pids) < 2:
             raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
-        pid = pids[-1]
+        pid = pids[0]
         seconds = self.timeout_s + 4.0
         drops = self.drops()
         os.kill(pid, signal.SIGSTOP)
@@ -180,7 +185,7 @@ class Soak:
         from raytrain_seq.runtime.driver import run
 
         self.result, self.handles, self._before = {}, {}, before
-        self.began = time.monotonic()
+        self.began, self.began_ms = time.monotonic(), time.time() * 1000
 
         def target() -> None:
             try:
