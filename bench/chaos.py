@@ -19,7 +19,9 @@ The verdict comes from the run's own records, not from the schedule: ``every_row
 compares, per epoch, the {count, sum, sum of squares} of the video ids of the rows in the averaged rounds
 (``summary.json`` ``trained_ids``, from the learners' round stats: ``raytrain_seq/accounting.py``) with
 the same checksum of the epoch's BLoad plan; ``rounds_contiguous`` reads the averager's round log
-(``events.jsonl``): rounds 1..N, each once, in order. A learner dropped from a round loses the rows it
+(``events.jsonl``): rounds 1..N, each once, in order (a round the averager logged and then died before
+any learner took its result is averaged again; the log marks that record ``redo`` and it replaces the
+first, which ``rounds_redone`` counts). A learner dropped from a round loses the rows it
 trained for the rounds it missed (the averaging protocol's rule: they are never repeated), so a run with
 ``learner_stalled`` events reports them in ``rows_short`` and cannot be "every row once".
 
@@ -300,15 +302,25 @@ def accounting(summary, config) -> dict[str, Any]:
     short = {e: v["plan"]["count"] - (v["trained"] or {}).get("count", 0) for e, v in epochs.items()}
     log = Path(summary.path) / EVENTS_FILE
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    rounds = [r["round"] for r in records if r.get("type") == "round"]
+    # A record marked "redo" replaces the one before of its round: the averager logged that round and died
+    # before any learner took its result, so the learners sent it again (no learner saw it twice).
+    rounds, redone, unmarked = [], 0, 0
+    for record in (r for r in records if r.get("type") == "round"):
+        if record["round"] in rounds:
+            redone += 1
+            unmarked += not record.get("redo", False)
+        else:
+            rounds.append(record["round"])
     history = [h["round"] for h in summary.loss_history]
-    contiguous = rounds == list(range(1, len(rounds) + 1)) == history and len(rounds) == summary.rounds
+    expect = list(range(1, len(rounds) + 1))
+    contiguous = rounds == expect == history and len(rounds) == summary.rounds and not unmarked
     return {
         "every_row_once_per_epoch": every_row,
         "rounds_contiguous": contiguous,
         "rows_short": {str(e): n for e, n in short.items()},
         "epochs": {str(e): v for e, v in epochs.items()},
         "rounds": len(rounds),
+        "rounds_redone": redone,
     }
 
 
@@ -412,6 +424,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "accuracy_within_5_points": abs(summary.test_accuracy - calm.test_accuracy) <= 0.05,
         "rows_short": checks["rows_short"],
         "rounds": checks["rounds"],
+        "rounds_redone": checks["rounds_redone"],
         "undisturbed_rounds": calm.rounds,
         "recoveries": sorted({r["kind"] for r in summary.recoveries}),
         "schedule": injected,
