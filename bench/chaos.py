@@ -311,6 +311,20 @@ def accounting(summary, config) -> dict[str, Any]:
             unmarked += not record.get("redo", False)
         else:
             rounds.append(record["round"])
+    # The epochs where a learner was dropped from a round: its rows of the rounds it missed are lost by
+    # the round protocol's rule (never repeated), so there the trained count may fall short, never over.
+    epoch_of = {}
+    for record in (r for r in records if r.get("type") == "round" and r.get("position")):
+        where = record["position"]
+        epoch_of[record["round"]] = where["epoch"] - 1 if where["rows_done"] == 0 else where["epoch"]
+    drops = [r["round"] for r in records if r.get("type") == "membership" and r.get("event") == "drop"]
+    dropped = sorted({epoch_of.get(r, epoch_of.get(r + 1, -1)) for r in drops})
+    outside = all(
+        v["trained"] == v["plan"]
+        if e not in dropped
+        else (v["trained"] or {"count": 0})["count"] <= v["plan"]["count"]
+        for e, v in epochs.items()
+    )
     history = [h["round"] for h in summary.loss_history]
     expect = list(range(1, len(rounds) + 1))
     contiguous = rounds == expect == history and len(rounds) == summary.rounds and not unmarked
@@ -321,6 +335,8 @@ def accounting(summary, config) -> dict[str, Any]:
         "epochs": {str(e): v for e, v in epochs.items()},
         "rounds": len(rounds),
         "rounds_redone": redone,
+        "epochs_with_drops": dropped,
+        "every_row_once_outside_drops": outside,
     }
 
 
@@ -426,6 +442,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "undisturbed_seconds": round(calm_seconds, 1),
         "accuracy_within_5_points": abs(summary.test_accuracy - calm.test_accuracy) <= 0.05,
         "rows_short": checks["rows_short"],
+        "epochs_with_drops": checks["epochs_with_drops"],
+        "every_row_once_outside_drops": checks["every_row_once_outside_drops"],
         "rounds": checks["rounds"],
         "rounds_redone": checks["rounds_redone"],
         "undisturbed_rounds": calm.rounds,
