@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ACCURACY_FLOOR = 0.45  # chance is 1/4; the undisturbed run scores about 0.68 (tests/test_faults.py)
 
 
-def test_chaos_soak_with_four_faults_loses_no_row_and_no_round(tmp_path):
+def test_chaos_soak_with_four_faults_loses_no_round_and_no_row_outside_drops(tmp_path):
     pytest.importorskip("ray")
     kinds = "node_killed,node_added,averager_killed,feed_killed"
     command = [sys.executable, str(ROOT / "bench" / "chaos.py"), "--events", "4", "--kinds", kinds]
