@@ -40,19 +40,25 @@ __all__ = [
     "POSITION_FILE",
     "PREFIX",
     "STATE_FILE",
+    "STOPPED_FILE",
     "Checkpoint",
     "CheckpointError",
     "candidates",
+    "check_writable",
     "folder_name",
     "is_due",
     "load",
     "load_latest",
     "save",
+    "stopped_error",
 ]
 
 PREFIX = "checkpoint_round_"
 STATE_FILE = "state.pt"
 POSITION_FILE = "position.json"
+# In the run folder: why the learners stopped a run whose checkpoint could not be written (the driver
+# raises it); written by rank 0 when it can, else the driver names the run folder itself.
+STOPPED_FILE = "checkpoint_failed.txt"
 FORMAT = 2
 # Keys of the first format's averager snapshot that are history, not state.
 _HISTORY_KEYS = ("validation_due", "dropped_log", "batch_size_history", "validation_history", "loss_history")
@@ -119,6 +125,42 @@ def save(
             "permissions of, the storage path; the previous checkpoints are untouched"
         ) from exc
     return folder
+
+
+def check_writable(folder: str | Path) -> None:
+    """Raise CheckpointError naming ``folder`` and the fix when a checkpoint cannot be written there.
+
+    Probes what Ray Train's copy into the run folder needs: the folder is (or can be made) a directory
+    and takes a file. A folder the probe made is removed again, so the copy finds things as they were.
+    """
+    folder = Path(folder)
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write_probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+        if made:
+            folder.rmdir()
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot write checkpoint {folder} ({exc.strerror or exc}): free space on, or fix the "
+            "permissions of, the storage path (a file in the place of the folder counts too); the run "
+            "stops here and the previous checkpoints stay loadable (--resume continues from the newest)"
+        ) from exc
+
+
+def stopped_error(run_dir: str | Path) -> CheckpointError:
+    """The error of a run whose learners stopped because a checkpoint could not be written: rank 0's
+    message from ``STOPPED_FILE`` when it could write one, else one naming the run folder."""
+    path = Path(run_dir) / STOPPED_FILE
+    if path.is_file():
+        return CheckpointError(path.read_text())
+    return CheckpointError(
+        f"the learners stopped before the end of the run without a final checkpoint in {run_dir}: a "
+        "checkpoint could not be written there; free space on, or fix the permissions of, the storage "
+        "path, then continue with --resume (the previous checkpoints stay loadable)"
+    )
 
 
 def _write(path: Path, write) -> None:

@@ -249,6 +249,8 @@ class TrainConfig:
     """Seconds between Ray Train's checks for room to grow an elastic group (ScalingConfig)."""
     averager_max_restarts: int = 3
     """Restarts Ray may make of the averaging actor (it reloads the latest checkpoint); -1 = no limit."""
+    feed_max_restarts: int = 3
+    """Restarts Ray may make of the feed actor (it recomputes its lost cache); -1 = no limit."""
     adaptive_batch: bool = True
     """Grow the batch size when validation stalls (AAVG Algorithm 1); False keeps batch_size (ablation)."""
     merge_moments: bool = True
@@ -300,7 +302,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
         self.learners = parse_learners(self.learners)
-        for name in ("max_failures", "averager_max_restarts"):
+        for name in ("max_failures", "averager_max_restarts", "feed_max_restarts"):
             value = getattr(self, name)
             if not is_int(value) or value < -1:
                 raise ValueError(

@@ -127,3 +127,26 @@ def test_averaged_state_refuses_what_it_cannot_be():
     with pytest.raises(ValueError, match=r"unknown averaged-state fields \['colour'\]"):
         AveragedState.from_dict({"batch_size": 4, "colour": "red"})
     assert AveragedState(batch_size=4).empty and not _state(1).empty
+
+
+def test_check_writable_names_a_folder_that_a_file_blocks_and_leaves_a_good_one_as_it_was(tmp_path):
+    """Issue 16: the probe before a checkpoint report. A file where the folder must go is refused with a
+    CheckpointError naming the folder and the fix; a writable place is left without a trace."""
+    from raytrain_seq.checkpoint import CheckpointError, check_writable, folder_name
+
+    good = tmp_path / folder_name(4)
+    check_writable(good)
+    assert not good.exists()  # the probe removed the folder it made: Ray Train's copy finds it absent
+    blocked = tmp_path / folder_name(8)
+    blocked.write_text("a file, not a folder")
+    with pytest.raises(CheckpointError, match=r"checkpoint_round_000008.*storage path.*--resume"):
+        check_writable(blocked)
+    assert blocked.read_text() == "a file, not a folder"
+
+
+def test_stopped_error_reads_rank_zeros_message_or_names_the_run_folder(tmp_path):
+    from raytrain_seq.checkpoint import STOPPED_FILE, stopped_error
+
+    assert str(tmp_path) in str(stopped_error(tmp_path)) and "--resume" in str(stopped_error(tmp_path))
+    (tmp_path / STOPPED_FILE).write_text("cannot write checkpoint X: free space")
+    assert str(stopped_error(tmp_path)) == "cannot write checkpoint X: free space"

@@ -106,6 +106,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.worker_start_timeout_s": (["5"], 5.0, []),
     "train.resize_interval_s": (["7.5"], 7.5, []),
     "train.averager_max_restarts": (["0"], 0, []),
+    "train.feed_max_restarts": (["5"], 5, []),
     "train.adaptive_batch": ([], False, []),
     "train.merge_moments": ([], False, []),
     "train.merge_bn_stats": ([], False, []),

@@ -86,6 +86,7 @@ BAD_VALUES = [
     ("train.worker_start_timeout_s", 0, 1.0),
     ("train.resize_interval_s", -1.0, 5.0),
     ("train.averager_max_restarts", -3, 0),
+    ("train.feed_max_restarts", -2, 1),
     ("train.adaptive_batch", "no", False),
     ("train.merge_moments", 0, True),
     ("train.merge_bn_stats", "yes", False),

@@ -237,3 +237,43 @@ def test_killed_averager_comes_back_and_the_run_finishes(cluster, tmp_path):
     print(f"averager killed after round {held} of {summary.rounds}")
     print("recoveries:", *summary.recoveries, sep="\n  ")
     print(f"test accuracy {summary.test_accuracy:.3f}, {time.monotonic() - run.began:.0f} s")
+
+
+def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_error(cluster, tmp_path):
+    """Issue 16: once the run has a checkpoint, a FILE is planted where each later checkpoint folder must
+    go (as root, chmod would not stop the write). The run stops at the first blocked checkpoint with one
+    CheckpointError naming that folder and the fix, without Ray Train restarting the group to fail again
+    (one group in the event log), and the previous checkpoint still loads."""
+    from raytrain_seq import checkpoint
+    from raytrain_seq.elastic.events import EVENTS_FILE, EventLog
+
+    cluster.ensure_slots(2)
+    config = _config(tmp_path, "locked", learners=2, k=2, checkpoint_every=4)
+    run_dir = config.run_dir()
+    run = Run(config)
+    run.wait(
+        lambda: (run_dir / checkpoint.folder_name(4) / checkpoint.STATE_FILE).is_file(),
+        "checkpoint 4",
+        poll=0.05,
+    )
+    planted = []
+    for round_ in range(8, 200, 4):
+        target = run_dir / checkpoint.folder_name(round_)
+        if not target.exists():
+            target.write_text("a file where a checkpoint folder must go")
+            planted.append(round_)
+    assert planted, "every later checkpoint was written already: nothing was blocked"
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        run.finish()
+    message = str(caught.value)
+    blocked = int(re.search(r"checkpoint_round_(\d+)", message).group(1))
+    assert blocked in planted and "storage path" in message and "--resume" in message, message
+    found = checkpoint.load_latest(run_dir)
+    assert found is not None and 4 <= found.round < blocked
+    groups = [
+        r
+        for r in EventLog(run_dir / EVENTS_FILE).read()
+        if r.get("type") == "membership" and r["event"] == "group"
+    ]
+    assert len(groups) == 1, groups  # the learners stopped together: Ray Train did not retry the write
+    print(f"stopped at checkpoint {blocked}: {message}")

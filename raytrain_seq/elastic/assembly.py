@@ -66,7 +66,7 @@ PARTIAL_STREAM = 0x50415254  # "PART": partial augmentation of (video id, comput
 FINAL_STREAM = 0x46494E4C  # "FINL": final augmentation of (epoch, plan block, slot)
 PLAN_STREAM = 0x504C414E  # "PLAN": packing seed of an epoch (or of an evaluation split)
 
-ROW_KEYS = ("frames", "starts", "lengths", "labels", "num_sequences", "weight", "block")
+ROW_KEYS = ("frames", "starts", "lengths", "labels", "num_sequences", "weight", "block", "ids")
 
 
 def partial_rng(seed: int, video_id: int, epoch: int) -> np.random.Generator:
@@ -357,6 +357,8 @@ def assemble_rows(
         "num_sequences": np.asarray(batch["num_sequences"], dtype=np.int64),
         "weight": np.asarray(batch["weight"], dtype=np.float32),
         "block": np.asarray(batch["block"], dtype=np.int64),
+        # The video of each slot (-1: padding): the learner's per-epoch accounting (accounting.py).
+        "ids": np.asarray(batch["ids"], dtype=np.int64),
         **extra,
     }
 

@@ -92,6 +92,10 @@ class RunHistory:
         self.validation_history: list[dict[str, Any]] = []
         self.loss_history: list[dict[str, Any]] = []
         self.round_seconds: list[float] = []
+        # round -> (each learner's summed stats, seconds) of the record that counts for it: a round the
+        # averager logged and then died before any learner took its result is averaged again after the
+        # restart (the learners resend it), and only that second record may count.
+        self._recorded: dict[int, tuple[list, float]] = {}
         self.failed_rounds: list[dict[str, Any]] = []
         self.recoveries: list[dict[str, Any]] = []
         self._clock_offset, self._clock_start = 0.0, None
@@ -151,7 +155,15 @@ class RunHistory:
         position: Mapping | None,
         stats: Iterable[tuple[Learner, Mapping[str, float]]],
     ) -> None:
-        """A finished round: add each learner's stats to its totals, log the sequence-weighted mean loss."""
+        """A finished round: add each learner's stats to its totals, log the sequence-weighted mean loss.
+
+        A round recorded before (its record logged by this actor before a restart, its result held by no
+        learner, so the learners sent it again) replaces the earlier record: totals and histories count
+        each round once, and the log marks the new record ``redo``."""
+        redo = round in self._recorded
+        if redo:
+            self._forget_round(round)
+            self.recover("round_redone", f"round {round} averaged again after a restart: no learner held it")
         losses, added = [], []
         for learner, learner_stats in stats:
             totals = self._learner(learner)
@@ -168,8 +180,11 @@ class RunHistory:
         self.loss_history.append({"round": round, "loss": mean, "time_s": now})
         self.batch_history.append({"round": round, "batch_size": batch_size, "time_s": now})
         self.round_seconds.append(seconds)
+        self._recorded[round] = (added, seconds)
         record = {"type": "round", "actor": self.actor, "round": round, "seconds": seconds}
         record.update(loss=mean, batch_size=batch_size, elapsed_s=now, stats=added, position=position)
+        if redo:
+            record["redo"] = True
         self.log.append(record)
         if self.tracker is not None:
             self.tracker.scalars(
@@ -236,6 +251,10 @@ class RunHistory:
         """After a restart: this actor's rounds and validations from the log, so that totals and histories
         cover the rounds since the reloaded checkpoint (round ``after``) too."""
         for record in (r for r in past["rounds"] if r["actor"] == self.actor):
+            if record["round"] in self._recorded:  # a redo in the log: the later record counts
+                # (histories up to the checkpoint's round come from the checkpoint, already deduplicated)
+                self._forget_round(record["round"], histories=record["round"] > after)
+            self._recorded[record["round"]] = (record["stats"], record["seconds"])
             for learner, stats in record["stats"]:
                 totals = self._learner(learner)
                 totals["rounds"] += 1
@@ -248,6 +267,19 @@ class RunHistory:
                 self.batch_history.append({**at, "batch_size": record["batch_size"]})
         mine = [v for v in past["validations"] if v["actor"] == self.actor and v["round"] > after]
         self.validation_history += [{k: v for k, v in record.items() if k != "actor"} for record in mine]
+
+    def _forget_round(self, round: int, *, histories: bool = True) -> None:
+        """Take a recorded round back out of the totals and histories (it is about to be recorded again)."""
+        added, seconds = self._recorded.pop(round)
+        for learner, summed in added:
+            totals = self._learner(learner)
+            totals["rounds"] -= 1
+            for key, value in summed.items():
+                totals[key] = totals.get(key, 0) - value
+        self.round_seconds.remove(seconds)
+        if histories:
+            self.loss_history = [h for h in self.loss_history if h["round"] != round]
+            self.batch_history = [h for h in self.batch_history if h["round"] != round]
 
     def summary(self) -> dict[str, Any]:
         """Per-learner totals and the histories, as plain data."""

@@ -30,11 +30,12 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from raytrain_seq import checkpoint
+from raytrain_seq import accounting, checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.events import membership_entries, recovery_entries
 from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
+from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.summary import RunSummary, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
 
@@ -94,6 +95,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     began, began_wall = time.perf_counter(), time.time()
     check_paths(config)
     run_dir = check_storage(config)
+    (run_dir / checkpoint.STOPPED_FILE).unlink(missing_ok=True)  # a stop of an earlier attempt
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
     if config.run.resume and resumed is None:
         raise RunSetupError(
@@ -169,6 +171,10 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         ray.get(prepared)  # long done: raises here if assembling the validation rows failed
     if result.error is not None:
         raise result.error
+    if "final_report_wall" not in (result.metrics or {}):  # the learners stopped on a checkpoint write
+        for actor in (averager, feed):
+            ray.kill(actor, no_restart=True)
+        raise checkpoint.stopped_error(run_dir)
     summary = _summary(
         config,
         result.metrics or {},
@@ -299,7 +305,7 @@ def _summary(
         },
         config=config.to_dict(),
         membership=membership_entries(averaging),
-        recoveries=recovery_entries(averaging),
+        recoveries=[*recovery_entries(averaging), *feed_restarts(feed, metrics.get("first_step_wall"))],
         videos=dict(feed.get("videos", {})),
         stream=config.data.stream,
         flow_method=feed.get("flow_method"),
@@ -310,5 +316,7 @@ def _summary(
             "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
             "learner_seconds": metrics.get("learner_seconds"),
             "learners_mean_s": {"compute": compute, "averaging": averaging_s, "data_wait": data_wait},
+            # Per epoch, {count, sum, sumsq} of the video ids in the averaged rounds (accounting.py).
+            "trained_ids": {str(e): c for e, c in accounting.per_epoch(learners).items()},
         },
     )

@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,13 +72,31 @@ from raytrain_seq.elastic.assembly import (
     shard_items,
 )
 from raytrain_seq.elastic.position import layout_specs
+from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.stream import EpochRows, RowStream
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BlockFeed", "LearnerFeed", "create_feed", "feed_geometry", "get_feed", "shard_dataset"]
+__all__ = [
+    "RESTARTS_FILE",
+    "BlockFeed",
+    "FeedUnavailableError",
+    "LearnerFeed",
+    "create_feed",
+    "feed_geometry",
+    "feed_restarts",
+    "get_feed",
+    "shard_dataset",
+]
+
+RESTARTS_FILE = "feed_restarts.jsonl"  # in the run folder: one line per restart of the feed actor
+
+
+class FeedUnavailableError(RuntimeError):
+    """The feed actor stayed unreachable (dead past train.feed_max_restarts) through a learner's retries."""
+
 
 SPLITS = ("train", "val", "test")
 _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits (epochs are >= 0)
@@ -136,6 +156,16 @@ def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
         "eval_strategy": eval_strategy,
         **{key: loaded[key] for key in ("channels", "class_names", "skipped", "flow_method")},
     }
+
+
+def _reconstructed() -> bool:
+    """Whether this process is a Ray actor that Ray restarted (False outside an actor, e.g. in a test)."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
+    return context.get_actor_id() is not None and context.was_current_actor_reconstructed
 
 
 def _int(value: Any, name: str, minimum: int, fix: str) -> int:
@@ -202,6 +232,12 @@ class BlockFeed:
         self._epoch_stats: dict[int, dict[str, Any]] = {}
         self._info_refs: list[Any] = []
         self._infos: list[dict[str, Any]] = []
+        # Ray restarted this actor (train.feed_max_restarts): the cache and every object the dead one owned
+        # are gone. Each epoch a learner asks for is recomputed from the source with the same seeds (the
+        # resume path), and the restart is written down, since this process lost its predecessor's totals.
+        self._restarted = _reconstructed()
+        if self._restarted:
+            self._log_restart()
 
     # ------------------------------------------------------------------------------------------- plans
     def _plan(
@@ -317,9 +353,53 @@ class BlockFeed:
             logger.info("feed: prefetching epoch %d: %d partial augmentations launched", epoch, len(todo))
             return len(todo)
 
+    def _log_restart(self) -> None:
+        path = self._config.run_dir() / RESTARTS_FILE
+        record = {"time": time.time(), "kind": "feed_restart"}
+        record["detail"] = (
+            "the feed actor was restarted; it recomputes each requested epoch's cache from the source"
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        logger.warning("feed: %s", record["detail"])
+
+    def _restarts(self) -> list[dict[str, Any]]:
+        """Every restart of this run's feed actor so far (each restarted process appended one line)."""
+        path = self._config.run_dir() / RESTARTS_FILE
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def _serve_again(self, epoch: int, world_size: int) -> None:
+        """A restarted feed asked for an epoch older than one it already serves (another learner's stream
+        ran ahead and asked first): compute the older epoch's cache on its own, leaving the newer epoch's
+        cache and recompute in flight as they are. The bytes are those of the first serving (same seeds)."""
+        wanted = self._wanted(epoch)
+        order = consumption_order(self._plan(epoch, world_size)[1])
+        reuse = {v: ref for v, (e, ref) in self._cache.items() if e == wanted[v]}
+        todo = [v for v in order if v not in reuse]
+        fresh = dict(zip(todo, self._launch(todo, [wanted[v] for v in todo]), strict=True))
+        self._served[epoch] = {v: reuse.get(v, fresh.get(v)) for v in wanted}
+        for old in sorted(self._served)[: -self._keep]:
+            del self._served[old]
+        self._epoch_stats.setdefault(epoch, self._epoch_counts(epoch, world_size, len(todo), len(wanted)))
+        logger.warning("feed: epoch %d served again after a restart: %d recomputed", epoch, len(todo))
+
+    def _epoch_counts(self, epoch: int, world_size: int, recomputed: int, videos: int) -> dict[str, Any]:
+        stats = self._plan(epoch, world_size)[0].stats(world_size)
+        return {
+            "recomputed": recomputed,
+            "reused": videos - recomputed,
+            "packing": {k: stats[k] for k in ("blocks", "lower_bound_blocks", "padding", "deleted", "cut", "filler_blocks")},
+        }  # fmt: skip
+
     def _activate(self, epoch: int, world_size: int) -> None:
         """Make ``epoch`` the served epoch: reuse what is cached, take or launch the recomputes."""
         if epoch in self._served:
+            return
+        if self._restarted and self._served and epoch < max(self._served):
+            self._serve_again(epoch, world_size)
             return
         if self._served and epoch < max(self._served):
             # Serving an older epoch again would overwrite the newer epochs' cache under their learners.
@@ -341,13 +421,7 @@ class BlockFeed:
         self._served[epoch] = {video: ref for video, (_, ref) in cache.items()}
         for old in sorted(self._served)[: -self._keep]:
             del self._served[old]
-        plan = self._plan(epoch, world_size)[0]
-        stats = plan.stats(world_size)
-        self._epoch_stats[epoch] = {
-            "recomputed": recomputed,
-            "reused": len(wanted) - recomputed,
-            "packing": {k: stats[k] for k in ("blocks", "lower_bound_blocks", "padding", "deleted", "cut", "filler_blocks")},
-        }  # fmt: skip
+        self._epoch_stats[epoch] = self._epoch_counts(epoch, world_size, recomputed, len(wanted))
         logger.info(
             "feed: epoch %d served: %d recomputed, %d reused", epoch, recomputed, len(wanted) - recomputed
         )
@@ -504,7 +578,18 @@ class BlockFeed:
                 "t_max": self.t_max,
                 "max_sequences": self.max_sequences,
                 "reuse": self._config.data.reuse,
+                # Per-epoch counts and totals cover this process only: a restart loses the dead one's.
+                "restarts": self._restarts(),
             }
+
+
+def feed_restarts(stats: dict[str, Any], since: float | None) -> list[dict[str, Any]]:
+    """The run summary's ``feed_restart`` recoveries from ``stats()``: ``{time_s, kind, detail}``, time_s
+    counted from ``since`` (rank 0's first step, the start of the training clock; None: wall time)."""
+    return [
+        {"time_s": r["time"] - (since or 0.0), "kind": r["kind"], "detail": r["detail"]}
+        for r in stats.get("restarts", [])
+    ]
 
 
 # --------------------------------------------------------------------------------------------- ray glue
@@ -533,6 +618,10 @@ def create_feed(
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     options = {"num_cpus": 0, "num_gpus": 0, "scheduling_strategy": driver_node, "max_concurrency": 32}
+    # A killed feed is restarted by Ray with the same arguments; calls in flight then are resent to it
+    # (every method may run twice: planning and serving an epoch are idempotent).
+    restarts = config.train.feed_max_restarts
+    options.update(max_restarts=restarts, max_task_retries=-1 if restarts else 0)
     if name is not None:
         options.update(name=name, namespace=namespace, get_if_exists=False)
     feed = (
@@ -603,44 +692,107 @@ class LearnerFeed:
     """
 
     def __init__(
-        self, handle: Any, *, epochs: int | None = None, blocks_per_batch: int = 4, depth: int = 4
+        self,
+        handle: Any,
+        *,
+        epochs: int | None = None,
+        blocks_per_batch: int = 4,
+        depth: int = 4,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.handle = handle
         self._epochs = epochs
         self._blocks_per_batch = _int(blocks_per_batch, "blocks_per_batch", 1, "use e.g. 4")
         self._depth = depth
         self._stream: RowStream | None = None
+        # While Ray restarts a killed feed, calls fail and the arrays it owned are lost: retry this long.
+        self._backoff = backoff or Backoff(base_s=0.5, cap_s=4.0, budget_s=120.0)
+        self._sleep = sleep
+        self.recoveries = 0  # feed calls or reads that failed and succeeded again after a backoff
+
+    def _retry(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``, retried with bounded backoff while the feed actor is down or its arrays are lost."""
+        import ray.exceptions
+
+        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
+        delays = self._backoff.delays()
+        for attempt in range(len(delays) + 1):
+            try:
+                result = call()
+            except lost as exc:
+                if attempt == len(delays):
+                    raise FeedUnavailableError(
+                        f"the feed actor did not answer {what} after {attempt + 1} tries over "
+                        f"{sum(delays):.0f} s (last error: {type(exc).__name__}): it died more than "
+                        "train.feed_max_restarts times or its node is gone; raise train.feed_max_restarts "
+                        "or look at the head node's log"
+                    ) from exc
+                logger.warning(
+                    "feed: %s failed (%s); retrying in %.1f s", what, type(exc).__name__, delays[attempt]
+                )
+                self._sleep(delays[attempt])
+                continue
+            self.recoveries += attempt > 0
+            return result
+        raise AssertionError("unreachable: the loop returns or raises")
 
     def model_spec(self) -> dict[str, Any]:
         import ray
 
-        return ray.get(self.handle.model_spec.remote())
+        return self._retry("model_spec", lambda: ray.get(self.handle.model_spec.remote()))
 
     def _source(self, rank: int, world_size: int):
         import ray
 
         def source(epoch: int, history: tuple, skip: int):
-            full = ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
+            def activate():
+                return ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
+
+            full = self._retry(f"epoch_shard({epoch})", activate)
             # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
             shard = dataclasses.replace(full, blocks=full.blocks[skip:])
-            return len(full.blocks), self._batches(shard)
+            return len(full.blocks), self._batches(shard, activate)
 
         return source
 
-    def _batches(self, shard: EpochShard) -> Iterator[dict[str, np.ndarray]]:
+    def _batches(self, shard: EpochShard, activate: Callable[[], Any]) -> Iterator[dict[str, np.ndarray]]:
+        """The shard's rows; ``activate()`` makes the feed serve the shard's epoch (or split) again, which a
+        restarted feed needs before it can lend refs: it then recomputes the arrays the dead one owned."""
         import ray
 
         fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
-        ids = shard.video_ids
+        items = shard_items(shard)
+
+        def borrow(ids: list[int], again: bool) -> dict[int, Any]:
+            if again:
+                activate()
+            return dict(zip(ids, ray.get(self.handle.refs.remote(ids, shard.epoch)), strict=True))
+
         # One actor call per epoch: the refs are borrowed for the whole shard, so a later epoch's cache
         # swap in the feed cannot take the arrays away from under this epoch.
-        refs = dict(zip(ids, ray.get(self.handle.refs.remote(ids, shard.epoch)), strict=True)) if ids else {}
-        items = shard_items(shard)
+        ids, first = shard.video_ids, [True]
+
+        def borrow_all() -> dict[int, Any]:
+            again, first[0] = not first[0], False  # a retry: the feed may have restarted since activate()
+            return borrow(ids, again)
+
+        refs = self._retry("refs", borrow_all) if ids else {}
         for lo in range(0, len(items), self._blocks_per_batch):
             part = items[lo : lo + self._blocks_per_batch]
             batch = {key: np.stack([item[key] for item in part]) for key in part[0]}
             need = sorted({i for item in part for i in item["ids"].tolist() if i >= 0})
-            arrays = dict(zip(need, ray.get([refs[i] for i in need]), strict=True)) if need else {}
+            left = sorted({i for item in items[lo:] for i in item["ids"].tolist() if i >= 0})
+            tries = [0]
+
+            def read(need=need, left=left, tries=tries) -> dict[int, np.ndarray]:
+                # After a failure the feed restarted: borrow new refs for every row not assembled yet.
+                if tries[0]:
+                    refs.update(borrow(left, True))
+                tries[0] += 1
+                return dict(zip(need, ray.get([refs[i] for i in need]), strict=True))
+
+            arrays = self._retry(f"the arrays of epoch {shard.epoch}", read) if need else {}
             yield assemble_rows(batch, arrays, fmt)
 
     def epoch_rows(
@@ -677,15 +829,21 @@ class LearnerFeed:
         testing (``step.evaluate(views=...)`` cuts the views on the learner's device)."""
         import ray
 
-        return self.rows_of(
-            ray.get(self.handle.eval_shard.remote(split, rank, world_size)), uncropped=uncropped
-        )
+        def activate():
+            return ray.get(self.handle.eval_shard.remote(split, rank, world_size))
+
+        return self.rows_of(self._retry(f"eval_shard({split!r})", activate), uncropped=uncropped)
 
     def rows_of(self, shard: EpochShard, *, uncropped: bool = False) -> BlockRowStream:
         """The rows of an evaluation ``shard`` (``feed.eval_shard``), centre-cropped or ``uncropped``."""
+        import ray
+
+        def activate():  # a restarted feed serves the split again before it lends refs
+            return ray.get(self.handle.eval_shard.remote(shard.split, shard.rank, shard.world_size))
+
         if uncropped:
             shard = dataclasses.replace(shard, center=False)
-        return BlockRowStream(_Batches(self._batches(shard)))
+        return BlockRowStream(_Batches(self._batches(shard, activate)))
 
 
 class _Batches:

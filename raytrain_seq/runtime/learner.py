@@ -23,6 +23,7 @@ runs the whole loop with fakes; ``train_loop_per_worker`` builds the real ones.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from raytrain_seq import checkpoint
+from raytrain_seq import accounting, checkpoint
 from raytrain_seq.augment import test_views
 from raytrain_seq.config import Config
 from raytrain_seq.elastic.client import AveragerClient, Realigned
@@ -119,6 +120,7 @@ class Learner:
         # Optimizer steps each learner took over the run (the averaged position's count, then this
         # process's steps): the same on every learner, since they take equal rows with the same B.
         self.steps_done = 0
+        self._trained_ids: list[int] = []  # video ids of the rows trained since the last round
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> None:
@@ -176,6 +178,7 @@ class Learner:
                 progress = self.steps_done / limit
             else:
                 progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.config.train.epochs
+            self._trained_ids += batch.pop("ids").flatten().tolist() if "ids" in batch else []
             stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
             self.steps_done += 1
             rows_done += int(batch["num_sequences"].shape[0])
@@ -220,7 +223,10 @@ class Learner:
         if rows is None:
             return None
         began = time.perf_counter()
+        ids = rows.pop("ids", None)  # accounting only: kept on the host, never sent to the device
         batch = stage_rows(rows, self.device, crop=self.config.data.crop, flow=self.in_channels == 2)
+        if ids is not None:
+            batch["ids"] = torch.from_numpy(ids)
         return batch, time.perf_counter() - began
 
     def _fill(
@@ -240,6 +246,10 @@ class Learner:
         """One averaging round; ``position`` is where training stands once it is averaged. Returns the
         position to continue from when the others went on without this learner, else None."""
         stats = self.tally.flush()
+        # The epoch of the rows since the last round: an epoch ends on a round, so they share one.
+        epoch = position.epoch - 1 if position.rows_done == 0 else position.epoch
+        stats.update(accounting.round_stats(epoch, self._trained_ids))
+        self._trained_ids = []
         decision = self.rounds.sync(stats=stats, position=position, rows=self.shard_rows or None)
         self.metrics.add("averaging_seconds", self.rounds.last_seconds)
         self.metrics.set("batch_size", self.client.batch_size)
@@ -433,9 +443,22 @@ def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------- ray glue
-def _ray_train_report(metrics: dict[str, Any], folder: Path | None) -> None:
+def _ray_train_report(metrics: dict[str, Any], folder: Path | None, *, run_dir: Path) -> None:
     import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
 
+    # A checkpoint Ray Train cannot copy into the run folder (disk full, no permission) fails on rank 0
+    # only, and a raise there makes Ray Train restart the group to fail again: rank 0 probes the folder
+    # and every rank learns the verdict (each report call is collective, so the counts match).
+    problem = None
+    if folder is not None:
+        try:
+            checkpoint.check_writable(run_dir / checkpoint.folder_name(metrics["round"]))
+        except checkpoint.CheckpointError as exc:
+            problem = str(exc)
+    problem = broadcast_from_rank_zero(problem)
+    if problem is not None:
+        raise checkpoint.CheckpointError(problem)
     if folder is None:
         ray.train.report(metrics)
         return
@@ -484,16 +507,27 @@ def train_loop_per_worker(loop_config: dict) -> None:
         store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0),
         node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
     )
-    Learner(
+    learner = Learner(
         config,
         rank=rank,
         world_size=world_size,
         device=ray.train.torch.get_device(),
         client=client,
         feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"]), epochs=train.max_epochs),
-        report=_ray_train_report,
+        report=functools.partial(_ray_train_report, run_dir=config.run_dir()),
         # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
         validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
-    ).run()
+    )
+    try:
+        learner.run()
+    except checkpoint.CheckpointError as exc:
+        # Every rank stops here at the same report, so the group ends without a failure that Ray Train
+        # would retry; the driver raises the error (from this file, or naming the run folder).
+        logger.error("learner %d stops: %s", rank, exc)
+        if rank == 0:
+            try:
+                (config.run_dir() / checkpoint.STOPPED_FILE).write_text(str(exc))
+            except OSError:  # the same full or locked storage: the driver then names the run folder
+                logger.exception("cannot write %s", checkpoint.STOPPED_FILE)
