@@ -103,7 +103,8 @@ def run_ray(config: Config, args: argparse.Namespace, pace: float | None = None)
     """
     import ray
 
-    from raytrain_seq.runtime.feed import LearnerFeed, create_feed
+    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
 
     began = time.perf_counter()
     feed = create_feed(config, videos_per_task=args.videos_per_task)

@@ -429,7 +429,7 @@ def test_learner_streams_serve_every_epoch_and_equal_the_independent_recomputati
     epoch, in the shard's order, and after the device-side crop and flip (stage_rows, on CPU here) the
     frames equal final_augment(partial_augment(render)) with the documented seeds; a stream restarted
     mid-epoch at a position (a realignment) serves exactly the rest."""
-    from raytrain_seq.runtime.feed import LearnerFeed
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.step import stage_rows
 
     config = _config()
@@ -507,7 +507,8 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
     with the same seeds: every id comes once per epoch and every frame equals the independent
     recomputation, as without the kill; the feed's stats list the restart."""
     from raytrain_seq.elastic.rounds import Backoff
-    from raytrain_seq.runtime.feed import RESTARTS_FILE, LearnerFeed
+    from raytrain_seq.runtime.feed import RESTARTS_FILE
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.step import stage_rows
 
     ray = ray_cluster

@@ -8,7 +8,7 @@ any number of rows at a time from it (the adaptive batch size may grow between r
 
 The rows come from an injected ``source(epoch, history, skip) -> (rows in the whole shard, iterator of
 row batches)``: plans are a pure function of (lengths, seed, epoch), so the source can be asked for epoch
-e+1 while epoch e trains (``runtime.feed.LearnerFeed`` borrows the cached arrays from the feed actor and
+e+1 while epoch e trains (``runtime.learner_feed.LearnerFeed`` borrows the cached arrays from the feed actor and
 assembles the rows there). The producer runs at most one epoch ahead of the consumer (the feed keeps
 the cache of two epochs) and at most ``depth`` batches ahead within one.
 

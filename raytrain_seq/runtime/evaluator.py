@@ -89,7 +89,8 @@ class EvaluatorActor(Evaluator):
     """The Ray actor: the run's feed (by name) and Ray's object store."""
 
     def __init__(self, config: dict, feed_name: str, namespace: str) -> None:
-        from raytrain_seq.runtime.feed import LearnerFeed, get_feed
+        from raytrain_seq.runtime.feed import get_feed
+        from raytrain_seq.runtime.learner_feed import LearnerFeed
         from raytrain_seq.runtime.shards import RayStore
 
         torch.set_num_threads(1)

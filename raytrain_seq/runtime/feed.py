@@ -15,8 +15,8 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
 2. The plan: ``pack(lengths, t_max, strategy, seed=plan_seed(seed, e))`` and ``shard(plan, world_size)``
    (equal blocks per learner, zero-weight fillers); each learner's blocks are ordered by
    ``assembly.spread_fresh`` so the fresh frames spread evenly over consecutive mini-batches.
-3. A learner's ``LearnerFeed`` runs one persistent ``elastic.stream.RowStream`` across its epochs: a
-   thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
+3. A learner's ``LearnerFeed`` (``runtime.learner_feed``) runs one persistent
+   ``elastic.stream.RowStream`` across its epochs: a thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
    the refs of the whole shard in one ``feed.refs(ids, e)`` call, copies the cached arrays into uint8
    rows at the cache size with each sequence's seeded crop draws (``assembly.assemble_rows``), in
    order, and runs ahead into epoch e+1; the learner crops and flips on its device. ``shard_dataset``
@@ -41,14 +41,13 @@ plain DataLoader and what the learners consume (bench/results/pipeline.txt).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,6 @@ from raytrain_seq.data.sources import load_catalogs
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.data.sources import window_videos as _window_videos
 from raytrain_seq.elastic.assembly import (
-    BlockRowStream,
     BlockSpec,
     EpochShard,
     RowFormat,
@@ -72,8 +70,6 @@ from raytrain_seq.elastic.assembly import (
     shard_items,
 )
 from raytrain_seq.elastic.position import layout_specs
-from raytrain_seq.elastic.rounds import Backoff
-from raytrain_seq.elastic.stream import EpochRows, RowStream
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 
@@ -83,7 +79,6 @@ __all__ = [
     "RESTARTS_FILE",
     "BlockFeed",
     "FeedUnavailableError",
-    "LearnerFeed",
     "create_feed",
     "feed_geometry",
     "feed_restarts",
@@ -677,180 +672,3 @@ def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: flo
             batch_format="numpy",
             num_cpus=num_cpus,
         )
-
-
-class LearnerFeed:
-    """A learner's view of the feed actor: its model spec, the block rows of its epochs, and the rows of
-    an evaluation split (the learner loop takes this object, so tests can hand it a fake).
-
-    Training rows come from one persistent ``RowStream`` per learner: a thread in the learner's process
-    asks the feed for each epoch's shard (block specs) and, in one call, the ObjectRefs of its cached
-    arrays, then copies the arrays out of the object store into uint8 rows at the cache size; the crop
-    and flip are left to the learner's device (``augment.final_augment_batch``). It runs ahead into the
-    next epoch, so no epoch starts with a dataset's start-up; a learner that must start elsewhere (a
-    realignment) gets a new stream at that position.
-    """
-
-    def __init__(
-        self,
-        handle: Any,
-        *,
-        epochs: int | None = None,
-        blocks_per_batch: int = 4,
-        depth: int = 4,
-        backoff: Backoff | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.handle = handle
-        self._epochs = epochs
-        self._blocks_per_batch = _int(blocks_per_batch, "blocks_per_batch", 1, "use e.g. 4")
-        self._depth = depth
-        self._stream: RowStream | None = None
-        # While Ray restarts a killed feed, calls fail and the arrays it owned are lost: retry this long.
-        self._backoff = backoff or Backoff(base_s=0.5, cap_s=4.0, budget_s=120.0)
-        self._sleep = sleep
-        self.recoveries = 0  # feed calls or reads that failed and succeeded again after a backoff
-
-    def _retry(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call()``, retried with bounded backoff while the feed actor is down or its arrays are lost."""
-        import ray.exceptions
-
-        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
-        delays = self._backoff.delays()
-        for attempt in range(len(delays) + 1):
-            try:
-                result = call()
-            except lost as exc:
-                if attempt == len(delays):
-                    raise FeedUnavailableError(
-                        f"the feed actor did not answer {what} after {attempt + 1} tries over "
-                        f"{sum(delays):.0f} s (last error: {type(exc).__name__}): it died more than "
-                        "train.feed_max_restarts times or its node is gone; raise train.feed_max_restarts "
-                        "or look at the head node's log"
-                    ) from exc
-                logger.warning(
-                    "feed: %s failed (%s); retrying in %.1f s", what, type(exc).__name__, delays[attempt]
-                )
-                self._sleep(delays[attempt])
-                continue
-            self.recoveries += attempt > 0
-            return result
-        raise AssertionError("unreachable: the loop returns or raises")
-
-    def model_spec(self) -> dict[str, Any]:
-        import ray
-
-        return self._retry("model_spec", lambda: ray.get(self.handle.model_spec.remote()))
-
-    def _source(self, rank: int, world_size: int):
-        import ray
-
-        def source(epoch: int, history: tuple, skip: int):
-            def activate():
-                return ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
-
-            full = self._retry(f"epoch_shard({epoch})", activate)
-            # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
-            shard = dataclasses.replace(full, blocks=full.blocks[skip:])
-            return len(full.blocks), self._batches(shard, activate)
-
-        return source
-
-    def _batches(self, shard: EpochShard, activate: Callable[[], Any]) -> Iterator[dict[str, np.ndarray]]:
-        """The shard's rows; ``activate()`` makes the feed serve the shard's epoch (or split) again, which a
-        restarted feed needs before it can lend refs: it then recomputes the arrays the dead one owned."""
-        import ray
-
-        fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
-        items = shard_items(shard)
-
-        def borrow(ids: list[int], again: bool) -> dict[int, Any]:
-            if again:
-                activate()
-            return dict(zip(ids, ray.get(self.handle.refs.remote(ids, shard.epoch)), strict=True))
-
-        # One actor call per epoch: the refs are borrowed for the whole shard, so a later epoch's cache
-        # swap in the feed cannot take the arrays away from under this epoch.
-        ids, first = shard.video_ids, [True]
-
-        def borrow_all() -> dict[int, Any]:
-            again, first[0] = not first[0], False  # a retry: the feed may have restarted since activate()
-            return borrow(ids, again)
-
-        refs = self._retry("refs", borrow_all) if ids else {}
-        for lo in range(0, len(items), self._blocks_per_batch):
-            part = items[lo : lo + self._blocks_per_batch]
-            batch = {key: np.stack([item[key] for item in part]) for key in part[0]}
-            need = sorted({i for item in part for i in item["ids"].tolist() if i >= 0})
-            left = sorted({i for item in items[lo:] for i in item["ids"].tolist() if i >= 0})
-            tries = [0]
-
-            def read(need=need, left=left, tries=tries) -> dict[int, np.ndarray]:
-                # After a failure the feed restarted: borrow new refs for every row not assembled yet.
-                if tries[0]:
-                    refs.update(borrow(left, True))
-                tries[0] += 1
-                return dict(zip(need, ray.get([refs[i] for i in need]), strict=True))
-
-            arrays = self._retry(f"the arrays of epoch {shard.epoch}", read) if need else {}
-            yield assemble_rows(batch, arrays, fmt)
-
-    def epoch_rows(
-        self, epoch: int, rank: int, world_size: int, *, history: Sequence = (), skip: int = 0
-    ) -> tuple[EpochRows | None, int]:
-        """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
-        many rows its shard has in all; the stream is None when nothing is left."""
-        history = tuple((int(w), int(r)) for w, r in history)
-        if self._stream is None or not self._stream.continues(epoch, history, skip):
-            if self._stream is not None:
-                self._stream.close()
-            epochs = self._epochs if self._epochs is not None else epoch + 1
-            self._stream = RowStream(
-                self._source(rank, world_size), epoch=epoch, epochs=epochs, history=history, skip=skip,
-                depth=self._depth,
-            )  # fmt: skip
-        view, rows = self._stream.epoch_rows(epoch)
-        if skip >= rows:
-            view.take(1)  # nothing left: read the epoch's end, so the stream goes on to the next epoch
-            return None, rows
-        return view, rows
-
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-
-    def eval_rows(
-        self, split: str, rank: int = 0, world_size: int = 1, *, uncropped: bool = False
-    ) -> BlockRowStream:
-        """The rows of learner ``rank``'s share of the ``split`` ("val" or "test") evaluation blocks (all of
-        them by default), centre-cropped, assembled here like the training rows (a Ray Data dataset would
-        pay its start-up for a copy and a crop). ``uncropped``: the cached frames whole, for multi-view
-        testing (``step.evaluate(views=...)`` cuts the views on the learner's device)."""
-        import ray
-
-        def activate():
-            return ray.get(self.handle.eval_shard.remote(split, rank, world_size))
-
-        return self.rows_of(self._retry(f"eval_shard({split!r})", activate), uncropped=uncropped)
-
-    def rows_of(self, shard: EpochShard, *, uncropped: bool = False) -> BlockRowStream:
-        """The rows of an evaluation ``shard`` (``feed.eval_shard``), centre-cropped or ``uncropped``."""
-        import ray
-
-        def activate():  # a restarted feed serves the split again before it lends refs
-            return ray.get(self.handle.eval_shard.remote(shard.split, shard.rank, shard.world_size))
-
-        if uncropped:
-            shard = dataclasses.replace(shard, center=False)
-        return BlockRowStream(_Batches(self._batches(shard, activate)))
-
-
-class _Batches:
-    """An iterator of row batches in the shape ``BlockRowStream`` reads (Ray Data's ``iter_batches``)."""
-
-    def __init__(self, batches: Iterator[dict[str, np.ndarray]]) -> None:
-        self._batches = batches
-
-    def iter_batches(self, **_: Any) -> Iterator[dict[str, np.ndarray]]:
-        return self._batches

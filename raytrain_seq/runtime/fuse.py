@@ -119,7 +119,8 @@ def _evaluate(
     from raytrain_seq.augment import test_views
     from raytrain_seq.models import predict
     from raytrain_seq.models.factory import model_from_state
-    from raytrain_seq.runtime.feed import BlockFeed, LearnerFeed, feed_geometry
+    from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.step import collate_rows, view_probabilities
 
     began = time.perf_counter()
