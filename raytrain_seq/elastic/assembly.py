@@ -363,58 +363,38 @@ def assemble_rows(
     }
 
 
-class BlockRowStream:
-    """The learner's view of its shard: ``take(n)`` -> the next n rows as arrays, n free per call.
+class RowBuffer:
+    """Block rows arriving in batches of any size, handed out ``take(n)`` rows at a time.
 
-    Ray Data yields batches of whatever size its blocks have; the stream buffers them and re-slices, so
-    the adaptive batch size can grow mid-epoch. ``wait_seconds`` is the time spent blocked on the
-    dataset (the learner waiting for data), ``rows``/``frames`` what was delivered (frames = useful
-    frames, padding excluded). ``dataset`` is anything with Ray Data's ``iter_batches``.
+    A source yields batches of whatever size they have; the buffer keeps them and re-slices, so the
+    adaptive batch size can grow mid-epoch (batches of 3, 3, 3 taken 4 at a time: 4, 4, then 1).
+    Subclasses fill it in ``_pull`` (one batch through ``_append``, or ``done = True`` at the end).
+    ``wait_seconds`` is the time ``_pull`` spent blocked (the learner waiting for data); ``rows`` and
+    ``frames`` (useful frames, padding excluded) what was taken.
     """
 
-    def __init__(self, dataset, *, prefetch_batches: int = 2) -> None:
-        if (
-            isinstance(prefetch_batches, bool)
-            or not isinstance(prefetch_batches, int)
-            or prefetch_batches < 0
-        ):
-            raise ValueError(f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}: use e.g. 2")
-        self._dataset = dataset
-        self._prefetch = prefetch_batches
-        self._iterator: Iterator[Mapping[str, np.ndarray]] | None = None
+    def __init__(self) -> None:
         self._pending: deque[dict[str, np.ndarray]] = deque()
         self._buffered = 0
-        self._done = False
+        self.done = False
         self.wait_seconds = 0.0
         self.rows = 0
         self.frames = 0
 
-    def _pull(self) -> bool:
-        if self._iterator is None:
-            self._iterator = iter(
-                self._dataset.iter_batches(
-                    batch_size=None, batch_format="numpy", prefetch_batches=self._prefetch
-                )
-            )
-        began = time.perf_counter()
-        try:
-            batch = next(self._iterator)
-        except StopIteration:
-            self._done = True
-            return False
-        finally:
-            self.wait_seconds += time.perf_counter() - began
+    def _pull(self) -> None:
+        raise NotImplementedError
+
+    def _append(self, batch: Mapping[str, np.ndarray]) -> None:
         size = len(batch["block"])
         if size:
             self._pending.append({key: np.asarray(value) for key, value in batch.items()})
             self._buffered += size
-        return True
 
     def take(self, n: int) -> dict[str, np.ndarray] | None:
-        """The next ``n`` rows (fewer at the end of the shard), or None when every row was taken."""
+        """The next ``n`` rows (fewer at the end), or None when every row was taken."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"take(n) needs an int n >= 1, got {n!r}: pass the mini-batch size in blocks")
-        while self._buffered < n and not self._done:
+        while self._buffered < n and not self.done:
             self._pull()
         if not self._buffered:
             return None
@@ -436,3 +416,36 @@ class BlockRowStream:
         self.rows += taken
         self.frames += int(np.clip(out["lengths"], 0, None).sum())
         return out
+
+
+class BlockRowStream(RowBuffer):
+    """The rows of a dataset with Ray Data's ``iter_batches`` (a shard's rows), ``take(n)`` at a time."""
+
+    def __init__(self, dataset, *, prefetch_batches: int = 2) -> None:
+        if (
+            isinstance(prefetch_batches, bool)
+            or not isinstance(prefetch_batches, int)
+            or prefetch_batches < 0
+        ):
+            raise ValueError(f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}: use e.g. 2")
+        super().__init__()
+        self._dataset = dataset
+        self._prefetch = prefetch_batches
+        self._iterator: Iterator[Mapping[str, np.ndarray]] | None = None
+
+    def _pull(self) -> None:
+        if self._iterator is None:
+            self._iterator = iter(
+                self._dataset.iter_batches(
+                    batch_size=None, batch_format="numpy", prefetch_batches=self._prefetch
+                )
+            )
+        began = time.perf_counter()
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            self.done = True
+            return
+        finally:
+            self.wait_seconds += time.perf_counter() - began
+        self._append(batch)

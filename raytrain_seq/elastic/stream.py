@@ -25,11 +25,12 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+from raytrain_seq.elastic.assembly import RowBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ Source = Callable[[int, tuple[tuple[int, int], ...], int], tuple[int, Iterator[M
 _POLL_S = 0.1  # how often a blocked producer looks at the stop flag
 
 
-class EpochRows:
+class EpochRows(RowBuffer):
     """One epoch of a ``RowStream``: ``take(n)`` -> the next n rows (fewer at the end), None when done.
 
     ``wait_seconds`` is the time the consumer was blocked on the producer (the learner's data wait);
@@ -48,13 +49,8 @@ class EpochRows:
     """
 
     def __init__(self, stream: RowStream, epoch: int) -> None:
+        super().__init__()
         self._stream, self.epoch = stream, epoch
-        self._pending: deque[dict[str, np.ndarray]] = deque()
-        self._buffered = 0
-        self.done = False
-        self.wait_seconds = 0.0
-        self.rows = 0
-        self.frames = 0
 
     def _pull(self) -> None:
         began = time.perf_counter()
@@ -66,37 +62,9 @@ class EpochRows:
             self.done = True
             self._stream.ended(self.epoch)
         elif kind == "rows":
-            size = len(payload["block"])
-            if size:
-                self._pending.append({key: np.asarray(value) for key, value in payload.items()})
-                self._buffered += size
+            self._append(payload)
         else:
             raise RuntimeError(f"row stream: {kind!r} inside epoch {self.epoch}: the producer lost its order")
-
-    def take(self, n: int) -> dict[str, np.ndarray] | None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"take(n) needs an int n >= 1, got {n!r}: pass the mini-batch size in blocks")
-        while self._buffered < n and not self.done:
-            self._pull()
-        if not self._buffered:
-            return None
-        parts, need = [], n
-        while need and self._pending:
-            head = self._pending[0]
-            size = len(head["block"])
-            if size <= need:
-                parts.append(self._pending.popleft())
-                need -= size
-            else:
-                parts.append({key: value[:need] for key, value in head.items()})
-                self._pending[0] = {key: value[need:] for key, value in head.items()}
-                need = 0
-        out = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        taken = len(out["block"])
-        self._buffered -= taken
-        self.rows += taken
-        self.frames += int(np.clip(out["lengths"], 0, None).sum())
-        return out
 
 
 class RowStream:

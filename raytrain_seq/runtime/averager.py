@@ -72,6 +72,7 @@ from raytrain_seq.elastic.rounds import (
     check_number,
 )
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.step import EvalResult
 from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class ParameterAverager:
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
         # None: a learner validates and calls report_validation, as before.
         self._validator = validator
-        self._test: dict[Learner, dict[str, Any]] = {}  # the final test pass: each learner's tallies
+        self._test: dict[Learner, EvalResult] = {}  # the final test pass: each learner's share
         self._test_done: asyncio.Event | None = None
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
@@ -571,10 +572,19 @@ class ParameterAverager:
             check_number(f"tallies[{key!r}]", tallies.get(key), 0)
         if self._test_done is None or (self._test_done.is_set() and learner in self._test):
             self._test, self._test_done = {}, asyncio.Event()  # a new test pass (e.g. a restarted group)
-        self._test[learner] = {"correct": int(tallies["correct"]), "sequences": int(tallies["sequences"]),
-                               "per_class": dict(tallies.get("per_class", {})),
-                               "top5_correct": int(tallies.get("top5_correct", 0)),
-                               "confusion": dict(tallies.get("confusion", {}))}  # fmt: skip
+        # The project's one way to add up scores of disjoint shards: step.EvalResult.combine.
+        sequences = int(tallies["sequences"])
+        self._test[learner] = EvalResult(
+            accuracy=int(tallies["correct"]) / sequences if sequences else 0.0,
+            loss=0.0,  # the learners send no loss
+            sequences=sequences,
+            per_class={int(k): (int(c), int(t)) for k, (c, t) in tallies.get("per_class", {}).items()},
+            top5_correct=int(tallies.get("top5_correct", 0)),
+            confusion={
+                tuple(int(v) for v in cell.split(",")): int(n)
+                for cell, n in tallies.get("confusion", {}).items()
+            },
+        )
         if len(self._test) >= world_size:
             self._test_done.set()
         try:
@@ -587,28 +597,15 @@ class ParameterAverager:
         return self._test_totals()
 
     def _test_totals(self) -> dict[str, Any]:
-        per_class: dict[str, list[int]] = {}
-        for tallies in self._test.values():
-            for label, (correct, total) in tallies["per_class"].items():
-                entry = per_class.setdefault(str(label), [0, 0])
-                entry[0] += int(correct)
-                entry[1] += int(total)
-        confusion: dict[str, int] = {}
-        for tallies in self._test.values():
-            for cell, count in tallies["confusion"].items():
-                confusion[cell] = confusion.get(cell, 0) + int(count)
-        correct = sum(t["correct"] for t in self._test.values())
-        sequences = sum(t["sequences"] for t in self._test.values())
-        top5 = sum(t["top5_correct"] for t in self._test.values())
-        rates = [c / t for c, t in per_class.values() if t]
+        total = EvalResult.combine(self._test.values())
         return {
-            "correct": correct,
-            "sequences": sequences,
-            "accuracy": correct / sequences if sequences else 0.0,
-            "top5_accuracy": top5 / sequences if sequences else 0.0,
-            "mean_class_accuracy": sum(rates) / len(rates) if rates else 0.0,
-            "per_class": dict(sorted(per_class.items(), key=lambda kv: int(kv[0]))),
-            "confusion": confusion,
+            "correct": sum(c for c, _ in total.per_class.values()),
+            "sequences": total.sequences,
+            "accuracy": total.accuracy,
+            "top5_accuracy": total.top5_accuracy,
+            "mean_class_accuracy": total.mean_class_accuracy,
+            "per_class": {str(k): [c, t] for k, (c, t) in total.per_class.items()},
+            "confusion": {f"{t},{p}": n for (t, p), n in total.confusion.items()},
             "learners": len(self._test),
         }
 
