@@ -21,7 +21,9 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
    holding the averaged state, against a numpy mean of the same bytes and the library arithmetic
    (``average_states`` + ``merge_adam_states``) in one process; the busiest actor's bytes per round
    (hub load, counted by the actors) for the shards and for one shard (the star); where a round's time
-   goes; and a cost model for 16 learners of ResNet-152 size, star and sharded.
+   goes; and a cost model for 16 learners of ResNet-152 size, star and sharded. The cluster's object
+   store is preallocated (``run.object_store_gb``, sized by ``store_gb``); ``--only bandwidth`` also
+   times a round of 2 learners on Ray's default store (``default_store`` in its JSON line).
 
     python bench/averaging.py            # default size (the one make bench runs)
     python bench/averaging.py --tiny     # one short run of each kind
@@ -187,7 +189,7 @@ def run(args) -> dict:
     data = LocalData(Config.from_preset("demo", max_videos=size["videos"], seed=size["seed"]))
     steps = steps_per_epoch(data.catalogs["train"].lengths, data.t_max, 2, size["batch"])
     storage = tempfile.mkdtemp(prefix="bench-averaging-")
-    from raytrain_seq.runtime.connect import WORKER_REUSE
+    from raytrain_seq.runtime.connect import store_options
 
     ray.init(
         address="local",
@@ -195,7 +197,7 @@ def run(args) -> dict:
         namespace=NAMESPACE,
         include_dashboard=False,
         log_to_driver=False,
-        _system_config=WORKER_REUSE,
+        **store_options(store_gb(size["mb"])),
     )
     logging.getLogger("ray").setLevel(logging.WARNING)
     try:
@@ -401,6 +403,12 @@ def plot(res: dict):
     return fig
 
 
+def store_gb(megabytes: float, learners: int = 8) -> float:
+    """The preallocated object store of the bench's cluster (``run.object_store_gb``): a round of
+    ``learners`` holds their slices and the merged ones (about 2 payloads each), with room to spare."""
+    return max(1.0, round(2.2 * learners * megabytes / 1e3, 1))
+
+
 def bandwidth_headline(band: dict) -> dict:
     """The JSON line of ``--only bandwidth --json`` (names as issue 12 asks for them)."""
     mbps = band["mbps"]
@@ -415,6 +423,7 @@ def bandwidth_headline(band: dict) -> dict:
         "split_s": band["split_s"],
         "shards": band["shards"],
         "payload_mb_per_learner": band["payload_mb"],
+        "object_store_gb": band.get("object_store_gb"),
     }
 
 
@@ -424,13 +433,29 @@ def only_bandwidth(args) -> dict:
 
     import ray
 
-    ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
-    logging.getLogger("ray").setLevel(logging.WARNING)
-    try:
-        band = bandwidth(SIZES[args.size]["mb"])
-    finally:
-        ray.shutdown()
+    from raytrain_seq.runtime.connect import store_options
+
+    megabytes = SIZES[args.size]["mb"]
+    rounds = {}
+    # The data plane as `run.object_store_gb` sets it up (a preallocated store: the figures), then one
+    # round of 2 learners on Ray's default store (mapped as objects come), to show what that costs.
+    for gb in (store_gb(megabytes), None):
+        options = store_options(gb)
+        ray.init(address="local", num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False, **options)  # fmt: skip
+        logging.getLogger("ray").setLevel(logging.WARNING)
+        try:
+            if gb is not None:
+                band = bandwidth(megabytes)
+                band["object_store_gb"] = gb
+            else:
+                rounds = bandwidth(megabytes, learners=(2,), star=())["round_s"]
+        finally:
+            ray.shutdown()
     head = bandwidth_headline(band)
+    head["default_store"] = {
+        "round_s_2": rounds["2"],
+        "actor_vs_numpy": band["seconds"]["numpy"] / rounds["2"],
+    }
     for n, seconds in head["round_s"].items():
         print(
             f"{n} learner(s): round {seconds:.3f} s, busiest actor {head['hub_load'][n]:.2f} payloads",

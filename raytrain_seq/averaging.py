@@ -65,7 +65,7 @@ def _normalised_weights(weights: Any, count: int) -> Tensor:
     return torch.tensor(values, dtype=_ACC) / total
 
 
-def _weighted_mean(tensors: Sequence[Tensor], w: Tensor) -> Tensor:
+def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | None = None) -> Tensor:
     """sum_j w_j x_j in float64 on learner 0's device, for weights w summing to one.
 
     Written as x_k + sum_j w_j (x_j - x_k), x_k the first learner with weight > 0: the same value since
@@ -73,13 +73,22 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor) -> Tensor:
     x/3 is not always x). A learner of weight 0 is out of the round: even its nan/inf must not leak in.
     One in-place float64 axpy per learner: faster than stack + tensordot, and no [P, ...] buffer. Each
     learner is widened into a float64 scratch first (exact) and subtracted in place: the same values as
-    torch.sub's type promotion, whose mixed-dtype kernel is several times slower.
+    torch.sub's type promotion, whose mixed-dtype kernel is several times slower. ``workspace``: a float64
+    [3, >= numel] tensor on that device holding the three temporaries (base, sum, scratch), so that a
+    caller merging chunk after chunk allocates them once; the result is then a view into it.
     """
     device = tensors[0].device
     kept = [(wj, t) for wj, t in zip(w.tolist(), tensors, strict=True) if wj > 0]
-    base = kept[0][1].detach().to(device=device, dtype=_ACC)
-    acc = torch.zeros_like(base)
-    scratch = torch.empty_like(base) if len(kept) > 1 else None
+    first = kept[0][1].detach()
+    if workspace is None:
+        base = first.to(device=device, dtype=_ACC)
+        acc = torch.zeros_like(base)
+        scratch = torch.empty_like(base) if len(kept) > 1 else None
+    else:
+        n = first.numel()
+        base, acc, scratch = (workspace[i, :n].view(first.shape) for i in range(3))
+        base.copy_(first)
+        acc.zero_()
     for wj, t in kept[1:]:
         scratch.copy_(t.detach())
         acc.add_(scratch.sub_(base), alpha=wj)
@@ -142,14 +151,30 @@ def merge_mean_var(
     return mean.to(means[0].dtype), var.to(variances[0].dtype)
 
 
-def weighted_mean(tensors: Sequence[Tensor], weights: Any = None, *, out: Tensor | None = None) -> Tensor:
+def weighted_mean(
+    tensors: Sequence[Tensor],
+    weights: Any = None,
+    *,
+    out: Tensor | None = None,
+    workspace: Tensor | None = None,
+) -> Tensor:
     """sum_j w_j x_j of same-shape tensors (weights normalised to sum to one), accumulated in float64 and
     cast back to the first tensor's dtype: the elementwise rule ``average_states`` applies to every plain
     floating key, so a slice of a flat buffer merged here equals that slice of the per-key result.
-    ``out``: written with the result (the same rounding as the cast) instead of a new tensor."""
+    ``out``: written with the result (the same rounding as the cast) instead of a new tensor.
+    ``workspace``: float64 scratch of shape [3, >= numel] on the tensors' device, reused across calls
+    (the same values; it saves the three temporaries' allocation when merging chunk after chunk)."""
     w = _normalised_weights(weights, len(tensors))
     _check_alike(list(tensors), "weighted_mean")
-    mean = _weighted_mean(tensors, w)
+    if workspace is not None and (
+        workspace.dtype != _ACC or workspace.dim() != 2 or workspace.shape[0] < 3
+        or workspace.shape[1] < tensors[0].numel() or workspace.device != tensors[0].device
+    ):  # fmt: skip
+        raise ValueError(
+            f"workspace must be a float64 tensor of shape [3, >= {tensors[0].numel()}] on "
+            f"{tensors[0].device}, got {workspace.dtype} {tuple(workspace.shape)} on {workspace.device}"
+        )
+    mean = _weighted_mean(tensors, w, workspace)
     return mean.to(tensors[0].dtype) if out is None else out.copy_(mean)
 
 

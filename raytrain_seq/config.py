@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -411,6 +412,8 @@ class RunConfig:
     """Continue the run named run_name from its latest checkpoint."""
     tracker: str = "tensorboard"
     """Live tracking of losses, accuracies, batch size and times: "tensorboard", "mlflow" or "none"."""
+    object_store_gb: float | None = None
+    """Object store of a Ray cluster this run starts itself, in GB, preallocated; None = Ray's default."""
 
     def __post_init__(self) -> None:
         if isinstance(self.storage_path, os.PathLike):
@@ -440,6 +443,17 @@ class RunConfig:
                 f"run.resume must be True or False, got {self.resume!r}: pass True to continue run.run_name"
             )
         choice("run.tracker", self.tracker, TRACKERS)
+        if self.object_store_gb is not None and (
+            isinstance(self.object_store_gb, bool)
+            or not isinstance(self.object_store_gb, int | float)
+            or not math.isfinite(self.object_store_gb)
+            or self.object_store_gb < 0.1
+        ):
+            raise ValueError(
+                f"run.object_store_gb must be a number of GB >= 0.1 or None, got {self.object_store_gb!r}: "
+                "size it for the averaging round (about 2 x learners x the model's weights and moments) "
+                "plus the refurbishing cache, e.g. 4"
+            )
 
 
 _SECTIONS: dict[str, type] = {

@@ -17,6 +17,7 @@ from raytrain_seq.averaging import (
     merge_adam_states,
     merge_mean_var,
     unflatten_state,
+    weighted_mean,
 )
 
 
@@ -46,6 +47,33 @@ def test_weighted_mean_matches_numpy():
     np.testing.assert_allclose(
         equal["a.weight"].numpy(), np.mean([a["a.weight"] for a in arrays], axis=0), rtol=1e-13
     )
+
+
+def test_weighted_mean_with_a_reused_workspace_is_bit_identical():
+    """A workspace reused chunk after chunk gives the same bits as fresh temporaries, weight-0 learners
+    and learners that agree included; a workspace of the wrong dtype, rank or length is refused."""
+    rng = _rng(2)
+    learners = [torch.from_numpy(rng.normal(size=1000).astype(np.float32)) for _ in range(3)]
+    learners[2][:10] = math.nan  # weight 0: left out
+    weights = [0.3, 0.7, 0.0]
+    workspace = torch.full((3, 400), math.nan, dtype=torch.float64)  # stale values must not leak in
+    out = torch.empty(1000, dtype=torch.float32)
+    for lo in range(0, 1000, 400):
+        chunk = [t[lo : lo + 400] for t in learners]
+        weighted_mean(chunk, weights, out=out[lo : lo + 400], workspace=workspace)
+    fresh = weighted_mean(learners, weights)
+    assert torch.equal(out, fresh) and not torch.isnan(out).any()
+    same = [learners[0], learners[0].clone()]
+    assert torch.equal(
+        weighted_mean(same, [1, 2], workspace=torch.empty(3, 1000, dtype=torch.float64)), same[0]
+    )
+    for bad in (
+        torch.empty(3, 999, dtype=torch.float64),
+        torch.empty(3, 1000),
+        torch.empty(3000, dtype=torch.float64),
+    ):
+        with pytest.raises(ValueError, match="workspace must be a float64 tensor of shape"):
+            weighted_mean(learners, weights, workspace=bad)
 
 
 def test_dtypes_kept_int_buffers_from_first():

@@ -133,6 +133,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "run.run_name": (["r1"], "r1", []),
     "run.resume": ([], True, ["--run-name", "r1"]),
     "run.tracker": (["none"], "none", []),
+    "run.object_store_gb": (["2.5"], 2.5, []),
     "data.test_views": (["three_crop_flip"], "three_crop_flip", []),
 }
 

@@ -160,11 +160,16 @@ def _dashboard_openings(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _worker_reuse() -> dict[str, int]:
-    """WORKER_REUSE from raytrain_seq/runtime/connect.py, read from its source (importing it loads torch)."""
+    """WORKER_REUSE and PREALLOCATE from raytrain_seq/runtime/connect.py, read from its source (importing
+    it loads torch), as the RAY_* environment spells them (Ray reads a true flag as 1)."""
+    found = {}
     for node in ast.parse(CONNECT_FILE.read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "WORKER_REUSE" for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"no WORKER_REUSE in {CONNECT_FILE}")
+        names = {getattr(t, "id", "") for t in getattr(node, "targets", ())}
+        if isinstance(node, ast.Assign) and names & {"WORKER_REUSE", "PREALLOCATE"}:
+            found.update(ast.literal_eval(node.value))
+    if not {"idle_worker_killing_time_threshold_ms", "preallocate_plasma_memory"} <= set(found):
+        raise AssertionError(f"no WORKER_REUSE or PREALLOCATE in {CONNECT_FILE}")
+    return {name: int(value) if isinstance(value, bool) else value for name, value in found.items()}
 
 
 def test_cluster_yaml_passes_rays_validator():

@@ -25,7 +25,32 @@ NAMESPACE = "raytrain_seq"
 # of imports each on a small machine). Keeping idle workers a minute lets each epoch reuse the last
 # epoch's. `make demo` passes the same settings to `ray start` as RAY_* environment variables.
 WORKER_REUSE = {"idle_worker_killing_time_threshold_ms": 60_000}
-__all__ = ["NAMESPACE", "WORKER_REUSE", "check_cpus", "check_storage", "connect"]
+# Without preallocation the object store maps (and page-faults) fresh shared memory for every large
+# object and unmaps it when the object is freed, so each averaging round's puts pay the kernel's page
+# faults again: several times a memcpy (docs/LOG.md, 2026-11-23). Preallocated, the store maps its
+# whole size once at start (seconds per GB on a small machine) and the puts are plain copies.
+# On a cluster started with `ray start` the same is RAY_preallocate_plasma_memory=1 (cluster.yaml).
+PREALLOCATE = {"preallocate_plasma_memory": True}
+__all__ = [
+    "NAMESPACE",
+    "PREALLOCATE",
+    "WORKER_REUSE",
+    "check_cpus",
+    "check_storage",
+    "connect",
+    "store_options",
+]
+
+
+def store_options(object_store_gb: float | None) -> dict:
+    """``ray.init`` keywords for a cluster this process starts: the object store's size, preallocated
+    (``run.object_store_gb``); Ray's default store (30 % of memory, mapped as objects come) for None."""
+    if object_store_gb is None:
+        return {"_system_config": dict(WORKER_REUSE)}
+    return {
+        "object_store_memory": int(object_store_gb * 1e9),
+        "_system_config": {**WORKER_REUSE, **PREALLOCATE},
+    }
 
 
 def check_storage(config: Config) -> Path:
@@ -58,10 +83,12 @@ def connect(config: Config) -> None:
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
         ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
+        _store_not_ours(config)
         return
     try:
         # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
         ray.init(address="auto", namespace=NAMESPACE)
+        _store_not_ours(config)
         return
     except ConnectionError as exc:
         if "multiple" in str(exc):
@@ -70,7 +97,28 @@ def connect(config: Config) -> None:
     # No cluster: a local one, with a logical CPU for every learner and for the data tasks (logical
     # CPUs may exceed the cores; torch in each learner uses a thread).
     cpus = max(os.cpu_count() or 1, config.train.max_learners + 2)
-    ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, _system_config=WORKER_REUSE)
+    gb = config.run.object_store_gb
+    try:
+        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb))
+    except Exception as exc:
+        # Ray gives its node 30 s to start; mapping a large preallocated store can take longer.
+        if gb is not None and "timed out during startup" in str(exc):
+            raise RunSetupError(
+                f"Ray's node did not start in time while preallocating run.object_store_gb={gb:g} GB of "
+                "object store: lower --object-store-gb, or leave it unset for Ray's default store"
+            ) from exc
+        raise
+
+
+def _store_not_ours(config: Config) -> None:
+    """run.object_store_gb sizes only a cluster this run starts: say so when it joined a running one."""
+    if config.run.object_store_gb is not None:
+        logger.warning(
+            "run.object_store_gb=%g is ignored: this run joined a running Ray cluster, whose object store "
+            "is set where it was started (`RAY_preallocate_plasma_memory=1 ray start ... "
+            "--object-store-memory BYTES`, as in cluster.yaml)",
+            config.run.object_store_gb,
+        )
 
 
 def check_cpus(config: Config) -> None:
