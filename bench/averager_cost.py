@@ -73,8 +73,8 @@ def adam_payload(params: int, tensors: int, seed: int) -> tuple[dict, dict]:
 
 def _learner_class():
     """The bench's learner actor, defined here so that Ray pickles it by value (bench/ is not a package
-    the workers can import). It does what ``LocalRounds.sync`` does, without a model: pack the state into
-    flat buffers (staging reused), cut them into the averager's S slices, put each once, send the
+    the workers can import). It does what ``LocalRounds.sync`` does, without a model: cut the state's
+    flat buffers into the averager's S slices (``FlatLayout.slices``), put each once, send the
     references through ``AveragerClient``, and read the merged state back (``materialise``)."""
     import uuid
 
@@ -104,10 +104,12 @@ def _learner_class():
         def round(self) -> dict[str, float]:
             """One round; the seconds of its phases as this learner saw them."""
             began = time.perf_counter()
-            buffers, extras = self.layout.pack(self.weights, self.moments, staging=self.staging)
-            self.staging = buffers
+            shards = self.client.shards
+            slices, extras, self.staging = self.layout.slices(
+                self.weights, self.moments, shards, self.staging
+            )
             packed = time.perf_counter()
-            parts = tuple(self.client.store.put(p) for p in self.layout.split(buffers, self.client.shards))
+            parts = tuple(self.client.store.put(p) for p in slices)
             put = time.perf_counter()
             payload = FlatPayload(self.layout, parts, extras)
             decision = self.client.average(payload, None, stats={}, position=None)
@@ -151,9 +153,9 @@ def bandwidth(
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
     by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
     one shard (the star) for n in ``star``. ``mbps["actor"]`` compares the round of 2 learners with the
-    numpy mean of the same bytes (2 x megabytes). ``split_s[n]``: the median learner's pack, put and
-    average-call seconds (the last: from its send to holding the merged state) and the slowest shard's
-    read + merge seconds, per round: where a round's time goes.
+    numpy mean of the same bytes (2 x megabytes). ``split_s[n]``: the median learner's slicing ("pack_s";
+    the pack on CUDA), put and average-call seconds (the last: from its send to holding the merged state)
+    and the slowest shard's read + merge seconds, per round: where a round's time goes.
     """
     import ray
 

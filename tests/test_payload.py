@@ -102,6 +102,41 @@ def test_sharded_merge_equals_the_single_process_reference_bit_for_bit(shards, a
         assert any(key == "max/float32" for key, _ in layouts[0].sizes)
 
 
+@pytest.mark.parametrize("shards", [1, 2, 5])
+def test_cpu_slices_are_views_of_the_tensors_and_merge_like_the_packed_buffers(shards):
+    """On the CPU ``slices`` cuts the tensors themselves (no staging copy): every piece is a view of a
+    learner's tensor, the pieces of slice i concatenate to slice i of the packed buffer, and the shards
+    merge them (alone, or beside a learner that sent packed flat slices) to the same bits."""
+    params, moments = learners(3)
+    weights = [30.0, 50.0, 20.0]
+    layout = FlatLayout.of(params[0], moments[0])
+    sliced = [layout.slices(p, m, shards)[0] for p, m in zip(params, moments, strict=True)]
+    packed = [layout.split(layout.pack(p, m)[0], shards) for p, m in zip(params, moments, strict=True)]
+    tensors = [t.numpy() for t in params[0].values() if t.is_floating_point()] + [
+        v.numpy() for entry in moments[0].values() for v in entry.values() if v.dim() > 0
+    ]
+    pieces = [piece for part in sliced[0] for value in part.values() for piece in value]
+    # Every floating tensor is one piece, plus one more for each cut a slice boundary makes in a tensor.
+    assert len(pieces) == len(tensors) if shards == 1 else len(pieces) > len(tensors)
+    assert all(any(np.shares_memory(piece, t) for t in tensors) for piece in pieces)
+    for i in range(shards):
+        for key, flat in packed[0][i].items():
+            assert np.array_equal(np.concatenate([np.empty(0, flat.dtype), *sliced[0][i][key]]), flat)
+    for mix in (sliced, [sliced[0], packed[1], sliced[2]]):
+        merged = [merge_parts([s[i] for s in mix], weights) for i in range(shards)]
+        reference = [merge_parts([s[i] for s in packed], weights) for i in range(shards)]
+        for a, b in zip(merged, reference, strict=True):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    got, _ = layout.unpack(
+        merged, merge_extras([layout.extras(p, m) for p, m in zip(params, moments, strict=True)])
+    )
+    assert same(got, average_states(params, weights))
+    stored = InProcessStore().put(sliced[0][0])  # a put copies the pieces, as ray.put does
+    assert not any(
+        np.shares_memory(a, b) for k in stored for a, b in zip(stored[k], sliced[0][0][k], strict=True)
+    )
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 def test_merge_bn_stats_off_averages_batchnorm_pairs_as_plain_means_in_both_paths(shards):
     """train.merge_bn_stats=False (the AAVG1/AAVG2 ablations): no pmean/pvar buffers, the shards' merge

@@ -34,6 +34,7 @@ Plain numpy and torch: no ray.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -199,7 +200,11 @@ class FlatLayout:
             target.copy_(tensor.detach().reshape(-1), non_blocking=cuda)
         if cuda:
             torch.cuda.synchronize()
-        extras = {
+        return buffers, self.extras(params, moments)
+
+    def extras(self, params: Mapping[str, Tensor], moments: Mapping | None) -> dict[str, Any]:
+        """What is not averaged (copies): integer buffers, and Adam's step and non-tensor values."""
+        return {
             "model": {k: t.detach().cpu().clone() for k, t in params.items() if not t.is_floating_point()},
             "optimizer": {
                 index: {
@@ -212,7 +217,38 @@ class FlatLayout:
             if self.moment_keys is not None and moments is not None
             else None,
         }
-        return buffers, extras
+
+    def slices(
+        self, params: Mapping[str, Tensor], moments: Mapping | None, shards: int, staging: dict | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Tensor]]:
+        """What a learner puts for ``shards`` shards: (slice per shard, extras, staging to pass next time).
+
+        On the CPU slice i of a buffer is the tuple of views of the tensors (or parts of tensors) that
+        fall in it, in buffer order: one ``put`` copies them once into one object, with no staging copy
+        before it. With a tensor on CUDA the state is packed through reused pinned buffers first
+        (``pack``) and slice i is one flat array. The shards merge either form (``merge_parts``).
+        """
+        tensors = [self._tensor(params, moments, slot) for slot in self.slots]
+        if any(t.device.type != "cpu" for t in tensors):
+            buffers, extras = self.pack(params, moments, staging=staging)
+            return self.split(buffers, shards), extras, buffers
+        flats = [_flat_numpy(t) for t in tensors]
+        # Slots of a buffer in offset order: e.g. a buffer of tensors of 4, 6 and 2 elements cut for
+        # 2 shards at 6 gives shard 0 (t0[0:4], t1[0:2]) and shard 1 (t1[2:6], t2[0:2]).
+        by_buffer: dict[str, list[tuple[int, np.ndarray]]] = {key: [] for key, _ in self.sizes}
+        for slot, flat in zip(self.slots, flats, strict=True):
+            by_buffer[slot.buffer].append((slot.offset, flat))
+        out: list[dict[str, Any]] = []
+        for part in self.bounds(shards):
+            pieces = {}
+            for key, (lo, hi) in part.items():
+                pieces[key] = tuple(
+                    flat[max(lo, start) - start : min(hi, start + len(flat)) - start]
+                    for start, flat in sorted(by_buffer[key], key=lambda item: item[0])
+                    if start < hi and start + len(flat) > lo
+                )
+            out.append(pieces)
+        return out, self.extras(params, moments), {}
 
     def _tensor(self, params: Mapping, moments: Mapping | None, slot: Slot) -> Tensor:
         if slot.owner == "model":
@@ -234,6 +270,8 @@ class FlatLayout:
         buffer, so load it (``load_state_dict`` copies) and never write into it; a tensor cut by a slice
         boundary is copied once. Tensors keep their own dtype (bfloat16 is rounded back from float32).
         """
+        # A learner's own slices may be pieces (``slices`` on the CPU): joined here, a copy.
+        parts = [{k: v if isinstance(v, np.ndarray) else _joined(k, v) for k, v in p.items()} for p in parts]
         starts: dict[str, list[int]] = {}
         for key, _ in self.sizes:
             lengths = [len(part[key]) for part in parts]
@@ -279,6 +317,20 @@ class FlatLayout:
         return tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
 
 
+def _joined(key: str, pieces: Sequence[np.ndarray]) -> np.ndarray:
+    """The pieces of buffer ``key``'s slice as one flat array."""
+    return np.concatenate([np.empty(0, dtype=np.dtype(key.split("/")[1])), *pieces])
+
+
+def _flat_numpy(tensor: Tensor) -> np.ndarray:
+    """A CPU tensor as a 1-D numpy array: a view where it is contiguous in a numpy dtype, else a copy
+    (bfloat16 travels widened to float32, as in ``pack``)."""
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype not in _NUMPY_FLOATS:
+        flat = flat.to(torch.float32)
+    return flat.numpy()
+
+
 @dataclass(frozen=True)
 class FlatPayload:
     """A state in the data plane: its layout, one part per shard, and the values that are not averaged.
@@ -293,9 +345,30 @@ class FlatPayload:
 
 
 # ------------------------------------------------------------------------------------------ merging
-def part_nbytes(part: Mapping[str, np.ndarray]) -> int:
-    """Bytes of one part's arrays."""
-    return sum(int(np.asarray(a).nbytes) for a in part.values())
+def part_nbytes(part: Mapping[str, Any]) -> int:
+    """Bytes of one part's arrays (a buffer's slice is an array, or a sequence of pieces of one)."""
+    return sum(int(np.asarray(a).nbytes) for value in part.values() for a in _pieces(value))
+
+
+def _pieces(value: Any) -> list[np.ndarray]:
+    """A buffer's slice as its list of pieces (a flat array is one piece)."""
+    return [value] if isinstance(value, np.ndarray) else list(value)
+
+
+def _segments(slices: Sequence[Any], n: int) -> list[tuple[int, int, list[np.ndarray]]]:
+    """[lo, hi) segments of ``n`` elements, each inside one piece of every learner's slice and at most
+    CHUNK long, with every learner's view of it. E.g. pieces (4, 6) and (10,): segments [0, 4), [4, 10)."""
+    pieces = [_pieces(value) for value in slices]
+    starts = [np.cumsum([0, *(len(p) for p in learner)]) for learner in pieces]
+    cuts = sorted({int(c) for learner in starts for c in learner[:-1]} | set(range(0, n, CHUNK)) | {n})
+    out = []
+    for lo, hi in itertools.pairwise(cuts):
+        views = []
+        for learner, begin in zip(pieces, starts, strict=True):
+            i = int(np.searchsorted(begin, lo, side="right")) - 1
+            views.append(learner[i][lo - begin[i] : hi - begin[i]])
+        out.append((lo, hi, views))
+    return out
 
 
 def _tensors(arrays: Sequence[np.ndarray]) -> list[Tensor]:
@@ -304,39 +377,46 @@ def _tensors(arrays: Sequence[np.ndarray]) -> list[Tensor]:
         return [torch.from_numpy(np.asarray(a)) for a in arrays]
 
 
-def merge_parts(parts: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]) -> dict[str, np.ndarray]:
-    """Merge one shard's slice of every learner (``parts[j]``: learner j's), by each buffer's rule."""
+def merge_parts(parts: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Merge one shard's slice of every learner (``parts[j]``: learner j's), by each buffer's rule. A
+    buffer's slice is a flat array or a sequence of pieces (``FlatLayout.slices``); the result is flat."""
     if not parts:
         raise ValueError("parts is empty: pass one part per learner of the round")
     keys = set(parts[0])
+    lengths = [{k: sum(len(p) for p in _pieces(part[k])) for k in part} for part in parts]
     for j, part in enumerate(parts):
-        if set(part) != keys or any(len(part[k]) != len(parts[0][k]) for k in keys):
+        if set(part) != keys or lengths[j] != lengths[0]:
             raise ValueError(f"learner {j}'s part differs from learner 0's in buffers or lengths")
     out: dict[str, np.ndarray] = {}
-    longest = max((len(parts[0][k]) for k in keys), default=0)
-    workspace = torch.empty((3, min(CHUNK, longest)), dtype=torch.float64)
+    workspace = torch.empty((3, min(CHUNK, max(lengths[0].values(), default=0))), dtype=torch.float64)
     for key in sorted(keys):
         rule = key.split("/")[0]
         if rule not in RULES:
             raise ValueError(f"unknown buffer {key!r}: buffers are named RULE/DTYPE with RULE in {RULES}")
         if rule == "pvar":
             continue  # merged with its pmean
-        n = len(parts[0][key])
-        out[key] = np.empty(n, dtype=parts[0][key].dtype)
+        n = lengths[0][key]
+        out[key] = np.empty(n, dtype=np.dtype(key.split("/")[1]))
         var_key = "pvar/" + key.split("/")[1]
         if rule == "pmean":
-            out[var_key] = np.empty(n, dtype=parts[0][var_key].dtype)
-        for lo in range(0, n, CHUNK):
-            hi = min(n, lo + CHUNK)
-            chunk = _tensors([part[key][lo:hi] for part in parts])
+            out[var_key] = np.empty(n, dtype=out[key].dtype)
+            # A pair's mean and variance lie at the same offsets (FlatLayout.of): one cut serves both.
+            values = [(part[key], part[var_key]) for part in parts]
+            segments = zip(
+                _segments([m for m, _ in values], n), _segments([v for _, v in values], n), strict=True
+            )
+            for (lo, hi, means), (lo2, hi2, variances) in segments:
+                if (lo, hi) != (lo2, hi2):
+                    raise ValueError(f"{key!r} and {var_key!r} are cut differently: not a (mean, var) pair")
+                mean, var = merge_mean_var(_tensors(means), _tensors(variances), weights)
+                out[key][lo:hi], out[var_key][lo:hi] = mean.numpy(), var.numpy()
+            continue
+        for lo, hi, views in _segments([part[key] for part in parts], n):
+            chunk = _tensors(views)
             if rule == "mean":
                 weighted_mean(chunk, weights, out=torch.from_numpy(out[key][lo:hi]), workspace=workspace)
-            elif rule == "max":
-                out[key][lo:hi] = weighted_max(chunk, weights).numpy()
             else:
-                variances = _tensors([part[var_key][lo:hi] for part in parts])
-                mean, var = merge_mean_var(chunk, variances, weights)
-                out[key][lo:hi], out[var_key][lo:hi] = mean.numpy(), var.numpy()
+                out[key][lo:hi] = weighted_max(chunk, weights).numpy()
     return out
 
 
@@ -369,7 +449,11 @@ class InProcessStore:
     """The objects are their own references; ``put`` copies the arrays, as ``ray.put`` does."""
 
     def put(self, value: Any) -> Any:
-        return {key: np.array(array, copy=True) for key, array in value.items()}
+        return {
+            key: np.array(array, copy=True) if isinstance(array, np.ndarray)
+            else tuple(np.array(piece, copy=True) for piece in array)
+            for key, array in value.items()
+        }  # fmt: skip
 
     def get(self, refs: Sequence[Any]) -> list[Any]:
         return list(refs)

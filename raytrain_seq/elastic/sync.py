@@ -6,9 +6,9 @@ mean (K = -1: one round at the end of every epoch). ``LocalRounds`` counts the l
 (``step()`` says when K are done; ``pending`` whether an epoch's last steps still need a round), sends
 the round through an ``AveragerClient`` and installs what comes back: the round's averaged state, or,
 when the others went on without this learner, their latest state. The round travels as flat buffers
-(``elastic.payload``): the weights and moments are packed into one contiguous buffer per merge rule and
-dtype (reused between rounds; pinned on CUDA), cut into the client's S slices, each put in the object
-store once, and the control plane gets their references. It mirrors the shape of torchft's
+(``elastic.payload``): one contiguous buffer per merge rule and dtype, cut into the client's S slices;
+slice i is put in the object store once (on the CPU straight from the tensors, one copy; on CUDA
+through reused pinned buffers), and the control plane gets their references. It mirrors the shape of torchft's
 ``LocalSGD`` (a step counter and a ``sync``); the weights travel through the averager, not a collective.
 
 ``Tally`` is the work done since the last round (frames, sequences, steps, compute and data-wait
@@ -93,7 +93,7 @@ class LocalRounds:
         self.local_steps = 0
         self.averaging_s = 0.0  # inside averaging calls, waiting included
         self.last_seconds = 0.0
-        self._staging: dict[str, torch.Tensor] = {}  # the packed buffers, reused (pinned on CUDA)
+        self._staging: dict[str, torch.Tensor] = {}  # on CUDA: the pinned packed buffers, reused
 
     def step(self) -> bool:
         """Count one local optimizer step; True when K steps were taken since the last round."""
@@ -125,10 +125,9 @@ class LocalRounds:
         params = self.model.state_dict()
         moments = self.optimizer.state_dict()["state"] if self.merge_moments else None
         layout = FlatLayout.of(params, moments, merge_bn_stats=self.merge_bn_stats)
-        buffers, extras = layout.pack(params, moments, staging=self._staging)
-        self._staging = buffers
+        slices, extras, self._staging = layout.slices(params, moments, self.client.shards, self._staging)
         store = self.client.store
-        parts = tuple(store.put(part) for part in layout.split(buffers, self.client.shards))
+        parts = tuple(store.put(part) for part in slices)
         payload = FlatPayload(layout, parts, extras)
         decision = self.client.average(payload, None, stats=stats, position=position.as_dict(), rows=rows)
         self.last_seconds = time.perf_counter() - began
