@@ -259,6 +259,25 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
     assert [g["learners"] for g in groups] == [3, 2] and "abandoned" in groups[1]["detail"]
 
 
+def test_actor_counts_the_wait_for_the_last_arrival_apart_from_the_rest_of_the_round():
+    """A learner that arrives 0.3 s before the other has waited ~0.3 s of its averaging time for it; the
+    last one waited for nobody. Both spent the whole call in averaging (waiting included)."""
+
+    async def scenario():
+        averager = ParameterAverager(2, timeout_s=30.0)
+        for name in ("a", "b"):
+            await averager.join(name, 2)
+        early = asyncio.create_task(averager.average("a", 1, 2, _tiny(1), None))
+        await asyncio.sleep(0.3)
+        await averager.average("b", 1, 2, _tiny(3), None)
+        await early
+        return await averager.summary()
+
+    learners = asyncio.run(asyncio.wait_for(scenario(), 20))["learners"]
+    assert 0.25 <= learners["a"]["waiting_s"] <= learners["a"]["averaging_s"] < 5.0
+    assert learners["b"]["waiting_s"] == pytest.approx(0.0, abs=0.05) and learners["b"]["averaging_s"] < 5.0
+
+
 def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, monkeypatch):
     """A restarted averager reloads run_dir's checkpoint; a learner ahead of it re-seeds it, nothing lost."""
     from raytrain_seq.runtime import averager as averager_module

@@ -142,9 +142,12 @@ class RunHistory:
     def _learner(self, learner: Learner) -> dict[str, float]:
         return self.totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
 
-    def add_averaging_time(self, learner: Learner, seconds: float) -> None:
-        """Time a learner spent inside an averaging call (waiting included)."""
-        self._learner(learner)["averaging_s"] += seconds
+    def add_averaging_time(self, learner: Learner, seconds: float, waiting: float = 0.0) -> None:
+        """Time a learner spent inside an averaging call (waiting included); ``waiting``: the part of it
+        between its arrival and the round's last arrival (or its deadline), i.e. waiting for the others."""
+        totals = self._learner(learner)
+        totals["averaging_s"] += seconds
+        totals["waiting_s"] = totals.get("waiting_s", 0.0) + waiting
 
     def record_round(
         self,

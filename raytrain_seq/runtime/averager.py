@@ -120,6 +120,7 @@ class ParameterAverager:
         # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
         self._pool = (shard_pool or InProcessShards)(shards)
         self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
+        self._closed_at: dict[int, float] = {}  # round -> when it closed (its last arrival or deadline)
         self._nodes: dict[Learner, str] = {}
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
         # None: a learner validates and calls report_validation, as before.
@@ -207,6 +208,7 @@ class ParameterAverager:
             self._start_close()
 
     def _start_close(self) -> None:
+        self._closed_at[self._book.round] = time.monotonic()  # the end of its senders' wait for the others
         if self._timer is not None and self._timer is not asyncio.current_task():
             self._timer.cancel()
         self._timer = None
@@ -529,7 +531,11 @@ class ParameterAverager:
                 self._start_close()
             return await asyncio.shield(future)
         finally:
-            self._history.add_averaging_time(learner, time.monotonic() - start)
+            end = time.monotonic()
+            waiting = min(max(0.0, self._closed_at.get(round, start) - start), end - start)
+            self._history.add_averaging_time(learner, end - start, waiting)
+            while len(self._closed_at) > 8:  # a few recent rounds: a late sender of one may still be here
+                del self._closed_at[min(self._closed_at)]
 
     async def report_validation(
         self,

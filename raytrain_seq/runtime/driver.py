@@ -231,6 +231,7 @@ def _summary(
     compute = sum(t.get("compute_s", 0.0) for t in learners.values()) / n
     data_wait = sum(t.get("data_wait_s", 0.0) for t in learners.values()) / n
     averaging_s = sum(t.get("averaging_s", 0.0) for t in learners.values()) / n
+    waiting_s = sum(t.get("waiting_s", 0.0) for t in learners.values()) / n
     frames = int(sum(t.get("frames", 0.0) for t in learners.values()))
     epochs = feed.get("epochs", {})
     packing_epochs = [e["packing"] for e in epochs.values() if "packing" in e]
@@ -315,7 +316,13 @@ def _summary(
             "class_names": names,
             "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
             "learner_seconds": metrics.get("learner_seconds"),
-            "learners_mean_s": {"compute": compute, "averaging": averaging_s, "data_wait": data_wait},
+            # averaging_wait: the part of averaging spent waiting for the round's last learner to arrive.
+            "learners_mean_s": {
+                "compute": compute,
+                "averaging": averaging_s,
+                "averaging_wait": waiting_s,
+                "data_wait": data_wait,
+            },
             # Per epoch, {count, sum, sumsq} of the video ids in the averaged rounds (accounting.py).
             "trained_ids": {str(e): c for e, c in accounting.per_epoch(learners).items()},
         },
