@@ -33,6 +33,7 @@ Plain numpy and torch: no ray.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import time
@@ -473,14 +474,14 @@ class ShardPool(Protocol):
     def prepare(self) -> None:
         """Start the shards now (the learners' nodes are known), so the first round does not wait."""
 
-    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+    async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
 
-    def merge(
+    async def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
         """The merged parts (one per shard) and, per shard, the bytes it received and sent and the seconds
-        it took to read and merge."""
+        it took to read and merge. Awaited on the control plane's event loop, which it must not block."""
 
 
 class InProcessShards:
@@ -501,11 +502,17 @@ class InProcessShards:
     def prepare(self) -> None:
         pass
 
-    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+    async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         return list(refs)
 
-    def merge(
+    async def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
+    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
+        # The arithmetic runs in a worker thread: the caller's event loop keeps answering meanwhile.
+        return await asyncio.to_thread(self._merge, payloads, weights)
+
+    def _merge(
+        self, payloads: Sequence[FlatPayload], weights: Sequence[float]
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
         merged, loads = [], []
         for i in range(self.count):

@@ -227,7 +227,7 @@ class ParameterAverager:
             if closed.error is not None:
                 raise closed.error
             await self._await_validation()
-            result = await asyncio.to_thread(self._compute, closed)
+            result = await self._compute(closed)
             self._publish(closed, result)
             if result.state.flat is not None:
                 self._local = self._spawn(self._read_local(result.state))
@@ -250,7 +250,8 @@ class ParameterAverager:
     async def _read_local(self, state: AveragedState) -> AveragedState:
         """Read a round's merged slices into this process (a secondary copy on the control plane's node);
         counted in the round's hub load as bytes this actor received."""
-        local = await asyncio.to_thread(state.materialise, self._pool.fetch)
+        parts = await self._pool.fetch(list(state.flat.parts))
+        local = await asyncio.to_thread(state.materialise, lambda refs: parts)
         bytes_read = _tensor_bytes(local.params) + _tensor_bytes(local.optimizer_state)
         for record in reversed(self._loads):
             if record["round"] == state.round:
@@ -321,22 +322,16 @@ class ParameterAverager:
                 size,
             )
 
-    def _compute(self, closed: RoundClose) -> RoundResult:
-        """The arithmetic, run in a worker thread so that the event loop keeps answering."""
+    async def _compute(self, closed: RoundClose) -> RoundResult:
+        """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
+        thread; either way the event loop keeps answering."""
         arrivals = [arrival for _, arrival in closed.present]
         weights = [arrival.weight for arrival in arrivals]
         params = optimizer_state = flat = None
         if isinstance(arrivals[0].params, FlatPayload):
-            flat = self._merge_flat(closed.round, [a.params for a in arrivals], weights)
+            flat = await self._merge_flat(closed.round, [a.params for a in arrivals], weights)
         else:
-            params = average_states(
-                [a.params for a in arrivals], weights, merge_bn_stats=self._merge_bn_stats
-            )
-            if arrivals[0].adam and self._merge_moments:
-                states = [a.optimizer_state for a in arrivals]
-                optimizer_state = merge_adam_states(
-                    states, weights=weights, centred_pairs=self._centred_pairs
-                )
+            params, optimizer_state = await asyncio.to_thread(self._merge_tensors, arrivals, weights)
             self._record_load(closed.round, [], in_process=(arrivals, params, optimizer_state))
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
@@ -363,11 +358,22 @@ class ParameterAverager:
             weights=tuple(weights),
         )
 
-    def _merge_flat(self, round_: int, payloads: list[FlatPayload], weights: list[float]) -> FlatPayload:
+    def _merge_tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
+        """The in-process arithmetic of payloads sent as tensors (the star's path)."""
+        params = average_states([a.params for a in arrivals], weights, merge_bn_stats=self._merge_bn_stats)
+        optimizer_state = None
+        if arrivals[0].adam and self._merge_moments:
+            states = [a.optimizer_state for a in arrivals]
+            optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
+        return params, optimizer_state
+
+    async def _merge_flat(
+        self, round_: int, payloads: list[FlatPayload], weights: list[float]
+    ) -> FlatPayload:
         """The data plane: the shards merge the slices (this actor passes object references only)."""
         layout = payloads[0].layout
         extras = merge_extras([p.extras for p in payloads])
-        parts, loads = self._pool.merge(round_, payloads, weights)
+        parts, loads = await self._pool.merge(round_, payloads, weights)
         self._record_load(round_, loads)
         return FlatPayload(layout, tuple(parts), extras)
 

@@ -32,6 +32,7 @@ the functions that talk to a cluster.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -106,28 +107,25 @@ class RayShards:
     def prepare(self) -> None:
         self._ensure()
 
-    def fetch(self, refs: Sequence[Any]) -> list[Any]:
-        import ray
-
-        return ray.get(list(refs), timeout=FETCH_TIMEOUT_S)
+    async def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        # Awaited, not ray.get: the control plane is an async actor, whose event loop must keep answering.
+        return list(await asyncio.wait_for(asyncio.gather(*refs), FETCH_TIMEOUT_S))
 
     def handles(self) -> list[Any]:
         """The shard actors (created on first use): the fault tests kill one."""
         return self._ensure()
 
-    def merge(
+    async def merge(
         self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
     ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
-        import ray
-
         calls = [
             shard.merge.options(num_returns=2).remote(
                 round, [payload.parts[i] for payload in payloads], list(weights), len(payloads)
             )
             for i, shard in enumerate(self._ensure())
         ]
-        loads = ray.get([load for _, load in calls])
-        return tuple(merged for merged, _ in calls), loads
+        loads = await asyncio.gather(*(load for _, load in calls))
+        return tuple(merged for merged, _ in calls), list(loads)
 
 
 class RayStore:
