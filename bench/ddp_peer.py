@@ -1,8 +1,9 @@
 """The DDP peer of the AAVG benchmark: the same job on Ray Train with DistributedDataParallel.
 
 One Ray Train worker loop (``TorchTrainer(ddp_loop, ...)``) that reuses everything of the AAVG job except
-the synchronisation: the data come from the job's feed (``runtime.feed.get_feed``, ``shard_dataset``,
-``BlockRowStream``: the same refurbished, packed block rows), the model from
+the synchronisation: the data come the AAVG learner's way (``runtime.learner_feed.LearnerFeed``: the
+job's feed actor, a persistent row stream per rank, the same refurbished, packed block rows, cropped and
+flipped in the loop by ``step.stage_rows``), the model from
 ``models.factory.build_model_for`` and the step from ``step.InnerStep`` (micro-batch streaming); the
 model is wrapped in ``DistributedDataParallel``, so every backward all-reduces the gradients (gloo on
 CPU) where AAVG averages weights every K steps. Rank 0 scores the validation split after every epoch
@@ -28,18 +29,19 @@ def ddp_loop(loop_config: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from raytrain_seq.config import Config
-    from raytrain_seq.elastic.assembly import BlockRowStream
     from raytrain_seq.models.factory import build_model_for
-    from raytrain_seq.runtime.feed import get_feed, shard_dataset
-    from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate
+    from raytrain_seq.runtime.feed import get_feed
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
+    from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, stage_rows
 
     config = Config.from_dict(loop_config["config"])
     torch.set_num_threads(1)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     ray.data.DataContext.get_current().enable_progress_bars = False
-    feed = get_feed(loop_config["feed"], namespace=loop_config["namespace"])
-    spec = ray.get(feed.model_spec.remote())
+    handle = get_feed(loop_config["feed"], namespace=loop_config["namespace"])
+    feed = LearnerFeed(handle, epochs=config.train.epochs)
+    spec = feed.model_spec()
     torch.manual_seed(config.data.seed)
     model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
     # Some ranks may get only filler rows in a last step: their forward then skips the CNN.
@@ -54,16 +56,18 @@ def ddp_loop(loop_config: dict) -> None:
 
     def score(split: str) -> float:
         if split not in eval_rows:
-            stream = BlockRowStream(shard_dataset(ray.get(feed.eval_shard.remote(split)), feed))
+            stream = feed.eval_rows(split)
             eval_rows[split] = []
             while (part := stream.take(16)) is not None:
                 eval_rows[split].append(collate_rows(part))
         return evaluate(model, eval_rows[split], micro_batch_size=16).accuracy
 
+    flow = spec["in_channels"] == 2
     for epoch in range(train.epochs):
-        stream = BlockRowStream(shard_dataset(ray.get(feed.epoch_shard.remote(epoch, rank, world)), feed))
-        while (rows := stream.take(train.batch_size)) is not None:
-            stats = step(collate_rows(rows))
+        stream, _ = feed.epoch_rows(epoch, rank, world)
+        while stream is not None and (rows := stream.take(train.batch_size)) is not None:
+            rows.pop("ids", None)  # the AAVG learner's accounting only
+            stats = step(stage_rows(rows, "cpu", crop=config.data.crop, flow=flow))
             if stats.sequences == 0:
                 # InnerStep skips the update when this rank's rows are all fillers, but under DDP the
                 # gradient is the all-reduced one (not zero), and every rank must step to stay in sync.
@@ -74,6 +78,7 @@ def ddp_loop(loop_config: dict) -> None:
             trained_s = time.perf_counter() - started
             history.append({"epoch": epoch + 1, "accuracy": score("val"), "time_s": trained_s})
     metrics = {"learner_seconds": time.perf_counter() - started}
+    feed.close()
     if rank != 0:
         ray.train.report(metrics)
         return
