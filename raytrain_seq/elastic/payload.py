@@ -64,7 +64,7 @@ __all__ = [
 RULES = ("mean", "pmean", "pvar", "max")
 # Elements merged per step: the float64 temporaries of a chunk (3 x 2 MiB, allocated once per merge) stay
 # in the last-level cache, and a 50 MB slice takes ~50 steps, so the per-call overhead of the torch ops
-# is negligible (docs/LOG.md, 2026-11-23: 1 << 16 with fresh temporaries per chunk was 1.5x slower).
+# is negligible (smaller chunks with fresh temporaries each were slower: docs/LOG.md, 2026-11-23).
 CHUNK = 1 << 18
 _MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
