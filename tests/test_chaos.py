@@ -8,10 +8,11 @@ epoch's plan (every training video trained exactly once per epoch across the dro
 restarts: the dropped learner's rows are made up by the group); the averager's round log holds rounds
 1..N, each once; all 4 events were injected, the stall got its learner dropped; and the accuracy stays
 well above chance. Not pinned here: the soak's "within 5 points of the undisturbed run", which is the
-``--events 8`` target's (5 epochs, where both runs converge). At this size (3 epochs) the models are
-undertrained and a phase with 1 learner takes twice the optimizer steps per epoch of 2, so the two
-scores differ by more than the faults do (0.87 against 0.68 in one run). Heavy (two runs, about 3
-minutes on 2 cores): marked ``fault``, run by ``make test``.
+``--events 8`` target's (7-8 epochs, where both runs converge). This run is sized to 4 epochs, where
+the models are still undertrained and a phase with 1 learner takes twice the optimizer steps per epoch
+of 2, so the two scores can differ by more than the faults make them (0.87 against 0.68 at 3 epochs;
+0.89 against 0.87 at 4: docs/LOG.md). Heavy (two runs, about 3 minutes on 2 cores): marked ``fault``,
+run by ``make test``.
 """
 
 from __future__ import annotations
