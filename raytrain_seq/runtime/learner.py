@@ -11,7 +11,9 @@ and meet at the same rounds without a barrier of their own.
 Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
 starts or restarts (a failure, an elastic resize) begins from the averager's latest state and position,
 the rest of the epoch re-split over the new group; only when the averager holds nothing is it seeded from
-the run's newest checkpoint that loads. A learner the others went on without (``Realigned``: it stalled past the
+the run's newest checkpoint that loads. At a layout's end a learner sends its last row and goes on from the
+position the averager settles: the next epoch, or a make-up layout dealing the rows a dropped learner
+trained for rounds it missed (``elastic.position.settle``), so every row reaches one averaged round. A learner the others went on without (``Realigned``: it stalled past the
 timeout) takes their latest state and position and makes the ``ray.train.report`` calls of the
 checkpoint rounds it missed (Ray Train's report is a barrier, so the others wait for them). Checkpoints
 follow ``checkpoint.is_due`` right after a round: rank 0 saves the averager's state and history, every
@@ -162,7 +164,7 @@ class Learner:
         stream, shard_rows = self.feed.epoch_rows(
             position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
         )
-        self.shard_rows = shard_rows  # the rows a learner has this epoch: B never grows past them
+        self.shard_rows = shard_rows  # the rows a learner has in this layout: B never grows past them
         rows_done = position.rows_done
         limit = self.config.train.steps
         cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
