@@ -11,23 +11,31 @@ feasibility rule on the cluster's state, an injection and a recovery to wait for
 * ``node_added``: a raylet with a learner slot joins (the group grows at Ray Train's next resize);
 * ``averager_killed``: ``ray.kill(averager, no_restart=False)`` (Ray restarts it, learners re-seed);
 * ``feed_killed``: ``ray.kill(feed, no_restart=False)`` (Ray restarts it, it recomputes its cache);
-* ``learner_stalled``: one learner process is frozen (SIGSTOP) past ``averager_timeout_s``, then thawed
-  (SIGCONT): the others drop it from the round and go on, it realigns and rejoins;
+* ``learner_stalled``: one learner process is frozen (SIGSTOP) until the averager drops it from a round
+  (the others' round times out on it), then thawed (SIGCONT): it realigns and rejoins;
 * ``shard_killed``: SIGKILL of one of the run's averager shard actors (Ray restarts it, the interrupted
   merge is re-run).
+
+The schedule is seeded and relative: event i fires ``gap`` (1..``MAX_GAP``) averaged rounds after
+event i-1 recovered (the group has the size the learner slots allow, and ``RECOVERY_ROUNDS`` rounds were
+averaged since), so every event lands in a run that is training normally, and the run is sized for it:
+unless ``--epochs`` is given, its epochs are enough for ``events * (MAX_GAP + RECOVERY_ROUNDS +
+SLACK_ROUNDS)`` rounds at 2 learners (``size_epochs``). The undisturbed run has the same configuration.
 
 The verdict comes from the run's own records, not from the schedule: ``every_row_once_per_epoch``
 compares, per epoch, the {count, sum, sum of squares} of the video ids of the rows in the averaged rounds
 (``summary.json`` ``trained_ids``, from the learners' round stats: ``raytrain_seq/accounting.py``) with
-the same checksum of the epoch's BLoad plan; ``rounds_contiguous`` reads the averager's round log
+the same checksum of the epoch's BLoad plan (``rows_short``, the plan's count less the trained one, is a
+diagnostic that must be 0: the rows of a learner dropped from rounds are made up by the group,
+``raytrain_seq/elastic/position.py``); ``rounds_contiguous`` reads the averager's round log
 (``events.jsonl``): rounds 1..N, each once, in order (a round the averager logged and then died before
 any learner took its result is averaged again; the log marks that record ``redo`` and it replaces the
-first, which ``rounds_redone`` counts). A learner dropped from a round loses the rows it
-trained for the rounds it missed (the averaging protocol's rule: they are never repeated), so a run with
-``learner_stalled`` events reports them in ``rows_short`` and cannot be "every row once".
+first, which ``rounds_redone`` counts). ``events`` counts the faults actually injected; ``ok`` is false
+(and the exit status 1) when fewer than ``--events`` were, when a stall did not get its learner dropped,
+or when any check fails.
 
 Its last line is one JSON object: events, by_kind, finished, every_row_once_per_epoch, rounds_contiguous,
-accuracy, undisturbed_accuracy, seconds, undisturbed_seconds (and the details).
+accuracy, undisturbed_accuracy, seconds, undisturbed_seconds, ok (and the details).
 
     python bench/chaos.py --events 8 --json
     python bench/chaos.py --events 4 --kinds node_killed,node_added,averager_killed,feed_killed --json
@@ -37,9 +45,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -50,6 +60,12 @@ from typing import Any
 
 SLOT = "learner_slot"
 WAIT_S = 150.0  # the longest wait for a recovery before the soak gives up on that event
+MAX_GAP = 2  # rounds averaged between an event's recovery and the next event: 1..MAX_GAP, seeded
+RECOVERY_ROUNDS = 2  # rounds averaged after an event before it counts as recovered
+# Rounds an event takes beyond its gap and recovery: the rounds that go by while the soak polls, waits for
+# a group of 2 (a stall) and while a recovery runs (the others train on). Measured: about 4-6 rounds an
+# event in all on the 2-core box (docs/LOG.md, 2026-11-23).
+SLACK_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -90,15 +106,14 @@ FAULTS: dict[str, Fault] = {
 }
 
 
-def schedule(events: int, kinds: list[str], rounds: int, seed: int) -> list[tuple[int, str]]:
-    """``events`` (round, kind) pairs: the rounds spread over the run with seeded jitter, each kind picked
-    among the feasible ones with the fewest events so far (ties broken by the seed), so the kinds mix."""
+def schedule(events: int, kinds: list[str], seed: int) -> list[tuple[int, str]]:
+    """``events`` (gap, kind) pairs: gap (1..MAX_GAP, seeded) is the rounds averaged after the previous
+    event's recovery (the first: after round 1) before this one; each kind is picked among the feasible
+    ones with the fewest events so far (ties broken by the seed), so the kinds mix."""
     rng = random.Random(seed)
     model, counts, out = {"slots": 2}, dict.fromkeys(kinds, 0), []
-    first, last = 2, max(3, rounds - 3)
-    span = (last - first) / max(events, 1)
     for i in range(events):
-        at = first + int(i * span + rng.uniform(0, span * 0.5))
+        at = rng.randint(1, MAX_GAP)
         feasible = [k for k in kinds if FAULTS[k].inject is not None and FAULTS[k].feasible(model)]
         if not feasible:
             raise ValueError(
@@ -123,6 +138,7 @@ class Soak:
         self.slots: list[Any] = []
         self.result: dict[str, Any] = {}
         self.handles: dict[str, Any] = {}
+        self.stall_drops: list[bool] = []  # per stall: whether the averager dropped the frozen learner
 
     # ------------------------------------------------------------------------------------ cluster
     def add_node(self) -> str:
@@ -173,23 +189,28 @@ class Soak:
         return f"averager shard (pid {victim['Pid']}) killed"
 
     def stall_learner(self) -> str:
+        """Freeze one learner until the averager drops it, then thaw it. A fixed freeze of a little over
+        the timeout may end before the others' round times out on it: the deadline runs from the round's
+        FIRST arrival, which comes only after the others' K steps, so the thawed learner would still make
+        the round. The cap (twice the timeout and a minute) bounds a stall nobody waits for (the others
+        blocked in a checkpoint report, a barrier the frozen learner must reach too)."""
         pids = self.learner_pids()
         if len(pids) < 2:
             raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
-        pid = pids[0]
-        seconds = self.timeout_s + 4.0
+        pid, cap = pids[0], 2 * self.timeout_s + 60.0
         drops = self.drops()
+        began = time.monotonic()
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(seconds)
+            while not (dropped := self.drops() > drops) and not self.done and time.monotonic() - began < cap:
+                time.sleep(0.5)
         finally:
             os.kill(pid, signal.SIGCONT)
-        deadline = time.monotonic() + 30.0  # the others drop it when their round times out
-        while not (dropped := self.drops() > drops) and not self.done and time.monotonic() < deadline:
-            time.sleep(0.2)
+        self.stall_drops.append(dropped)
+        seconds = time.monotonic() - began
         return (
             f"learner process {pid} frozen for {seconds:.0f} s (averager timeout {self.timeout_s:g} s): "
-            + ("dropped from its round" if dropped else "NOT dropped within 30 s")
+            + ("dropped from its round, thawed" if dropped else f"NOT dropped within {cap:.0f} s")
         )
 
     def drops(self) -> int:
@@ -260,7 +281,7 @@ class Soak:
         return self.result["summary"], self.result["seconds"]
 
 
-def make_config(storage: str, name: str, args: argparse.Namespace):
+def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
     """The fault tests' small run (the smoke model on --videos synthetic videos, B=2, tiny timeouts),
     elastic 1:2, with restarts enough for every event."""
     from raytrain_seq.config import Config
@@ -271,7 +292,7 @@ def make_config(storage: str, name: str, args: argparse.Namespace):
         "micro_batch_size": 2,
         "lr": 0.01,
         "k": args.k,
-        "epochs": args.epochs,
+        "epochs": epochs,
         "validate_every": 1000,  # validation is not what the soak looks at: skip its cost
         "adaptive_batch": False,
         "worker_start_timeout_s": 8.0,
@@ -305,6 +326,26 @@ def plan_checksums(config) -> dict[int, dict[str, int]]:
     return out
 
 
+def size_epochs(config, events: int) -> tuple[int, int]:
+    """Epochs enough for ``events`` events MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS rounds apart (and 3 at
+    least), counting the rounds of an epoch at 2 learners (fewer learners make more rounds); and that
+    count of rounds an epoch."""
+    from raytrain_seq.elastic.assembly import plan_seed, plan_specs
+    from raytrain_seq.packing import pack
+    from raytrain_seq.runtime.feed import feed_geometry
+
+    geometry = feed_geometry(config, warn=False)
+    train = geometry["catalogs"]["train"]
+    plan = pack(
+        train.lengths, geometry["t_max"], strategy=config.data.packing, seed=plan_seed(config.data.seed, 0)
+    )
+    [shard, _] = plan_specs(plan, 2, train.ids.tolist(), train.labels.tolist(), None)
+    per_round = config.train.batch_size * config.train.k
+    rounds = max(1, math.ceil(len(shard) / per_round))
+    needed = 2 + events * (MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS) + 2  # from round 1, a margin
+    return max(3, math.ceil(needed / rounds)), rounds
+
+
 def accounting(summary, config) -> dict[str, Any]:
     """The run's per-epoch trained-ids checksums against the plan's, and the round log's order."""
     from raytrain_seq.elastic.events import EVENTS_FILE
@@ -313,6 +354,7 @@ def accounting(summary, config) -> dict[str, Any]:
     trained = {int(e): c for e, c in summary.extra.get("trained_ids", {}).items()}
     epochs = {e: {"plan": plan[e], "trained": trained.get(e)} for e in plan}
     every_row = all(v["trained"] == v["plan"] for v in epochs.values()) and set(trained) == set(plan)
+    # A diagnostic that must be 0 everywhere: rows of the plan no averaged round holds (negative: repeated).
     short = {e: v["plan"]["count"] - (v["trained"] or {}).get("count", 0) for e, v in epochs.items()}
     log = Path(summary.path) / EVENTS_FILE
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
@@ -325,20 +367,20 @@ def accounting(summary, config) -> dict[str, Any]:
             unmarked += not record.get("redo", False)
         else:
             rounds.append(record["round"])
-    # The epochs where a learner was dropped from a round: its rows of the rounds it missed are lost by
-    # the round protocol's rule (never repeated), so there the trained count may fall short, never over.
-    epoch_of = {}
+    drops = [r["round"] for r in records if r.get("type") == "membership" and r.get("event") == "drop"]
+    # The rows the averaged positions recorded as missed (a dropped learner's rows, which the group then
+    # trained again): the union of the ranges per (epoch, layout, rank) over the round log.
+    missed: dict[tuple[int, int, int], set[int]] = {}
     for record in (r for r in records if r.get("type") == "round" and r.get("position")):
         where = record["position"]
-        epoch_of[record["round"]] = where["epoch"] - 1 if where["rows_done"] == 0 else where["epoch"]
-    drops = [r["round"] for r in records if r.get("type") == "membership" and r.get("event") == "drop"]
-    dropped = sorted({epoch_of.get(r, epoch_of.get(r + 1, -1)) for r in drops})
-    outside = all(
-        v["trained"] == v["plan"]
-        if e not in dropped
-        else (v["trained"] or {"count": 0})["count"] <= v["plan"]["count"]
-        for e, v in epochs.items()
-    )
+        layouts = [
+            *where.get("history", ()),
+            [where.get("world_size"), where.get("rows_done"), where.get("missed", ())],
+        ]
+        for index, (_, _, *rest) in enumerate(layouts):
+            for rank, first, end in rest[0] if rest else ():
+                missed.setdefault((where["epoch"], index, rank), set()).update(range(first, end))
+    missed_rows = sum(len(rows) for rows in missed.values())
     history = [h["round"] for h in summary.loss_history]
     expect = list(range(1, len(rounds) + 1))
     contiguous = rounds == expect == history and len(rounds) == summary.rounds and not unmarked
@@ -349,40 +391,63 @@ def accounting(summary, config) -> dict[str, Any]:
         "epochs": {str(e): v for e, v in epochs.items()},
         "rounds": len(rounds),
         "rounds_redone": redone,
-        "epochs_with_drops": dropped,
-        "every_row_once_outside_drops": outside,
+        "drops": len(drops),
+        "missed_rows": missed_rows,
     }
 
 
+def averaged_round(soak: Soak) -> int | None:
+    """The latest averaged round (None while the averager restarts)."""
+    state = soak.state()
+    return None if state is None else state["next_round"] - 1
+
+
 def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, float, list[dict[str, Any]]]:
-    """Start the run and inject ``plan``'s faults at their rounds, each after the last one's recovery."""
+    """Start the run and inject ``plan``'s faults, each ``gap`` rounds after the last one recovered."""
     soak.start(config, soak.named())
     injected: list[dict[str, Any]] = []
-    for at, kind in plan:
+    last = 1  # the round the next gap counts from
+    every = config.train.checkpoint_every
+    for gap, kind in plan:
 
-        def reached(at=at) -> bool:
-            state = soak.state()
-            return state is not None and state["next_round"] - 1 >= at
+        def reached(at=last + gap) -> bool:
+            done = averaged_round(soak)
+            return done is not None and done >= at
 
-        soak.wait(reached, f"round {at}")
-        if kind == "learner_stalled":  # a group of 2 must be training (a node added grows it later)
+        soak.wait(reached, f"round {last + gap}")
+        if kind == "learner_stalled":
+            # A group of 2 that averaged a round together, and not right after a checkpoint round: there
+            # the others wait in Ray Train's report (a barrier) for the frozen learner and never time out.
+            def calm() -> bool:
+                state = soak.state()
+                return (
+                    state is not None and state["world_size"] == 2 and (state["next_round"] - 1) % every != 0
+                )
+
             soak.wait(lambda: (s := soak.state()) is not None and s["world_size"] == 2, "a group of 2")
+            now = averaged_round(soak) or 0
+            soak.wait(lambda now=now: (averaged_round(soak) or 0) > now and calm(), "a round of 2 learners")
         if soak.done:
-            print(f"  run finished before round {at}: {kind} not injected", flush=True)
+            print(f"  run finished before round {last + gap}: {kind} not injected", flush=True)
             break
-        state = soak.state() or {}
+        round_at = averaged_round(soak) or 0
         began = time.monotonic()
         detail = FAULTS[kind].inject(soak)
-        round_at = state.get("next_round", 0) - 1
         print(f"  [{time.monotonic() - soak.began:5.0f} s] round {round_at}: {kind}: {detail}", flush=True)
         injected.append({"kind": kind, "round": round_at, "detail": detail})
 
-        def recovered(after=round_at) -> bool:  # two rounds averaged after the fault
-            state = soak.state()
-            return state is not None and state["next_round"] - 1 >= after + 2
-
-        soak.wait(recovered, f"recovery from {kind}")
-        injected[-1]["recovered_s"] = time.monotonic() - began
+        # Recovered: the group has the size the learner slots allow (a node's loss or gain has taken
+        # effect: Ray Train restarted the group), then RECOVERY_ROUNDS more rounds were averaged.
+        size = min(2, len(soak.slots))
+        soak.wait(
+            lambda n=size: (s := soak.state()) is not None and s["world_size"] == n, f"a group of {size}"
+        )
+        settled = max(averaged_round(soak) or 0, round_at)
+        soak.wait(
+            lambda r=settled: (averaged_round(soak) or 0) >= r + RECOVERY_ROUNDS, f"recovery from {kind}"
+        )
+        injected[-1]["recovered_s"] = round(time.monotonic() - began, 1)
+        last = averaged_round(soak) or last
     summary, seconds = soak.finish()
     return summary, seconds, injected
 
@@ -392,13 +457,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--events", type=int, default=8, help="faults injected into the run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the schedule and of the run")
     parser.add_argument("--kinds", default=",".join(k for k, f in FAULTS.items() if f.inject is not None))
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="epochs of both runs (default: sized from --events)"
+    )
     parser.add_argument("--videos", type=int, default=240, help="synthetic videos (all splits)")
     parser.add_argument("--k", type=int, default=2, help="local steps between rounds")
-    # 20 s, not the fault tests' 8: a killed node's learner must be replaced by Ray Train's group restart
-    # (the raylet is declared dead after ~5 s) before the survivors' round times out and drops it, since a
-    # dropped learner's rows of the rounds it missed are lost (the stall kind shows that on purpose).
-    parser.add_argument("--timeout", type=float, default=20.0, help="averager timeout (s)")
+    # 10 s: a stall lasts until the others' round times out on it, so the timeout sets its cost. A killed
+    # node's learner is often dropped by the survivors' round before Ray Train restarts the group (its
+    # raylet is declared dead after ~5 s): its rows are then made up like a stalled learner's.
+    parser.add_argument("--timeout", type=float, default=10.0, help="averager timeout (s)")
     parser.add_argument("--storage", default=None, help="run folders (default: a temporary folder)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
@@ -424,19 +491,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         soak = Soak(cluster, NAMESPACE, args.timeout)
         for _ in range(2):
             soak.add_node()
-        print("undisturbed run ...", flush=True)
-        calm_config = make_config(storage, f"undisturbed-{args.seed}", args)
+        plan = schedule(args.events, kinds, args.seed)
+        sized, per_epoch = size_epochs(make_config(storage, "sizing", args, 1), args.events)
+        epochs = args.epochs or sized
+        print(f"{epochs} epochs ({per_epoch} rounds an epoch at 2 learners); undisturbed run ...", flush=True)
+        calm_config = make_config(storage, f"undisturbed-{args.seed}", args, epochs)
         soak.start(calm_config, soak.named())
         calm, calm_seconds = soak.finish()
-        plan = schedule(args.events, kinds, calm.rounds, args.seed)
         print(
             f"undisturbed: {calm.rounds} rounds, accuracy {calm.test_accuracy:.3f}, {calm_seconds:.0f} s",
             flush=True,
         )
-        print(f"chaos run, schedule {plan} ...", flush=True)
+        print(f"chaos run, schedule (gap, kind) {plan} ...", flush=True)
         while len(soak.slots) < 2:
             soak.add_node()
-        config = make_config(storage, f"chaos-{args.seed}", args)
+        config = make_config(storage, f"chaos-{args.seed}", args, epochs)
         summary, seconds, injected = soak_run(soak, config, plan)
     finally:
         ray.shutdown()
@@ -444,6 +513,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     checks = accounting(summary, config)
     by_kind = {k: sum(e["kind"] == k for e in injected) for k in FAULTS}
+    scores = (summary.test_accuracy, calm.test_accuracy)
+    within = None not in scores and abs(scores[0] - scores[1]) <= 0.05
+    problems = [
+        f"{len(injected)} of {args.events} events injected" if len(injected) < args.events else "",
+        f"{soak.stall_drops.count(False)} stalls not dropped" if not all(soak.stall_drops) else "",
+        "" if summary.test_accuracy is not None else "not finished",
+        "" if checks["every_row_once_per_epoch"] else f"rows short per epoch {checks['rows_short']}",
+        "" if checks["rounds_contiguous"] else "rounds not contiguous",
+        "" if within else "accuracy more than 5 points from the undisturbed run",
+    ]
+    problems = [p for p in problems if p]
     out = {
         "events": len(injected),
         "by_kind": by_kind,
@@ -454,10 +534,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "undisturbed_accuracy": calm.test_accuracy,
         "seconds": round(seconds, 1),
         "undisturbed_seconds": round(calm_seconds, 1),
-        "accuracy_within_5_points": abs(summary.test_accuracy - calm.test_accuracy) <= 0.05,
+        "ok": not problems,
+        "problems": problems,
+        "events_requested": args.events,
+        "accuracy_within_5_points": within,
         "rows_short": checks["rows_short"],
-        "epochs_with_drops": checks["epochs_with_drops"],
-        "every_row_once_outside_drops": checks["every_row_once_outside_drops"],
+        "drops": checks["drops"],
+        "missed_rows": checks["missed_rows"],
+        "stalls_dropped": soak.stall_drops,
+        "epochs": epochs,
         "rounds": checks["rounds"],
         "rounds_redone": checks["rounds_redone"],
         "undisturbed_rounds": calm.rounds,
@@ -475,10 +560,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{seconds:.0f} s (undisturbed {calm_seconds:.0f} s), rounds contiguous {checks['rounds_contiguous']}, "
         f"every row once per epoch {checks['every_row_once_per_epoch']}"
     )
+    print("verdict: " + ("ok" if not problems else "FAILED: " + "; ".join(problems)))
     if args.json:
         print(json.dumps(out))
     return out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main()["ok"] else 1)

@@ -387,7 +387,9 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     final = learner.train_epoch(end)
     assert final == EpochPosition(1, steps=4)
     assert feed.epoch_calls == [(0, 0), (0, 4)]  # the second pass skipped the 4 rows the others took
-    assert sent == [EpochPosition(1, steps=4).as_dict()]  # rows 4-7 (2 steps = K) end the epoch in round 4
+    # Rows 4-7 (2 steps = K) end the layout in round 4: the learner sends its last row; the averager's
+    # settled position (here echoed: the learner closes the layout itself) starts the next epoch.
+    assert sent == [EpochPosition(0, (), 1, 8, steps=4).as_dict()]
 
 
 def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_split():

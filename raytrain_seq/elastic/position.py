@@ -1,26 +1,78 @@
 """Where an epoch stands when the learner group changes size, and the blocks each learner has left.
 
 Ray Train restarts an elastic group with another count mid-epoch (a node lost, or the cluster grew).
-``resplit`` deals the blocks nobody reached over the new group: equal counts, each block once, nothing
-dropped, zero-weight fillers to even the counts. The plan of an epoch is deterministic, so only the chain
-of layouts travels with the averager's rounds (``EpochPosition``): ``layout_specs`` replays it (the plan
-over the first group, one ``resplit`` per change) and every process arrives at the same shards.
-``tests/test_elastic.py`` pins it: an epoch run by 4, then 2, then 3 learners trains each block of the
-plan exactly once. Each new shard is
-ordered by ``spread_fresh`` again, so the cache-aware composition holds after a resize. Nothing here
-imports ray.
+``resplit`` deals the blocks that did not reach an averaged round over the new group: equal counts, each
+block once, nothing dropped, zero-weight fillers to even the counts. The plan of an epoch is
+deterministic, so only the chain of layouts travels with the averager's rounds (``EpochPosition``):
+``layout_specs`` replays it (the plan over the first group, one ``resplit`` per change) and every process
+arrives at the same shards. Each new shard is ordered by ``spread_fresh`` again, so the cache-aware
+composition holds after a resize.
+
+Dropped learners. A learner left out of an averaged round (it stalled past the timeout, or its node died
+before Ray Train replaced the group) trained rows whose update the averaged state never received.
+``settle`` (the averager calls it on every round) records them in the position as ``missed`` ranges
+(rank, first row, end row) of the current layout, up to the round's rows, for every rank of the layout
+absent from the round; at the end of a layout (each learner took its ``shard_rows``) ``close_layout``
+starts a make-up layout of the same group that deals only the missed blocks, or the next epoch when none
+were missed. A group change hands the missed blocks to the new group with the unreached ones. So every
+block of the epoch's plan reaches exactly one averaged round: ``tests/test_elastic.py`` pins it on a
+single-process reference run with drops and resizes. Nothing here imports ray.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from raytrain_seq.elastic.assembly import BlockSpec, spread_fresh
 
-__all__ = ["EpochPosition", "layout_specs", "resplit"]
+__all__ = ["EpochPosition", "layout_specs", "parse_history", "resplit", "settle", "settle_dict"]
+
+Missed = tuple[tuple[int, int, int], ...]
+"""Rows of one layout's shards no averaged round received: (rank, first row, end row) ranges."""
+
+
+def _merge(ranges: Iterable[Sequence[int]]) -> Missed:
+    """Sorted (rank, first, end) ranges with the overlapping or touching ones of a rank joined."""
+    out: list[list[int]] = []
+    for rank, first, end in sorted((int(r), int(a), int(b)) for r, a, b in ranges):
+        if end <= first:
+            continue
+        if out and out[-1][0] == rank and first <= out[-1][2]:
+            out[-1][2] = max(out[-1][2], end)
+        else:
+            out.append([rank, first, end])
+    return tuple(tuple(r) for r in out)
+
+
+def _entry(world_size: int, rows: int, missed: Missed = ()) -> tuple:
+    """A history entry: (world_size, rows each learner took), plus the missed ranges when there are any."""
+    return (int(world_size), int(rows), missed) if missed else (int(world_size), int(rows))
+
+
+def parse_history(history: Iterable) -> tuple:
+    """A layout history (``EpochPosition.history``, or its JSON lists) as hashable tuples; ValueError names a
+    malformed entry. Entries are (world_size, rows) or (world_size, rows, ((rank, first, end), ...))."""
+    out = []
+    for entry in history:
+        try:
+            world, rows, *rest = entry
+            missed = _merge(rest[0]) if rest else ()
+            parsed = _entry(int(world), int(rows), missed)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"layout history entry {entry!r} is not (world_size, rows[, missed]): pass EpochPosition.history"
+            ) from exc
+        if parsed[0] < 1 or parsed[1] < 0 or len(rest) > 1:
+            raise ValueError(f"layout history entry {entry!r} has a world size < 1 or negative rows")
+        if any(r < 0 or r >= parsed[0] or a < 0 or b > parsed[1] for r, a, b in missed):
+            raise ValueError(
+                f"layout history entry {entry!r}: a missed range lies outside its ranks or its rows"
+            )
+        out.append(parsed)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -35,22 +87,44 @@ class EpochPosition:
     ``steps`` is the run's count of optimizer steps each learner took up to here (every learner takes
     the same): it travels with every round and checkpoint, so a restarted group and a resumed run go on
     counting towards ``train.steps`` (N in AAVG Algorithm 1) from the averaged state's count.
+
+    ``missed``: ranges (rank, first row, end row) of the current layout whose rows no averaged round
+    holds (their learner was dropped from the rounds); a history entry keeps its layout's as a third
+    element. Learner 1 of 2 dropped from the rounds that took rows 4-6: ``missed=((1, 4, 6),)``.
     """
 
     epoch: int
-    history: tuple[tuple[int, int], ...] = ()
+    history: tuple[tuple, ...] = ()
     world_size: int | None = None
     rows_done: int = 0
     steps: int = 0
+    missed: Missed = ()
 
     def for_group(self, world_size: int) -> EpochPosition:
         """The position a group of ``world_size`` learners continues from (its layout becomes current)."""
         if world_size == self.world_size:
             return self  # same group size: keep the shards, and with them their cache-aware order
-        if self.world_size is None or self.rows_done == 0:
+        if self.world_size is None or (self.rows_done == 0 and not self.missed):
             return dataclasses.replace(self, world_size=world_size, rows_done=0)
-        done = (*self.history, (self.world_size, self.rows_done))
-        return dataclasses.replace(self, history=done, world_size=world_size, rows_done=0)
+        done = (*self.history, _entry(self.world_size, self.rows_done, self.missed))
+        return dataclasses.replace(self, history=done, world_size=world_size, rows_done=0, missed=())
+
+    @property
+    def layout(self) -> tuple:
+        """What fixes the shards being trained: (epoch, history, world_size)."""
+        return (self.epoch, self.history, self.world_size)
+
+    def same_place(self, other: EpochPosition) -> bool:
+        """Whether ``other`` continues the same rows (the missed ranges and the step count aside)."""
+        return self.layout == other.layout and self.rows_done == other.rows_done
+
+    def close_layout(self) -> EpochPosition:
+        """At the end of the current layout: a make-up layout of the same group that deals the missed
+        rows (its history gains this layout), or the next epoch's start when nothing was missed."""
+        if not self.missed:
+            return EpochPosition(self.epoch + 1, steps=self.steps)
+        done = (*self.history, _entry(self.world_size, self.rows_done, self.missed))
+        return EpochPosition(self.epoch, done, self.world_size, 0, self.steps)
 
     def after(self, rows_done: int) -> EpochPosition:
         """The same layout with ``rows_done`` rows taken by each learner (a layout must be chosen)."""
@@ -64,17 +138,19 @@ class EpochPosition:
 
     def as_dict(self) -> dict:
         """Plain ints and lists (JSON, ``torch.load(weights_only=True)``); ``from_dict`` reads it back."""
-        return {**dataclasses.asdict(self), "history": [list(pair) for pair in self.history]}
+        history = [[w, r, *([[list(m) for m in rest[0]]] if rest else [])] for w, r, *rest in self.history]
+        return {**dataclasses.asdict(self), "history": history, "missed": [list(m) for m in self.missed]}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> EpochPosition:
         """Inverse of ``as_dict``; ValueError names a malformed field."""
         try:
-            history = tuple((int(w), int(r)) for w, r in d.get("history", ()))
+            history = parse_history(d.get("history", ()))
             world = d.get("world_size")
             position = cls(
                 int(d["epoch"]), history, None if world is None else int(world), int(d.get("rows_done", 0)),
                 int(d.get("steps", 0)),  # positions written before train.steps counted from 0
+                _merge(d.get("missed", ())),  # positions written before drops were made up: none
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
@@ -86,19 +162,75 @@ class EpochPosition:
             or position.steps < 0
             or (world is not None and position.world_size < 1)
         )
-        if bad or any(w < 1 or r < 0 for w, r in history):
-            raise ValueError(f"epoch position {dict(d)!r} has a negative count or a world size < 1")
+        outside = any(
+            position.world_size is None or r >= position.world_size or b > position.rows_done
+            for r, _, b in position.missed
+        )
+        if bad or outside:
+            raise ValueError(
+                f"epoch position {dict(d)!r} has a negative count, a world size < 1 or a missed range "
+                "outside its layout"
+            )
         return position
 
 
-def resplit(specs: Sequence[Sequence[BlockSpec]], rows_done: int, world_size: int) -> list[list[BlockSpec]]:
-    """Deal the blocks no learner reached yet over ``world_size`` learners: equal counts, nothing dropped.
+def settle(
+    sent: EpochPosition,
+    previous: EpochPosition | None,
+    present: Iterable[int],
+    shard_rows: int | None = None,
+) -> EpochPosition:
+    """The position an averaged round leaves: ``sent`` (where its learners stand) with the rows of every
+    rank of the layout absent from the round recorded as missed, closed at the layout's end.
 
-    Every shard of ``specs`` has the same length and its learner took its first ``rows_done`` rows.
-    The rest (fillers left out: they carry no frame) are dealt as ``packing.shard`` deals a plan: by
-    descending frames, snake-wise, plus ``(-left) % world_size`` zero-weight fillers, so each remaining
+    ``previous``: the averaged position before this round (None: the first); when it is in the same
+    layout, the round covered rows ``previous.rows_done`` .. ``sent.rows_done`` of every rank, else rows
+    from 0 (the round opened the layout). ``present``: the ranks whose updates the round averaged.
+    ``shard_rows``: the rows each learner has in the layout; ``sent.rows_done`` reaching it closes the
+    layout (``close_layout``). Example: 2 learners, previous rows 4, sent rows 6 with only rank 0
+    present, 8 rows a shard -> missed ((1, 4, 6),), still 6 rows done; the round at row 8 with both
+    present then starts the make-up layout ``(epoch, ((2, 8, ((1, 4, 6),)),), 2, 0)``.
+    """
+    if sent.world_size is None:
+        return sent  # a start position: no rows taken under any layout
+    same = previous is not None and previous.layout == sent.layout
+    start = previous.rows_done if same else 0
+    ranges = [*sent.missed, *(previous.missed if same else ())]
+    here = set(present)
+    ranges += [(rank, start, sent.rows_done) for rank in range(sent.world_size) if rank not in here]
+    settled = dataclasses.replace(sent, missed=_merge(ranges))
+    if shard_rows is not None and shard_rows > 0 and settled.rows_done >= shard_rows:
+        return settled.close_layout()
+    return settled
+
+
+def settle_dict(
+    sent: Mapping, previous: Mapping | None, present: Iterable, shard_rows: int | None = None
+) -> dict:
+    """``settle`` on ``as_dict()`` positions; ``sent`` itself when nothing changes (or the learner ids are
+    not ranks, so the absent ones cannot be named)."""
+    learners = list(present)
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in learners):
+        return dict(sent)
+    before = None if previous is None else EpochPosition.from_dict(previous)
+    mine = EpochPosition.from_dict(sent)
+    settled = settle(mine, before, learners, shard_rows)
+    return dict(sent) if settled == mine else settled.as_dict()
+
+
+def resplit(
+    specs: Sequence[Sequence[BlockSpec]], rows_done: int, world_size: int, missed: Missed = ()
+) -> list[list[BlockSpec]]:
+    """Deal the blocks no averaged round holds yet over ``world_size`` learners: equal counts, nothing
+    dropped.
+
+    Every shard of ``specs`` has the same length and its learner took its first ``rows_done`` rows, of
+    which the ``missed`` ranges (rank, first, end) never reached an averaged round. The missed blocks and
+    the unreached ones (fillers left out: they carry no frame) are dealt as ``packing.shard`` deals a
+    plan: by descending frames, snake-wise, plus ``(-left) % world_size`` zero-weight fillers, so each
     block lands exactly once; each new shard is then ordered by ``spread_fresh``. Worked example: shards
-    [[a, b, c], [d, e, F]] (F a filler), 1 row done, 3 learners: b, c and e are left, one each.
+    [[a, b, c], [d, e, F]] (F a filler), 1 row done, 3 learners: b, c and e are left, one each; with
+    missed ((1, 0, 1),) d is dealt again too.
     """
     lengths = {len(rank) for rank in specs}
     if len(lengths) > 1:
@@ -108,7 +240,15 @@ def resplit(specs: Sequence[Sequence[BlockSpec]], rows_done: int, world_size: in
             f"rows_done {rows_done} outside 0..{min(lengths, default=0)} or world_size {world_size} < 1: "
             "pass the rows each learner of this layout took and the new group size"
         )
-    left = [b for pos in range(rows_done, max(lengths, default=0)) for rank in specs if (b := rank[pos]).ids]
+    if any(not (0 <= r < len(specs) and 0 <= a < b <= rows_done) for r, a, b in missed):
+        raise ValueError(
+            f"missed ranges {missed} outside ranks 0..{len(specs) - 1} or rows 0..{rows_done}: pass the "
+            "layout's EpochPosition.missed"
+        )
+    redo = [b for r, a, z in _merge(missed) for b in specs[r][a:z] if b.ids]
+    left = redo + [
+        b for pos in range(rows_done, max(lengths, default=0)) for rank in specs if (b := rank[pos]).ids
+    ]
     filler = BlockSpec((), (), (), (), (), -1)
     blocks = left + [filler] * ((-len(left)) % world_size)
     by_fill = sorted(range(len(blocks)), key=lambda i: (-sum(blocks[i].lengths), i))
@@ -127,10 +267,12 @@ def layout_specs(
     split: Callable[[int], list[list[BlockSpec]]], history: Sequence[tuple[int, int]], world_size: int
 ) -> list[list[BlockSpec]]:
     """Every learner's blocks in the current layout of an epoch: ``split(w)`` (the epoch's plan sharded
-    over w learners) for its first layout, then one ``resplit`` per change of group size. With history
-    ((4, 8),) and world_size 3: the plan over 4 learners, each one's first 8 rows done, the rest over 3."""
-    layouts = [*((int(w), int(r)) for w, r in history), (int(world_size), 0)]
+    over w learners) for its first layout, then one ``resplit`` per change of layout (a new group size,
+    or a make-up layout). With history ((4, 8),) and world_size 3: the plan over 4 learners, each one's
+    first 8 rows done, the rest over 3."""
+    layouts = [*((w, r, rest[0] if rest else ()) for w, r, *rest in parse_history(history))]
+    layouts.append((int(world_size), 0, ()))
     specs = split(layouts[0][0])
-    for (_, rows), (world, _) in itertools.pairwise(layouts):
-        specs = resplit(specs, rows, world)
+    for (_, rows, missed), (world, _, _) in itertools.pairwise(layouts):
+        specs = resplit(specs, rows, world, missed)
     return specs

@@ -77,7 +77,7 @@ class RowStream:
         *,
         epoch: int,
         epochs: int,
-        history: tuple[tuple[int, int], ...] = (),
+        history: tuple = (),
         skip: int = 0,
         depth: int = 4,
     ) -> None:

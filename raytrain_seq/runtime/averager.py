@@ -63,6 +63,7 @@ from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam
 from raytrain_seq.elastic.client import Unreachable
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
 from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
+from raytrain_seq.elastic.position import settle_dict
 from raytrain_seq.elastic.rounds import (
     Learner,
     RoundBook,
@@ -339,6 +340,11 @@ class ParameterAverager:
                 "averager: round %d learners disagree on the position: %s", closed.round, positions
             )
         position = None if arrivals[0].position is None else dict(arrivals[0].position)
+        if position is not None:
+            # The rows of the layout's ranks absent from this round never reach an averaged state: the
+            # position records them as missed, and the layout's end deals them again (elastic.position).
+            present = [learner for learner, _ in closed.present]
+            position = settle_dict(position, self._state.position, present, self._rows_cap)
         state = AveragedState(
             round=closed.round,
             params=params,
@@ -500,14 +506,19 @@ class ParameterAverager:
 
         weight: the learner's share in the mean (e.g. samples seen); stats: numeric totals for summary();
         position: ``EpochPosition.as_dict()`` after this round's rows; incarnation: as in join(); rows: the
-        rows each learner has this epoch (every learner has as many), the batch-size rule's cap.
+        rows each learner has in its current layout (every learner has as many), the batch-size rule's
+        cap and where the layout ends (``elastic.position.settle``).
         """
         check_learner(learner)
         if rows is not None:
-            self._rows_cap = int(check_number("rows", rows, 1))
+            check_number("rows", rows, 1)
         start = time.monotonic()
         try:
             self._book.check(learner, round, world_size, incarnation)
+            if rows is not None:
+                # Taken from a sender of the open round only: a refused (stale) sender's rows may be those
+                # of another layout, and the round's settled position ends its layout at these rows.
+                self._rows_cap = int(rows)
             arrival = check_payload(params, optimizer_state, stats, weight, position)
             if isinstance(params, FlatPayload) and len(params.parts) != self._pool.count:
                 raise ValueError(

@@ -69,7 +69,7 @@ from raytrain_seq.elastic.assembly import (
     plan_specs,
     shard_items,
 )
-from raytrain_seq.elastic.position import layout_specs
+from raytrain_seq.elastic.position import layout_specs, parse_history
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 
@@ -236,7 +236,7 @@ class BlockFeed:
 
     # ------------------------------------------------------------------------------------------- plans
     def _plan(
-        self, epoch: int, world_size: int, history: tuple[tuple[int, int], ...] = ()
+        self, epoch: int, world_size: int, history: tuple = ()
     ) -> tuple[PackPlan, list[list[BlockSpec]]]:
         """The epoch's plan and every learner's block specs; ``history`` (``EpochPosition.history``) gives
         the layouts the epoch ran under before this group of ``world_size`` (``layout_specs``)."""
@@ -427,15 +427,13 @@ class BlockFeed:
     def epoch_shard(self, epoch: int, rank: int, world_size: int, history: Sequence = ()) -> EpochShard:
         """Learner ``rank``'s blocks of ``epoch`` (plans it and starts epoch+1's recompute on first call).
 
-        ``history``: the layouts the epoch already ran under, (world_size, rows each) pairs of an
-        ``EpochPosition``; the blocks are then what those learners left, re-split over this group.
+        ``history``: the layouts the epoch already ran under (``EpochPosition.history``: world size, rows
+        each, and the rows no averaged round received); the blocks are then what those learners left,
+        re-split over this group.
         """
         epoch = _int(epoch, "epoch", 0, "epochs count from 0")
         rank, world_size = _rank(rank, world_size)
-        fix = "pass EpochPosition.history"
-        history = tuple(
-            (_int(w, "history world size", 1, fix), _int(r, "history rows", 0, fix)) for w, r in history
-        )
+        history = parse_history(history)
         with self._lock:
             self._activate(epoch, history[0][0] if history else world_size)
             specs = self._plan(epoch, world_size, history)[1][rank]

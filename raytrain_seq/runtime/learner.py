@@ -11,7 +11,9 @@ and meet at the same rounds without a barrier of their own.
 Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
 starts or restarts (a failure, an elastic resize) begins from the averager's latest state and position,
 the rest of the epoch re-split over the new group; only when the averager holds nothing is it seeded from
-the run's newest checkpoint that loads. A learner the others went on without (``Realigned``: it stalled past the
+the run's newest checkpoint that loads. At a layout's end a learner sends its last row and goes on from the
+position the averager settles: the next epoch, or a make-up layout dealing the rows a dropped learner
+trained for rounds it missed (``elastic.position.settle``), so every row reaches one averaged round. A learner the others went on without (``Realigned``: it stalled past the
 timeout) takes their latest state and position and makes the ``ray.train.report`` calls of the
 checkpoint rounds it missed (Ray Train's report is a barrier, so the others wait for them). Checkpoints
 follow ``checkpoint.is_due`` right after a round: rank 0 saves the averager's state and history, every
@@ -162,8 +164,8 @@ class Learner:
         stream, shard_rows = self.feed.epoch_rows(
             position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
         )
-        self.shard_rows = shard_rows  # the rows a learner has this epoch: B never grows past them
-        rows_done, next_epoch = position.rows_done, EpochPosition(position.epoch + 1)
+        self.shard_rows = shard_rows  # the rows a learner has in this layout: B never grows past them
+        rows_done = position.rows_done
         limit = self.config.train.steps
         cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
         ahead = self._stage(stream, self.client.batch_size, cold)
@@ -190,11 +192,10 @@ class Learner:
             last = limit is not None and self.steps_done >= limit
             if self.rounds.step() or last:
                 # The N-th step ends the run with a round wherever it falls, so it ends averaged.
-                at = next_epoch if rows_done == shard_rows else position.after(rows_done)
-                at = at.with_steps(self.steps_done)
-                realigned = self.average(at, shard_rows=shard_rows)
-                if realigned is not None:
-                    return realigned
+                at = position.after(rows_done).with_steps(self.steps_done)
+                moved = self.average(at, shard_rows=shard_rows)
+                if moved is not None:
+                    return moved  # the layout ended (next epoch, or a make-up layout), or a realignment
                 if last:
                     return at
         if stream is not None:
@@ -202,10 +203,11 @@ class Learner:
         if self.rounds.pending:
             # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
             # every epoch ends on an averaged model (the same for every learner: equal rows and B).
-            realigned = self.average(next_epoch.with_steps(self.steps_done), shard_rows=0)
-            if realigned is not None:
-                return realigned
-        return next_epoch.with_steps(self.steps_done)
+            moved = self.average(position.after(rows_done).with_steps(self.steps_done), shard_rows=0)
+            if moved is not None:
+                return moved
+        # Nothing left to average here (an empty make-up layout, or a shard already done): the epoch ends.
+        return EpochPosition(position.epoch + 1).with_steps(self.steps_done)
 
     # ------------------------------------------------------------------------------------ data loop
     def _stage(self, stream: Any, size: int, cold: bool) -> tuple[dict[str, torch.Tensor], float] | None:
@@ -243,8 +245,10 @@ class Learner:
         return batch, seconds
 
     def average(self, position: EpochPosition, *, shard_rows: int) -> EpochPosition | None:
-        """One averaging round; ``position`` is where training stands once it is averaged. Returns the
-        position to continue from when the others went on without this learner, else None."""
+        """One averaging round; ``position`` is where training stands once it is averaged (at a layout's
+        end: its last row). Returns the position to continue from when it is not ``position``'s place (the
+        layout ended: the next epoch or a make-up layout of rows a dropped learner missed; or the others
+        went on without this learner), else None."""
         stats = self.tally.flush()
         # The epoch of the rows since the last round: an epoch ends on a round, so they share one.
         epoch = position.epoch - 1 if position.rows_done == 0 else position.epoch
@@ -260,6 +264,7 @@ class Learner:
             self.steps_done = realigned.steps  # the others' count: equal rows and B kept them together
             return realigned
         result = decision.result
+        after = self._settled(result.state, position)
         if self.rank == 0:
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
@@ -273,10 +278,19 @@ class Learner:
             began = time.perf_counter()
             self.validate(round_, position)
             self.times["validation"] += time.perf_counter() - began
-        final = self.finished(position)
+        final = self.finished(after)
         if checkpoint.is_due(round_, every=self.config.train.checkpoint_every, final=final):
-            self._report(position, with_checkpoint=True)
-        return None
+            self._report(after, with_checkpoint=True)
+        return None if after.same_place(position) else after
+
+    def _settled(self, state: AveragedState, sent: EpochPosition) -> EpochPosition:
+        """Where training goes on after an averaged round: the averaged state's position (the averager
+        settles it: ``elastic.position.settle``), and a layout still at its end (a caller that did not
+        settle it) closed here."""
+        after = sent if state.position is None else EpochPosition.from_dict(state.position)
+        if after.layout == sent.layout and self.shard_rows and after.rows_done >= self.shard_rows:
+            after = after.close_layout()
+        return after
 
     def _position_of(self, state: AveragedState) -> EpochPosition:
         position = EpochPosition(0) if state.position is None else EpochPosition.from_dict(state.position)
@@ -429,7 +443,7 @@ def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
     ``rows_done`` = 0). Epoch 2, 8 rows each by 4 learners, then 2 of 10 each by 3: 2 + 38/62."""
     if position.rows_done == 0 and not position.history:
         return float(position.epoch)
-    done = sum(w * r for w, r in position.history)
+    done = sum(w * r for w, r, *_ in position.history)
     world = position.world_size or 1
     total = done + world * max(shard_rows, position.rows_done)
     return position.epoch + (done + world * position.rows_done) / max(total, 1)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, assemble_rows, shard_items
+from raytrain_seq.elastic.position import parse_history
 from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.stream import EpochRows, RowStream
 from raytrain_seq.runtime.feed import FeedUnavailableError
@@ -155,7 +156,7 @@ class LearnerFeed:
     ) -> tuple[EpochRows | None, int]:
         """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
         many rows its shard has in all; the stream is None when nothing is left."""
-        history = tuple((int(w), int(r)) for w, r in history)
+        history = parse_history(history)
         if self._stream is None or not self._stream.continues(epoch, history, skip):
             if self._stream is not None:
                 self._stream.close()
