@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -36,7 +37,7 @@ from raytrain_seq.elastic.events import membership_entries, recovery_entries
 from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
 from raytrain_seq.runtime.feed import feed_restarts
-from raytrain_seq.summary import RunSummary, plot_confusion, plot_curves
+from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,11 @@ logger = logging.getLogger(__name__)
 # Read by Ray Train's worker group in the controller actor; the driver's value travels there with the
 # controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-__all__ = ["WORKER_START_TIMEOUT_ENV", "run"]
+# How often Ray Train's controller polls the learners (Ray's default: 2 s). It notices the end of the
+# training function only at a poll, so the job's wall time pays half the interval on average; a poll
+# is one small call per learner. A value the user exported is kept.
+HEALTH_CHECK_ENV, HEALTH_CHECK_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
+__all__ = ["HEALTH_CHECK_ENV", "WORKER_START_TIMEOUT_ENV", "run"]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -57,16 +62,20 @@ def _use_gpu(config: Config) -> bool:
 
 @contextlib.contextmanager
 def _train_env(config: Config) -> Iterator[None]:
-    """Ray Train's worker-group start timeout from the config, for this fit only."""
-    before = os.environ.get(WORKER_START_TIMEOUT_ENV)
-    os.environ[WORKER_START_TIMEOUT_ENV] = f"{config.train.worker_start_timeout_s:g}"
+    """Ray Train's worker-group start timeout from the config and its poll interval (unless exported),
+    for this fit only."""
+    values = {WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}"}
+    values[HEALTH_CHECK_ENV] = os.environ.get(HEALTH_CHECK_ENV, HEALTH_CHECK_S)
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(WORKER_START_TIMEOUT_ENV, None)
-        else:
-            os.environ[WORKER_START_TIMEOUT_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
@@ -77,6 +86,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     fault tests put the learners on the nodes they kill this way; a cluster can keep learners off
     some nodes). Elastic ranges count the learners those resources can hold.
     """
+    # The job's clock starts before the imports below (ray, Ray Train, torch): the user waits for them too.
+    began, began_wall = time.perf_counter(), time.time()
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -92,7 +103,6 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "data.stream='fuse' evaluates two finished runs and trains nothing: run jobs/fuse.py "
             "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
         )
-    began, began_wall = time.perf_counter(), time.time()
     check_paths(config)
     run_dir = check_storage(config)
     (run_dir / checkpoint.STOPPED_FILE).unlink(missing_ok=True)  # a stop of an earlier attempt
@@ -108,6 +118,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         )
     connect(config)
     check_cpus(config)
+    marks = {"connected": time.time()}
     train = config.train
     suffix = uuid.uuid4().hex[:8]
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
@@ -139,6 +150,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         validator=RayValidator(evaluator) if evaluator is not None else None,
         tracker=config.run.tracker,
     )
+    marks["actors_started"] = time.time()
     if resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
     trainer = TorchTrainer(
@@ -162,6 +174,9 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         rows=feed_rows_reader(feed),
         steps=train.steps,
     ).start()
+    # matplotlib loads while the learners train (the driver only waits), not after them.
+    threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
+    marks["fit"] = time.time()
     try:
         with _train_env(config):
             result = trainer.fit()
@@ -169,6 +184,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         progress.close()
     if evaluator is not None:
         ray.get(prepared)  # long done: raises here if assembling the validation rows failed
+    marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
     if "final_report_wall" not in (result.metrics or {}):  # the learners stopped on a checkpoint write
@@ -187,17 +203,26 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # its first step, "write" runs from its final report (checkpoint, Ray Train's shutdown, summary).
     if metrics.get("first_step_wall") is not None:
         summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - began_wall)
+    marks.update(metrics.get("timeline") or {})
+    marks["summarised"] = time.time()
     plot_curves(summary, run_dir / "curves.png")
-    if metrics.get("final_report_wall") is not None:
-        summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
-    summary.seconds["total"] = time.perf_counter() - began
-    summary.write(run_dir)
     plot_confusion(summary, metrics.get("confusion"), run_dir / "confusion.png")
     _track_test(config, summary)
+    marks["plotted"] = time.time()
+    # When each step of start-up, the test pass and the write ended, in seconds from the job's start.
+    summary.extra["timeline"] = {k: round(v - began_wall, 3) for k, v in sorted(marks.items(), key=_second)}
+    if metrics.get("final_report_wall") is not None:
+        summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
+    summary.seconds["total"] = time.perf_counter() - began  # the summary's own write is all that follows
+    summary.write(run_dir)
     for actor in (averager, feed, evaluator):
         if actor is not None:
             ray.kill(actor, no_restart=True)
     return summary
+
+
+def _second(item: tuple[str, float]) -> float:
+    return item[1]
 
 
 def _whole(epochs: float) -> int | float:
