@@ -227,6 +227,8 @@ class Learner:
         waited = stream.wait_seconds
         rows = stream.take(size)
         blocked = stream.wait_seconds - waited
+        if self.first_step_wall is None:
+            blocked = 0.0  # before the first step the wait belongs to start-up: counted once, there
         if cold:
             self.times["cold_epoch"] += blocked
         else:
