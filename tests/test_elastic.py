@@ -247,22 +247,6 @@ def test_train_env_sets_the_start_timeout_for_the_fit_only(monkeypatch):
     assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
 
 
-def test_train_env_shortens_the_controller_poll_unless_exported(monkeypatch):
-    """Ray Train's poll interval is 0.5 s during fit (its 2 s default delays the end of every run), and a
-    value the user exported is passed on unchanged; both are restored after the fit."""
-    from raytrain_seq.runtime.driver import HEALTH_CHECK_ENV, _train_env
-
-    monkeypatch.delenv(HEALTH_CHECK_ENV, raising=False)
-    config = Config.from_preset("smoke")
-    with _train_env(config):
-        assert os.environ[HEALTH_CHECK_ENV] == "0.5"
-    assert HEALTH_CHECK_ENV not in os.environ
-    monkeypatch.setenv(HEALTH_CHECK_ENV, "3")
-    with _train_env(config):
-        assert os.environ[HEALTH_CHECK_ENV] == "3"
-    assert os.environ[HEALTH_CHECK_ENV] == "3"
-
-
 def test_feed_serves_the_resplit_layout(monkeypatch):
     """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
     from raytrain_seq.runtime.feed import BlockFeed

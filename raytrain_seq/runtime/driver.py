@@ -45,11 +45,7 @@ logger = logging.getLogger(__name__)
 # Read by Ray Train's worker group in the controller actor; the driver's value travels there with the
 # controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-# How often Ray Train's controller polls the learners (Ray's default: 2 s). It notices the end of the
-# training function only at a poll, so the job's wall time pays half the interval on average; a poll
-# is one small call per learner. A value the user exported is kept.
-HEALTH_CHECK_ENV, HEALTH_CHECK_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
-__all__ = ["HEALTH_CHECK_ENV", "WORKER_START_TIMEOUT_ENV", "run"]
+__all__ = ["WORKER_START_TIMEOUT_ENV", "run"]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -62,20 +58,16 @@ def _use_gpu(config: Config) -> bool:
 
 @contextlib.contextmanager
 def _train_env(config: Config) -> Iterator[None]:
-    """Ray Train's worker-group start timeout from the config and its poll interval (unless exported),
-    for this fit only."""
-    values = {WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}"}
-    values[HEALTH_CHECK_ENV] = os.environ.get(HEALTH_CHECK_ENV, HEALTH_CHECK_S)
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+    """Ray Train's worker-group start timeout from the config, for this fit only."""
+    before = os.environ.get(WORKER_START_TIMEOUT_ENV)
+    os.environ[WORKER_START_TIMEOUT_ENV] = f"{config.train.worker_start_timeout_s:g}"
     try:
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        if before is None:
+            os.environ.pop(WORKER_START_TIMEOUT_ENV, None)
+        else:
+            os.environ[WORKER_START_TIMEOUT_ENV] = before
 
 
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
