@@ -81,8 +81,14 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # The job's clock starts before the imports (ray, Ray Train, torch): the user waits for them too.
     began, began_wall = time.perf_counter(), time.time()
     import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
 
+    from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
     from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.learner import train_loop_per_worker
+    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
     if config.data.stream == "fuse":
         raise RunSetupError(
@@ -111,16 +117,6 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     feed = create_feed(
         config, name=names["feed"], namespace=NAMESPACE, prefetch_world_size=train.max_learners
     )
-    # Ray Train and torch (seconds of imports on a small machine) load while the feed actor starts and
-    # epoch 0's partial augmentations run: the feed needs neither.
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    from raytrain_seq.runtime.averager import create_averager
-    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
-    from raytrain_seq.runtime.learner import train_loop_per_worker
-    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
-
     # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
     evaluator = prepared = None
     if train.validate_every:
