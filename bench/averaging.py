@@ -277,7 +277,11 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
         for k in names
     ]
     out.append(
-        ("Averager bandwidth (weights + 2 Adam moments, fp32; numpy and library: best of 5, the round: median of 5):", header, rows)
+        (
+            "Averager bandwidth (weights + 2 Adam moments, fp32; numpy and library: best of 5, the round: median of 5):",
+            header,
+            rows,
+        )
     )
     if "round_s" in b:
         header = ["learners", "round s (median)", "busiest actor, payloads/round", "one shard (star)"]

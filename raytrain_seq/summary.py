@@ -24,7 +24,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SUMMARY_FILE", "RunSummary", "format_table", "plot_curves"]
+__all__ = ["SUMMARY_FILE", "RunSummary", "format_table", "load_plotting", "plot_curves"]
 
 SUMMARY_FILE = "summary.json"
 
@@ -322,6 +322,16 @@ def _table(head: str, rows: list[tuple[str, str, str]]) -> str:
     lines = [f"{label:<{w_label}}  {value:>{w_value}}  {note}".rstrip() for label, value, note in rows]
     rule = "-" * max(len(head), *(len(line) for line in lines))
     return "\n".join([head, rule, *lines, rule])
+
+
+def load_plotting() -> None:
+    """Import what ``plot_curves`` and ``plot_confusion`` use (the driver calls it on a thread while the
+    learners train, so the plots at the end do not wait for matplotlib's import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
 
 
 def plot_curves(summary: RunSummary, path: str | Path) -> Path:

@@ -453,3 +453,58 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     assert first["mean_class_accuracy"] == pytest.approx(whole.mean_class_accuracy)
     assert first["confusion"] == {f"{t},{p}": n for (t, p), n in whole.confusion.items()}
     assert 0 < shares[0].sequences < whole.sequences  # not vacuous: each share is a real part
+
+
+class TestRowsFeed(Feed):
+    """The in-memory feed, recording when (epochs started so far) and on which thread the test share is
+    asked for; ``fail``: its test rows cannot be assembled."""
+
+    __test__ = False
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.fail, self.test_asks = fail, []
+
+    def eval_rows(self, split, rank=0, world_size=1, *, uncropped=False):
+        if split == "test":
+            self.test_asks.append((len(self.epoch_calls), threading.current_thread().name))
+            if self.fail:
+                raise RuntimeError("the test rows cannot be assembled")
+        return super().eval_rows(split, rank, world_size, uncropped=uncropped)
+
+
+def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
+    averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+    transport = InProcess(averager)
+    reports: list[dict] = []
+    try:
+        learner = Learner(
+            config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
+            report=lambda metrics, folder: reports.append(metrics),
+        )  # fmt: skip
+        learner.run()
+    finally:
+        transport.close()
+    return learner, reports
+
+
+def test_test_rows_are_assembled_while_the_last_epoch_trains():
+    """The test share is asked for once, while the last of 2 epochs trains, on a thread of its own; the
+    final test pass scores exactly those rows (its result is one model scoring them in one go)."""
+    from raytrain_seq.step import evaluate
+
+    feed = TestRowsFeed()
+    learner, reports = _run_one(_config(), feed)
+    assert feed.test_asks == [(2, "test-rows")]  # epoch 2's rows were asked for first: the last epoch
+    final = reports[-1]
+    expected = evaluate(learner.model, [collate_rows(_rows(7, 6))], micro_batch_size=4)
+    assert final["test_accuracy"] == expected.accuracy and final["test_sequences"] == expected.sequences
+    assert expected.sequences > 0  # not vacuous
+    timeline = final["timeline"]
+    assert timeline["test_rows"] <= timeline["trained"] <= timeline["test_scored"]
+
+
+def test_a_failure_to_assemble_the_test_rows_ahead_stops_the_run():
+    """What the background assembly raised is raised by the learner's test pass, not lost."""
+    with pytest.raises(RuntimeError, match="test rows cannot be assembled"):
+        _run_one(_config(), TestRowsFeed(fail=True))

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -36,7 +37,7 @@ from raytrain_seq.elastic.events import membership_entries, recovery_entries
 from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
 from raytrain_seq.runtime.feed import feed_restarts
-from raytrain_seq.summary import RunSummary, plot_confusion, plot_curves
+from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     fault tests put the learners on the nodes they kill this way; a cluster can keep learners off
     some nodes). Elastic ranges count the learners those resources can hold.
     """
+    # The job's clock starts before the imports (ray, Ray Train, torch): the user waits for them too.
+    began, began_wall = time.perf_counter(), time.time()
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -92,7 +95,6 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "data.stream='fuse' evaluates two finished runs and trains nothing: run jobs/fuse.py "
             "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
         )
-    began, began_wall = time.perf_counter(), time.time()
     check_paths(config)
     run_dir = check_storage(config)
     (run_dir / checkpoint.STOPPED_FILE).unlink(missing_ok=True)  # a stop of an earlier attempt
@@ -108,6 +110,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         )
     connect(config)
     check_cpus(config)
+    marks = {"connected": time.time()}
     train = config.train
     suffix = uuid.uuid4().hex[:8]
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
@@ -139,6 +142,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         validator=RayValidator(evaluator) if evaluator is not None else None,
         tracker=config.run.tracker,
     )
+    marks["actors_started"] = time.time()
     if resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
     trainer = TorchTrainer(
@@ -162,6 +166,9 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         rows=feed_rows_reader(feed),
         steps=train.steps,
     ).start()
+    # matplotlib loads while the learners train (the driver only waits), not after them.
+    threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
+    marks["fit"] = time.time()
     try:
         with _train_env(config):
             result = trainer.fit()
@@ -169,6 +176,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         progress.close()
     if evaluator is not None:
         ray.get(prepared)  # long done: raises here if assembling the validation rows failed
+    marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
     if "final_report_wall" not in (result.metrics or {}):  # the learners stopped on a checkpoint write
@@ -187,17 +195,26 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # its first step, "write" runs from its final report (checkpoint, Ray Train's shutdown, summary).
     if metrics.get("first_step_wall") is not None:
         summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - began_wall)
+    marks.update(metrics.get("timeline") or {})
+    marks["summarised"] = time.time()
     plot_curves(summary, run_dir / "curves.png")
-    if metrics.get("final_report_wall") is not None:
-        summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
-    summary.seconds["total"] = time.perf_counter() - began
-    summary.write(run_dir)
     plot_confusion(summary, metrics.get("confusion"), run_dir / "confusion.png")
     _track_test(config, summary)
+    marks["plotted"] = time.time()
+    # When each step of start-up, the test pass and the write ended, in seconds from the job's start.
+    summary.extra["timeline"] = {k: round(v - began_wall, 3) for k, v in sorted(marks.items(), key=_second)}
+    if metrics.get("final_report_wall") is not None:
+        summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
+    summary.seconds["total"] = time.perf_counter() - began  # the summary's own write is all that follows
+    summary.write(run_dir)
     for actor in (averager, feed, evaluator):
         if actor is not None:
             ray.kill(actor, no_restart=True)
     return summary
+
+
+def _second(item: tuple[str, float]) -> float:
+    return item[1]
 
 
 def _whole(epochs: float) -> int | float:

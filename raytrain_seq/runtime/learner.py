@@ -28,9 +28,11 @@ from __future__ import annotations
 import functools
 import logging
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +119,12 @@ class Learner:
         # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
         self.times = {"cold_epoch": 0.0, "validation": 0.0, "test": 0.0}
         self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
+        # time.time() of this process's start-up, test and final steps (summary extra["timeline"]).
+        self.marks: dict[str, float] = {}
         self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
+        # Rows of an evaluation split assembled on a background thread while the last epoch trains:
+        # split -> (this learner's share only, the rows' future).
+        self._eval_ahead: dict[str, tuple[bool, Future]] = {}
         self.shard_rows = 0
         # Optimizer steps each learner took over the run (the averaged position's count, then this
         # process's steps): the same on every learner, since they take equal rows with the same B.
@@ -144,7 +151,9 @@ class Learner:
 
     def start(self) -> EpochPosition:
         """Join the averager and take its latest state; returns where this group starts."""
+        self.marks["learner_built"] = time.time()
         reply = self.client.start(self.checkpoint_seed)
+        self.marks["joined"] = time.time()
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
         position = self._position_of(reply.state)
@@ -174,7 +183,7 @@ class Learner:
             # One mini-batch ahead: its host-to-device copy (non_blocking) overlaps this step.
             ahead = self._stage(stream, self.client.batch_size, cold)
             if self.first_step_wall is None:
-                self.first_step_wall = time.time()
+                self.first_step_wall = self.marks["first_step"] = time.time()
             # The run's progress drives a cosine rate: every learner is at the same place, so the same rate.
             if limit is not None:
                 progress = self.steps_done / limit
@@ -183,6 +192,8 @@ class Learner:
             self._trained_ids += batch.pop("ids").flatten().tolist() if "ids" in batch else []
             stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
             self.steps_done += 1
+            if "test" not in self._eval_ahead and self._near_end(position.epoch, shard_rows):
+                self._assemble_ahead("test", shard=True)
             rows_done += int(batch["num_sequences"].shape[0])
             # The crop and flip moved onto the learner: they are compute, as in the model's rate.
             self.tally.add_step(stats.frames, stats.sequences, stats.seconds + staged_s, stats.loss)
@@ -218,6 +229,8 @@ class Learner:
         waited = stream.wait_seconds
         rows = stream.take(size)
         blocked = stream.wait_seconds - waited
+        if self.first_step_wall is None:
+            blocked = 0.0  # before the first step the wait belongs to start-up: counted once, there
         if cold:
             self.times["cold_epoch"] += blocked
         else:
@@ -311,6 +324,41 @@ class Learner:
             self.report({"round": round_, "epoch": latest.epoch, "batch_size": self.client.batch_size}, None)
 
     # ----------------------------------------------------------------------------------- evaluation
+    def _near_end(self, epoch: int, shard_rows: int) -> bool:
+        """Whether training is in its last epoch (``train.steps``: within an epoch's steps of the end)."""
+        limit = self.config.train.steps
+        if limit is None:
+            return epoch >= self.config.train.epochs - 1
+        return (limit - self.steps_done) * self.client.batch_size <= shard_rows
+
+    def _assemble_ahead(self, split: str, *, shard: bool) -> None:
+        """Assemble this learner's rows of ``split`` on a background thread, so that the test pass at the
+        end only runs the model: the feed computes the split's partial augmentations and this thread
+        copies them into rows while the last epoch trains (the CPU work the test pass would otherwise
+        do after training, when nothing else runs beside it). ``evaluate`` waits for the rows and raises
+        what the thread raised."""
+        future: Future = Future()
+
+        def assemble() -> None:
+            try:
+                future.set_result(self._collect_rows(split, shard=shard))
+            except BaseException as exc:  # handed to evaluate(), which raises it in the learner's thread
+                future.set_exception(exc)
+
+        self._eval_ahead[split] = (shard, future)
+        threading.Thread(target=assemble, name=f"{split}-rows", daemon=True).start()
+
+    def _collect_rows(self, split: str, *, shard: bool) -> list[dict[str, torch.Tensor]]:
+        """This learner's share (``shard``) or all of ``split``'s rows, as CPU tensors in batches of 16."""
+        data = self.config.data
+        multi = split == "test" and data.test_views != "center"  # rows uncropped, views cut by evaluate
+        where = (self.rank, self.world_size) if shard else (0, 1)
+        stream, rows = self.feed.eval_rows(split, *where, uncropped=multi), []
+        while (part := stream.take(16)) is not None:
+            rows.append({k: v for k, v in collate_rows(part).items() if k not in ("tops", "lefts", "flips")})
+        self.marks[f"{split}_rows"] = time.time()
+        return rows
+
     def validate(self, round_: int, position: EpochPosition) -> None:
         """Rank 0: validate the averaged model of ``round_`` and report it (it may grow B)."""
         result = self.evaluate("val")
@@ -340,13 +388,11 @@ class Learner:
         views = test_views(data.test_views, data.cache_size, data.crop) if split == "test" else None
         multi = views is not None and data.test_views != "center"
         if split not in self._eval_rows:
-            where = (self.rank, self.world_size) if shard else (0, 1)
-            stream, rows = self.feed.eval_rows(split, *where, uncropped=multi), []
-            while (part := stream.take(16)) is not None:
-                rows.append(
-                    {k: v for k, v in collate_rows(part).items() if k not in ("tops", "lefts", "flips")}
-                )
-            self._eval_rows[split] = rows
+            ahead_shard, ahead = self._eval_ahead.pop(split, (shard, None))
+            if ahead is not None and ahead_shard == shard:
+                self._eval_rows[split] = ahead.result()
+            else:
+                self._eval_rows[split] = self._collect_rows(split, shard=shard)
         # No backward pass: a forward-only micro-batch can be several times the training one.
         micro = self.config.train.micro_batch_size
         return evaluate(
@@ -394,6 +440,7 @@ class Learner:
         """
         if position is None:
             position = EpochPosition(self.config.train.epochs).with_steps(self.steps_done)
+        self.marks["trained"] = time.time()
         totals = dict(self.tally.totals)
         extra: dict[str, Any] = {
             "learner_seconds": time.perf_counter() - self.started,
@@ -401,13 +448,17 @@ class Learner:
             "compute_s": totals.get("compute_s", 0.0),
             "data_wait_s": totals.get("data_wait_s", 0.0),
             "first_step_wall": self.first_step_wall,
+            "timeline": self.marks,
             # What was trained: N steps (train.steps) may end inside an epoch, so epochs is fractional.
             "steps_trained": position.steps,
             "epochs_trained": epochs_trained(position, self.shard_rows),
             **{f"{name}_s": seconds for name, seconds in self.times.items()},
         }
         began = time.perf_counter()
+        self.marks["test_start"] = time.time()
         mine = self.evaluate("test", shard=True)
+        self._eval_rows.pop("test", None)  # scored once: free the rows
+        self.marks["test_scored"] = time.time()
         totals = self.client.report_test(
             {
                 "correct": sum(c for c, _ in mine.per_class.values()),
@@ -434,6 +485,7 @@ class Learner:
                 totals["sequences"], totals["learners"],
             )  # fmt: skip
         extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
+        self.marks["final_report"] = extra["final_report_wall"]
         self._report(position, with_checkpoint=True, extra=extra)
 
 
@@ -502,6 +554,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     from raytrain_seq.runtime.metrics import LearnerMetrics
     from raytrain_seq.runtime.shards import RayStore
 
+    entered = time.time()
     config, names = Config.from_dict(loop_config["config"]), loop_config["names"]
     torch.set_num_threads(int(loop_config.get("torch_threads", 1)))
     context = ray.train.get_context()
@@ -535,6 +588,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         metrics=LearnerMetrics(rank),
         validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
     )
+    learner.marks["loop_entered"] = entered
     try:
         learner.run()
     except checkpoint.CheckpointError as exc:
