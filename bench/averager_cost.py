@@ -80,8 +80,8 @@ def _learner_class():
 
     from raytrain_seq.elastic.client import AveragerClient
     from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
-    from raytrain_seq.runtime.averager import RayTransport
     from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.transport import RayTransport
 
     class BenchLearner:
         def __init__(self, params: int, seed: int) -> None:

@@ -2,7 +2,7 @@
 
 ``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
 state the learner holds (``held``: what it re-seeds a restarted averager with). The transport to the
-actor is injected (``runtime.averager.RayTransport`` in a Ray Train worker, a fake in tests), so this
+actor is injected (``runtime.transport.RayTransport`` in a Ray Train worker, a fake in tests), so this
 module is plain Python.
 
 Calls that cannot reach the averager (it is dead and restarting, or silent past a timeout) raise

@@ -41,7 +41,7 @@ What it hands out is one type, ``elastic.state.AveragedState`` (inside a ``Round
 ``elastic.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
 (``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``) is
 asyncio and becomes a Ray actor in ``create_averager``. Learners reach it through
-``elastic.client.AveragerClient`` over a ``RayTransport``. ray is imported only inside the functions
+``elastic.client.AveragerClient`` over a ``runtime.transport.RayTransport``. ray is imported only inside the functions
 that talk to a cluster, and nothing happens at import time.
 """
 
@@ -60,7 +60,6 @@ from torch import Tensor
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
-from raytrain_seq.elastic.client import Unreachable
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
 from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
 from raytrain_seq.elastic.position import settle_dict
@@ -79,7 +78,7 @@ from raytrain_seq.tracking import make_tracker
 logger = logging.getLogger(__name__)
 
 
-__all__ = ["ParameterAverager", "RayTransport", "create_averager", "get_averager"]
+__all__ = ["ParameterAverager", "create_averager", "get_averager"]
 
 
 class ParameterAverager:
@@ -679,28 +678,6 @@ class ParameterAverager:
             test=self._test_totals() if self._test else None,
         )
         return out
-
-
-class RayTransport:
-    """``AveragerClient``'s transport in a Ray Train worker: ``ray.get(handle.method.remote(...))``.
-
-    A dead or restarting actor (``RayActorError``, which ``ActorUnavailableError`` is) and a call
-    silent past ``timeout`` (``GetTimeoutError``) become ``Unreachable``; the client retries those.
-    """
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    def __call__(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        try:
-            return ray.get(getattr(self.handle, method).remote(*args, **kwargs), timeout=timeout)
-        except GetTimeoutError as exc:
-            raise Unreachable(f"{type(exc).__name__}: no answer in {timeout:g} s", silent=True) from exc
-        except RayActorError as exc:
-            raise Unreachable(type(exc).__name__) from exc
 
 
 def _tensor_bytes(tree: Any) -> int:

@@ -548,11 +548,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    from raytrain_seq.runtime.averager import RayTransport, get_averager
+    from raytrain_seq.runtime.averager import get_averager
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.runtime.metrics import LearnerMetrics
     from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.transport import RayTransport
 
     entered = time.time()
     config, names = Config.from_dict(loop_config["config"]), loop_config["names"]
