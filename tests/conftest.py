@@ -58,3 +58,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
+
+
+def adam_learners(
+    count: int = 3, *, width: int = 5, amsgrad: bool = False, steps: int = 3
+) -> tuple[list[dict], list[dict]]:
+    """``count`` learners of one initial model with BatchNorm (a (mean, var) pair, an int counter), each
+    trained on its own data with real ``torch.optim.Adam`` steps: their state_dicts and Adam states."""
+    import pickle
+
+    import torch
+
+    torch.manual_seed(0)
+    layers = (torch.nn.Linear(6, width), torch.nn.BatchNorm1d(width), torch.nn.Linear(width, 3))
+    init = torch.nn.Sequential(*layers)
+    params, moments = [], []
+    for j in range(count):
+        model = pickle.loads(pickle.dumps(init))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=amsgrad)
+        gen = torch.Generator().manual_seed(10 + j)
+        for _ in range(steps):
+            x, y = torch.randn(16, 6, generator=gen) * (j + 1), torch.randint(0, 3, (16,), generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        moments.append(opt.state_dict()["state"])
+    return params, moments

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from conftest import adam_learners
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
@@ -432,22 +433,8 @@ def averagers(ray_cluster):
 
 
 def _adam_runs(steps: int = 3) -> tuple[list[dict], list[dict]]:
-    """Three learners: one initial model, different data, real torch.optim.Adam steps."""
-    torch.manual_seed(0)
-    init = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 3))
-    params, opt_states = [], []
-    for j in range(3):
-        model = pickle.loads(pickle.dumps(init))
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
-        gen = torch.Generator().manual_seed(10 + j)
-        for _ in range(steps):
-            x, y = torch.randn(16, 6, generator=gen) * (j + 1), torch.randint(0, 3, (16,), generator=gen)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-        opt_states.append(opt.state_dict()["state"])
-    return params, opt_states
+    """Three learners of a 5-channel BatchNorm model (conftest.adam_learners)."""
+    return adam_learners(3, width=5, steps=steps)
 
 
 @pytest.mark.ray

@@ -11,11 +11,11 @@ ParameterAverager over flat payloads hands every learner that same state and cou
 from __future__ import annotations
 
 import asyncio
-import pickle
 
 import numpy as np
 import pytest
 import torch
+from conftest import adam_learners
 
 from raytrain_seq.averaging import average_states, merge_adam_states
 from raytrain_seq.elastic.payload import (
@@ -31,22 +31,8 @@ from raytrain_seq.runtime.averager import ParameterAverager
 
 
 def learners(count: int = 3, *, amsgrad: bool = False, steps: int = 3) -> tuple[list[dict], list[dict]]:
-    """``count`` learners of one model with BatchNorm (a (mean, var) pair, an int counter), real Adam steps."""
-    torch.manual_seed(0)
-    init = torch.nn.Sequential(torch.nn.Linear(6, 50), torch.nn.BatchNorm1d(50), torch.nn.Linear(50, 3))
-    params, moments = [], []
-    for j in range(count):
-        model = pickle.loads(pickle.dumps(init))
-        opt = torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=amsgrad)
-        gen = torch.Generator().manual_seed(10 + j)
-        for _ in range(steps):
-            x, y = torch.randn(16, 6, generator=gen) * (j + 1), torch.randint(0, 3, (16,), generator=gen)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-        moments.append(opt.state_dict()["state"])
-    return params, moments
+    """``count`` learners of a 50-channel BatchNorm model (conftest.adam_learners)."""
+    return adam_learners(count, width=50, amsgrad=amsgrad, steps=steps)
 
 
 def same(a, b) -> bool:
