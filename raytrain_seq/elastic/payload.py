@@ -239,13 +239,15 @@ class FlatLayout:
         by_buffer: dict[str, list[tuple[int, np.ndarray]]] = {key: [] for key, _ in self.sizes}
         for slot, flat in zip(self.slots, flats, strict=True):
             by_buffer[slot.buffer].append((slot.offset, flat))
+        for placed in by_buffer.values():
+            placed.sort(key=lambda item: item[0])
         out: list[dict[str, Any]] = []
         for part in self.bounds(shards):
             pieces = {}
             for key, (lo, hi) in part.items():
                 pieces[key] = tuple(
                     flat[max(lo, start) - start : min(hi, start + len(flat)) - start]
-                    for start, flat in sorted(by_buffer[key], key=lambda item: item[0])
+                    for start, flat in by_buffer[key]
                     if start < hi and start + len(flat) > lo
                 )
             out.append(pieces)
