@@ -188,29 +188,40 @@ class Soak:
         os.kill(int(victim["Pid"]), signal.SIGKILL)
         return f"averager shard (pid {victim['Pid']}) killed"
 
-    def stall_learner(self) -> str:
+    def stall_learner(self, attempts: int = 3) -> str:
         """Freeze one learner until the averager drops it, then thaw it. A fixed freeze of a little over
         the timeout may end before the others' round times out on it: the deadline runs from the round's
         FIRST arrival, which comes only after the others' K steps, so the thawed learner would still make
-        the round. The cap (twice the timeout and a minute) bounds a stall nobody waits for (the others
-        blocked in a checkpoint report, a barrier the frozen learner must reach too)."""
+        the round. A freeze that lands between a round and a checkpoint report drops nobody: the others
+        wait in the report (Ray Train's barrier, which the frozen learner must reach too) and send no
+        round; so each try is capped (twice the timeout and 20 s), the learner thawed, and the stall tried
+        again once the group has moved on, up to ``attempts`` times."""
         pids = self.learner_pids()
         if len(pids) < 2:
             raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
-        pid, cap = pids[0], 2 * self.timeout_s + 60.0
-        drops = self.drops()
-        began = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            while not (dropped := self.drops() > drops) and not self.done and time.monotonic() - began < cap:
-                time.sleep(0.5)
-        finally:
-            os.kill(pid, signal.SIGCONT)
+        pid, cap = pids[0], 2 * self.timeout_s + 20.0
+        began, dropped, tries = time.monotonic(), False, 0
+        while not dropped and tries < attempts and not self.done:
+            if tries:
+                time.sleep(self.timeout_s)  # thawed: let the barrier clear and a round pass
+            tries += 1
+            drops, frozen = self.drops(), time.monotonic()
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                while (
+                    not (dropped := self.drops() > drops)
+                    and not self.done
+                    and time.monotonic() - frozen < cap
+                ):
+                    time.sleep(0.5)
+            finally:
+                os.kill(pid, signal.SIGCONT)
         self.stall_drops.append(dropped)
         seconds = time.monotonic() - began
         return (
-            f"learner process {pid} frozen for {seconds:.0f} s (averager timeout {self.timeout_s:g} s): "
-            + ("dropped from its round, thawed" if dropped else f"NOT dropped within {cap:.0f} s")
+            f"learner process {pid} stalled {tries} time(s) over {seconds:.0f} s (averager timeout "
+            f"{self.timeout_s:g} s): "
+            + ("dropped from its round, thawed" if dropped else f"NOT dropped ({cap:.0f} s a try)")
         )
 
     def drops(self) -> int:
