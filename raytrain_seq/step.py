@@ -70,16 +70,16 @@ def stage_rows(
     the current step overlaps the copy with compute. Rows without the draws are final already.
     """
     batch = collate_rows(rows)
+    # The crop's draws and the rows' layout stay on the host: the crop reads them there, per sequence.
+    draws = {key: batch.pop(key) for key in ("tops", "lefts", "flips") if key in batch}
+    layout = {key: batch[key] for key in ("starts", "lengths")}
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
     elif device.type != "cpu":
         batch = {key: value.to(device) for key, value in batch.items()}
-    if "tops" in batch:
-        draws = {key: batch.pop(key) for key in ("tops", "lefts", "flips")}
-        batch["frames"] = final_augment_batch(
-            batch["frames"], starts=batch["starts"], lengths=batch["lengths"], crop=crop, flow=flow, **draws
-        )
+    if draws:
+        batch["frames"] = final_augment_batch(batch["frames"], crop=crop, flow=flow, **layout, **draws)
     return batch
 
 
@@ -377,6 +377,17 @@ def view_probabilities(
         probs = torch.softmax(logits.float(), dim=1)
         total = probs if total is None else total + probs
     return total / len(views), labels
+
+
+def eval_micro_batch_size(micro_batch_size: int | str) -> int:
+    """Rows per forward-only micro-batch when scoring: the training micro-batch (``"auto"``: 4).
+
+    Why not larger, though a forward pass without autograd would fit several times the rows: on a CPU the
+    frame encoder's activations of a bigger micro-batch fall out of the caches, and the demo model scores
+    several times slower per row at 16 rows a micro-batch than at 4 (docs/LOG.md, 2026-11-23, issue 13).
+    The training size is the one known to fit on the learner's device and to run at training's rate.
+    """
+    return micro_batch_size if isinstance(micro_batch_size, int) else 4
 
 
 def evaluate(

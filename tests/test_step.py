@@ -16,6 +16,7 @@ from raytrain_seq.step import (
     LearningRate,
     build_optimizer,
     collate_rows,
+    eval_micro_batch_size,
     evaluate,
     load_averaged,
     useful_frames,
@@ -235,6 +236,12 @@ def test_evaluate_counts_every_real_sequence_once():
         assert sum(total for _, total in result.per_class.values()) == 11
         assert sum(correct for correct, _ in result.per_class.values()) == round(expected * 11)
     assert evaluate(model, []).sequences == 0
+
+
+def test_scoring_uses_the_training_micro_batch():
+    """Scoring runs at the training micro-batch (a fixed 4 rows under "auto"), not a multiple of it: the
+    frame encoder's activations of larger micro-batches fall out of a CPU's caches (docs/LOG.md)."""
+    assert [eval_micro_batch_size(size) for size in (1, 3, 16, "auto")] == [1, 3, 16, 4]
 
 
 def test_evaluate_top5_mean_class_confusion_and_combine_of_shards():

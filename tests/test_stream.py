@@ -54,6 +54,24 @@ def test_device_crop_and_flip_equal_the_cpu_rows(channels):
     assert torch.equal(stage_rows(cpu, "cpu", crop=5, flow=False)["frames"], torch.from_numpy(cpu["frames"]))
 
 
+def test_final_augment_batch_cuts_each_sequence_once_and_leaves_padding_zero():
+    """Two sequences of one row cut at their own (top, left), the second mirrored (and its flow x
+    negated); the frames past them stay zero whatever the input holds there."""
+    frames = torch.arange(2 * 7 * 4 * 4 * 2, dtype=torch.int64).remainder(250).add(1).to(torch.uint8)
+    frames = frames.reshape(2, 7, 4, 4, 2)  # every input pixel > 0, padding frames included
+    layout = {"starts": torch.tensor([[0, 2], [0, -1]]), "lengths": torch.tensor([[2, 3], [4, -1]])}
+    draws = {"tops": torch.tensor([[1, 0], [2, 0]]), "lefts": torch.tensor([[0, 2], [1, 0]])}
+    out = final_augment_batch(
+        frames, **layout, **draws, flips=torch.tensor([[0, 1], [0, 0]]), crop=2, flow=True
+    )
+    assert torch.equal(out[0, :2], frames[0, :2, 1:3, 0:2])
+    mirrored = frames[0, 2:5, 0:2, 2:4].flip(2)
+    assert torch.equal(out[0, 2:5, ..., 1], mirrored[..., 1])
+    assert torch.equal(out[0, 2:5, ..., 0], 255 - mirrored[..., 0])
+    assert torch.equal(out[1, :4], frames[1, :4, 2:4, 1:3])
+    assert not out[0, 5:].any() and not out[1, 4:].any()  # padding: zero, though the input was not
+
+
 def test_final_augment_batch_rejects_a_crop_larger_than_the_frames():
     frames = torch.zeros((1, 2, 4, 4, 3), dtype=torch.uint8)
     zeros = torch.zeros((1, 1), dtype=torch.int64)

@@ -30,7 +30,7 @@ from raytrain_seq.config import Config
 from raytrain_seq.elastic.payload import ObjectStore
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import EvalResult, collate_rows, evaluate
+from raytrain_seq.step import EvalResult, collate_rows, eval_micro_batch_size, evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,8 @@ class Evaluator:
         state = state.materialise(self.store.get)
         self.model.load_state_dict(dict(state.params))
         self.prepare()
-        micro = self.config.train.micro_batch_size
-        result = evaluate(
-            self.model, self._rows, micro_batch_size=4 * micro if isinstance(micro, int) else 16
-        )
+        micro = eval_micro_batch_size(self.config.train.micro_batch_size)
+        result = evaluate(self.model, self._rows, micro_batch_size=micro)
         self.scored.append(state.round)
         return result
 

@@ -121,7 +121,7 @@ def _evaluate(
     from raytrain_seq.models.factory import model_from_state
     from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.step import collate_rows, view_probabilities
+    from raytrain_seq.step import collate_rows, eval_micro_batch_size, view_probabilities
 
     began = time.perf_counter()
     geometry = feed_geometry(
@@ -144,8 +144,7 @@ def _evaluate(
         views = test_views(data.test_views, run_config.data.cache_size, run_config.data.crop)
         multi = data.test_views != "center"
         rows = LearnerFeed(feed).rows_of(shard, uncropped=multi)
-        micro = fuse_config.train.micro_batch_size
-        micro = 4 * micro if isinstance(micro, int) else 16
+        micro = eval_micro_batch_size(fuse_config.train.micro_batch_size)
         sums: dict[int, np.ndarray] = {}
         counts: dict[int, int] = {}
         labels: dict[int, int] = {}

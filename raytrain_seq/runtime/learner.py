@@ -47,7 +47,15 @@ from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.elastic.sync import LocalRounds, Tally, missed_checkpoint_rounds
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import InnerStep, LearningRate, build_optimizer, collate_rows, evaluate, stage_rows
+from raytrain_seq.step import (
+    InnerStep,
+    LearningRate,
+    build_optimizer,
+    collate_rows,
+    eval_micro_batch_size,
+    evaluate,
+    stage_rows,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -393,15 +401,13 @@ class Learner:
                 self._eval_rows[split] = ahead.result()
             else:
                 self._eval_rows[split] = self._collect_rows(split, shard=shard)
-        # No backward pass: a forward-only micro-batch can be several times the training one.
-        micro = self.config.train.micro_batch_size
         return evaluate(
             self.model,
             self._eval_rows[split],
             views=views if multi else None,
             crop=data.crop,
             flow=self.in_channels == 2,
-            micro_batch_size=4 * micro if isinstance(micro, int) else 16,
+            micro_batch_size=eval_micro_batch_size(self.config.train.micro_batch_size),
         )
 
     # ------------------------------------------------------------------------------- reports, finish
@@ -544,7 +550,6 @@ def _latest_state(config: Config) -> AveragedState | None:
 def train_loop_per_worker(loop_config: dict) -> None:
     """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "names": {...}, "torch_threads"}."""
     import ray
-    import ray.data
     import ray.train
     import ray.train.torch
 
@@ -561,9 +566,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    # One small dataset per epoch: Ray Data's progress bars and per-execution notices would flood the log.
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
     train = config.train
     client = AveragerClient(
         RayTransport(get_averager(names["averager"], namespace=names["namespace"])),
