@@ -455,6 +455,36 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     assert 0 < shares[0].sequences < whole.sequences  # not vacuous: each share is a real part
 
 
+class WideValFeed(Feed):
+    """Validation rows enough for three batches of 16 (the evaluator's assembly size)."""
+
+    def eval_rows(self, split, rank=0, world_size=1, *, uncropped=False):
+        from raytrain_seq.elastic.assembly import BlockRowStream
+
+        return BlockRowStream(Rows(_rows(11, 40)[rank::world_size]))
+
+
+def test_evaluator_threads_score_exactly_what_one_thread_scores():
+    """Three scoring threads over disjoint parts of the rows give one thread's counts, per class and
+    confusion; the model stays in eval mode (concurrent scorers never toggle it)."""
+    from raytrain_seq.elastic.payload import InProcessStore
+    from raytrain_seq.runtime.evaluator import Evaluator
+
+    torch.manual_seed(0)
+    config = _config()
+    evaluators = [Evaluator(config, feed=WideValFeed(), store=InProcessStore(), threads=n) for n in (1, 3)]
+    params = {k: v.clone() for k, v in evaluators[0].model.state_dict().items()}
+    state = AveragedState(round=1, params=params, batch_size=2, source="live")
+    assert [e.prepare() for e in evaluators] == [3, 3]  # not vacuous: three batches to deal out
+    one, three = (e.score(state) for e in evaluators)
+    assert one.sequences == three.sequences > 40  # every real sequence of the 40 rows
+    assert (one.accuracy, one.top5_correct) == (three.accuracy, three.top5_correct)
+    assert one.per_class == three.per_class and one.confusion == three.confusion
+    assert not evaluators[1].model.training
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        Evaluator(config, feed=WideValFeed(), store=InProcessStore(), threads=0)
+
+
 class TestRowsFeed(Feed):
     """The in-memory feed, recording when (epochs started so far) and on which thread the test share is
     asked for; ``fail``: its test rows cannot be assembled."""

@@ -22,6 +22,8 @@ callable the control plane awaits. ray is imported only inside the functions tha
 from __future__ import annotations
 
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -38,13 +40,26 @@ __all__ = ["Evaluator", "EvaluatorActor", "RayValidator", "create_evaluator"]
 
 
 class Evaluator:
-    """Scores averaged states on an evaluation split; the rows are assembled once and kept."""
+    """Scores averaged states on an evaluation split; the rows are assembled once and kept.
 
-    def __init__(self, config: Config, *, feed: Any, store: ObjectStore, split: str = "val") -> None:
+    ``threads`` score disjoint parts of the rows at once (one torch thread each, results combined with
+    ``EvalResult.combine``); None = one per core this process may run on. Why: on a node whose cores the
+    learners keep busy, one scoring thread sits on one learner's core and slows that learner alone (its
+    peers then wait for it at the round); threads spread over the cores slow them alike.
+    """
+
+    def __init__(
+        self, config: Config, *, feed: Any, store: ObjectStore, split: str = "val", threads: int | None = None
+    ) -> None:
         if split not in ("val", "test"):
             raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be an int >= 1 or None (one per core), got {threads!r}")
         spec = feed.model_spec()
         self.model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+        # Never trained here: eval mode once, so that concurrent evaluate() calls never toggle it.
+        self.model.eval()
+        self.threads = threads if threads is not None else len(os.sched_getaffinity(0))
         self.config, self.feed, self.store, self.split = config, feed, store, split
         self._rows: list[dict[str, torch.Tensor]] | None = None
         self.scored: list[int] = []  # the rounds scored, in order
@@ -67,7 +82,14 @@ class Evaluator:
         self.model.load_state_dict(dict(state.params))
         self.prepare()
         micro = eval_micro_batch_size(self.config.train.micro_batch_size)
-        result = evaluate(self.model, self._rows, micro_batch_size=micro)
+        # Batches dealt round-robin: 7 batches over 2 threads -> batches 0, 2, 4, 6 and 1, 3, 5.
+        parts = [self._rows[i :: self.threads] for i in range(min(self.threads, len(self._rows)))]
+        if len(parts) <= 1:
+            result = evaluate(self.model, self._rows, micro_batch_size=micro)
+        else:
+            with ThreadPoolExecutor(len(parts), thread_name_prefix="score") as pool:
+                scored = pool.map(lambda part: evaluate(self.model, part, micro_batch_size=micro), parts)
+                result = EvalResult.combine(list(scored))
         self.scored.append(state.round)
         return result
 
