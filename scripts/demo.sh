@@ -22,9 +22,23 @@ RAY_TMP=$(mktemp -d /tmp/rts.XXXXXX)
 
 stop_head() {
   echo "stopping the Ray head started by make demo"
-  pkill -TERM -f -- "$RAY_TMP" 2>/dev/null || true
-  for _ in $(seq 20); do pgrep -f -- "$RAY_TMP" >/dev/null || break; sleep 0.5; done
-  pkill -KILL -f -- "$RAY_TMP" 2>/dev/null || true
+  # The head's processes carry $RAY_TMP on their command line; their children (the dashboard and
+  # runtime-env agents, the workers) rename themselves "ray::..." and, orphaned, would run on for
+  # minutes (a dashboard agent at ~30 % of a core after a demo): so the whole tree goes. The Ray client
+  # server is no one's child (its parent, `ray start`, has exited): it is found by its port.
+  local pids all="" alive
+  pids=$(pgrep -f -- "$RAY_TMP|ray.util.client.server .*--port=$CLIENT_PORT( |$)" || true)
+  while [[ -n $pids ]]; do
+    all="$all $pids"
+    pids=$(for pid in $pids; do pgrep -P "$pid" || true; done)
+  done
+  [[ -n $all ]] && kill -TERM $all 2>/dev/null || true
+  for _ in $(seq 20); do
+    alive=$(for pid in $all; do if kill -0 "$pid" 2>/dev/null; then echo "$pid"; fi; done)
+    [[ -z $alive ]] && break
+    sleep 0.5
+  done
+  [[ -n ${alive:-} ]] && kill -KILL $alive 2>/dev/null || true
   rm -rf "$RAY_TMP"
 }
 
