@@ -43,9 +43,10 @@ class Evaluator:
     """Scores averaged states on an evaluation split; the rows are assembled once and kept.
 
     ``threads`` score disjoint parts of the rows at once (one torch thread each, results combined with
-    ``EvalResult.combine``); None = one per core this process may run on. Why: on a node whose cores the
-    learners keep busy, one scoring thread sits on one learner's core and slows that learner alone (its
-    peers then wait for it at the round); threads spread over the cores slow them alike.
+    ``EvalResult.combine``); None = one per learner (``train.max_learners``), at most one per core this
+    process may run on. Why: on a node whose cores the learners keep busy, one scoring thread sits on one
+    learner's core and slows that learner alone (its peers then wait for it at the round); threads spread
+    over the cores slow them alike.
     """
 
     def __init__(
@@ -59,7 +60,8 @@ class Evaluator:
         self.model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
         # Never trained here: eval mode once, so that concurrent evaluate() calls never toggle it.
         self.model.eval()
-        self.threads = threads if threads is not None else len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
+        self.threads = threads if threads is not None else max(1, min(cores, config.train.max_learners))
         self.config, self.feed, self.store, self.split = config, feed, store, split
         self._rows: list[dict[str, torch.Tensor]] | None = None
         self.scored: list[int] = []  # the rounds scored, in order
