@@ -72,7 +72,7 @@ def stage_rows(
     batch = collate_rows(rows)
     # The crop's draws and the rows' layout stay on the host: the crop reads them there, per sequence.
     draws = {key: batch.pop(key) for key in ("tops", "lefts", "flips") if key in batch}
-    layout = {key: batch[key] for key in ("starts", "lengths")}
+    layout = {key: batch[key] for key in ("starts", "lengths")} if draws else {}
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}

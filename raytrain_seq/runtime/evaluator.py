@@ -55,7 +55,9 @@ class Evaluator:
         if split not in ("val", "test"):
             raise ValueError(f"split must be 'val' or 'test', got {split!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"threads must be an int >= 1 or None (one per core), got {threads!r}")
+            raise ValueError(
+                f"threads must be an int >= 1 or None, got {threads!r}: pass e.g. 2, or None for one per learner"
+            )
         spec = feed.model_spec()
         self.model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
         # Never trained here: eval mode once, so that concurrent evaluate() calls never toggle it.
