@@ -32,7 +32,14 @@ def ddp_loop(loop_config: dict) -> None:
     from raytrain_seq.models.factory import build_model_for
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate, stage_rows
+    from raytrain_seq.step import (
+        InnerStep,
+        build_optimizer,
+        collate_rows,
+        eval_micro_batch_size,
+        evaluate,
+        stage_rows,
+    )
 
     config = Config.from_dict(loop_config["config"])
     torch.set_num_threads(1)
@@ -60,7 +67,9 @@ def ddp_loop(loop_config: dict) -> None:
             eval_rows[split] = []
             while (part := stream.take(16)) is not None:
                 eval_rows[split].append(collate_rows(part))
-        return evaluate(model, eval_rows[split], micro_batch_size=16).accuracy
+        # The project's scoring micro-batch, as AAVG's evaluator uses: the peer is no slower for it.
+        micro = eval_micro_batch_size(train.micro_batch_size)
+        return evaluate(model, eval_rows[split], micro_batch_size=micro).accuracy
 
     flow = spec["in_channels"] == 2
     for epoch in range(train.epochs):

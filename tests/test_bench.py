@@ -349,6 +349,25 @@ def test_averaging_verdicts_follow_the_numbers():
     assert "Ablation" not in text  # the ablation is its own result (bench/ablation.py)
 
 
+def test_a_slower_aavg_verdict_says_whether_epochs_or_speed_stand_in_the_way():
+    """When DDP gets there first, the verdict names the epoch each run first reached the target at, its
+    time an epoch, how many epochs more AAVG needed and how much longer its epochs took."""
+    res = _fake_averaging_result()
+    res["t_aavg"], res["t_ddp"] = 50.0, 40.0
+    res["aavg"] = {**res["aavg"], "history": [{"accuracy": 0.5, "time_s": 40.0, "epoch": 4},
+                                              {"accuracy": 0.6, "time_s": 50.0, "epoch": 5}]}  # fmt: skip
+    res["ddp"] = {**res["ddp"], "history": [{"accuracy": 0.6, "time_s": 40.0, "epoch": 4}]}
+    assert averaging.epoch_to_reach(res["aavg"]["history"], 0.6) == 5
+    assert averaging.epoch_to_reach(res["aavg"]["history"], 0.7) is None
+    text = " ".join(averaging.verdicts(res)[0])
+    assert "(0.80x; above 1" in text
+    assert "after epoch 5 (10.00 s of learner time an epoch), DDP after epoch 4 (10.00 s an epoch)" in text
+    assert "AAVG needed 1 epoch(s) more" in text and "its epochs took +0 % against DDP's" in text
+    res["aavg"]["history"][1]["epoch"] = 4  # both there after epoch 4: AAVG's epochs are slower
+    text = " ".join(averaging.verdicts(res)[0])
+    assert "AAVG needed 0 epoch(s) more" in text and "its epochs took +25 % against DDP's" in text
+
+
 def test_batch_growth_and_the_cost_terms_come_from_the_data():
     """best_before_growth finds the first growth and the best validation before it; the cost verdict names
     the dominant term; a DDP target near chance gives no speed ratio."""
