@@ -35,7 +35,7 @@ def ddp_loop(loop_config: dict) -> None:
     from raytrain_seq.step import (
         InnerStep,
         build_optimizer,
-        collate_rows,
+        collate_stream,
         eval_micro_batch_size,
         evaluate,
         stage_rows,
@@ -63,10 +63,7 @@ def ddp_loop(loop_config: dict) -> None:
 
     def score(split: str) -> float:
         if split not in eval_rows:
-            stream = feed.eval_rows(split)
-            eval_rows[split] = []
-            while (part := stream.take(16)) is not None:
-                eval_rows[split].append(collate_rows(part))
+            eval_rows[split] = collate_stream(feed.eval_rows(split))
         # The project's scoring micro-batch, as AAVG's evaluator uses: the peer is no slower for it.
         micro = eval_micro_batch_size(train.micro_batch_size)
         return evaluate(model, eval_rows[split], micro_batch_size=micro).accuracy

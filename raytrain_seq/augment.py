@@ -315,8 +315,8 @@ def final_augment_batch(
 
     A sequence is a contiguous run of its row's frames and all of them share one cut, so each sequence is
     one strided slice copied at memory speed: a loop over the mini-batch's sequences (tens), never over
-    frames or pixels. On a CPU this is an order of magnitude faster than one gather with a per-pixel
-    index, or an ``unfold`` window gather (docs/LOG.md, 2026-11-23); on a GPU it is tens of copy kernels.
+    frames or pixels. On a CPU it beat one gather with a per-pixel index and an ``unfold`` window gather
+    (timed by hand: docs/LOG.md, 2026-11-23); on a GPU it is tens of copy kernels.
     """
     b, t, h, w, c = frames.shape
     if crop > h or crop > w:

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +57,16 @@ def collate_rows(
         if array.dtype.kind in "biuf":
             out[key] = torch.from_numpy(np.ascontiguousarray(array))
     return out
+
+
+def collate_stream(stream: Any, rows: int = 16) -> list[dict[str, torch.Tensor]]:
+    """Every row of an evaluation ``stream`` (``take(n)`` -> a dict of row arrays, None at its end) as CPU
+    tensors in batches of ``rows``, kept for scoring again and again. Crop draws are dropped: scoring rows
+    are centre-cropped already, or cut into views by ``evaluate``."""
+    batches = []
+    while (part := stream.take(rows)) is not None:
+        batches.append({k: v for k, v in collate_rows(part).items() if k not in ("tops", "lefts", "flips")})
+    return batches
 
 
 def stage_rows(
@@ -383,8 +394,8 @@ def eval_micro_batch_size(micro_batch_size: int | str) -> int:
     """Rows per forward-only micro-batch when scoring: the training micro-batch (``"auto"``: 4).
 
     Why not larger, though a forward pass without autograd would fit several times the rows: on a CPU the
-    frame encoder's activations of a bigger micro-batch fall out of the caches, and the demo model scores
-    several times slower per row at 16 rows a micro-batch than at 4 (docs/LOG.md, 2026-11-23, issue 13).
+    frame encoder's activations of a bigger micro-batch fall out of the caches, and the demo model scored
+    slower per row at 16 rows a micro-batch than at 4 (timed by hand: docs/LOG.md, 2026-11-23, issue 13).
     The training size is the one known to fit on the learner's device and to run at training's rate.
     """
     return micro_batch_size if isinstance(micro_batch_size, int) else 4

@@ -23,9 +23,9 @@ RAY_TMP=$(mktemp -d /tmp/rts.XXXXXX)
 stop_head() {
   echo "stopping the Ray head started by make demo"
   # The head's processes carry $RAY_TMP on their command line; their children (the dashboard and
-  # runtime-env agents, the workers) rename themselves "ray::..." and, orphaned, would run on for
-  # minutes (a dashboard agent at ~30 % of a core after a demo): so the whole tree goes. The Ray client
-  # server is no one's child (its parent, `ray start`, has exited): it is found by its port.
+  # runtime-env agents, the workers) rename themselves "ray::..." and, orphaned, ran on using CPU for
+  # minutes after a demo (docs/LOG.md): so the whole tree goes. The Ray client server is no one's child
+  # (its parent, `ray start`, has exited): it is found by its port.
   local pids all="" alive
   pids=$(pgrep -f -- "$RAY_TMP|ray.util.client.server .*--port=$CLIENT_PORT( |$)" || true)
   while [[ -n $pids ]]; do

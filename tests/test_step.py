@@ -16,6 +16,7 @@ from raytrain_seq.step import (
     LearningRate,
     build_optimizer,
     collate_rows,
+    collate_stream,
     eval_micro_batch_size,
     evaluate,
     load_averaged,
@@ -236,6 +237,25 @@ def test_evaluate_counts_every_real_sequence_once():
         assert sum(total for _, total in result.per_class.values()) == 11
         assert sum(correct for correct, _ in result.per_class.values()) == round(expected * 11)
     assert evaluate(model, []).sequences == 0
+
+
+def test_collate_stream_keeps_every_row_in_batches_without_the_crop_draws():
+    """40 rows taken 16 at a time: batches of 16, 16 and 8, in order, the crop draws dropped."""
+
+    class Stream:
+        def __init__(self) -> None:
+            self.left = np.arange(40)
+
+        def take(self, n: int):
+            if not len(self.left):
+                return None
+            part, self.left = self.left[:n], self.left[n:]
+            return {"block": part, "tops": part, "lefts": part, "flips": part % 2}
+
+    batches = collate_stream(Stream())
+    assert [len(b["block"]) for b in batches] == [16, 16, 8]
+    assert torch.equal(torch.cat([b["block"] for b in batches]), torch.arange(40))
+    assert all(set(b) == {"block"} for b in batches)
 
 
 def test_scoring_uses_the_training_micro_batch():

@@ -32,7 +32,7 @@ from raytrain_seq.config import Config
 from raytrain_seq.elastic.payload import ObjectStore
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import EvalResult, collate_rows, eval_micro_batch_size, evaluate
+from raytrain_seq.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +72,7 @@ class Evaluator:
         """Assemble and keep the split's rows now (the driver calls it at the start, so that the first
         validation round does not wait for them); returns how many batches of rows were kept."""
         if self._rows is None:
-            stream, rows = self.feed.eval_rows(self.split), []
-            while (part := stream.take(16)) is not None:
-                rows.append(collate_rows(part))
-            self._rows = rows
+            self._rows = collate_stream(self.feed.eval_rows(self.split))
         return len(self._rows)
 
     def score(self, state: AveragedState) -> EvalResult:

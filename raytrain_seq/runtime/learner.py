@@ -51,7 +51,7 @@ from raytrain_seq.step import (
     InnerStep,
     LearningRate,
     build_optimizer,
-    collate_rows,
+    collate_stream,
     eval_micro_batch_size,
     evaluate,
     stage_rows,
@@ -361,9 +361,7 @@ class Learner:
         data = self.config.data
         multi = split == "test" and data.test_views != "center"  # rows uncropped, views cut by evaluate
         where = (self.rank, self.world_size) if shard else (0, 1)
-        stream, rows = self.feed.eval_rows(split, *where, uncropped=multi), []
-        while (part := stream.take(16)) is not None:
-            rows.append({k: v for k, v in collate_rows(part).items() if k not in ("tops", "lefts", "flips")})
+        rows = collate_stream(self.feed.eval_rows(split, *where, uncropped=multi))
         self.marks[f"{split}_rows"] = time.time()
         return rows
 
