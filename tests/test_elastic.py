@@ -252,7 +252,7 @@ def test_feed_serves_the_resplit_layout(monkeypatch):
     from raytrain_seq.runtime.feed import BlockFeed
 
     monkeypatch.setattr(
-        BlockFeed, "_launch", lambda self, videos, epochs: [object() for _ in videos]
+        BlockFeed, "_launch", lambda self, videos, epochs, renewal=None: [object() for _ in videos]
     )  # no Ray
     feed = BlockFeed(Config.from_preset("smoke"))
     old = [feed.epoch_shard(1, rank, 2) for rank in range(2)]

@@ -30,7 +30,7 @@ from raytrain_seq.elastic.assembly import (
 )
 from raytrain_seq.packing import pack, shard
 from raytrain_seq.refurbish import RefurbishSchedule
-from raytrain_seq.runtime.feed import create_feed, feed_geometry
+from raytrain_seq.runtime.feed import OBJECT_BYTES, create_feed, feed_geometry, object_bounds
 
 SEED = 0
 
@@ -407,6 +407,48 @@ def test_eval_shards_cover_every_id_once(served, split):
     ids = [v for spec in shard_.blocks for v in spec.ids]
     assert sorted(ids) == _videos(served["config"]).catalog(split).ids.tolist()
     assert shard_.center and shard_.epoch is None and shard_.recomputed == 40 and shard_.reused == 0
+
+
+def test_object_bounds_worked_example_and_cover():
+    """Small videos share an object until it holds the target; a large video is alone; nothing is left out."""
+    kib = 1024
+    assert object_bounds([600 * kib, 600 * kib, 600 * kib, 2000 * kib, 100 * kib], OBJECT_BYTES) == [
+        (0, 2),
+        (2, 4),
+        (4, 5),
+    ]
+    assert object_bounds([3 * OBJECT_BYTES] * 3, OBJECT_BYTES) == [(0, 1), (1, 2), (2, 3)]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sizes = rng.integers(1, 2 * OBJECT_BYTES, size=int(rng.integers(1, 20))).tolist()
+        bounds = object_bounds(sizes, OBJECT_BYTES)
+        assert [lo for lo, _ in bounds] == [0] + [hi for _, hi in bounds[:-1]] and bounds[-1][1] == len(sizes)
+        # Every object but the last reaches the target, and drops below it without its last video.
+        for lo, hi in bounds[:-1]:
+            assert sum(sizes[lo:hi]) >= OBJECT_BYTES > sum(sizes[lo : hi - 1])
+
+
+@pytest.mark.ray
+def test_videos_share_an_object_only_with_videos_recomputed_in_the_same_epoch(ray_cluster):
+    """A task's small videos travel as one object, and an object never mixes eviction slices, so it leaves
+    the cache whole: epoch 0 computes every video, and slice k of r = 3 is recomputed in epoch k."""
+    ray = ray_cluster
+    config = _config()
+    feed = create_feed(config, videos_per_task=8)
+    train = _videos(config).catalog("train").ids.tolist()
+    ray.get(feed.epoch_shard.remote(0, 0, 2))
+    cached = ray.get(feed.refs.remote(train, 0))
+    schedule = RefurbishSchedule(len(train), reuse=3, seed=config.data.seed)
+    slice_of = np.select([schedule.is_fresh(e) for e in (1, 2, 3)], [1, 2, 3])  # the epoch that evicts it
+    objects: dict = {}
+    for k, c in enumerate(cached):
+        objects.setdefault(c.ref, []).append(k)
+    assert 3 <= len(objects) < len(train) // 2  # shared (small videos), and split at least by slice
+    for members in objects.values():
+        assert len({int(slice_of[k]) for k in members}) == 1
+        assert len(members) <= 8  # videos_per_task
+        assert sorted(cached[k].index for k in members) == list(range(len(members)))
+    ray.kill(feed)
 
 
 @pytest.mark.ray

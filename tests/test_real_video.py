@@ -439,7 +439,7 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     epoch) and evaluation's load(video, None), and the CPU saved is the flow seconds of the evicted ids:
     with r = 2 epochs 1 and 2 evict every id once, so together they save all of epoch 0's flow seconds."""
     from raytrain_seq.refurbish import RefurbishSchedule
-    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.feed import create_feed, fetch_arrays
 
     ray = ray_cluster
     config = _config(mini, stream="flow", reuse=2, epochs=3, learners=1)
@@ -452,7 +452,7 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     feed = create_feed(config, videos_per_task=4)
     for epoch in range(3):
         ray.get(feed.epoch_shard.remote(epoch, 0, 1))
-        arrays = ray.get(ray.get(feed.refs.remote(train, epoch)))
+        arrays = fetch_arrays(ray.get(feed.refs.remote(train, epoch)))
         computing = epoch - schedule.age(epoch)
         for k, (video, got) in enumerate(zip(train, arrays, strict=True)):
             expect = source.load(video, int(computing[k]), config.data.seed, SIZE)[0]
@@ -461,7 +461,7 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     for split in ("val", "test"):
         ray.get(feed.eval_shard.remote(split))
         ids = catalogs[split].ids.tolist()
-        for video, got in zip(ids, ray.get(ray.get(feed.refs.remote(ids, None))), strict=True):
+        for video, got in zip(ids, fetch_arrays(ray.get(feed.refs.remote(ids, None))), strict=True):
             assert np.array_equal(got, source.load(video, None, config.data.seed, SIZE)[0]), video
         held += ids
     stats = ray.get(feed.stats.remote(wait=True, ids=True))

@@ -4,12 +4,14 @@ Algorithm: data refurbishing (Lee et al., "Refurbish Your Training Data", USENIX
 system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
 
 1. ``BlockFeed`` (a 0-CPU actor on the driver's node) holds the train/val/test catalogs, the
-   ``RefurbishSchedule`` and the cache ``{video id: ObjectRef}`` of partially augmented uint8 arrays
+   ``RefurbishSchedule`` and the cache ``{video id: CachedArray}`` of partially augmented uint8 arrays
    ``[T, cache_size, cache_size, C]``. Only the ids whose cached copy is not the one epoch e needs are
    recomputed (``evicted(e)`` in a straight run; after a resume every id's computing epoch
    ``e - age(e)`` is recomputed with the same seed, so the data equal the uninterrupted run's). The work
-   runs in Ray tasks of ``videos_per_task`` videos with ``num_returns = videos + 1``: each video is its
-   own object (Ray spills to disk when the store is full), the extra return reports ids and seconds.
+   runs in Ray tasks of ``videos_per_task`` videos; a task's small videos share objects of at least
+   ``OBJECT_BYTES`` (a larger video is its own object; Ray spills to disk when the store is full), and
+   one extra return reports ids and seconds. A task holds videos that are recomputed in the same later
+   epoch, so its objects leave the cache whole.
    Tasks are submitted in the order the learners consume the blocks, and epoch e+1's recompute starts
    as soon as epoch e is planned; epoch e's refs stay untouched until e+1 is requested.
 2. The plan: ``pack(lengths, t_max, strategy, seed=plan_seed(seed, e))`` and ``shard(plan, world_size)``
@@ -41,6 +43,7 @@ plain DataLoader and what the learners consume (bench/results/pipeline.txt).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -76,13 +79,17 @@ from raytrain_seq.refurbish import RefurbishSchedule
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "OBJECT_BYTES",
     "RESTARTS_FILE",
     "BlockFeed",
+    "CachedArray",
     "FeedUnavailableError",
     "create_feed",
     "feed_geometry",
     "feed_restarts",
+    "fetch_arrays",
     "get_feed",
+    "object_bounds",
     "shard_dataset",
 ]
 
@@ -97,12 +104,105 @@ SPLITS = ("train", "val", "test")
 _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits (epochs are >= 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class CachedArray:
+    """Where one video's cached array lives: item ``index`` of the list that the task output ``ref`` holds.
+
+    A task's small videos share an object (``object_bounds``), so a learner borrows one ref for several
+    videos and reads them from shared memory. With one object per video, a video under Ray's 100 KiB
+    inline limit (the demo's 21 x 36 x 36 x 3 bytes) lived in the feed's own memory and reached a learner
+    through the feed's RPCs, which cost the feed and the learners CPU every epoch (docs/LOG.md, 2026-11-24).
+    """
+
+    ref: Any
+    index: int
+
+
+def fetch_arrays(cached: Sequence[CachedArray]) -> list[np.ndarray]:
+    """The arrays of ``cached``, in order: one ``ray.get`` of their distinct task outputs."""
+    import ray
+
+    refs = list(dict.fromkeys(c.ref for c in cached))
+    outputs = dict(zip(refs, ray.get(refs), strict=True))
+    return [outputs[c.ref][c.index] for c in cached]
+
+
+OBJECT_BYTES = 1 << 20  # a task's videos share objects of at least this size (a larger video is its own)
+
+
+def object_bounds(sizes: Sequence[int], target: int) -> list[tuple[int, int]]:
+    """Consecutive videos share an object until it holds ``target`` bytes; returns ``(lo, hi)`` per object.
+
+    Sizes [600, 600, 600, 2000, 100] KiB at 1024 KiB: [(0, 2), (2, 4), (4, 5)]. Small videos share
+    (a lone 80 KiB video would be inlined by Ray and served by the owner's RPCs); a video of a
+    megabyte or more stays alone, so a learner on another node pulls only the videos it reads.
+    """
+    bounds, lo, held = [], 0, 0
+    for k, size in enumerate(sizes):
+        held += size
+        if held >= target:
+            bounds.append((lo, k + 1))
+            lo, held = k + 1, 0
+    if lo < len(sizes):
+        bounds.append((lo, len(sizes)))
+    return bounds
+
+
+def _tasks(count: int, per_task: int, keys: Sequence[Any] | None) -> list[list[int]]:
+    """Positions ``0 .. count - 1`` cut into tasks of at most ``per_task``, positions of one key together,
+    tasks in the order of their first position. Keys [a, b, a, a], 2 a task: [[0, 2], [1], [3]]."""
+    groups: dict[Any, list[int]] = {}
+    for k in range(count):
+        groups.setdefault(None if keys is None else keys[k], []).append(k)
+    tasks = [g[lo : lo + per_task] for g in groups.values() for lo in range(0, len(g), per_task)]
+    return sorted(tasks, key=lambda task: task[0])
+
+
+def _placed(
+    items: Sequence[Any], bounds: list[tuple[int, int]], refs: Sequence[Any]
+) -> dict[Any, CachedArray]:
+    """``items[k]`` (one per video of a task) -> where its array is among the task's object ``refs``."""
+    return {
+        items[k]: CachedArray(ref, k - lo)
+        for (lo, hi), ref in zip(bounds, refs, strict=True)
+        for k in range(lo, hi)
+    }
+
+
+def _grouped(arrays: list[np.ndarray], bounds: list[tuple[int, int]]) -> tuple[list[np.ndarray], ...]:
+    if bounds[-1][1] != len(arrays):
+        raise ValueError(f"object bounds {bounds} do not cover the task's {len(arrays)} videos")
+    return tuple(arrays[lo:hi] for lo, hi in bounds)
+
+
+def _chunk_of(body):
+    """A task body's ``(*arrays, info)`` as ``(*objects, info)``: the arrays grouped by ``bounds`` (one
+    list per object), the report its own object (the feed reads reports without fetching arrays)."""
+
+    def task(*args, bounds: list[tuple[int, int]]):
+        *arrays, info = body(*args)
+        return (*_grouped(arrays, bounds), info)
+
+    # The body's name in the dashboard; not functools.wraps, whose __wrapped__ would make Ray check
+    # the call against the body's signature, which has no ``bounds``.
+    task.__name__ = task.__qualname__ = body.__name__
+    return task
+
+
+def _windows_of_chunks(ids, epochs, seed, size, cost, where, *chunks, bounds):
+    """``window_videos`` on stored flows given as flow-task objects: ``chunks`` are top-level arguments
+    (so Ray hands the task their lists) and ``where[k] = (chunk position, index)`` is video k's flow."""
+    flows = [chunks[c][i] for c, i in where]
+    *arrays, info = _window_videos(ids, epochs, seed, size, cost, *flows)
+    return (*_grouped(arrays, bounds), info)
+
+
 @functools.cache
 def _augment_task():
     """The Ray remote function, made on first use (nothing happens at import)."""
     import ray
 
-    return ray.remote(_augment_videos)
+    return ray.remote(_chunk_of(_augment_videos))
 
 
 @functools.cache
@@ -110,7 +210,7 @@ def _flow_task():
     """The flow stream's once-per-video task (whole-frame optical flow), made on first use."""
     import ray
 
-    return ray.remote(_flow_videos)
+    return ray.remote(_chunk_of(_flow_videos))
 
 
 @functools.cache
@@ -118,7 +218,7 @@ def _window_task():
     """The flow stream's refurbish task (a window of the stored flow), made on first use."""
     import ray
 
-    return ray.remote(_window_videos)
+    return ray.remote(_windows_of_chunks)
 
 
 def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
@@ -182,7 +282,7 @@ class BlockFeed:
 
     Public methods (all thread-safe): ``prefetch(epoch, world_size)``, ``epoch_shard(epoch, rank,
     world_size) -> EpochShard``, ``eval_shard(split, rank, world_size) -> EpochShard``,
-    ``refs(ids, epoch) -> list[ObjectRef]`` (epoch None: evaluation cache), ``stats(wait=False, ids=False)``.
+    ``refs(ids, epoch) -> list[CachedArray]`` (epoch None: evaluation cache), ``stats(wait=False, ids=False)``.
     """
 
     def __init__(
@@ -212,17 +312,25 @@ class BlockFeed:
         self._flow_method: str | None = geometry["flow_method"]  # the optical flow algorithm of a flow stream
         train = self._catalogs["train"]
         self._train_ids, self._train_labels = train.ids.tolist(), train.labels.tolist()
+        self._train_index = {video: k for k, video in enumerate(self._train_ids)}  # id -> schedule position
+        # Video id -> cached frames (the catalog length), every split: sizes the objects tasks return.
+        self._frames = {
+            int(v): int(n)
+            for split in SPLITS
+            for v, n in zip(self._catalogs[split].ids, self._catalogs[split].lengths, strict=True)
+        }
         self._schedule = RefurbishSchedule(len(train), reuse=config.data.reuse, seed=config.data.seed)
         self._lock = threading.RLock()
         self._plans: dict[tuple[int, int], tuple[PackPlan, list[list[BlockSpec]]]] = {}
-        self._cache: dict[int, tuple[int, Any]] = {}  # video id -> (computing epoch, ref), newest epoch
-        self._pending: dict[int, tuple[int, Any]] = {}  # the next epoch's recomputes, in flight
-        self._served: dict[int, dict[int, Any]] = {}  # epoch -> {video id: ref} for refs()
-        self._eval_refs: dict[int, Any] = {}
+        # video id -> (computing epoch, where its array is), newest epoch
+        self._cache: dict[int, tuple[int, CachedArray]] = {}
+        self._pending: dict[int, tuple[int, CachedArray]] = {}  # the next epoch's recomputes, in flight
+        self._served: dict[int, dict[int, CachedArray]] = {}  # epoch -> {video id: array} for refs()
+        self._eval_refs: dict[int, CachedArray] = {}
         # Flow once: a flow run computes each training video's whole-frame flow once and keeps its ref for
         # the run (Ray spills it when the store is full); a refurbish then only cuts a window out of it.
         self._flow_once = config.data.stream == "flow"
-        self._flows: dict[int, Any] = {}  # training video id -> ref of its whole-frame flow
+        self._flows: dict[int, CachedArray] = {}  # training video id -> its whole-frame flow
         self._eval_plans: dict[str, tuple[PackPlan, dict[int, list[list[BlockSpec]]]]] = {}
         self._epoch_stats: dict[int, dict[str, Any]] = {}
         self._info_refs: list[Any] = []
@@ -263,67 +371,83 @@ class BlockFeed:
         return self._config.data.seed
 
     # -------------------------------------------------------------------------------------- the cache
-    def _launch(self, videos: list[int], epochs: list[int | None]) -> list[Any]:
-        """Submit partial augmentation tasks; returns one ref per video, in order."""
+    def _launch(
+        self, videos: list[int], epochs: list[int | None], renewal: Sequence[int] | None = None
+    ) -> list[CachedArray]:
+        """Submit partial augmentation tasks; returns where each video's array will be, in order.
+
+        ``renewal``: per video, the epoch that recomputes it next (``_renewal``); a task holds videos of one
+        renewal epoch only, so its objects leave the cache whole instead of pinning older copies.
+        """
         if self._flow_once:
-            return self._launch_windows(videos, epochs)
+            return self._launch_windows(videos, epochs, renewal)
         task = _augment_task()
         source, data = _source_kwargs(self._config), self._config.data
-        refs: list[Any] = []
-        for lo in range(0, len(videos), self._videos_per_task):
-            chunk, chunk_epochs = (
-                videos[lo : lo + self._videos_per_task],
-                epochs[lo : lo + self._videos_per_task],
-            )
-            out = task.options(num_returns=len(chunk) + 1, num_cpus=self._partial_cpus).remote(
-                source, chunk, chunk_epochs, self._seed, data.cache_size, data.augment_cost
-            )
-            refs.extend(out[:-1])
+        placed: dict[int, CachedArray] = {}  # position in videos -> where its array will be
+        for chunk in _tasks(len(videos), self._videos_per_task, renewal):
+            ids = [videos[k] for k in chunk]
+            bounds = self._bounds(ids)
+            out = task.options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus).remote(
+                source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
+                bounds=bounds,
+            )  # fmt: skip
+            placed.update(_placed(chunk, bounds, out[:-1]))
             self._info_refs.append(out[-1])
-        return refs
+        return [placed[k] for k in range(len(videos))]
 
-    def _launch_windows(self, videos: list[int], epochs: list[int | None]) -> list[Any]:
+    def _launch_windows(
+        self, videos: list[int], epochs: list[int | None], renewal: Sequence[int] | None = None
+    ) -> list[CachedArray]:
         """Flow stream: the whole-frame flow of each video that has none yet, then every video's window.
 
-        A training video's flow ref is kept for the run, so its later refurbishes are window tasks on the
+        A training video's flow is kept for the run, so its later refurbishes are window tasks on the
         stored flow; an evaluation video's (epoch None) is dropped once its one window is cut.
         """
         source, data = _source_kwargs(self._config), self._config.data
         flows = {v: self._flows[v] for v in videos if v in self._flows}
         todo = [(v, e) for v, e in zip(videos, epochs, strict=True) if v not in flows]
-        for lo in range(0, len(todo), self._videos_per_task):
-            chunk = todo[lo : lo + self._videos_per_task]
-            ids, chunk_epochs = [v for v, _ in chunk], [e for _, e in chunk]
+        for chunk in _tasks(len(todo), self._videos_per_task, None):
+            ids, chunk_epochs = [todo[k][0] for k in chunk], [todo[k][1] for k in chunk]
+            bounds = self._bounds(ids)
             out = (
                 _flow_task()
-                .options(num_returns=len(chunk) + 1, num_cpus=self._partial_cpus)
-                .remote(source, ids, chunk_epochs, data.cache_size)
+                .options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus)
+                .remote(source, ids, chunk_epochs, data.cache_size, bounds=bounds)
             )
-            flows.update(zip(ids, out[:-1], strict=True))
-            self._flows.update((v, ref) for (v, e), ref in zip(chunk, out[:-1], strict=True) if e is not None)
+            made = _placed(ids, bounds, out[:-1])
+            flows.update(made)
+            self._flows.update((v, made[v]) for v, e in zip(ids, chunk_epochs, strict=True) if e is not None)
             self._info_refs.append(out[-1])
-        refs: list[Any] = []
-        for lo in range(0, len(videos), self._videos_per_task):
-            ids, chunk_epochs = (
-                videos[lo : lo + self._videos_per_task],
-                epochs[lo : lo + self._videos_per_task],
-            )
-            # The flow refs go in as top-level arguments, so Ray hands the task their arrays.
+        placed: dict[int, CachedArray] = {}
+        for chunk in _tasks(len(videos), self._videos_per_task, renewal):
+            ids = [videos[k] for k in chunk]
+            # The flow objects go in as top-level arguments, so Ray hands the task their lists.
+            sources = list(dict.fromkeys(flows[v].ref for v in ids))
+            at = {ref: k for k, ref in enumerate(sources)}
+            bounds = self._bounds(ids)
             out = (
                 _window_task()
-                .options(num_returns=len(ids) + 1, num_cpus=self._partial_cpus)
+                .options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus)
                 .remote(
-                    ids,
-                    chunk_epochs,
-                    self._seed,
-                    data.cache_size,
-                    data.augment_cost,
-                    *(flows[v] for v in ids),
+                    ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
+                    [(at[flows[v].ref], flows[v].index) for v in ids], *sources, bounds=bounds,
                 )
-            )
-            refs.extend(out[:-1])
+            )  # fmt: skip
+            placed.update(_placed(chunk, bounds, out[:-1]))
             self._info_refs.append(out[-1])
-        return refs
+        return [placed[k] for k in range(len(videos))]
+
+    def _bounds(self, ids: list[int]) -> list[tuple[int, int]]:
+        """How a task's videos share objects: of at least ``OBJECT_BYTES`` each, or one video if larger."""
+        size, channels = self._config.data.cache_size, self._channels
+        return object_bounds([self._frames[v] * size * size * channels for v in ids], OBJECT_BYTES)
+
+    def _renewal(self, videos: list[int], epoch: int) -> list[int]:
+        """The first epoch after ``epoch`` that recomputes each of ``videos``: when its array leaves."""
+        upcoming = np.full(len(self._train_ids), -1, dtype=np.int64)
+        for later in range(epoch + self._schedule.reuse, epoch, -1):  # the earliest one is written last
+            upcoming[self._schedule.is_fresh(later)] = later
+        return [int(upcoming[self._train_index[v]]) for v in videos]
 
     def _wanted(self, epoch: int) -> dict[int, int]:
         """Video id -> the epoch whose partial augmentation ``epoch`` serves (``epoch - age``)."""
@@ -343,7 +467,7 @@ class BlockFeed:
                 v for v in order
                 if self._cache.get(v, (None,))[0] != wanted[v] and self._pending.get(v, (None,))[0] != wanted[v]
             ]  # fmt: skip
-            refs = self._launch(todo, [wanted[v] for v in todo])
+            refs = self._launch(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
             self._pending.update({v: (wanted[v], ref) for v, ref in zip(todo, refs, strict=True)})
             logger.info("feed: prefetching epoch %d: %d partial augmentations launched", epoch, len(todo))
             return len(todo)
@@ -374,7 +498,8 @@ class BlockFeed:
         order = consumption_order(self._plan(epoch, world_size)[1])
         reuse = {v: ref for v, (e, ref) in self._cache.items() if e == wanted[v]}
         todo = [v for v in order if v not in reuse]
-        fresh = dict(zip(todo, self._launch(todo, [wanted[v] for v in todo]), strict=True))
+        launched = self._launch(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
+        fresh = dict(zip(todo, launched, strict=True))
         self._served[epoch] = {v: reuse.get(v, fresh.get(v)) for v in wanted}
         for old in sorted(self._served)[: -self._keep]:
             del self._served[old]
@@ -475,8 +600,9 @@ class BlockFeed:
             center=epoch is None, recomputed=recomputed, reused=reused, size=data.cache_size,
         )  # fmt: skip
 
-    def refs(self, ids: Sequence[int], epoch: int | None) -> list[Any]:
-        """ObjectRefs of the cached arrays of ``ids`` as served in ``epoch`` (None: evaluation cache)."""
+    def refs(self, ids: Sequence[int], epoch: int | None) -> list[CachedArray]:
+        """Where the cached arrays of ``ids`` are, as served in ``epoch`` (None: evaluation cache); read
+        them with ``fetch_arrays``."""
         with self._lock:
             table = self._eval_refs if epoch is None else self._served.get(epoch)
             if table is None:
@@ -638,7 +764,9 @@ def _assemble_batch(batch: dict[str, np.ndarray], feed, fmt: RowFormat) -> dict[
     import ray
 
     ids = np.unique(batch["ids"][batch["ids"] >= 0]).tolist()
-    arrays = dict(zip(ids, ray.get(ray.get(feed.refs.remote(ids, fmt.epoch))), strict=True)) if ids else {}
+    arrays = (
+        dict(zip(ids, fetch_arrays(ray.get(feed.refs.remote(ids, fmt.epoch))), strict=True)) if ids else {}
+    )
     return assemble_rows(batch, arrays, fmt)
 
 

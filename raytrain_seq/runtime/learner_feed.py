@@ -22,7 +22,7 @@ from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, assemble_r
 from raytrain_seq.elastic.position import parse_history
 from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.stream import EpochRows, RowStream
-from raytrain_seq.runtime.feed import FeedUnavailableError
+from raytrain_seq.runtime.feed import FeedUnavailableError, fetch_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class LearnerFeed:
                 if tries[0]:
                     refs.update(borrow(left, True))
                 tries[0] += 1
-                return dict(zip(need, ray.get([refs[i] for i in need]), strict=True))
+                return dict(zip(need, fetch_arrays([refs[i] for i in need]), strict=True))
 
             arrays = self._retry(f"the arrays of epoch {shard.epoch}", read) if need else {}
             yield assemble_rows(batch, arrays, fmt)
