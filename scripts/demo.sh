@@ -6,6 +6,7 @@
 #   PRESET=smoke make demo          a one-minute run instead of the demo preset
 #   DASHBOARD_PORT=8266 make demo   if 8265 is taken
 #   EXTRA="--epochs 3" make demo    more flags for jobs/ucf101.py
+#   NUM_CPUS=8 make demo            the head's logical CPUs (default: the cores, at least 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,12 @@ export RAY_AUTH_MODE=token
 PRESET=${PRESET:-demo}
 GCS_PORT=${GCS_PORT:-6390}
 DASHBOARD_PORT=${DASHBOARD_PORT:-8265}
+# Logical CPUs of the head: the machine's cores, and at least 3 (the 2 learners hold one each, the data
+# tasks need one more). Declaring more than the cores starts more data tasks, each in a Python worker of
+# its own, on cores the learners already use: on the 2-core box 4 instead of 3 cost 5-6 s a demo
+# (docs/LOG.md, 2026-11-24).
+CORES=$(nproc)
+NUM_CPUS=${NUM_CPUS:-$(( CORES > 3 ? CORES : 3 ))}
 STORAGE=${STORAGE:-$HOME/raytrain_seq_runs}
 RUN_NAME=${RUN_NAME:-demo-$(date -u +%Y%m%d-%H%M%S)}
 # A temp dir of our own: every process of this head carries it on its command line, which is how the
@@ -57,7 +64,7 @@ for s in ports: s.close()
 print()')
 RAY_idle_worker_killing_time_threshold_ms=60000 ray start --head --port "$GCS_PORT" --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
   --dashboard-agent-listen-port "$AGENT_PORT" --ray-client-server-port "$CLIENT_PORT" \
-  --num-cpus 4 --temp-dir "$RAY_TMP" --disable-usage-stats >/dev/null
+  --num-cpus "$NUM_CPUS" --temp-dir "$RAY_TMP" --disable-usage-stats >/dev/null
 trap stop_head EXIT
 echo "Ray dashboard: http://127.0.0.1:$DASHBOARD_PORT (token auth: the token is in ~/.ray/auth_token)"
 
