@@ -2,9 +2,12 @@
 
 ``run(config)`` is what ``jobs/ucf101.py`` calls. It connects to the Ray cluster the job runs in (or starts
 a local one), creates the two driver-side actors (``BlockFeed``: catalog, refurbishing cache, packing
-plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``TorchTrainer`` whose workers are the
-AAVG learners (``raytrain_seq.runtime.learner``), then joins the learners' last report with the actors'
-statistics into ``summary.json`` and ``curves.png`` in the run folder.
+plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``DataParallelTrainer`` whose workers are
+the AAVG learners (``raytrain_seq.runtime.learner``), then joins the learners' last report with the
+actors' statistics into ``summary.json`` and ``curves.png`` in the run folder. Not a ``TorchTrainer``:
+the learners average through the averager's actors and never call torch.distributed, and a
+``TorchTrainer`` sets up a process group (gloo or NCCL, a rendezvous) at every start of the worker group,
+elastic restarts included, that nothing would use (docs/LOG.md, 2026-11-24).
 
 Elastic learners: ``train.learners`` = (min, max) becomes Ray Train V2's ``ScalingConfig(num_workers=
 (min, max))``, whose controller restarts the whole worker group with as many learners as the cluster
@@ -82,7 +85,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     began, began_wall = time.perf_counter(), time.time()
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
@@ -145,7 +148,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     marks["actors_started"] = time.time()
     if resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
-    trainer = TorchTrainer(
+    trainer = DataParallelTrainer(
         train_loop_per_worker,
         train_loop_config={"config": config.to_dict(), "names": names, "torch_threads": 1},
         scaling_config=ScalingConfig(

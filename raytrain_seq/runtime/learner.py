@@ -576,11 +576,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
         store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0),
         node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
     )
+    # The worker sees its own GPU(s) only (no process group shares them): make it the current device, as
+    # a TorchTrainer would, so that pinned copies and new CUDA tensors land there.
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     learner = Learner(
         config,
         rank=rank,
         world_size=world_size,
-        device=ray.train.torch.get_device(),
+        device=device,
         client=client,
         feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"]), epochs=train.max_epochs),
         report=functools.partial(_ray_train_report, run_dir=config.run_dir()),

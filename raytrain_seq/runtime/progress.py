@@ -1,6 +1,6 @@
 """A progress line with ETA on the driver while the learners train: ``RunProgress``.
 
-The driver spends a run inside ``TorchTrainer.fit()``; this thread polls the averager's summary (the
+The driver spends a run inside ``DataParallelTrainer.fit()``; this thread polls the averager's summary (the
 latest averaged round's epoch position) and the feed's plan sizes every ``interval_s`` and moves a tqdm
 bar whose unit is an epoch: epoch 3 with 40 of 160 rows taken by each learner shows 3.25 of 10, and
 tqdm's rate gives the ETA. A run ended by ``train.steps`` counts steps instead (``steps=N``: the
