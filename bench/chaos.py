@@ -20,7 +20,8 @@ The schedule is seeded and relative: event i fires ``gap`` (1..``MAX_GAP``) aver
 event i-1 recovered (the group has the size the learner slots allow, and ``RECOVERY_ROUNDS`` rounds were
 averaged since), so every event lands in a run that is training normally, and the run is sized for it:
 unless ``--epochs`` is given, its epochs are enough for ``events * (MAX_GAP + RECOVERY_ROUNDS +
-SLACK_ROUNDS)`` rounds at 2 learners, and one more epoch at one learner per stall (``size_epochs``). The undisturbed run has the same configuration.
+SLACK_ROUNDS)`` rounds at 2 learners, and one more epoch at one learner per stall (``size_epochs``).
+The undisturbed run has the same configuration.
 
 The verdict comes from the run's own records, not from the schedule: ``every_row_once_per_epoch``
 compares, per epoch, the {count, sum, sum of squares} of the video ids of the rows in the averaged rounds
