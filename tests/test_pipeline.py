@@ -30,7 +30,8 @@ from raytrain_seq.elastic.assembly import (
 )
 from raytrain_seq.packing import pack, shard
 from raytrain_seq.refurbish import RefurbishSchedule
-from raytrain_seq.runtime.feed import OBJECT_BYTES, create_feed, feed_geometry, object_bounds
+from raytrain_seq.runtime.feed import create_feed, feed_geometry
+from raytrain_seq.runtime.partial_tasks import OBJECT_BYTES, object_bounds
 
 SEED = 0
 

@@ -439,7 +439,8 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     epoch) and evaluation's load(video, None), and the CPU saved is the flow seconds of the evicted ids:
     with r = 2 epochs 1 and 2 evict every id once, so together they save all of epoch 0's flow seconds."""
     from raytrain_seq.refurbish import RefurbishSchedule
-    from raytrain_seq.runtime.feed import create_feed, fetch_arrays
+    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
     ray = ray_cluster
     config = _config(mini, stream="flow", reuse=2, epochs=3, learners=1)

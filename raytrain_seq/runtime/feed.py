@@ -8,10 +8,10 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
    ``[T, cache_size, cache_size, C]``. Only the ids whose cached copy is not the one epoch e needs are
    recomputed (``evicted(e)`` in a straight run; after a resume every id's computing epoch
    ``e - age(e)`` is recomputed with the same seed, so the data equal the uninterrupted run's). The work
-   runs in Ray tasks of ``videos_per_task`` videos; a task's small videos share objects of at least
-   ``OBJECT_BYTES`` (a larger video is its own object; Ray spills to disk when the store is full), and
-   one extra return reports ids and seconds. A task holds videos that are recomputed in the same later
-   epoch, so its objects leave the cache whole.
+   runs in Ray tasks of ``videos_per_task`` videos (``runtime.partial_tasks``: a task's small videos share
+   objects, a larger video is its own; Ray spills to disk when the store is full; one extra return
+   reports ids and seconds). A task holds videos that are recomputed in the same later epoch, so its
+   objects leave the cache whole.
    Tasks are submitted in the order the learners consume the blocks, and epoch e+1's recompute starts
    as soon as epoch e is planned; epoch e's refs stay untouched until e+1 is requested.
 2. The plan: ``pack(lengths, t_max, strategy, seed=plan_seed(seed, e))`` and ``shard(plan, world_size)``
@@ -43,8 +43,6 @@ plain DataLoader and what the learners consume (bench/results/pipeline.txt).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import logging
 import math
@@ -56,11 +54,8 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.config import Config
-from raytrain_seq.data.sources import augment_videos as _augment_videos
-from raytrain_seq.data.sources import flow_videos as _flow_videos
 from raytrain_seq.data.sources import load_catalogs
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
-from raytrain_seq.data.sources import window_videos as _window_videos
 from raytrain_seq.elastic.assembly import (
     BlockSpec,
     EpochShard,
@@ -75,21 +70,28 @@ from raytrain_seq.elastic.assembly import (
 from raytrain_seq.elastic.position import layout_specs, parse_history
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.runtime.partial_tasks import (
+    OBJECT_BYTES,
+    CachedArray,
+    augment_task,
+    fetch_arrays,
+    flow_task,
+    object_bounds,
+    placed,
+    task_chunks,
+    window_task,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "OBJECT_BYTES",
     "RESTARTS_FILE",
     "BlockFeed",
-    "CachedArray",
     "FeedUnavailableError",
     "create_feed",
     "feed_geometry",
     "feed_restarts",
-    "fetch_arrays",
     "get_feed",
-    "object_bounds",
     "shard_dataset",
 ]
 
@@ -102,123 +104,6 @@ class FeedUnavailableError(RuntimeError):
 
 SPLITS = ("train", "val", "test")
 _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits (epochs are >= 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class CachedArray:
-    """Where one video's cached array lives: item ``index`` of the list that the task output ``ref`` holds.
-
-    A task's small videos share an object (``object_bounds``), so a learner borrows one ref for several
-    videos and reads them from shared memory. With one object per video, a video under Ray's 100 KiB
-    inline limit (the demo's 21 x 36 x 36 x 3 bytes) lived in the feed's own memory and reached a learner
-    through the feed's RPCs, which cost the feed and the learners CPU every epoch (docs/LOG.md, 2026-11-24).
-    """
-
-    ref: Any
-    index: int
-
-
-def fetch_arrays(cached: Sequence[CachedArray]) -> list[np.ndarray]:
-    """The arrays of ``cached``, in order: one ``ray.get`` of their distinct task outputs."""
-    import ray
-
-    refs = list(dict.fromkeys(c.ref for c in cached))
-    outputs = dict(zip(refs, ray.get(refs), strict=True))
-    return [outputs[c.ref][c.index] for c in cached]
-
-
-OBJECT_BYTES = 1 << 20  # a task's videos share objects of at least this size (a larger video is its own)
-
-
-def object_bounds(sizes: Sequence[int], target: int) -> list[tuple[int, int]]:
-    """Consecutive videos share an object until it holds ``target`` bytes; returns ``(lo, hi)`` per object.
-
-    Sizes [600, 600, 600, 2000, 100] KiB at 1024 KiB: [(0, 2), (2, 4), (4, 5)]. Small videos share
-    (a lone 80 KiB video would be inlined by Ray and served by the owner's RPCs); a video of a
-    megabyte or more stays alone, so a learner on another node pulls only the videos it reads.
-    """
-    bounds, lo, held = [], 0, 0
-    for k, size in enumerate(sizes):
-        held += size
-        if held >= target:
-            bounds.append((lo, k + 1))
-            lo, held = k + 1, 0
-    if lo < len(sizes):
-        bounds.append((lo, len(sizes)))
-    return bounds
-
-
-def _tasks(count: int, per_task: int, keys: Sequence[Any] | None) -> list[list[int]]:
-    """Positions ``0 .. count - 1`` cut into tasks of at most ``per_task``, positions of one key together,
-    tasks in the order of their first position. Keys [a, b, a, a], 2 a task: [[0, 2], [1], [3]]."""
-    groups: dict[Any, list[int]] = {}
-    for k in range(count):
-        groups.setdefault(None if keys is None else keys[k], []).append(k)
-    tasks = [g[lo : lo + per_task] for g in groups.values() for lo in range(0, len(g), per_task)]
-    return sorted(tasks, key=lambda task: task[0])
-
-
-def _placed(
-    items: Sequence[Any], bounds: list[tuple[int, int]], refs: Sequence[Any]
-) -> dict[Any, CachedArray]:
-    """``items[k]`` (one per video of a task) -> where its array is among the task's object ``refs``."""
-    return {
-        items[k]: CachedArray(ref, k - lo)
-        for (lo, hi), ref in zip(bounds, refs, strict=True)
-        for k in range(lo, hi)
-    }
-
-
-def _grouped(arrays: list[np.ndarray], bounds: list[tuple[int, int]]) -> tuple[list[np.ndarray], ...]:
-    if bounds[-1][1] != len(arrays):
-        raise ValueError(f"object bounds {bounds} do not cover the task's {len(arrays)} videos")
-    return tuple(arrays[lo:hi] for lo, hi in bounds)
-
-
-def _chunk_of(body):
-    """A task body's ``(*arrays, info)`` as ``(*objects, info)``: the arrays grouped by ``bounds`` (one
-    list per object), the report its own object (the feed reads reports without fetching arrays)."""
-
-    def task(*args, bounds: list[tuple[int, int]]):
-        *arrays, info = body(*args)
-        return (*_grouped(arrays, bounds), info)
-
-    # The body's name in the dashboard; not functools.wraps, whose __wrapped__ would make Ray check
-    # the call against the body's signature, which has no ``bounds``.
-    task.__name__ = task.__qualname__ = body.__name__
-    return task
-
-
-def _windows_of_chunks(ids, epochs, seed, size, cost, where, *chunks, bounds):
-    """``window_videos`` on stored flows given as flow-task objects: ``chunks`` are top-level arguments
-    (so Ray hands the task their lists) and ``where[k] = (chunk position, index)`` is video k's flow."""
-    flows = [chunks[c][i] for c, i in where]
-    *arrays, info = _window_videos(ids, epochs, seed, size, cost, *flows)
-    return (*_grouped(arrays, bounds), info)
-
-
-@functools.cache
-def _augment_task():
-    """The Ray remote function, made on first use (nothing happens at import)."""
-    import ray
-
-    return ray.remote(_chunk_of(_augment_videos))
-
-
-@functools.cache
-def _flow_task():
-    """The flow stream's once-per-video task (whole-frame optical flow), made on first use."""
-    import ray
-
-    return ray.remote(_chunk_of(_flow_videos))
-
-
-@functools.cache
-def _window_task():
-    """The flow stream's refurbish task (a window of the stored flow), made on first use."""
-    import ray
-
-    return ray.remote(_windows_of_chunks)
 
 
 def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
@@ -381,19 +266,19 @@ class BlockFeed:
         """
         if self._flow_once:
             return self._launch_windows(videos, epochs, renewal)
-        task = _augment_task()
+        task = augment_task()
         source, data = _source_kwargs(self._config), self._config.data
-        placed: dict[int, CachedArray] = {}  # position in videos -> where its array will be
-        for chunk in _tasks(len(videos), self._videos_per_task, renewal):
+        placed_at: dict[int, CachedArray] = {}  # position in videos -> where its array will be
+        for chunk in task_chunks(len(videos), self._videos_per_task, renewal):
             ids = [videos[k] for k in chunk]
             bounds = self._bounds(ids)
             out = task.options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus).remote(
                 source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
                 bounds=bounds,
             )  # fmt: skip
-            placed.update(_placed(chunk, bounds, out[:-1]))
+            placed_at.update(placed(chunk, bounds, out[:-1]))
             self._info_refs.append(out[-1])
-        return [placed[k] for k in range(len(videos))]
+        return [placed_at[k] for k in range(len(videos))]
 
     def _launch_windows(
         self, videos: list[int], epochs: list[int | None], renewal: Sequence[int] | None = None
@@ -406,36 +291,36 @@ class BlockFeed:
         source, data = _source_kwargs(self._config), self._config.data
         flows = {v: self._flows[v] for v in videos if v in self._flows}
         todo = [(v, e) for v, e in zip(videos, epochs, strict=True) if v not in flows]
-        for chunk in _tasks(len(todo), self._videos_per_task, None):
+        for chunk in task_chunks(len(todo), self._videos_per_task, None):
             ids, chunk_epochs = [todo[k][0] for k in chunk], [todo[k][1] for k in chunk]
             bounds = self._bounds(ids)
             out = (
-                _flow_task()
+                flow_task()
                 .options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus)
                 .remote(source, ids, chunk_epochs, data.cache_size, bounds=bounds)
             )
-            made = _placed(ids, bounds, out[:-1])
+            made = placed(ids, bounds, out[:-1])
             flows.update(made)
             self._flows.update((v, made[v]) for v, e in zip(ids, chunk_epochs, strict=True) if e is not None)
             self._info_refs.append(out[-1])
-        placed: dict[int, CachedArray] = {}
-        for chunk in _tasks(len(videos), self._videos_per_task, renewal):
+        placed_at: dict[int, CachedArray] = {}
+        for chunk in task_chunks(len(videos), self._videos_per_task, renewal):
             ids = [videos[k] for k in chunk]
             # The flow objects go in as top-level arguments, so Ray hands the task their lists.
             sources = list(dict.fromkeys(flows[v].ref for v in ids))
             at = {ref: k for k, ref in enumerate(sources)}
             bounds = self._bounds(ids)
             out = (
-                _window_task()
+                window_task()
                 .options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus)
                 .remote(
                     ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
                     [(at[flows[v].ref], flows[v].index) for v in ids], *sources, bounds=bounds,
                 )
             )  # fmt: skip
-            placed.update(_placed(chunk, bounds, out[:-1]))
+            placed_at.update(placed(chunk, bounds, out[:-1]))
             self._info_refs.append(out[-1])
-        return [placed[k] for k in range(len(videos))]
+        return [placed_at[k] for k in range(len(videos))]
 
     def _bounds(self, ids: list[int]) -> list[tuple[int, int]]:
         """How a task's videos share objects: of at least ``OBJECT_BYTES`` each, or one video if larger."""

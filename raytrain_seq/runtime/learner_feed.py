@@ -22,7 +22,8 @@ from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, assemble_r
 from raytrain_seq.elastic.position import parse_history
 from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.stream import EpochRows, RowStream
-from raytrain_seq.runtime.feed import FeedUnavailableError, fetch_arrays
+from raytrain_seq.runtime.feed import FeedUnavailableError
+from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,149 @@
+"""The partial-augmentation Ray tasks of the feed, and the objects their videos travel in.
+
+A task computes ``videos_per_task`` videos (``data.sources``: ``augment_videos``, and for the flow stream
+``flow_videos`` once per video then ``window_videos`` per refurbish) and returns them as a few objects plus
+one report: consecutive small videos share an object of at least ``OBJECT_BYTES`` (``object_bounds``), a
+larger video is an object of its own. The feed (``runtime.feed``) keeps, per video, a ``CachedArray``
+(the object and the video's index in it) and lends those; a reader turns them into arrays with one
+``ray.get`` of their distinct objects (``fetch_arrays``). ``task_chunks`` cuts a launch into tasks whose
+videos share a key (the epoch that recomputes them), so an object leaves the cache whole.
+
+Why objects are shared: with one object per video, a video under Ray's 100 KiB inline limit (the demo's
+21 x 36 x 36 x 3 bytes) lived in the feed's own memory and reached a learner through the feed's RPCs,
+which cost the feed and the learners CPU every epoch (docs/LOG.md, 2026-11-24). Why a large video stays
+alone: a learner on another node then pulls only the videos it reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from raytrain_seq.data.sources import augment_videos, flow_videos, window_videos
+
+__all__ = [
+    "OBJECT_BYTES",
+    "CachedArray",
+    "augment_task",
+    "fetch_arrays",
+    "flow_task",
+    "object_bounds",
+    "placed",
+    "task_chunks",
+    "window_task",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedArray:
+    """Where one video's cached array lives: item ``index`` of the list that the task output ``ref`` holds."""
+
+    ref: Any
+    index: int
+
+
+def fetch_arrays(cached: Sequence[CachedArray]) -> list[np.ndarray]:
+    """The arrays of ``cached``, in order: one ``ray.get`` of their distinct task outputs."""
+    import ray
+
+    refs = list(dict.fromkeys(c.ref for c in cached))
+    outputs = dict(zip(refs, ray.get(refs), strict=True))
+    return [outputs[c.ref][c.index] for c in cached]
+
+
+OBJECT_BYTES = 1 << 20  # a task's videos share objects of at least this size (a larger video is its own)
+
+
+def object_bounds(sizes: Sequence[int], target: int) -> list[tuple[int, int]]:
+    """Consecutive videos share an object until it holds ``target`` bytes; returns ``(lo, hi)`` per object.
+
+    Sizes [600, 600, 600, 2000, 100] KiB at 1024 KiB: [(0, 2), (2, 4), (4, 5)]. Small videos share
+    (a lone 80 KiB video would be inlined by Ray and served by the owner's RPCs); a video of a
+    megabyte or more stays alone, so a learner on another node pulls only the videos it reads.
+    """
+    bounds, lo, held = [], 0, 0
+    for k, size in enumerate(sizes):
+        held += size
+        if held >= target:
+            bounds.append((lo, k + 1))
+            lo, held = k + 1, 0
+    if lo < len(sizes):
+        bounds.append((lo, len(sizes)))
+    return bounds
+
+
+def task_chunks(count: int, per_task: int, keys: Sequence[Any] | None) -> list[list[int]]:
+    """Positions ``0 .. count - 1`` cut into tasks of at most ``per_task``, positions of one key together,
+    tasks in the order of their first position. Keys [a, b, a, a], 2 a task: [[0, 2], [1], [3]]."""
+    groups: dict[Any, list[int]] = {}
+    for k in range(count):
+        groups.setdefault(None if keys is None else keys[k], []).append(k)
+    tasks = [g[lo : lo + per_task] for g in groups.values() for lo in range(0, len(g), per_task)]
+    return sorted(tasks, key=lambda task: task[0])
+
+
+def placed(
+    items: Sequence[Any], bounds: list[tuple[int, int]], refs: Sequence[Any]
+) -> dict[Any, CachedArray]:
+    """``items[k]`` (one per video of a task) -> where its array is among the task's object ``refs``."""
+    return {
+        items[k]: CachedArray(ref, k - lo)
+        for (lo, hi), ref in zip(bounds, refs, strict=True)
+        for k in range(lo, hi)
+    }
+
+
+def _grouped(arrays: list[np.ndarray], bounds: list[tuple[int, int]]) -> tuple[list[np.ndarray], ...]:
+    if bounds[-1][1] != len(arrays):
+        raise ValueError(f"object bounds {bounds} do not cover the task's {len(arrays)} videos")
+    return tuple(arrays[lo:hi] for lo, hi in bounds)
+
+
+def _chunk_of(body):
+    """A task body's ``(*arrays, info)`` as ``(*objects, info)``: the arrays grouped by ``bounds`` (one
+    list per object), the report its own object (the feed reads reports without fetching arrays)."""
+
+    def task(*args, bounds: list[tuple[int, int]]):
+        *arrays, info = body(*args)
+        return (*_grouped(arrays, bounds), info)
+
+    # The body's name in the dashboard; not functools.wraps, whose __wrapped__ would make Ray check
+    # the call against the body's signature, which has no ``bounds``.
+    task.__name__ = task.__qualname__ = body.__name__
+    return task
+
+
+def _windows_of_chunks(ids, epochs, seed, size, cost, where, *chunks, bounds):
+    """``window_videos`` on stored flows given as flow-task objects: ``chunks`` are top-level arguments
+    (so Ray hands the task their lists) and ``where[k] = (chunk position, index)`` is video k's flow."""
+    flows = [chunks[c][i] for c, i in where]
+    *arrays, info = window_videos(ids, epochs, seed, size, cost, *flows)
+    return (*_grouped(arrays, bounds), info)
+
+
+@functools.cache
+def augment_task():
+    """The Ray remote function, made on first use (nothing happens at import)."""
+    import ray
+
+    return ray.remote(_chunk_of(augment_videos))
+
+
+@functools.cache
+def flow_task():
+    """The flow stream's once-per-video task (whole-frame optical flow), made on first use."""
+    import ray
+
+    return ray.remote(_chunk_of(flow_videos))
+
+
+@functools.cache
+def window_task():
+    """The flow stream's refurbish task (a window of the stored flow), made on first use."""
+    import ray
+
+    return ray.remote(_windows_of_chunks)
