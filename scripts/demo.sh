@@ -17,8 +17,8 @@ GCS_PORT=${GCS_PORT:-6390}
 DASHBOARD_PORT=${DASHBOARD_PORT:-8265}
 # Logical CPUs of the head: the machine's cores, and at least 3 (the 2 learners hold one each, the data
 # tasks need one more). Declaring more than the cores starts more data tasks, each in a Python worker of
-# its own, on cores the learners already use: on the 2-core box 4 instead of 3 cost 5-6 s a demo
-# (docs/LOG.md, 2026-11-24).
+# its own, on cores the learners already use: on the 2-core box 4 instead of 3 made every demo slower
+# (the timings are in docs/LOG.md, 2026-11-24).
 CORES=$(nproc)
 NUM_CPUS=${NUM_CPUS:-$(( CORES > 3 ? CORES : 3 ))}
 STORAGE=${STORAGE:-$HOME/raytrain_seq_runs}
