@@ -99,7 +99,10 @@ def _learner_class():
                 round_timeout_s=600.0, store=RayStore(), node=ray.get_runtime_context().get_node_id(),
             )  # fmt: skip
             self.client.join()
-            return self.layout.nbytes
+            # As LocalRounds.sync does at its first round; a learner trains its first K steps while the
+            # store's mapping is populated, so the bench waits for it here and reports its seconds.
+            self.client.store.expect(2 * self.layout.nbytes)
+            return {"payload": self.layout.nbytes, "populate_s": self.client.store.memory.wait()}
 
         def round(self) -> dict[str, float]:
             """One round; the seconds of its phases as this learner saw them."""
@@ -148,8 +151,11 @@ def bandwidth(
     fp32 weights + 2 Adam moments) through the data plane, n in ``learners``, default sharding (S = n);
     and the one-process numpy mean and library arithmetic of 2 learners' bytes.
 
-    ``round_s[n]``: the median over ``rounds`` rounds (after one warm-up round, which creates the shard
-    actors) of the wall time from the learners starting to pack until all hold the averaged state.
+    ``round_s[n]``: the median over ``rounds`` rounds of the wall time from the learners starting to pack
+    until all hold the averaged state. Before them: each learner's one-time mapping of the object store
+    (``store_memory``: a learner does it while it trains its first K steps), one warm-up round, which
+    creates the shard actors, and the shards' own one-time mapping, which their first merge starts; the
+    longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
     by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
     one shard (the star) for n in ``star``. ``mbps["actor"]`` compares the round of 2 learners with the
@@ -172,13 +178,18 @@ def bandwidth(
         name = f"bandwidth-{os.getpid()}-{n}-{shards}"
         averager = create_averager(name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, **extra)
         try:
-            payload = ray.get([a.join.remote(averager, j, n) for j, a in enumerate(actors[:n])])[0]
-            times, phases = [], []
-            for _ in range(count + 1):
+            joined = ray.get([a.join.remote(averager, j, n) for j, a in enumerate(actors[:n])])
+            payload = joined[0]["payload"]
+            populated = [j["populate_s"] for j in joined if j["populate_s"] is not None]
+            times, phases, shard_memory = [], [], []
+            for i in range(count + 1):
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
                 times.append(time.perf_counter() - began)
                 phases.append({k: float(np.median([s[k] for s in seen])) for k in seen[0]})
+                if i == 0:  # the shards decide at their first merge: the rounds measured start once done
+                    shard_actors = ray.get(averager.shard_actors.remote())
+                    shard_memory = ray.get([s.store_memory.remote(120.0) for s in shard_actors])
             rounds_ = ray.get(averager.summary.remote())["hub_load"]
             loads = rounds_[-1]["actors"]
             hub = max(a["received"] + a["sent"] for a in loads.values()) / payload
@@ -188,6 +199,13 @@ def bandwidth(
         split = {k: float(np.median([p[k] for p in phases[1:]])) for k in phases[0]} if count else {}
         if merge_s:
             split["shard_merge_s"] = float(np.median(merge_s))
+        # Once per process, before its first round (learners) or after its first merge (shards):
+        # store_memory.StoreMemory; absent where it was not populated.
+        if populated:
+            split["populate_s"] = float(max(populated))
+        shard_populated = [m["seconds"] for m in shard_memory if m["seconds"] is not None]
+        if shard_populated:
+            split["shard_populate_s"] = float(max(shard_populated))
         return times[1:], hub, split
 
     round_s, hub_load, star_load, split = {}, {}, {}, {}

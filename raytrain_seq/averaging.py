@@ -82,16 +82,21 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | Non
     first = kept[0][1].detach()
     if workspace is None:
         base = first.to(device=device, dtype=_ACC)
-        acc = torch.zeros_like(base)
+        acc = torch.empty_like(base)
         scratch = torch.empty_like(base) if len(kept) > 1 else None
     else:
         n = first.numel()
         base, acc, scratch = (workspace[i, :n].view(first.shape) for i in range(3))
         base.copy_(first)
-        acc.zero_()
-    for wj, t in kept[1:]:
-        scratch.copy_(t.detach())
-        acc.add_(scratch.sub_(base), alpha=wj)
+    if len(kept) == 1:
+        return acc.copy_(base)
+    # The first term is written, not added to zeros: 0 + w d rounds exactly as w d does, one pass less.
+    for j, (wj, t) in enumerate(kept[1:]):
+        scratch.copy_(t.detach()).sub_(base)
+        if j == 0:
+            torch.mul(scratch, wj, out=acc)
+        else:
+            acc.add_(scratch, alpha=wj)
     return acc.add_(base)
 
 

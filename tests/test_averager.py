@@ -6,6 +6,7 @@ import asyncio
 import logging
 import pickle
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -520,6 +521,30 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
         assert 1.9 <= hub <= 2.1 and summary["shards"] == 3
     finally:
         ray.kill(actor)
+
+
+@pytest.mark.ray
+def test_ray_store_memory_finds_this_workers_store_mapping(ray_cluster):
+    """In a process connected to Ray, StoreMemory finds the object store's shared mapping (about the
+    store's size) and populates it; only its first 4 MiB for real here, so the test commits no GBs."""
+    from raytrain_seq.runtime.store_memory import StoreMemory, populate, store_mappings
+
+    store_bytes = ray_cluster.cluster_resources()["object_store_memory"]
+    mappings = store_mappings(Path("/proc/self/maps").read_text())
+    assert mappings, "no plasma mapping in a process connected to Ray: store_mappings misses Ray's name"
+    size = sum(end - start for start, end in mappings)
+    assert size >= 0.9 * store_bytes
+    calls = []
+
+    def first_for_real(start: int, length: int) -> None:
+        if not calls:
+            populate(start, 4 << 20)  # the store's own pages: raises if the kernel refuses
+        calls.append(length)
+
+    memory = StoreMemory(populate=first_for_real)
+    assert memory.expect(int(store_bytes)) is True  # one round of the store's size covers it
+    assert memory.wait(60) is not None and memory.error is None and sum(calls) == size
+    assert memory.expect(1) is True  # decided once
 
 
 @pytest.mark.ray

@@ -24,6 +24,7 @@ import torch
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned, Unreachable
+from raytrain_seq.elastic.payload import FlatLayout, InProcessStore
 from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
@@ -140,6 +141,17 @@ def _config(**overrides) -> Config:
     return Config.from_preset("smoke", **{**base, **overrides})
 
 
+class RecordingStore(InProcessStore):
+    """The in-process store, recording what each round told it to expect."""
+
+    def __init__(self) -> None:
+        self.expected: list[int] = []
+
+    def expect(self, nbytes: int) -> bool:
+        self.expected.append(nbytes)
+        return False
+
+
 def _client(transport, **kwargs) -> AveragerClient:
     options = dict(learner=0, world_size=1, incarnation="me", round_timeout_s=30.0)
     options.update(backoff=Backoff(0.1, 0.4, 1.0), sleep=lambda s: None)
@@ -252,13 +264,18 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
             saved = checkpoint.load(folder)  # the folder is temporary: read it while it exists
         reports.append((metrics, saved))
 
+    store = RecordingStore()
     try:
         learner = Learner(
-            config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed, report=report
-        )
+            config, rank=0, world_size=1, device="cpu", client=_client(transport, store=store), feed=feed,
+            report=report,
+        )  # fmt: skip
         learner.run()
     finally:
         transport.close()
+    # Every round tells the store the bytes it moves: the payload put, and the merged one read back.
+    layout = FlatLayout.of(learner.model.state_dict(), learner.optimizer.state_dict()["state"])
+    assert store.expected == [2 * layout.nbytes] * 4 and layout.nbytes > 0
     expected = _reference(config, feed)
     got = learner.model.state_dict()
     assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)

@@ -447,6 +447,11 @@ class ObjectStore(Protocol):
 
     def get(self, refs: Sequence[Any]) -> list[Any]: ...
 
+    def expect(self, nbytes: int) -> bool:
+        """This process will move about ``nbytes`` through the store each round (a hint: a store may
+        prepare for it); whether it does."""
+        ...
+
 
 class InProcessStore:
     """The objects are their own references; ``put`` copies the arrays, as ``ray.put`` does."""
@@ -460,6 +465,9 @@ class InProcessStore:
 
     def get(self, refs: Sequence[Any]) -> list[Any]:
         return list(refs)
+
+    def expect(self, nbytes: int) -> bool:
+        return False  # the arrays live in this process's heap: nothing to prepare
 
 
 class ShardPool(Protocol):

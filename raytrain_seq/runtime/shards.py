@@ -39,6 +39,7 @@ from typing import Any
 
 from raytrain_seq.elastic.payload import FlatPayload, merge_parts, part_nbytes
 from raytrain_seq.elastic.rounds import Learner, check_number
+from raytrain_seq.runtime.store_memory import StoreMemory
 
 __all__ = ["AveragingShard", "RayShards", "RayStore"]
 
@@ -53,6 +54,7 @@ class AveragingShard:
 
     def __init__(self, index: int) -> None:
         self.index = index
+        self.memory = StoreMemory()
 
     def merge(self, round: int, parts: list[Any], weights: list[float], readers: int) -> tuple[dict, dict]:
         """The merged slice and the bytes moved; ``parts``: references to every learner's slice."""
@@ -62,6 +64,8 @@ class AveragingShard:
         arrays = ray.get(list(parts))
         merged = merge_parts(arrays, weights)
         received = sum(part_nbytes(part) for part in arrays)
+        # Every round reads the learners' slices and writes the merged one into the store.
+        self.memory.expect(received + part_nbytes(merged))
         load = {
             "seconds": time.perf_counter() - began,
             "shard": self.index,
@@ -70,6 +74,11 @@ class AveragingShard:
             "sent": part_nbytes(merged) * readers,
         }
         return merged, load
+
+    def store_memory(self, timeout: float | None = None) -> dict:
+        """Whether this shard populates its mapping of the object store ahead (decided at its first merge)
+        and how long that took (``StoreMemory.report``)."""
+        return self.memory.report(timeout)
 
 
 class RayShards:
@@ -130,10 +139,16 @@ class RayShards:
 
 class RayStore:
     """``ObjectStore`` over Ray's object store: ``ray.put`` (one copy in), ``ray.get`` (zero-copy out
-    for numpy arrays on this node: read-only views, which ``FlatLayout.unpack`` only reads)."""
+    for numpy arrays on this node: read-only views, which ``FlatLayout.unpack`` only reads). ``expect``
+    maps the store's memory into this process ahead of the rounds when they will touch it all
+    (``store_memory.StoreMemory``)."""
 
     def __init__(self, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
+        self.memory = StoreMemory()
+
+    def expect(self, nbytes: int) -> bool:
+        return self.memory.expect(nbytes)
 
     def put(self, value: Any) -> Any:
         import ray

@@ -1,0 +1,150 @@
+"""The object store's shared memory, mapped into this process before the averaging rounds touch it.
+
+Ray's object store is one shared-memory file that every worker maps whole. The first time a process
+touches a page of it, the page costs that process a fault (one per 4 KiB). The store gives new objects
+fresh addresses until it has gone once round the whole file, so each of a run's first rounds faults in
+every byte it puts or reads: a cold ``ray.put`` of 100 MB runs at a fraction of a plain copy's speed,
+and the same put once the pages are mapped runs at it (the timings are in docs/LOG.md, 2026-11-24).
+Each page faults once per process either way. ``StoreMemory.expect`` pays for all of them ahead of the
+rounds, in a background thread, with ``madvise(MADV_POPULATE_WRITE)`` over the mapping (Linux 5.14 or
+later), 64 MiB a call. That call maps the pages and leaves their bytes as they are. It runs while the learner
+trains its first K steps, or while a shard waits for its next round.
+
+Rule: populate only when the rounds would touch the whole mapping soon anyway, i.e. when ``rounds``
+(32) rounds of the bytes this process moves cover the mapping. E.g. 200 MB a round (a learner's 100 MB
+put and 100 MB read back) on a 1.8 GB store: populated, as round 9 would have touched it all. A 0.6 MB
+model on a 7 GB store: not populated, because its rounds would take thousands of rounds to touch it
+all and fault a few hundred pages each. Populating commits the store's memory, which ``ray start``
+sized to fit the machine (as ``RAY_preallocate_plasma_memory`` would), and costs the page tables of the
+mapping.
+
+Nothing here imports ray. The mapping is found in ``/proc/self/maps`` by its file's name (``plasma``).
+Where there is no such file (not Linux, or a store that is not mapped yet) nothing is populated, and
+the reason is kept in ``StoreMemory.decision``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CHUNK_BYTES", "ROUNDS", "StoreMemory", "populate", "store_mappings"]
+
+# Populate when this many rounds of a process's bytes would cover the store's mapping.
+ROUNDS = 32
+# One madvise call maps this much: the call holds the process's memory-map lock, which the rounds' own
+# mappings (Ray maps objects as they come) wait for, so a whole store in one call stalls them.
+CHUNK_BYTES = 64 << 20
+_MADV_POPULATE_WRITE = 23  # linux/mman.h, Linux 5.14
+
+
+def store_mappings(maps: str) -> list[tuple[int, int]]:
+    """The (start, end) address ranges of the object store's shared mappings in a ``/proc/PID/maps`` text.
+
+    A line: ``7fb6dcca0000-7fb754000000 rw-s 00000000 00:1b 51356   /dev/shm/plasmag7APfd (deleted)``;
+    only shared (``s``) mappings of a file whose name starts with ``plasma`` count.
+    """
+    found = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[1].endswith("s"):
+            continue
+        name = Path(fields[5].removesuffix(" (deleted)")).name
+        if name.startswith("plasma"):
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            found.append((start, end))
+    return found
+
+
+def populate(start: int, length: int) -> None:
+    """Map ``length`` bytes from ``start`` into this process's page tables, writable, without touching
+    them (``madvise(MADV_POPULATE_WRITE)``); OSError with the errno when the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.madvise(start, length, _MADV_POPULATE_WRITE) != 0:
+        code = ctypes.get_errno()
+        hint = " (MADV_POPULATE_WRITE needs Linux 5.14 or later)" if code == errno.EINVAL else ""
+        raise OSError(code, f"madvise({start:#x}, {length}): {os.strerror(code)}{hint}")
+
+
+def _read_maps() -> str:
+    try:
+        return Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux: there is nothing to populate, which expect() records
+        return ""
+
+
+class StoreMemory:
+    """Populates this process's mapping of the object store once, in a background thread, when the
+    rounds' bytes warrant it (the module's rule). ``read_maps`` and ``populate`` are injectable."""
+
+    def __init__(
+        self,
+        *,
+        rounds: int = ROUNDS,
+        read_maps: Callable[[], str] = _read_maps,
+        populate: Callable[[int, int], None] = populate,
+    ) -> None:
+        if rounds < 1:
+            raise ValueError(f"rounds={rounds} must be >= 1")
+        self.rounds = rounds
+        self._read_maps, self._populate = read_maps, populate
+        self._thread: threading.Thread | None = None
+        self.decision: str | None = None  # why the mapping was, or was not, populated
+        self.seconds: float | None = None  # how long populating took, once done
+        self.populated_bytes = 0
+        self.error: OSError | None = None
+
+    def expect(self, nbytes: int) -> bool:
+        """This process will move about ``nbytes`` through the store each round: start populating the
+        mapping if ``rounds`` such rounds cover it. Decided once: later calls return the first answer
+        (whether a populate was started)."""
+        if self.decision is not None:
+            return self._thread is not None
+        mappings = store_mappings(self._read_maps())
+        size = sum(end - start for start, end in mappings)
+        if not mappings:
+            self.decision = "no object store mapping in /proc/self/maps"
+        elif nbytes * self.rounds < size:
+            self.decision = f"{self.rounds} rounds of {nbytes} bytes touch less than the {size}-byte store"
+        else:
+            self.decision = f"{self.rounds} rounds of {nbytes} bytes cover the {size}-byte store"
+            self._thread = threading.Thread(
+                target=self._run, args=(mappings,), name="store-populate", daemon=True
+            )
+            self._thread.start()
+        logger.debug("object store mapping: %s", self.decision)
+        return self._thread is not None
+
+    def _run(self, mappings: list[tuple[int, int]]) -> None:
+        began = time.perf_counter()
+        try:
+            for start, end in mappings:
+                for at in range(start, end, CHUNK_BYTES):
+                    self._populate(at, min(CHUNK_BYTES, end - at))
+                    self.populated_bytes += min(CHUNK_BYTES, end - at)
+        except OSError as exc:
+            # Populating is only ahead-of-time work: the rounds fault the pages in themselves instead.
+            self.error = exc
+            logger.warning("object store mapping not populated ahead (%s): rounds fault its pages in", exc)
+        self.seconds = time.perf_counter() - began
+
+    def report(self, timeout: float | None = None) -> dict:
+        """What was decided and done, after waiting up to ``timeout`` for a running populate."""
+        return {"decision": self.decision, "seconds": self.wait(timeout), "bytes": self.populated_bytes}
+
+    def wait(self, timeout: float | None = None) -> float | None:
+        """The seconds populating took, once it has finished; None if none was started or it is still
+        running after ``timeout``."""
+        if self._thread is None:
+            return None
+        self._thread.join(timeout)
+        return None if self._thread.is_alive() else self.seconds
