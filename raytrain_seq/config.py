@@ -248,6 +248,8 @@ class TrainConfig:
     """Seconds Ray Train waits for a (re)started worker group before retrying with what is there."""
     resize_interval_s: float = 60.0
     """Seconds between Ray Train's checks for room to grow an elastic group (ScalingConfig)."""
+    poll_interval_s: float = 0.5
+    """Seconds between Ray Train's polls of the learners: the end of training and a dead learner show then."""
     averager_max_restarts: int = 3
     """Restarts Ray may make of the averaging actor (it reloads the latest checkpoint); -1 = no limit."""
     feed_max_restarts: int = 3
@@ -309,7 +311,7 @@ class TrainConfig:
                 raise ValueError(
                     f"train.{name} must be an int >= -1 (-1 = no limit), got {value!r}: use e.g. 3"
                 )
-        for name in ("worker_start_timeout_s", "resize_interval_s"):
+        for name in ("worker_start_timeout_s", "resize_interval_s", "poll_interval_s"):
             number(f"train.{name}", getattr(self, name), "> 0", lambda v: v > 0, "use e.g. 60.0 seconds")
         for name in ("adaptive_batch", "merge_moments", "merge_bn_stats"):
             if not isinstance(getattr(self, name), bool):

@@ -105,6 +105,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.max_failures": (["-1"], -1, []),
     "train.worker_start_timeout_s": (["5"], 5.0, []),
     "train.resize_interval_s": (["7.5"], 7.5, []),
+    "train.poll_interval_s": (["0.25"], 0.25, []),
     "train.averager_max_restarts": (["0"], 0, []),
     "train.feed_max_restarts": (["5"], 5, []),
     "train.adaptive_batch": ([], False, []),

@@ -85,6 +85,7 @@ BAD_VALUES = [
     ("train.max_failures", 1.0, 1),
     ("train.worker_start_timeout_s", 0, 1.0),
     ("train.resize_interval_s", -1.0, 5.0),
+    ("train.poll_interval_s", 0.0, 1.0),
     ("train.averager_max_restarts", -3, 0),
     ("train.feed_max_restarts", -2, 1),
     ("train.adaptive_batch", "no", False),

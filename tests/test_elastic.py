@@ -232,19 +232,23 @@ def test_storage_path_that_cannot_be_written_is_refused_before_ray(tmp_path):
     assert os.path.isfile(blocker)
 
 
-def test_train_env_sets_the_start_timeout_for_the_fit_only(monkeypatch):
-    """The worker-group start timeout reaches Ray Train through its env var during fit, then is restored."""
-    from raytrain_seq.runtime.driver import WORKER_START_TIMEOUT_ENV, _train_env
+def test_train_env_sets_the_start_timeout_and_the_poll_for_the_fit_only(monkeypatch):
+    """The worker-group start timeout and the poll interval reach Ray Train through its env vars during
+    fit, then are restored (unset, or the value they had)."""
+    from raytrain_seq.runtime.driver import POLL_INTERVAL_ENV, WORKER_START_TIMEOUT_ENV, _train_env
 
     monkeypatch.delenv(WORKER_START_TIMEOUT_ENV, raising=False)
-    config = Config.from_preset("smoke", worker_start_timeout_s=7.5)
+    monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
+    config = Config.from_preset("smoke", worker_start_timeout_s=7.5, poll_interval_s=0.25)
     with _train_env(config):
-        assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
-    assert WORKER_START_TIMEOUT_ENV not in os.environ
+        assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5" and os.environ[POLL_INTERVAL_ENV] == "0.25"
+    assert WORKER_START_TIMEOUT_ENV not in os.environ and os.environ[POLL_INTERVAL_ENV] == "3"
     monkeypatch.setenv(WORKER_START_TIMEOUT_ENV, "99")
     with _train_env(config):
         assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
     assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
+    with pytest.raises(ValueError, match=r"train\.poll_interval_s"):
+        Config.from_preset("smoke", poll_interval_s=0)
 
 
 def test_feed_serves_the_resplit_layout(monkeypatch):

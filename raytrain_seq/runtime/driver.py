@@ -45,10 +45,11 @@ from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
 
-# Read by Ray Train's worker group in the controller actor; the driver's value travels there with the
-# controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
+# Read by Ray Train's worker group and controller in the controller actor; the driver's values travel
+# there with the controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-__all__ = ["WORKER_START_TIMEOUT_ENV", "run"]
+POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+__all__ = ["POLL_INTERVAL_ENV", "WORKER_START_TIMEOUT_ENV", "run"]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -61,16 +62,25 @@ def _use_gpu(config: Config) -> bool:
 
 @contextlib.contextmanager
 def _train_env(config: Config) -> Iterator[None]:
-    """Ray Train's worker-group start timeout from the config, for this fit only."""
-    before = os.environ.get(WORKER_START_TIMEOUT_ENV)
-    os.environ[WORKER_START_TIMEOUT_ENV] = f"{config.train.worker_start_timeout_s:g}"
+    """Ray Train's worker-group start timeout and poll interval from the config, for this fit only.
+
+    The poll: Ray Train's controller learns that the learners returned (or that one died) only at its
+    next poll of them, and its default of 2 s left the job waiting about two polls after the last report.
+    A poll is one small actor call per learner (docs/LOG.md, 2026-11-24: no measurable CPU at 0.5 s)."""
+    values = {
+        WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}",
+        POLL_INTERVAL_ENV: f"{config.train.poll_interval_s:g}",
+    }
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(WORKER_START_TIMEOUT_ENV, None)
-        else:
-            os.environ[WORKER_START_TIMEOUT_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
@@ -117,9 +127,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     train = config.train
     suffix = uuid.uuid4().hex[:8]
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
-    feed = create_feed(
-        config, name=names["feed"], namespace=NAMESPACE, prefetch_world_size=train.max_learners
-    )
+    # Epoch 0's partial augmentation starts when the learners first ask for it, not here: its tasks would
+    # take every CPU before Ray Train placed the learners, and Ray gives a freed CPU to the next queued
+    # task, so the learners started only once epoch 0 was done (docs/LOG.md, 2026-11-24). A GPU node is
+    # no different: its learners need a CPU each too.
+    feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
     # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
     evaluator = prepared = None
     if train.validate_every:

@@ -604,9 +604,11 @@ def create_feed(
     namespace: str | None = None,
     videos_per_task: int = 16,
     partial_cpus: float = 1.0,
+    prefetch: bool = True,
     prefetch_world_size: int | None = None,
 ):
-    """Start the BlockFeed actor (0 CPUs, on the driver's node) and its epoch-0 partial augmentation.
+    """Start the BlockFeed actor (0 CPUs, on the driver's node) and, with ``prefetch``, its epoch-0 partial
+    augmentation (without it, the first ``epoch_shard`` call starts it).
 
     The configuration is checked here first, so a bad t_max fails in the driver; the actor gets the
     catalogs built for that check instead of probing the videos again. ``prefetch_world_size``
@@ -633,7 +635,8 @@ def create_feed(
         .options(**options)
         .remote(config, videos_per_task=videos_per_task, partial_cpus=partial_cpus, geometry=geometry)
     )
-    feed.prefetch.remote(0, prefetch_world_size or config.train.learners)
+    if prefetch:
+        feed.prefetch.remote(0, prefetch_world_size or config.train.learners)
     return feed
 
 
