@@ -160,6 +160,39 @@ def test_bad_inputs_fail_early_with_the_fix():
         AveragedState(round=1, batch_size=2, flat=FlatPayload(layout, ())).to_dict()
 
 
+def test_cuts_move_to_a_tensor_boundary_within_a_sixteenth_of_a_slice():
+    """The docstring's examples, then invariants over random layouts: the cuts cover every buffer in
+    order, none is further from its equal cut than 1/16 of a slice, a cut that could land on a tensor
+    boundary does, and BatchNorm (mean, var) halves are cut alike."""
+
+    def layout(sizes):
+        return FlatLayout.of({f"w{i}": torch.zeros(n) for i, n in enumerate(sizes)}, None)
+
+    assert layout([3990, 4010]).bounds(2) == [{"mean/float32": (0, 3990)}, {"mean/float32": (3990, 8000)}]
+    assert layout([3000, 5000]).bounds(2) == [{"mean/float32": (0, 4000)}, {"mean/float32": (4000, 8000)}]
+    rng = np.random.default_rng(0)
+    moved = 0
+    for _ in range(200):
+        sizes = [int(n) for n in rng.integers(1, 5000, size=int(rng.integers(1, 30)))]
+        shards = int(rng.integers(1, 9))
+        n, slack = sum(sizes), sum(sizes) // shards // 16
+        edges = set(np.cumsum([0, *sizes]).tolist())
+        parts = layout(sizes).bounds(shards)
+        cuts = [part["mean/float32"] for part in parts]
+        assert cuts[0][0] == 0 and cuts[-1][1] == n
+        assert all(a[1] == b[0] and a[0] <= a[1] for a, b in zip(cuts, [*cuts[1:], (n, n)], strict=True))
+        for i, (lo, _) in enumerate(cuts[1:], start=1):
+            even = n * i // shards
+            assert abs(lo - even) <= slack
+            near = [e for e in edges if abs(e - even) <= slack]
+            assert (lo in edges) if near else lo == even, (sizes, shards, cuts)
+            moved += lo != even
+    assert moved > 20  # not vacuous: many cuts did move to a boundary
+    bn = torch.nn.Sequential(torch.nn.Linear(3, 700), torch.nn.BatchNorm1d(700), torch.nn.BatchNorm1d(700))
+    parts = FlatLayout.of(bn.state_dict(), None).bounds(3)
+    assert all(part["pmean/float32"] == part["pvar/float32"] for part in parts)
+
+
 def _run(coro):
     return asyncio.run(coro)
 

@@ -169,12 +169,32 @@ class FlatLayout:
         return sum(n * np.dtype(key.split("/")[1]).itemsize for key, n in self.sizes)
 
     def bounds(self, shards: int) -> list[dict[str, tuple[int, int]]]:
-        """Per shard, per buffer, its [lo, hi) range: S near-equal cuts (pmean and pvar cut alike)."""
+        """Per shard, per buffer, its [lo, hi) range: S near-equal cuts, each moved to the nearest tensor
+        boundary within 1/16 of a slice (pmean and pvar cut alike: their tensors share offsets).
+
+        Why: a tensor cut by a slice boundary is copied when a learner reads the merged state
+        (``unpack``), so equal cuts that miss boundaries by a few elements copied most tensors at 8
+        shards; a slice at most 1/8 longer keeps a shard's load within 2.25 payloads. E.g. 2 shards of
+        a buffer of tensors of 3 990 and 4 010 elements: the equal cut 4 000 is 10 from the boundary 3 990,
+        within 8 000 // 2 // 16 = 250, so the cut is 3 990 and neither tensor is cut; of 3 000 and 5 000
+        elements, the boundary 3 000 is 1 000 away and the cut stays at 4 000, inside the second tensor.
+        """
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards must be an int >= 1, got {shards!r}")
-        return [
-            {key: (n * i // shards, n * (i + 1) // shards) for key, n in self.sizes} for i in range(shards)
-        ]
+        edges: dict[str, list[int]] = {key: [] for key, _ in self.sizes}
+        for slot in self.slots:
+            edges[slot.buffer].append(slot.offset)
+        cuts = {}
+        for key, n in self.sizes:
+            boundaries = np.array([*sorted(set(edges[key])), n])
+            slack = n // shards // 16
+            points = [0]
+            for i in range(1, shards):
+                even = n * i // shards
+                nearest = int(boundaries[np.argmin(np.abs(boundaries - even))])
+                points.append(nearest if abs(nearest - even) <= slack and nearest >= points[-1] else even)
+            cuts[key] = [*points, n]
+        return [{key: (cuts[key][i], cuts[key][i + 1]) for key, _ in self.sizes} for i in range(shards)]
 
     # ----------------------------------------------------------------------------- pack, split, unpack
     def pack(
