@@ -144,7 +144,7 @@ def _numpy_and_library(params: int, rounds: int) -> dict:
 def bandwidth(
     megabytes: float,
     learners: tuple[int, ...] = (1, 2, 4, 8),
-    rounds: int = 5,
+    rounds: int = 9,
     star: tuple[int, ...] = (2, 8),
 ) -> dict:
     """One averaging round of n learners (n concurrent actor processes, each sending ``megabytes`` MB of

@@ -289,7 +289,7 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
     ]
     out.append(
         (
-            "Averager bandwidth (weights + 2 Adam moments, fp32; numpy and library: best of 5, the round: median of 5):",
+            "Averager bandwidth (weights + 2 Adam moments, fp32; numpy and library: best of 9, the round: median of 9):",
             header,
             rows,
         )
