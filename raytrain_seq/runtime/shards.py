@@ -24,6 +24,10 @@ reads each round's merged state once into its own process, off the learners' pat
 which Ray also uses to recover a lost primary), and gives (re)joining groups and checkpoints those
 tensors, so a group restarted after a learner node died does not wait for objects that died with it.
 
+Page faults: a shard's first merge, and a learner's first round (``RayStore.expect``), start mapping the
+object store's memory into that process in a background thread when the rounds would touch it all soon
+anyway (``store_memory``), so that later rounds copy at memory speed instead of faulting page by page.
+
 Hub load: each shard counts the bytes of the slices it read and of the slice it produced times the
 learners of the round (each learner fetches it; the object store serves the fetch, so this counts what
 the shard's node sends if every learner reads from there, an upper bound). ray is imported only inside
