@@ -129,8 +129,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
     # Epoch 0's partial augmentation starts when the learners first ask for it, not here: its tasks would
     # take every CPU before Ray Train placed the learners, and Ray gives a freed CPU to the next queued
-    # task, so the learners started only once epoch 0 was done (docs/LOG.md, 2026-11-24). A GPU node is
-    # no different: its learners need a CPU each too.
+    # task, so the learners started only once that queue had drained (docs/LOG.md, 2026-11-24). A GPU
+    # node is no different: its learners need a CPU each too.
     feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
     # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
     evaluator = prepared = None
