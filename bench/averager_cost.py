@@ -99,8 +99,8 @@ def _learner_class():
                 round_timeout_s=600.0, store=RayStore(), node=ray.get_runtime_context().get_node_id(),
             )  # fmt: skip
             self.client.join()
-            # As LocalRounds.sync does at its first round; a learner trains its first K steps while the
-            # store's mapping is populated, so the bench waits for it here and reports its seconds.
+            # As LocalRounds.sync does at its first round: a learner then trains its next K steps while
+            # the store's mapping is populated, so the bench waits for it here and reports its seconds.
             self.client.store.expect(2 * self.layout.nbytes)
             return {"payload": self.layout.nbytes, "populate_s": self.client.store.memory.wait()}
 
@@ -153,9 +153,9 @@ def bandwidth(
 
     ``round_s[n]``: the median over ``rounds`` rounds of the wall time from the learners starting to pack
     until all hold the averaged state. Before them: each learner's one-time mapping of the object store
-    (``store_memory``: a learner does it while it trains its first K steps), one warm-up round, which
-    creates the shard actors, and the shards' own one-time mapping, which their first merge starts; the
-    longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
+    (``store_memory``: a learner starts it at its first round and trains on meanwhile), one warm-up
+    round, which creates the shard actors, and the shards' own one-time mapping, which their first merge
+    starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
     by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
     one shard (the star) for n in ``star``. ``mbps["actor"]`` compares the round of 2 learners with the

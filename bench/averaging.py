@@ -427,8 +427,8 @@ def _rounds_clause(band: dict) -> str:
         )
         if "populate_s" in split:
             text += (
-                f" Each learner mapped the object store's memory once before its first round "
-                f"({split['populate_s']:.2f} s, while a learner trains its first K steps), each shard after "
+                f" Each learner mapped the object store's memory once before the rounds measured "
+                f"({split['populate_s']:.2f} s; in training, in the K steps after its first round), each shard after "
                 f"its first merge ({split.get('shard_populate_s', float('nan')):.2f} s): without it, every "
                 "round of a run's first ones pays a page fault per 4 KiB it puts or reads "
                 "(raytrain_seq/runtime/store_memory.py)."

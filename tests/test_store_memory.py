@@ -85,8 +85,9 @@ def test_populate_runs_in_the_background():
 
 
 def test_rounds_must_be_positive():
-    with pytest.raises(ValueError, match="rounds=0"):
-        StoreMemory(rounds=0)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=r"rounds must be an int >= 1 .* use e\.g\. 32"):
+            StoreMemory(rounds=bad)
 
 
 def test_populate_maps_a_shared_mapping_and_keeps_its_bytes():

@@ -7,8 +7,8 @@ every byte it puts or reads: a cold ``ray.put`` of 100 MB runs at a fraction of 
 and the same put once the pages are mapped runs at it (the timings are in docs/LOG.md, 2026-11-24).
 Each page faults once per process either way. ``StoreMemory.expect`` pays for all of them ahead of the
 rounds, in a background thread, with ``madvise(MADV_POPULATE_WRITE)`` over the mapping (Linux 5.14 or
-later), 64 MiB a call. That call maps the pages and leaves their bytes as they are. It runs while the learner
-trains its first K steps, or while a shard waits for its next round.
+later), 64 MiB a call. That call maps the pages and leaves their bytes as they are. It runs while the
+learner trains its next K steps, or while a shard waits for its next round.
 
 Rule: populate only when the rounds would touch the whole mapping soon anyway, i.e. when ``rounds``
 (32) rounds of the bytes this process moves cover the mapping. E.g. 200 MB a round (a learner's 100 MB
@@ -93,8 +93,11 @@ class StoreMemory:
         read_maps: Callable[[], str] = _read_maps,
         populate: Callable[[int, int], None] = populate,
     ) -> None:
-        if rounds < 1:
-            raise ValueError(f"rounds={rounds} must be >= 1")
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(
+                f"rounds must be an int >= 1 (the rounds whose bytes must cover the store before it is "
+                f"populated ahead), got {rounds!r}: use e.g. {ROUNDS}"
+            )
         self.rounds = rounds
         self._read_maps, self._populate = read_maps, populate
         self._thread: threading.Thread | None = None
