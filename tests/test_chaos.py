@@ -41,7 +41,10 @@ def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    # Without its JSON line the soak raised: say why (its stderr), not only that the line is missing.
+    assert last.startswith("{"), (done.returncode, done.stdout[-3000:], done.stderr[-5000:])
+    out = json.loads(last)
     print(json.dumps(out, indent=1))
     accuracy_only = "accuracy more than 5 points from the undisturbed run"
     others = [problem for problem in out["problems"] if problem != accuracy_only]
