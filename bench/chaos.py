@@ -206,11 +206,11 @@ class Soak:
             if tries:
                 # Thawed: let the barrier clear and the group average a round (at most the timeout; the
                 # run's rounds may be a tenth of a second, and a fixed wait could outlast the run).
-                since, thawed = self.next_round(), time.monotonic()
+                since, thawed = averaged_round(self), time.monotonic()
                 while (
                     not self.done
                     and time.monotonic() - thawed < self.timeout_s
-                    and (since is None or (self.next_round() or 0) <= since)
+                    and (since is None or (averaged_round(self) or 0) <= since)
                 ):
                     time.sleep(0.2)
             tries += 1
@@ -232,10 +232,6 @@ class Soak:
             f"{self.timeout_s:g} s): "
             + ("dropped from its round, thawed" if dropped else f"NOT dropped ({cap:.0f} s a try)")
         )
-
-    def next_round(self) -> int | None:
-        state = self.state()
-        return None if state is None else state["next_round"]
 
     def drops(self) -> int:
         state = self.state() or {}

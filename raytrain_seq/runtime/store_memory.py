@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import threading
@@ -64,12 +65,17 @@ def store_mappings(maps: str) -> list[tuple[int, int]]:
     return found
 
 
+@functools.cache
+def _madvise() -> Callable[[int, int, int], int]:
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
 def populate(start: int, length: int) -> None:
     """Map ``length`` bytes from ``start`` into this process's page tables, writable, without touching
     them (``madvise(MADV_POPULATE_WRITE)``); OSError with the errno when the kernel refuses."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.madvise(start, length, _MADV_POPULATE_WRITE) != 0:
+    if _madvise()(start, length, _MADV_POPULATE_WRITE) != 0:
         code = ctypes.get_errno()
         hint = " (MADV_POPULATE_WRITE needs Linux 5.14 or later)" if code == errno.EINVAL else ""
         raise OSError(code, f"madvise({start:#x}, {length}): {os.strerror(code)}{hint}")
@@ -132,8 +138,9 @@ class StoreMemory:
         try:
             for start, end in mappings:
                 for at in range(start, end, CHUNK_BYTES):
-                    self._populate(at, min(CHUNK_BYTES, end - at))
-                    self.populated_bytes += min(CHUNK_BYTES, end - at)
+                    length = min(CHUNK_BYTES, end - at)
+                    self._populate(at, length)
+                    self.populated_bytes += length
         except OSError as exc:
             # Populating is only ahead-of-time work: the rounds fault the pages in themselves instead.
             self.error = exc
