@@ -79,6 +79,26 @@ def test_book_deadline_drops_the_missing_with_a_reason(caplog):
     assert book.expected == ["a", "c"] and book.arrive("c", 2, 3)  # b is not waited for
 
 
+def test_book_drop_unread_leaves_the_readable_and_refuses_outside_closing():
+    """drop_unread removes arrived learners from the closing round with a reason; too few left is an error."""
+    book, _ = _book(min_learners=2)
+    for learner in LEARNERS:
+        book.arrive(learner, 1, 3, f"p{learner}")
+    closed = book.close()
+    with pytest.raises(RuntimeError, match="not the one closing"):
+        book.drop_unread(closed.__class__(2, (), (), 0.0), ["a"], "why")
+    kept = book.drop_unread(closed, ["b"], "unreadable")
+    assert kept.present == (("a", "pa"), ("c", "pc")) and kept.dropped == ("b",) and kept.error is None
+    assert book.phase == "closing" and book.dropped == {"b": "unreadable"}
+    failed = book.drop_unread(kept, ["c"], "unreadable too")
+    assert failed.present == () and failed.dropped == ("b", "c")
+    assert isinstance(failed.error, AveragingTimeoutError) and failed.error.arrived == ("a",)
+    book.finish(ok=False)
+    assert (book.round, book.phase, book.quorum) == (1, "idle", 1)
+    with pytest.raises(RuntimeError, match="not the one closing"):
+        book.drop_unread(failed, ["a"], "idle now")
+
+
 def test_book_stale_skipped_and_duplicate_rounds_name_the_learner():
     """Closed, skipped-ahead and repeated rounds raise StaleRoundError naming the learner and join()."""
     book, _ = _book()

@@ -4,7 +4,8 @@ Contracts pinned (issue 5): (a) when the node of a learner dies mid-run the job 
 membership records the smaller group, every training block is still trained exactly once (the epoch's
 remaining blocks are re-split) and the accuracy holds; (b) when a node joins mid-run the learner count
 grows onto it; (c) when the averager is killed Ray restarts it, it reloads the checkpoint, the learners
-re-seed it with the round they hold, and the job finishes without repeating a round.
+re-seed it with the round they hold, and the job finishes without repeating a round; (d) a shard does
+not wait past its timeout for the slices of a learner frozen after it sent them.
 
 Learners hold a ``learner_slot`` resource that only the worker raylets advertise (``trainer.run``'s
 ``learner_resources``), so each learner runs on a node the test can kill; the head runs the driver,
@@ -279,3 +280,49 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
     ]
     assert len(groups) == 1, groups  # the learners stopped together: Ray Train did not retry the write
     print(f"stopped at checkpoint {blocked}: {message}")
+
+
+def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_them(cluster):
+    """A slice on another node is found through its owner: while the learner that put it is frozen
+    (SIGSTOP, as a stalled process), a shard's merge gives up after its timeout and names that slice, and
+    merges once the learner thaws. Without the timeout the round would hang for the whole freeze."""
+    import os
+    import signal
+
+    import numpy as np
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raytrain_seq.runtime.shards import AveragingShard
+
+    cluster.ensure_slots(1)
+
+    @ray.remote(num_cpus=0, resources={SLOT: 1})
+    class Sender:  # a learner's side of a round: it puts its slice and owns it
+        def put(self) -> list:
+            return [ray.put({"mean/float32": np.full(400_000, 3.0, dtype=np.float32)})]
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    head = ray.get_runtime_context().get_node_id()
+    on_head = NodeAffinitySchedulingStrategy(node_id=head, soft=False)
+    shard = ray.remote(AveragingShard).options(num_cpus=0, scheduling_strategy=on_head).remote(0)
+    sender = Sender.remote()
+    [frozen] = ray.get(sender.put.remote())
+    pid = ray.get(sender.pid.remote())
+    mine = ray.put({"mean/float32": np.full(400_000, 1.0, dtype=np.float32)})  # readable: on the head
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        merged, load = ray.get(
+            shard.merge.options(num_returns=2).remote(1, [mine, frozen], [1.0, 1.0], 2, 2.0)
+        )
+        waited = time.monotonic() - began
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert merged is None and load["unreadable"] == [1] and 2.0 <= waited < 20.0
+    merged, load = ray.get(shard.merge.options(num_returns=2).remote(2, [mine, frozen], [1.0, 1.0], 2, 20.0))
+    assert "unreadable" not in load and np.array_equal(merged["mean/float32"], np.full(400_000, 2.0))
+    ray.kill(sender)
+    ray.kill(shard)

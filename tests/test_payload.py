@@ -23,9 +23,11 @@ from raytrain_seq.elastic.payload import (
     FlatPayload,
     InProcessShards,
     InProcessStore,
+    ShardMerge,
     merge_extras,
     merge_parts,
 )
+from raytrain_seq.elastic.rounds import AveragingTimeoutError, StaleRoundError
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.runtime.averager import ParameterAverager
 
@@ -231,6 +233,85 @@ def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_
     assert loads["control"]["sent"] == 0 and loads["control"]["received"] <= 1.01 * payload
     per_shard = [(a["received"] + a["sent"]) / payload for k, a in loads.items() if k != "control"]
     assert max(per_shard) <= 2.1 and min(per_shard) >= 1.9  # ~ one payload in, one out, each
+
+
+class UnreadableOnce(InProcessShards):
+    """A pool whose first merge cannot read learner ``index``'s slices (as when that learner's process is
+    frozen after it sent its round); later merges read everything."""
+
+    def __init__(self, count: int, index: int) -> None:
+        super().__init__(count)
+        self.index, self.calls = index, []
+
+    async def merge(self, round, payloads, weights, timeout_s=None):
+        self.calls.append((len(payloads), timeout_s))
+        if len(self.calls) == 1:
+            return ShardMerge(unreadable=frozenset({self.index}))
+        return await super().merge(round, payloads, weights, timeout_s)
+
+
+def test_a_learner_whose_slices_cannot_be_read_is_dropped_and_the_others_are_merged_again():
+    params, moments = learners(3)
+    weights = [1.0, 2.0, 3.0]
+    store = InProcessStore()
+    pools: list[UnreadableOnce] = []
+
+    def pool(count: int) -> UnreadableOnce:
+        pools.append(UnreadableOnce(count, index=1))  # learner 1: the second of the round, in id order
+        return pools[-1]
+
+    averager = ParameterAverager(3, timeout_s=7.0, shards=2, shard_pool=pool)
+
+    async def round_():
+        for j in range(3):
+            await averager.join(j, 3)
+        sends = []
+        for j in range(3):
+            layout = FlatLayout.of(params[j], moments[j])
+            buffers, extras = layout.pack(params[j], moments[j])
+            payload = FlatPayload(layout, tuple(store.put(p) for p in layout.split(buffers, 2)), extras)
+            sends.append(averager.average(j, 1, 3, payload, None, weight=weights[j]))
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        return results, await averager.summary(), await averager.join(1, 3)
+
+    (first, unread, third), summary, rejoined = _run(round_())
+    # The merge was tried with all three (bounded by the round's timeout), then again without learner 1.
+    assert pools[0].calls == [(3, 7.0), (2, 7.0)]
+    assert isinstance(unread, StaleRoundError) and unread.learner == 1 and unread.expected_round == 2
+    expected = average_states([params[0], params[2]], [1.0, 3.0])
+    expected_moments = merge_adam_states([moments[0], moments[2]], weights=[1.0, 3.0])
+    for result in (first, third):
+        assert result.learners == (0, 2) and result.dropped == (1,) and result.weights == (1.0, 3.0)
+        state = result.state.materialise(store.get)
+        assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
+    assert not same(expected, average_states(params, weights))  # not vacuous: learner 1 changes the mean
+    [drop] = summary["dropped"]
+    assert (drop["round"], drop["learner"]) == (1, 1) and "could not be read within 7 s" in drop["reason"]
+    assert rejoined.next_round == 2 and rejoined.state.round == 1  # it rejoins from the averaged round
+
+
+def test_a_round_left_below_min_learners_by_unreadable_slices_fails_for_the_others():
+    params, moments = learners(2)
+    averager = ParameterAverager(
+        2, timeout_s=5.0, min_learners=2, shards=1, shard_pool=lambda n: UnreadableOnce(n, 0)
+    )
+    store = InProcessStore()
+
+    async def round_():
+        for j in range(2):
+            await averager.join(j, 2)
+        sends = []
+        for j in range(2):
+            layout = FlatLayout.of(params[j], moments[j])
+            buffers, extras = layout.pack(params[j], moments[j])
+            payload = FlatPayload(layout, tuple(store.put(p) for p in layout.split(buffers, 1)), extras)
+            sends.append(averager.average(j, 1, 2, payload, None))
+        return await asyncio.gather(*sends, return_exceptions=True), await averager.summary()
+
+    (unread, other), summary = _run(round_())
+    assert isinstance(unread, AveragingTimeoutError) and isinstance(other, AveragingTimeoutError)
+    assert other.missing == (0,) and other.arrived == (1,)
+    assert summary["next_round"] == 1 and [d["learner"] for d in summary["dropped"]] == [0]
 
 
 def test_star_hub_load_is_about_two_payloads_per_learner():

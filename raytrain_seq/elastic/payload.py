@@ -54,6 +54,7 @@ __all__ = [
     "InProcessShards",
     "InProcessStore",
     "ObjectStore",
+    "ShardMerge",
     "ShardPool",
     "Slot",
     "merge_extras",
@@ -490,6 +491,19 @@ class InProcessStore:
         return False  # the arrays live in this process's heap: nothing to prepare
 
 
+@dataclass(frozen=True)
+class ShardMerge:
+    """What a pool's merge of one round gives: the merged parts (one per shard) and, per shard, the bytes
+    it received and sent and the seconds it took to read and merge; or, when some shard could not read
+    them in time, the indices of those payloads (``unreadable``), and no parts: the caller drops those
+    learners and merges the others again (a learner frozen after it sent its round owns slices that a
+    reader on another node waits for)."""
+
+    parts: tuple[Any, ...] = ()
+    loads: tuple[dict[str, float], ...] = ()
+    unreadable: frozenset[int] = frozenset()
+
+
 class ShardPool(Protocol):
     """Merges a round's flat payloads, one shard per slice; ``count`` shards."""
 
@@ -508,10 +522,14 @@ class ShardPool(Protocol):
         """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
 
     async def merge(
-        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
-    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
-        """The merged parts (one per shard) and, per shard, the bytes it received and sent and the seconds
-        it took to read and merge. Awaited on the control plane's event loop, which it must not block."""
+        self,
+        round: int,
+        payloads: Sequence[FlatPayload],
+        weights: Sequence[float],
+        timeout_s: float | None = None,
+    ) -> ShardMerge:
+        """Merge every shard's slices, or say which payloads a shard could not read within ``timeout_s``.
+        Awaited on the control plane's event loop, which it must not block."""
 
 
 class InProcessShards:
@@ -536,14 +554,17 @@ class InProcessShards:
         return list(refs)
 
     async def merge(
-        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
-    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
-        # The arithmetic runs in a worker thread: the caller's event loop keeps answering meanwhile.
+        self,
+        round: int,
+        payloads: Sequence[FlatPayload],
+        weights: Sequence[float],
+        timeout_s: float | None = None,
+    ) -> ShardMerge:
+        # The arithmetic runs in a worker thread: the caller's event loop keeps answering meanwhile. The
+        # parts are in this process: every one is readable, so timeout_s has nothing to bound.
         return await asyncio.to_thread(self._merge, payloads, weights)
 
-    def _merge(
-        self, payloads: Sequence[FlatPayload], weights: Sequence[float]
-    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
+    def _merge(self, payloads: Sequence[FlatPayload], weights: Sequence[float]) -> ShardMerge:
         merged, loads = [], []
         for i in range(self.count):
             began = time.perf_counter()
@@ -555,4 +576,4 @@ class InProcessShards:
             loads.append(
                 {"shard": i, "received": received, "sent": sent, "seconds": time.perf_counter() - began}
             )
-        return tuple(merged), loads
+        return ShardMerge(tuple(merged), tuple(loads))

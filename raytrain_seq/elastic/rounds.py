@@ -2,10 +2,11 @@
 
 ``RoundBook`` keeps the round number, the members, the arrivals and a deadline ``timeout_s`` after the
 first arrival; when everyone expected has arrived, or the deadline passes, the round closes and the
-missing learners are dropped with a recorded reason (``dropped_log``). Callers must agree on the round
-and on the world size; a late, repeated or skipped-ahead round is a ``StaleRoundError`` naming the
-learner, a disagreement on the world size a ``MembershipError``, and a round with fewer than
-``min_learners`` arrivals an ``AveragingTimeoutError`` listing the missing ones. The errors are
+missing learners are dropped with a recorded reason (``dropped_log``); so are those whose payload
+arrived but could not be read (``drop_unread``). Callers must agree on the round and on the world size;
+a late, repeated or skipped-ahead round is a ``StaleRoundError`` naming the learner, a disagreement on
+the world size a ``MembershipError``, and a round with fewer than ``min_learners`` arrivals an
+``AveragingTimeoutError`` listing the missing ones. The errors are
 picklable (they cross Ray's process boundary intact). The clock is injectable, so the whole policy is
 unit-tested without a cluster or an event loop; ``raytrain_seq.runtime.averager`` wraps it in an actor.
 
@@ -437,6 +438,26 @@ class RoundBook:
         self.phase = "closing"
         pairs = tuple((learner, self._arrivals[learner]) for learner in present)
         return RoundClose(self.round, pairs, tuple(missing), self.opened_at)
+
+    def drop_unread(self, closed: RoundClose, learners: Any, reason: str) -> RoundClose:
+        """While closing: drop ``learners``, whose payloads arrived but could not be read, and return the
+        round's close without them (an error, as close() gives one, when fewer than min_learners remain).
+        The book stays "closing" either way: finish() follows, not ok on an error."""
+        if self.phase != "closing" or closed.round != self.round:
+            raise RuntimeError(
+                f"round {closed.round} is not the one closing (round {self.round} is {self.phase})"
+            )
+        gone = set(learners)
+        for learner in _order(gone):
+            self._drop(learner, reason)
+        present = tuple(pair for pair in closed.present if pair[0] not in gone)
+        dropped = (*closed.dropped, *_order(gone - set(closed.dropped)))
+        if len(present) < self.min_learners:
+            arrived = [learner for learner, _ in present]
+            error = AveragingTimeoutError(self.round, _order(set(dropped)), arrived, self.timeout_s)
+            logger.warning("averager: %s", error)
+            return RoundClose(self.round, (), dropped, closed.opened_at, error)
+        return RoundClose(self.round, present, dropped, closed.opened_at)
 
     def finish(self, ok: bool = True) -> None:
         """After close(): ok advances to the next round (and marks a validation due); not ok keeps it."""

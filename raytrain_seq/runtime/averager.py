@@ -227,7 +227,7 @@ class ParameterAverager:
             if closed.error is not None:
                 raise closed.error
             await self._await_validation()
-            result = await self._compute(closed)
+            closed, result = await self._compute(closed)
             self._publish(closed, result)
             if result.state.flat is not None:
                 self._local = self._spawn(self._read_local(result.state))
@@ -322,15 +322,17 @@ class ParameterAverager:
                 size,
             )
 
-    async def _compute(self, closed: RoundClose) -> RoundResult:
+    async def _compute(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
         """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
-        thread; either way the event loop keeps answering."""
+        thread; either way the event loop keeps answering. Learners whose slices a shard could not read
+        within the timeout are dropped and the others merged again: the close that was averaged is
+        returned with the result."""
+        params = optimizer_state = flat = None
+        if isinstance(closed.present[0][1].params, FlatPayload):
+            closed, flat = await self._merge_flat(closed)
         arrivals = [arrival for _, arrival in closed.present]
         weights = [arrival.weight for arrival in arrivals]
-        params = optimizer_state = flat = None
-        if isinstance(arrivals[0].params, FlatPayload):
-            flat = await self._merge_flat(closed.round, [a.params for a in arrivals], weights)
-        else:
+        if flat is None:
             params, optimizer_state = await asyncio.to_thread(self._merge_tensors, arrivals, weights)
             self._record_load(closed.round, [], in_process=(arrivals, params, optimizer_state))
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
@@ -355,13 +357,14 @@ class ParameterAverager:
             elapsed_s=self._history.elapsed(),
             source="live",
         )
-        return RoundResult(
+        result = RoundResult(
             state=state,
             learners=tuple(learner for learner, _ in closed.present),
             dropped=closed.dropped,
             seconds=time.monotonic() - closed.opened_at,
             weights=tuple(weights),
         )
+        return closed, result
 
     def _merge_tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""
@@ -372,15 +375,24 @@ class ParameterAverager:
             optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
         return params, optimizer_state
 
-    async def _merge_flat(
-        self, round_: int, payloads: list[FlatPayload], weights: list[float]
-    ) -> FlatPayload:
-        """The data plane: the shards merge the slices (this actor passes object references only)."""
-        layout = payloads[0].layout
-        extras = merge_extras([p.extras for p in payloads])
-        parts, loads = await self._pool.merge(round_, payloads, weights)
-        self._record_load(round_, loads)
-        return FlatPayload(layout, tuple(parts), extras)
+    async def _merge_flat(self, closed: RoundClose) -> tuple[RoundClose, FlatPayload]:
+        """The data plane: the shards merge the slices (this actor passes object references only). A
+        learner whose slices a shard cannot read within the round's timeout is dropped, and the others'
+        slices are merged again (each try drops at least one learner, so this ends)."""
+        while True:
+            payloads = [arrival.params for _, arrival in closed.present]
+            weights = [arrival.weight for _, arrival in closed.present]
+            extras = merge_extras([p.extras for p in payloads])
+            merged = await self._pool.merge(closed.round, payloads, weights, self._book.timeout_s)
+            if not merged.unreadable:
+                break
+            unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
+            why = f"its slices could not be read within {self._book.timeout_s:g} s (the learner owns them)"
+            closed = self._book.drop_unread(closed, unread, why)
+            if closed.error is not None:
+                raise closed.error
+        self._record_load(closed.round, list(merged.loads))
+        return closed, FlatPayload(payloads[0].layout, tuple(merged.parts), extras)
 
     def _record_load(self, round_: int, shard_loads: list[dict], in_process: tuple | None = None) -> None:
         """Bytes each averaging actor received and sent in a round (hub load). This actor counts the
@@ -545,7 +557,11 @@ class ParameterAverager:
             future = self._round_future
             if complete:
                 self._start_close()
-            return await asyncio.shield(future)
+            result = await asyncio.shield(future)
+            if learner in result.dropped:
+                # Its slices could not be read: the round was averaged without it, so it rejoins.
+                raise StaleRoundError(learner, round, result.state.round + 1, "its round was not readable")
+            return result
         finally:
             end = time.monotonic()
             waiting = min(max(0.0, self._closed_at.get(round, start) - start), end - start)

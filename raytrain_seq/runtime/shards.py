@@ -10,6 +10,11 @@ the caller (the control plane): it survives the shard actor, and every learner r
 (``RayStore.get``). With S = number of learners each shard handles about one learner's bytes in and out
 per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
 
+A learner frozen just after it sent its round (a stall, a swapped-out host) owns slices that a shard on
+another node cannot read until it thaws, although every learner has arrived. So a shard waits for its
+slices at most the round's timeout and otherwise names the unreadable ones instead of merging
+(``ShardMerge.unreadable``); the control plane drops those learners and merges the others again.
+
 Placement: shard i goes to the node of learner i (``NodeAffinitySchedulingStrategy(soft=True)``: another
 node when that one is gone), known from the learners' joins; the actors are created once the group's learners (or S of them) have
 joined (``prepare``), so that their start-up overlaps the first round's training.
@@ -41,7 +46,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from raytrain_seq.elastic.payload import FlatPayload, merge_parts, part_nbytes
+from raytrain_seq.elastic.payload import FlatPayload, ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.elastic.rounds import Learner, check_number
 from raytrain_seq.runtime.store_memory import StoreMemory
 
@@ -60,12 +65,25 @@ class AveragingShard:
         self.index = index
         self.memory = StoreMemory()
 
-    def merge(self, round: int, parts: list[Any], weights: list[float], readers: int) -> tuple[dict, dict]:
-        """The merged slice and the bytes moved; ``parts``: references to every learner's slice."""
+    def merge(
+        self, round: int, parts: list[Any], weights: list[float], readers: int, timeout_s: float | None = None
+    ) -> tuple[dict | None, dict]:
+        """The merged slice and the bytes moved; ``parts``: references to every learner's slice. A slice
+        not on this node within ``timeout_s`` gives no merge (None) and its index in ``load["unreadable"]``."""
         import ray
 
         began = time.perf_counter()
-        arrays = ray.get(list(parts))
+        # Waited for first, with a deadline: a slice on another node is found through its owner, the
+        # learner that put it, and a learner frozen after it sent its round answers nobody until it thaws.
+        # Every learner has arrived, so without the deadline the round would neither merge nor time out.
+        refs = list(parts)
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        if pending:
+            late = set(pending)
+            unreadable = [i for i, ref in enumerate(refs) if ref in late]
+            load = {"seconds": time.perf_counter() - began, "shard": self.index, "round": round}
+            return None, {**load, "received": 0, "sent": 0, "unreadable": unreadable}
+        arrays = ray.get(refs)
         merged = merge_parts(arrays, weights)
         received = sum(part_nbytes(part) for part in arrays)
         # Every round reads the learners' slices and writes the merged one into the store.
@@ -129,16 +147,23 @@ class RayShards:
         return self._ensure()
 
     async def merge(
-        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float]
-    ) -> tuple[tuple[Any, ...], list[dict[str, float]]]:
+        self,
+        round: int,
+        payloads: Sequence[FlatPayload],
+        weights: Sequence[float],
+        timeout_s: float | None = None,
+    ) -> ShardMerge:
         calls = [
             shard.merge.options(num_returns=2).remote(
-                round, [payload.parts[i] for payload in payloads], list(weights), len(payloads)
+                round, [payload.parts[i] for payload in payloads], list(weights), len(payloads), timeout_s
             )
             for i, shard in enumerate(self._ensure())
         ]
         loads = await asyncio.gather(*(load for _, load in calls))
-        return tuple(merged for merged, _ in calls), list(loads)
+        unreadable = frozenset(i for load in loads for i in load.get("unreadable", ()))
+        if unreadable:
+            return ShardMerge(loads=tuple(loads), unreadable=unreadable)
+        return ShardMerge(tuple(merged for merged, _ in calls), tuple(loads))
 
 
 class RayStore:
