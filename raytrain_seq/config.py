@@ -254,6 +254,8 @@ class TrainConfig:
     """Restarts Ray may make of the averaging actor (it reloads the latest checkpoint); -1 = no limit."""
     feed_max_restarts: int = 3
     """Restarts Ray may make of the feed actor (it recomputes its lost cache); -1 = no limit."""
+    keep_freed_memory: bool = True
+    """Learners and the evaluator keep freed host memory for their next step (glibc mallopt, heap.py)."""
     adaptive_batch: bool = True
     """Grow the batch size when validation stalls (AAVG Algorithm 1); False keeps batch_size (ablation)."""
     merge_moments: bool = True
@@ -313,7 +315,7 @@ class TrainConfig:
                 )
         for name in ("worker_start_timeout_s", "resize_interval_s", "poll_interval_s"):
             number(f"train.{name}", getattr(self, name), "> 0", lambda v: v > 0, "use e.g. 60.0 seconds")
-        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats"):
+        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats", "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"train.{name} must be True or False, got {getattr(self, name)!r}: "

@@ -108,6 +108,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.poll_interval_s": (["0.25"], 0.25, []),
     "train.averager_max_restarts": (["0"], 0, []),
     "train.feed_max_restarts": (["5"], 5, []),
+    "train.keep_freed_memory": ([], False, []),
     "train.adaptive_batch": ([], False, []),
     "train.merge_moments": ([], False, []),
     "train.merge_bn_stats": ([], False, []),

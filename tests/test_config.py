@@ -88,6 +88,7 @@ BAD_VALUES = [
     ("train.poll_interval_s", 0.0, 1.0),
     ("train.averager_max_restarts", -3, 0),
     ("train.feed_max_restarts", -2, 1),
+    ("train.keep_freed_memory", 1, False),
     ("train.adaptive_batch", "no", False),
     ("train.merge_moments", 0, True),
     ("train.merge_bn_stats", "yes", False),

@@ -31,6 +31,7 @@ import torch
 from raytrain_seq.config import Config
 from raytrain_seq.elastic.payload import ObjectStore
 from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
 
@@ -66,6 +67,11 @@ class Evaluator:
         self.threads = threads if threads is not None else max(1, min(cores, config.train.max_learners))
         self.config, self.feed, self.store, self.split = config, feed, store, split
         self._rows: list[dict[str, torch.Tensor]] | None = None
+        # The scoring threads live as long as the evaluator: new threads every validation would each
+        # start from an empty heap arena and page-fault their activations in again.
+        self._pool = (
+            ThreadPoolExecutor(self.threads, thread_name_prefix="score") if self.threads > 1 else None
+        )
         self.scored: list[int] = []  # the rounds scored, in order
 
     def prepare(self) -> int:
@@ -85,12 +91,11 @@ class Evaluator:
         micro = eval_micro_batch_size(self.config.train.micro_batch_size)
         # Batches dealt round-robin: 7 batches over 2 threads -> batches 0, 2, 4, 6 and 1, 3, 5.
         parts = [self._rows[i :: self.threads] for i in range(min(self.threads, len(self._rows)))]
-        if len(parts) <= 1:
+        if len(parts) <= 1 or self._pool is None:
             result = evaluate(self.model, self._rows, micro_batch_size=micro)
         else:
-            with ThreadPoolExecutor(len(parts), thread_name_prefix="score") as pool:
-                scored = pool.map(lambda part: evaluate(self.model, part, micro_batch_size=micro), parts)
-                result = EvalResult.combine(list(scored))
+            scored = self._pool.map(lambda part: evaluate(self.model, part, micro_batch_size=micro), parts)
+            result = EvalResult.combine(list(scored))
         self.scored.append(state.round)
         return result
 
@@ -115,8 +120,11 @@ class EvaluatorActor(Evaluator):
         from raytrain_seq.runtime.shards import RayStore
 
         torch.set_num_threads(1)
+        config = Config.from_dict(config)
+        if config.train.keep_freed_memory:
+            keep_freed_memory()  # every validation reallocates what the last one freed (heap.py)
         feed = LearnerFeed(get_feed(feed_name, namespace=namespace))
-        super().__init__(Config.from_dict(config), feed=feed, store=RayStore())
+        super().__init__(config, feed=feed, store=RayStore())
 
 
 class RayValidator:

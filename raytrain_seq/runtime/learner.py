@@ -46,6 +46,7 @@ from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.elastic.sync import LocalRounds, Tally, missed_checkpoint_rounds
+from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import (
     InnerStep,
@@ -560,6 +561,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     entered = time.time()
     config, names = Config.from_dict(loop_config["config"]), loop_config["names"]
+    if config.train.keep_freed_memory:
+        keep_freed_memory()  # every step reallocates what the last one freed (heap.py)
     torch.set_num_threads(int(loop_config.get("torch_threads", 1)))
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
