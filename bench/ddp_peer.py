@@ -4,7 +4,8 @@ One Ray Train worker loop (``TorchTrainer(ddp_loop, ...)``) that reuses everythi
 the synchronisation: the data come the AAVG learner's way (``runtime.learner_feed.LearnerFeed``: the
 job's feed actor, a persistent row stream per rank, the same refurbished, packed block rows, cropped and
 flipped in the loop by ``step.stage_rows``), the model from
-``models.factory.build_model_for`` and the step from ``step.InnerStep`` (micro-batch streaming); the
+``models.factory.build_model_for``, the step from ``step.InnerStep`` (micro-batch streaming) and the
+allocator options (``heap.keep_freed_memory`` when ``train.keep_freed_memory``); the
 model is wrapped in ``DistributedDataParallel``, so every backward all-reduces the gradients (gloo on
 CPU) where AAVG averages weights every K steps. Rank 0 scores the validation split after every epoch
 (the curve that time-to-accuracy reads) and the test split at the end, and reports both with a
@@ -29,6 +30,7 @@ def ddp_loop(loop_config: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from raytrain_seq.config import Config
+    from raytrain_seq.heap import keep_freed_memory
     from raytrain_seq.models.factory import build_model_for
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
@@ -42,6 +44,8 @@ def ddp_loop(loop_config: dict) -> None:
     )
 
     config = Config.from_dict(loop_config["config"])
+    if config.train.keep_freed_memory:
+        keep_freed_memory()  # as the AAVG learner does: the allocator is no part of the comparison
     torch.set_num_threads(1)
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
