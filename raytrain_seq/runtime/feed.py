@@ -48,7 +48,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -178,12 +178,16 @@ class BlockFeed:
         partial_cpus: float = 1.0,
         keep_epochs: int = 2,
         geometry: dict[str, Any] | None = None,
+        launch: Callable[[list[int], list[int | None], Sequence[int] | None], list[Any]] | None = None,
     ) -> None:
         """``geometry``: the driver's ``feed_geometry(config)``, so a run probes its videos once (a pass over
-        full UCF101 opens 13,320 files); None computes it here."""
+        full UCF101 opens 13,320 files); None computes it here. ``launch(videos, epochs, renewal)``: what
+        starts the partial augmentations and says where each video's array will be; None = Ray tasks
+        (tests plan and serve epochs without Ray by passing placeholders)."""
         if not isinstance(config, Config):
             raise TypeError(f"BlockFeed needs a raytrain_seq.config.Config, got {type(config).__name__}")
         self._config = config
+        self._start = launch if launch is not None else self._launch
         self._videos_per_task = _int(videos_per_task, "videos_per_task", 1, "use e.g. 16")
         self._partial_cpus = float(partial_cpus)
         self._keep = _int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
@@ -352,7 +356,7 @@ class BlockFeed:
                 v for v in order
                 if self._cache.get(v, (None,))[0] != wanted[v] and self._pending.get(v, (None,))[0] != wanted[v]
             ]  # fmt: skip
-            refs = self._launch(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
+            refs = self._start(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
             self._pending.update({v: (wanted[v], ref) for v, ref in zip(todo, refs, strict=True)})
             logger.info("feed: prefetching epoch %d: %d partial augmentations launched", epoch, len(todo))
             return len(todo)
@@ -383,7 +387,7 @@ class BlockFeed:
         order = consumption_order(self._plan(epoch, world_size)[1])
         reuse = {v: ref for v, (e, ref) in self._cache.items() if e == wanted[v]}
         todo = [v for v in order if v not in reuse]
-        launched = self._launch(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
+        launched = self._start(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
         fresh = dict(zip(todo, launched, strict=True))
         self._served[epoch] = {v: reuse.get(v, fresh.get(v)) for v in wanted}
         for old in sorted(self._served)[: -self._keep]:
@@ -466,7 +470,7 @@ class BlockFeed:
                 plan = pack(catalog.lengths, self.t_max, strategy=self._eval_strategy, seed=seed)
                 self._eval_plans[split] = (plan, {})
                 videos = catalog.ids.tolist()
-                refs = self._launch(videos, [None] * len(videos))
+                refs = self._start(videos, [None] * len(videos))
                 self._eval_refs.update(zip(videos, refs, strict=True))
             plan, by_world = self._eval_plans[split]
             if world_size not in by_world:
