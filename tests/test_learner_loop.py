@@ -535,14 +535,16 @@ def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
     return learner, reports
 
 
-def test_test_rows_are_assembled_while_the_last_epoch_trains():
-    """The test share is asked for once, while the last of 2 epochs trains, on a thread of its own; the
-    final test pass scores exactly those rows (its result is one model scoring them in one go)."""
+def test_test_rows_are_assembled_while_the_last_epochs_train():
+    """The test share is asked for once, in the second-last of 3 epochs (TEST_LEAD_EPOCHS = 2), on a thread
+    of its own; the final test pass scores exactly those rows (one model scoring them in one go)."""
+    from raytrain_seq.runtime.learner import TEST_LEAD_EPOCHS
     from raytrain_seq.step import evaluate
 
     feed = TestRowsFeed()
-    learner, reports = _run_one(_config(), feed)
-    assert feed.test_asks == [(2, "test-rows")]  # epoch 2's rows were asked for first: the last epoch
+    learner, reports = _run_one(_config(epochs=3), feed)
+    assert TEST_LEAD_EPOCHS == 2 and len(feed.epoch_calls) == 3  # not vacuous: an epoch before the lead
+    assert feed.test_asks == [(2, "test-rows")]  # asked once epoch 1's rows were: 2 epochs from the end
     final = reports[-1]
     expected = evaluate(learner.model, [collate_rows(_rows(7, 6))], micro_batch_size=4)
     assert final["test_accuracy"] == expected.accuracy and final["test_sequences"] == expected.sequences

@@ -60,6 +60,11 @@ from raytrain_seq.step import (
 
 logger = logging.getLogger(__name__)
 
+# The test rows' assembly starts this many epochs before training ends. With one, a busy node (the 2-core
+# box: the split's augmentation tasks and the copy into rows share the learners' cores) finished it 1-2 s
+# after the last step, with the learners idle meanwhile (docs/LOG.md, 2026-11-24, morning).
+TEST_LEAD_EPOCHS = 2
+
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
@@ -131,7 +136,7 @@ class Learner:
         # time.time() of this process's start-up, test and final steps (summary extra["timeline"]).
         self.marks: dict[str, float] = {}
         self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
-        # Rows of an evaluation split assembled on a background thread while the last epoch trains:
+        # Rows of an evaluation split assembled on a background thread while the last epochs train:
         # split -> (this learner's share only, the rows' future).
         self._eval_ahead: dict[str, tuple[bool, Future]] = {}
         self.shard_rows = 0
@@ -334,16 +339,17 @@ class Learner:
 
     # ----------------------------------------------------------------------------------- evaluation
     def _near_end(self, epoch: int, shard_rows: int) -> bool:
-        """Whether training is in its last epoch (``train.steps``: within an epoch's steps of the end)."""
+        """Whether training is within ``TEST_LEAD_EPOCHS`` epochs of its end (``train.steps``: within as
+        many epochs' steps), where the test rows' assembly starts."""
         limit = self.config.train.steps
         if limit is None:
-            return epoch >= self.config.train.epochs - 1
-        return (limit - self.steps_done) * self.client.batch_size <= shard_rows
+            return epoch >= self.config.train.epochs - TEST_LEAD_EPOCHS
+        return (limit - self.steps_done) * self.client.batch_size <= TEST_LEAD_EPOCHS * shard_rows
 
     def _assemble_ahead(self, split: str, *, shard: bool) -> None:
         """Assemble this learner's rows of ``split`` on a background thread, so that the test pass at the
         end only runs the model: the feed computes the split's partial augmentations and this thread
-        copies them into rows while the last epoch trains (the CPU work the test pass would otherwise
+        copies them into rows while the last epochs train (the CPU work the test pass would otherwise
         do after training, when nothing else runs beside it). ``evaluate`` waits for the rows and raises
         what the thread raised."""
         future: Future = Future()
