@@ -251,6 +251,33 @@ def test_train_env_sets_the_start_timeout_and_the_poll_for_the_fit_only(monkeypa
         Config.from_preset("smoke", poll_interval_s=0)
 
 
+def test_feed_start_launches_epoch_0_once_and_epoch_shard_serves_it_without_a_second_launch():
+    """BlockFeed.start (a fresh run's rank 0, as soon as it runs) launches epoch 0 in the learners' order;
+    a second start, or one after any epoch was served, launches nothing; epoch_shard(0) then serves the
+    launched arrays and launches only epoch 1's recompute."""
+    from raytrain_seq.runtime.feed import BlockFeed
+
+    calls: list[tuple[list[int], list]] = []
+
+    def launch(videos, epochs, renewal=None):
+        if videos:  # an epoch with nothing left to launch calls it with no videos
+            calls.append((list(videos), list(epochs)))
+        return [object() for _ in videos]
+
+    config = Config.from_preset("smoke", epochs=3)
+    feed = BlockFeed(config, launch=launch)
+    started = feed.start(2)
+    assert started > 0 and len(calls) == 1 and set(calls[0][1]) == {0}  # epoch 0's partial augmentations
+    assert feed.start(2) == 0 and len(calls) == 1
+    shard = feed.epoch_shard(0, 0, 2)
+    assert len(calls) == 2 and set(calls[1][1]) == {1}  # only epoch 1's recompute was launched next
+    served = {video for block in shard.blocks for video in block.ids}
+    assert served <= set(calls[0][0]) and served  # not vacuous: epoch 0's rows come from the first launch
+    other = BlockFeed(config, launch=launch)
+    other.epoch_shard(0, 0, 2)
+    assert other.start(2) == 0  # a group restarted after the feed served an epoch: nothing again
+
+
 def test_feed_serves_the_resplit_layout():
     """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
     from raytrain_seq.runtime.feed import BlockFeed

@@ -127,10 +127,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     train = config.train
     suffix = uuid.uuid4().hex[:8]
     names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
-    # Epoch 0's partial augmentation starts when the learners first ask for it, not here: its tasks would
-    # take every CPU before Ray Train placed the learners, and Ray gives a freed CPU to the next queued
-    # task, so the learners started only once that queue had drained (docs/LOG.md, 2026-11-24). A GPU
-    # node is no different: its learners need a CPU each too.
+    names["fresh"] = resumed is None  # rank 0 then starts epoch 0 as soon as it runs (BlockFeed.start)
+    # Epoch 0's partial augmentation starts when rank 0's process runs (BlockFeed.start), not here: its
+    # tasks would take every CPU before Ray Train placed the learners, and Ray gives a freed CPU to the
+    # next queued task, so the learners started only once that queue had drained (docs/LOG.md,
+    # 2026-11-24). A GPU node is no different: its learners need a CPU each too.
     feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
     # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
     evaluator = prepared = None

@@ -165,7 +165,7 @@ def _rank(rank: Any, world_size: Any) -> tuple[int, int]:
 class BlockFeed:
     """The pipeline's driver-side state; ``create_feed`` runs it as a threaded Ray actor.
 
-    Public methods (all thread-safe): ``prefetch(epoch, world_size)``, ``epoch_shard(epoch, rank,
+    Public methods (all thread-safe): ``start(world_size)``, ``prefetch(epoch, world_size)``, ``epoch_shard(epoch, rank,
     world_size) -> EpochShard``, ``eval_shard(split, rank, world_size) -> EpochShard``,
     ``refs(ids, epoch) -> list[CachedArray]`` (epoch None: evaluation cache), ``stats(wait=False, ids=False)``.
     """
@@ -342,6 +342,16 @@ class BlockFeed:
         """Video id -> the epoch whose partial augmentation ``epoch`` serves (``epoch - age``)."""
         last = epoch - self._schedule.age(epoch)
         return dict(zip(self._train_ids, last.tolist(), strict=True))
+
+    def start(self, world_size: int) -> int:
+        """Launch epoch 0's partial augmentation now, unless this feed has launched or served an epoch: a
+        fresh run's rank 0 calls it as soon as its process runs, so that the tasks overlap the learners'
+        model building and join. A restarted group (or feed) goes on from the learners' ``epoch_shard``
+        calls, and a resumed run does not call it. Returns the videos launched."""
+        with self._lock:
+            if self._served or self._pending or self._restarted:
+                return 0
+            return self.prefetch(0, world_size)
 
     def prefetch(self, epoch: int, world_size: int) -> int:
         """Start the recompute that ``epoch`` will need (in the learners' order); returns videos launched."""

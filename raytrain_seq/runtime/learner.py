@@ -572,6 +572,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
     torch.set_num_threads(int(loop_config.get("torch_threads", 1)))
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
+    feed = get_feed(names["feed"], namespace=names["namespace"])
+    # A fresh run's epoch 0 starts now, while the learners build their models and join (the feed launches
+    # it once; a resumed run's learners learn their epoch from the averager first).
+    started = feed.start.remote(world_size) if rank == 0 and names.get("fresh") else None
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     train = config.train
     client = AveragerClient(
@@ -596,7 +600,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         world_size=world_size,
         device=device,
         client=client,
-        feed=LearnerFeed(get_feed(names["feed"], namespace=names["namespace"]), epochs=train.max_epochs),
+        feed=LearnerFeed(feed, epochs=train.max_epochs),
         report=functools.partial(_ray_train_report, run_dir=config.run_dir()),
         # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
@@ -604,6 +608,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
     )
     learner.marks["loop_entered"] = entered
+    if started is not None:
+        ray.get(started)  # raises here what the feed raised (its launch is done or nearly so by now)
     try:
         learner.run()
     except checkpoint.CheckpointError as exc:
