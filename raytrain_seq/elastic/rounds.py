@@ -6,9 +6,9 @@ missing learners are dropped with a recorded reason (``dropped_log``); so are th
 arrived but could not be read (``drop_unread``). Callers must agree on the round and on the world size;
 a late, repeated or skipped-ahead round is a ``StaleRoundError`` naming the learner, a disagreement on
 the world size a ``MembershipError``, and a round with fewer than ``min_learners`` arrivals an
-``AveragingTimeoutError`` listing the missing ones. The errors are
-picklable (they cross Ray's process boundary intact). The clock is injectable, so the whole policy is
-unit-tested without a cluster or an event loop; ``raytrain_seq.runtime.averager`` wraps it in an actor.
+``AveragingTimeoutError`` listing the missing ones. The errors are picklable (they cross Ray's process
+boundary intact). The clock is injectable, so the whole policy is unit-tested without a cluster or an
+event loop; ``raytrain_seq.runtime.averager`` wraps it in an actor.
 
 Elastic groups. Ray Train restarts the whole worker group when a learner fails or the cluster grows or
 shrinks; every learner process joins with a fresh ``incarnation`` id, so the first join of a new

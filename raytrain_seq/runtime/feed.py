@@ -165,9 +165,10 @@ def _rank(rank: Any, world_size: Any) -> tuple[int, int]:
 class BlockFeed:
     """The pipeline's driver-side state; ``create_feed`` runs it as a threaded Ray actor.
 
-    Public methods (all thread-safe): ``start(world_size)``, ``prefetch(epoch, world_size)``, ``epoch_shard(epoch, rank,
-    world_size) -> EpochShard``, ``eval_shard(split, rank, world_size) -> EpochShard``,
-    ``refs(ids, epoch) -> list[CachedArray]`` (epoch None: evaluation cache), ``stats(wait=False, ids=False)``.
+    Public methods (all thread-safe): ``start(world_size)``, ``prefetch(epoch, world_size)``,
+    ``epoch_shard(epoch, rank, world_size) -> EpochShard``, ``eval_shard(split, rank, world_size) ->
+    EpochShard``, ``refs(ids, epoch) -> list[CachedArray]`` (epoch None: evaluation cache),
+    ``stats(wait=False, ids=False)``.
     """
 
     def __init__(
@@ -187,7 +188,7 @@ class BlockFeed:
         if not isinstance(config, Config):
             raise TypeError(f"BlockFeed needs a raytrain_seq.config.Config, got {type(config).__name__}")
         self._config = config
-        self._start = launch if launch is not None else self._launch
+        self._launcher = launch if launch is not None else self._launch
         self._videos_per_task = _int(videos_per_task, "videos_per_task", 1, "use e.g. 16")
         self._partial_cpus = float(partial_cpus)
         self._keep = _int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
@@ -366,7 +367,7 @@ class BlockFeed:
                 v for v in order
                 if self._cache.get(v, (None,))[0] != wanted[v] and self._pending.get(v, (None,))[0] != wanted[v]
             ]  # fmt: skip
-            refs = self._start(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
+            refs = self._launcher(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
             self._pending.update({v: (wanted[v], ref) for v, ref in zip(todo, refs, strict=True)})
             logger.info("feed: prefetching epoch %d: %d partial augmentations launched", epoch, len(todo))
             return len(todo)
@@ -397,7 +398,7 @@ class BlockFeed:
         order = consumption_order(self._plan(epoch, world_size)[1])
         reuse = {v: ref for v, (e, ref) in self._cache.items() if e == wanted[v]}
         todo = [v for v in order if v not in reuse]
-        launched = self._start(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
+        launched = self._launcher(todo, [wanted[v] for v in todo], self._renewal(todo, epoch))
         fresh = dict(zip(todo, launched, strict=True))
         self._served[epoch] = {v: reuse.get(v, fresh.get(v)) for v in wanted}
         for old in sorted(self._served)[: -self._keep]:
@@ -480,7 +481,7 @@ class BlockFeed:
                 plan = pack(catalog.lengths, self.t_max, strategy=self._eval_strategy, seed=seed)
                 self._eval_plans[split] = (plan, {})
                 videos = catalog.ids.tolist()
-                refs = self._start(videos, [None] * len(videos))
+                refs = self._launcher(videos, [None] * len(videos))
                 self._eval_refs.update(zip(videos, refs, strict=True))
             plan, by_world = self._eval_plans[split]
             if world_size not in by_world:
