@@ -285,7 +285,8 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
 def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_them(cluster):
     """A slice on another node is found through its owner: while the learner that put it is frozen
     (SIGSTOP, as a stalled process), a shard's merge gives up after its timeout and names that slice, and
-    merges once the learner thaws. Without the timeout the round would hang for the whole freeze."""
+    merges once the learner thaws. Without the timeout the round would hang for the whole freeze. Once the
+    learner is dead its slice is lost, and the merge names it too."""
     import os
     import signal
 
@@ -324,5 +325,11 @@ def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_the
     assert merged is None and load["unreadable"] == [1] and 2.0 <= waited < 20.0
     merged, load = ray.get(shard.merge.options(num_returns=2).remote(2, [mine, frozen], [1.0, 1.0], 2, 20.0))
     assert "unreadable" not in load and np.array_equal(merged["mean/float32"], np.full(400_000, 2.0))
-    ray.kill(sender)
+    # A learner that died (its node, here its process) took the slice it sent with it: named, not merged.
+    [sent] = ray.get(sender.put.remote())
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(sender.pid.remote(), timeout=30)  # dead, and known to be
+    merged, load = ray.get(shard.merge.options(num_returns=2).remote(3, [mine, sent], [1.0, 1.0], 2, 20.0))
+    assert merged is None and load["unreadable"] == [1]
     ray.kill(shard)

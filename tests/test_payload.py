@@ -286,7 +286,7 @@ def test_a_learner_whose_slices_cannot_be_read_is_dropped_and_the_others_are_mer
         assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
     assert not same(expected, average_states(params, weights))  # not vacuous: learner 1 changes the mean
     [drop] = summary["dropped"]
-    assert (drop["round"], drop["learner"]) == (1, 1) and "could not be read within 7 s" in drop["reason"]
+    assert (drop["round"], drop["learner"]) == (1, 1) and "unreadable for 7 s" in drop["reason"]
     assert rejoined.next_round == 2 and rejoined.state.round == 1  # it rejoins from the averaged round
 
 

@@ -377,8 +377,8 @@ class ParameterAverager:
 
     async def _merge_flat(self, closed: RoundClose) -> tuple[RoundClose, FlatPayload]:
         """The data plane: the shards merge the slices (this actor passes object references only). A
-        learner whose slices a shard cannot read within the round's timeout is dropped, and the others'
-        slices are merged again (each try drops at least one learner, so this ends)."""
+        learner whose slices a shard cannot read within the round's timeout, or finds lost, is dropped,
+        and the others' slices are merged again (each try drops at least one learner, so this ends)."""
         while True:
             payloads = [arrival.params for _, arrival in closed.present]
             weights = [arrival.weight for _, arrival in closed.present]
@@ -387,7 +387,7 @@ class ParameterAverager:
             if not merged.unreadable:
                 break
             unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
-            why = f"its slices could not be read within {self._book.timeout_s:g} s (the learner owns them)"
+            why = f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)"
             closed = self._book.drop_unread(closed, unread, why)
             if closed.error is not None:
                 raise closed.error

@@ -11,9 +11,10 @@ the caller (the control plane): it survives the shard actor, and every learner r
 per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
 
 A learner frozen just after it sent its round (a stall, a swapped-out host) owns slices that a shard on
-another node cannot read until it thaws, although every learner has arrived. So a shard waits for its
-slices at most the round's timeout and otherwise names the unreadable ones instead of merging
-(``ShardMerge.unreadable``); the control plane drops those learners and merges the others again.
+another node cannot read until it thaws, although every learner has arrived; a learner whose node died
+took its slices with it. So a shard waits for its slices at most the round's timeout and otherwise names
+the unreadable or lost ones instead of merging (``ShardMerge.unreadable``); the control plane drops
+those learners and merges the others again.
 
 Placement: shard i goes to the node of learner i (``NodeAffinitySchedulingStrategy(soft=True)``: another
 node when that one is gone), known from the learners' joins; the actors are created once the group's learners (or S of them) have
@@ -69,7 +70,8 @@ class AveragingShard:
         self, round: int, parts: list[Any], weights: list[float], readers: int, timeout_s: float | None = None
     ) -> tuple[dict | None, dict]:
         """The merged slice and the bytes moved; ``parts``: references to every learner's slice. A slice
-        not on this node within ``timeout_s`` gives no merge (None) and its index in ``load["unreadable"]``."""
+        not on this node within ``timeout_s``, or lost, gives no merge (None) and its index in
+        ``load["unreadable"]``."""
         import ray
 
         began = time.perf_counter()
@@ -78,12 +80,18 @@ class AveragingShard:
         # Every learner has arrived, so without the deadline the round would neither merge nor time out.
         refs = list(parts)
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
-        if pending:
-            late = set(pending)
-            unreadable = [i for i, ref in enumerate(refs) if ref in late]
+        late, arrays, unreadable = set(pending), [], []
+        for i, ref in enumerate(refs):
+            if ref in late:
+                unreadable.append(i)
+                continue
+            try:
+                arrays.append(ray.get(ref))
+            except ray.exceptions.ObjectLostError:  # its owner died (a learner's node): the others go on
+                unreadable.append(i)
+        if unreadable:
             load = {"seconds": time.perf_counter() - began, "shard": self.index, "round": round}
             return None, {**load, "received": 0, "sent": 0, "unreadable": unreadable}
-        arrays = ray.get(refs)
         merged = merge_parts(arrays, weights)
         received = sum(part_nbytes(part) for part in arrays)
         # Every round reads the learners' slices and writes the merged one into the store.
