@@ -199,6 +199,13 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+def flat_payload(params: dict, moments: dict, shards: int, store: InProcessStore) -> FlatPayload:
+    """A learner's round as it sends it: the state packed, cut into ``shards`` slices, each put in ``store``."""
+    layout = FlatLayout.of(params, moments)
+    buffers, extras = layout.pack(params, moments)
+    return FlatPayload(layout, tuple(store.put(p) for p in layout.split(buffers, shards)), extras)
+
+
 def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_shard_bytes():
     params, moments = learners(3)
     weights = [1.0, 2.0, 1.0]
@@ -208,14 +215,10 @@ def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_
     async def round_():
         replies = [await averager.join(j, 3) for j in range(3)]
         assert {r.shards for r in replies} == {3}
-        sends = []
-        for j in range(3):
-            layout = FlatLayout.of(params[j], moments[j])
-            buffers, extras = layout.pack(params[j], moments[j])
-            parts = tuple(store.put(p) for p in layout.split(buffers, 3))
-            sends.append(
-                averager.average(j, 1, 3, FlatPayload(layout, parts, extras), None, weight=weights[j])
-            )
+        sends = [
+            averager.average(j, 1, 3, flat_payload(params[j], moments[j], 3, store), None, weight=weights[j])
+            for j in range(3)
+        ]
         return await asyncio.gather(*sends), await averager.summary()
 
     results, summary = _run(round_())
@@ -265,12 +268,10 @@ def test_a_learner_whose_slices_cannot_be_read_is_dropped_and_the_others_are_mer
     async def round_():
         for j in range(3):
             await averager.join(j, 3)
-        sends = []
-        for j in range(3):
-            layout = FlatLayout.of(params[j], moments[j])
-            buffers, extras = layout.pack(params[j], moments[j])
-            payload = FlatPayload(layout, tuple(store.put(p) for p in layout.split(buffers, 2)), extras)
-            sends.append(averager.average(j, 1, 3, payload, None, weight=weights[j]))
+        sends = [
+            averager.average(j, 1, 3, flat_payload(params[j], moments[j], 2, store), None, weight=weights[j])
+            for j in range(3)
+        ]
         results = await asyncio.gather(*sends, return_exceptions=True)
         return results, await averager.summary(), await averager.join(1, 3)
 
@@ -300,12 +301,9 @@ def test_a_round_left_below_min_learners_by_unreadable_slices_fails_for_the_othe
     async def round_():
         for j in range(2):
             await averager.join(j, 2)
-        sends = []
-        for j in range(2):
-            layout = FlatLayout.of(params[j], moments[j])
-            buffers, extras = layout.pack(params[j], moments[j])
-            payload = FlatPayload(layout, tuple(store.put(p) for p in layout.split(buffers, 1)), extras)
-            sends.append(averager.average(j, 1, 2, payload, None))
+        sends = [
+            averager.average(j, 1, 2, flat_payload(params[j], moments[j], 1, store), None) for j in range(2)
+        ]
         return await asyncio.gather(*sends, return_exceptions=True), await averager.summary()
 
     (unread, other), summary = _run(round_())
