@@ -250,6 +250,8 @@ class TrainConfig:
     """Seconds between Ray Train's checks for room to grow an elastic group (ScalingConfig)."""
     poll_interval_s: float = 0.5
     """Seconds between Ray Train's polls of the learners: the end of training and a dead learner show then."""
+    preemption_watcher: bool = False
+    """Start Ray Train's PreemptionWatcher actor per worker group (it logs node drains; learners ignore them)."""
     averager_max_restarts: int = 3
     """Restarts Ray may make of the averaging actor (it reloads the latest checkpoint); -1 = no limit."""
     feed_max_restarts: int = 3
@@ -315,7 +317,13 @@ class TrainConfig:
                 )
         for name in ("worker_start_timeout_s", "resize_interval_s", "poll_interval_s"):
             number(f"train.{name}", getattr(self, name), "> 0", lambda v: v > 0, "use e.g. 60.0 seconds")
-        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats", "keep_freed_memory"):
+        for name in (
+            "adaptive_batch",
+            "merge_moments",
+            "merge_bn_stats",
+            "keep_freed_memory",
+            "preemption_watcher",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"train.{name} must be True or False, got {getattr(self, name)!r}: "

@@ -109,6 +109,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.averager_max_restarts": (["0"], 0, []),
     "train.feed_max_restarts": (["5"], 5, []),
     "train.keep_freed_memory": ([], False, []),
+    "train.preemption_watcher": ([], True, []),
     "train.adaptive_batch": ([], False, []),
     "train.merge_moments": ([], False, []),
     "train.merge_bn_stats": ([], False, []),

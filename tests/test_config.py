@@ -89,6 +89,7 @@ BAD_VALUES = [
     ("train.averager_max_restarts", -3, 0),
     ("train.feed_max_restarts", -2, 1),
     ("train.keep_freed_memory", 1, False),
+    ("train.preemption_watcher", "on", True),
     ("train.adaptive_batch", "no", False),
     ("train.merge_moments", 0, True),
     ("train.merge_bn_stats", "yes", False),

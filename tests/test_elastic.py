@@ -232,17 +232,32 @@ def test_storage_path_that_cannot_be_written_is_refused_before_ray(tmp_path):
     assert os.path.isfile(blocker)
 
 
-def test_train_env_sets_the_start_timeout_and_the_poll_for_the_fit_only(monkeypatch):
-    """The worker-group start timeout and the poll interval reach Ray Train through its env vars during
-    fit, then are restored (unset, or the value they had)."""
-    from raytrain_seq.runtime.driver import POLL_INTERVAL_ENV, WORKER_START_TIMEOUT_ENV, _train_env
+def test_train_env_sets_the_start_timeout_the_poll_and_the_watcher_for_the_fit_only(monkeypatch):
+    """The worker-group start timeout, the poll interval and the preemption watcher reach Ray Train
+    through env vars that it carries from the driver to its controller, during fit only; then they are
+    restored (unset, or the value they had)."""
+    from ray.train.v2._internal.constants import ENV_VARS_TO_PROPAGATE
 
+    from raytrain_seq.runtime.driver import (
+        POLL_INTERVAL_ENV,
+        PREEMPTION_WATCHER_ENV,
+        WORKER_START_TIMEOUT_ENV,
+        _train_env,
+    )
+
+    # Set in the driver, they reach the controller only if Ray Train propagates them.
+    assert {POLL_INTERVAL_ENV, PREEMPTION_WATCHER_ENV, WORKER_START_TIMEOUT_ENV} <= ENV_VARS_TO_PROPAGATE
     monkeypatch.delenv(WORKER_START_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(PREEMPTION_WATCHER_ENV, raising=False)
     monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
     config = Config.from_preset("smoke", worker_start_timeout_s=7.5, poll_interval_s=0.25)
     with _train_env(config):
         assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5" and os.environ[POLL_INTERVAL_ENV] == "0.25"
+        assert os.environ[PREEMPTION_WATCHER_ENV] == "0"  # off by default
     assert WORKER_START_TIMEOUT_ENV not in os.environ and os.environ[POLL_INTERVAL_ENV] == "3"
+    assert PREEMPTION_WATCHER_ENV not in os.environ
+    with _train_env(Config.from_preset("smoke", preemption_watcher=True)):
+        assert os.environ[PREEMPTION_WATCHER_ENV] == "1"
     monkeypatch.setenv(WORKER_START_TIMEOUT_ENV, "99")
     with _train_env(config):
         assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"

@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 # there with the controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-__all__ = ["POLL_INTERVAL_ENV", "WORKER_START_TIMEOUT_ENV", "run"]
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+__all__ = ["POLL_INTERVAL_ENV", "PREEMPTION_WATCHER_ENV", "WORKER_START_TIMEOUT_ENV", "run"]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -62,14 +63,20 @@ def _use_gpu(config: Config) -> bool:
 
 @contextlib.contextmanager
 def _train_env(config: Config) -> Iterator[None]:
-    """Ray Train's worker-group start timeout and poll interval from the config, for this fit only.
+    """Ray Train's worker-group start timeout, poll interval and preemption watcher from the config, for
+    this fit only.
 
     The poll: Ray Train's controller learns that the learners returned (or that one died) only at its
     next poll of them, and its default of 2 s left the job waiting about two polls after the last report.
-    A poll is one small actor call per learner (docs/LOG.md, 2026-11-24: no measurable CPU at 0.5 s)."""
+    A poll is one small actor call per learner (docs/LOG.md, 2026-11-24: no measurable CPU at 0.5 s).
+    The watcher: Ray Train starts one actor per worker group that polls for draining nodes and logs them
+    and offers them to ``ray.train.get_preemption_info``, which the learners do not call (a drained
+    node's learners are lost learners like any other). Off by default: on a busy node its process start
+    competes with the learners' own (docs/LOG.md, 2026-11-24, afternoon)."""
     values = {
         WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}",
         POLL_INTERVAL_ENV: f"{config.train.poll_interval_s:g}",
+        PREEMPTION_WATCHER_ENV: "1" if config.train.preemption_watcher else "0",
     }
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
@@ -94,14 +101,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # The job's clock starts before the imports (ray, Ray Train, torch): the user waits for them too.
     began, began_wall = time.perf_counter(), time.time()
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from raytrain_seq.runtime.averager import create_averager
-    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
-    from raytrain_seq.runtime.feed import create_feed
-    from raytrain_seq.runtime.learner import train_loop_per_worker
-    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
+    from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
 
     if config.data.stream == "fuse":
         raise RunSetupError(
@@ -133,6 +134,16 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # next queued task, so the learners started only once that queue had drained (docs/LOG.md,
     # 2026-11-24). A GPU node is no different: its learners need a CPU each too.
     feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
+    # Imported once the feed's process is starting: Ray Train and torch (about 2 CPU-s) load here while
+    # the feed loads its catalog on the other core, instead of before it with that core idle.
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
+    from raytrain_seq.runtime.learner import train_loop_per_worker
+    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
+
     # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
     evaluator = prepared = None
     if train.validate_every:
