@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/averaging.py
 	$(PY) bench/averaging.py --only ablation
 	$(PY) bench/pipeline.py > bench/results/pipeline.txt && cat bench/results/pipeline.txt
+	$(PY) bench/startup.py > bench/results/startup.txt && cat bench/results/startup.txt
 	$(PY) bench/report.py
 
 clean:

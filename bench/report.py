@@ -2,10 +2,11 @@
 
 Each table script writes ``<name>.md`` (its table, the verdict sentences built from its own numbers,
 notes, a PNG link) and ``<name>.json`` (the same plus the headline numbers and the machine it ran on);
-``bench/packing.py --out`` writes ``packing.md`` and ``make bench`` tees ``bench/pipeline.py``'s output
-to ``pipeline.txt``. This script only arranges them: the machine header (from the results' own JSON,
-i.e. where they were measured), a headline table of the four papers' ratios (read from the JSON, never
-typed in), then every section with the command that made it. A missing result is listed as missing.
+``bench/packing.py --out`` writes ``packing.md`` and ``make bench`` tees the output of
+``bench/pipeline.py`` and ``bench/startup.py`` to ``pipeline.txt`` and ``startup.txt``. This script only
+arranges them: the machine header (from the results' own JSON, i.e. where they were measured), a headline
+table of the four papers' ratios (read from the JSON, never typed in), then every section with the
+command that made it. A missing result is listed as missing.
 
     python bench/report.py [--results bench/results] [--out docs/BENCHMARKS.md]
 """
@@ -31,6 +32,7 @@ SECTIONS = (
     ("averaging_ablation", "AAVG ablation at equal steps", None),
     ("packing", "Packing on the real UCF101 lengths", ".venv/bin/python bench/packing.py --out bench/results/packing.md"),
     ("pipeline", "Ray Data pipeline vs DataLoader", ".venv/bin/python bench/pipeline.py"),
+    ("startup", "A job's start-up vs a bare Ray Train trainer", ".venv/bin/python bench/startup.py"),
 )  # fmt: skip
 
 # headline key -> (paper, label, format); the values come from each result's JSON.

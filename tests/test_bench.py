@@ -23,6 +23,7 @@ import microbatch  # noqa: E402
 import randaugment  # noqa: E402
 import refurbish_loader as rl  # noqa: E402
 import report  # noqa: E402
+import startup  # noqa: E402
 
 from raytrain_seq.config import Config  # noqa: E402
 from raytrain_seq.packing import pack, shard  # noqa: E402
@@ -493,3 +494,35 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
         and "(one shard for all: 16.00)" in clause
     )
     assert "40 ms putting" in clause and "50 ms" in clause
+
+
+def test_startup_roles_name_our_actors_ray_trains_and_the_driver():
+    name = lambda title, pid=7: startup.role(title, driver=1, pid=pid)  # noqa: E731
+    assert name("ray::RayTrainWorker.run_train_fn") == "learners (Ray Train workers)"
+    assert name("ray::TrainController.run") == "Ray Train: controller"
+    assert name("ray::_AutoscalingCoordinatorActor") == name("ray::DatasetManager") == "Ray Train: helpers"
+    assert name("ray::BlockFeed.epoch_shard") == "ours: feed"
+    assert name("ray::IDLE") == name("ray::augment_videos") == "ours: data tasks (and idle task workers)"
+    assert name("ray::JobSupervisor") == "Ray: other workers"
+    assert name("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet") == (
+        "Ray: raylet, GCS, dashboard, agents"
+    )
+    assert name("python", pid=1) == "driver" and name("bash") == "other processes"
+
+
+def test_startup_cpu_by_role_counts_only_the_window_and_new_processes_from_zero():
+    samples = [
+        (0.0, {1: (1.0, "ray::BlockFeed"), 2: (5.0, "ray::IDLE")}),
+        (1.0, {1: (1.5, "ray::BlockFeed"), 2: (5.0, "ray::IDLE")}),
+        (2.0, {1: (2.5, "ray::BlockFeed"), 2: (5.0, "ray::IDLE"), 3: (0.75, "ray::RayTrainWorker")}),
+        (3.0, {1: (9.0, "ray::BlockFeed"), 2: (9.0, "ray::IDLE"), 3: (9.0, "ray::RayTrainWorker")}),
+    ]
+    name = lambda title, pid: startup.role(title, driver=0, pid=pid)  # noqa: E731
+    # [1.2, 2.9]: the samples at 1.0 and 2.0; the idle worker spent nothing, the learner was born inside.
+    got = startup.cpu_by_role(samples, 1.2, 2.9, name)
+    assert got == {"ours: feed": [1.0, 1], "learners (Ray Train workers)": [0.75, 1]}
+    assert startup.cpu_by_role(samples, -1.0, 0.5, name) == {
+        "ours: feed": [1.0, 1],
+        "ours: data tasks (and idle task workers)": [5.0, 1],
+    }  # before the first sample everything counts from zero
+    assert startup.sample_at(samples, -1.0) == {}

@@ -242,7 +242,7 @@ def test_train_env_sets_the_start_timeout_the_poll_and_the_watcher_for_the_fit_o
         POLL_INTERVAL_ENV,
         PREEMPTION_WATCHER_ENV,
         WORKER_START_TIMEOUT_ENV,
-        _train_env,
+        train_env,
     )
 
     # Set in the driver, they reach the controller only if Ray Train propagates them.
@@ -251,15 +251,15 @@ def test_train_env_sets_the_start_timeout_the_poll_and_the_watcher_for_the_fit_o
     monkeypatch.delenv(PREEMPTION_WATCHER_ENV, raising=False)
     monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
     config = Config.from_preset("smoke", worker_start_timeout_s=7.5, poll_interval_s=0.25)
-    with _train_env(config):
+    with train_env(config):
         assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5" and os.environ[POLL_INTERVAL_ENV] == "0.25"
         assert os.environ[PREEMPTION_WATCHER_ENV] == "0"  # off by default
     assert WORKER_START_TIMEOUT_ENV not in os.environ and os.environ[POLL_INTERVAL_ENV] == "3"
     assert PREEMPTION_WATCHER_ENV not in os.environ
-    with _train_env(Config.from_preset("smoke", preemption_watcher=True)):
+    with train_env(Config.from_preset("smoke", preemption_watcher=True)):
         assert os.environ[PREEMPTION_WATCHER_ENV] == "1"
     monkeypatch.setenv(WORKER_START_TIMEOUT_ENV, "99")
-    with _train_env(config):
+    with train_env(config):
         assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
     assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
     with pytest.raises(ValueError, match=r"train\.poll_interval_s"):

@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-__all__ = ["POLL_INTERVAL_ENV", "PREEMPTION_WATCHER_ENV", "WORKER_START_TIMEOUT_ENV", "run"]
+__all__ = ["POLL_INTERVAL_ENV", "PREEMPTION_WATCHER_ENV", "WORKER_START_TIMEOUT_ENV", "run", "train_env"]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -62,7 +62,7 @@ def _use_gpu(config: Config) -> bool:
 
 
 @contextlib.contextmanager
-def _train_env(config: Config) -> Iterator[None]:
+def train_env(config: Config) -> Iterator[None]:
     """Ray Train's worker-group start timeout, poll interval and preemption watcher from the config, for
     this fit only.
 
@@ -197,7 +197,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
     marks["fit"] = time.time()
     try:
-        with _train_env(config):
+        with train_env(config):
             result = trainer.fit()
     finally:
         progress.close()

@@ -1,0 +1,284 @@
+"""A job's start-up, accounted: the CPU each process spends before the learners' first step, beside the
+start of a bare Ray Train trainer on the same machine.
+
+Two runs, each on a fresh local Ray cluster of ``--cpus`` logical CPUs (as ``make demo``: the cores, at
+least 3), so that neither inherits the other's warm processes (Ray Train's autoscaling coordinator is a
+detached actor that outlives a run):
+
+1. **bare**: a Ray Train ``DataParallelTrainer`` of as many workers as the job's learners, with the job's
+   Ray Train settings (``driver.train_env``), whose function imports torch and builds an Adam optimizer
+   (the first optimizer of a process imports ``torch._dynamo``): ``fit()`` to a torch learner being
+   ready, with nothing of this project beside it. It is the floor that Ray Train sets on this machine.
+2. **job**: ``raytrain_seq.runtime.driver.run`` of the demo preset for ``--epochs`` epochs (start-up does
+   not depend on how many follow). A thread reads /proc every ``SAMPLE_S``: the user + system CPU of every
+   process, named by its title (``ray::BlockFeed``, ``ray::RayTrainWorker``, ...). From the summary:
+   ``seconds.startup`` and the timeline (``fit``, ``loop_entered``, ``learner_built``, ``joined``,
+   ``first_step``).
+
+Printed: each role's CPU seconds between ``fit()`` and the first step, and ``fit()`` to the first step
+against the bare trainer's ``fit()`` to ready, as a ratio. On a machine whose cores are all busy in that
+window (the CPU column sums to about cores x seconds), the start-up can only shrink by the CPU it stops
+spending; the roles say whose CPU that is. In-process, unlike ``make demo`` (a job submitted to a head),
+there is no job supervisor and no working-dir package: the driver's own imports are also done before
+``run``. ``--json`` prints the headline figures as one JSON last line.
+
+    python bench/startup.py --json
+    python bench/startup.py --epochs 1 --cpus 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raytrain_seq.config import Config
+
+SAMPLE_S = 0.25
+# Process title -> role. Ray names a worker process "ray::<actor class or task>" (plus ".method" while a
+# method runs); an idle task worker is "ray::IDLE". The first matching prefix wins.
+ROLES = (
+    ("ray::RayTrainWorker", "learners (Ray Train workers)"),
+    ("ray::TrainController", "Ray Train: controller"),
+    ("ray::SynchronizationActor", "Ray Train: helpers"),
+    ("ray::PlacementGroupCleaner", "Ray Train: helpers"),
+    ("ray::DatasetManager", "Ray Train: helpers"),
+    ("ray::PreemptionWatcher", "Ray Train: helpers"),
+    ("ray::_AutoscalingCoordinatorActor", "Ray Train: helpers"),
+    ("ray::BlockFeed", "ours: feed"),
+    ("ray::EvaluatorActor", "ours: evaluator"),
+    ("ray::ParameterAverager", "ours: averager"),
+    ("ray::AveragingShard", "ours: averaging shards"),
+    ("ray::augment_videos", "ours: data tasks (and idle task workers)"),
+    ("ray::IDLE", "ours: data tasks (and idle task workers)"),
+)
+
+
+def role(title: str, driver: int, pid: int) -> str:
+    if pid == driver:
+        return "driver"
+    for prefix, name in ROLES:
+        if title.startswith(prefix):
+            return name
+    if title.startswith("ray::"):
+        return "Ray: other workers"
+    return "Ray: raylet, GCS, dashboard, agents" if "ray" in title else "other processes"
+
+
+class ProcSampler:
+    """Every ``SAMPLE_S``: {pid: (CPU seconds, title)} of every process, read from /proc."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, dict[int, tuple[float, str]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="proc-sampler", daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> ProcSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now, rows = time.time(), {}
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        title = f.read(200).split(b"\0")[0].decode(errors="replace")
+                except OSError:
+                    continue  # the process ended between listdir and open
+                # After the ")" of the command: state ppid ... utime(11) stime(12), 0-based.
+                rows[int(entry)] = ((int(fields[11]) + int(fields[12])) / self._tick, title)
+            self.samples.append((now, rows))
+            self._stop.wait(SAMPLE_S)
+
+
+def sample_at(samples: list, when: float) -> dict[int, tuple[float, str]]:
+    """The last of ``samples`` (``ProcSampler.samples``) taken at or before ``when`` (empty before the first)."""
+    rows: dict[int, tuple[float, str]] = {}
+    for t, sample in samples:
+        if t > when:
+            break
+        rows = sample
+    return rows
+
+
+def cpu_by_role(samples: list, begin: float, end: float, name: Callable[[str, int], str]) -> dict[str, list]:
+    """role -> [CPU seconds in [begin, end], processes], from the samples nearest before each end: a
+    process born inside counts from zero; one that ended inside is missed (none of the start-up's
+    processes end before the first step). ``name(title, pid)`` gives a process's role."""
+    first, last = sample_at(samples, begin), sample_at(samples, end)
+    out: dict[str, list] = {}
+    for pid, (cpu, title) in last.items():
+        spent = cpu - first.get(pid, (0.0, ""))[0]
+        if spent > 0:
+            entry = out.setdefault(name(title, pid), [0.0, 0])
+            entry[0] += spent
+            entry[1] += 1
+    return out
+
+
+def _bare_function(config: dict) -> None:
+    import time
+
+    started = time.time()
+    import ray.train
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(8, 8)
+    torch.optim.Adam(model.parameters())  # a process's first optimizer imports torch._dynamo
+    ready = time.time()
+    with tempfile.TemporaryDirectory() as folder:
+        # Ray Train V2 returns the metrics of a report that carries a checkpoint.
+        Path(folder, "done").write_text("1")
+        checkpoint = ray.train.Checkpoint.from_directory(folder)
+        ray.train.report({"started": started, "ready": ready}, checkpoint=checkpoint)
+
+
+def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str, list]]:
+    """One bare trainer on the current cluster: (seconds from ``fit()`` to its function and to ready, the
+    CPU by role between ``fit()`` and ready)."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from raytrain_seq.runtime.driver import train_env
+
+    trainer = DataParallelTrainer(
+        _bare_function,
+        scaling_config=ScalingConfig(num_workers=config.train.max_learners, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=f"bare-{time.time_ns()}", storage_path=str(storage)),
+    )
+    with ProcSampler() as sampler, train_env(config):
+        fit = time.time()
+        result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    metrics = result.metrics or {}
+    by_role = cpu_by_role(sampler.samples, fit, metrics["ready"], _role_of_this_driver)
+    return {"function_started": metrics["started"] - fit, "ready": metrics["ready"] - fit}, by_role
+
+
+def _role_of_this_driver(title: str, pid: int) -> str:
+    return role(title, os.getpid(), pid)
+
+
+def run_job(config: Config) -> tuple[dict[str, Any], dict[str, list]]:
+    from raytrain_seq.runtime.driver import run
+
+    with ProcSampler() as sampler:
+        began = time.time()
+        summary = run(config)
+    timeline = summary.extra["timeline"]
+    by_role = cpu_by_role(
+        sampler.samples,
+        began + timeline["fit"],
+        began + timeline["first_step"],
+        _role_of_this_driver,
+    )
+    return {"seconds": summary.seconds, "timeline": timeline, "accuracy": summary.test_accuracy}, by_role
+
+
+def _cluster(cpus: int) -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    logging.getLogger("ray").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=2, help="epochs of the demo preset's job")
+    parser.add_argument(
+        "--cpus", type=int, default=max(os.cpu_count() or 1, 3), help="logical CPUs of each local cluster"
+    )
+    parser.add_argument(
+        "--bare-runs", type=int, default=3, help="bare trainers (each on a fresh cluster); the median counts"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the headline figures as one JSON last line"
+    )
+    args = parser.parse_args(argv)
+    if args.epochs < 1:
+        parser.error(f"--epochs must be >= 1, got {args.epochs}")
+    if args.bare_runs < 1:
+        parser.error(f"--bare-runs must be >= 1, got {args.bare_runs}")
+    if args.cpus < 3:
+        parser.error(f"--cpus must be >= 3 (2 learners and the data tasks), got {args.cpus}")
+    import ray
+
+    bares = []
+    with tempfile.TemporaryDirectory(prefix="startup-bench-") as storage:
+        config = Config.from_preset(
+            "demo", epochs=args.epochs, storage_path=storage, run_name="job", tracker="none"
+        )
+        for _ in range(args.bare_runs):
+            _cluster(args.cpus)
+            try:
+                bares.append(run_bare(config, Path(storage)))
+            finally:
+                ray.shutdown()
+        _cluster(args.cpus)
+        try:
+            job, by_role = run_job(config)
+        finally:
+            ray.shutdown()
+    bare, bare_roles = sorted(bares, key=lambda run: run[0]["ready"])[(len(bares) - 1) // 2]
+
+    line = job["timeline"]
+    window = line["first_step"] - line["fit"]
+    cores = os.cpu_count() or 1
+    marks = ("fit", "loop_entered", "learner_built", "joined", "first_step")
+    print(f"\ndemo preset, {args.epochs} epochs, {args.cpus} logical CPUs, {cores} cores")
+    print("job timeline (s from the driver's start): " + ", ".join(f"{k} {line[k]:.1f}" for k in marks))
+    print(f"job seconds.startup {job['seconds']['startup']:.1f} s; fit() to the first step {window:.1f} s")
+    readies = ", ".join(f"{run['ready']:.1f}" for run, _ in bares)
+    print(
+        f"bare Ray Train trainer (median of {len(bares)}): fit() to the function {bare['function_started']:.1f} s, "
+        f"to a torch learner ready {bare['ready']:.1f} s (runs: {readies})"
+    )
+    print(f"fit() to the first step vs the bare trainer's fit() to ready: {window / bare['ready']:.2f}x\n")
+    total, bare_total = (sum(cpu for cpu, _ in roles.values()) for roles in (by_role, bare_roles))
+    print(f"CPU seconds from fit() to the first step (job) and to ready (bare trainer); {cores} cores")
+    print(f"{'role':<44}{'job':>8}{'share':>8}{'procs':>7}{'bare':>8}")
+    for name in sorted(by_role.keys() | bare_roles.keys(), key=lambda k: -by_role.get(k, [0.0])[0]):
+        cpu, procs = by_role.get(name, (0.0, 0))
+        print(f"{name:<44}{cpu:>8.2f}{cpu / total:>8.1%}{procs:>7}{bare_roles.get(name, (0.0,))[0]:>8.2f}")
+    print(f"{'all':<44}{total:>8.2f}{'':>15}{bare_total:>8.2f}")
+    print(f"{'window x cores':<44}{window * cores:>8.2f}{'':>15}{bare['ready'] * cores:>8.2f}")
+    if args.json:
+        headline = {
+            "startup_s": round(job["seconds"]["startup"], 2),
+            "fit_to_first_step_s": round(window, 2),
+            "bare_fit_to_ready_s": round(bare["ready"], 2),
+            "bare_fit_to_function_s": round(bare["function_started"], 2),
+            "fit_to_first_step_vs_bare": round(window / bare["ready"], 3),
+            "cpu_s": {name: round(cpu, 2) for name, (cpu, _) in sorted(by_role.items())},
+            "cpu_s_all": round(total, 2),
+            "bare_cpu_s_all": round(bare_total, 2),
+            "cores": cores,
+        }
+        print(json.dumps(headline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
