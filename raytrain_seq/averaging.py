@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from raytrain_seq.elementwise import normalised_weights
+
 logger = logging.getLogger(__name__)
 
 # Every weighted sum is accumulated in float64 and cast back once: float16/bfloat16 sums of many learners
@@ -44,25 +46,8 @@ _AMSGRAD_KEY = "max_exp_avg_sq"
 
 # ----------------------------------------------------------------------------------------------- helpers
 def _normalised_weights(weights: Any, count: int) -> Tensor:
-    """Validated learner weights as a float64 vector summing to one."""
-    if count == 0:
-        raise ValueError("states is empty: pass a list with one state per learner (at least one)")
-    if weights is None:
-        return torch.full((count,), 1.0 / count, dtype=_ACC)
-    try:
-        values = [float(x) for x in weights]
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"weights must be numbers, got {weights!r}: pass one number per learner") from exc
-    if len(values) != count:
-        raise ValueError(f"{len(values)} weights for {count} states: pass one weight per learner")
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"weights must be finite, got {values}: replace nan/inf or drop the learner")
-    if any(v < 0 for v in values):
-        raise ValueError(f"weights must be >= 0, got {values}: use 0 to leave a learner out")
-    total = math.fsum(values)
-    if total <= 0:
-        raise ValueError(f"weights sum to {total}: give at least one learner a weight > 0")
-    return torch.tensor(values, dtype=_ACC) / total
+    """Validated learner weights as a float64 vector summing to one (``elementwise.normalised_weights``)."""
+    return torch.from_numpy(normalised_weights(weights, count))
 
 
 def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | None = None) -> Tensor:
@@ -71,9 +56,11 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | Non
     Written as x_k + sum_j w_j (x_j - x_k), x_k the first learner with weight > 0: the same value since
     sum_j w_j = 1, but learners that agree give back exactly x_k, where the plain form rounds (three times
     x/3 is not always x). A learner of weight 0 is out of the round: even its nan/inf must not leak in.
-    One in-place float64 axpy per learner: faster than stack + tensordot, and no [P, ...] buffer. Each
+    In-place float64 passes per learner: faster than stack + tensordot, and no [P, ...] buffer. Each
     learner is widened into a float64 scratch first (exact) and subtracted in place: the same values as
-    torch.sub's type promotion, whose mixed-dtype kernel is several times slower. ``workspace``: a float64
+    torch.sub's type promotion, whose mixed-dtype kernel is several times slower. Each term w_j d_j is
+    rounded before it is added, not fused into one multiply-add (``add_(alpha=)`` rounds once, and numpy
+    cannot): so ``elementwise``'s numpy arithmetic, which a shard runs, gives the same bits. ``workspace``: a float64
     [3, >= numel] tensor on that device holding the three temporaries (base, sum, scratch), so that a
     caller merging chunk after chunk allocates them once; the result is then a view into it.
     """
@@ -96,7 +83,7 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | Non
         if j == 0:
             torch.mul(scratch, wj, out=acc)
         else:
-            acc.add_(scratch, alpha=wj)
+            acc.add_(scratch.mul_(wj))
     return acc.add_(base)
 
 
@@ -151,7 +138,7 @@ def merge_mean_var(
     for wj, m in zip(w.tolist(), means, strict=True):
         if wj:  # (m_j - m) is exactly zero when the learners agree, so equal inputs come back unchanged
             gap = torch.sub(m.detach().to(mean.device), mean)
-            between.add_(gap.mul_(gap), alpha=wj)
+            between.add_(gap.mul_(gap).mul_(wj))  # rounded before the sum, as in _weighted_mean
     var = _weighted_mean(variances, w).add_(between)
     return mean.to(means[0].dtype), var.to(variances[0].dtype)
 

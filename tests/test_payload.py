@@ -18,14 +18,13 @@ import torch
 from conftest import adam_learners
 
 from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.elastic.merge import ShardMerge, merge_parts
 from raytrain_seq.elastic.payload import (
     FlatLayout,
     FlatPayload,
     InProcessShards,
     InProcessStore,
-    ShardMerge,
     merge_extras,
-    merge_parts,
 )
 from raytrain_seq.elastic.rounds import AveragingTimeoutError, StaleRoundError
 from raytrain_seq.elastic.state import AveragedState

@@ -5,7 +5,7 @@ The data plane of an averaging round (docs/ARCHITECTURE.md, "The averaging round
 and dtype (``FlatLayout.pack``; on CUDA through a reused pinned host buffer), cuts every buffer into S
 near-equal slices (``FlatLayout.split``), puts slice i in the object store once and sends the S object
 references, the layout and the few values that are not averaged (``FlatPayload``) to the control plane.
-Shard i reads slice i of every learner and merges it (``merge_parts``); every learner reads the S merged
+Shard i reads slice i of every learner and merges it (``elastic.merge``); every learner reads the S merged
 slices back (``FlatLayout.unpack``: a tensor that lies inside one slice is a zero-copy view of it, only a
 tensor cut by a slice boundary is copied once).
 
@@ -18,8 +18,9 @@ be merged alone, provided paired quantities sit at the same offsets. Buffer keys
   (``averaging.merge_mean_var``);
 * ``max``: AMSGrad's max_exp_avg_sq, the elementwise max (``averaging.weighted_max``).
 
-The arithmetic is ``averaging``'s (float64 accumulation, cast back once), applied chunk by chunk; since it
-is elementwise, a merged slice equals that slice of ``average_states``/``merge_adam_states`` bit for bit.
+The arithmetic is ``averaging``'s (float64 accumulation, cast back once), on numpy arrays
+(``elementwise``) and applied chunk by chunk; since it is elementwise, a merged slice equals that slice of
+``average_states``/``merge_adam_states`` bit for bit.
 Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
 ``FlatPayload.extras`` through the control plane; steps must agree across learners and integer buffers
 are learner 0's, as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -46,7 +46,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from raytrain_seq.averaging import bn_pairs, merge_mean_var, weighted_max, weighted_mean
+from raytrain_seq.averaging import bn_pairs
+from raytrain_seq.elastic.merge import ShardMerge, merge_parts, part_nbytes
 
 __all__ = [
     "FlatLayout",
@@ -54,19 +55,11 @@ __all__ = [
     "InProcessShards",
     "InProcessStore",
     "ObjectStore",
-    "ShardMerge",
     "ShardPool",
     "Slot",
     "merge_extras",
-    "merge_parts",
-    "part_nbytes",
 ]
 
-RULES = ("mean", "pmean", "pvar", "max")
-# Elements merged per step: the float64 temporaries of a chunk (3 x 2 MiB, allocated once per merge) stay
-# in the last-level cache, and a 50 MB slice takes ~50 steps, so the per-call overhead of the torch ops
-# is negligible (smaller chunks with fresh temporaries each were slower: docs/LOG.md, 2026-11-23).
-CHUNK = 1 << 18
 _MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
 
@@ -369,81 +362,6 @@ class FlatPayload:
 
 
 # ------------------------------------------------------------------------------------------ merging
-def part_nbytes(part: Mapping[str, Any]) -> int:
-    """Bytes of one part's arrays (a buffer's slice is an array, or a sequence of pieces of one)."""
-    return sum(int(np.asarray(a).nbytes) for value in part.values() for a in _pieces(value))
-
-
-def _pieces(value: Any) -> list[np.ndarray]:
-    """A buffer's slice as its list of pieces (a flat array is one piece)."""
-    return [value] if isinstance(value, np.ndarray) else list(value)
-
-
-def _segments(slices: Sequence[Any], n: int) -> list[tuple[int, int, list[np.ndarray]]]:
-    """[lo, hi) segments of ``n`` elements, each inside one piece of every learner's slice and at most
-    CHUNK long, with every learner's view of it. E.g. pieces (4, 6) and (10,): segments [0, 4), [4, 10)."""
-    pieces = [_pieces(value) for value in slices]
-    starts = [np.cumsum([0, *(len(p) for p in learner)]) for learner in pieces]
-    cuts = sorted({int(c) for learner in starts for c in learner[:-1]} | set(range(0, n, CHUNK)) | {n})
-    out = []
-    for lo, hi in itertools.pairwise(cuts):
-        views = []
-        for learner, begin in zip(pieces, starts, strict=True):
-            i = int(np.searchsorted(begin, lo, side="right")) - 1
-            views.append(learner[i][lo - begin[i] : hi - begin[i]])
-        out.append((lo, hi, views))
-    return out
-
-
-def _tensors(arrays: Sequence[np.ndarray]) -> list[Tensor]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # object-store buffers are read-only: only read here
-        return [torch.from_numpy(np.asarray(a)) for a in arrays]
-
-
-def merge_parts(parts: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, np.ndarray]:
-    """Merge one shard's slice of every learner (``parts[j]``: learner j's), by each buffer's rule. A
-    buffer's slice is a flat array or a sequence of pieces (``FlatLayout.slices``); the result is flat."""
-    if not parts:
-        raise ValueError("parts is empty: pass one part per learner of the round")
-    keys = set(parts[0])
-    lengths = [{k: sum(len(p) for p in _pieces(part[k])) for k in part} for part in parts]
-    for j, part in enumerate(parts):
-        if set(part) != keys or lengths[j] != lengths[0]:
-            raise ValueError(f"learner {j}'s part differs from learner 0's in buffers or lengths")
-    out: dict[str, np.ndarray] = {}
-    workspace = torch.empty((3, min(CHUNK, max(lengths[0].values(), default=0))), dtype=torch.float64)
-    for key in sorted(keys):
-        rule = key.split("/")[0]
-        if rule not in RULES:
-            raise ValueError(f"unknown buffer {key!r}: buffers are named RULE/DTYPE with RULE in {RULES}")
-        if rule == "pvar":
-            continue  # merged with its pmean
-        n = lengths[0][key]
-        out[key] = np.empty(n, dtype=np.dtype(key.split("/")[1]))
-        var_key = "pvar/" + key.split("/")[1]
-        if rule == "pmean":
-            out[var_key] = np.empty(n, dtype=out[key].dtype)
-            # A pair's mean and variance lie at the same offsets (FlatLayout.of): one cut serves both.
-            values = [(part[key], part[var_key]) for part in parts]
-            segments = zip(
-                _segments([m for m, _ in values], n), _segments([v for _, v in values], n), strict=True
-            )
-            for (lo, hi, means), (lo2, hi2, variances) in segments:
-                if (lo, hi) != (lo2, hi2):
-                    raise ValueError(f"{key!r} and {var_key!r} are cut differently: not a (mean, var) pair")
-                mean, var = merge_mean_var(_tensors(means), _tensors(variances), weights)
-                out[key][lo:hi], out[var_key][lo:hi] = mean.numpy(), var.numpy()
-            continue
-        for lo, hi, views in _segments([part[key] for part in parts], n):
-            chunk = _tensors(views)
-            if rule == "mean":
-                weighted_mean(chunk, weights, out=torch.from_numpy(out[key][lo:hi]), workspace=workspace)
-            else:
-                out[key][lo:hi] = weighted_max(chunk, weights).numpy()
-    return out
-
-
 def merge_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The round's extras: learner 0's, after checking that every learner's Adam steps agree (the bias
     correction 1 - beta^step depends on it; AAVG learners take the same number of local steps)."""
@@ -489,19 +407,6 @@ class InProcessStore:
 
     def expect(self, nbytes: int) -> bool:
         return False  # the arrays live in this process's heap: nothing to prepare
-
-
-@dataclass(frozen=True)
-class ShardMerge:
-    """What a pool's merge of one round gives: the merged parts (one per shard) and, per shard, the bytes
-    it received and sent and the seconds it took to read and merge; or, when some shard could not read
-    them in time, the indices of those payloads (``unreadable``), and no parts: the caller drops those
-    learners and merges the others again (a learner frozen after it sent its round owns slices that a
-    reader on another node waits for)."""
-
-    parts: tuple[Any, ...] = ()
-    loads: tuple[dict[str, float], ...] = ()
-    unreadable: frozenset[int] = frozenset()
 
 
 class ShardPool(Protocol):

@@ -45,11 +45,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from raytrain_seq.elastic.payload import FlatPayload, ShardMerge, merge_parts, part_nbytes
+# Numpy only: a shard's process loads no torch (elastic.merge says why); FlatPayload is a type here.
+from raytrain_seq.elastic.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.elastic.rounds import Learner, check_number
 from raytrain_seq.runtime.store_memory import StoreMemory
+
+if TYPE_CHECKING:
+    from raytrain_seq.elastic.payload import FlatPayload
 
 __all__ = ["AveragingShard", "RayShards", "RayStore"]
 

@@ -1,0 +1,113 @@
+"""One averaging shard's merge: slice i of every learner's flat buffers, merged buffer by buffer by its rule.
+
+A learner's flat payload (``elastic.payload``) holds one buffer per merge rule and dtype, keyed
+``"RULE/DTYPE"`` with RULE in ``RULES``: ``mean`` (the weighted mean), ``pmean`` and ``pvar`` (a
+BatchNorm-style (mean, variance) pair at the same offsets of two buffers, merged by the law of total
+variance) and ``max`` (AMSGrad's max). ``merge_parts`` merges one shard's slice of every learner with
+``elementwise``'s numpy arithmetic, chunk by chunk, so that the merged slice equals that slice of
+``averaging.average_states`` bit for bit. It imports numpy and the core's ``elementwise`` only: a shard's
+process (``runtime.shards``) loads no torch, and starts about a CPU-second sooner (docs/LOG.md,
+2026-11-24, afternoon): at a run's start the shards start beside the learners' first steps, and a shard
+that Ray restarts mid-run does so on a round's critical path.
+
+``ShardMerge`` is what a pool of shards returns for a round (``payload.ShardPool``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raytrain_seq.elementwise import merge_mean_var, weighted_max, weighted_mean
+
+__all__ = ["CHUNK", "RULES", "ShardMerge", "merge_parts", "part_nbytes"]
+
+RULES = ("mean", "pmean", "pvar", "max")
+# Elements merged per step: the float64 temporaries of a chunk (3 x 2 MiB, allocated once per merge) stay
+# in the last-level cache, and a 50 MB slice takes ~50 steps, so the per-call overhead of the numpy ops
+# is negligible (smaller chunks with fresh temporaries each were slower: docs/LOG.md, 2026-11-23).
+CHUNK = 1 << 18
+
+
+@dataclass(frozen=True)
+class ShardMerge:
+    """What a pool's merge of one round gives: the merged parts (one per shard) and, per shard, the bytes
+    it received and sent and the seconds it took to read and merge; or, when some shard could not read
+    them in time, the indices of those payloads (``unreadable``), and no parts: the caller drops those
+    learners and merges the others again (a learner frozen after it sent its round owns slices that a
+    reader on another node waits for)."""
+
+    parts: tuple[Any, ...] = ()
+    loads: tuple[dict[str, float], ...] = ()
+    unreadable: frozenset[int] = frozenset()
+
+
+def part_nbytes(part: Mapping[str, Any]) -> int:
+    """Bytes of one part's arrays (a buffer's slice is an array, or a sequence of pieces of one)."""
+    return sum(int(np.asarray(a).nbytes) for value in part.values() for a in _pieces(value))
+
+
+def _pieces(value: Any) -> list[np.ndarray]:
+    """A buffer's slice as its list of pieces (a flat array is one piece)."""
+    return [value] if isinstance(value, np.ndarray) else list(value)
+
+
+def _segments(slices: Sequence[Any], n: int) -> list[tuple[int, int, list[np.ndarray]]]:
+    """[lo, hi) segments of ``n`` elements, each inside one piece of every learner's slice and at most
+    CHUNK long, with every learner's view of it. E.g. pieces (4, 6) and (10,): segments [0, 4), [4, 10)."""
+    pieces = [_pieces(value) for value in slices]
+    starts = [np.cumsum([0, *(len(p) for p in learner)]) for learner in pieces]
+    cuts = sorted({int(c) for learner in starts for c in learner[:-1]} | set(range(0, n, CHUNK)) | {n})
+    out = []
+    for lo, hi in itertools.pairwise(cuts):
+        views = []
+        for learner, begin in zip(pieces, starts, strict=True):
+            i = int(np.searchsorted(begin, lo, side="right")) - 1
+            views.append(np.asarray(learner[i][lo - begin[i] : hi - begin[i]]))
+        out.append((lo, hi, views))
+    return out
+
+
+def merge_parts(parts: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+    """Merge one shard's slice of every learner (``parts[j]``: learner j's), by each buffer's rule. A
+    buffer's slice is a flat array or a sequence of pieces (``FlatLayout.slices``); the result is flat."""
+    if not parts:
+        raise ValueError("parts is empty: pass one part per learner of the round")
+    keys = set(parts[0])
+    lengths = [{k: sum(len(p) for p in _pieces(part[k])) for k in part} for part in parts]
+    for j, part in enumerate(parts):
+        if set(part) != keys or lengths[j] != lengths[0]:
+            raise ValueError(f"learner {j}'s part differs from learner 0's in buffers or lengths")
+    out: dict[str, np.ndarray] = {}
+    workspace = np.empty((3, min(CHUNK, max(lengths[0].values(), default=0))), dtype=np.float64)
+    for key in sorted(keys):
+        rule = key.split("/")[0]
+        if rule not in RULES:
+            raise ValueError(f"unknown buffer {key!r}: buffers are named RULE/DTYPE with RULE in {RULES}")
+        if rule == "pvar":
+            continue  # merged with its pmean
+        n = lengths[0][key]
+        out[key] = np.empty(n, dtype=np.dtype(key.split("/")[1]))
+        var_key = "pvar/" + key.split("/")[1]
+        if rule == "pmean":
+            out[var_key] = np.empty(n, dtype=out[key].dtype)
+            # A pair's mean and variance lie at the same offsets (FlatLayout.of): one cut serves both.
+            values = [(part[key], part[var_key]) for part in parts]
+            segments = zip(
+                _segments([m for m, _ in values], n), _segments([v for _, v in values], n), strict=True
+            )
+            for (lo, hi, means), (lo2, hi2, variances) in segments:
+                if (lo, hi) != (lo2, hi2):
+                    raise ValueError(f"{key!r} and {var_key!r} are cut differently: not a (mean, var) pair")
+                out[key][lo:hi], out[var_key][lo:hi] = merge_mean_var(means, variances, weights)
+            continue
+        for lo, hi, views in _segments([part[key] for part in parts], n):
+            if rule == "mean":
+                weighted_mean(views, weights, out=out[key][lo:hi], workspace=workspace)
+            else:
+                out[key][lo:hi] = weighted_max(views, weights)
+    return out
