@@ -60,9 +60,10 @@ def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | Non
     learner is widened into a float64 scratch first (exact) and subtracted in place: the same values as
     torch.sub's type promotion, whose mixed-dtype kernel is several times slower. Each term w_j d_j is
     rounded before it is added, not fused into one multiply-add (``add_(alpha=)`` rounds once, and numpy
-    cannot): so ``elementwise``'s numpy arithmetic, which a shard runs, gives the same bits. ``workspace``: a float64
-    [3, >= numel] tensor on that device holding the three temporaries (base, sum, scratch), so that a
-    caller merging chunk after chunk allocates them once; the result is then a view into it.
+    cannot), so that ``elementwise``'s numpy arithmetic, which a shard runs, gives the same bits.
+    ``workspace``: a float64 [3, >= numel] tensor on that device holding the three temporaries (base,
+    sum, scratch), so that a caller merging chunk after chunk allocates them once; the result is then a
+    view into it.
     """
     device = tensors[0].device
     kept = [(wj, t) for wj, t in zip(w.tolist(), tensors, strict=True) if wj > 0]

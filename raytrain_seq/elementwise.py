@@ -51,7 +51,7 @@ def normalised_weights(weights: Any, count: int) -> np.ndarray:
 
 def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """float64 values in ``dtype``, rounded as torch rounds them: torch casts float64 to float16 through
-    float32 (two roundings, which differ from numpy's direct cast in about 1 of 20,000 values)."""
+    float32 (two roundings, which now and then differ from numpy's direct cast in the last bit)."""
     if dtype == np.float16:
         return values.astype(np.float32).astype(np.float16)
     return values.astype(dtype)
