@@ -31,7 +31,7 @@ from raytrain_seq.elastic.assembly import (
 from raytrain_seq.packing import pack, shard
 from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.runtime.feed import create_feed, feed_geometry
-from raytrain_seq.runtime.partial_tasks import OBJECT_BYTES, object_bounds
+from raytrain_seq.runtime.partial_tasks import OBJECT_BYTES, lane_waits, object_bounds
 
 SEED = 0
 
@@ -408,6 +408,26 @@ def test_eval_shards_cover_every_id_once(served, split):
     ids = [v for spec in shard_.blocks for v in spec.ids]
     assert sorted(ids) == _videos(served["config"]).catalog(split).ids.tolist()
     assert shard_.center and shard_.epoch is None and shard_.recomputed == 40 and shard_.reused == 0
+
+
+def test_lane_waits_keep_at_most_lanes_tasks_running_and_every_task_in_order():
+    """Task k waits for task k - lanes (the worked example), so that however long each task takes, at most
+    ``lanes`` run at once and each lane runs in submission order; None waits for nothing."""
+    assert lane_waits(6, 2) == [None, None, 0, 1, 2, 3]
+    assert lane_waits(3, 5) == [None, None, None] == lane_waits(3, None)
+    assert lane_waits(0, 1) == []
+    rng = np.random.default_rng(0)
+    for tasks, lanes in ((40, 1), (40, 3), (7, 7)):
+        waits, seconds = lane_waits(tasks, lanes), rng.uniform(0.1, 2.0, tasks)
+        start, end = [0.0] * tasks, [0.0] * tasks
+        for k, wait in enumerate(waits):  # a task starts when the one it waits for has ended
+            start[k] = 0.0 if wait is None else end[wait]
+            end[k] = start[k] + seconds[k]
+        running = max(sum(s <= t < e for s, e in zip(start, end, strict=True)) for t in start)
+        assert running == min(lanes, tasks)  # not vacuous: the lanes are all used
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="lanes must be an int >= 1 or None"):
+            lane_waits(3, bad)
 
 
 def test_object_bounds_worked_example_and_cover():

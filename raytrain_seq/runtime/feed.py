@@ -76,6 +76,7 @@ from raytrain_seq.runtime.partial_tasks import (
     augment_task,
     fetch_arrays,
     flow_task,
+    lane_waits,
     object_bounds,
     placed,
     task_chunks,
@@ -274,16 +275,32 @@ class BlockFeed:
         task = augment_task()
         source, data = _source_kwargs(self._config), self._config.data
         placed_at: dict[int, CachedArray] = {}  # position in videos -> where its array will be
-        for chunk in task_chunks(len(videos), self._videos_per_task, renewal):
+        chunks = task_chunks(len(videos), self._videos_per_task, renewal)
+        # An evaluation split's videos (epoch None) run in lanes; an epoch's run as CPUs come free.
+        waits = lane_waits(len(chunks), self._eval_lanes() if all(e is None for e in epochs) else None)
+        reports: list[Any] = []
+        for chunk, wait in zip(chunks, waits, strict=True):
             ids = [videos[k] for k in chunk]
             bounds = self._bounds(ids)
             out = task.options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus).remote(
                 source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
-                bounds=bounds,
+                bounds=bounds, after=None if wait is None else reports[wait],
             )  # fmt: skip
             placed_at.update(placed(chunk, bounds, out[:-1]))
+            reports.append(out[-1])
             self._info_refs.append(out[-1])
         return [placed_at[k] for k in range(len(videos))]
+
+    def _eval_lanes(self) -> int:
+        """How many of an evaluation split's tasks run at once: the cluster's CPUs beyond one per learner,
+        at least one. The validation rows are launched when the evaluator starts, before Ray Train places
+        the learners: all at once, their tasks took every free CPU, each in a worker process of its own
+        (two of the demo's three then stayed idle for the run), and slowed the learners' start
+        (docs/LOG.md, 2026-11-24, afternoon). Once the learners run, they leave these CPUs free anyway."""
+        import ray
+
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        return max(1, cpus - self._config.train.max_learners)
 
     def _launch_windows(
         self, videos: list[int], epochs: list[int | None], renewal: Sequence[int] | None = None

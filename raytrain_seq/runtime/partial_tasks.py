@@ -31,6 +31,7 @@ __all__ = [
     "augment_task",
     "fetch_arrays",
     "flow_task",
+    "lane_waits",
     "object_bounds",
     "placed",
     "task_chunks",
@@ -86,6 +87,17 @@ def task_chunks(count: int, per_task: int, keys: Sequence[Any] | None) -> list[l
     return sorted(tasks, key=lambda task: task[0])
 
 
+def lane_waits(tasks: int, lanes: int | None) -> list[int | None]:
+    """For each of ``tasks`` tasks, the task it waits for, so that at most ``lanes`` run at once (None:
+    all at once). Task k waits for task k - lanes: 6 tasks over 2 lanes run 0 -> 2 -> 4 and 1 -> 3 -> 5,
+    i.e. [None, None, 0, 1, 2, 3]."""
+    if lanes is None:
+        return [None] * tasks
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+        raise ValueError(f"lanes must be an int >= 1 or None, got {lanes!r}")
+    return [k - lanes if k >= lanes else None for k in range(tasks)]
+
+
 def placed(
     items: Sequence[Any], bounds: list[tuple[int, int]], refs: Sequence[Any]
 ) -> dict[Any, CachedArray]:
@@ -107,7 +119,9 @@ def _chunk_of(body):
     """A task body's ``(*arrays, info)`` as ``(*objects, info)``: the arrays grouped by ``bounds`` (one
     list per object), the report its own object (the feed reads reports without fetching arrays)."""
 
-    def task(*args, bounds: list[tuple[int, int]]):
+    # ``after``: the report of the task this one waits for (lane_waits). Its value is not used: Ray starts
+    # a task only once its arguments exist, and the report is a few bytes, where the arrays would travel.
+    def task(*args, bounds: list[tuple[int, int]], after: Any = None):
         *arrays, info = body(*args)
         return (*_grouped(arrays, bounds), info)
 
