@@ -276,8 +276,7 @@ class BlockFeed:
         source, data = _source_kwargs(self._config), self._config.data
         placed_at: dict[int, CachedArray] = {}  # position in videos -> where its array will be
         chunks = task_chunks(len(videos), self._videos_per_task, renewal)
-        # An evaluation split's videos (epoch None) run in lanes; an epoch's run as CPUs come free.
-        waits = lane_waits(len(chunks), self._eval_lanes() if all(e is None for e in epochs) else None)
+        waits = self._waits(len(chunks), epochs)
         reports: list[Any] = []
         for chunk, wait in zip(chunks, waits, strict=True):
             ids = [videos[k] for k in chunk]
@@ -291,16 +290,19 @@ class BlockFeed:
             self._info_refs.append(out[-1])
         return [placed_at[k] for k in range(len(videos))]
 
-    def _eval_lanes(self) -> int:
-        """How many of an evaluation split's tasks run at once: the cluster's CPUs beyond one per learner,
-        at least one. The validation rows are launched when the evaluator starts, before Ray Train places
-        the learners: all at once, their tasks took every free CPU, each in a worker process of its own
-        (two of the demo's three then stayed idle for the run), and slowed the learners' start
-        (docs/LOG.md, 2026-11-24, afternoon). Once the learners run, they leave these CPUs free anyway."""
+    def _waits(self, tasks: int, epochs: Sequence[int | None]) -> list[int | None]:
+        """``lane_waits`` of a launch's ``tasks``: an evaluation split's (every epoch None) run in as many
+        lanes as the cluster has CPUs beyond one per learner (at least one); an epoch's run as CPUs come
+        free. The validation rows are launched when the evaluator starts, before Ray Train places the
+        learners: all at once, their tasks took every free CPU, each in a worker process of its own (two
+        of the demo's three then stayed idle for the run), and slowed the learners' start (docs/LOG.md,
+        2026-11-24, afternoon). Once the learners run, they leave these CPUs free anyway."""
+        if not all(e is None for e in epochs):
+            return lane_waits(tasks, None)
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        return max(1, cpus - self._config.train.max_learners)
+        return lane_waits(tasks, max(1, cpus - self._config.train.max_learners))
 
     def _launch_windows(
         self, videos: list[int], epochs: list[int | None], renewal: Sequence[int] | None = None
@@ -313,14 +315,22 @@ class BlockFeed:
         source, data = _source_kwargs(self._config), self._config.data
         flows = {v: self._flows[v] for v in videos if v in self._flows}
         todo = [(v, e) for v, e in zip(videos, epochs, strict=True) if v not in flows]
-        for chunk in task_chunks(len(todo), self._videos_per_task, None):
+        chunks = task_chunks(len(todo), self._videos_per_task, None)
+        # In lanes as in _launch; the window tasks then follow their flows' (each waits for its inputs).
+        waits = self._waits(len(chunks), [e for _, e in todo])
+        reports: list[Any] = []
+        for chunk, wait in zip(chunks, waits, strict=True):
             ids, chunk_epochs = [todo[k][0] for k in chunk], [todo[k][1] for k in chunk]
             bounds = self._bounds(ids)
             out = (
                 flow_task()
                 .options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus)
-                .remote(source, ids, chunk_epochs, data.cache_size, bounds=bounds)
-            )
+                .remote(
+                    source, ids, chunk_epochs, data.cache_size, bounds=bounds,
+                    after=None if wait is None else reports[wait],
+                )
+            )  # fmt: skip
+            reports.append(out[-1])
             made = placed(ids, bounds, out[:-1])
             flows.update(made)
             self._flows.update((v, made[v]) for v, e in zip(ids, chunk_epochs, strict=True) if e is not None)
