@@ -207,6 +207,32 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+# Fields of /proc/PID/stat after the ")" that ends the command, 0-based: 1 ppid, 11 utime, 12 stime,
+# 13 cutime, 14 cstime (the last four in clock ticks).
+STAT_PPID, STAT_UTIME, STAT_STIME, STAT_CUTIME, STAT_CSTIME = 1, 11, 12, 13, 14
+
+
+def processes(*, titles: bool = False) -> dict[int, tuple[list[str], str]]:
+    """Every live process: pid -> (its /proc/PID/stat fields after the command, its title: the first word
+    of its command line, "" unless ``titles``). A process that ends while it is read is left out (its CPU
+    time goes to its parent's cutime and cstime)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            title = ""
+            if titles:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    title = f.read(200).split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        out[int(entry)] = (fields, title)
+    return out
+
+
 def machine_info() -> dict[str, Any]:
     """Cores, memory, CPU model, GPU, versions and the date: the header of docs/BENCHMARKS.md."""
     cpu = platform.processor() or platform.machine()

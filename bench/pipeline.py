@@ -43,6 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import STAT_CSTIME, STAT_CUTIME, STAT_PPID, STAT_STIME, STAT_UTIME, processes
+
 from raytrain_seq.augment import final_augment, partial_augment
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
@@ -74,17 +76,9 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     root = os.getpid() if root is None else root
     tick = os.sysconf("SC_CLK_TCK")
     parent, cpu = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the process ended between listdir and open: its time went to its parent's cutime
-        # After the ")" of the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15), 0-based.
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = sum(int(v) for v in fields[11:15]) / tick
+    for pid, (fields, _) in processes().items():
+        parent[pid] = int(fields[STAT_PPID])
+        cpu[pid] = sum(int(fields[k]) for k in (STAT_UTIME, STAT_STIME, STAT_CUTIME, STAT_CSTIME)) / tick
     tree, frontier = {root}, [root]
     while frontier:
         pid = frontier.pop()

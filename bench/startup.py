@@ -42,6 +42,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import STAT_STIME, STAT_UTIME, processes
+
 from raytrain_seq.config import Config
 
 SAMPLE_S = 0.25
@@ -94,19 +96,11 @@ class ProcSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            now, rows = time.time(), {}
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
-                    continue
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    with open(f"/proc/{entry}/cmdline", "rb") as f:
-                        title = f.read(200).split(b"\0")[0].decode(errors="replace")
-                except OSError:
-                    continue  # the process ended between listdir and open
-                # After the ")" of the command: state ppid ... utime(11) stime(12), 0-based.
-                rows[int(entry)] = ((int(fields[11]) + int(fields[12])) / self._tick, title)
+            now = time.time()
+            rows = {
+                pid: ((int(fields[STAT_UTIME]) + int(fields[STAT_STIME])) / self._tick, title)
+                for pid, (fields, title) in processes(titles=True).items()
+            }
             self.samples.append((now, rows))
             self._stop.wait(SAMPLE_S)
 
