@@ -8,8 +8,8 @@ and ``position.json``. ``state.pt`` is ``{"format": 2, "state": AveragedState.to
 epoch position and round, readable without torch.
 
 Schedule: round r is a checkpoint when ``r % every == 0``, except the run's final round, which the end
-of the run checkpoints anyway (``is_due``). Ray Train writes the folders (the learner hands it a folder
-made by ``save``); every reader goes through ``load``/``load_latest``: the learner (Ray Train's latest
+of the run checkpoints anyway (``is_due``). Ray Train writes the scheduled folders (the learner hands it
+a folder made by ``save``); rank 0 ``put``s the final one itself, as the run ends; every reader goes through ``load``/``load_latest``: the learner (Ray Train's latest
 checkpoint as a seed), the averager (resume and restart), the driver (``--resume``), fusion and
 ``--init-from``.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ __all__ = [
     "is_due",
     "load",
     "load_latest",
+    "put",
     "save",
     "stopped_error",
 ]
@@ -125,6 +127,29 @@ def save(
             "permissions of, the storage path; the previous checkpoints are untouched"
         ) from exc
     return folder
+
+
+def put(folder: str | Path, run_dir: str | Path, round: int) -> Path:
+    """Copy a checkpoint folder made by ``save`` into ``run_dir`` as ``folder_name(round)``; returns it.
+
+    Copied under a hidden name first and renamed, so no reader ever sees half a folder. A folder that
+    cannot be written raises ``CheckpointError`` naming it, and the previous checkpoints are untouched."""
+    target = Path(run_dir) / folder_name(round)
+    check_writable(target)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        shutil.copytree(folder, partial, dirs_exist_ok=True)  # a crashed attempt's leftover is overwritten
+        os.replace(partial, target)
+    except OSError as exc:
+        shutil.rmtree(
+            partial, ignore_errors=True
+        )  # on full storage this may fail too: the error below says why
+        raise CheckpointError(
+            f"cannot write checkpoint {target} ({exc.strerror or exc}): free space on, or fix the "
+            "permissions of, the storage path; the run stops here and the previous checkpoints stay "
+            "loadable (--resume continues from the newest)"
+        ) from exc
+    return target
 
 
 def check_writable(folder: str | Path) -> None:

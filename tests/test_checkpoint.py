@@ -150,3 +150,21 @@ def test_stopped_error_reads_rank_zeros_message_or_names_the_run_folder(tmp_path
     assert str(tmp_path) in str(stopped_error(tmp_path)) and "--resume" in str(stopped_error(tmp_path))
     (tmp_path / STOPPED_FILE).write_text("cannot write checkpoint X: free space")
     assert str(stopped_error(tmp_path)) == "cannot write checkpoint X: free space"
+
+
+def test_put_places_a_saved_folder_whole_under_its_round_or_names_the_folder_it_cannot_write(tmp_path):
+    """The final checkpoint's path (rank 0 writes it without Ray Train): the saved folder appears under
+    its round's name and loads, no hidden partial folder is left behind; a file where the folder must go
+    raises CheckpointError naming the folder and the fix, and the earlier checkpoint still loads."""
+    from raytrain_seq.checkpoint import CheckpointError, folder_name, load, load_latest, put, save
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = save(tmp_path / "made", state=_state(4), position={"epoch": 2})
+    placed = put(saved, run_dir, 4)
+    assert placed == run_dir / folder_name(4) and load(placed).round == 4
+    assert sorted(p.name for p in run_dir.iterdir()) == [folder_name(4)]  # no .partial left
+    (run_dir / folder_name(6)).write_text("a file where a checkpoint folder must go")
+    with pytest.raises(CheckpointError, match=r"checkpoint_round_000006.*storage path"):
+        put(save(tmp_path / "made6", state=_state(6)), run_dir, 6)
+    assert load_latest(run_dir).round == 4

@@ -3,7 +3,7 @@
 ``run(config)`` is what ``jobs/ucf101.py`` calls. It connects to the Ray cluster the job runs in (or starts
 a local one), creates the two driver-side actors (``BlockFeed``: catalog, refurbishing cache, packing
 plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``DataParallelTrainer`` whose workers are
-the AAVG learners (``raytrain_seq.runtime.learner``), then joins the learners' last report with the
+the AAVG learners (``raytrain_seq.runtime.learner``), then joins rank 0's final metrics with the
 actors' statistics into ``summary.json`` and ``curves.png`` in the run folder. Not a ``TorchTrainer``:
 the learners average through the averager's actors and never call torch.distributed, and a
 ``TorchTrainer`` sets up a process group (gloo or NCCL, a rendezvous) at every start of the worker group,
@@ -206,20 +206,21 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
-    if "final_report_wall" not in (result.metrics or {}):  # the learners stopped on a checkpoint write
+    # Rank 0's final metrics are the train function's return value (learner.Learner.finish).
+    metrics = result.return_value if isinstance(result.return_value, dict) else {}
+    if "final_report_wall" not in metrics:  # the learners stopped on a checkpoint write
         for actor in (averager, feed):
             ray.kill(actor, no_restart=True)
         raise checkpoint.stopped_error(run_dir)
     summary = _summary(
         config,
-        result.metrics or {},
+        metrics,
         ray.get(averager.summary.remote()),
         ray.get(feed.stats.remote(wait=True)),
         ray.get(feed.model_spec.remote())["class_names"],
     )
-    metrics = result.metrics or {}
     # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
-    # its first step, "write" runs from its final report (checkpoint, Ray Train's shutdown, summary).
+    # its first step, "write" runs from its final metrics (checkpoint, Ray Train's shutdown, summary).
     if metrics.get("first_step_wall") is not None:
         summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - began_wall)
     marks.update(metrics.get("timeline") or {})
@@ -265,7 +266,7 @@ def _summary(
     feed: dict[str, Any],
     class_names: list[str] | None = None,
 ) -> RunSummary:
-    """Join rank 0's last report with the averager's and the feed's statistics.
+    """Join rank 0's final metrics with the averager's and the feed's statistics.
 
     The histories come from the averager (it outlives learner-group restarts); ``per_class_accuracy``
     names the learners' summed test tallies {class index: [correct, total]} with ``class_names``.

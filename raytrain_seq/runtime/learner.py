@@ -25,13 +25,14 @@ runs the whole loop with fakes; ``train_loop_per_worker`` builds the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ TEST_LEAD_EPOCHS = 2
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
-# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``.
+# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``. The final checkpoint goes to a
+# ``keep_final`` of the same shape, on rank 0 only (``Learner.finish``).
 Report = Callable[[dict[str, Any], Path | None], None]
 
 
@@ -93,12 +95,14 @@ class Learner:
         client: AveragerClient,
         feed: Any,
         report: Report,
+        keep_final: Report | None = None,
         checkpoint_seed: Callable[[], AveragedState | None] = lambda: None,
         metrics: Any = None,
         validate: bool = True,
     ) -> None:
         self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
         self.client, self.feed, self.report = client, feed, report
+        self.keep_final = keep_final or report  # rank 0's final checkpoint and metrics (``finish``)
         self.checkpoint_seed = checkpoint_seed
         self.validates = validate  # False: the averager's evaluator scores validation rounds
         self.metrics = metrics or _NoMetrics()
@@ -146,14 +150,15 @@ class Learner:
         self._trained_ids: list[int] = []  # video ids of the rows trained since the last round
 
     # ------------------------------------------------------------------------------------- training
-    def run(self) -> None:
+    def run(self) -> dict[str, Any] | None:
+        """Train, test, keep the final checkpoint; rank 0 returns the final metrics (``finish``)."""
         position = self.start()
         while not self.finished(position):
             position = self.train_epoch(position)
         close = getattr(self.feed, "close", None)
         if close is not None:
             close()  # a --steps run may end mid-epoch with the row stream still producing
-        self.finish(position)
+        return self.finish(position)
 
     def finished(self, position: EpochPosition) -> bool:
         """Whether training ends at ``position``: ``train.steps`` optimizer steps taken (N in AAVG
@@ -418,16 +423,24 @@ class Learner:
     # ------------------------------------------------------------------------------- reports, finish
     def _report(self, position: EpochPosition, *, with_checkpoint: bool, extra: dict | None = None) -> None:
         """``report`` on every rank (a barrier); rank 0 attaches the checkpoint."""
-        done = self.client.next_round - 1
-        metrics = {
-            "round": done,
+        metrics = self._metrics(position, extra)
+        if not with_checkpoint or self.rank != 0:
+            self.report(metrics, None)
+            return
+        with self._checkpoint_folder(position, metrics["round"]) as folder:
+            self.report(metrics, folder)
+
+    def _metrics(self, position: EpochPosition, extra: dict | None) -> dict[str, Any]:
+        return {
+            "round": self.client.next_round - 1,
             "epoch": position.epoch,
             "batch_size": self.client.batch_size,
             **(extra or {}),
         }
-        if not with_checkpoint or self.rank != 0:
-            self.report(metrics, None)
-            return
+
+    @contextlib.contextmanager
+    def _checkpoint_folder(self, position: EpochPosition, done: int) -> Iterator[Path]:
+        """A temporary folder holding the averager's round-``done`` checkpoint (``checkpoint.save``)."""
         state, history = self.client.checkpoint_contents(done)
         with tempfile.TemporaryDirectory() as folder:
             checkpoint.save(
@@ -438,16 +451,18 @@ class Learner:
                 position=position.as_dict(),
                 model_spec=self.model_spec,
             )
-            self.report(metrics, Path(folder))
+            yield Path(folder)
 
-    def finish(self, position: EpochPosition | None = None) -> None:
-        """Every rank scores its share of the test split and the averager sums the tallies; every rank
-        sends its last report, rank 0's with the final checkpoint and the summed test results.
+    def finish(self, position: EpochPosition | None = None) -> dict[str, Any] | None:
+        """Every rank scores its share of the test split and the averager sums the tallies; rank 0 hands
+        the final checkpoint and the summed test results to ``keep_final`` and returns those metrics (the
+        train function's return value, Ray Train's ``Result.return_value``); the other ranks return None.
 
-        Ray Train's ``Result.metrics`` are those of the latest checkpoint, so the final metrics must travel
-        with one (which also keeps the final averaged model). Every learner holds the same final averaged
-        model, so the shares add up to the whole split scored by that one model. ``position``: where
-        training ended (the final checkpoint's position; by default the end of ``train.epochs``).
+        No ``ray.train.report`` at the end: Ray Train's controller would take one poll to collect it and
+        another to see the function return, where a return alone takes one (docs/LOG.md, 2026-11-24,
+        evening). Every learner holds the same final averaged model, so the shares add up to the whole
+        split scored by that one model. ``position``: where training ended (the final checkpoint's
+        position; by default the end of ``train.epochs``).
         """
         if position is None:
             position = EpochPosition(self.config.train.epochs).with_steps(self.steps_done)
@@ -497,7 +512,12 @@ class Learner:
             )  # fmt: skip
         extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
         self.marks["final_report"] = extra["final_report_wall"]
-        self._report(position, with_checkpoint=True, extra=extra)
+        if self.rank != 0:
+            return None  # no barrier at the end: nothing waits for this learner
+        metrics = self._metrics(position, extra)
+        with self._checkpoint_folder(position, metrics["round"]) as folder:
+            self.keep_final(metrics, folder)
+        return metrics
 
 
 def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
@@ -552,7 +572,7 @@ def _latest_state(config: Config) -> AveragedState | None:
     return None if found is None else found.state
 
 
-def train_loop_per_worker(loop_config: dict) -> None:
+def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "names": {...}, "torch_threads"}."""
     import ray
     import ray.train
@@ -602,6 +622,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         client=client,
         feed=LearnerFeed(feed, epochs=train.max_epochs),
         report=functools.partial(_ray_train_report, run_dir=config.run_dir()),
+        keep_final=lambda metrics, folder: checkpoint.put(folder, config.run_dir(), metrics["round"]),
         # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
@@ -611,13 +632,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
     if started is not None:
         ray.get(started)  # raises here what the feed raised (its launch is done or nearly so by now)
     try:
-        learner.run()
+        return learner.run()  # rank 0's final metrics: the driver reads them as Result.return_value
     except checkpoint.CheckpointError as exc:
-        # Every rank stops here at the same report, so the group ends without a failure that Ray Train
-        # would retry; the driver raises the error (from this file, or naming the run folder).
+        # Every rank stops here at the same report (the final checkpoint: rank 0 alone, the others have
+        # returned), so the group ends without a failure that Ray Train would retry; the driver raises the
+        # error (from this file, or naming the run folder).
         logger.error("learner %d stops: %s", rank, exc)
         if rank == 0:
             try:
                 (config.run_dir() / checkpoint.STOPPED_FILE).write_text(str(exc))
             except OSError:  # the same full or locked storage: the driver then names the run folder
                 logger.exception("cannot write %s", checkpoint.STOPPED_FILE)
+    return None  # the driver sees no final metrics and raises the stop (driver.run)
