@@ -521,18 +521,25 @@ class TestRowsFeed(Feed):
 
 
 def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
+    """Rank 0 alone; the reports end with the final one (``keep_final``), which ``run`` also returns."""
     averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
     reports: list[dict] = []
+    finals: list[tuple[dict, list[str]]] = []
     try:
         learner = Learner(
             config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
             report=lambda metrics, folder: reports.append(metrics),
+            keep_final=lambda metrics, folder: finals.append((metrics, sorted(p.name for p in folder.iterdir()))),
         )  # fmt: skip
-        learner.run()
+        returned = learner.run()
     finally:
         transport.close()
-    return learner, reports
+    # The final checkpoint goes to keep_final alone (no report: nothing waits for it) and holds the files
+    # of checkpoint.save; the metrics handed over with it are the run's return value.
+    assert len(finals) == 1 and finals[0][1] == sorted([checkpoint.STATE_FILE, checkpoint.POSITION_FILE])
+    assert returned is finals[0][0] and all(r["round"] < returned["round"] for r in reports)
+    return learner, [*reports, returned]
 
 
 def test_test_rows_are_assembled_while_the_last_epochs_train():
