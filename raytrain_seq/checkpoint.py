@@ -9,9 +9,9 @@ epoch position and round, readable without torch.
 
 Schedule: round r is a checkpoint when ``r % every == 0``, except the run's final round, which the end
 of the run checkpoints anyway (``is_due``). Ray Train writes the scheduled folders (the learner hands it
-a folder made by ``save``); rank 0 ``put``s the final one itself, as the run ends; every reader goes through ``load``/``load_latest``: the learner (Ray Train's latest
-checkpoint as a seed), the averager (resume and restart), the driver (``--resume``), fusion and
-``--init-from``.
+a folder made by ``save``); rank 0 ``put``s the final one itself as the run ends. Every reader goes
+through ``load``/``load_latest``: the learner (the run's newest checkpoint as a seed), the averager
+(resume and restart), the driver (``--resume``), fusion and ``--init-from``.
 
 Contract: ``load_latest`` returns the newest checkpoint that loads; a corrupt or half-written one is
 skipped with a warning naming it, and the one before is used. ``save`` writes each file under a
@@ -141,9 +141,8 @@ def put(folder: str | Path, run_dir: str | Path, round: int) -> Path:
         shutil.copytree(folder, partial, dirs_exist_ok=True)  # a crashed attempt's leftover is overwritten
         os.replace(partial, target)
     except OSError as exc:
-        shutil.rmtree(
-            partial, ignore_errors=True
-        )  # on full storage this may fail too: the error below says why
+        # Only tidying: on full storage it may fail too, and the error raised below is the one that says why.
+        shutil.rmtree(partial, ignore_errors=True)
         raise CheckpointError(
             f"cannot write checkpoint {target} ({exc.strerror or exc}): free space on, or fix the "
             "permissions of, the storage path; the run stops here and the previous checkpoints stay "

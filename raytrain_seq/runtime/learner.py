@@ -5,22 +5,24 @@ learner gets the same number of rows), steps on mini-batches of B rows (``step.I
 streaming, its own Adam) and lets ``elastic.sync.LocalRounds`` average every K steps (K = -1: at the end
 of the epoch) through the ``AveragerClient``. Every m rounds the averaged model is validated: by the
 averager's evaluator actor (``runtime/evaluator.py``, the run's default: no learner waits for it) or, with
-``validate=True`` (tests, no evaluator), by rank 0, which reports it; the next round's answer carries B for everyone, so all learners take the same number of steps
-and meet at the same rounds without a barrier of their own.
+``validate=True`` (tests, no evaluator), by rank 0, which reports it; the next round's answer carries B
+for everyone, so all learners take the same number of steps and meet at the same rounds without a
+barrier of their own.
 
 Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
 starts or restarts (a failure, an elastic resize) begins from the averager's latest state and position,
 the rest of the epoch re-split over the new group; only when the averager holds nothing is it seeded from
 the run's newest checkpoint that loads. At a layout's end a learner sends its last row and goes on from the
 position the averager settles: the next epoch, or a make-up layout dealing the rows a dropped learner
-trained for rounds it missed (``elastic.position.settle``), so every row reaches one averaged round. A learner the others went on without (``Realigned``: it stalled past the
-timeout) takes their latest state and position and makes the ``ray.train.report`` calls of the
-checkpoint rounds it missed (Ray Train's report is a barrier, so the others wait for them). Checkpoints
-follow ``checkpoint.is_due`` right after a round: rank 0 saves the averager's state and history, every
-rank reports at the same rounds.
+trained for rounds it missed (``elastic.position.settle``), so every row reaches one averaged round. A
+learner the others went on without (``Realigned``: it stalled past the timeout) takes their latest state
+and position and makes the ``ray.train.report`` calls of the checkpoint rounds it missed (Ray Train's
+report is a barrier, so the others wait for them). Checkpoints follow ``checkpoint.is_due`` right after a
+round: rank 0 saves the averager's state and history, every rank reports at the same rounds. The run's
+final checkpoint is rank 0's alone, with no report (``Learner.finish``).
 
-The learner takes its collaborators through its constructor (``client``, ``feed``, ``report``), so a test
-runs the whole loop with fakes; ``train_loop_per_worker`` builds the real ones.
+The learner takes its collaborators through its constructor (``client``, ``feed``, ``report``,
+``keep_final``), so a test runs the whole loop with fakes; ``train_loop_per_worker`` builds the real ones.
 """
 
 from __future__ import annotations
