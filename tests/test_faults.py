@@ -282,6 +282,38 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
     print(f"stopped at checkpoint {blocked}: {message}")
 
 
+def test_a_final_checkpoint_that_cannot_be_written_stops_the_run_with_the_same_clear_error(cluster, tmp_path):
+    """The final checkpoint is rank 0's alone (no Ray Train report: the others have returned). A FILE
+    planted where it must go (round 3: K = one epoch, 3 epochs, no scheduled checkpoint) makes the run
+    raise one CheckpointError naming that folder and the fix, from rank 0's message in the run folder,
+    without Ray Train restarting the group (one group in the event log) and without a summary."""
+    from raytrain_seq import checkpoint
+    from raytrain_seq.elastic.events import EVENTS_FILE, EventLog
+
+    cluster.ensure_slots(2)
+    config = _config(tmp_path, "final-locked", learners=2, k=-1, checkpoint_every=100)
+    run_dir = config.run_dir()
+    run = Run(config)
+    run.wait(lambda: (run_dir / EVENTS_FILE).is_file(), "the run's event log", poll=0.05)
+    final = run_dir / checkpoint.folder_name(3)
+    final.write_text("a file where the final checkpoint folder must go")
+    with pytest.raises(checkpoint.CheckpointError) as caught:
+        run.finish()
+    message = str(caught.value)
+    assert "checkpoint_round_000003" in message and "storage path" in message and "--resume" in message, (
+        message
+    )
+    assert (run_dir / checkpoint.STOPPED_FILE).read_text() == message  # rank 0's own words reached the driver
+    assert final.is_file() and not (run_dir / "summary.json").exists()
+    groups = [
+        r
+        for r in EventLog(run_dir / EVENTS_FILE).read()
+        if r.get("type") == "membership" and r["event"] == "group"
+    ]
+    assert len(groups) == 1, groups  # Ray Train did not retry the write
+    print(f"stopped at the final checkpoint: {message}")
+
+
 def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_them(cluster):
     """A slice on another node is found through its owner: while the learner that put it is frozen
     (SIGSTOP, as a stalled process), a shard's merge gives up after its timeout and names that slice, and
