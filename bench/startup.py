@@ -58,7 +58,6 @@ ROLES = (
     ("ray::PreemptionWatcher", "Ray Train: helpers"),
     ("ray::_AutoscalingCoordinatorActor", "Ray Train: helpers"),
     ("ray::BlockFeed", "ours: feed"),
-    ("ray::EvaluatorActor", "ours: evaluator"),
     ("ray::ParameterAverager", "ours: averager"),
     ("ray::AveragingShard", "ours: averaging shards"),
     ("ray::augment_videos", "ours: data tasks (and idle task workers)"),

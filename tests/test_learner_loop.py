@@ -415,18 +415,21 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     history holds the Evaluator's accuracy of exactly those rounds. The final test pass: each of two
     learners scores its share and the averager's sums equal one model scoring the whole split."""
     from raytrain_seq.elastic.payload import InProcessStore
-    from raytrain_seq.runtime.evaluator import Evaluator
+    from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
     from raytrain_seq.step import evaluate
+
+    class RecordingEvaluator(Evaluator):
+        def validate(self, state):
+            scores[state.round] = super().validate(state)
+            return scores[state.round]
 
     config = _config()
     feed = Feed()
-    evaluator = Evaluator(config, feed=feed, store=InProcessStore())
     scores: dict[int, float] = {}
-
-    async def validator(state):
-        scores[state.round] = evaluator.validate(state)
-        return scores[state.round]
-
+    evaluator = RecordingEvaluator(config, feed=feed, store=InProcessStore())
+    # The run's validator: the averager starts it (an unstarted one refuses to score), and it scores on a
+    # thread of the averager's process.
+    validator = ThreadValidator(config, feed_name="unused", namespace="unused", build=lambda: evaluator)
     averager = ParameterAverager(
         1, timeout_s=30.0, validate_every=2, batch_size=2, adaptive_batch=False, validator=validator
     )
@@ -479,6 +482,42 @@ class WideValFeed(Feed):
         from raytrain_seq.elastic.assembly import BlockRowStream
 
         return BlockRowStream(Rows(_rows(11, 40)[rank::world_size]))
+
+
+def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_build():
+    """ThreadValidator: it refuses to score before start(); once started it scores on its thread exactly
+    what its Evaluator scores; it pickles unstarted (the driver hands it to the averager, and a restarted
+    averager starts its own); a build that raises is raised by every validation and named by error(),
+    which the averager's summary carries for the driver to raise."""
+    import pickle
+
+    from raytrain_seq.elastic.payload import InProcessStore
+    from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
+
+    config = _config()
+    feed = Feed()
+    evaluator = Evaluator(config, feed=feed, store=InProcessStore())
+    model = build_model_for(config, num_classes=CLASSES, in_channels=3)
+    state = AveragedState(params=dict(model.state_dict()), round=2, batch_size=2)
+    validator = ThreadValidator(config, feed_name="f", namespace="n", build=lambda: evaluator)
+    with pytest.raises(RuntimeError, match="start"):
+        asyncio.run(validator(state))
+    validator.start()
+    assert asyncio.run(validator(state)) == evaluator.validate(state) and evaluator.scored == [2, 2]
+    assert validator.error() is None
+    copy = pickle.loads(pickle.dumps(ThreadValidator(config, feed_name="f", namespace="n")))
+    with pytest.raises(RuntimeError, match="start"):  # travels unstarted
+        asyncio.run(copy(state))
+
+    def broken() -> Evaluator:
+        raise OSError("the validation videos are gone")
+
+    failing = ThreadValidator(config, feed_name="f", namespace="n", build=broken)
+    averager = ParameterAverager(1, timeout_s=30.0, validate_every=2, batch_size=2, validator=failing)
+    with pytest.raises(OSError, match="videos are gone"):
+        asyncio.run(failing(state))
+    assert "videos are gone" in failing.error()
+    assert "videos are gone" in asyncio.run(averager.summary())["validator_error"]
 
 
 def test_evaluator_threads_score_exactly_what_one_thread_scores():

@@ -19,8 +19,9 @@ re-seed, direct callers) are still averaged here, in a worker thread. ``summary(
 the bytes each averaging actor moved per round.
 
 Batch size: the averaged model of round r (r % m == 0) is validated while the learners already train
-round r+1 -- by the injected ``validator`` (``runtime.evaluator``: an evaluator actor reads the state
-from the object store; this actor reports its accuracy to itself) or, without one, by rank 0 through
+round r+1 -- by the injected ``validator`` (``runtime.evaluator.ThreadValidator``: an evaluator on a
+thread of this actor reads the state from the object store; this actor reports its accuracy to itself)
+or, without one, by rank 0 through
 ``report_validation`` -- and the result of round r+1 is not computed before that report arrives (waiting
 at most ``timeout_s``), so every learner gets the same B. ``report_test`` sums the learners' shares of
 the final test pass. Trade-off: one round of lag against the paper, where
@@ -125,6 +126,9 @@ class ParameterAverager:
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
         # None: a learner validates and calls report_validation, as before.
         self._validator = validator
+        start = getattr(validator, "start", None)
+        if start is not None:
+            start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
         self._test: dict[Learner, EvalResult] = {}  # the final test pass: each learner's share
         self._test_done: asyncio.Event | None = None
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
@@ -693,6 +697,9 @@ class ParameterAverager:
             hub_load=list(self._loads),
             test=self._test_totals() if self._test else None,
         )
+        error = getattr(self._validator, "error", None)
+        if error is not None and error() is not None:
+            out["validator_error"] = error()  # the driver raises it: no validation round was scored
         return out
 
 
@@ -738,7 +745,7 @@ def create_averager(
     from raytrain_seq.runtime.shards import RayShards
 
     kwargs.setdefault("shards", kwargs["world_size"])  # one shard per learner by default
-    ParameterAverager(**{**kwargs, "run_dir": None})
+    ParameterAverager(**{**kwargs, "run_dir": None, "validator": None})  # the actor starts the validator
     kwargs["shard_pool"] = RayShards  # the data plane: shard actors, created by the averager when needed
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")

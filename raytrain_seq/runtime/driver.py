@@ -140,16 +140,16 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from raytrain_seq.runtime.averager import create_averager
-    from raytrain_seq.runtime.evaluator import RayValidator, create_evaluator
+    from raytrain_seq.runtime.evaluator import ThreadValidator
     from raytrain_seq.runtime.learner import train_loop_per_worker
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
-    # Validation rounds are scored by an evaluator actor off the learners' path (runtime/evaluator.py).
-    evaluator = prepared = None
+    # Validation rounds are scored off the learners' path, by an evaluator on a thread of the averager
+    # (runtime/evaluator.py), which assembles the validation rows as soon as the averager starts.
+    validator = None
     if train.validate_every:
-        evaluator = create_evaluator(config, feed_name=names["feed"], namespace=NAMESPACE)
+        validator = ThreadValidator(config, feed_name=names["feed"], namespace=NAMESPACE)
         names["evaluator"] = "on"
-        prepared = evaluator.prepare.remote()  # the validation rows, assembled while epoch 1 trains
     averager = create_averager(
         names["averager"],
         namespace=NAMESPACE,
@@ -166,7 +166,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         merge_bn_stats=train.merge_bn_stats,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
         shards=train.shards,
-        validator=RayValidator(evaluator) if evaluator is not None else None,
+        validator=validator,
         tracker=config.run.tracker,
     )
     marks["actors_started"] = time.time()
@@ -201,8 +201,6 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             result = trainer.fit()
     finally:
         progress.close()
-    if evaluator is not None:
-        ray.get(prepared)  # long done: raises here if assembling the validation rows failed
     marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
@@ -212,10 +210,18 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         for actor in (averager, feed):
             ray.kill(actor, no_restart=True)
         raise checkpoint.stopped_error(run_dir)
+    averaging = ray.get(averager.summary.remote())
+    if averaging.get("validator_error"):  # every validation failed; the checkpoints are in the run folder
+        for actor in (averager, feed):
+            ray.kill(actor, no_restart=True)
+        raise RuntimeError(
+            "the evaluator could not be built or its validation rows assembled: "
+            f"{averaging['validator_error']} (the averager's log says more)"
+        )
     summary = _summary(
         config,
         metrics,
-        ray.get(averager.summary.remote()),
+        averaging,
         ray.get(feed.stats.remote(wait=True)),
         ray.get(feed.model_spec.remote())["class_names"],
     )
@@ -235,9 +241,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
     summary.seconds["total"] = time.perf_counter() - began  # the summary's own write is all that follows
     summary.write(run_dir)
-    for actor in (averager, feed, evaluator):
-        if actor is not None:
-            ray.kill(actor, no_restart=True)
+    for actor in (averager, feed):
+        ray.kill(actor, no_restart=True)
     return summary
 
 

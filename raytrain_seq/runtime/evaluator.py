@@ -7,23 +7,25 @@ object store itself, like a learner) to ``validate``, and reports the accuracy t
 back. Every learner goes on training meanwhile; the accuracy reaches ``AdaptiveBatchSize`` through the
 existing one-round lag (round r+1's result waits for it, at most ``timeout_s``), as when rank 0 validated.
 
-The evaluator is a Ray actor with ``num_cpus=0``: it holds nothing the learners or the row-assembly tasks
-need (the cluster check asks for learners + 1 CPUs, and a reserved fraction of a CPU would block the data
-tasks' whole CPU), so on a box with no spare core it competes with them for CPU time, but nobody waits
-for it except through the one-round-lag rule. It builds the run's model once (``build_model_for`` with
-the feed's model spec), caches the validation rows it assembles once (the feed's "val" evaluation shard,
-as the learner did), and scores each state with ``step.evaluate``.
+The evaluator runs on a thread of the averager actor (0 CPUs): it holds nothing the learners or the
+row-assembly tasks need, so on a box with no spare core it competes with them for CPU time, but nobody
+waits for it except through the one-round-lag rule. It builds the run's model once (``build_model_for``
+with the feed's model spec), caches the validation rows it assembles once (the feed's "val" evaluation
+shard, as the learner did), and scores each state with ``step.evaluate``.
 
 ``Evaluator`` is the plain class (a test runs it in process with a fake feed and an ``InProcessStore``);
-``EvaluatorActor`` builds the real feed and store inside the actor; ``RayValidator`` is the picklable
-callable the control plane awaits. ray is imported only inside the functions that talk to a cluster.
+``ThreadValidator`` is the picklable callable the control plane awaits, which builds the real feed,
+store and ``Evaluator`` on its thread once started. ray is imported only inside the functions that talk
+to a cluster.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -37,7 +39,7 @@ from raytrain_seq.step import EvalResult, collate_stream, eval_micro_batch_size,
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Evaluator", "EvaluatorActor", "RayValidator", "create_evaluator"]
+__all__ = ["Evaluator", "ThreadValidator"]
 
 
 class Evaluator:
@@ -111,35 +113,64 @@ class Evaluator:
         }
 
 
-class EvaluatorActor(Evaluator):
-    """The Ray actor: the run's feed (by name) and Ray's object store."""
+class ThreadValidator:
+    """The control plane's validator: ``await validator(state)`` scores ``state`` with an ``Evaluator`` that
+    lives on a thread of the process holding this object, the averager actor.
 
-    def __init__(self, config: dict, feed_name: str, namespace: str) -> None:
+    Why not an actor of its own: a process that imports torch and builds the model at the job's start
+    competes with Ray Train's start on a busy node, and the averager has torch loaded already. Interleaved
+    demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/LOG.md,
+    2026-11-24, evening). The evaluator keeps freed heap memory (``heap.py``) like a learner: without it
+    every validation page-faults its activations in again, and the learners beside it slowed by seconds.
+
+    ``start()`` (the averager calls it when it starts) builds the evaluator and assembles the validation
+    rows on that thread; validations queue behind it. Picklable until started, so the driver hands it to
+    the averager's constructor; a restarted averager builds a new one. ray is imported only on the thread.
+    """
+
+    def __init__(
+        self, config: Config, *, feed_name: str, namespace: str, build: Callable[[], Evaluator] | None = None
+    ) -> None:
+        self.config, self.feed_name, self.namespace = config, feed_name, namespace
+        self.build = build or self._evaluator_of_the_run  # tests pass an in-process Evaluator's maker
+        self._thread: ThreadPoolExecutor | None = None
+        self._evaluator: Future[Evaluator] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_thread": None, "_evaluator": None}  # a thread does not travel
+
+    def start(self) -> None:
+        """Build the evaluator in the background (once)."""
+        if self._thread is not None:
+            return
+        # Process-wide, as in a learner: one intra-op thread per scoring thread, freed memory kept.
+        torch.set_num_threads(1)
+        if self.config.train.keep_freed_memory:
+            keep_freed_memory()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluator")
+        self._evaluator = self._thread.submit(self._prepared)
+
+    def _prepared(self) -> Evaluator:
+        evaluator = self.build()
+        evaluator.prepare()  # the validation rows, assembled while Ray Train starts the learners
+        return evaluator
+
+    def _evaluator_of_the_run(self) -> Evaluator:
         from raytrain_seq.runtime.feed import get_feed
         from raytrain_seq.runtime.learner_feed import LearnerFeed
         from raytrain_seq.runtime.shards import RayStore
 
-        torch.set_num_threads(1)
-        config = Config.from_dict(config)
-        if config.train.keep_freed_memory:
-            keep_freed_memory()  # every validation reallocates what the last one freed (heap.py)
-        feed = LearnerFeed(get_feed(feed_name, namespace=namespace))
-        super().__init__(config, feed=feed, store=RayStore())
+        feed = LearnerFeed(get_feed(self.feed_name, namespace=self.namespace))
+        return Evaluator(self.config, feed=feed, store=RayStore())
 
+    def error(self) -> str | None:
+        """Why the evaluator could not be built (its validation rows assembled), once that is known."""
+        if self._evaluator is None or not self._evaluator.done() or self._evaluator.exception() is None:
+            return None
+        return repr(self._evaluator.exception())
 
-class RayValidator:
-    """The control plane's validator: ``await validator(state)`` runs ``validate`` on the evaluator actor."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    def __call__(self, state: AveragedState) -> Any:
-        return self.handle.validate.remote(state)  # an ObjectRef: awaitable in the asyncio actor
-
-
-def create_evaluator(config: Config, *, feed_name: str, namespace: str) -> Any:
-    """Start the evaluator actor (0 CPUs, restartable: it holds only caches)."""
-    import ray
-
-    options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 1}
-    return ray.remote(EvaluatorActor).options(**options).remote(config.to_dict(), feed_name, namespace)
+    async def __call__(self, state: AveragedState) -> dict[str, float]:
+        if self._thread is None or self._evaluator is None:
+            raise RuntimeError("ThreadValidator.start() was not called: the averager starts its validator")
+        evaluator = await asyncio.wrap_future(self._evaluator)  # raises what building it raised
+        return await asyncio.get_running_loop().run_in_executor(self._thread, evaluator.validate, state)

@@ -4,7 +4,7 @@ Per epoch the learner takes its shard of the epoch's BLoad plan (``LearnerFeed.e
 learner gets the same number of rows), steps on mini-batches of B rows (``step.InnerStep``: micro-batch
 streaming, its own Adam) and lets ``elastic.sync.LocalRounds`` average every K steps (K = -1: at the end
 of the epoch) through the ``AveragerClient``. Every m rounds the averaged model is validated: by the
-averager's evaluator actor (``runtime/evaluator.py``, the run's default: no learner waits for it) or, with
+averager's evaluator (``runtime/evaluator.py``, the run's default: no learner waits for it) or, with
 ``validate=True`` (tests, no evaluator), by rank 0, which reports it; the next round's answer carries B
 for everyone, so all learners take the same number of steps and meet at the same rounds without a
 barrier of their own.
