@@ -120,8 +120,8 @@ class ThreadValidator:
     Why not an actor of its own: a process that imports torch and builds the model at the job's start
     competes with Ray Train's start on a busy node, and the averager has torch loaded already. Interleaved
     demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/LOG.md,
-    2026-11-24, evening). The evaluator keeps freed heap memory (``heap.py``) like a learner: without it
-    every validation page-faults its activations in again, and the learners beside it slowed by seconds.
+    2026-11-24, evening). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
+    validation maps its activations afresh (a try without it: the learners' compute 4-5 s longer a demo).
 
     ``start()`` (the averager calls it when it starts) builds the evaluator and assembles the validation
     rows on that thread; validations queue behind it. Picklable until started, so the driver hands it to
@@ -132,7 +132,7 @@ class ThreadValidator:
         self, config: Config, *, feed_name: str, namespace: str, build: Callable[[], Evaluator] | None = None
     ) -> None:
         self.config, self.feed_name, self.namespace = config, feed_name, namespace
-        self.build = build or self._evaluator_of_the_run  # tests pass an in-process Evaluator's maker
+        self.build = build  # None: the run's evaluator (the feed by name, Ray's object store); tests pass one
         self._thread: ThreadPoolExecutor | None = None
         self._evaluator: Future[Evaluator] | None = None
 
@@ -151,7 +151,7 @@ class ThreadValidator:
         self._evaluator = self._thread.submit(self._prepared)
 
     def _prepared(self) -> Evaluator:
-        evaluator = self.build()
+        evaluator = self.build() if self.build is not None else self._evaluator_of_the_run()
         evaluator.prepare()  # the validation rows, assembled while Ray Train starts the learners
         return evaluator
 
