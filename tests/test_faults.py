@@ -164,6 +164,17 @@ def _train_frames(config: Config) -> int:
     return int(catalog.lengths.sum())
 
 
+def _group_starts(run_dir) -> list[dict[str, Any]]:
+    """The event log's records of learner groups started (one per Ray Train (re)start of the group)."""
+    from raytrain_seq.elastic.events import EVENTS_FILE, EventLog
+
+    return [
+        r
+        for r in EventLog(run_dir / EVENTS_FILE).read()
+        if r.get("type") == "membership" and r["event"] == "group"
+    ]
+
+
 def _rounds_since(state: dict[str, Any], generation: int) -> int:
     """Rounds averaged by the group of ``generation`` or later (the membership log marks group starts)."""
     starts = [
@@ -249,7 +260,6 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
     CheckpointError naming that folder and the fix, without Ray Train restarting the group to fail again
     (one group in the event log), and the previous checkpoint still loads."""
     from raytrain_seq import checkpoint
-    from raytrain_seq.elastic.events import EVENTS_FILE, EventLog
 
     cluster.ensure_slots(2)
     config = _config(tmp_path, "locked", learners=2, k=2, checkpoint_every=4)
@@ -274,11 +284,7 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
     assert blocked in planted and "storage path" in message and "--resume" in message, message
     found = checkpoint.load_latest(run_dir)
     assert found is not None and 4 <= found.round < blocked
-    groups = [
-        r
-        for r in EventLog(run_dir / EVENTS_FILE).read()
-        if r.get("type") == "membership" and r["event"] == "group"
-    ]
+    groups = _group_starts(run_dir)
     assert len(groups) == 1, groups  # the learners stopped together: Ray Train did not retry the write
     print(f"stopped at checkpoint {blocked}: {message}")
 
@@ -289,7 +295,7 @@ def test_a_final_checkpoint_that_cannot_be_written_stops_the_run_with_the_same_c
     raise one CheckpointError naming that folder and the fix, from rank 0's message in the run folder,
     without Ray Train restarting the group (one group in the event log) and without a summary."""
     from raytrain_seq import checkpoint
-    from raytrain_seq.elastic.events import EVENTS_FILE, EventLog
+    from raytrain_seq.elastic.events import EVENTS_FILE
 
     cluster.ensure_slots(2)
     config = _config(tmp_path, "final-locked", learners=2, k=-1, checkpoint_every=100)
@@ -306,11 +312,7 @@ def test_a_final_checkpoint_that_cannot_be_written_stops_the_run_with_the_same_c
     )
     assert (run_dir / checkpoint.STOPPED_FILE).read_text() == message  # rank 0's own words reached the driver
     assert final.is_file() and not (run_dir / "summary.json").exists()
-    groups = [
-        r
-        for r in EventLog(run_dir / EVENTS_FILE).read()
-        if r.get("type") == "membership" and r["event"] == "group"
-    ]
+    groups = _group_starts(run_dir)
     assert len(groups) == 1, groups  # Ray Train did not retry the write
     print(f"stopped at the final checkpoint: {message}")
 

@@ -440,7 +440,8 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
             report=lambda m, f: None, validate=False,
         )  # fmt: skip
         learner.run()
-        summary = transport("summary")
+        # The final round's validation may still be scoring on the evaluator thread: settle waits for it.
+        summary = transport("summary", settle=True)
     finally:
         transport.close()
     assert "report_validation" not in transport.calls  # nobody on the learner's side validated

@@ -682,8 +682,20 @@ class ParameterAverager:
         """The averaging shard actors (created now if not yet); empty when this process merges."""
         return self._pool.handles()
 
-    async def summary(self) -> dict[str, Any]:
-        """Per-learner totals, histories, drops, membership and recoveries, B and validations."""
+    async def summary(self, *, settle: bool = False) -> dict[str, Any]:
+        """Per-learner totals, histories, drops, membership and recoveries, B and validations.
+
+        settle: first wait (at most ``timeout_s``) for a validation still being scored. At the run's end
+        no next round waits for the final round's accuracy, and the history should hold it."""
+        future = self._validation_future
+        if settle and self._validator is not None and future is not None and not future.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(future), self._book.timeout_s)
+            except asyncio.TimeoutError:
+                logger.warning("averager: round %s's validation not scored in %g s: the summary goes without it",
+                               self._book.validation_due, self._book.timeout_s)  # fmt: skip
+            except Exception:  # _validate logged why it failed; the summary goes without it
+                pass
         out = self._history.summary()
         out.update(
             next_round=self._book.round,
@@ -698,8 +710,9 @@ class ParameterAverager:
             test=self._test_totals() if self._test else None,
         )
         error = getattr(self._validator, "error", None)
-        if error is not None and error() is not None:
-            out["validator_error"] = error()  # the driver raises it: no validation round was scored
+        message = error() if error is not None else None
+        if message is not None:
+            out["validator_error"] = message  # the driver raises it: no validation round was scored
         return out
 
 

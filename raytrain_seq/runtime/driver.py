@@ -207,13 +207,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # Rank 0's final metrics are the train function's return value (learner.Learner.finish).
     metrics = result.return_value if isinstance(result.return_value, dict) else {}
     if "final_report_wall" not in metrics:  # the learners stopped on a checkpoint write
-        for actor in (averager, feed):
-            ray.kill(actor, no_restart=True)
+        _release(averager, feed)
         raise checkpoint.stopped_error(run_dir)
-    averaging = ray.get(averager.summary.remote())
+    averaging = ray.get(averager.summary.remote(settle=True))  # with the final round's validation
     if averaging.get("validator_error"):  # every validation failed; the checkpoints are in the run folder
-        for actor in (averager, feed):
-            ray.kill(actor, no_restart=True)
+        _release(averager, feed)
         raise RuntimeError(
             "the evaluator could not be built or its validation rows assembled: "
             f"{averaging['validator_error']} (the averager's log says more)"
@@ -241,9 +239,16 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
     summary.seconds["total"] = time.perf_counter() - began  # the summary's own write is all that follows
     summary.write(run_dir)
-    for actor in (averager, feed):
-        ray.kill(actor, no_restart=True)
+    _release(averager, feed)
     return summary
+
+
+def _release(*actors: Any) -> None:
+    """End the run's driver-side actors (Ray would not restart them: the run is over)."""
+    import ray
+
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
 
 
 def _second(item: tuple[str, float]) -> float:

@@ -121,7 +121,7 @@ class ThreadValidator:
     competes with Ray Train's start on a busy node, and the averager has torch loaded already. Interleaved
     demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/LOG.md,
     2026-11-24, evening). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
-    validation maps its activations afresh (a try without it: the learners' compute 4-5 s longer a demo).
+    validation maps its activations afresh and the learners beside it slow down (the same LOG entry).
 
     ``start()`` (the averager calls it when it starts) builds the evaluator and assembles the validation
     rows on that thread; validations queue behind it. Picklable until started, so the driver hands it to
