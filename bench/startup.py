@@ -18,7 +18,9 @@ detached actor that outlives a run):
 Printed: each role's CPU seconds between ``fit()`` and the first step, and ``fit()`` to the first step
 against the bare trainer's ``fit()`` to ready, as a ratio. On a machine whose cores are all busy in that
 window (the CPU column sums to about cores x seconds), the start-up can only shrink by the CPU it stops
-spending; the roles say whose CPU that is. In-process, unlike ``make demo`` (a job submitted to a head),
+spending; the roles say whose CPU that is. Then each Ray process the job started in that window, in the order
+it started, with its CPU to the first step: what starts late (an actor created at the learners' join)
+shares the cores with the critical path there. In-process, unlike ``make demo`` (a job submitted to a head),
 there is no job supervisor and no working-dir package: the driver's own imports are also done before
 ``run``. ``--json`` prints the headline figures as one JSON last line.
 
@@ -129,6 +131,26 @@ def cpu_by_role(samples: list, begin: float, end: float, name: Callable[[str, in
     return out
 
 
+def births(samples: list, begin: float, end: float) -> list[tuple[float, str, float]]:
+    """The Ray processes first seen in [begin, end], in the order they started: (seconds from ``begin``,
+    the name Ray gave them (a worker is "ray::IDLE" until it takes an actor or a task, which may be after
+    ``end``: the last other name wins), their CPU seconds until ``end``). A process born between two
+    samples is dated by the later one, at most ``SAMPLE_S`` late."""
+    first: dict[int, float] = {}
+    names: dict[int, str] = {}
+    cpu: dict[int, float] = {}
+    for t, rows in samples:
+        for pid, (spent, title) in rows.items():
+            if t <= end:
+                first.setdefault(pid, t)
+                cpu[pid] = spent
+            if title.startswith("ray::") and (title != "ray::IDLE" or pid not in names):
+                names[pid] = title.split(".")[0]
+    return sorted(
+        (t - begin, names.get(pid, "?"), cpu[pid]) for pid, t in first.items() if t >= begin and pid in names
+    )
+
+
 def _bare_function(config: dict) -> None:
     import time
 
@@ -187,7 +209,9 @@ def run_job(config: Config) -> tuple[dict[str, Any], dict[str, list]]:
         began + timeline["first_step"],
         _role_of_this_driver,
     )
-    return {"seconds": summary.seconds, "timeline": timeline, "accuracy": summary.test_accuracy}, by_role
+    started = births(sampler.samples, began + timeline["fit"], began + timeline["first_step"])
+    job = {"seconds": summary.seconds, "timeline": timeline, "accuracy": summary.test_accuracy}
+    return {**job, "births": started}, by_role
 
 
 def _cluster(cpus: int) -> None:
@@ -257,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<44}{cpu:>8.2f}{cpu / total:>8.1%}{procs:>7}{bare_roles.get(name, (0.0,))[0]:>8.2f}")
     print(f"{'all':<44}{total:>8.2f}{'':>15}{bare_total:>8.2f}")
     print(f"{'window x cores':<44}{window * cores:>8.2f}{'':>15}{bare['ready'] * cores:>8.2f}")
+    print(
+        "\nRay processes started between fit() and the first step, in order (s from fit(); CPU to the first step)"
+    )
+    marks_from_fit = {k: line[k] - line["fit"] for k in marks[1:]}
+    for at, name, cpu in job["births"]:
+        passed = [k for k, t in marks_from_fit.items() if t <= at]
+        print(f"{at:>6.1f}  {name:<44}{cpu:>6.2f}" + (f"   (after {passed[-1]})" if passed else ""))
     if args.json:
         headline = {
             "startup_s": round(job["seconds"]["startup"], 2),

@@ -174,3 +174,16 @@ def test_averager_settles_a_round_that_dropped_a_learner_and_starts_the_make_up_
     again = _keys(split(2)[1][2:4]) + _keys(b for s in split(2) for b in s[8:])
     assert Counter(k for s in dealt for k in _keys(s)) == Counter(again)
     assert dataclasses.replace(make_up, history=()).close_layout() == EpochPosition(1, steps=4)
+
+
+def test_training_ends_at_the_epoch_count_or_the_step_count_not_before_a_make_up_layout():
+    """EpochPosition.ends_training, which the learners' loop and the averager (its last round's
+    validation) both ask: 2 epochs end at epoch 2's start, not at epoch 1's last row nor while a make-up
+    layout of a dropped learner's rows is still to deal; train.steps ends at that step count anywhere."""
+    last_row = EpochPosition(1, (), 2, 8, steps=8)
+    assert not last_row.ends_training(epochs=2)
+    assert last_row.close_layout().ends_training(epochs=2)  # nothing missed: the next epoch's start
+    missed = dataclasses.replace(last_row, missed=((1, 4, 8),))
+    assert not missed.close_layout().ends_training(epochs=2)  # a make-up layout of epoch 1 comes first
+    assert EpochPosition(0, (), 2, 3, steps=5).ends_training(epochs=2, steps=5)
+    assert not EpochPosition(3, steps=4).ends_training(epochs=2, steps=5)  # steps rule, not epochs

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -412,27 +413,31 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
 def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_split():
     """With a validator the learner never validates: the averager scores each validation round's averaged
     state itself (here an in-process Evaluator reading the flat state) and reports it, so the validation
-    history holds the Evaluator's accuracy of exactly those rounds. The final test pass: each of two
-    learners scores its share and the averager's sums equal one model scoring the whole split."""
+    history holds the Evaluator's accuracy of exactly those rounds; the last round's is scored only once
+    the test pass is over (it would take CPU from it). The final test pass: each of two learners scores its
+    share and the averager's sums equal one model scoring the whole split."""
     from raytrain_seq.elastic.payload import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
     from raytrain_seq.step import evaluate
 
     class RecordingEvaluator(Evaluator):
         def validate(self, state):
+            tested[state.round] = "report_test" in transport.calls
             scores[state.round] = super().validate(state)
             return scores[state.round]
 
     config = _config()
     feed = Feed()
     scores: dict[int, float] = {}
+    tested: dict[int, bool] = {}  # round -> whether the test pass was over when its scoring began
     evaluator = RecordingEvaluator(config, feed=feed, store=InProcessStore())
     # The run's validator: the averager starts it (an unstarted one refuses to score), and it scores on a
     # thread of the averager's process.
     validator = ThreadValidator(config, feed_name="unused", namespace="unused", build=lambda: evaluator)
     averager = ParameterAverager(
-        1, timeout_s=30.0, validate_every=2, batch_size=2, adaptive_batch=False, validator=validator
-    )
+        1, timeout_s=30.0, validate_every=2, batch_size=2, adaptive_batch=False, validator=validator,
+        epochs=config.train.epochs,
+    )  # fmt: skip
     transport = InProcess(averager)
     try:
         learner = Learner(
@@ -446,6 +451,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
         transport.close()
     assert "report_validation" not in transport.calls  # nobody on the learner's side validated
     assert evaluator.scored == [2, 4] and sorted(scores) == [2, 4]
+    assert tested == {2: False, 4: True}  # round 4 ends the 2 epochs (4 steps each, K=2): after the test
     history = summary["validation_history"]
     assert [(v["round"], v["accuracy"]) for v in history] == [
         (r, s["accuracy"]) for r, s in sorted(scores.items())
@@ -604,3 +610,13 @@ def test_a_failure_to_assemble_the_test_rows_ahead_stops_the_run():
     """What the background assembly raised is raised by the learner's test pass, not lost."""
     with pytest.raises(RuntimeError, match="test rows cannot be assembled"):
         _run_one(_config(), TestRowsFeed(fail=True))
+
+
+def test_rounds_at_an_epochs_end_are_logged_as_the_epoch_done(caplog):
+    """K = -1 averages at each epoch's last row: rank 0's round line says the epoch is done, not "8/0 rows"
+    (the round carries the last row's position, 8 of the shard's 8 rows)."""
+    with caplog.at_level(logging.INFO, logger="raytrain_seq.runtime.learner"):
+        _run_one(_config(k=-1), Feed())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
+    assert len(lines) == 2  # not vacuous: one round an epoch
+    assert [line.split(", ")[1].split(":")[0] for line in lines] == ["epoch 1/2 done", "epoch 2/2 done"]

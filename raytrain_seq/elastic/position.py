@@ -136,6 +136,13 @@ class EpochPosition:
         """The same place, ``steps`` optimizer steps into the run."""
         return dataclasses.replace(self, steps=int(steps))
 
+    def ends_training(self, *, epochs: int, steps: int | None = None) -> bool:
+        """Whether training ends here: ``steps`` optimizer steps taken (N in AAVG Algorithm 1, wherever in
+        an epoch that falls), else ``epochs`` epochs done (a make-up layout still to deal is not done)."""
+        if steps is not None:
+            return self.steps >= steps
+        return self.epoch >= epochs and self.rows_done == 0
+
     def as_dict(self) -> dict:
         """Plain ints and lists (JSON, ``torch.load(weights_only=True)``); ``from_dict`` reads it back."""
         history = [[w, r, *([[list(m) for m in rest[0]]] if rest else [])] for w, r, *rest in self.history]

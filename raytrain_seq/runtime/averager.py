@@ -23,9 +23,12 @@ round r+1 -- by the injected ``validator`` (``runtime.evaluator.ThreadValidator`
 thread of this actor reads the state from the object store; this actor reports its accuracy to itself)
 or, without one, by rank 0 through
 ``report_validation`` -- and the result of round r+1 is not computed before that report arrives (waiting
-at most ``timeout_s``), so every learner gets the same B. ``report_test`` sums the learners' shares of
-the final test pass. Trade-off: one round of lag against the paper, where
-round r+1 already trains with the new B, in exchange for validation staying off the critical path.
+at most ``timeout_s``), so every learner gets the same B. Trade-off: one round of lag against the paper,
+where round r+1 already trains with the new B, in exchange for validation staying off the critical path.
+``report_test`` sums the learners' shares of the final test pass. The round that ends training
+(``epochs``, ``steps``) has no round after it to wait for its accuracy: its validation starts once every
+learner's test share is in, so that it takes no CPU from the test pass (only ``summary(settle=True)``
+waits for it).
 A stalled learner costs the others ``timeout_s`` once; it is not waited for again until it rejoins.
 
 Elastic groups and crashes. Every round carries the learners' ``EpochPosition`` (epoch, rows consumed),
@@ -63,7 +66,7 @@ from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
 from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
-from raytrain_seq.elastic.position import settle_dict
+from raytrain_seq.elastic.position import EpochPosition, settle_dict
 from raytrain_seq.elastic.rounds import (
     Learner,
     RoundBook,
@@ -90,6 +93,8 @@ class ParameterAverager:
     (mean, var) pairs as plain means (flat payloads: the learner's layout says so, see
     ``FlatLayout.of``): the AAVG ablations. run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
+    epochs, steps: where training ends (``train.epochs``, ``train.steps``; ``EpochPosition.ends_training``
+    of a round's settled position); None: unknown, every validation starts when its round closes.
     """
 
     def __init__(
@@ -111,6 +116,8 @@ class ParameterAverager:
         shards: int = 1,
         shard_pool: Callable[[int], ShardPool] | None = None,
         validator: Callable[[AveragedState], Awaitable[Mapping[str, float]]] | None = None,
+        epochs: int | None = None,
+        steps: int | None = None,
         tracker: str = "none",
     ) -> None:
         flags = (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments))
@@ -118,6 +125,11 @@ class ParameterAverager:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         check_number("shards", shards, 1)
+        if epochs is not None:
+            check_number("epochs", epochs, 1)
+        if steps is not None:
+            check_number("steps", steps, 1)
+        self._end = None if epochs is None else {"epochs": epochs, "steps": steps}
         # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
         self._pool = (shard_pool or InProcessShards)(shards)
         self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
@@ -131,6 +143,7 @@ class ParameterAverager:
             start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
         self._test: dict[Learner, EvalResult] = {}  # the final test pass: each learner's share
         self._test_done: asyncio.Event | None = None
+        self._tested = asyncio.Event()  # every learner's test share is in: training is over
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
@@ -282,8 +295,14 @@ class ParameterAverager:
         return self._current()
 
     async def _validate(self, state: AveragedState) -> None:
-        """Have the validator score round ``state.round`` and report it; the learners go on meanwhile."""
+        """Have the validator score round ``state.round`` and report it; the learners go on meanwhile.
+        The round that ends training is scored after the test pass (see the module docstring)."""
         epoch = None if state.position is None else int(state.position.get("epoch", 0))
+        if self._ends_training(state):
+            try:
+                await asyncio.wait_for(self._tested.wait(), self._book.timeout_s)
+            except asyncio.TimeoutError:  # the learners stopped before testing: score it now
+                logger.warning("averager: no test pass in %g s after the last round", self._book.timeout_s)
         try:
             scores = dict(await self._validator(state))
         except Exception as exc:
@@ -304,6 +323,11 @@ class ParameterAverager:
             )
         except StaleRoundError as exc:  # a new group or a re-seed moved on: this report decides nothing
             logger.warning("averager: validation of round %d not taken (%s)", state.round, exc)
+
+    def _ends_training(self, state: AveragedState) -> bool:
+        if self._end is None or state.position is None:
+            return False
+        return EpochPosition.from_dict(state.position).ends_training(**self._end)
 
     async def _await_validation(self) -> None:
         due = self._book.validation_due
@@ -629,6 +653,7 @@ class ParameterAverager:
         )
         if len(self._test) >= world_size:
             self._test_done.set()
+            self._tested.set()
         try:
             await asyncio.wait_for(self._test_done.wait(), self._book.timeout_s)
         except asyncio.TimeoutError:

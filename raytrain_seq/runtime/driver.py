@@ -167,6 +167,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
         shards=train.shards,
         validator=validator,
+        epochs=train.epochs,  # the last round's validation waits for the test pass
+        steps=train.steps,
         tracker=config.run.tracker,
     )
     marks["actors_started"] = time.time()

@@ -163,12 +163,8 @@ class Learner:
         return self.finish(position)
 
     def finished(self, position: EpochPosition) -> bool:
-        """Whether training ends at ``position``: ``train.steps`` optimizer steps taken (N in AAVG
-        Algorithm 1, wherever in an epoch that falls), else ``train.epochs`` epochs done."""
-        steps = self.config.train.steps
-        if steps is not None:
-            return position.steps >= steps
-        return position.epoch >= self.config.train.epochs and position.rows_done == 0
+        """Whether training ends at ``position`` (``train.steps`` steps, else ``train.epochs`` epochs)."""
+        return position.ends_training(epochs=self.config.train.epochs, steps=self.config.train.steps)
 
     def start(self) -> EpochPosition:
         """Join the averager and take its latest state; returns where this group starts."""
@@ -225,7 +221,7 @@ class Learner:
             if self.rounds.step() or last:
                 # The N-th step ends the run with a round wherever it falls, so it ends averaged.
                 at = position.after(rows_done).with_steps(self.steps_done)
-                moved = self.average(at, shard_rows=shard_rows)
+                moved = self.average(at)
                 if moved is not None:
                     return moved  # the layout ended (next epoch, or a make-up layout), or a realignment
                 if last:
@@ -235,7 +231,7 @@ class Learner:
         if self.rounds.pending:
             # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
             # every epoch ends on an averaged model (the same for every learner: equal rows and B).
-            moved = self.average(position.after(rows_done).with_steps(self.steps_done), shard_rows=0)
+            moved = self.average(position.after(rows_done).with_steps(self.steps_done))
             if moved is not None:
                 return moved
         # Nothing left to average here (an empty make-up layout, or a shard already done): the epoch ends.
@@ -278,7 +274,7 @@ class Learner:
                 seconds += more[1]
         return batch, seconds
 
-    def average(self, position: EpochPosition, *, shard_rows: int) -> EpochPosition | None:
+    def average(self, position: EpochPosition) -> EpochPosition | None:
         """One averaging round; ``position`` is where training stands once it is averaged (at a layout's
         end: its last row). Returns the position to continue from when it is not ``position``'s place (the
         layout ended: the next epoch or a make-up layout of rows a dropped learner missed; or the others
@@ -303,7 +299,7 @@ class Learner:
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
                 time.perf_counter() - self.started, result.state.round,
-                _progress(position, shard_rows, self.config.train.epochs), stats["loss"],
+                _progress(position, self.shard_rows, self.config.train.epochs), stats["loss"],
                 self.client.batch_size, self.rounds.last_seconds,
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
@@ -535,9 +531,13 @@ def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
 
 
 def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
-    """Where a round falls: "epoch 3/10 done" at an epoch's end, or "epoch 4/10, 32/109 rows" inside."""
+    """Where a round falls: "epoch 3/10 done" at an epoch's end, or "epoch 4/10, 32/109 rows" inside.
+    A round at a layout's last row (K = -1: every round) still carries that row's position, 109 of 109:
+    the epoch is done there too."""
     if position.rows_done == 0:
         return f"epoch {position.epoch}/{epochs} done"
+    if position.rows_done >= shard_rows and not position.history:
+        return f"epoch {position.epoch + 1}/{epochs} done"
     return f"epoch {position.epoch + 1}/{epochs}, {position.rows_done}/{shard_rows} rows"
 
 
