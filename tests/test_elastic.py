@@ -293,6 +293,29 @@ def test_feed_start_launches_epoch_0_once_and_epoch_shard_serves_it_without_a_se
     assert other.start(2) == 0  # a group restarted after the feed served an epoch: nothing again
 
 
+def test_feed_prefetch_eval_launches_a_split_once_and_its_shards_serve_those_arrays():
+    """BlockFeed.prefetch_eval (the driver's, for the validation rows, as the feed starts) launches every
+    video of the split once, as an evaluation cache (epoch None); eval_shard then serves those arrays
+    without a second launch, and a bad split is refused by name."""
+    from raytrain_seq.runtime.feed import BlockFeed
+
+    calls: list[tuple[list[int], list]] = []
+
+    def launch(videos, epochs, renewal=None):
+        calls.append((list(videos), list(epochs)))
+        return [object() for _ in videos]
+
+    feed = BlockFeed(Config.from_preset("smoke"), launch=launch)
+    launched = feed.prefetch_eval("val")
+    assert launched > 0 and len(calls) == 1 and set(calls[0][1]) == {None}
+    assert feed.prefetch_eval("val") == 0 and len(calls) == 1
+    shard = feed.eval_shard("val", 0, 1)
+    assert len(calls) == 1  # served from the prefetched launch
+    assert sorted(v for block in shard.blocks for v in block.ids) == sorted(calls[0][0])
+    with pytest.raises(ValueError, match="'val' or 'test'"):
+        feed.prefetch_eval("train")
+
+
 def test_feed_serves_the_resplit_layout():
     """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
     from raytrain_seq.runtime.feed import BlockFeed

@@ -134,6 +134,12 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # next queued task, so the learners started only once that queue had drained (docs/LOG.md,
     # 2026-11-24). A GPU node is no different: its learners need a CPU each too.
     feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
+    if train.validate_every:
+        # The evaluator's rows (one lane of tasks, a CPU that Ray Train's placement leaves free) start on
+        # the core left idle while this process imports Ray Train and torch, not once the averager's
+        # process has imported torch (docs/LOG.md, 2026-11-24, late). A failure to launch them is raised
+        # again by the evaluator's own eval_shard call, which repeats the launch.
+        feed.prefetch_eval.remote("val")
     # Imported once the feed's process is starting: Ray Train and torch (about 2 CPU-s) load here while
     # the feed loads its catalog on the other core, instead of before it with that core idle.
     from ray.train import FailureConfig, RunConfig, ScalingConfig

@@ -167,9 +167,9 @@ class BlockFeed:
     """The pipeline's driver-side state; ``create_feed`` runs it as a threaded Ray actor.
 
     Public methods (all thread-safe): ``start(world_size)``, ``prefetch(epoch, world_size)``,
-    ``epoch_shard(epoch, rank, world_size) -> EpochShard``, ``eval_shard(split, rank, world_size) ->
-    EpochShard``, ``refs(ids, epoch) -> list[CachedArray]`` (epoch None: evaluation cache),
-    ``stats(wait=False, ids=False)``.
+    ``prefetch_eval(split)``, ``epoch_shard(epoch, rank, world_size) -> EpochShard``,
+    ``eval_shard(split, rank, world_size) -> EpochShard``, ``refs(ids, epoch) -> list[CachedArray]``
+    (epoch None: evaluation cache), ``stats(wait=False, ids=False)``.
     """
 
     def __init__(
@@ -503,19 +503,34 @@ class BlockFeed:
         rank, world_size = _rank(rank, world_size)
         with self._lock:
             catalog = self._catalogs[split]
-            if split not in self._eval_plans:
-                seed = plan_seed(self._seed, _EVAL_KEYS[split])
-                plan = pack(catalog.lengths, self.t_max, strategy=self._eval_strategy, seed=seed)
-                self._eval_plans[split] = (plan, {})
-                videos = catalog.ids.tolist()
-                refs = self._launcher(videos, [None] * len(videos))
-                self._eval_refs.update(zip(videos, refs, strict=True))
+            self._launch_eval(split)
             plan, by_world = self._eval_plans[split]
             if world_size not in by_world:
                 by_world[world_size] = plan_specs(
                     plan, world_size, catalog.ids.tolist(), catalog.labels.tolist(), None
                 )
             return self._shard(split, None, rank, world_size, by_world[world_size][rank], len(catalog), 0)
+
+    def prefetch_eval(self, split: str) -> int:
+        """Launch ``split``'s partial augmentations before anyone asks for its rows; returns the videos
+        launched (0: launched already). The driver launches the validation split's as the feed starts."""
+        if split not in _EVAL_KEYS:
+            raise ValueError(f"prefetch_eval split must be 'val' or 'test', got {split!r}")
+        with self._lock:
+            return self._launch_eval(split)
+
+    def _launch_eval(self, split: str) -> int:
+        """Pack ``split`` and launch its partial augmentations, once (the caller holds the lock)."""
+        if split in self._eval_plans:
+            return 0
+        catalog = self._catalogs[split]
+        seed = plan_seed(self._seed, _EVAL_KEYS[split])
+        plan = pack(catalog.lengths, self.t_max, strategy=self._eval_strategy, seed=seed)
+        self._eval_plans[split] = (plan, {})
+        videos = catalog.ids.tolist()
+        refs = self._launcher(videos, [None] * len(videos))
+        self._eval_refs.update(zip(videos, refs, strict=True))
+        return len(videos)
 
     def _shard(
         self, split: str, epoch: int | None, rank: int, world_size: int, specs, recomputed: int, reused: int
