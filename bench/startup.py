@@ -8,7 +8,8 @@ detached actor that outlives a run):
 1. **bare**: a Ray Train ``DataParallelTrainer`` of as many workers as the job's learners, with the job's
    Ray Train settings (``driver.train_env``), whose function imports torch and builds an Adam optimizer
    (the first optimizer of a process imports ``torch._dynamo``): ``fit()`` to a torch learner being
-   ready, with nothing of this project beside it. It is the floor that Ray Train sets on this machine.
+   ready, with nothing of this project beside it, and then returns: from its return to ``fit()``
+   returning is the end's floor. It is the floor that Ray Train sets on this machine.
 2. **job**: ``raytrain_seq.runtime.driver.run`` of the demo preset for ``--epochs`` epochs (start-up does
    not depend on how many follow). A thread reads /proc every ``SAMPLE_S``: the user + system CPU of every
    process, named by its title (``ray::BlockFeed``, ``ray::RayTrainWorker``, ...). From the summary:
@@ -16,7 +17,8 @@ detached actor that outlives a run):
    ``first_step``).
 
 Printed: each role's CPU seconds between ``fit()`` and the first step, and ``fit()`` to the first step
-against the bare trainer's ``fit()`` to ready, as a ratio. On a machine whose cores are all busy in that
+against the bare trainer's ``fit()`` to ready, as a ratio; the run's end (rank 0's final metrics to
+``fit()`` returning) beside the bare function's return to ``fit()`` returning. On a machine whose cores are all busy in that
 window (the CPU column sums to about cores x seconds), the start-up can only shrink by the CPU it stops
 spending; the roles say whose CPU that is. Then each Ray process the job started in that window, in the order
 it started, with its CPU to the first step: what starts late (an actor created at the learners' join)
@@ -155,23 +157,20 @@ def _bare_function(config: dict) -> None:
     import time
 
     started = time.time()
-    import ray.train
+    import ray.train  # noqa: F401 (the job's learners import it: its import is part of the floor)
     import torch
 
     torch.set_num_threads(1)
     model = torch.nn.Linear(8, 8)
     torch.optim.Adam(model.parameters())  # a process's first optimizer imports torch._dynamo
     ready = time.time()
-    with tempfile.TemporaryDirectory() as folder:
-        # Ray Train V2 returns the metrics of a report that carries a checkpoint.
-        Path(folder, "done").write_text("1")
-        checkpoint = ray.train.Checkpoint.from_directory(folder)
-        ray.train.report({"started": started, "ready": ready}, checkpoint=checkpoint)
+    # Rank 0's return value is the Result's return_value (the job's learners end the same way).
+    return {"started": started, "ready": ready, "ended": time.time()}
 
 
 def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str, list]]:
-    """One bare trainer on the current cluster: (seconds from ``fit()`` to its function and to ready, the
-    CPU by role between ``fit()`` and ready)."""
+    """One bare trainer on the current cluster: (seconds from ``fit()`` to its function and to ready, and
+    from the function's return to ``fit()`` returning; the CPU by role between ``fit()`` and ready)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
@@ -185,11 +184,13 @@ def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str,
     with ProcSampler() as sampler, train_env(config):
         fit = time.time()
         result = trainer.fit()
+        returned = time.time()
     if result.error is not None:
         raise result.error
-    metrics = result.metrics or {}
+    metrics = result.return_value
     by_role = cpu_by_role(sampler.samples, fit, metrics["ready"], _role_of_this_driver)
-    return {"function_started": metrics["started"] - fit, "ready": metrics["ready"] - fit}, by_role
+    times = {"function_started": metrics["started"] - fit, "ready": metrics["ready"] - fit}
+    return {**times, "end": returned - metrics["ended"]}, by_role
 
 
 def _role_of_this_driver(title: str, pid: int) -> str:
@@ -272,7 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         f"bare Ray Train trainer (median of {len(bares)}): fit() to the function {bare['function_started']:.1f} s, "
         f"to a torch learner ready {bare['ready']:.1f} s (runs: {readies})"
     )
-    print(f"fit() to the first step vs the bare trainer's fit() to ready: {window / bare['ready']:.2f}x\n")
+    print(f"fit() to the first step vs the bare trainer's fit() to ready: {window / bare['ready']:.2f}x")
+    # The run's end: from rank 0's final metrics (then its final checkpoint) to fit() returning, against
+    # the bare function's return to fit() returning: what Ray Train takes to see the group end and stop it.
+    job_end = line["fit_returned"] - line["final_report"]
+    ends = ", ".join(f"{run['end']:.2f}" for run, _ in bares)
+    print(
+        f"the end: the job's final metrics to fit() returning {job_end:.2f} s; the bare function's return to "
+        f"fit() returning {bare['end']:.2f} s (runs: {ends})\n"
+    )
     total, bare_total = (sum(cpu for cpu, _ in roles.values()) for roles in (by_role, bare_roles))
     print(f"CPU seconds from fit() to the first step (job) and to ready (bare trainer); {cores} cores")
     print(f"{'role':<44}{'job':>8}{'share':>8}{'procs':>7}{'bare':>8}")
@@ -295,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             "bare_fit_to_ready_s": round(bare["ready"], 2),
             "bare_fit_to_function_s": round(bare["function_started"], 2),
             "fit_to_first_step_vs_bare": round(window / bare["ready"], 3),
+            "end_s": round(job_end, 2),
+            "bare_end_s": round(bare["end"], 2),
             "cpu_s": {name: round(cpu, 2) for name, (cpu, _) in sorted(by_role.items())},
             "cpu_s_all": round(total, 2),
             "bare_cpu_s_all": round(bare_total, 2),

@@ -526,3 +526,18 @@ def test_startup_cpu_by_role_counts_only_the_window_and_new_processes_from_zero(
         "ours: data tasks (and idle task workers)": [5.0, 1],
     }  # before the first sample everything counts from zero
     assert startup.sample_at(samples, -1.0) == {}
+
+
+def test_startup_births_lists_the_window_s_new_processes_in_order_by_their_later_ray_name():
+    """A process first seen inside [begin, end] is listed at its first sample's time from begin, under the
+    last name other than ray::IDLE that Ray gave it (even after end: a shard still starting), with its CPU
+    up to end; one born before begin, or not a Ray process, is not listed."""
+    samples = [
+        (0.0, {1: (1.0, "ray::BlockFeed")}),
+        (1.0, {1: (1.5, "ray::BlockFeed"), 2: (0.2, "/venv/bin/python")}),
+        (2.0, {1: (2.5, "ray::BlockFeed"), 2: (0.5, "ray::IDLE"), 3: (0.1, "ray::IDLE"), 4: (0.3, "sleep")}),
+        (3.0, {2: (0.9, "ray::RayTrainWorker.run"), 3: (0.4, "ray::IDLE")}),
+        (4.0, {2: (1.2, "ray::IDLE"), 3: (0.6, "ray::AveragingShard")}),
+    ]
+    got = startup.births(samples, 0.5, 3.0)
+    assert got == [(0.5, "ray::RayTrainWorker", 0.9), (1.5, "ray::AveragingShard", 0.4)]
