@@ -360,11 +360,17 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
             # one epoch more for one average per epoch, and epochs 6 % longer.
             per = {run: res[f"t_{run}"] / epochs[run] for run in ("aavg", "ddp")}
             more = epochs["aavg"] - epochs["ddp"]
+            longer = round(100 * (per["aavg"] / per["ddp"] - 1))
+            length = (
+                "as long as"
+                if longer == 0
+                else f"{abs(longer)} % {'longer' if longer > 0 else 'shorter'} than"
+            )
             split = (
                 f" AAVG's averaged model first scored it after epoch {epochs['aavg']} ({per['aavg']:.2f} s of "
                 f"learner time an epoch), DDP after epoch {epochs['ddp']} ({per['ddp']:.2f} s an epoch): AAVG "
                 f"needed {more} epoch(s) more (one average per epoch against an all-reduce every step), and its "
-                f"epochs took {100 * (per['aavg'] / per['ddp'] - 1):+.0f} % against DDP's."
+                f"epochs were {length} DDP's."
             )
         if speed < 1 and a.get("mean_averaging_s"):
             waiting, plane = a["waiting_s"], a["mean_averaging_s"] - a["waiting_s"]

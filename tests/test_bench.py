@@ -363,10 +363,10 @@ def test_a_slower_aavg_verdict_says_whether_epochs_or_speed_stand_in_the_way():
     text = " ".join(averaging.verdicts(res)[0])
     assert "(0.80x; above 1" in text
     assert "after epoch 5 (10.00 s of learner time an epoch), DDP after epoch 4 (10.00 s an epoch)" in text
-    assert "AAVG needed 1 epoch(s) more" in text and "its epochs took +0 % against DDP's" in text
+    assert "AAVG needed 1 epoch(s) more" in text and "its epochs were as long as DDP's" in text
     res["aavg"]["history"][1]["epoch"] = 4  # both there after epoch 4: AAVG's epochs are slower
     text = " ".join(averaging.verdicts(res)[0])
-    assert "AAVG needed 0 epoch(s) more" in text and "its epochs took +25 % against DDP's" in text
+    assert "AAVG needed 0 epoch(s) more" in text and "its epochs were 25 % longer than DDP's" in text
 
 
 def test_batch_growth_and_the_cost_terms_come_from_the_data():
