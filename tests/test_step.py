@@ -336,9 +336,16 @@ def test_mixed_precision_steps_stay_exact_across_micro_batches(precision):
     torch.manual_seed(0)
     reference = build_model(CLASSES, width=8, depth=2, hidden=16)
     InnerStep(reference, torch.optim.SGD(reference.parameters(), lr=0.0), micro_batch_size=7)(_batch(5))
+    # Regrouping the rows changes the order of low-precision roundings, so the gradients agree to a few
+    # units of the dtype's rounding, measured on the whole tensor: elementwise, a gradient that is a
+    # near-cancelling sum differs by more, and by how much depends on the CPU's bf16 kernels (docs/LOG.md,
+    # 2026-11-24, another VM). A lost or doubly-scaled micro-batch of 11 rows is off by 9 % or more.
+    eps = torch.finfo(torch.bfloat16 if precision == "bf16" else torch.float16).eps
     for name, param in reference.named_parameters():
         for micro in (1, 3):
-            assert torch.allclose(grads[micro][name], grads[7][name], rtol=1e-2, atol=1e-4), (name, micro)
+            full = grads[7][name]
+            assert full.norm() > 0, name  # a zero gradient would make the comparison vacuous
+            assert (grads[micro][name] - full).norm() <= 4 * eps * full.norm(), (name, micro)
         # Low precision forward: close to fp32, not equal (bf16 keeps 8 bits of mantissa).
         assert torch.allclose(grads[7][name], param.grad, rtol=0.1, atol=2e-2), name
 
