@@ -47,7 +47,8 @@ SIZES = {
 # Averaging every K steps and validating every M rounds gives the batch-size rule chances to act. B1 is
 # the paper's growth test (grow when validation falls below its best at all): from a warm start there is no
 # chance-level plateau for it to fire on. MAX_B caps B so that a grown batch's N steps fit the time budget
-# (every run here starts its own Ray Train group, about 30-40 s on 2 cores before its first step).
+# (every run here starts its own Ray Train group, a fixed cost before its first step that the budget pays
+# per run: docs/LOG.md, 2026-11-24, figures moved out of comments).
 K = 4
 M = 2
 B1 = 1.0

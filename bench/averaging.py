@@ -356,8 +356,9 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         split = ""
         epochs = {run: epoch_to_reach(res[run]["history"], res["target"]) for run in ("aavg", "ddp")}
         if speed < 1 and all(epochs.values()):
-            # e.g. AAVG there after epoch 5 in 11.9 s (2.37 s an epoch), DDP after epoch 4 in 8.9 s (2.23 s):
-            # one epoch more for one average per epoch, and epochs 6 % longer.
+            # An illustration with made-up round numbers: AAVG there after epoch 5 in 12.5 s (2.5 s an
+            # epoch), DDP after epoch 4 in 8.0 s (2.0 s an epoch): one epoch more for one average per epoch,
+            # and epochs round(100 * (2.5 / 2.0 - 1)) = 25 % longer.
             per = {run: res[f"t_{run}"] / epochs[run] for run in ("aavg", "ddp")}
             more = epochs["aavg"] - epochs["ddp"]
             longer = round(100 * (per["aavg"] / per["ddp"] - 1))
@@ -394,7 +395,7 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         f"({b['actor'] / b['numpy']:.2f}x a one-process numpy mean at {b['numpy']:,.0f} MB/s; the library arithmetic "
         f"alone {b['library']:,.0f} MB/s). This job's model sends {job_mb:.2f} MB per learner per round, i.e. "
         f"{2 * job_mb / b['actor'] * 1e3:.1f} ms of averaging per round at that rate."
-        + _rounds_clause(res["bandwidth"])
+        + rounds_clause(res["bandwidth"])
     )
     c = next((c for c in res["cost"] if c["nic"] == 100), res["cost"][0])
     bigger = "arithmetic" if c["mean_s"] > c["wire_s"] else "the wire"
@@ -412,7 +413,7 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
     return out, head
 
 
-def _rounds_clause(band: dict) -> str:
+def rounds_clause(band: dict) -> str:
     """How the round grows with the learners and where its time goes (from --only bandwidth's numbers)."""
     if "round_s" not in band or "2" not in band["round_s"] or "8" not in band["round_s"]:
         return ""

@@ -64,8 +64,8 @@ WAIT_S = 150.0  # the longest wait for a recovery before the soak gives up on th
 MAX_GAP = 2  # rounds averaged between an event's recovery and the next event: 1..MAX_GAP, seeded
 RECOVERY_ROUNDS = 2  # rounds averaged after an event before it counts as recovered
 # Rounds an event takes beyond its gap and recovery: the rounds that go by while the soak polls, waits for
-# a group of 2 (a stall) and while a recovery runs (the others train on). Measured: about 4-6 rounds an
-# event in all on the 2-core box (docs/LOG.md, 2026-11-23).
+# a group of 2 (a stall) and while a recovery runs (the others train on). What an event took in all on the
+# 2-core box: docs/LOG.md, 2026-11-24, figures moved out of comments.
 SLACK_ROUNDS = 2
 
 
@@ -140,6 +140,7 @@ class Soak:
         self.result: dict[str, Any] = {}
         self.handles: dict[str, Any] = {}
         self.stall_drops: list[bool] = []  # per stall: whether the averager dropped the frozen learner
+        self.earlier: set[str] = set()  # ids of the actors alive when the run under test started
 
     # ------------------------------------------------------------------------------------ cluster
     def add_node(self) -> str:
@@ -156,38 +157,32 @@ class Soak:
         self.ray.kill(self.handle(which), no_restart=False)
         return f"{which} actor killed"
 
-    def learner_pids(self) -> list[int]:
-        """The pids of this run's live learner processes (Ray Train workers started since ``start``; an
-        earlier run's may linger), newest first, from the GCS actor table: the state API (ray.util.state)
-        needs the dashboard, which this cluster does not run. Newest first: pids wrap on a busy box."""
-        from ray._private.state import actors
+    def alive(self, class_name: str) -> list[Any]:
+        """The live actors of ``class_name`` (``ray.util.state.ActorState``s, in actor id order), from the
+        GCS actor table through Ray's public state API, which the head's dashboard serves."""
+        from ray.util.state import list_actors
 
-        live = [
-            a
-            for a in actors().values()
-            if a["ActorClassName"] == "RayTrainWorker"
-            and a["State"] == "ALIVE"
-            and a["StartTime"] >= self.began_ms
-        ]
-        return [int(a["Pid"]) for a in sorted(live, key=lambda a: a["StartTime"], reverse=True)]
+        filters = [("class_name", "=", class_name), ("state", "=", "ALIVE")]
+        return list_actors(address=self.cluster.address, filters=filters)
+
+    def run_actors(self, class_name: str) -> list[Any]:
+        """This run's live actors of ``class_name``: alive and not among those alive at ``start`` (an
+        earlier run's may linger). A restarted actor keeps its id, so a shard Ray restarted still counts."""
+        return [a for a in self.alive(class_name) if a.actor_id not in self.earlier]
+
+    def learner_pids(self) -> list[int]:
+        """The pids of this run's live learner processes (Ray Train workers; any of the group's will do)."""
+        return [int(a.pid) for a in self.run_actors("RayTrainWorker")]
 
     def kill_shard(self) -> str:
         """SIGKILL one of this run's averager shard actors (unnamed: found in the GCS actor table); Ray
         restarts it and re-runs an interrupted merge (max_restarts, max_task_retries)."""
-        from ray._private.state import actors
-
-        live = [
-            a
-            for a in actors().values()
-            if a["ActorClassName"] == "AveragingShard"
-            and a["State"] == "ALIVE"
-            and a["StartTime"] >= self.began_ms
-        ]
+        live = self.run_actors("AveragingShard")
         if not live:
             return "no averager shard alive yet: nothing killed"
-        victim = max(live, key=lambda a: a["StartTime"])
-        os.kill(int(victim["Pid"]), signal.SIGKILL)
-        return f"averager shard (pid {victim['Pid']}) killed"
+        victim = live[0]
+        os.kill(int(victim.pid), signal.SIGKILL)
+        return f"averager shard (pid {victim.pid}) killed"
 
     def stall_learner(self, attempts: int = 3) -> str:
         """Freeze one learner until the averager drops it, then thaw it. A fixed freeze of a little over
@@ -242,7 +237,8 @@ class Soak:
         from raytrain_seq.runtime.driver import run
 
         self.result, self.handles, self._before = {}, {}, before
-        self.began, self.began_ms = time.monotonic(), time.time() * 1000
+        self.earlier = {a.actor_id for name in ("RayTrainWorker", "AveragingShard") for a in self.alive(name)}
+        self.began = time.monotonic()
 
         def target() -> None:
             try:
@@ -505,9 +501,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     storage = args.storage or tempfile.mkdtemp(prefix="chaos-")
     # Dead raylets are noticed after ~5 missed 1-second health checks instead of Ray's default ~30 s.
     system = {**WORKER_REUSE, "health_check_period_ms": 1000, "health_check_failure_threshold": 5}
+    # The dashboard serves Ray's state API (ray.util.state), where the soak finds the learner and shard
+    # processes it stalls and kills.
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 3, "include_dashboard": False, "_system_config": system},
+        head_node_args={"num_cpus": 3, "include_dashboard": True, "_system_config": system},
     )
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     try:

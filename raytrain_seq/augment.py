@@ -215,7 +215,8 @@ def partial_augment(
     to every frame, so the motion in the video is intact. Contrast pivots on the mean luma of the whole
     video (not of each frame) for the same reason; that pivot is a whole-video statistic, so each output
     frame carries a faint second-order trace of the video (on the synthetic set a nearest-centroid on
-    single augmented frames stayed within noise of chance: 0.13 vs 0.10, 150 test videos).
+    single augmented frames stayed within noise of chance: docs/LOG.md, 2026-11-24,
+    figures moved out of comments).
     """
     frames = _check_video(frames)
     size = _check_int("size", size, 1)

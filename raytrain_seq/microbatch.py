@@ -47,7 +47,6 @@ from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +57,19 @@ T = TypeVar("T")
 # Errors after which a smaller micro-batch may fit. torch.cuda.OutOfMemoryError exists in CPU builds
 # too, which lets tests inject it.
 OOM_ERRORS: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
+
+# Every trainable torch module with batch statistics and running buffers, named publicly (torch's common
+# base class is private). The Lazy ones subclass that base, not BatchNormNd, until their first forward turns
+# them into BatchNormNd.
+BATCHNORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.LazyBatchNorm1d,
+    nn.LazyBatchNorm2d,
+    nn.LazyBatchNorm3d,
+)
 
 _BATCHNORM_WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
@@ -296,7 +308,7 @@ def _stream(batch: Batch, bounds: list[tuple[int, int]], device: torch.device | 
 def _warn_batchnorm_once(model: nn.Module, num_micro_batches: int) -> None:
     if num_micro_batches <= 1 or model in _BATCHNORM_WARNED:
         return
-    if any(isinstance(m, _BatchNorm) and m.training for m in model.modules()):
+    if any(isinstance(m, BATCHNORM_TYPES) and m.training for m in model.modules()):
         _BATCHNORM_WARNED.add(model)
         logger.warning(
             "%s has BatchNorm layers in training mode: with micro-batches their statistics come from each "
@@ -390,7 +402,7 @@ def _batchnorm_snapshot(model: nn.Module) -> list[tuple[Tensor, Tensor]]:
     return [
         (buf, buf.detach().clone())
         for module in model.modules()
-        if isinstance(module, _BatchNorm)
+        if isinstance(module, BATCHNORM_TYPES)
         for buf in module.buffers(recurse=False)
     ]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,6 +235,7 @@ class InnerStep:
     full-batch gradient and unscaling gives it back; a step whose gradient overflowed is skipped by the
     scaler and counted like a filler step, so the learners' Adam step counts stay in lockstep.
     ``lr``: a ``LearningRate`` set on the optimizer before each step (None: the optimizer's own rate).
+    ``loss_fn``: a micro-batch's (loss sum, sequence count), under the autocast (default ``sequence_loss``).
     """
 
     def __init__(
@@ -246,6 +247,7 @@ class InnerStep:
         device: torch.device | str | None = None,
         precision: str = "fp32",
         lr: LearningRate | None = None,
+        loss_fn: Callable[[nn.Module, Mapping[str, torch.Tensor]], tuple[torch.Tensor, int]] = sequence_loss,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -256,6 +258,7 @@ class InnerStep:
         # One sizer per learner: "auto" probes the largest micro-batch once per input shape.
         self.sizer = MicroBatchSizer()
         self.precision, self.lr = precision, lr
+        self.loss_fn = loss_fn
         device_type = (self.device or next(model.parameters()).device).type
         self._autocast = {"device_type": device_type, "enabled": precision != "fp32"}
         if precision != "fp32":
@@ -266,7 +269,7 @@ class InnerStep:
 
     def _loss(self, model: nn.Module, micro_batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         with torch.autocast(**self._autocast):
-            loss_sum, count = sequence_loss(model, micro_batch)
+            loss_sum, count = self.loss_fn(model, micro_batch)
         if loss_sum.dtype in (torch.float16, torch.bfloat16):
             loss_sum = loss_sum.float()  # sum the micro-batches' losses at fp32 at least
         # The same scale for every micro-batch keeps the accumulated gradient exact up to that factor.

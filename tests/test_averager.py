@@ -300,14 +300,14 @@ def test_actor_counts_the_wait_for_the_last_arrival_apart_from_the_rest_of_the_r
     assert learners["b"]["waiting_s"] == pytest.approx(0.0, abs=0.05) and learners["b"]["averaging_s"] < 5.0
 
 
-def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, monkeypatch):
+def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
     """A restarted averager reloads run_dir's checkpoint; a learner ahead of it re-seeds it, nothing lost."""
-    from raytrain_seq.runtime import averager as averager_module
 
-    monkeypatch.setattr(averager_module, "_actor_id", lambda: "actor-1")  # Ray keeps the id over restarts
+    def actor_id() -> str:
+        return "actor-1"  # Ray keeps an actor's id over its restarts
 
     async def scenario():
-        first = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path)
+        first = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)
         for name in "ab":
             await first.join(name, 2, incarnation=name)
         results = []
@@ -320,7 +320,7 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path, m
             if r == 1:  # the checkpoint Ray Train keeps after round 1
                 state, history = await first.checkpoint_contents()
                 checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
-        second = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path)  # what Ray's restart constructs
+        second = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)  # Ray's restart
         reloaded = await second.latest()
         seed = results[-1].state  # what each learner holds: round 2's averaged state
         joins = [await second.join(n, 2, incarnation=n, seed=seed) for n in "ab"]

@@ -487,7 +487,7 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
     assert head["actor_vs_numpy"] == pytest.approx(0.5) and head["round_s"]["8"] == 0.7
     assert {"actor_mb_s", "numpy_mb_s", "round_s", "hub_load", "shards"} <= set(head)
     json.dumps(head)
-    clause = averaging._rounds_clause(band)
+    clause = averaging.rounds_clause(band)
     assert (
         "3.50x a round of 2" in clause
         and "2.00 payloads" in clause

@@ -132,7 +132,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.precision": (["bf16"], "bf16", []),
     "train.lr_schedule": (["cosine"], "cosine", []),
     "train.warmup_steps": (["100"], 100, []),
-    "run.storage_path": (["/tmp/s"], "/tmp/s", []),
+    "run.storage_path": (["scratch/s"], "scratch/s", []),
     "run.run_name": (["r1"], "r1", []),
     "run.resume": ([], True, ["--run-name", "r1"]),
     "run.tracker": (["none"], "none", []),

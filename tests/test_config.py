@@ -120,7 +120,7 @@ BAD_VALUES = [
     ("train.checkpoint_every", 0, 1),
     ("train.use_gpu", "yes", True),
     ("train.use_gpu", 1, False),
-    ("run.storage_path", "", "/tmp/runs"),
+    ("run.storage_path", "", "scratch/runs"),
     ("run.storage_path", "   ", "runs"),
     ("run.run_name", "a/b", "a-b"),
     ("run.run_name", "", "x"),

@@ -177,8 +177,8 @@ def test_membership_log_becomes_the_summary_entries():
 
 
 def test_summary_fills_elastic_and_video_fields():
-    """_summary: learners = final group, membership/recoveries from the averager, per-class by name."""
-    from raytrain_seq.runtime.driver import _summary
+    """build_summary: learners = final group, membership/recoveries from the averager, per-class by name."""
+    from raytrain_seq.runtime.driver import build_summary
 
     async def averaged():
         averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
@@ -199,7 +199,7 @@ def test_summary_fills_elastic_and_video_fields():
         "per_class": {"0": [1, 2], "2": [0, 0], "3": [3, 3]},
         "learner_seconds": 2.0,
     }
-    summary = _summary(config, metrics, averaging, feed, ["walk", "run", "jump", "swim"])
+    summary = build_summary(config, metrics, averaging, feed, ["walk", "run", "jump", "swim"])
     assert summary.learners == 1 and summary.frames_total == 7 and result.state.round == 1
     assert [m["learners"] for m in summary.membership] == [2, 1]
     assert [r["kind"] for r in summary.recoveries] == ["restart_from_scratch"]

@@ -213,7 +213,7 @@ def test_flow_method_is_checked_lazily_and_cached():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"cv2_at_import": False, "misses": 1}
 
 
-@pytest.mark.skipif(flow_module._tvl1_factory() is not None, reason="opencv-contrib is installed")
+@pytest.mark.skipif(flow_module.tvl1_factory() is not None, reason="opencv-contrib is installed")
 def test_tvl1_without_contrib_names_the_fix():
     """Asking for TV-L1 without opencv-contrib raises a ValueError that names the package to install."""
     with pytest.raises(ValueError, match="opencv-contrib-python-headless"):
@@ -269,7 +269,7 @@ def test_rgb_frames_are_reduced_to_luma_in_rgb_order():
     video = np.random.default_rng(3).integers(0, 256, (2, 8, 8, 3)).astype(np.uint8)
     video[..., 0], video[..., 2] = 250, 5  # red-heavy: RGB and BGR weights give very different luma
     reference = video.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
-    gray = flow_module._gray(video).astype(np.float64)
+    gray = flow_module.to_gray(video).astype(np.float64)
     assert np.abs(gray - reference).max() <= 1.0
     assert np.abs(video.astype(np.float64) @ np.array([0.114, 0.587, 0.299]) - reference).min() > 40
 

@@ -343,10 +343,19 @@ def test_oom_at_size_one_and_other_errors_propagate():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def keep_stream_busy(device, size=1024, rounds=4):
+    """Queue a few matmuls on the current stream (their result is unused; entries of 1 / size stay exactly
+    1 / size, so nothing overflows): a public stand-in for a kernel busy-wait, so that work queued after it
+    waits on the device."""
+    busy = torch.full((size, size), 1.0 / size, device=device)
+    for _ in range(rounds):
+        busy = busy @ busy
+
+
 def cuda_slot_loss(model, mb):
-    """slot_loss on the GPU, with a busy-wait so prefetches really overlap the computation."""
+    """slot_loss on the GPU, with busy work queued first so prefetches really overlap the computation."""
     assert mb["x"].is_cuda and mb["num_sequences"].is_cuda
-    torch.cuda._sleep(200_000)
+    keep_stream_busy(mb["x"].device)
     per_item = ((model(mb["x"]) - mb["y"]) ** 2).sum(-1)
     mask = torch.arange(SLOTS, device=mb["x"].device) < mb["num_sequences"][:, None]
     return (per_item * mask).sum(), mask.sum()

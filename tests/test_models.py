@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raytrain_seq.microbatch import BATCHNORM_TYPES
 from raytrain_seq.models import (
     FRAME_ENCODERS,
     TEMPORAL_MODULES,
@@ -229,7 +230,7 @@ def test_no_batchnorm_anywhere(temporal, width, depth):
     """The model normalises with GroupNorm (one per encoder stage) and contains no BatchNorm module."""
     model = build_model(NUM_CLASSES, width=width, depth=depth, temporal=temporal)
     modules = list(model.modules())
-    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules)
+    assert not any(isinstance(m, BATCHNORM_TYPES) for m in modules)
     assert sum(isinstance(m, nn.GroupNorm) for m in modules) == depth
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raytrain_seq.microbatch import BATCHNORM_TYPES
 from raytrain_seq.models import (
     FRAME_ENCODERS,
     FrozenBatchNorm2d,
@@ -146,10 +147,10 @@ def test_state_dict_keys_follow_torchvision_naming(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("norm", ["frozen", "group"])
 def test_no_batchnorm_modules(arch, norm):
-    """No _BatchNorm module anywhere (the micro-batch streamer warns on those); one norm per conv instead."""
+    """No BatchNorm module anywhere (the micro-batch streamer warns on those); one norm per conv instead."""
     encoder = _meta(arch, norm=norm)
     modules = list(encoder.modules())
-    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules)
+    assert not any(isinstance(m, BATCHNORM_TYPES) for m in modules)
     norm_type = FrozenBatchNorm2d if norm == "frozen" else nn.GroupNorm
     convs = sum(isinstance(m, nn.Conv2d) for m in modules)
     assert convs == {"resnet18": 20, "resnet50": 53, "resnet152": 155}[arch]
@@ -165,7 +166,11 @@ def test_frozen_batchnorm_equals_batchnorm_in_eval_mode():
     bn.weight.data.uniform_(0.5, 2.0)
     bn.bias.data.normal_()
     frozen = FrozenBatchNorm2d(8).double()
-    frozen.load_state_dict(bn.state_dict())  # strict: includes num_batches_tracked, which must be dropped
+    state = bn.state_dict()
+    assert "num_batches_tracked" in state
+    frozen.load_state_dict(state)  # strict: includes num_batches_tracked, which must be dropped
+    assert "num_batches_tracked" in state  # dropped from the module's copy, not the caller's dict
+    copy.deepcopy(FrozenBatchNorm2d(8)).load_state_dict(state)  # a copied module drops it too
     x = torch.randn(3, 8, 4, 4, dtype=torch.float64)
     assert (frozen(x) - bn.eval()(x)).abs().max().item() < 1e-12
     # Not vacuous: the statistics matter (training-mode BN, which uses x's own statistics, differs).

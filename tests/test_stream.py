@@ -154,7 +154,7 @@ def test_row_stream_mid_epoch_position_needs_a_new_stream_and_close_unblocks_the
     with pytest.raises(ValueError, match="close it and start"):
         stream.epoch_rows(1)
     stream.close()
-    assert not stream._thread.is_alive()
+    assert not stream.producing
     again = RowStream(source, epoch=0, epochs=1, history=((3, 1),), skip=3)
     try:
         view, total = again.epoch_rows(0)

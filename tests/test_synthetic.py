@@ -11,12 +11,12 @@ from raytrain_seq.data.lengths import load_length_list, strided, ucf101_lengths
 from raytrain_seq.data.synthetic import (
     MOTIONS,
     SyntheticVideos,
-    _draw_nuisance,
-    _mirror,
-    _render,
-    _trajectory,
     class_motions,
+    draw_nuisance,
+    mirror,
+    render,
     render_motion_pair,
+    trajectory,
 )
 
 # ---------------------------------------------------------------- hand-written pixel features
@@ -264,10 +264,10 @@ def test_flipped_video_is_a_video_of_the_same_class():
     """Mirroring the per-video nuisances (same law) renders exactly the horizontally flipped video."""
     size = 32
     for c, pair in enumerate(class_motions(132)[::11]):
-        nuisance = _draw_nuisance(np.random.default_rng(c), 9, size)
-        video = _render(nuisance, _trajectory(nuisance, pair, 9, size), size)
-        mirrored = _mirror(nuisance, size)
-        flipped = _render(mirrored, _trajectory(mirrored, pair, 9, size), size)
+        nuisance = draw_nuisance(np.random.default_rng(c), 9, size)
+        video = render(nuisance, trajectory(nuisance, pair, 9, size), size)
+        mirrored = mirror(nuisance, size)
+        flipped = render(mirrored, trajectory(mirrored, pair, 9, size), size)
         diff = np.abs(flipped.astype(int) - video[:, :, ::-1].astype(int))
         assert diff.max() <= 1 and (diff > 0).mean() < 0.01, pair
         # The mirrored draws stay inside the supports of the uniform laws they came from.

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "FARNEBACK_PARAMS", "FLOW_BOUND", "compute_flow", "dequantize", "flow_method", "flow_window", "pair_flow",
-    "quantize",
+    "quantize", "to_gray", "tvl1_factory",
 ]  # fmt: skip
 
 # The clip used by TSN / dense_flow (at their 340x256 frames; at 112x112 the same motion is ~3x smaller).
@@ -80,7 +80,7 @@ def _cv2() -> Any:
     return cv2
 
 
-def _tvl1_factory() -> Any | None:
+def tvl1_factory() -> Any | None:
     """The TV-L1 constructor of opencv-contrib, or None without contrib (the name moved across versions)."""
     optflow = getattr(_cv2(), "optflow", None)
     if optflow is None:
@@ -95,7 +95,7 @@ def _tvl1_factory() -> Any | None:
 @functools.cache
 def flow_method() -> str:
     """``"tvl1"`` when opencv-contrib provides TV-L1, else ``"farneback"``; checked once, on first call."""
-    method = "tvl1" if _tvl1_factory() is not None else "farneback"
+    method = "tvl1" if tvl1_factory() is not None else "farneback"
     logger.info("optical flow method: %s", method)
     return method
 
@@ -157,7 +157,7 @@ def dequantize(q: np.ndarray, bound: float = FLOW_BOUND) -> np.ndarray:
     return q.astype(np.float32) * np.float32(2.0 * bound / 255.0) - np.float32(bound)
 
 
-def _gray(frames: np.ndarray) -> np.ndarray:
+def to_gray(frames: np.ndarray) -> np.ndarray:
     """uint8 ``[T, H, W, C]`` -> contiguous uint8 ``[T, H, W]`` (RGB to luma with OpenCV's weights)."""
     t, h, w, c = frames.shape
     if c == 1:
@@ -183,7 +183,7 @@ def compute_flow(frames: np.ndarray, *, method: str | None = None, bound: float 
     frames = _check_frames(frames)
     bound = _check_bound(bound)
     t = frames.shape[0]
-    gray = _gray(frames)
+    gray = to_gray(frames)
     flows = _flows(gray[:-1], gray[1:], _solver(method), t)
     if t > 1:
         flows[t - 1] = flows[t - 2]
@@ -197,7 +197,7 @@ def _solver(method: str | None) -> Any:
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS} or None (auto), got {method!r}")
     if method == "tvl1":
-        factory = _tvl1_factory()
+        factory = tvl1_factory()
         if factory is None:
             raise ValueError(
                 "method='tvl1' needs opencv-contrib (cv2.optflow): pip install opencv-contrib-python-headless "
@@ -243,7 +243,7 @@ def pair_flow(
     t = first.shape[0]
     solve = _solver(method)
     pairs = t if last else t - 1
-    flows = _flows(_gray(first)[:pairs], _gray(second)[:pairs], solve, t)
+    flows = _flows(to_gray(first)[:pairs], to_gray(second)[:pairs], solve, t)
     if not last and t > 1:
         flows[t - 1] = flows[t - 2]
     return quantize(flows, bound)

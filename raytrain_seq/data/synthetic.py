@@ -10,9 +10,10 @@ performs ``first`` during frames ``[0, T // 2)`` and ``second`` during ``[T // 2
 * the whole sequence, read in order, determines the class.
 
 That is the property BLoad (Iftekhar, Ruschel et al.) argues for: whole sequences, packed with resets,
-instead of chunks cut to a fixed length. It holds with no training (tests/test_synthetic.py: hand-written
-pixel features, nearest-centroid, default 10 classes: whole video 0.99, one half-chunk 0.43, one frame
-0.07-0.12, chance 0.10).
+instead of chunks cut to a fixed length. It holds with no training: a nearest-centroid classifier on
+hand-written pixel features (default 10 classes, chance 0.10) is far above chance on whole videos, in
+between on one half-chunk and at chance on one frame (tests/test_synthetic.py pins the bounds; the
+README reports the accuracies).
 
 Motions (``MOTIONS``; rates are per rendered frame at size 32, scaled with ``size``, times a per-video
 speed factor in [0.75, 1.3]): ``up``/``down`` drift 1.2 px; ``grow``/``shrink`` change the log radius by
@@ -65,7 +66,10 @@ from raytrain_seq.data.lengths import strided, ucf101_lengths
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MOTIONS", "SyntheticCatalog", "SyntheticVideos", "class_motions", "render_motion_pair"]
+__all__ = [
+    "MOTIONS", "SyntheticCatalog", "SyntheticVideos", "class_motions", "draw_nuisance", "mirror", "render",
+    "render_motion_pair", "trajectory",
+]  # fmt: skip
 
 MOTIONS: tuple[str, ...] = (
     "up", "down", "grow", "shrink", "sway", "bob", "pulse", "flicker", "squash", "hue", "shake", "still",
@@ -138,7 +142,7 @@ class SyntheticCatalog:
 
 
 @dataclass(frozen=True)
-class _Nuisance:
+class Nuisance:
     """Everything drawn per video; its law is the same for every class (see the module docstring)."""
 
     x0: float
@@ -166,11 +170,12 @@ class _Nuisance:
     noise: np.ndarray  # [T, H, W, 1] float32 standard normal
 
 
-def _draw_nuisance(rng: np.random.Generator, length: int, size: int) -> _Nuisance:
+def draw_nuisance(rng: np.random.Generator, length: int, size: int) -> Nuisance:
+    """Draw one video's nuisances from ``rng``: the same law for every class (see the module docstring)."""
     # The draw order and shapes depend only on (length, size), never on the class.
     scale = size / 32.0
     two_pi = 2 * math.pi
-    return _Nuisance(
+    return Nuisance(
         x0=float(rng.uniform(0, size)),
         y0=float(rng.uniform(0, size)),
         z0=float(rng.uniform(math.log(_R_MIN * scale), math.log(_R_MAX * scale))),
@@ -197,7 +202,7 @@ def _draw_nuisance(rng: np.random.Generator, length: int, size: int) -> _Nuisanc
     )
 
 
-def _mirror(n: _Nuisance, size: int) -> _Nuisance:
+def mirror(n: Nuisance, size: int) -> Nuisance:
     """The nuisances of the horizontally flipped video; each mirrored draw has the same law.
 
     Pixel centres sit at x = 0..size-1, so the flip maps x to size-1-x: the start position maps to
@@ -219,7 +224,7 @@ def _mirror(n: _Nuisance, size: int) -> _Nuisance:
     )
 
 
-def _trajectory(n: _Nuisance, motions: tuple[str, str], length: int, size: int) -> dict[str, np.ndarray]:
+def trajectory(n: Nuisance, motions: tuple[str, str], length: int, size: int) -> dict[str, np.ndarray]:
     """Per-frame state (x, y, log radius, log aspect, brightness, hue), each of shape [T]."""
     scale = size / 32.0
     t = np.arange(length)
@@ -261,7 +266,8 @@ def _hsv_colours(hue: np.ndarray, saturation: float) -> np.ndarray:
     return 1.0 - saturation * np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0)
 
 
-def _render(n: _Nuisance, traj: dict[str, np.ndarray], size: int) -> np.ndarray:
+def render(n: Nuisance, traj: dict[str, np.ndarray], size: int) -> np.ndarray:
+    """uint8 ``[T, size, size, 3]`` frames of the nuisances ``n`` along the per-frame state ``traj``."""
     f32 = np.float32
     coords = np.arange(size, dtype=f32)
 
@@ -315,8 +321,8 @@ def render_motion_pair(
         raise TypeError(
             f"rng must be a numpy Generator, e.g. np.random.default_rng(0), got {type(rng).__name__}"
         )
-    nuisance = _draw_nuisance(rng, int(length), int(size))
-    return _render(nuisance, _trajectory(nuisance, tuple(motions), int(length), int(size)), int(size))
+    nuisance = draw_nuisance(rng, int(length), int(size))
+    return render(nuisance, trajectory(nuisance, tuple(motions), int(length), int(size)), int(size))
 
 
 def _check_int(name: str, value: object, minimum: int) -> None:

@@ -95,6 +95,11 @@ class RowStream:
         self._thread = threading.Thread(target=self._produce, name="row-stream", daemon=True)
         self._thread.start()
 
+    @property
+    def producing(self) -> bool:
+        """Whether the producer thread is still running (it ends after the last epoch, an error or close)."""
+        return self._thread.is_alive()
+
     # ------------------------------------------------------------------------------------ producer
     def _put(self, item: tuple[str, Any]) -> bool:
         while not self._stop.is_set():
@@ -132,7 +137,7 @@ class RowStream:
     def get(self) -> tuple[str, Any]:
         """The next item; raises the producer's error."""
         while True:
-            if not self._thread.is_alive() and self._queue.empty():
+            if not self.producing and self._queue.empty():
                 raise RuntimeError("row stream: the producer ended without finishing the epoch")
             try:
                 kind, payload = self._queue.get(timeout=_POLL_S)
@@ -179,7 +184,7 @@ class RowStream:
             except queue.Empty:
                 break
         self._thread.join(timeout)
-        if self._thread.is_alive():
+        if self.producing:
             logger.warning(
                 "row stream: the producer is still in its source after %.0f s; left to end", timeout
             )

@@ -64,6 +64,12 @@ NORMS = ("frozen", "group")
 GROUPS = 32  # GroupNorm groups: every ResNet width (64 .. 2048) is a multiple of 32
 
 
+def _drop_batch_counter(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    # A BatchNorm2d file counts its training batches; frozen statistics have no use for the counter. The
+    # pre-hook runs on this module's own copy of the state_dict, before its keys are matched.
+    state_dict.pop(prefix + "num_batches_tracked", None)
+
+
 class FrozenBatchNorm2d(nn.Module):
     """BatchNorm2d with fixed statistics and affine: ``y = (x - running_mean) / sqrt(running_var + eps) * w + b``.
 
@@ -80,11 +86,7 @@ class FrozenBatchNorm2d(nn.Module):
         self.register_buffer("bias", torch.zeros(num_features))
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        # A BatchNorm2d file counts its training batches; frozen statistics have no use for the counter.
-        state_dict.pop(prefix + "num_batches_tracked", None)
-        super()._load_from_state_dict(state_dict, prefix, *args)
+        self.register_load_state_dict_pre_hook(_drop_batch_counter)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.weight * torch.rsqrt(self.running_var + self.eps)

@@ -95,6 +95,7 @@ class ParameterAverager:
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
     epochs, steps: where training ends (``train.epochs``, ``train.steps``; ``EpochPosition.ends_training``
     of a round's settled position); None: unknown, every validation starts when its round closes.
+    actor_id: returns this actor's id, which tells a restart by Ray from a first start (None: Ray's).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class ParameterAverager:
         epochs: int | None = None,
         steps: int | None = None,
         tracker: str = "none",
+        actor_id: Callable[[], str | None] | None = None,
     ) -> None:
         flags = (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments))
         for name, flag in (*flags, ("merge_bn_stats", merge_bn_stats)):
@@ -147,7 +149,7 @@ class ParameterAverager:
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
-        actor = _actor_id() if run_dir is not None else None
+        actor = (actor_id or _actor_id)() if run_dir is not None else None
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
         live = make_tracker(tracker, run_dir)
         self._history = RunHistory(
@@ -719,8 +721,9 @@ class ParameterAverager:
             except asyncio.TimeoutError:
                 logger.warning("averager: round %s's validation not scored in %g s: the summary goes without it",
                                self._book.validation_due, self._book.timeout_s)  # fmt: skip
-            except Exception:  # _validate logged why it failed; the summary goes without it
-                pass
+            except Exception as error:  # _validate logged the failure; this says what the summary lacks
+                logger.warning("averager: round %s's validation failed (%r): the summary goes without it",
+                               self._book.validation_due, error)  # fmt: skip
         out = self._history.summary()
         out.update(
             next_round=self._book.round,

@@ -50,7 +50,14 @@ logger = logging.getLogger(__name__)
 WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-__all__ = ["POLL_INTERVAL_ENV", "PREEMPTION_WATCHER_ENV", "WORKER_START_TIMEOUT_ENV", "run", "train_env"]
+__all__ = [
+    "POLL_INTERVAL_ENV",
+    "PREEMPTION_WATCHER_ENV",
+    "WORKER_START_TIMEOUT_ENV",
+    "build_summary",
+    "run",
+    "train_env",
+]
 
 
 def _use_gpu(config: Config) -> bool:
@@ -67,7 +74,8 @@ def train_env(config: Config) -> Iterator[None]:
     this fit only.
 
     The poll: Ray Train's controller learns that the learners returned (or that one died) only at its
-    next poll of them, and its default of 2 s left the job waiting about two polls after the last report.
+    next poll of them, so its default of 2 s left the job waiting after the last report (docs/LOG.md,
+    2026-11-24, night).
     A poll is one small actor call per learner (docs/LOG.md, 2026-11-24: no measurable CPU at 0.5 s).
     The watcher: Ray Train starts one actor per worker group that polls for draining nodes and logs them
     and offers them to ``ray.train.get_preemption_info``, which the learners do not call (a drained
@@ -224,7 +232,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "the evaluator could not be built or its validation rows assembled: "
             f"{averaging['validator_error']} (the averager's log says more)"
         )
-    summary = _summary(
+    summary = build_summary(
         config,
         metrics,
         averaging,
@@ -277,7 +285,7 @@ def _track_test(config: Config, summary: RunSummary) -> None:
     tracker.close()
 
 
-def _summary(
+def build_summary(
     config: Config,
     metrics: dict[str, Any],
     averaging: dict[str, Any],

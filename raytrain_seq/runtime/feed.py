@@ -294,8 +294,8 @@ class BlockFeed:
         """``lane_waits`` of a launch's ``tasks``: an evaluation split's (every epoch None) run in as many
         lanes as the cluster has CPUs beyond one per learner (at least one); an epoch's run as CPUs come
         free. The validation rows are launched as the feed starts (``prefetch_eval``), before Ray Train
-        places the learners: all at once, their tasks took every free CPU, each in a worker process of its own (two
-        of the demo's three then stayed idle for the run), and slowed the learners' start (docs/LOG.md,
+        places the learners: all at once, their tasks took every free CPU, each in a worker process of its own
+        (most of them then stayed idle for the run), and slowed the learners' start (docs/LOG.md,
         2026-11-24, afternoon). Once the learners run, they leave these CPUs free anyway."""
         if not all(e is None for e in epochs):
             return lane_waits(tasks, None)

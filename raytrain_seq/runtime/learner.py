@@ -64,8 +64,8 @@ from raytrain_seq.step import (
 logger = logging.getLogger(__name__)
 
 # The test rows' assembly starts this many epochs before training ends. With one, a busy node (the 2-core
-# box: the split's augmentation tasks and the copy into rows share the learners' cores) finished it 1-2 s
-# after the last step, with the learners idle meanwhile (docs/LOG.md, 2026-11-24, morning).
+# box: the split's augmentation tasks and the copy into rows share the learners' cores) finished it after
+# the last step, with the learners idle meanwhile (docs/LOG.md, 2026-11-24, morning).
 TEST_LEAD_EPOCHS = 2
 
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
