@@ -6,7 +6,8 @@ Rules pinned, each by a checker function and a test of the real tree:
 2. no folder of the package is one that ruff skips by default (``dist``, ``build``, ``.venv``, ...), and
    ``ruff check --show-files .`` lists every .py file of the package;
 3. the modules of raytrain_seq import each other without a cycle;
-4. no module of raytrain_seq/, jobs/ or bench/ uses another module's private name (tests may);
+4. no module of raytrain_seq/, jobs/ or bench/ uses another module's private name, a library's
+   included (tests may);
 5. the four algorithm modules are pure and import neither ray nor each other; importing the core
    starts nothing;
 6. the Ray-free raytrain_seq/elastic/ imports neither ray nor raytrain_seq.runtime;
@@ -505,6 +506,78 @@ def test_checker_finds_private_names_used_across_modules(tmp_path):
             f"{tmp_path}/pkg/d.py:2 uses pkg.a._x, private to {tmp_path}/pkg/a.py",
             f"{tmp_path}/pkg/f.py:1 imports pkg.sub._impl, private to {tmp_path}/pkg/sub/__init__.py",
             f"{tmp_path}/pkg/f.py:2 imports pkg.a._x, private to {tmp_path}/pkg/a.py",
+        ]
+    )
+
+
+def library_private_uses(files: Iterable[Path], package: Path) -> list[str]:
+    """Uses of a library's private name (Ray's, torch's, the standard library's: any module that is not
+    the project's): ``from ray._private.state import actors``, ``from torch.nn.modules.batchnorm import
+    _BatchNorm``, ``import torch.cuda as c; c._sleep(1)``. A library's private names change without notice
+    between its releases; its public API is what a pinned version promises. Dunders are public, and so is a
+    private top-level module (``_thread``): only names behind a public root count."""
+    project = {package.name}
+    found = []
+    for path in files:
+        local = (
+            {p.stem for p in path.parent.glob("*.py")}
+            if not (path.parent / "__init__.py").exists()
+            else set()
+        )
+        try:
+            own = _module_name(path, package.parent)
+        except ValueError:
+            own = path.stem
+        bound: dict[str, str] = {}
+        for line, module, name, asname in _raw_imports(path, own):
+            root = module.split(".")[0]
+            if not module or root in project or root in local:
+                continue
+            full = f"{module}.{name}" if name else module
+            bound[asname or name or root] = full if (asname or name) else root
+            if any(_is_private(part) for part in full.split(".")[1:]):
+                found.append(f"{_rel(path)}:{line} imports {full}")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            dotted = _dotted(node)
+            if dotted is None or dotted.split(".")[0] not in bound:
+                continue
+            head, _, rest = dotted.partition(".")
+            found.append(f"{_rel(path)}:{node.lineno} uses {bound[head]}.{rest}")
+    return sorted(set(found))
+
+
+def test_no_module_uses_a_librarys_private_name():
+    """No file of raytrain_seq/, jobs/ or bench/ imports or reaches a private name of Ray, torch or any
+    other library (tests may, where a library has no public form of what they pin)."""
+    files = _project_code()
+    assert len(files) > 50, "the project's files were not found"
+    assert library_private_uses(files, PACKAGE) == []
+
+
+def test_checker_finds_a_librarys_private_names(tmp_path):
+    """A private module or name of a library, imported or reached through an imported module, is named;
+    dunders, a private top-level module, the project's own names and a script's sibling are left to rule 4."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from ray._private.state import actors\nfrom torch.nn.modules.batchnorm import _BatchNorm\n",
+            "pkg/b.py": "def f():\n    import torch.cuda as cuda\n    cuda._sleep(1)\n",
+            "pkg/c.py": "import ray\nimport ray.util.state\nray._private.worker.global_worker\nray.util.state.list_actors()\n",
+            "pkg/d.py": "from __future__ import annotations\nimport _thread\nfrom pkg.a import _x\nimport os\nos.__file__\n",
+            "bench/helper.py": "_h = 1\n",
+            "bench/run.py": "import helper\nhelper._h\n",
+        },
+    )
+    files = sorted(tmp_path.rglob("*.py"))
+    assert library_private_uses(files, pkg) == sorted(
+        [
+            f"{tmp_path}/pkg/a.py:1 imports ray._private.state.actors",
+            f"{tmp_path}/pkg/a.py:2 imports torch.nn.modules.batchnorm._BatchNorm",
+            f"{tmp_path}/pkg/b.py:3 uses torch.cuda._sleep",
+            f"{tmp_path}/pkg/c.py:3 uses ray._private",
         ]
     )
 
