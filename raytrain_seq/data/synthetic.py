@@ -67,8 +67,8 @@ from raytrain_seq.data.lengths import strided, ucf101_lengths
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "MOTIONS", "SyntheticCatalog", "SyntheticVideos", "class_motions", "draw_nuisance", "mirror", "render",
-    "render_motion_pair", "trajectory",
+    "MOTIONS", "Nuisance", "SyntheticCatalog", "SyntheticVideos", "class_motions", "draw_nuisance", "mirror",
+    "render", "render_motion_pair", "trajectory",
 ]  # fmt: skip
 
 MOTIONS: tuple[str, ...] = (
