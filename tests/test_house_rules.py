@@ -414,6 +414,19 @@ def _private_owner(importer: str, full: str, modules: dict[str, Path]) -> str | 
     return None
 
 
+def _private_attributes(path: Path, bound: dict[str, str]) -> Iterator[tuple[int, str]]:
+    """(line, full dotted name) of every private attribute reached through a name an import bound:
+    ``import pkg.a as m; m._x`` gives (2, "pkg.a._x") when ``bound`` maps "m" to "pkg.a"."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+            continue
+        dotted = _dotted(node)
+        if dotted is None or dotted.split(".")[0] not in bound:
+            continue
+        head, _, rest = dotted.partition(".")
+        yield node.lineno, f"{bound[head]}.{rest}"
+
+
 def private_uses(files: Iterable[Path], package: Path) -> list[str]:
     """Uses of another module's private name: ``from pkg.a import _x``, ``import pkg._a``, ``a._x``.
 
@@ -442,19 +455,12 @@ def private_uses(files: Iterable[Path], package: Path) -> list[str]:
             owner = _private_owner(own, full, modules)
             if owner is not None:
                 found.append(f"{_rel(path)}:{line} imports {full}, private to {_rel(modules[owner])}")
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
-                continue
-            dotted = _dotted(node)
-            if dotted is None or dotted.split(".")[0] not in bound:
-                continue
-            head, _, rest = dotted.partition(".")
-            full = f"{bound[head]}.{rest}"
+        for lineno, full in _private_attributes(path, bound):
             if full.rsplit(".", 1)[0] not in modules:
                 continue  # an attribute of an object, not of a module
             owner = _private_owner(own, full, modules)
             if owner is not None:
-                found.append(f"{_rel(path)}:{node.lineno} uses {full}, private to {_rel(modules[owner])}")
+                found.append(f"{_rel(path)}:{lineno} uses {full}, private to {_rel(modules[owner])}")
     return sorted(set(found))
 
 
@@ -537,14 +543,7 @@ def library_private_uses(files: Iterable[Path], package: Path) -> list[str]:
             bound[asname or name or root] = full if (asname or name) else root
             if any(_is_private(part) for part in full.split(".")[1:]):
                 found.append(f"{_rel(path)}:{line} imports {full}")
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
-                continue
-            dotted = _dotted(node)
-            if dotted is None or dotted.split(".")[0] not in bound:
-                continue
-            head, _, rest = dotted.partition(".")
-            found.append(f"{_rel(path)}:{node.lineno} uses {bound[head]}.{rest}")
+        found += [f"{_rel(path)}:{lineno} uses {full}" for lineno, full in _private_attributes(path, bound)]
     return sorted(set(found))
 
 
