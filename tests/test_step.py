@@ -339,7 +339,7 @@ def test_mixed_precision_steps_stay_exact_across_micro_batches(precision):
     # Regrouping the rows changes the order of low-precision roundings, so the gradients agree to a few
     # units of the dtype's rounding, measured on the whole tensor: elementwise, a gradient that is a
     # near-cancelling sum differs by more, and by how much depends on the CPU's bf16 kernels (docs/LOG.md,
-    # 2026-11-24, last). A lost or doubly-scaled micro-batch is off by far more.
+    # 2026-11-24, last). A micro-batch left out is off by far more (the same LOG entry).
     eps = torch.finfo(torch.bfloat16 if precision == "bf16" else torch.float16).eps
     for name, param in reference.named_parameters():
         for micro in (1, 3):
