@@ -13,7 +13,7 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
    result ``averaging_ablation``): every variant takes the same N steps (``--steps``) from one warm start,
    over several seeds, plus AAVG4 and the two-stream fusion on a miniature real-video set.
 3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
-   step, gloo on CPU): the same feed (``runtime.feed.create_feed``/``shard_dataset``/``BlockRowStream``),
+   step, gloo on CPU): the same feed (``runtime.feed.create_feed``, rows through ``runtime.learner_feed.LearnerFeed``),
    model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
    differs. Headline: time to the same validation accuracy (the lower of the two runs' best), DDP / AAVG.
 4. The averaging data plane: one round of n learner processes (n = 1, 2, 4, 8; 100 MB of weights + Adam

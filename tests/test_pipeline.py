@@ -252,7 +252,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ Ray
 def _drain(shard_, feed, takes=(1, 2, 3)) -> dict[str, np.ndarray]:
-    from raytrain_seq.runtime.feed import shard_dataset
+    from raytrain_seq.runtime.learner_feed import shard_dataset
 
     stream = BlockRowStream(shard_dataset(shard_, feed), prefetch_batches=1)
     parts, i = [], 0

@@ -21,8 +21,7 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
    ``elastic.stream.RowStream`` across its epochs: a thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
    the refs of the whole shard in one ``feed.refs(ids, e)`` call, copies the cached arrays into uint8
    rows at the cache size with each sequence's seeded crop draws (``assembly.assemble_rows``), in
-   order, and runs ahead into epoch e+1; the learner crops and flips on its device. ``shard_dataset``
-   (Ray Data, the crop on CPU) remains for the fusion evaluation and benchmark peers.
+   order, and runs ahead into epoch e+1; the learner crops and flips on its device.
 
 Validation and test splits are packed once ("optimal", fixed seed; "chunk" only when training chunks
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
@@ -45,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,13 +57,10 @@ from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.elastic.assembly import (
     BlockSpec,
     EpochShard,
-    RowFormat,
-    assemble_rows,
     consumption_order,
     max_sequences_bound,
     plan_seed,
     plan_specs,
-    shard_items,
 )
 from raytrain_seq.elastic.position import layout_specs, parse_history
 from raytrain_seq.packing import PackPlan, pack
@@ -74,7 +69,6 @@ from raytrain_seq.runtime.partial_tasks import (
     OBJECT_BYTES,
     CachedArray,
     augment_task,
-    fetch_arrays,
     flow_task,
     lane_waits,
     object_bounds,
@@ -93,7 +87,6 @@ __all__ = [
     "feed_geometry",
     "feed_restarts",
     "get_feed",
-    "shard_dataset",
 ]
 
 RESTARTS_FILE = "feed_restarts.jsonl"  # in the run folder: one line per restart of the feed actor
@@ -702,44 +695,3 @@ def get_feed(name: str, *, namespace: str | None = None):
     import ray
 
     return ray.get_actor(name, namespace=namespace)
-
-
-def _assemble_batch(batch: dict[str, np.ndarray], feed, fmt: RowFormat) -> dict[str, np.ndarray]:
-    """map_batches UDF: borrow the cached arrays from the feed, then assemble the rows."""
-    import ray
-
-    ids = np.unique(batch["ids"][batch["ids"] >= 0]).tolist()
-    arrays = (
-        dict(zip(ids, fetch_arrays(ray.get(feed.refs.remote(ids, fmt.epoch))), strict=True)) if ids else {}
-    )
-    return assemble_rows(batch, arrays, fmt)
-
-
-def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: float = 1.0):
-    """The learner's ``ray.data.Dataset`` of block rows for ``shard``, in the shard's block order.
-
-    ``batch_size`` blocks are assembled per task: each Ray Data task has a fixed start-up cost, so a
-    few blocks a task amortise it while keeping the first rows close.
-    ``preserve_order`` is set in this dataset's own DataContext so the cache-aware order survives.
-    """
-    import ray
-    from ray.data import DataContext
-
-    if not isinstance(shard, EpochShard):
-        raise TypeError(
-            f"shard_dataset needs an EpochShard from feed.epoch_shard, got {type(shard).__name__}"
-        )
-    batch_size = _int(batch_size, "batch_size", 1, "assemble e.g. 8 blocks per task")
-    context = DataContext.get_current().copy()
-    context.execution_options.preserve_order = True
-    with DataContext.current(context):
-        items = ray.data.from_items(
-            shard_items(shard), override_num_blocks=max(1, math.ceil(len(shard.blocks) / batch_size))
-        )
-        return items.map_batches(
-            _assemble_batch,
-            fn_kwargs={"feed": feed, "fmt": shard.row_format},
-            batch_size=batch_size,
-            batch_format="numpy",
-            num_cpus=num_cpus,
-        )

@@ -6,19 +6,24 @@
 the learner's device. While the feed actor restarts, calls are retried with bounded backoff, and rows
 whose arrays the dead feed owned are borrowed again from the restarted one (it recomputes them with
 the same seeds). The learner loop takes this object through its constructor, so tests hand it a fake.
+
+``shard_dataset`` is the other view of a shard: a Ray Data dataset whose tasks assemble the rows with the
+crop on the CPU, for a consumer that wants Ray Data (no runtime path uses it; the feed's tests read rows
+through it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, assemble_rows, shard_items
+from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
 from raytrain_seq.elastic.position import parse_history
 from raytrain_seq.elastic.rounds import Backoff
 from raytrain_seq.elastic.stream import EpochRows, RowStream
@@ -27,7 +32,7 @@ from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LearnerFeed"]
+__all__ = ["LearnerFeed", "shard_dataset"]
 
 
 class LearnerFeed:
@@ -211,3 +216,47 @@ class _Batches:
 
     def iter_batches(self, **_: Any) -> Iterator[dict[str, np.ndarray]]:
         return self._batches
+
+
+def _assemble_batch(batch: dict[str, np.ndarray], feed, fmt: RowFormat) -> dict[str, np.ndarray]:
+    """map_batches UDF: borrow the cached arrays from the feed, then assemble the rows."""
+    import ray
+
+    ids = np.unique(batch["ids"][batch["ids"] >= 0]).tolist()
+    arrays = (
+        dict(zip(ids, fetch_arrays(ray.get(feed.refs.remote(ids, fmt.epoch))), strict=True)) if ids else {}
+    )
+    return assemble_rows(batch, arrays, fmt)
+
+
+def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: float = 1.0):
+    """The learner's ``ray.data.Dataset`` of block rows for ``shard``, in the shard's block order.
+
+    ``batch_size`` blocks are assembled per task: each Ray Data task has a fixed start-up cost, so a
+    few blocks a task amortise it while keeping the first rows close.
+    ``preserve_order`` is set in this dataset's own DataContext so the cache-aware order survives.
+    """
+    import ray
+    from ray.data import DataContext
+
+    if not isinstance(shard, EpochShard):
+        raise TypeError(
+            f"shard_dataset needs an EpochShard from feed.epoch_shard, got {type(shard).__name__}"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"batch_size must be an int >= 1, got {batch_size!r}: assemble e.g. 8 blocks per task"
+        )
+    context = DataContext.get_current().copy()
+    context.execution_options.preserve_order = True
+    with DataContext.current(context):
+        items = ray.data.from_items(
+            shard_items(shard), override_num_blocks=max(1, math.ceil(len(shard.blocks) / batch_size))
+        )
+        return items.map_batches(
+            _assemble_batch,
+            fn_kwargs={"feed": feed, "fmt": shard.row_format},
+            batch_size=batch_size,
+            batch_format="numpy",
+            num_cpus=num_cpus,
+        )
