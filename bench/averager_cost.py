@@ -13,6 +13,7 @@ and compares it with DDP's ring all-reduce of the gradients per epoch.
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 
@@ -124,21 +125,69 @@ def _learner_class():
     return BenchLearner
 
 
-def _numpy_and_library(params: int, rounds: int) -> dict:
-    """Seconds (best of ``rounds``) of a numpy mean and of the library arithmetic, one process, 2 learners."""
-    payloads = [adam_payload(params, 8, seed) for seed in (1, 2)]
-    arrays = [[t.numpy() for t in w.values()] + [v.numpy() for e in s.values() for v in (e["exp_avg"], e["exp_avg_sq"])] for w, s in payloads]  # fmt: skip
-    numpy_s, library_s = [], []
-    for _ in range(rounds):
+class Baselines:
+    """The one-process references for a round of 2 learners: a numpy mean of the same arrays and the library
+    arithmetic (``average_states`` + ``merge_adam_states``), timed one pass at a time so that each pass
+    can run just before one of the actor rounds. Interleaved, a drift of the machine's speed during the
+    bench (a shared VM's memory bandwidth moves from minute to minute) reaches both sides of
+    ``actor_vs_numpy`` alike, instead of only the side that happened to be measured at a slow moment.
+
+    Each pass also counts the page faults of its thread (``faults``). Numpy's temporaries are fresh
+    memory each pass, and where the allocator has handed freed memory back to the kernel a pass faults
+    once per 4 KiB page of them: it then measures the kernel zeroing pages, not the mean (the averaging
+    actors map the store's memory once, ``store_memory``). The bench prints the faults beside the figure."""
+
+    def __init__(self, params: int) -> None:
+        self.payloads = [adam_payload(params, 8, seed) for seed in (1, 2)]
+        self.arrays = [
+            [t.numpy() for t in w.values()]
+            + [v.numpy() for e in s.values() for v in (e["exp_avg"], e["exp_avg_sq"])]
+            for w, s in self.payloads
+        ]
+        self.seconds: dict[str, list[float]] = {"numpy": [], "library": []}
+        self.faults: dict[str, list[float]] = {"numpy": [], "library": []}
+
+    def time_once(self) -> None:
+        """One pass of each, appended to ``seconds`` and ``faults``."""
+        self._timed(
+            "numpy", lambda: [np.mean(np.stack(pair), axis=0) for pair in zip(*self.arrays, strict=True)]
+        )
+        self._timed(
+            "library",
+            lambda: (
+                average_states([w for w, _ in self.payloads]),
+                merge_adam_states([s for _, s in self.payloads]),
+            ),
+        )
+
+    def _timed(self, name: str, work) -> None:
+        faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         began = time.perf_counter()
-        [np.mean(np.stack(pair), axis=0) for pair in zip(*arrays, strict=True)]
-        numpy_s.append(time.perf_counter() - began)
-    for _ in range(rounds):
-        began = time.perf_counter()
-        average_states([w for w, _ in payloads])
-        merge_adam_states([s for _, s in payloads])
-        library_s.append(time.perf_counter() - began)
-    return {"numpy": min(numpy_s), "library": min(library_s)}
+        work()
+        self.seconds[name].append(time.perf_counter() - began)
+        self.faults[name].append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
+
+    def summary(self, skip: int = 0) -> dict[str, float]:
+        """``summarise`` of the passes timed so far."""
+        return summarise(self.seconds, skip)
+
+    def faults_per_pass(self, skip: int = 0) -> dict[str, float]:
+        """The median page faults of a pass of each, the first ``skip`` left out."""
+        return {name: float(np.median(values[skip:])) for name, values in self.faults.items()}
+
+
+def summarise(seconds: dict[str, list[float]], skip: int = 0) -> dict[str, float]:
+    """Median and fastest (``NAME_best``) of each list of seconds, its first ``skip`` left out.
+
+    Example: ``{"numpy": [9.0, 3.0, 1.0, 2.0]}``, skip 1 -> ``{"numpy": 2.0, "numpy_best": 1.0}``."""
+    out = {}
+    for name, values in seconds.items():
+        kept = values[skip:]
+        if not kept:
+            raise ValueError(f"no {name} pass timed after the first {skip}: time more passes or skip fewer")
+        out[name] = float(np.median(kept))
+        out[f"{name}_best"] = float(min(kept))
+    return out
 
 
 def bandwidth(
@@ -158,8 +207,10 @@ def bandwidth(
     starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
     by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
-    one shard (the star) for n in ``star``. ``mbps["actor"]`` compares the round of 2 learners with the
-    numpy mean of the same bytes (2 x megabytes). ``split_s[n]``: the median learner's slicing ("pack_s";
+    one shard (the star) for n in ``star``. ``seconds`` (and ``mbps``, over 2 x megabytes): ``"actor"`` the
+    round of 2 learners, ``"numpy"`` and ``"library"`` the median of the one-process passes, one timed
+    just before each of those rounds (``Baselines``), ``"numpy_best"`` and ``"library_best"`` their
+    fastest; ``reference_faults`` the median page faults of their passes. ``split_s[n]``: the median learner's slicing ("pack_s";
     the pack on CUDA), put and average-call seconds (the last: from its send to holding the merged state)
     and the slowest shard's read + merge seconds, per round: where a round's time goes.
     """
@@ -169,7 +220,9 @@ def bandwidth(
 
     params = int(megabytes * 1e6 / 4 / 3)  # weights + 2 Adam moments, fp32
     total_mb = 2 * 3 * params * 4 / 1e6  # what one round of 2 learners averages
-    best = _numpy_and_library(params, rounds)
+    if 2 not in learners:
+        raise ValueError(f"learners={learners}: the comparison with numpy is at 2 learners, so include 2")
+    baselines = Baselines(params)
     learner_cls = ray.remote(num_cpus=0)(_learner_class())
     actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
 
@@ -183,6 +236,8 @@ def bandwidth(
             populated = [j["populate_s"] for j in joined if j["populate_s"] is not None]
             times, phases, shard_memory = [], [], []
             for i in range(count + 1):
+                if n == 2 and shards is None:  # the references, each pass just before a round
+                    baselines.time_once()
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
                 times.append(time.perf_counter() - began)
@@ -218,15 +273,17 @@ def bandwidth(
         star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
     for actor in actors:
         ray.kill(actor)
-    best["actor"] = round_s["2"]
+    seconds = baselines.summary(skip=1)  # as the rounds: the first pass (a warm-up) is left out
+    seconds["actor"] = round_s["2"]
     return {
         "mb": total_mb,
-        "seconds": best,
-        "mbps": {k: total_mb / v for k, v in best.items()},
+        "seconds": seconds,
+        "mbps": {k: total_mb / v for k, v in seconds.items()},
         "round_s": round_s,
         "hub_load": hub_load,
         "hub_load_star": star_load,
         "split_s": split,
         "shards": "one per learner",
         "payload_mb": 3 * params * 4 / 1e6,
+        "reference_faults": baselines.faults_per_pass(skip=1),
     }

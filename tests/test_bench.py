@@ -16,6 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import ablation  # noqa: E402
+import averager_cost  # noqa: E402
 import averaging  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
@@ -478,13 +479,16 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
     round_s and hub_load per learner count, shards; the verdict reports the 8/2 ratio and the split."""
     band = {
         "mb": 200.0, "seconds": {"numpy": 0.1, "library": 0.05, "actor": 0.2},
-        "mbps": {"numpy": 2000.0, "library": 4000.0, "actor": 1000.0},
+        "mbps": {"numpy": 2000.0, "library": 4000.0, "actor": 1000.0, "numpy_best": 2500.0},
         "round_s": {"1": 0.1, "2": 0.2, "4": 0.4, "8": 0.7}, "hub_load": {"1": 2.0, "2": 2.0, "4": 2.0, "8": 2.0},
         "hub_load_star": {"2": 4.0, "8": 16.0}, "shards": "one per learner", "payload_mb": 100.0,
         "split_s": {"2": {"pack_s": 0.01, "put_s": 0.04, "average_s": 0.15, "shard_merge_s": 0.05}},
+        "reference_faults": {"numpy": 3.0, "library": 0.0},
     }  # fmt: skip
     head = averaging.bandwidth_headline(band)
+    assert head["numpy_faults_per_pass"] == 3.0  # whether the reference measured the kernel's page zeroing
     assert head["actor_vs_numpy"] == pytest.approx(0.5) and head["round_s"]["8"] == 0.7
+    assert head["actor_vs_numpy_best"] == pytest.approx(0.4)  # against numpy's fastest pass: stricter
     assert {"actor_mb_s", "numpy_mb_s", "round_s", "hub_load", "shards"} <= set(head)
     json.dumps(head)
     clause = averaging.rounds_clause(band)
@@ -494,6 +498,16 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
         and "(one shard for all: 16.00)" in clause
     )
     assert "40 ms putting" in clause and "50 ms" in clause
+
+
+def test_bandwidth_references_are_summarised_like_the_rounds():
+    """The one-process passes: median (the rounds' statistic) and fastest, the warm-up pass left out."""
+    seconds = {"numpy": [9.0, 3.0, 1.0, 2.0], "library": [5.0, 0.5, 0.7, 0.6]}
+    out = averager_cost.summarise(seconds, skip=1)
+    assert out == {"numpy": 2.0, "numpy_best": 1.0, "library": 0.6, "library_best": 0.5}
+    assert averager_cost.summarise(seconds)["numpy"] == 2.5  # the warm-up kept: it moves the median
+    with pytest.raises(ValueError, match="no numpy pass timed after the first 4"):
+        averager_cost.summarise(seconds, skip=4)
 
 
 def test_startup_roles_name_our_actors_ray_trains_and_the_driver():
