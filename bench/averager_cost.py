@@ -210,9 +210,10 @@ def bandwidth(
     one shard (the star) for n in ``star``. ``seconds`` (and ``mbps``, over 2 x megabytes): ``"actor"`` the
     round of 2 learners, ``"numpy"`` and ``"library"`` the median of the one-process passes, one timed
     just before each of those rounds (``Baselines``), ``"numpy_best"`` and ``"library_best"`` their
-    fastest; ``reference_faults`` the median page faults of their passes. ``split_s[n]``: the median learner's slicing ("pack_s";
-    the pack on CUDA), put and average-call seconds (the last: from its send to holding the merged state)
-    and the slowest shard's read + merge seconds, per round: where a round's time goes.
+    fastest; ``reference_faults`` the median page faults of their passes. ``split_s[n]``: the median
+    learner's slicing ("pack_s"; the pack on CUDA), put and average-call seconds (the last: from its send
+    to holding the merged state) and the slowest shard's read + merge seconds, per round: where a
+    round's time goes.
     """
     import ray
 
