@@ -508,6 +508,15 @@ def test_bandwidth_references_are_summarised_like_the_rounds():
     assert averager_cost.summarise(seconds)["numpy"] == 2.5  # the warm-up kept: it moves the median
     with pytest.raises(ValueError, match="no numpy pass timed after the first 4"):
         averager_cost.summarise(seconds, skip=4)
+    # The passes themselves, at a tiny size: one numpy and one library pass per call, faults counted.
+    baselines = averager_cost.Baselines(params=3_000)
+    for _ in range(3):
+        baselines.time_once()
+    timed = baselines.summary(skip=1)
+    assert set(timed) == {"numpy", "numpy_best", "library", "library_best"}
+    assert all(0 < timed[f"{k}_best"] <= timed[k] for k in ("numpy", "library"))
+    faults = baselines.faults_per_pass(skip=1)
+    assert set(faults) == {"numpy", "library"} and all(f >= 0 for f in faults.values())
 
 
 def test_startup_roles_name_our_actors_ray_trains_and_the_driver():
