@@ -25,7 +25,7 @@ import numpy as np
 
 from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
 from raytrain_seq.elastic.position import parse_history
-from raytrain_seq.elastic.rounds import Backoff
+from raytrain_seq.elastic.rounds import Backoff, check_number
 from raytrain_seq.elastic.stream import EpochRows, RowStream
 from raytrain_seq.runtime.feed import FeedUnavailableError
 from raytrain_seq.runtime.partial_tasks import fetch_arrays
@@ -243,10 +243,7 @@ def shard_dataset(shard: EpochShard, feed, *, batch_size: int = 8, num_cpus: flo
         raise TypeError(
             f"shard_dataset needs an EpochShard from feed.epoch_shard, got {type(shard).__name__}"
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"batch_size must be an int >= 1, got {batch_size!r}: assemble e.g. 8 blocks per task"
-        )
+    check_number("batch_size", batch_size, 1)  # blocks assembled per Ray Data task
     context = DataContext.get_current().copy()
     context.execution_options.preserve_order = True
     with DataContext.current(context):
