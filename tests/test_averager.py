@@ -8,6 +8,7 @@ import pickle
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import adam_learners
@@ -541,6 +542,30 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
         assert 1.9 <= hub <= 2.1 and summary["shards"] == 3
     finally:
         ray.kill(actor)
+
+
+@pytest.mark.ray
+def test_ray_a_shards_next_merge_leaves_its_last_result_as_it_was(ray_cluster):
+    """A shard writes each merge into the arrays of its last one (``merge_parts(reuse=...)``): the last
+    round's merged slice, an object in the store (1.2 MB: not inlined in the reply), must still read as
+    that round's merge once the next round, of other weights, has been merged."""
+    from raytrain_seq.elastic.merge import merge_parts
+    from raytrain_seq.runtime.shards import AveragingShard
+
+    ray = ray_cluster
+    rng = np.random.default_rng(0)
+    parts = [{"mean/float32": rng.standard_normal(300_000, dtype=np.float32)} for _ in range(2)]
+    refs = [ray.put(part) for part in parts]
+    shard = ray.remote(AveragingShard).options(num_cpus=0).remote(0)
+    try:
+        first, _ = shard.merge.options(num_returns=2).remote(1, refs, [1.0, 3.0], 2, 30.0)
+        second, _ = shard.merge.options(num_returns=2).remote(2, refs, [3.0, 1.0], 2, 30.0)
+        got_second, got_first = ray.get(second)["mean/float32"], ray.get(first)["mean/float32"]
+        assert np.array_equal(got_first, merge_parts(parts, [1.0, 3.0])["mean/float32"])
+        assert np.array_equal(got_second, merge_parts(parts, [3.0, 1.0])["mean/float32"])
+        assert not np.array_equal(got_first, got_second)  # not vacuous: the two rounds differ
+    finally:
+        ray.kill(shard)
 
 
 @pytest.mark.ray

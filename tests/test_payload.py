@@ -89,6 +89,32 @@ def test_sharded_merge_equals_the_single_process_reference_bit_for_bit(shards, a
         assert any(key == "max/float32" for key, _ in layouts[0].sizes)
 
 
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_a_merge_into_the_last_merges_arrays_gives_the_same_bits(amsgrad):
+    """``merge_parts(reuse=...)`` (a shard's next round): the result overwrites the arrays of the one
+    passed, for every buffer whose length and dtype match, and gives the bits of a fresh merge; arrays
+    that do not fit, or are read-only (an object-store view), are not written."""
+    params, moments = learners(3, amsgrad=amsgrad)
+    layout = FlatLayout.of(params[0], moments[0])
+    sliced = [layout.split(layout.pack(p, m)[0], 2) for p, m in zip(params, moments, strict=True)]
+    first = merge_parts([s[0] for s in sliced], [30.0, 50.0, 20.0])
+    reference = merge_parts([s[0] for s in sliced], [20.0, 30.0, 50.0])
+    assert any(not np.array_equal(first[k], reference[k]) for k in first)  # not vacuous: new values
+    again = merge_parts([s[0] for s in sliced], [20.0, 30.0, 50.0], reuse=first)
+    assert again.keys() == reference.keys()
+    assert all(again[k] is first[k] and np.array_equal(again[k], reference[k]) for k in again)
+
+    key = "mean/float32"
+    short = {key: np.zeros(3, np.float32)}
+    frozen = {key: np.zeros_like(reference[key])}
+    frozen[key].flags.writeable = False
+    for unfit in (short, frozen, {key: reference[key].astype(np.float64)}):
+        kept = unfit[key].copy()
+        got = merge_parts([s[0] for s in sliced], [20.0, 30.0, 50.0], reuse=unfit)
+        assert got[key] is not unfit[key] and np.array_equal(unfit[key], kept)
+        assert np.array_equal(got[key], reference[key])
+
+
 @pytest.mark.parametrize("shards", [1, 2, 5])
 def test_cpu_slices_are_views_of_the_tensors_and_merge_like_the_packed_buffers(shards):
     """On the CPU ``slices`` cuts the tensors themselves (no staging copy): every piece is a view of a

@@ -72,9 +72,27 @@ def _segments(slices: Sequence[Any], n: int) -> list[tuple[int, int, list[np.nda
     return out
 
 
-def merge_parts(parts: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, np.ndarray]:
+def _buffer(reuse: Mapping[str, np.ndarray] | None, key: str, n: int) -> np.ndarray:
+    """A writable flat array of ``n`` elements of buffer ``key``'s dtype: ``reuse[key]`` when it is one."""
+    dtype = np.dtype(key.split("/")[1])
+    old = None if reuse is None else reuse.get(key)
+    if isinstance(old, np.ndarray) and old.shape == (n,) and old.dtype == dtype and old.flags.writeable:
+        return old
+    return np.empty(n, dtype=dtype)
+
+
+def merge_parts(
+    parts: Sequence[Mapping[str, Any]],
+    weights: Sequence[float],
+    reuse: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """Merge one shard's slice of every learner (``parts[j]``: learner j's), by each buffer's rule. A
-    buffer's slice is a flat array or a sequence of pieces (``FlatLayout.slices``); the result is flat."""
+    buffer's slice is a flat array or a sequence of pieces (``FlatLayout.slices``); the result is flat.
+
+    ``reuse``: the result of an earlier call, whose arrays are overwritten where a buffer's length and
+    dtype match (the caller must be done with them). Why: a fresh result is fresh memory, which the
+    kernel zeroes page by page as the merge first writes it, an extra pass over the result's bytes in
+    every round of a shard, whose rounds are memory-bound."""
     if not parts:
         raise ValueError("parts is empty: pass one part per learner of the round")
     keys = set(parts[0])
@@ -91,10 +109,10 @@ def merge_parts(parts: Sequence[Mapping[str, Any]], weights: Sequence[float]) ->
         if rule == "pvar":
             continue  # merged with its pmean
         n = lengths[0][key]
-        out[key] = np.empty(n, dtype=np.dtype(key.split("/")[1]))
+        out[key] = _buffer(reuse, key, n)
         var_key = "pvar/" + key.split("/")[1]
         if rule == "pmean":
-            out[var_key] = np.empty(n, dtype=out[key].dtype)
+            out[var_key] = _buffer(reuse, var_key, n)
             # A pair's mean and variance lie at the same offsets (FlatLayout.of): one cut serves both.
             values = [(part[key], part[var_key]) for part in parts]
             segments = zip(

@@ -19,7 +19,8 @@ those learners and merges the others again.
 Placement: shard i goes to the node of learner i (``NodeAffinitySchedulingStrategy(soft=True)``: another
 node when that one is gone), known from the learners' joins; the actors are created once the group's learners (or S of them) have
 joined (``prepare``), so that their start-up overlaps the first round's training.
-Shards hold no state between rounds: a merge is a pure function of the learners' slices, which the
+Shards hold no state between rounds that a merge depends on (a shard keeps its last result's arrays
+only to write the next one into them): a merge is a pure function of the learners' slices, which the
 learners hold (their ``average`` call is waiting) until the round's answer. So a lost shard needs no
 re-seeding: Ray restarts the actor (``max_restarts=-1``) and re-runs the interrupted merge on it
 (``max_task_retries``), and the control plane keeps the latest averaged state (its object references;
@@ -69,6 +70,10 @@ class AveragingShard:
     def __init__(self, index: int) -> None:
         self.index = index
         self.memory = StoreMemory()
+        # The last merge's arrays, overwritten by the next (merge_parts says why). Safe: Ray copies a
+        # task's return value into the object store before this (synchronous, one-call-at-a-time) actor
+        # runs its next call, so nobody reads these arrays any more once merge is called again.
+        self._result: dict[str, Any] | None = None
 
     def merge(
         self, round: int, parts: list[Any], weights: list[float], readers: int, timeout_s: float | None = None
@@ -96,7 +101,7 @@ class AveragingShard:
         if unreadable:
             load = {"seconds": time.perf_counter() - began, "shard": self.index, "round": round}
             return None, {**load, "received": 0, "sent": 0, "unreadable": unreadable}
-        merged = merge_parts(arrays, weights)
+        merged = self._result = merge_parts(arrays, weights, reuse=self._result)
         received = sum(part_nbytes(part) for part in arrays)
         # Every round reads the learners' slices and writes the merged one into the store.
         self.memory.expect(received + part_nbytes(merged))
