@@ -23,6 +23,11 @@ import torch
 from raytrain_seq.averaging import average_states, merge_adam_states
 
 NAMESPACE = "raytrain_seq"
+# A learner's payload: its weights in this many tensors, each with its two Adam moments.
+TENSORS = 8
+# A second round of 2 learners splits the same bytes into as many tensors as a large model has (ResNet-152
+# has 466 parameter tensors): what a round costs per tensor, beside what it costs per byte.
+MANY_TENSORS = 500
 
 
 def cost_model(
@@ -85,9 +90,9 @@ def _learner_class():
     from raytrain_seq.runtime.transport import RayTransport
 
     class BenchLearner:
-        def __init__(self, params: int, seed: int) -> None:
+        def __init__(self, params: int, seed: int, tensors: int = TENSORS) -> None:
             torch.set_num_threads(1)
-            self.weights, self.moments = adam_payload(params, 8, seed)
+            self.weights, self.moments = adam_payload(params, tensors, seed)
             self.layout = FlatLayout.of(self.weights, self.moments)
             self.staging: dict = {}
             self.client = None
@@ -138,7 +143,7 @@ class Baselines:
     actors map the store's memory once, ``store_memory``). The bench prints the faults beside the figure."""
 
     def __init__(self, params: int) -> None:
-        self.payloads = [adam_payload(params, 8, seed) for seed in (1, 2)]
+        self.payloads = [adam_payload(params, TENSORS, seed) for seed in (1, 2)]
         self.arrays = [
             [t.numpy() for t in w.values()]
             + [v.numpy() for e in s.values() for v in (e["exp_avg"], e["exp_avg_sq"])]
@@ -195,6 +200,7 @@ def bandwidth(
     learners: tuple[int, ...] = (1, 2, 4, 8),
     rounds: int = 9,
     star: tuple[int, ...] = (2, 8),
+    many_tensors: int | None = MANY_TENSORS,
 ) -> dict:
     """One averaging round of n learners (n concurrent actor processes, each sending ``megabytes`` MB of
     fp32 weights + 2 Adam moments) through the data plane, n in ``learners``, default sharding (S = n);
@@ -207,8 +213,10 @@ def bandwidth(
     starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
     by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
-    one shard (the star) for n in ``star``. ``seconds`` (and ``mbps``, over 2 x megabytes): ``"actor"`` the
-    round of 2 learners, ``"numpy"`` and ``"library"`` the median of the one-process passes, one timed
+    one shard (the star) for n in ``star``. ``round_s_2_by_tensors``: the round of 2 learners as above
+    (their weights in ``TENSORS`` tensors) and with the same bytes in ``many_tensors`` tensors (None: not
+    measured), so that what a round costs per tensor shows beside what it costs per byte (its split is
+    ``split_s["2xN"]``). ``seconds`` (and ``mbps``, over 2 x megabytes): ``"actor"`` the round of 2 learners, ``"numpy"`` and ``"library"`` the median of the one-process passes, one timed
     just before each of those rounds (``Baselines``), ``"numpy_best"`` and ``"library_best"`` their
     fastest; ``reference_faults`` the median page faults of their passes. ``split_s[n]``: the median
     learner's slicing ("pack_s"; the pack on CUDA), put and average-call seconds (the last: from its send
@@ -225,11 +233,11 @@ def bandwidth(
         raise ValueError(f"learners={learners}: the comparison with numpy is at 2 learners, so include 2")
     baselines = Baselines(params)
     learner_cls = ray.remote(num_cpus=0)(_learner_class())
-    actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
+    actors = default_actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
 
-    def measure(n: int, shards: int | None, count: int) -> tuple[list[float], float]:
+    def measure(n: int, shards: int | None, count: int, actors=actors) -> tuple[list[float], float, dict]:
         extra = {} if shards is None else {"shards": shards}
-        name = f"bandwidth-{os.getpid()}-{n}-{shards}"
+        name = f"bandwidth-{os.getpid()}-{n}-{shards}-{len(actors)}"
         averager = create_averager(name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, **extra)
         try:
             joined = ray.get([a.join.remote(averager, j, n) for j, a in enumerate(actors[:n])])
@@ -237,7 +245,8 @@ def bandwidth(
             populated = [j["populate_s"] for j in joined if j["populate_s"] is not None]
             times, phases, shard_memory = [], [], []
             for i in range(count + 1):
-                if n == 2 and shards is None:  # the references, each pass just before a round
+                # The references, each pass just before a round of the payload they are the mean of.
+                if n == 2 and shards is None and actors is default_actors:
                     baselines.time_once()
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
@@ -274,6 +283,16 @@ def bandwidth(
         star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
     for actor in actors:
         ray.kill(actor)
+    by_tensors = {str(TENSORS): round_s["2"]}
+    if many_tensors:
+        many = [learner_cls.remote(params, seed, many_tensors) for seed in range(2)]
+        try:
+            times, _, split[f"2x{many_tensors}"] = measure(2, None, rounds, actors=many)
+        finally:
+            for actor in many:
+                ray.kill(actor)
+        by_tensors[str(many_tensors)] = float(np.median(times))
+        print(f"  2 learners of {many_tensors} tensors: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
     seconds = baselines.summary(skip=1)  # as the rounds: the first pass (a warm-up) is left out
     seconds["actor"] = round_s["2"]
     return {
@@ -281,6 +300,7 @@ def bandwidth(
         "seconds": seconds,
         "mbps": {k: total_mb / v for k, v in seconds.items()},
         "round_s": round_s,
+        "round_s_2_by_tensors": by_tensors,
         "hub_load": hub_load,
         "hub_load_star": star_load,
         "split_s": split,

@@ -424,6 +424,14 @@ def rounds_clause(band: dict) -> str:
         f"copies share the same CPUs); the busiest averaging actor moves {band['hub_load']['8']:.2f} payloads "
         f"per round at 8 learners (one shard for all: {band.get('hub_load_star', {}).get('8', float('nan')):.2f})."
     )
+    by_tensors = band.get("round_s_2_by_tensors") or {}
+    if len(by_tensors) > 1:
+        (few, t_few), (many, t_many) = sorted(by_tensors.items(), key=lambda item: int(item[0]))[:2]
+        text += (
+            f" The same bytes in {many} tensors per learner instead of {few}: a round of 2 takes {t_many:.3f} s "
+            f"instead of {t_few:.3f} s ({t_many / t_few:.2f}x), the per-tensor work of slicing, pickling the "
+            "layout and reading the merged state back."
+        )
     split = band.get("split_s", {}).get("2")
     if split:
         text += (
@@ -488,6 +496,7 @@ def bandwidth_headline(band: dict) -> dict:
         "actor_vs_numpy_best": mbps["actor"] / mbps["numpy_best"],
         "numpy_faults_per_pass": band["reference_faults"]["numpy"],
         "round_s": band["round_s"],
+        "round_s_2_by_tensors": band.get("round_s_2_by_tensors"),
         "hub_load": band["hub_load"],
         "hub_load_star": band["hub_load_star"],
         "split_s": band["split_s"],
@@ -518,7 +527,7 @@ def only_bandwidth(args) -> dict:
                 band = bandwidth(megabytes)
                 band["object_store_gb"] = gb
             else:
-                default = bandwidth(megabytes, learners=(2,), star=())
+                default = bandwidth(megabytes, learners=(2,), star=(), many_tensors=None)
         finally:
             ray.shutdown()
     head = bandwidth_headline(band)

@@ -498,6 +498,12 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
         and "(one shard for all: 16.00)" in clause
     )
     assert "40 ms putting" in clause and "50 ms" in clause
+    assert "tensors per learner" not in clause and head["round_s_2_by_tensors"] is None  # not measured
+    many = averaging.rounds_clause({**band, "round_s_2_by_tensors": {"8": 0.2, "500": 0.3}})
+    assert (
+        "in 500 tensors per learner instead of 8: a round of 2 takes 0.300 s instead of 0.200 s (1.50x)"
+        in many
+    )
 
 
 def test_bandwidth_references_are_summarised_like_the_rounds():

@@ -11,6 +11,7 @@ ParameterAverager over flat payloads hands every learner that same state and cou
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from raytrain_seq.elastic.payload import (
     FlatPayload,
     InProcessShards,
     InProcessStore,
+    Slot,
     merge_extras,
 )
 from raytrain_seq.elastic.rounds import AveragingTimeoutError, StaleRoundError
@@ -56,6 +58,51 @@ def test_pack_split_unpack_round_trip_is_exact(shards):
     back, back_moments = layout.unpack(parts, extras)
     assert same(back, params[0]) and same(back_moments, moments[0])
     assert layout.nbytes == sum(b.numel() * 4 for b in buffers.values())
+
+
+def test_values_not_averaged_travel_as_numpy_and_come_back_as_writable_tensors():
+    """The extras (integer buffers, Adam's steps) cross the control plane in every message of a round:
+    they hold numpy arrays, not tensors (which Ray pickles through torch.save, one by one), and every
+    unpack gives fresh writable tensors of the original dtype and value. A dtype outside the exact
+    round trip (uint16 here) travels as a tensor copy."""
+    params, moments = learners(1)
+    layout = FlatLayout.of(params[0], moments[0])
+    buffers, extras = layout.pack(params[0], moments[0])
+    values = [
+        *extras["model"].values(),
+        *(v for entry in extras["optimizer"].values() for v in entry.values()),
+    ]
+    assert any(k.endswith("num_batches_tracked") for k in extras["model"]) and extras["optimizer"]
+    assert all(isinstance(v, np.ndarray) for v in values)
+    back, back_moments = layout.unpack(layout.split(buffers, 2), extras)
+    again, _ = layout.unpack(layout.split(buffers, 2), extras)
+    for key in extras["model"]:
+        assert same(back[key], params[0][key]) and back[key] is not again[key]
+    for index, entry in back_moments.items():
+        assert same(entry["step"], moments[0][index]["step"])
+        entry["step"].add_(1)  # writable: the optimizer counts its steps in place
+    assert all(
+        np.array_equal(e["step"], moments[0][i]["step"].numpy()) for i, e in extras["optimizer"].items()
+    )
+
+    odd = {"w": torch.ones(3), "q": torch.tensor([2, 3], dtype=torch.uint16)}
+    kept = FlatLayout.of(odd, None).extras(odd, None)["model"]["q"]
+    assert isinstance(kept, torch.Tensor) and torch.equal(kept, odd["q"]) and kept is not odd["q"]
+
+
+def test_a_layout_pickles_back_to_itself():
+    """``FlatLayout`` pickles as columns of plain values (every message of a round carries it): it comes
+    back equal, slots and all, with or without moments, and with no slot at all."""
+    params, moments = learners(1)
+    for layout in (
+        FlatLayout.of(params[0], moments[0]),
+        FlatLayout.of(params[0], None),
+        FlatLayout.of({"count": torch.tensor(3)}, None),
+    ):
+        back = pickle.loads(pickle.dumps(layout, protocol=5))
+        assert back == layout and back.signature == layout.signature
+        assert all(isinstance(slot, Slot) for slot in back.slots)
+    assert not FlatLayout.of({"count": torch.tensor(3)}, None).slots  # not vacuous: the empty case
 
 
 def test_a_tensor_inside_one_slice_is_read_without_a_copy():

@@ -22,8 +22,8 @@ The arithmetic is ``averaging``'s (float64 accumulation, cast back once), on num
 (``elementwise``) and applied chunk by chunk; since it is elementwise, a merged slice equals that slice of
 ``average_states``/``merge_adam_states`` bit for bit.
 Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
-``FlatPayload.extras`` through the control plane; steps must agree across learners and integer buffers
-are learner 0's, as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the
+``FlatPayload.extras`` through the control plane (as numpy arrays: ``_by_value`` says why); steps must
+agree across learners and integer buffers are learner 0's, as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the
 float32 buffers (an exact widening) and are rounded back once on unpacking.
 
 ``ObjectStore`` is how a payload reaches the shards: ``runtime.shards.RayStore`` (``ray.put``/``ray.get``)
@@ -35,7 +35,10 @@ Plain numpy and torch: no ray.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
+import itertools
+import math
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -62,6 +65,8 @@ __all__ = [
 
 _MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+# Dtypes that go to numpy and come back as themselves (torch.tensor(array)): the extras travel as numpy.
+_NUMPY_EXACT = (*_NUMPY_FLOATS, torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class Slot:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,13 @@ class FlatLayout:
         """Bytes of all buffers: what one learner sends (and receives) per round."""
         return sum(n * np.dtype(key.split("/")[1]).itemsize for key, n in self.sizes)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Every message of a round carries the layout (each learner's payload in, every reply out), and
+        # a model has a slot per tensor and moment: pickled as one tuple of plain values per field, not
+        # one dataclass per slot, it costs a fraction (docs/LOG.md, 2026-11-25, after 03:30 UTC).
+        columns = tuple(zip(*(_slot_fields(slot) for slot in self.slots), strict=True))
+        return _layout_from_columns, (self.model_keys, self.moment_keys, columns, self.sizes)
+
     def bounds(self, shards: int) -> list[dict[str, tuple[int, int]]]:
         """Per shard, per buffer, its [lo, hi) range: S near-equal cuts, each moved to the nearest tensor
         boundary within 1/16 of a slice (pmean and pvar cut alike: their tensors share offsets).
@@ -218,12 +230,14 @@ class FlatLayout:
         return buffers, self.extras(params, moments)
 
     def extras(self, params: Mapping[str, Tensor], moments: Mapping | None) -> dict[str, Any]:
-        """What is not averaged (copies): integer buffers, and Adam's step and non-tensor values."""
+        """What is not averaged (copies): integer buffers, and Adam's step and non-tensor values. Tensors
+        travel as numpy arrays where numpy has their dtype (``_by_value``); ``unpack`` makes them tensors
+        again."""
         return {
-            "model": {k: t.detach().cpu().clone() for k, t in params.items() if not t.is_floating_point()},
+            "model": {k: _by_value(t) for k, t in params.items() if not t.is_floating_point()},
             "optimizer": {
                 index: {
-                    name: value.detach().cpu().clone() if isinstance(value, Tensor) else copy.deepcopy(value)
+                    name: _by_value(value) if isinstance(value, Tensor) else copy.deepcopy(value)
                     for name, value in moments[index].items()
                     if name not in _MOMENT_RULES or not isinstance(value, Tensor)
                 }
@@ -291,14 +305,16 @@ class FlatLayout:
         parts = [{k: v if isinstance(v, np.ndarray) else _joined(k, v) for k, v in p.items()} for p in parts]
         starts: dict[str, list[int]] = {}
         for key, _ in self.sizes:
-            lengths = [len(part[key]) for part in parts]
-            starts[key] = list(np.cumsum([0, *lengths]))
-        found = {}
-        for slot in self.slots:
-            found[(slot.owner, slot.key)] = self._read(parts, starts[slot.buffer], slot)
+            starts[key] = [0, *itertools.accumulate(len(part[key]) for part in parts)]
+        with warnings.catch_warnings():
+            # An object-store buffer is read-only; the views made of it are only ever read (see above).
+            warnings.simplefilter("ignore", UserWarning)
+            found = {
+                (slot.owner, slot.key): self._read(parts, starts[slot.buffer], slot) for slot in self.slots
+            }
         params = {}
         for key in self.model_keys:
-            params[key] = found[("model", key)] if ("model", key) in found else extras["model"][key]
+            params[key] = found[("model", key)] if ("model", key) in found else _tensor(extras["model"][key])
         if self.moment_keys is None:
             return params, None
         moments = {}
@@ -308,7 +324,7 @@ class FlatLayout:
                 entry[name] = (
                     found[("optimizer", (index, name))]
                     if ("optimizer", (index, name)) in found
-                    else extras["optimizer"][index][name]
+                    else _tensor(extras["optimizer"][index][name])
                 )
             moments[index] = entry
         return params, moments
@@ -316,7 +332,7 @@ class FlatLayout:
     @staticmethod
     def _read(parts: Sequence[Mapping[str, np.ndarray]], starts: list[int], slot: Slot) -> Tensor:
         lo, hi = slot.offset, slot.offset + slot.numel
-        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        first = bisect.bisect_right(starts, lo) - 1
         if hi <= starts[first + 1] or lo == hi:
             flat = parts[first][slot.buffer][lo - starts[first] : hi - starts[first]]
         else:
@@ -326,12 +342,38 @@ class FlatLayout:
                 pieces.append(parts[i][slot.buffer][a:b])
                 i += 1
             flat = np.concatenate(pieces)
-        with warnings.catch_warnings():
-            # An object-store buffer is read-only; this view is only ever read (see unpack).
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(flat)
-        tensor = tensor.view(slot.shape)
+        tensor = torch.from_numpy(flat).view(slot.shape)  # unpack silences the read-only warning
         return tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
+
+
+def _slot_fields(slot: Slot) -> tuple[Any, ...]:
+    """A slot's fields in order (``Slot(*_slot_fields(slot)) == slot``)."""
+    return (slot.owner, slot.key, slot.buffer, slot.offset, slot.shape, slot.dtype)
+
+
+def _layout_from_columns(
+    model_keys: tuple[str, ...], moment_keys: Any, columns: tuple[tuple[Any, ...], ...], sizes: Any
+) -> FlatLayout:
+    """``FlatLayout.__reduce__``'s inverse: the slots from their field columns."""
+    slots = tuple(Slot(*fields) for fields in zip(*columns, strict=True)) if columns else ()
+    return FlatLayout(model_keys, moment_keys, slots, sizes)
+
+
+def _by_value(tensor: Tensor) -> np.ndarray | Tensor:
+    """A tensor that is not averaged, as it travels through the control plane: a numpy copy where numpy
+    has its dtype, else a tensor copy. Why: every message of a round carries one Adam step per parameter
+    tensor (and the integer buffers), and Ray pickles a torch tensor through ``torch.save``, a fixed cost
+    per tensor that the control plane pays for every learner's message in and every reply out, where a
+    numpy array pickles as its bytes (docs/LOG.md, 2026-11-25, after 03:30 UTC)."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype in _NUMPY_EXACT:
+        return np.array(tensor.numpy(), copy=True)
+    return tensor.clone()
+
+
+def _tensor(value: Any) -> Any:
+    """An extras value as the state holds it: a tensor (a copy, writable) for a numpy array, else as is."""
+    return torch.tensor(value) if isinstance(value, np.ndarray) else value
 
 
 def _joined(key: str, pieces: Sequence[np.ndarray]) -> np.ndarray:
@@ -369,7 +411,7 @@ def merge_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for j, other in enumerate(extras[1:], start=1):
         for index, entry in (first.get("optimizer") or {}).items():
             mine, theirs = entry.get("step"), (other.get("optimizer") or {}).get(index, {}).get("step")
-            values = [float(v.item()) if isinstance(v, Tensor) else v for v in (mine, theirs)]
+            values = [float(v.item()) if isinstance(v, Tensor | np.ndarray) else v for v in (mine, theirs)]
             if values[0] != values[1]:
                 raise ValueError(
                     f"param {index}: step differs across learners (learner 0 {values[0]}, learner {j} "

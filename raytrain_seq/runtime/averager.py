@@ -65,6 +65,7 @@ from torch import Tensor
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.elastic.merge import part_nbytes
 from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
 from raytrain_seq.elastic.position import EpochPosition, settle_dict
 from raytrain_seq.elastic.rounds import (
@@ -266,17 +267,18 @@ class ParameterAverager:
             if self._round_future is future:
                 self._round_future = None
 
-    async def _read_local(self, state: AveragedState) -> AveragedState:
+    async def _read_local(self, state: AveragedState) -> tuple[AveragedState, list[Any]]:
         """Read a round's merged slices into this process (a secondary copy on the control plane's node);
-        counted in the round's hub load as bytes this actor received."""
+        counted in the round's hub load as bytes this actor received. The state and its parts: they
+        become tensors only when a join or a checkpoint needs them (``_held_state``), not every round,
+        since a layout of many tensors takes milliseconds to unpack (docs/LOG.md, 2026-11-25, after
+        03:30 UTC) and most rounds' states are never asked for."""
         parts = await self._pool.fetch(list(state.flat.parts))
-        local = await asyncio.to_thread(state.materialise, lambda refs: parts)
-        bytes_read = _tensor_bytes(local.params) + _tensor_bytes(local.optimizer_state)
         for record in reversed(self._loads):
             if record["round"] == state.round:
-                record["actors"]["control"]["received"] += bytes_read
+                record["actors"]["control"]["received"] += sum(part_nbytes(part) for part in parts)
                 break
-        return local
+        return state, parts
 
     async def _held_state(self) -> AveragedState:
         """The latest state with its tensors in this process when it can be had: for joins and checkpoints.
@@ -284,7 +286,9 @@ class ParameterAverager:
         task = self._local
         if task is not None and self._state.flat is not None:
             try:
-                local = await asyncio.shield(task)
+                local, parts = await asyncio.shield(task)
+                if local.round == self._state.round:
+                    local = await asyncio.to_thread(local.materialise, lambda refs: parts)
             except Exception as exc:
                 logger.error("averager: reading round %d's merged state failed: %r", self._state.round, exc)
             else:

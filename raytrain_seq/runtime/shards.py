@@ -28,8 +28,9 @@ the learners hold it in tensors and re-seed a restarted control plane with it).
 
 Object loss: the merged slices live on the shards' nodes, which are learners' nodes. The control plane
 reads each round's merged state once into its own process, off the learners' path (a copy on its node,
-which Ray also uses to recover a lost primary), and gives (re)joining groups and checkpoints those
-tensors, so a group restarted after a learner node died does not wait for objects that died with it.
+which Ray also uses to recover a lost primary), and gives (re)joining groups and checkpoints tensors
+made from them, so a group restarted after a learner node died does not wait for objects that died with
+it.
 
 Page faults: a shard's first merge, and a learner's first round (``RayStore.expect``), start mapping the
 object store's memory into that process in a background thread when the rounds would touch it all soon
