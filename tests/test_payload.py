@@ -11,6 +11,7 @@ ParameterAverager over flat payloads hands every learner that same state and cou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import pickle
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from conftest import adam_learners
 
 from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.elastic import merge
 from raytrain_seq.elastic.merge import ShardMerge, merge_parts
 from raytrain_seq.elastic.payload import (
     FlatLayout,
@@ -160,6 +162,35 @@ def test_a_merge_into_the_last_merges_arrays_gives_the_same_bits(amsgrad):
         got = merge_parts([s[0] for s in sliced], [20.0, 30.0, 50.0], reuse=unfit)
         assert got[key] is not unfit[key] and np.array_equal(unfit[key], kept)
         assert np.array_equal(got[key], reference[key])
+
+
+def test_pieces_are_gathered_window_by_window_to_the_bits_of_flat_slices(monkeypatch):
+    """A shard merges CHUNK-element windows, gathering the pieces a window spans (a model of many small
+    tensors): with a 7-element CHUNK, pieces of 0 to 11 elements cut differently per learner, and every
+    rule (mean, a (mean, var) pair, max), the result equals the merge of the same slices as flat arrays."""
+    monkeypatch.setattr(merge, "CHUNK", 7)
+    rng = np.random.default_rng(3)
+    n, weights = 40, [1.0, 2.0, 3.0]
+    flats = [
+        {
+            k: rng.standard_normal(n).astype(np.float32)
+            for k in ("mean/float32", "pmean/float32", "max/float32")
+        }
+        for _ in weights
+    ]
+    for flat in flats:
+        flat["pvar/float32"] = rng.random(n).astype(np.float32)
+
+    def cut(array: np.ndarray, sizes: list[int]) -> tuple[np.ndarray, ...]:
+        edges = np.cumsum([0, *sizes])
+        return tuple(array[a:b] for a, b in itertools.pairwise(edges))
+
+    cuts = [[11, 0, 3, 9, 1, 16], [40], [2] * 20]  # an empty piece; one piece; pieces shorter than CHUNK
+    pieced = [{k: cut(v, sizes) for k, v in flat.items()} for flat, sizes in zip(flats, cuts, strict=True)]
+    expected, got = merge_parts(flats, weights), merge_parts(pieced, weights)
+    assert expected.keys() == got.keys() == set(flats[0])
+    assert all(np.array_equal(got[k], expected[k]) for k in got)
+    assert not np.array_equal(expected["mean/float32"], flats[0]["mean/float32"])  # not vacuous
 
 
 @pytest.mark.parametrize("shards", [1, 2, 5])

@@ -15,8 +15,9 @@ that Ray restarts mid-run does so on a round's critical path.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,20 +57,35 @@ def _pieces(value: Any) -> list[np.ndarray]:
     return [value] if isinstance(value, np.ndarray) else list(value)
 
 
-def _segments(slices: Sequence[Any], n: int) -> list[tuple[int, int, list[np.ndarray]]]:
-    """[lo, hi) segments of ``n`` elements, each inside one piece of every learner's slice and at most
-    CHUNK long, with every learner's view of it. E.g. pieces (4, 6) and (10,): segments [0, 4), [4, 10)."""
+def _segments(slices: Sequence[Any], n: int) -> Iterator[tuple[int, int, list[np.ndarray]]]:
+    """The [lo, hi) windows of ``n`` elements, CHUNK long (the last shorter), with every learner's
+    elements of it: a view where the window lies inside one piece of that learner's slice, else the
+    pieces' parts gathered into a staging array that the next window overwrites (so use each window
+    before asking for the next). Why gather: a model of many small tensors gives slices of many small
+    pieces, and merging piece by piece would pay the numpy calls' fixed cost once per piece.
+    E.g. pieces (4, 6) and (10,), CHUNK 8: [0, 8) gathers t0 and t1[0:4] of the first learner and views
+    the second's [0:8]; [8, 10) views both."""
     pieces = [_pieces(value) for value in slices]
-    starts = [np.cumsum([0, *(len(p) for p in learner)]) for learner in pieces]
-    cuts = sorted({int(c) for learner in starts for c in learner[:-1]} | set(range(0, n, CHUNK)) | {n})
-    out = []
-    for lo, hi in itertools.pairwise(cuts):
+    starts = [[0, *itertools.accumulate(len(p) for p in learner)] for learner in pieces]
+    staging: list[np.ndarray | None] = [None] * len(pieces)
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
         views = []
-        for learner, begin in zip(pieces, starts, strict=True):
-            i = int(np.searchsorted(begin, lo, side="right")) - 1
-            views.append(np.asarray(learner[i][lo - begin[i] : hi - begin[i]]))
-        out.append((lo, hi, views))
-    return out
+        for j, (learner, begin) in enumerate(zip(pieces, starts, strict=True)):
+            i = bisect.bisect_right(begin, lo) - 1
+            if hi <= begin[i + 1]:
+                views.append(np.asarray(learner[i][lo - begin[i] : hi - begin[i]]))
+                continue
+            if staging[j] is None:
+                staging[j] = np.empty(min(CHUNK, n), dtype=np.asarray(learner[i]).dtype)
+            out, at = staging[j][: hi - lo], lo
+            while at < hi:  # piece i holds [begin[i], begin[i + 1]); empty pieces are skipped
+                take = min(hi, begin[i + 1]) - at
+                out[at - lo : at - lo + take] = learner[i][at - begin[i] : at - begin[i] + take]
+                at += take
+                i += 1
+            views.append(out)
+        yield lo, hi, views
 
 
 def _buffer(reuse: Mapping[str, np.ndarray] | None, key: str, n: int) -> np.ndarray:
