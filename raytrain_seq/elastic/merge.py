@@ -129,14 +129,12 @@ def merge_parts(
         var_key = "pvar/" + key.split("/")[1]
         if rule == "pmean":
             out[var_key] = _buffer(reuse, var_key, n)
-            # A pair's mean and variance lie at the same offsets (FlatLayout.of): one cut serves both.
+            # A pair's mean and variance lie at the same offsets (FlatLayout.of): the same windows serve both.
             values = [(part[key], part[var_key]) for part in parts]
             segments = zip(
                 _segments([m for m, _ in values], n), _segments([v for _, v in values], n), strict=True
             )
-            for (lo, hi, means), (lo2, hi2, variances) in segments:
-                if (lo, hi) != (lo2, hi2):
-                    raise ValueError(f"{key!r} and {var_key!r} are cut differently: not a (mean, var) pair")
+            for (lo, hi, means), (_, _, variances) in segments:
                 out[key][lo:hi], out[var_key][lo:hi] = merge_mean_var(means, variances, weights)
             continue
         for lo, hi, views in _segments([part[key] for part in parts], n):

@@ -23,8 +23,9 @@ The arithmetic is ``averaging``'s (float64 accumulation, cast back once), on num
 ``average_states``/``merge_adam_states`` bit for bit.
 Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
 ``FlatPayload.extras`` through the control plane (as numpy arrays: ``_by_value`` says why); steps must
-agree across learners and integer buffers are learner 0's, as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the
-float32 buffers (an exact widening) and are rounded back once on unpacking.
+agree across learners and integer buffers are learner 0's, as in ``average_states``. bfloat16 has no
+numpy dtype: such tensors travel in the float32 buffers (an exact widening) and are rounded back once
+on unpacking.
 
 ``ObjectStore`` is how a payload reaches the shards: ``runtime.shards.RayStore`` (``ray.put``/``ray.get``)
 in a cluster, ``InProcessStore`` (the objects themselves, copied on put as ``ray.put`` copies) in tests;
