@@ -25,8 +25,9 @@ from raytrain_seq.averaging import average_states, merge_adam_states
 NAMESPACE = "raytrain_seq"
 # A learner's payload: its weights in this many tensors, each with its two Adam moments.
 TENSORS = 8
-# A second round of 2 learners splits the same bytes into as many tensors as a large model has (ResNet-152
-# has 466 parameter tensors): what a round costs per tensor, beside what it costs per byte.
+# A second round of 2 learners splits the same bytes into about as many tensors as a large model has
+# (the project's ResNet-152 encoder with group norm: 465 parameter tensors, `models.resnet`): what a
+# round costs per tensor, beside what it costs per byte.
 MANY_TENSORS = 500
 
 
