@@ -80,12 +80,15 @@ def adam_payload(params: int, tensors: int, seed: int) -> tuple[dict, dict]:
 
 def _learner_class():
     """The bench's learner actor, defined here so that Ray pickles it by value (bench/ is not a package
-    the workers can import). It does what ``LocalRounds.sync`` does, without a model: cut the state's
-    flat buffers into the averager's S slices (``FlatLayout.slices``), put each once, send the
-    references through ``AveragerClient``, and read the merged state back (``materialise``)."""
+    the workers can import). It does what ``LocalRounds.sync`` does, without a model: its weights and
+    moments live in the layout's flat buffers (``FlatStorage``, bound at the first round), it puts
+    each buffer's S slices once, sends the references through ``AveragerClient`` and reads the merged
+    state back (``materialise``); ``install`` then writes it into its buffers, as ``LocalRounds.install``
+    does, outside the timed round."""
     import uuid
 
     from raytrain_seq.elastic.client import AveragerClient
+    from raytrain_seq.elastic.flat_storage import FlatStorage
     from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
     from raytrain_seq.runtime.shards import RayStore
     from raytrain_seq.runtime.transport import RayTransport
@@ -95,7 +98,11 @@ def _learner_class():
             torch.set_num_threads(1)
             self.weights, self.moments = adam_payload(params, tensors, seed)
             self.layout = FlatLayout.of(self.weights, self.moments)
-            self.staging: dict = {}
+            why = FlatStorage.unsupported(self.layout, self.weights, self.moments)
+            if why is not None:
+                raise RuntimeError(f"the bench's state cannot be bound to flat buffers: {why}")
+            self.storage: FlatStorage | None = None
+            self.state = None  # the last round's averaged state (views of the merged objects)
             self.client = None
 
         def join(self, averager, rank: int, world_size: int) -> int:
@@ -114,19 +121,32 @@ def _learner_class():
         def round(self) -> dict[str, float]:
             """One round; the seconds of its phases as this learner saw them."""
             began = time.perf_counter()
-            shards = self.client.shards
-            slices, extras, self.staging = self.layout.slices(
-                self.weights, self.moments, shards, self.staging
-            )
+            if self.storage is None:  # the first round binds the tensors (LocalRounds._bound)
+                self.storage = FlatStorage(self.layout)
+            self.storage.bind(self.weights, self.moments)
+            slices = self.storage.slices(self.client.shards)
+            extras = self.layout.extras(self.weights, self.moments)
             packed = time.perf_counter()
             parts = tuple(self.client.store.put(p) for p in slices)
             put = time.perf_counter()
             payload = FlatPayload(self.layout, parts, extras)
             decision = self.client.average(payload, None, stats={}, position=None)
-            if decision.result.state.params is None:
+            self.state = decision.result.state
+            if self.state.params is None:
                 raise RuntimeError("the round's state was not materialised: the learner must hold tensors")
             end = time.perf_counter()
             return {"pack_s": packed - began, "put_s": put - packed, "average_s": end - put}
+
+        def install(self) -> dict[str, float]:
+            """Write the last round's state into the bound buffers (``FlatStorage.load``); its seconds."""
+            began = time.perf_counter()
+            self.storage.load(
+                self.state.params,
+                self.state.optimizer_state,
+                into_params=self.weights,
+                into_moments=self.moments,
+            )
+            return {"install_s": time.perf_counter() - began}
 
     return BenchLearner
 
@@ -220,9 +240,10 @@ def bandwidth(
     ``split_s["2xN"]``). ``seconds`` (and ``mbps``, over 2 x megabytes): ``"actor"`` the round of 2 learners, ``"numpy"`` and ``"library"`` the median of the one-process passes, one timed
     just before each of those rounds (``Baselines``), ``"numpy_best"`` and ``"library_best"`` their
     fastest; ``reference_faults`` the median page faults of their passes. ``split_s[n]``: the median
-    learner's slicing ("pack_s"; the pack on CUDA), put and average-call seconds (the last: from its send
-    to holding the merged state) and the slowest shard's read + merge seconds, per round: where a
-    round's time goes.
+    learner's slicing ("pack_s"; the device-to-host copy on CUDA), put and average-call seconds (the last:
+    from its send to holding the merged state) and the slowest shard's read + merge seconds, per round:
+    where a round's time goes; and "install_s", the median learner's writing of the merged state into
+    its buffers after the round (``FlatStorage.load``, not part of ``round_s``).
     """
     import ray
 
@@ -252,6 +273,11 @@ def bandwidth(
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
                 times.append(time.perf_counter() - began)
+                # What a learner does next with the state (LocalRounds.install), timed apart: not the round.
+                for phase, installed in zip(
+                    seen, ray.get([a.install.remote() for a in actors[:n]]), strict=True
+                ):
+                    phase.update(installed)
                 phases.append({k: float(np.median([s[k] for s in seen])) for k in seen[0]})
                 if i == 0:  # the shards decide at their first merge: the rounds measured start once done
                     shard_actors = ray.get(averager.shard_actors.remote())

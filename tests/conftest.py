@@ -16,6 +16,8 @@ Every test that uses ``ray_cluster``, directly or through another fixture, is ma
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -85,3 +87,24 @@ def adam_learners(
         params.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         moments.append(opt.state_dict()["state"])
     return params, moments
+
+
+class InProcess:
+    """A transport to a real ParameterAverager on an event loop in a background thread: the actor, minus
+    Ray (``AveragerClient(InProcess(averager), ...)``); ``close()`` stops the loop."""
+
+    def __init__(self, averager) -> None:
+        self.averager = averager
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.calls: list[str] = []
+
+    def __call__(self, method, *args, timeout=None, **kwargs):
+        self.calls.append(method)
+        call = getattr(self.averager, method)(*args, **kwargs)
+        return asyncio.run_coroutine_threadsafe(call, self.loop).result(timeout or 60)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

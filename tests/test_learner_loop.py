@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import InProcess
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
@@ -52,26 +53,6 @@ class Scripted:
         if isinstance(reply, BaseException):
             raise reply
         return reply
-
-
-class InProcess:
-    """A real ParameterAverager on an event loop in a background thread: the actor, minus Ray."""
-
-    def __init__(self, averager: ParameterAverager) -> None:
-        self.averager = averager
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.calls: list[str] = []
-
-    def __call__(self, method, *args, timeout=None, **kwargs):
-        self.calls.append(method)
-        call = getattr(self.averager, method)(*args, **kwargs)
-        return asyncio.run_coroutine_threadsafe(call, self.loop).result(timeout or 60)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 class Rows:

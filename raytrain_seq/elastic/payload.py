@@ -213,7 +213,7 @@ class FlatLayout:
         put, so a learner can overwrite them next round). On CUDA they are pinned, so that the
         device-to-host copies run asynchronously at full speed; one synchronisation ends them.
         """
-        tensors = [self._tensor(params, moments, slot) for slot in self.slots]
+        tensors = [self.tensor_of(params, moments, slot) for slot in self.slots]
         cuda = any(t.device.type == "cuda" for t in tensors)
         buffers = {}
         for key, n in self.sizes:
@@ -258,7 +258,7 @@ class FlatLayout:
         before it. With a tensor on CUDA the state is packed through reused pinned buffers first
         (``pack``) and slice i is one flat array. The shards merge either form (``merge_parts``).
         """
-        tensors = [self._tensor(params, moments, slot) for slot in self.slots]
+        tensors = [self.tensor_of(params, moments, slot) for slot in self.slots]
         if any(t.device.type != "cpu" for t in tensors):
             buffers, extras = self.pack(params, moments, staging=staging)
             return self.split(buffers, shards), extras, buffers
@@ -282,7 +282,8 @@ class FlatLayout:
             out.append(pieces)
         return out, self.extras(params, moments), {}
 
-    def _tensor(self, params: Mapping, moments: Mapping | None, slot: Slot) -> Tensor:
+    def tensor_of(self, params: Mapping, moments: Mapping | None, slot: Slot) -> Tensor:
+        """The tensor of ``params`` (a state_dict) or ``moments`` (an optimizer's ``["state"]``) at ``slot``."""
         if slot.owner == "model":
             return params[slot.key]
         index, name = slot.key

@@ -7,9 +7,12 @@ mean (K = -1: one round at the end of every epoch). ``LocalRounds`` counts the l
 the round through an ``AveragerClient`` and installs what comes back: the round's averaged state, or,
 when the others went on without this learner, their latest state. The round travels as flat buffers
 (``elastic.payload``): one contiguous buffer per merge rule and dtype, cut into the client's S slices;
-slice i is put in the object store once (on the CPU straight from the tensors, one copy; on CUDA
-through reused pinned buffers), and the control plane gets their references. It mirrors the shape of torchft's
-``LocalSGD`` (a step counter and a ``sync``); the weights travel through the averager, not a collective.
+slice i is put in the object store once, and the control plane gets their references. The learner's
+tensors live in those buffers (``elastic.flat_storage``, bound at the first round), so slice i is one
+contiguous array (on CUDA, a pinned host copy of it) and the round's mean is written back into them
+in place; a state the buffers cannot hold (bfloat16, tied weights) is put piece by piece instead. It
+mirrors the shape of torchft's ``LocalSGD`` (a step counter and a ``sync``); the weights travel through
+the averager, not a collective.
 
 ``Tally`` is the work done since the last round (frames, sequences, steps, compute and data-wait
 seconds, the sequence-weighted loss): each round sends it as the learner's stats, and the averager sums
@@ -18,6 +21,7 @@ it per learner for the summary. Plain torch and Python: no ray.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,12 +30,15 @@ import torch
 
 from raytrain_seq.checkpoint import is_due
 from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned
+from raytrain_seq.elastic.flat_storage import FlatStorage
 from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
 from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.step import load_averaged
 
 __all__ = ["LocalRounds", "Tally", "missed_checkpoint_rounds"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,6 +101,8 @@ class LocalRounds:
         self.averaging_s = 0.0  # inside averaging calls, waiting included
         self.last_seconds = 0.0
         self._staging: dict[str, torch.Tensor] = {}  # on CUDA: the pinned packed buffers, reused
+        self.storage: FlatStorage | None = None  # where the tensors live once bound (the first round)
+        self.unsupported: str | None = None  # why the state is put piece by piece instead, if it is
 
     def step(self) -> bool:
         """Count one local optimizer step; True when K steps were taken since the last round."""
@@ -106,9 +115,18 @@ class LocalRounds:
         return self.k < 0 or self.local_steps > 0
 
     def install(self, state: AveragedState) -> None:
-        """Load an averaged state into the model and optimizer. The optimizer gets copies of the moments:
-        it updates them in place, and the held originals are what a restarted averager is re-seeded with."""
+        """Load an averaged state into the model and optimizer: in place into the flat buffers once they
+        hold the tensors and the state has their layout, else by ``load_state_dict``. Either way the
+        optimizer gets copies of the moments: it updates them in place, and the held originals are what a
+        restarted averager is re-seeded with."""
         if state.empty:
+            return
+        storage = self.storage
+        if storage is not None and storage.matches(
+            state.params, state.optimizer_state, merge_bn_stats=self.merge_bn_stats
+        ):
+            params, moments = self._live()
+            storage.load(state.params, state.optimizer_state, into_params=params, into_moments=moments)
             return
         moments = (
             None if state.optimizer_state is None else _to_device(state.optimizer_state, "cpu", copy=True)
@@ -122,10 +140,13 @@ class LocalRounds:
         its rows this epoch) and install the outcome: the round's mean, or the others' latest state
         after a realignment."""
         began = time.perf_counter()
-        params = self.model.state_dict()
-        moments = self.optimizer.state_dict()["state"] if self.merge_moments else None
+        params, moments = self._live()
         layout = FlatLayout.of(params, moments, merge_bn_stats=self.merge_bn_stats)
-        slices, extras, self._staging = layout.slices(params, moments, self.client.shards, self._staging)
+        storage = self._bound(layout, params, moments)
+        if storage is not None:
+            slices, extras = storage.slices(self.client.shards), layout.extras(params, moments)
+        else:
+            slices, extras, self._staging = layout.slices(params, moments, self.client.shards, self._staging)
         store = self.client.store
         store.expect(2 * layout.nbytes)  # each round puts the payload and reads the merged one back
         parts = tuple(store.put(part) for part in slices)
@@ -136,6 +157,27 @@ class LocalRounds:
         self.install(decision.result.state if isinstance(decision, Averaged) else decision.reply.state)
         self.local_steps = 0
         return decision
+
+    def _live(self) -> tuple[dict[str, torch.Tensor], dict | None]:
+        """The model's parameters and buffers themselves (not detached copies) and the optimizer's state,
+        keyed as their state_dicts; the moments only when they are averaged."""
+        moments = self.optimizer.state_dict()["state"] if self.merge_moments else None
+        return self.model.state_dict(keep_vars=True), moments
+
+    def _bound(self, layout: FlatLayout, params: Mapping, moments: Mapping | None) -> FlatStorage | None:
+        """The flat storage of ``layout`` with every tensor in it (moved there now where one is not: the
+        first round moves them all), or None when the state cannot live in it (logged once)."""
+        if self.storage is None or self.storage.layout.signature != layout.signature:
+            why = FlatStorage.unsupported(layout, params, moments)
+            if why is not None:
+                if why != self.unsupported:
+                    logger.info("the learner's state is put piece by piece (%s)", why)
+                self.storage, self.unsupported = None, why
+                return None
+            device = next((layout.tensor_of(params, moments, s).device for s in layout.slots), self.device)
+            self.storage, self.unsupported = FlatStorage(layout, device), None
+        self.storage.bind(params, moments)
+        return self.storage
 
 
 def missed_checkpoint_rounds(first: int, latest: int, *, every: int, latest_is_final: bool) -> list[int]:

@@ -1,0 +1,167 @@
+"""A learner's weights and Adam moments kept in the data plane's flat buffers: one contiguous copy a slice.
+
+``FlatLayout`` (``elastic.payload``) says where every floating tensor of a learner's state lies in one
+buffer per merge rule and dtype. ``FlatStorage`` allocates those buffers on the learner's device and moves
+the live tensors into them (``bind``): every parameter, floating buffer and Adam moment becomes a view of
+its buffer (``tensor.data = view``, as flat-parameter optimizers do), so training updates the buffers in
+place (the optimizers' and BatchNorm's updates are in-place). A round then
+
+* puts slice i of each buffer as it is (``slices``): one contiguous array, one copy into the object
+  store. Put as the tuple of the tensors' pieces, a slice costs one copy per piece, and Ray copies every
+  piece of 1 MiB or more with a handful of threads of its own (docs/LOG.md, 2026-11-26);
+* writes the merged state back in place (``load``): one copy per tensor into its view, where
+  ``Optimizer.load_state_dict`` would replace the optimizer's tensors by new ones (unbinding them).
+
+Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when everything is in place,
+so a learner calls it before every round; a tensor that something replaced since (``module.to``,
+``Optimizer.load_state_dict``, an optimizer creating a parameter's state) is copied into its view and
+counted. Values never change: ``bind`` copies, ``load`` writes exactly what ``load_state_dict`` would.
+What the buffers cannot hold is named by ``unsupported`` (a tensor whose dtype is not its buffer's, i.e.
+bfloat16, which travels widened to float32; a non-contiguous tensor; two state entries sharing memory;
+tensors on several devices), and the caller keeps its tensors and puts their pieces instead.
+
+A caution for code that saves these tensors: a view's storage is its whole buffer, and ``torch.save``
+writes a view's whole storage, moments included. Clone before saving (the project saves averaged
+states only, which are not views of these buffers). Plain torch and numpy: no ray.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from raytrain_seq.elastic.payload import FlatLayout
+
+__all__ = ["FlatStorage"]
+
+
+class FlatStorage:
+    """The buffers of ``layout`` on ``device``, and the views of them that the learner's tensors become."""
+
+    def __init__(self, layout: FlatLayout, device: torch.device | str = "cpu") -> None:
+        self.layout = layout
+        self.device = torch.device(device)
+        self.buffers = {
+            key: torch.empty(n, dtype=getattr(torch, key.split("/")[1]), device=self.device)
+            for key, n in layout.sizes
+        }
+        self._views = [
+            self.buffers[slot.buffer][slot.offset : slot.offset + slot.numel].view(slot.shape)
+            for slot in layout.slots
+        ]
+        self._slotted = {(slot.owner, slot.key) for slot in layout.slots}
+        self._bounds: dict[int, list[dict[str, tuple[int, int]]]] = {}
+        self._staging: dict[str, Tensor] = {}  # CUDA: pinned host copies of the buffers, reused
+        self.moved = 0
+        """Tensors ``bind`` has copied into their views over this storage's life (the first bind: all)."""
+
+    @staticmethod
+    def unsupported(layout: FlatLayout, params: Mapping[str, Tensor], moments: Mapping | None) -> str | None:
+        """Why the tensors of ``params`` and ``moments`` (live: ``model.state_dict(keep_vars=True)`` and
+        ``optimizer.state_dict()["state"]``) cannot all become views of ``layout``'s buffers; None if they can."""
+        spans = []
+        devices = set()
+        for slot in layout.slots:
+            tensor = layout.tensor_of(params, moments, slot)
+            buffer_dtype = getattr(torch, slot.buffer.split("/")[1])
+            if tensor.dtype != buffer_dtype:
+                return (
+                    f"{slot.owner} {slot.key!r} is {tensor.dtype}, which travels in a {buffer_dtype} buffer"
+                )
+            if not tensor.is_contiguous():
+                return f"{slot.owner} {slot.key!r} is not contiguous"
+            devices.add(tensor.device)
+            if tensor.numel():
+                start = tensor.data_ptr()
+                spans.append((start, start + tensor.numel() * tensor.element_size(), slot))
+        if len(devices) > 1:
+            return f"the state's tensors lie on several devices ({sorted(map(str, devices))})"
+        spans.sort(key=lambda span: span[0])
+        for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+            # Sorted by start, any overlap shows between neighbours. E.g. tied weights: one tensor
+            # cannot be two views.
+            if start < end:
+                return f"{first.owner} {first.key!r} and {second.owner} {second.key!r} share memory"
+        return None
+
+    def bind(self, params: Mapping[str, Tensor], moments: Mapping | None) -> int:
+        """Make every live tensor of the layout a view of its buffer (copying its values there first);
+        returns how many were not already. The tensors must be ``unsupported``-free."""
+        moved = 0
+        with torch.no_grad():
+            for slot, view in zip(self.layout.slots, self._views, strict=True):
+                tensor = self.layout.tensor_of(params, moments, slot)
+                if tensor.data_ptr() == view.data_ptr() and tensor.device == view.device:
+                    continue
+                view.copy_(tensor.detach())
+                tensor.data = view
+                moved += 1
+        self.moved += moved
+        return moved
+
+    def slices(self, shards: int) -> list[dict[str, np.ndarray]]:
+        """Slice i of every buffer, for shard i (``FlatLayout.bounds``): numpy views of the buffers on the
+        CPU (a put copies them once), of pinned host copies made now on CUDA (one asynchronous
+        device-to-host copy per buffer, one synchronisation)."""
+        host = self.buffers
+        if self.device.type != "cpu":
+            host = {}
+            for key, buffer in self.buffers.items():
+                staging = self._staging.get(key)
+                if staging is None:
+                    staging = self._staging[key] = torch.empty(
+                        buffer.shape, dtype=buffer.dtype, pin_memory=True
+                    )
+                staging.copy_(buffer, non_blocking=True)
+                host[key] = staging
+            torch.cuda.synchronize(self.device)
+        if shards not in self._bounds:
+            self._bounds[shards] = self.layout.bounds(shards)
+        arrays = {key: tensor.numpy() for key, tensor in host.items()}
+        return [{key: arrays[key][lo:hi] for key, (lo, hi) in part.items()} for part in self._bounds[shards]]
+
+    def matches(self, params: Mapping[str, Tensor], moments: Mapping | None, *, merge_bn_stats: bool) -> bool:
+        """Whether a state (an averaged one) has this storage's layout: the same keys, shapes and dtypes."""
+        return (
+            FlatLayout.of(params, moments, merge_bn_stats=merge_bn_stats).signature == self.layout.signature
+        )
+
+    def load(
+        self,
+        params: Mapping[str, Tensor],
+        moments: Mapping | None,
+        *,
+        into_params: Mapping[str, Tensor],
+        into_moments: Mapping | None,
+    ) -> None:
+        """Write the state ``params``/``moments`` (``matches`` this layout) into the bound live tensors
+        ``into_params``/``into_moments`` in place: the floating tensors through their views, the rest
+        (integer buffers, Adam's step) as ``load_state_dict`` would, so the optimizer keeps its tensors."""
+        with torch.no_grad():
+            for slot, view in zip(self.layout.slots, self._views, strict=True):
+                view.copy_(self.layout.tensor_of(params, moments, slot).reshape(view.shape))
+            for key, tensor in into_params.items():
+                if ("model", key) not in self._slotted:
+                    tensor.copy_(params[key])
+            if moments is None or into_moments is None:
+                return
+            for index, entry in into_moments.items():
+                for name, value in list(entry.items()):
+                    if ("optimizer", (index, name)) in self._slotted:
+                        continue
+                    new = moments[index][name]
+                    if isinstance(value, Tensor) and isinstance(new, Tensor) and value.shape == new.shape:
+                        value.copy_(new)
+                    else:  # a plain number (an optimizer that keeps its step as a float), or a new kind
+                        entry[name] = new.clone() if isinstance(new, Tensor) else new
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers (what one learner puts per round)."""
+        return sum(buffer.numel() * buffer.element_size() for buffer in self.buffers.values())
+
+    def __repr__(self) -> str:
+        return f"FlatStorage({len(self.layout.slots)} tensors, {self.nbytes()} bytes on {self.device})"
