@@ -261,6 +261,10 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     expected = _reference(config, feed)
     got = learner.model.state_dict()
     assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)
+    # The model and Adam lived in the flat buffers from the first round on: bound once, never moved out
+    # again by a step or an install (each of the 4 rounds would otherwise have moved them back).
+    storage = learner.rounds.storage
+    assert storage is not None and storage.moved == len(storage.layout.slots) == len(layout.slots)
     # Not vacuous: training moved the weights away from the seeded initialisation.
     torch.manual_seed(config.data.seed)
     start = build_model_for(config, num_classes=CLASSES, in_channels=3).state_dict()
