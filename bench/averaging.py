@@ -429,8 +429,9 @@ def rounds_clause(band: dict) -> str:
         (few, t_few), (many, t_many) = sorted(by_tensors.items(), key=lambda item: int(item[0]))[:2]
         text += (
             f" The same bytes in {many} tensors per learner instead of {few}: a round of 2 takes {t_many:.3f} s "
-            f"instead of {t_few:.3f} s ({t_many / t_few:.2f}x), the per-tensor work of slicing, pickling the "
-            "layout and reading the merged state back."
+            f"instead of {t_few:.3f} s ({t_many / t_few:.2f}x), the per-tensor work of the messages (the "
+            "layout and each tensor's Adam step travel with every payload and every reply) and of reading "
+            "the merged state back into tensors."
         )
     split = band.get("split_s", {}).get("2")
     if split:
@@ -441,6 +442,11 @@ def rounds_clause(band: dict) -> str:
             "the copies into the object store and the merge's float64 passes are what a numpy mean of two "
             "in-memory arrays does not pay."
         )
+        if "install_s" in split:
+            text += (
+                f" After the round a learner writes the merged state into its flat buffers in "
+                f"{1e3 * split['install_s']:.0f} ms (not part of the round)."
+            )
         if "populate_s" in split:
             text += (
                 f" Each learner mapped the object store's memory once before the rounds measured "

@@ -167,14 +167,15 @@ class LocalRounds:
     def _bound(self, layout: FlatLayout, params: Mapping, moments: Mapping | None) -> FlatStorage | None:
         """The flat storage of ``layout`` with every tensor in it (moved there now where one is not: the
         first round moves them all), or None when the state cannot live in it (logged once)."""
-        if self.storage is None or self.storage.layout.signature != layout.signature:
+        device = next((layout.tensor_of(params, moments, s).device for s in layout.slots), self.device)
+        storage = self.storage
+        if storage is None or storage.layout.signature != layout.signature or storage.device != device:
             why = FlatStorage.unsupported(layout, params, moments)
             if why is not None:
                 if why != self.unsupported:
                     logger.info("the learner's state is put piece by piece (%s)", why)
                 self.storage, self.unsupported = None, why
                 return None
-            device = next((layout.tensor_of(params, moments, s).device for s in layout.slots), self.device)
             self.storage, self.unsupported = FlatStorage(layout, device), None
         self.storage.bind(params, moments)
         return self.storage
