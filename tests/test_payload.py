@@ -27,6 +27,7 @@ from raytrain_seq.elastic.payload import (
     FlatPayload,
     InProcessShards,
     InProcessStore,
+    OptimizerExtras,
     Slot,
     merge_extras,
 )
@@ -64,28 +65,28 @@ def test_pack_split_unpack_round_trip_is_exact(shards):
 
 def test_values_not_averaged_travel_as_numpy_and_come_back_as_writable_tensors():
     """The extras (integer buffers, Adam's steps) cross the control plane in every message of a round:
-    they hold numpy arrays, not tensors (which Ray pickles through torch.save, one by one), and every
-    unpack gives fresh writable tensors of the original dtype and value. A dtype outside the exact
-    round trip (uint16 here) travels as a tensor copy."""
+    they hold numpy arrays, not tensors (which Ray pickles through torch.save, one by one), the steps
+    one column for all parameters, and every unpack gives fresh writable tensors of the original dtype
+    and value. A dtype outside the exact round trip (uint16 here) travels as a tensor copy."""
     params, moments = learners(1)
     layout = FlatLayout.of(params[0], moments[0])
     buffers, extras = layout.pack(params[0], moments[0])
-    values = [
-        *extras["model"].values(),
-        *(v for entry in extras["optimizer"].values() for v in entry.values()),
-    ]
-    assert any(k.endswith("num_batches_tracked") for k in extras["model"]) and extras["optimizer"]
-    assert all(isinstance(v, np.ndarray) for v in values)
+    assert any(k.endswith("num_batches_tracked") for k in extras["model"])
+    assert all(isinstance(v, np.ndarray) for v in extras["model"].values())
+    # One column of float32 steps in parameter order, nothing else: Adam keeps only its step by value.
+    assert isinstance(extras["optimizer"], OptimizerExtras) and extras["optimizer"].other == {}
+    ((name, indices, steps),) = extras["optimizer"].columns.values()
+    assert name == "step" and indices == tuple(moments[0]) and steps.dtype == np.float32
+    assert steps.tolist() == [float(moments[0][i]["step"]) for i in indices] and len(indices) == 6
     back, back_moments = layout.unpack(layout.split(buffers, 2), extras)
-    again, _ = layout.unpack(layout.split(buffers, 2), extras)
+    again, again_moments = layout.unpack(layout.split(buffers, 2), extras)
     for key in extras["model"]:
         assert same(back[key], params[0][key]) and back[key] is not again[key]
     for index, entry in back_moments.items():
         assert same(entry["step"], moments[0][index]["step"])
-        entry["step"].add_(1)  # writable: the optimizer counts its steps in place
-    assert all(
-        np.array_equal(e["step"], moments[0][i]["step"].numpy()) for i, e in extras["optimizer"].items()
-    )
+        entry["step"].add_(1)  # writable: the optimizer counts its steps in place, alone
+    assert all(same(e["step"], moments[0][i]["step"]) for i, e in again_moments.items())
+    assert steps.tolist() == [float(moments[0][i]["step"]) for i in indices]  # the column is untouched
 
     odd = {"w": torch.ones(3), "q": torch.tensor([2, 3], dtype=torch.uint16)}
     kept = FlatLayout.of(odd, None).extras(odd, None)["model"]["q"]
@@ -258,9 +259,16 @@ def test_bad_inputs_fail_early_with_the_fix():
     layout = FlatLayout.of(params[0], None)
     with pytest.raises(ValueError, match="shards must be an int >= 1"):
         layout.bounds(0)
-    steps = [{"optimizer": {0: {"step": torch.tensor(3.0)}}}, {"optimizer": {0: {"step": torch.tensor(4.0)}}}]
-    with pytest.raises(ValueError, match="step differs across learners"):
+    steps = [{"optimizer": OptimizerExtras.of({0: {"step": torch.tensor(float(n))}})} for n in (3, 4)]
+    with pytest.raises(
+        ValueError, match=r"param 0: step differs across learners \(learner 0 3.0, learner 1 4.0\)"
+    ):
         merge_extras(steps)
+    # A step kept as a plain number (not a one-value tensor) is compared too.
+    floats = [{"optimizer": OptimizerExtras.of({0: {"step": n}})} for n in (3, 4)]
+    with pytest.raises(ValueError, match="step differs across learners"):
+        merge_extras(floats)
+    assert merge_extras([steps[0], steps[0]]) is steps[0]
     with pytest.raises(ValueError, match="materialise"):
         AveragedState(round=1, batch_size=2, flat=FlatPayload(layout, ())).to_dict()
 

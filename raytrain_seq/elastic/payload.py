@@ -22,10 +22,10 @@ The arithmetic is ``averaging``'s (float64 accumulation, cast back once), on num
 (``elementwise``) and applied chunk by chunk; since it is elementwise, a merged slice equals that slice of
 ``average_states``/``merge_adam_states`` bit for bit.
 Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
-``FlatPayload.extras`` through the control plane (as numpy arrays: ``_by_value`` says why); steps must
-agree across learners and integer buffers are learner 0's, as in ``average_states``. bfloat16 has no
-numpy dtype: such tensors travel in the float32 buffers (an exact widening) and are rounded back once
-on unpacking.
+``FlatPayload.extras`` through the control plane (as numpy arrays: ``_by_value`` says why; the steps as
+one column, ``OptimizerExtras``); steps must agree across learners and integer buffers are learner 0's,
+as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the float32 buffers (an
+exact widening) and are rounded back once on unpacking.
 
 ``ObjectStore`` is how a payload reaches the shards: ``runtime.shards.RayStore`` (``ray.put``/``ray.get``)
 in a cluster, ``InProcessStore`` (the objects themselves, copied on put as ``ray.put`` copies) in tests;
@@ -59,6 +59,7 @@ __all__ = [
     "InProcessShards",
     "InProcessStore",
     "ObjectStore",
+    "OptimizerExtras",
     "ShardPool",
     "Slot",
     "merge_extras",
@@ -232,20 +233,23 @@ class FlatLayout:
 
     def extras(self, params: Mapping[str, Tensor], moments: Mapping | None) -> dict[str, Any]:
         """What is not averaged (copies): integer buffers, and Adam's step and non-tensor values. Tensors
-        travel as numpy arrays where numpy has their dtype (``_by_value``); ``unpack`` makes them tensors
-        again."""
+        travel as numpy arrays where numpy has their dtype (``_by_value``), the optimizer's one-value
+        tensors (the steps) as columns (``OptimizerExtras``); ``unpack`` makes them tensors again."""
+        optimizer = None
+        if self.moment_keys is not None and moments is not None:
+            optimizer = OptimizerExtras.of(
+                {
+                    index: {
+                        name: value
+                        for name, value in moments[index].items()
+                        if name not in _MOMENT_RULES or not isinstance(value, Tensor)
+                    }
+                    for index, _ in self.moment_keys
+                }
+            )
         return {
             "model": {k: _by_value(t) for k, t in params.items() if not t.is_floating_point()},
-            "optimizer": {
-                index: {
-                    name: _by_value(value) if isinstance(value, Tensor) else copy.deepcopy(value)
-                    for name, value in moments[index].items()
-                    if name not in _MOMENT_RULES or not isinstance(value, Tensor)
-                }
-                for index, _ in self.moment_keys
-            }
-            if self.moment_keys is not None and moments is not None
-            else None,
+            "optimizer": optimizer,
         }
 
     def slices(
@@ -319,6 +323,7 @@ class FlatLayout:
             params[key] = found[("model", key)] if ("model", key) in found else _tensor(extras["model"][key])
         if self.moment_keys is None:
             return params, None
+        kept = extras["optimizer"].entries()
         moments = {}
         for index, names in self.moment_keys:
             entry = {}
@@ -326,7 +331,7 @@ class FlatLayout:
                 entry[name] = (
                     found[("optimizer", (index, name))]
                     if ("optimizer", (index, name)) in found
-                    else _tensor(extras["optimizer"][index][name])
+                    else _tensor(kept[index][name])
                 )
             moments[index] = entry
         return params, moments
@@ -393,6 +398,65 @@ def _flat_numpy(tensor: Tensor) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class OptimizerExtras:
+    """An optimizer state's values that are not averaged, per parameter index (Adam's ``step``, any other
+    entry that is not a moment), as they travel in every message of a round.
+
+    A one-value tensor per parameter (the step) pickled on its own costs a pickle per parameter in every
+    learner's message and every reply; 500 of them took 5.7 ms to unpickle (docs/LOG.md, 2026-11-26).
+    So such values travel as one numpy column per name and dtype, and anything else as a copy. E.g.
+    Adam over 3 parameters at step 10: ``columns = {"step/float32": ("step", (0, 1, 2), array([10., 10.,
+    10.], dtype=float32))}``, ``other = {}``.
+    """
+
+    columns: dict[str, tuple[str, tuple[Any, ...], np.ndarray]]
+    """"NAME/DTYPE" -> (name, the parameter indices, their values in that order)."""
+    other: dict[Any, dict[str, Any]]
+    """Per parameter index, the values that are not one-value tensors of a numpy dtype (copies)."""
+
+    @classmethod
+    def of(cls, entries: Mapping[Any, Mapping[str, Any]]) -> OptimizerExtras:
+        """From per-index ``{name: value}`` (the optimizer's own values: columns and copies are made)."""
+        gathered: dict[tuple[str, torch.dtype], tuple[list[Any], list[Any]]] = {}
+        other: dict[Any, dict[str, Any]] = {}
+        for index, entry in entries.items():
+            for name, value in entry.items():
+                if isinstance(value, Tensor) and value.dim() == 0 and value.dtype in _NUMPY_EXACT:
+                    indices, values = gathered.setdefault((name, value.dtype), ([], []))
+                    indices.append(index)
+                    values.append(value.item())  # exact: a Python float or int holds any of these dtypes
+                else:
+                    copied = _by_value(value) if isinstance(value, Tensor) else copy.deepcopy(value)
+                    other.setdefault(index, {})[name] = copied
+        columns = {}
+        for (name, dtype), (indices, values) in gathered.items():
+            column = torch.tensor(values, dtype=dtype).numpy()
+            columns[f"{name}/{column.dtype}"] = (name, tuple(indices), column)
+        return cls(columns, other)
+
+    def entries(self) -> dict[Any, dict[str, Any]]:
+        """Per index, its values by name: a column's value as a 0-d numpy array (a view of the column:
+        ``unpack`` makes a tensor copy of it), the others as they travelled."""
+        out: dict[Any, dict[str, Any]] = {index: dict(entry) for index, entry in self.other.items()}
+        for name, indices, values in self.columns.values():
+            for index, value in zip(indices, values.reshape(-1, 1), strict=True):
+                out.setdefault(index, {})[name] = value.reshape(())
+        return out
+
+    def steps(self) -> dict[Any, float]:
+        """Per index, its ``step`` as a number (what every learner of a round must agree on)."""
+        out = {}
+        for name, indices, values in self.columns.values():
+            if name == "step":
+                out.update(zip(indices, values.tolist(), strict=True))
+        for index, entry in self.other.items():
+            if "step" in entry:
+                value = entry["step"]
+                out[index] = float(value.item()) if isinstance(value, Tensor | np.ndarray) else value
+        return out
+
+
+@dataclass(frozen=True)
 class FlatPayload:
     """A state in the data plane: its layout, one part per shard, and the values that are not averaged.
 
@@ -410,14 +474,16 @@ def merge_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The round's extras: learner 0's, after checking that every learner's Adam steps agree (the bias
     correction 1 - beta^step depends on it; AAVG learners take the same number of local steps)."""
     first = extras[0]
+    if first.get("optimizer") is None:
+        return first
+    steps = first["optimizer"].steps()
     for j, other in enumerate(extras[1:], start=1):
-        for index, entry in (first.get("optimizer") or {}).items():
-            mine, theirs = entry.get("step"), (other.get("optimizer") or {}).get(index, {}).get("step")
-            values = [float(v.item()) if isinstance(v, Tensor | np.ndarray) else v for v in (mine, theirs)]
-            if values[0] != values[1]:
+        theirs = other["optimizer"].steps() if other.get("optimizer") is not None else {}
+        for index, mine in steps.items():
+            if theirs.get(index) != mine:
                 raise ValueError(
-                    f"param {index}: step differs across learners (learner 0 {values[0]}, learner {j} "
-                    f"{values[1]}): merge states of one averaging round"
+                    f"param {index}: step differs across learners (learner 0 {mine}, learner {j} "
+                    f"{theirs.get(index)}): merge states of one averaging round"
                 )
     return first
 
