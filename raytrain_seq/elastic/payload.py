@@ -403,7 +403,7 @@ class OptimizerExtras:
     entry that is not a moment), as they travel in every message of a round.
 
     A one-value tensor per parameter (the step) pickled on its own costs a pickle per parameter in every
-    learner's message and every reply; 500 of them took 5.7 ms to unpickle (docs/LOG.md, 2026-11-26).
+    learner's message and every reply, most of a large model's message cost (docs/LOG.md, 2026-11-26).
     So such values travel as one numpy column per name and dtype, and anything else as a copy. E.g.
     Adam over 3 parameters at step 10: ``columns = {"step/float32": ("step", (0, 1, 2), array([10., 10.,
     10.], dtype=float32))}``, ``other = {}``.
