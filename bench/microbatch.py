@@ -267,6 +267,12 @@ def float64_check(width: int, size: int, micro: int, seed: int) -> float:
 
 def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
+    # float32 means float32: on CUDA, convolutions and matrix products would otherwise run in TF32 (a
+    # 10-bit mantissa), and the gradient comparison below would measure TF32 rounding, not summation order.
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if device.type == "cuda" and device.index is None:
+        # The memory cap and the peak counters take a device index: "cuda" means the current one.
+        device = torch.device("cuda", torch.cuda.current_device())
     cuda = device.type == "cuda"
     if not cuda:
         torch.set_num_threads(args.threads)
@@ -330,6 +336,10 @@ def run(args: argparse.Namespace) -> dict:
               f"{fmt(t['stream'] and 1e3 * t['stream'], '.1f', 'OOM')} ms", flush=True)  # fmt: skip
     check = max((s for s in sizes if s <= 256 and s > args.micro), default=sizes[-1])
     out["float64"] = {"size": check, "diff": float64_check(args.width, check, args.micro, args.seed)}
+    if cap is not None:
+        # The accuracy column simulates its cap on every device alike (a device of --micro rows); the real
+        # cap would only stop its scoring passes (500 test samples at a time), so it ends here.
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
     out["train_steps"], out["test_samples"], out["lr"] = args.train_steps, args.test_samples, args.lr
     out["accuracy"] = accuracy_rows(args, sizes, device) if args.train_steps > 0 else []
     return out
@@ -380,6 +390,18 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
             f"{100 * PAPER_OVERHEAD['resnet50_16']:+.1f} %), so this {'beats or matches' if med <= 0.011 else 'trails'} "
             "its best figure."
         )
+        plain = {r["size"]: r["plain_s"] for r in rows if r["plain_s"]}
+        if micro in plain and 2 * micro in plain:
+            # Twice the rows take about twice the time on a device that one micro-batch keeps busy; far
+            # less means the step is fixed costs (kernel launches), and so is each extra micro-batch.
+            scale = plain[2 * micro] / plain[micro]
+            head["plain_2x_over_1x"] = scale
+            if scale < 1.5:
+                out[-1] += (
+                    f" One micro-batch does not fill this device: a plain step of {2 * micro} took {scale:.2f}x "
+                    f"the time of one of {micro} (about 2x where it does), so this overhead is each "
+                    "micro-batch's fixed cost (its kernel launches); a larger --micro gives the paper's setting."
+                )
     diffs = [r["grad_diff"] for r in rows if r["grad_diff"] is not None]
     if diffs:
         worst = max(r["grad_worst"] for r in rows if r["grad_worst"] is not None)

@@ -139,7 +139,33 @@ def build(results: Path, images: str) -> str:
         else:
             lines += [f"## {title}", "", f"Not run: no `bench/results/{name}.md` or `.txt`.", ""]
         lines.append("")
+    lines += gpu_sections(results / "gpu", f"{images}/gpu")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def gpu_sections(folder: Path, images: str) -> list[str]:
+    """The last ``scripts/gpu_checks.sh`` run's results (``bench/results/gpu/``), when a session had a GPU:
+    MBS Table 4 with a real memory cap, and one learner's step on the GPU."""
+    if not folder.is_dir():
+        return []
+    machine = (
+        next((json.loads(p.read_text()).get("machine") for p in sorted(folder.glob("*.json"))), None) or {}
+    )
+    lines = [
+        "## On a GPU (`scripts/gpu_checks.sh`)",
+        "",
+        f"Measured on {machine.get('gpu', 'a GPU')} ({machine.get('cores', '?')} CPU cores, torch "
+        f"{machine.get('torch', '?')}, no Ray) on {machine.get('date', 'an unrecorded date')}, by the checks a "
+        "session runs when it is lent a GPU; the sections above are this page's CPU machine.",
+        "",
+    ]
+    for md in sorted(folder.glob("*.md")):
+        # One level under this section: '## MBS Table 4 ...' -> '### MBS Table 4 ...'.
+        text = "\n".join("#" + line if line.startswith("#") else line for line in md.read_text().splitlines())
+        lines += [text.replace(f"]({md.stem}.png)", f"]({images}/{md.stem}.png)"), ""]
+    for txt in sorted(folder.glob("*.txt")):
+        lines += [f"### `{txt.name}`", "", "```", txt.read_text().rstrip(), "```", ""]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> Path:

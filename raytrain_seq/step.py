@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,80 @@ def stage_rows(
     if draws:
         batch["frames"] = final_augment_batch(batch["frames"], crop=crop, flow=flow, **layout, **draws)
     return batch
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A mini-batch on its way to the device (``RowPrefetcher.submit``): staging in a thread (``future``)
+    or done in place (``value``, or the ``error`` it raised)."""
+
+    future: Future | None = None
+    value: Any = None
+    error: Exception | None = None
+
+    def result(self) -> Any:
+        """The staged value, once ready; raises what staging raised."""
+        if self.future is not None:
+            return self.future.result()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class RowPrefetcher:
+    """``stage_rows`` for the next mini-batch while this one trains: ``submit(rows)``, later ``wait``.
+
+    On CUDA the host side of staging (pinning the frames, tens of MiB a mini-batch; launching the copies
+    and the crops) would otherwise run between two steps while the GPU idles (``bench/learner_device.py``
+    measures its share of a learner's time). Here it runs in one background thread, which queues the
+    copies and crops on a side stream; ``wait`` makes the training stream wait for exactly that mini-batch's
+    work and marks its tensors as used there, so the caching allocator does not hand their memory to the
+    next mini-batch while a step still reads them. Elsewhere (a CPU learner, whose cores its own step keeps
+    busy) ``submit`` stages in place. The bits are ``stage_rows``' either way, and an error raised while
+    staging reaches the caller at ``wait``.
+
+    The rows handed to ``submit`` must stay unchanged until ``wait`` returns (the learner takes the next
+    rows from its stream only after that).
+    """
+
+    def __init__(self, device: torch.device | str | None, *, crop: int, flow: bool) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.crop, self.flow = crop, flow
+        cuda = self.device.type == "cuda"
+        self._side = torch.cuda.Stream(self.device) if cuda else None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stage-rows") if cuda else None
+
+    def submit(self, rows: Mapping[str, np.ndarray]) -> Staged:
+        """Start staging ``rows``; the returned handle goes to ``wait``."""
+        if self._pool is not None:
+            return Staged(future=self._pool.submit(self._stage_on_side, rows))
+        try:
+            return Staged(value=(stage_rows(rows, self.device, crop=self.crop, flow=self.flow), None))
+        except Exception as error:  # kept for wait(), where the threaded path raises it too
+            return Staged(error=error)
+
+    def _stage_on_side(self, rows: Mapping[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], Any]:
+        with torch.cuda.stream(self._side):
+            batch = stage_rows(rows, self.device, crop=self.crop, flow=self.flow)
+            ready = torch.cuda.Event()
+            ready.record(self._side)
+        return batch, ready
+
+    def wait(self, staged: Staged) -> dict[str, torch.Tensor]:
+        """The staged mini-batch, usable on the caller's current stream."""
+        batch, ready = staged.result()
+        if ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(ready)
+            for tensor in batch.values():
+                if tensor.device.type == "cuda":
+                    tensor.record_stream(stream)
+        return batch
+
+    def close(self) -> None:
+        """Stop the staging thread (after the last ``wait``)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def useful_frames(batch: Mapping[str, torch.Tensor]) -> int:

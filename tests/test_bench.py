@@ -20,6 +20,7 @@ import averager_cost  # noqa: E402
 import averaging  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
+import learner_device  # noqa: E402
 import microbatch  # noqa: E402
 import randaugment  # noqa: E402
 import refurbish_loader as rl  # noqa: E402
@@ -28,6 +29,7 @@ import startup  # noqa: E402
 
 from raytrain_seq.config import Config  # noqa: E402
 from raytrain_seq.packing import pack, shard  # noqa: E402
+from raytrain_seq.step import stage_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +254,23 @@ def test_microbatch_tiny_run_gradients_agree(tmp_path):
     assert all(0.0 <= a["streamed"] <= 1.0 for a in acc) and "Failed (cap)" in text
 
 
+def test_microbatch_verdict_names_a_device_that_one_micro_batch_does_not_fill():
+    """The H200 run's numbers (docs/LOG.md, 2026-11-26): plain steps of 16 and 32 small images take about
+    the same time, so the overhead is launches and the verdict says so; at about 2x it does not."""
+
+    def res(plain_16: float, plain_32: float) -> dict:
+        rows = [
+            {"size": 16, "vs_fit": 0.0, "plain_s": plain_16, "stream_s": 0.002, "grad_diff": None, "grad_worst": None},
+            {"size": 32, "vs_fit": 0.38, "plain_s": plain_32, "stream_s": 0.003, "grad_diff": None, "grad_worst": None},
+        ]  # fmt: skip
+        return {"rows": rows, "micro": 16, "cuda": True, "memory_fraction": None}
+
+    out, head = microbatch.verdicts(res(0.0012, 0.0013))
+    assert "does not fill this device" in out[0] and "1.08x" in out[0] and head["plain_2x_over_1x"] < 1.5
+    out, head = microbatch.verdicts(res(0.0073, 0.0134))
+    assert "does not fill" not in " ".join(out) and head["plain_2x_over_1x"] == pytest.approx(1.84, abs=0.01)
+
+
 def test_microbatch_accuracy_run_starts_from_the_same_weights_and_samples():
     """Streaming changes nothing but float summation: plain and streamed training end at one accuracy.
 
@@ -323,6 +342,53 @@ def test_report_assembles_sections_and_headlines(tmp_path):
     assert "```\nrates here\n```" in text
     assert "Not run: no `bench/results/refurbish.md`" in text
     assert "](../results/bload_table.png)" in text and "\n## T\n" in text
+
+
+def test_report_adds_the_gpu_results_one_level_down_only_when_there_are_some(tmp_path):
+    """The last scripts/gpu_checks.sh run's files (results/gpu/) form one section of their own, machine
+    from their JSON, each table one heading level under it, its image linked in the gpu folder."""
+    assert "On a GPU" not in report.build(tmp_path, "../results")
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    (gpu / "microbatch_micro16.md").write_text(
+        "## MBS Table 4\n\nrows\n\n![microbatch](microbatch_micro16.png)\n"
+    )
+    (gpu / "microbatch_micro16.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA H200", "date": "d"}}))
+    (gpu / "learner_device_demo.txt").write_text("frames/s")
+    text = report.build(tmp_path, "../results")
+    assert "## On a GPU" in text and "Measured on NVIDIA H200" in text
+    assert "\n### MBS Table 4\n" in text and "](../results/gpu/microbatch_micro16.png)" in text
+    assert "### `learner_device_demo.txt`\n\n```\nframes/s\n```" in text
+
+
+# ------------------------------------------------------------------------------------- learner_device
+def test_learner_device_feeds_both_ways_the_same_frames_and_prints_its_headline(capsys):
+    """The host-crop baseline's rows hold exactly the frames the learner's own crop makes (only where the
+    crop runs differs), the rows carry real sequences, and a tiny run ends with the JSON headline."""
+    batches, t_max = learner_device.make_rows(Config.from_preset("demo"), 2, seed=0)
+    assert t_max == 222 and batches[0]["frames"].shape == (4, 222, 36, 36, 3)
+    for rows in batches:
+        assert (rows["lengths"] > 0).sum() == rows["num_sequences"].sum() > 4
+        host = learner_device.host_cropped(rows, 32)
+        assert "tops" not in host and host["frames"].shape == (4, 222, 32, 32, 3)
+        assert torch.equal(
+            torch.from_numpy(host["frames"]), stage_rows(rows, "cpu", crop=32, flow=False)["frames"]
+        )
+    threads = torch.get_num_threads()
+    try:
+        assert learner_device.main(["--preset", "demo", "--steps", "2", "--rounds", "1", "--json"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # main sets a CPU learner's one thread
+    headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (
+        headline["device"] == "CPU"
+        and headline["learner_frames_s"] > 0
+        and headline["host_crop_frames_s"] > 0
+    )
+    for way in ("host_crop", "in_place"):
+        assert headline[f"learner_vs_{way}"] == pytest.approx(
+            headline["learner_frames_s"] / headline[f"{way}_frames_s"], rel=1e-2
+        )
 
 
 def _fake_averaging_result(tmp_share: float = 0.02) -> dict:

@@ -6,7 +6,9 @@ training a bound model gives the bits of an unbound twin, and the buffers are wh
 a buffer is one contiguous array holding the bytes the piece-by-piece path puts; loading an averaged state
 in place gives what ``load_averaged`` gives and keeps the optimizer's tensors bound; what cannot be held
 (bfloat16, a non-contiguous tensor, tied weights) is named; ``LocalRounds`` puts the bound slices and
-falls back to the pieces for a state it cannot bind, with the same averaged result.
+falls back to the pieces for a state it cannot bind, with the same averaged result. Where a GPU is, the
+same contracts hold for a learner on CUDA (its slices through reused pinned host copies, an averaged
+state from the host written into its device views); elsewhere those cases skip.
 """
 
 from __future__ import annotations
@@ -29,13 +31,30 @@ from raytrain_seq.elastic.sync import LocalRounds
 from raytrain_seq.runtime.averager import ParameterAverager
 from raytrain_seq.step import load_averaged
 
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+]
 
-def model_and_adam(seed: int = 0, *, amsgrad: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A small conv + BatchNorm + linear model and its Adam, with state after one step."""
+
+@pytest.fixture(autouse=True)
+def deterministic_cudnn():
+    """cuDNN picks its convolution algorithms by timing them, and some accumulate with atomics: bit-for-bit
+    comparisons of two CUDA models need the deterministic ones."""
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+def model_and_adam(
+    seed: int = 0, *, amsgrad: bool = False, device: str = "cpu"
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A small conv + BatchNorm + linear model on ``device`` and its Adam, with state after one step."""
     torch.manual_seed(seed)
     model = nn.Sequential(
         nn.Conv1d(3, 8, 3), nn.BatchNorm1d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6, 5)
-    )  # fmt: skip
+    ).to(device)  # fmt: skip
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=amsgrad)
     train(model, optimizer, steps=1, seed=seed)
     return model, optimizer
@@ -45,7 +64,8 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, *, steps: int, see
     gen = torch.Generator().manual_seed(100 + seed)
     for _ in range(steps):
         x, y = torch.randn(4, 3, 8, generator=gen), torch.randint(0, 5, (4,), generator=gen)
-        x = x.to(next(model.parameters()).dtype)
+        weight = next(model.parameters())
+        x, y = x.to(weight.device, weight.dtype), y.to(weight.device)
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
@@ -58,6 +78,18 @@ def live(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict
 def snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """Copies of the model's state_dict and the optimizer's state (nothing shared with the live tensors)."""
     return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()["state"])
+
+
+def on_cpu(state: tuple[dict, dict]) -> tuple[dict, dict]:
+    """A snapshot's tensors copied to the host (bits unchanged), to compare with a host reference."""
+    params, moments = state
+    return (
+        {k: v.cpu() for k, v in params.items()},
+        {
+            i: {n: v.cpu() if isinstance(v, torch.Tensor) else v for n, v in e.items()}
+            for i, e in moments.items()
+        },
+    )
 
 
 def same_state(a: tuple[dict, dict], b: tuple[dict, dict]) -> bool:
@@ -81,19 +113,21 @@ def bound(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[FlatStora
     params, moments = live(model, optimizer)
     layout = FlatLayout.of(params, moments)
     assert FlatStorage.unsupported(layout, params, moments) is None
-    storage = FlatStorage(layout)
+    storage = FlatStorage(layout, next(model.parameters()).device)
     storage.bind(params, moments)
     return storage, layout
 
 
 # ------------------------------------------------------------------------------------------ binding
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_bind_moves_every_floating_tensor_into_its_buffer_without_changing_a_value(amsgrad):
-    model, optimizer = model_and_adam(amsgrad=amsgrad)
+def test_bind_moves_every_floating_tensor_into_its_buffer_without_changing_a_value(amsgrad, device):
+    model, optimizer = model_and_adam(amsgrad=amsgrad, device=device)
     before = snapshot(model, optimizer)
     params, moments = live(model, optimizer)
     layout = FlatLayout.of(params, moments)
-    storage = FlatStorage(layout)
+    storage = FlatStorage(layout, device)
+    assert all(buffer.device.type == device for buffer in storage.buffers.values())
     assert storage.bind(params, moments) == len(layout.slots) > 10  # conv, BN pair, linear, moments
     for slot in layout.slots:
         tensor = layout.tensor_of(params, moments, slot)
@@ -107,8 +141,9 @@ def test_bind_moves_every_floating_tensor_into_its_buffer_without_changing_a_val
     assert storage.bind(*live(model, optimizer)) == 0 and storage.moved == len(layout.slots)
 
 
-def test_a_bound_model_trains_to_the_bits_of_an_unbound_twin_and_its_buffers_hold_them():
-    model, optimizer = model_and_adam()
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bound_model_trains_to_the_bits_of_an_unbound_twin_and_its_buffers_hold_them(device):
+    model, optimizer = model_and_adam(device=device)
     twin = copy.deepcopy(model)
     twin_optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2)
     twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
@@ -117,7 +152,7 @@ def test_a_bound_model_trains_to_the_bits_of_an_unbound_twin_and_its_buffers_hol
     train(twin, twin_optimizer, steps=3, seed=1)
     assert same_state(snapshot(model, optimizer), snapshot(twin, twin_optimizer))
     # Not vacuous: training moved the weights, and the buffers moved with them.
-    assert not torch.equal(model[0].weight, model_and_adam()[0][0].weight)
+    assert not torch.equal(model[0].weight, model_and_adam(device=device)[0][0].weight)
     assert storage.bind(*live(model, optimizer)) == 0
     flat = storage.buffers["mean/float32"]
     weight = layout.slots[0]
@@ -143,12 +178,12 @@ def test_a_replaced_tensor_is_moved_back_into_its_view():
 
 
 # ------------------------------------------------------------------------------------------- slices
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shards", [1, 2, 3])
-def test_slices_are_one_contiguous_array_a_buffer_with_the_bytes_the_pieces_put(shards):
-    model, optimizer = model_and_adam()
+def test_slices_are_one_contiguous_array_a_buffer_with_the_bytes_the_pieces_put(shards, device):
+    model, optimizer = model_and_adam(device=device)
     storage, layout = bound(model, optimizer)
-    params, moments = live(model, optimizer)
-    pieces, _, _ = layout.slices(params, moments, shards)
+    pieces, _, _ = layout.slices(*on_cpu(live(model, optimizer)), shards)  # the host path's pieces
     slices = storage.slices(shards)
     assert len(slices) == shards
     for mine, theirs in zip(slices, pieces, strict=True):
@@ -156,6 +191,11 @@ def test_slices_are_one_contiguous_array_a_buffer_with_the_bytes_the_pieces_put(
         for key, array in mine.items():
             assert isinstance(array, np.ndarray) and array.flags.c_contiguous
             assert np.array_equal(array, np.concatenate([np.empty(0, array.dtype), *theirs[key]]))
+    if device == "cuda":
+        # Host copies in reused pinned buffers: the next round's slices land in the same memory.
+        again = storage.slices(shards)
+        assert all(np.shares_memory(again[i][k], slices[i][k]) for i in range(shards) for k in slices[i])
+        assert all(torch.from_numpy(array).is_pinned() for part in again for array in part.values())
     # What a put stores is a copy: training on afterwards leaves the stored slices as they were.
     stored = [InProcessStore().put(part) for part in slices]
     kept = [{k: v.copy() for k, v in part.items()} for part in stored]
@@ -164,12 +204,13 @@ def test_slices_are_one_contiguous_array_a_buffer_with_the_bytes_the_pieces_put(
 
 
 # --------------------------------------------------------------------------------------------- load
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_load_in_place_equals_load_averaged_and_keeps_the_optimizer_bound(amsgrad):
-    model, optimizer = model_and_adam(0, amsgrad=amsgrad)
+def test_load_in_place_equals_load_averaged_and_keeps_the_optimizer_bound(amsgrad, device):
+    model, optimizer = model_and_adam(0, amsgrad=amsgrad, device=device)
     other, other_optimizer = model_and_adam(1, amsgrad=amsgrad)
     train(other, other_optimizer, steps=2, seed=3)  # a different state, with a different Adam step
-    averaged = snapshot(other, other_optimizer)
+    averaged = snapshot(other, other_optimizer)  # on the host, as an averaged state arrives
     twin = copy.deepcopy(model)
     twin_optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2, amsgrad=amsgrad)
     twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
@@ -179,13 +220,14 @@ def test_load_in_place_equals_load_averaged_and_keeps_the_optimizer_bound(amsgra
     storage.load(*averaged, into_params=params, into_moments=moments)
     load_averaged(twin, twin_optimizer, *copy.deepcopy(averaged))
     assert same_state(snapshot(model, optimizer), snapshot(twin, twin_optimizer))
-    assert same_state(snapshot(model, optimizer), averaged)  # not vacuous: the state changed to this
+    assert same_state(on_cpu(snapshot(model, optimizer)), averaged)  # not vacuous: the state changed to this
+    assert model[0].weight.device.type == device
     assert storage.bind(*live(model, optimizer)) == 0  # written in place: nothing left the buffers
     # The loaded state owns nothing of the averaged one: training on changes only the learner's.
     train(model, optimizer, steps=1, seed=4)
     train(twin, twin_optimizer, steps=1, seed=4)
     assert same_state(snapshot(model, optimizer), snapshot(twin, twin_optimizer))
-    assert not torch.equal(model[0].weight, averaged[0]["0.weight"])
+    assert not torch.equal(model[0].weight.cpu(), averaged[0]["0.weight"])
 
 
 def test_a_state_of_another_layout_does_not_match():
@@ -216,31 +258,40 @@ def test_what_the_buffers_cannot_hold_is_named():
 
 
 # ------------------------------------------------------------------------------------- LocalRounds
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piece(dtype):
+@pytest.mark.parametrize(
+    ("dtype", "device"),
+    [
+        (torch.float32, "cpu"),
+        (torch.bfloat16, "cpu"),
+        pytest.param(torch.float32, "cuda", marks=DEVICES[1].marks),
+    ],
+)
+def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piece(dtype, device):
     """Two LocalRounds through a real in-process averager with 2 shards end on ``average_states`` +
-    ``merge_adam_states`` of their states, bit for bit: float32 learners through their bound buffers
-    (each slice one array), bfloat16 ones piece by piece (the reason named)."""
+    ``merge_adam_states`` of their states (on the host), bit for bit: float32 learners through their
+    bound buffers (each slice one array), bfloat16 ones piece by piece (the reason named); a CUDA
+    learner's state stays on its device."""
     averager = ParameterAverager(2, timeout_s=30.0, shards=2)
     transport = InProcess(averager)
     learners = []
     for j in range(2):
-        model, _ = model_and_adam(j)
+        model, _ = model_and_adam(j, device=device)
         model.to(dtype)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         train(model, optimizer, steps=2, seed=j)
         client = AveragerClient(transport, learner=j, world_size=2, incarnation=f"i{j}", round_timeout_s=30.0, store=RecordingPuts())  # fmt: skip
         client.join()
-        learners.append((model, optimizer, LocalRounds(client, model, optimizer, k=1), client))
+        learners.append((model, optimizer, LocalRounds(client, model, optimizer, k=1, device=device), client))
     try:
         for _ in range(2):  # the second round: bound since the first, installed in place
-            states = [snapshot(model, optimizer) for model, optimizer, _, _ in learners]
+            states = [on_cpu(snapshot(model, optimizer)) for model, optimizer, _, _ in learners]
             expected = average_states([p for p, _ in states])
             expected_moments = merge_adam_states([m for _, m in states])
             with ThreadPoolExecutor(2) as pool:
                 list(pool.map(lambda learner: learner[2].sync(stats={}, position=EpochPosition(0)), learners))
             for model, optimizer, _, _ in learners:
-                assert same_state(snapshot(model, optimizer), (expected, expected_moments))
+                assert same_state(on_cpu(snapshot(model, optimizer)), (expected, expected_moments))
+                assert model[0].weight.device.type == device
             for model, optimizer, _, _ in learners:  # the learners part again before the next round
                 train(model, optimizer, steps=1, seed=7 + len(learners))
     finally:

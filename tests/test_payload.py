@@ -63,6 +63,28 @@ def test_pack_split_unpack_round_trip_is_exact(shards):
     assert layout.nbytes == sum(b.numel() * 4 for b in buffers.values())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_a_cuda_state_packs_through_reused_pinned_buffers_to_the_host_bits():
+    """A learner on CUDA that cannot bind its state (FlatStorage) puts it through ``slices``' pack: host
+    buffers that are pinned (asynchronous copies), reused from the last round, holding the bits of the
+    same state packed on the host."""
+    params, moments = learners(1)
+    layout = FlatLayout.of(params[0], moments[0])
+    host, host_extras = layout.pack(params[0], moments[0])
+    on_gpu = (
+        {k: v.cuda() for k, v in params[0].items()},
+        {i: {n: v.cuda() if n != "step" else v for n, v in e.items()} for i, e in moments[0].items()},
+    )
+    parts, extras, staging = layout.slices(*on_gpu, 2)
+    assert all(buffer.is_pinned() for buffer in staging.values())
+    assert all(np.array_equal(np.concatenate([p[key] for p in parts]), host[key].numpy()) for key in host)
+    got, expected = layout.unpack(parts, extras), layout.unpack(layout.split(host, 2), host_extras)
+    assert same(got[0], expected[0]) and same(got[1], expected[1])
+    again, _, reused = layout.slices(*on_gpu, 2, staging)
+    assert all(reused[key].data_ptr() == staging[key].data_ptr() for key in staging)
+    assert np.shares_memory(again[0]["mean/float32"], parts[0]["mean/float32"])
+
+
 def test_values_not_averaged_travel_as_numpy_and_come_back_as_writable_tensors():
     """The extras (integer buffers, Adam's steps) cross the control plane in every message of a round:
     they hold numpy arrays, not tensors (which Ray pickles through torch.save, one by one), the steps

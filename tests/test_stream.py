@@ -12,7 +12,7 @@ import torch
 from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.elastic.assembly import BlockSpec, EpochShard, assemble_rows, shard_items
 from raytrain_seq.elastic.stream import RowStream
-from raytrain_seq.step import stage_rows
+from raytrain_seq.step import RowPrefetcher, stage_rows
 
 
 def _shard(blocks, *, channels: int, epoch: int = 4, center: bool = False) -> EpochShard:
@@ -30,10 +30,15 @@ BLOCKS = [
 ]
 
 
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))],
+)
 @pytest.mark.parametrize("channels", [3, 2])
-def test_device_crop_and_flip_equal_the_cpu_rows(channels):
-    """Rows left uncropped for the learner, then final_augment_batch (via stage_rows), give exactly the
-    frames assemble_rows' per-sequence CPU final_augment gives: same final_rng draws, flow x negated."""
+def test_device_crop_and_flip_equal_the_cpu_rows(channels, device):
+    """Rows left uncropped for the learner, then final_augment_batch (via stage_rows, on the learner's
+    device), give exactly the frames assemble_rows' per-sequence CPU final_augment gives: same final_rng
+    draws, flow x negated."""
     rng = np.random.default_rng(1)
     arrays = {
         v: rng.integers(1, 256, (n, 8, 8, channels), dtype=np.uint8) for v, n in [(10, 6), (11, 9), (12, 7)]
@@ -46,12 +51,48 @@ def test_device_crop_and_flip_equal_the_cpu_rows(channels):
     assert deferred["frames"].shape == (4, 12, 8, 8, channels) and "tops" in deferred
     flips = deferred["flips"][deferred["lengths"] > 0]
     assert 0 < flips.sum() < flips.size  # both branches (flipped and not) are exercised
-    staged = stage_rows(deferred, "cpu", crop=5, flow=channels == 2)
+    staged = stage_rows(deferred, device, crop=5, flow=channels == 2)
     assert set(staged) == {k for k in cpu}
-    assert torch.equal(staged["frames"], torch.from_numpy(cpu["frames"]))
+    assert all(value.device.type == device for value in staged.values())
+    assert torch.equal(staged["frames"].cpu(), torch.from_numpy(cpu["frames"]))
     assert cpu["frames"][0, :8].min() > 0  # not vacuous: real pixels were compared
     # Rows that are final already pass through unchanged.
     assert torch.equal(stage_rows(cpu, "cpu", crop=5, flow=False)["frames"], torch.from_numpy(cpu["frames"]))
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))],
+)
+def test_the_prefetcher_stages_ahead_to_stage_rows_bits_and_raises_at_wait(device):
+    """Submitted one and two mini-batches ahead (on CUDA from its thread, on its side stream), every
+    mini-batch waited for holds exactly what ``stage_rows`` makes of it, usable on the caller's stream;
+    a staging error (a crop larger than the frames) surfaces at ``wait``, not at ``submit``."""
+    rng = np.random.default_rng(3)
+    arrays = {v: rng.integers(1, 256, (n, 8, 8, 3), dtype=np.uint8) for v, n in [(10, 6), (11, 9), (12, 7)]}
+    shard = _shard(BLOCKS, channels=3)
+    items = shard_items(shard)
+    fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
+    minis = [
+        assemble_rows({key: np.stack([item[key] for item in part]) for key in part[0]}, arrays, fmt)
+        for part in (items[:2], items[2:], items[1:3])
+    ]
+    prefetcher = RowPrefetcher(device, crop=5, flow=False)
+    try:
+        pending = [prefetcher.submit(minis[0]), prefetcher.submit(minis[1])]
+        got = [prefetcher.wait(pending[0])]
+        pending.append(prefetcher.submit(minis[2]))
+        got += [prefetcher.wait(pending[1]), prefetcher.wait(pending[2])]
+        for rows, batch in zip(minis, got, strict=True):
+            expected = stage_rows(rows, "cpu", crop=5, flow=False)
+            assert set(batch) == set(expected) and all(v.device.type == device for v in batch.values())
+            assert all(torch.equal(batch[k].cpu(), expected[k]) for k in expected)
+            assert int(batch["frames"].sum()) == int(expected["frames"].sum()) > 0  # read on this stream
+        bad = prefetcher.submit({**minis[0], "frames": minis[0]["frames"][:, :, :4, :4]})
+        with pytest.raises(ValueError, match="exceeds the frame size"):
+            prefetcher.wait(bad)
+    finally:
+        prefetcher.close()
 
 
 def test_final_augment_batch_cuts_each_sequence_once_and_leaves_padding_zero():

@@ -54,11 +54,12 @@ from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import (
     InnerStep,
     LearningRate,
+    RowPrefetcher,
+    Staged,
     build_optimizer,
     collate_stream,
     eval_micro_batch_size,
     evaluate,
-    stage_rows,
 )
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ class Learner:
             client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments,
             merge_bn_stats=train.merge_bn_stats, device=device,
         )  # fmt: skip
+        # The next mini-batch is staged (on CUDA in a thread, on a side stream) while this one trains.
+        self.prefetcher = RowPrefetcher(device, crop=config.data.crop, flow=self.in_channels == 2)
         self.tally = Tally()
         self.started = time.perf_counter()
         # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
@@ -160,6 +163,7 @@ class Learner:
         close = getattr(self.feed, "close", None)
         if close is not None:
             close()  # a --steps run may end mid-epoch with the row stream still producing
+        self.prefetcher.close()
         return self.finish(position)
 
     def finished(self, position: EpochPosition) -> bool:
@@ -197,7 +201,7 @@ class Learner:
         ahead = self._stage(stream, self.client.batch_size, cold)
         while ahead is not None:
             batch, staged_s = self._fill(stream, ahead, cold)  # B may have grown at the last round
-            # One mini-batch ahead: its host-to-device copy (non_blocking) overlaps this step.
+            # One mini-batch ahead: its staging (on CUDA a thread and a side stream) overlaps this step.
             ahead = self._stage(stream, self.client.batch_size, cold)
             if self.first_step_wall is None:
                 self.first_step_wall = self.marks["first_step"] = time.time()
@@ -238,9 +242,10 @@ class Learner:
         return EpochPosition(position.epoch + 1).with_steps(self.steps_done)
 
     # ------------------------------------------------------------------------------------ data loop
-    def _stage(self, stream: Any, size: int, cold: bool) -> tuple[dict[str, torch.Tensor], float] | None:
-        """The next ``size`` rows on the device (final-augmented there), and the seconds staging took;
-        None at the end of the shard. Time blocked on the stream is data wait (epoch 0: ``cold_epoch``)."""
+    def _stage(self, stream: Any, size: int, cold: bool) -> tuple[Staged, Any, float] | None:
+        """The next ``size`` rows on their way to the device (``RowPrefetcher``: final-augmented there),
+        their video ids, and the seconds staging took here; None at the end of the shard. Time blocked on
+        the stream is data wait (epoch 0: ``cold_epoch``)."""
         if stream is None:
             return None
         waited = stream.wait_seconds
@@ -256,22 +261,30 @@ class Learner:
             return None
         began = time.perf_counter()
         ids = rows.pop("ids", None)  # accounting only: kept on the host, never sent to the device
-        batch = stage_rows(rows, self.device, crop=self.config.data.crop, flow=self.in_channels == 2)
+        return self.prefetcher.submit(rows), ids, time.perf_counter() - began
+
+    def _ready(self, staged: tuple[Staged, Any, float]) -> tuple[dict[str, torch.Tensor], float]:
+        """A staged mini-batch, once on the device, and the seconds staging cost this thread."""
+        pending, ids, seconds = staged
+        began = time.perf_counter()
+        batch = self.prefetcher.wait(pending)
         if ids is not None:
             batch["ids"] = torch.from_numpy(ids)
-        return batch, time.perf_counter() - began
+        return batch, seconds + time.perf_counter() - began
 
     def _fill(
-        self, stream: Any, staged: tuple[dict[str, torch.Tensor], float], cold: bool
+        self, stream: Any, staged: tuple[Staged, Any, float], cold: bool
     ) -> tuple[dict[str, torch.Tensor], float]:
-        """``staged`` topped up to the current B (it was staged before a round that may have grown B)."""
-        batch, seconds = staged
+        """``staged`` on the device, topped up to the current B (it was staged before a round that may
+        have grown B)."""
+        batch, seconds = self._ready(staged)
         missing = self.client.batch_size - int(batch["num_sequences"].shape[0])
         if missing > 0:
             more = self._stage(stream, missing, cold)
             if more is not None:
-                batch = {key: torch.cat([batch[key], more[0][key]]) for key in batch}
-                seconds += more[1]
+                extra, extra_s = self._ready(more)
+                batch = {key: torch.cat([batch[key], extra[key]]) for key in batch}
+                seconds += extra_s
         return batch, seconds
 
     def average(self, position: EpochPosition) -> EpochPosition | None:

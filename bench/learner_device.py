@@ -1,0 +1,207 @@
+"""One learner's step on its device: the useful frames/s it consumes, three ways of staging its rows.
+
+A GPU learner eats frames far faster than a CPU one, so its rate is what the data pipeline must outrun
+(issue 13) and what moving the final augmentation onto the learner may cost it. For a preset's model and
+row shape (``ucf101-rgb``: a ResNet-50 frame encoder at crop 112 from the 128-pixel cache; ``demo``: the
+small CNN at 32 from 36), rows are laid out by the packer from the real UCF101 split-1 training lengths
+(the preset's stride and ``t_max``) and filled with random uint8 pixels (a step's cost does not depend on
+them). Three ways of feeding the same model, optimizer and micro-batch size, interleaved round by round:
+
+1. **learner** (what ``runtime.learner`` does): rows at the cache size with each sequence's seeded crop
+   draws, staged one mini-batch ahead by ``step.RowPrefetcher`` (on CUDA: ``stage_rows`` in a thread,
+   its copies and the crop and flip on a side stream, while the current step trains), then ``InnerStep``.
+2. **in place**: the same rows staged by ``stage_rows`` between two steps (the learner before
+   ``RowPrefetcher``): the pinning and the launches of the next mini-batch wait for this step to end.
+3. **host crop** (the baseline: the pipeline crops and flips before the bytes travel, as before issue
+   13): the same rows cropped and flipped on the host beforehand, untimed, then prefetched as in 1.
+   Its frames are bit-identical to the learner's.
+
+Prints the useful frames/s of each and two ratios: learner / in place (what prefetching gains) and
+learner / host crop (1.0 means the crop and flip moved onto the learner cost it nothing); the share of
+the wall the training thread spent staging; on CUDA the peak memory. ``--json`` prints the headline as
+one JSON last line. Imports no ray, so it runs on a bare GPU machine:
+
+    python bench/learner_device.py                         # ucf101-rgb on CUDA, demo on a CPU
+    python bench/learner_device.py --preset demo --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raytrain_seq.augment import final_augment_batch
+from raytrain_seq.config import Config
+from raytrain_seq.data.lengths import strided, ucf101_lengths
+from raytrain_seq.models import build_model
+from raytrain_seq.packing import pack
+from raytrain_seq.step import InnerStep, RowPrefetcher, build_optimizer, stage_rows
+
+DRAWS = ("tops", "lefts", "flips")
+
+
+def make_rows(config: Config, count: int, seed: int) -> tuple[list[dict[str, np.ndarray]], int]:
+    """``count`` mini-batches of uncropped rows with crop draws, laid out by the packer; and t_max."""
+    d = config.data
+    lengths = strided(ucf101_lengths("train")[0], d.stride)
+    plan = pack(lengths, d.t_max, strategy="optimal", seed=seed)
+    rng = np.random.default_rng(seed)
+    per_row = max(len(block.ids) for block in plan.blocks)
+    batches = []
+    for b in range(count):
+        blocks = plan.blocks[b * config.train.batch_size : (b + 1) * config.train.batch_size]
+        n = len(blocks)
+        table = {key: np.full((n, per_row), -1, dtype=np.int64) for key in ("starts", "lengths", "labels")}
+        draws = {key: np.zeros((n, per_row), dtype=np.int64) for key in DRAWS}
+        for row, block in enumerate(blocks):
+            k = len(block.ids)
+            table["starts"][row, :k] = block.starts
+            table["lengths"][row, :k] = block.lengths
+            table["labels"][row, :k] = rng.integers(0, 101, k)
+            draws["tops"][row, :k] = rng.integers(0, d.cache_size - d.crop + 1, k)
+            draws["lefts"][row, :k] = rng.integers(0, d.cache_size - d.crop + 1, k)
+            draws["flips"][row, :k] = rng.integers(0, 2, k)
+        frames = rng.integers(0, 256, (n, plan.t_max, d.cache_size, d.cache_size, 3), dtype=np.uint8)
+        for row, block in enumerate(blocks):
+            frames[row, sum(block.lengths) :] = 0  # padding is zero in real rows
+        num_sequences = np.array([len(block.ids) for block in blocks], dtype=np.int64)
+        batches.append({"frames": frames, **table, "num_sequences": num_sequences, **draws})
+    return batches, plan.t_max
+
+
+def host_cropped(rows: dict[str, np.ndarray], crop: int) -> dict[str, np.ndarray]:
+    """The rows as the pipeline sent them before issue 13: cropped and flipped, no draws."""
+    frames = final_augment_batch(
+        torch.from_numpy(rows["frames"]),
+        **{k: rows[k] for k in ("starts", "lengths", *DRAWS)},
+        crop=crop,
+        flow=False,
+    )
+    return {**{k: v for k, v in rows.items() if k not in DRAWS and k != "frames"}, "frames": frames.numpy()}
+
+
+def run_way(
+    step: InnerStep, batches: list[dict], prefetcher: RowPrefetcher | None, device: torch.device, crop: int
+) -> dict[str, float]:
+    """The learner's loop over ``batches``, one mini-batch staged ahead (``prefetcher`` None: by
+    ``stage_rows`` in place): wall seconds, seconds the loop spent staging, useful frames."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def stage(rows):
+        if prefetcher is None:
+            return stage_rows(rows, device, crop=crop, flow=False)
+        return prefetcher.submit(rows)
+
+    def ready(staged):
+        return staged if prefetcher is None else prefetcher.wait(staged)
+
+    sync()
+    began = time.perf_counter()
+    t = time.perf_counter()
+    ahead = stage(batches[0])
+    staged_s = time.perf_counter() - t
+    frames = 0
+    for i in range(len(batches)):
+        t = time.perf_counter()
+        batch = ready(ahead)
+        if i + 1 < len(batches):
+            ahead = stage(batches[i + 1])
+        staged_s += time.perf_counter() - t
+        frames += step(batch).frames
+    sync()
+    return {"wall": time.perf_counter() - began, "staged_s": staged_s, "frames": frames}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--preset", default="ucf101-rgb" if cuda else "demo", help="model and row shape")
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--steps", type=int, default=6, help="timed mini-batches per way per round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is reported)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a CPU learner's one)")
+    parser.add_argument("--json", action="store_true", help="print the headline as one JSON last line")
+    args = parser.parse_args(argv)
+    for name in ("steps", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not cuda:
+        parser.error(f"--device {args.device}: torch sees no CUDA device; pass --device cpu")
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("raytrain_seq.microbatch").setLevel(logging.INFO)  # what "auto" settled on
+    config = Config.from_preset(args.preset)
+    d, m, t = config.data, config.model, config.train
+    batches, t_max = make_rows(config, args.steps, seed=0)
+    cropped = [host_cropped(rows, d.crop) for rows in batches]
+    prefetcher = RowPrefetcher(device, crop=d.crop, flow=False)
+    ways = {"learner": (batches, prefetcher), "in place": (batches, None), "host crop": (cropped, prefetcher)}
+
+    torch.manual_seed(0)
+    model = build_model(101, 3, m.width, m.depth, m.hidden, m.temporal, m.backbone).to(device)
+    optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr)
+    step = InnerStep(
+        model, optimizer, micro_batch_size=t.micro_batch_size, device=device, precision=t.precision
+    )
+    # Warm-up, untimed: cuDNN's algorithm choice, the allocator, "auto"'s micro-batch probe, both ways.
+    for rows, staging in ways.values():
+        run_way(step, rows[:2], staging, device, d.crop)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in ways}
+    for _ in range(args.rounds):
+        for name, (rows, staging) in ways.items():
+            results[name].append(run_way(step, rows, staging, device, d.crop))
+    prefetcher.close()
+    rate = {name: statistics.median(r["frames"] / r["wall"] for r in runs) for name, runs in results.items()}
+    staged = {
+        name: statistics.median(r["staged_s"] / r["wall"] for r in runs) for name, runs in results.items()
+    }
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    rows_mb = batches[0]["frames"].nbytes / 2**20
+    print(
+        f"{args.preset} on {name}: {m.backbone} encoder, {t.batch_size} rows x t_max {t_max}, cache "
+        f"{d.cache_size} -> crop {d.crop}, micro-batch {step.micro_batch_size} ({t.precision}), "
+        f"{rows_mb:.0f} MiB of uncropped frames a mini-batch; median of {args.rounds} interleaved rounds "
+        f"of {args.steps} steps"
+    )
+    print(f"{'way':<12}{'useful frames/s':>17}{'staging share of wall':>23}  (the training thread's)")
+    for way in ways:
+        print(f"{way:<12}{rate[way]:>17.0f}{staged[way]:>22.1%}")
+    ratio = rate["learner"] / rate["host crop"]
+    gain = rate["learner"] / rate["in place"]
+    print(
+        f"learner / in place: {gain:.3f}x (what staging ahead gains); learner / host crop: {ratio:.3f}x "
+        "(1.0: the crop and flip cost the learner nothing)"
+        + (f"; peak device memory {peak:.1f} GiB" if peak is not None else "")
+    )
+    if args.json:
+        headline = {
+            "preset": args.preset,
+            "device": name,
+            "learner_frames_s": round(rate["learner"], 1),
+            "in_place_frames_s": round(rate["in place"], 1),
+            "host_crop_frames_s": round(rate["host crop"], 1),
+            "learner_vs_in_place": round(gain, 3),
+            "learner_vs_host_crop": round(ratio, 3),
+            "staging_share": {way: round(share, 3) for way, share in staged.items()},
+            "peak_gib": None if peak is None else round(peak, 2),
+        }
+        print(json.dumps(headline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
