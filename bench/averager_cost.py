@@ -132,19 +132,18 @@ def _learner_class():
             payload = FlatPayload(self.layout, parts, extras)
             decision = self.client.average(payload, None, stats={}, position=None)
             self.state = decision.result.state
-            if self.state.params is None:
-                raise RuntimeError("the round's state was not materialised: the learner must hold tensors")
+            if self.state.flat is None or not self.state.flat.local:
+                raise RuntimeError("the round's state was not fetched: the learner must hold its slices")
             end = time.perf_counter()
             return {"pack_s": packed - began, "put_s": put - packed, "average_s": end - put}
 
         def install(self) -> dict[str, float]:
-            """Write the last round's state into the bound buffers (``FlatStorage.load``); its seconds."""
+            """Write the last round's merged slices into the bound buffers (``FlatStorage.load_slices``, as
+            ``LocalRounds.install`` does); its seconds."""
             began = time.perf_counter()
-            self.storage.load(
-                self.state.params,
-                self.state.optimizer_state,
-                into_params=self.weights,
-                into_moments=self.moments,
+            flat = self.state.flat
+            self.storage.load_slices(
+                flat.parts, flat.extras, into_params=self.weights, into_moments=self.moments
             )
             return {"install_s": time.perf_counter() - began}
 

@@ -230,6 +230,48 @@ def test_load_in_place_equals_load_averaged_and_keeps_the_optimizer_bound(amsgra
     assert not torch.equal(model[0].weight.cpu(), averaged[0]["0.weight"])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shards", [1, 3])
+def test_load_slices_equals_load_of_the_unpacked_state_one_copy_a_slice(shards, device):
+    """Installing a round's merged slices as they are (one copy a slice and buffer, the values not
+    averaged from the extras) gives the bits ``load`` of the unpacked state gives, and keeps the
+    optimizer bound; slices of another cut, or a learner's pieces, are refused by name."""
+    model, optimizer = model_and_adam(0, device=device)
+    other, other_optimizer = model_and_adam(1)
+    train(other, other_optimizer, steps=2, seed=3)  # another state, another Adam step
+    layout = FlatLayout.of(*live(other, other_optimizer))
+    buffers, extras = layout.pack(*live(other, other_optimizer))
+    parts = layout.split(buffers, shards)  # what the shards return: one array a buffer and slice
+    twin = copy.deepcopy(model)
+    twin_optimizer = torch.optim.Adam(twin.parameters(), lr=1e-2)
+    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    storage, mine = bound(model, optimizer)
+    twin_storage, _ = bound(twin, twin_optimizer)
+    assert mine.signature == layout.signature
+    storage.load_slices(
+        parts,
+        extras,
+        into_params=model.state_dict(keep_vars=True),
+        into_moments=optimizer.state_dict()["state"],
+    )
+    unpacked = layout.unpack(parts, extras)
+    twin_storage.load(
+        *unpacked,
+        into_params=twin.state_dict(keep_vars=True),
+        into_moments=twin_optimizer.state_dict()["state"],
+    )
+    assert same_state(snapshot(model, optimizer), snapshot(twin, twin_optimizer))
+    assert same_state(on_cpu(snapshot(model, optimizer)), snapshot(other, other_optimizer))  # not vacuous
+    assert storage.bind(*live(model, optimizer)) == 0
+    with pytest.raises(ValueError, match="not this layout's"):
+        storage.load_slices(
+            layout.split(buffers, shards + 1)[:shards], extras, into_params={}, into_moments=None
+        )
+    pieces, _, _ = layout.slices(*on_cpu(live(other, other_optimizer)), 2)
+    with pytest.raises(TypeError, match="merged slices"):
+        storage.load_slices(pieces, extras, into_params={}, into_moments=None)
+
+
 def test_a_state_of_another_layout_does_not_match():
     model, optimizer = model_and_adam()
     storage, _ = bound(model, optimizer)
@@ -300,6 +342,7 @@ def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piec
         puts = client.store.puts[-2:]  # the last round's two slices
         if dtype == torch.float32:
             assert rounds.storage is not None and rounds.unsupported is None
+            assert client.held.flat.local  # held as the merged slices, installed a slice at a time
             assert all(isinstance(array, np.ndarray) for part in puts for array in part.values())
             assert rounds.storage.moved == len(rounds.storage.layout.slots)  # bound once, kept bound
         else:

@@ -26,7 +26,7 @@ from conftest import InProcess
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned, Unreachable
-from raytrain_seq.elastic.payload import FlatLayout, InProcessStore
+from raytrain_seq.elastic.payload import FlatLayout, FlatPayload, InProcessStore
 from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
@@ -185,6 +185,53 @@ def test_refused_round_is_resent_after_an_averager_restart():
     assert first == again and again[1] == 5 and again[3] is sent  # the same round, the same payload
     assert join_kwargs["seed"] is held
     assert (client.next_round, client.held) == (6, result.state)
+
+
+class KeyedStore(InProcessStore):
+    """An object store whose references are keys (like Ray's), counting the reads."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict] = {}
+        self.reads = 0
+
+    def put(self, value):
+        key = f"ref{len(self.objects)}"
+        self.objects[key] = super().put(value)
+        return key
+
+    def get(self, refs):
+        self.reads += 1
+        return [self.objects[ref] for ref in refs]
+
+
+def test_a_rounds_state_is_held_as_its_fetched_slices_and_reseeds_in_tensors():
+    """The client reads a round's merged slices once and holds them flat (the learner installs them a
+    slice at a time); a rejoin after a refusal offers the averager that state in tensors, equal to the
+    merged state, without reading the store again."""
+    params = torch.nn.Linear(3, 2).state_dict()
+    layout = FlatLayout.of(params, None)
+    store = KeyedStore()
+    parts = tuple(store.put(part) for part in layout.split(layout.pack(params, None)[0], 2))
+    flat = FlatPayload(layout, parts, layout.extras(params, None))
+    merged = AveragedState(round=5, flat=flat, batch_size=2, source="live")
+    result = RoundResult(state=merged, learners=(0, 1))
+    rejoin = JoinReply(state=_state(5, 5.0), next_round=6, world_size=2)  # round 6 is still due
+    resent = RoundResult(state=_state(6, 6.0), learners=(0, 1))
+    transport = Scripted(
+        average=[result, MembershipError(0, 6, 3, "it is not registered"), resent], join=[rejoin]
+    )
+    client = _client(transport, world_size=2, store=store)
+    client.next_round = 5
+    assert isinstance(client.average({"w": torch.ones(1)}, None, stats={}, position=None), Averaged)
+    held = client.held
+    assert held.params is None and held.flat.local and store.reads == 1
+    assert [dict(p) for p in held.flat.parts] == [store.objects[r] for r in parts]
+    assert client.average({"w": torch.ones(1)}, None, stats={}, position=None).result is resent
+    seed = next(kwargs["seed"] for method, _, kwargs in transport.calls if method == "join")
+    assert seed.flat is None and seed.round == 5 and store.reads == 1
+    assert all(torch.equal(seed.params[k], v) for k, v in params.items()) and list(seed.params) == list(
+        params
+    )
 
 
 def test_dropped_learner_gets_a_realigned_decision():

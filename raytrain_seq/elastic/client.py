@@ -18,9 +18,10 @@ learner: the client rejoins with ``held`` as the seed and returns a decision:
 
 The data plane: states come back from the averager as object references (``AveragedState.flat``); the
 client reads them through its ``store`` (``ObjectStore``, injected like the transport) as soon as they
-arrive, so every state it hands out or holds is in plain tensors (``AveragedState.materialise``): a
-restarted averager, whose objects died with it, is re-seeded from bytes the learner has. ``shards`` is S
-from the latest join: how many slices the learner cuts its buffers into.
+arrive, so every state it hands out or holds is local (``AveragedState.fetched``: the merged slices'
+arrays, which the learner installs with one copy a slice) or in plain tensors: a restarted averager,
+whose objects died with it, is re-seeded from bytes the learner has (materialised into tensors for the
+seed). ``shards`` is S from the latest join: how many slices the learner cuts its buffers into.
 
 A refusal followed by a rejoin that says the same round is still due (the averager came back, or took
 the learner back, before the round closed) resends the same payload, at most ``max_rejoins`` times.
@@ -124,6 +125,8 @@ class AveragerClient:
 
     def join(self, seed: AveragedState | None = None) -> JoinReply:
         """(Re)join; offers ``seed`` (a state newer than the averager's is adopted by it)."""
+        if seed is not None:
+            seed = seed.materialise(self.store.get)  # the averager takes tensors (a held state is local)
         kwargs = {"incarnation": self.incarnation, "seed": seed}
         if self.node is not None:
             kwargs["node"] = self.node
@@ -180,7 +183,7 @@ class AveragerClient:
                 )  # fmt: skip
                 return Realigned(reply, sent)
             if result.state.flat is not None:
-                result = replace(result, state=result.state.materialise(self.store.get))
+                result = replace(result, state=result.state.fetched(self.store.get))
             self._take(result.state, result.state.round + 1)
             return Averaged(result)
         raise RuntimeError(

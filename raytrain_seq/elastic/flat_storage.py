@@ -9,7 +9,8 @@ place (the optimizers' and BatchNorm's updates are in-place). A round then
 * puts slice i of each buffer as it is (``slices``): one contiguous array, one copy into the object
   store. Put as the tuple of the tensors' pieces, a slice costs one copy per piece, and Ray copies every
   piece of 1 MiB or more with a handful of threads of its own (docs/LOG.md, 2026-11-26);
-* writes the merged state back in place (``load``): one copy per tensor into its view, where
+* writes the merged state back in place: from the merged slices, one copy per slice and buffer
+  (``load_slices``), or from a state in tensors, one copy per tensor into its view (``load``); where
   ``Optimizer.load_state_dict`` would replace the optimizer's tensors by new ones (unbinding them).
 
 Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when everything is in place,
@@ -28,7 +29,9 @@ states only, which are not views of these buffers). Plain torch and numpy: no ra
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,10 +122,10 @@ class FlatStorage:
                 staging.copy_(buffer, non_blocking=True)
                 host[key] = staging
             torch.cuda.synchronize(self.device)
-        if shards not in self._bounds:
-            self._bounds[shards] = self.layout.bounds(shards)
         arrays = {key: tensor.numpy() for key, tensor in host.items()}
-        return [{key: arrays[key][lo:hi] for key, (lo, hi) in part.items()} for part in self._bounds[shards]]
+        return [
+            {key: arrays[key][lo:hi] for key, (lo, hi) in part.items()} for part in self._bounds_of(shards)
+        ]
 
     def matches(self, params: Mapping[str, Tensor], moments: Mapping | None, *, merge_bn_stats: bool) -> bool:
         """Whether a state (an averaged one) has this storage's layout: the same keys, shapes and dtypes."""
@@ -144,20 +147,69 @@ class FlatStorage:
         with torch.no_grad():
             for slot, view in zip(self.layout.slots, self._views, strict=True):
                 view.copy_(self.layout.tensor_of(params, moments, slot).reshape(view.shape))
-            for key, tensor in into_params.items():
-                if ("model", key) not in self._slotted:
-                    tensor.copy_(params[key])
-            if moments is None or into_moments is None:
-                return
-            for index, entry in into_moments.items():
-                for name, value in list(entry.items()):
-                    if ("optimizer", (index, name)) in self._slotted:
-                        continue
-                    new = moments[index][name]
-                    if isinstance(value, Tensor) and isinstance(new, Tensor) and value.shape == new.shape:
-                        value.copy_(new)
-                    else:  # a plain number (an optimizer that keeps its step as a float), or a new kind
-                        entry[name] = new.clone() if isinstance(new, Tensor) else new
+            self._load_unaveraged(params, moments, into_params, into_moments)
+
+    def load_slices(
+        self,
+        parts: Sequence[Mapping[str, np.ndarray]],
+        extras: Mapping[str, Any],
+        *,
+        into_params: Mapping[str, Tensor],
+        into_moments: Mapping | None,
+    ) -> None:
+        """``load`` from the merged slices themselves (``parts``: slice i of every buffer, this layout's,
+        as the shards return them) and the round's ``extras``: one copy per slice and buffer instead of
+        one per tensor, and no tensors built for the state first. Same result as ``load`` of the
+        ``unpack``ed state, bit for bit."""
+        bounds = self._bounds_of(len(parts))
+        with torch.no_grad(), warnings.catch_warnings():
+            # A store buffer is read-only; it is only read here (torch warns on any non-writable array).
+            warnings.simplefilter("ignore", UserWarning)
+            for part, cuts in zip(parts, bounds, strict=True):
+                for key, (lo, hi) in cuts.items():
+                    if not isinstance(part[key], np.ndarray):
+                        raise TypeError(
+                            f"slice of {key} is a {type(part[key]).__name__}: load_slices takes merged slices "
+                            "(one array a buffer); load a learner's own pieces through unpack and load"
+                        )
+                    if len(part[key]) != hi - lo:
+                        raise ValueError(
+                            f"slice of {key} holds {len(part[key])} values where this layout cut for "
+                            f"{len(parts)} shards has {hi - lo}: the parts are not this layout's"
+                        )
+                    self.buffers[key][lo:hi].copy_(torch.from_numpy(part[key]))
+            params, moments = self.layout.unaveraged(extras)
+            self._load_unaveraged(params, moments, into_params, into_moments)
+
+    def _load_unaveraged(
+        self,
+        params: Mapping[str, Tensor],
+        moments: Mapping | None,
+        into_params: Mapping[str, Tensor],
+        into_moments: Mapping | None,
+    ) -> None:
+        """The values in no buffer (integer buffers, Adam's step), as ``load_state_dict`` would write them,
+        so the optimizer keeps its tensors. ``params``/``moments`` need hold only those values."""
+        for key, tensor in into_params.items():
+            if ("model", key) not in self._slotted:
+                tensor.copy_(params[key])
+        if moments is None or into_moments is None:
+            return
+        for index, entry in into_moments.items():
+            for name, value in list(entry.items()):
+                if ("optimizer", (index, name)) in self._slotted:
+                    continue
+                new = moments[index][name]
+                if isinstance(value, Tensor) and isinstance(new, Tensor) and value.shape == new.shape:
+                    value.copy_(new)
+                else:  # a plain number (an optimizer that keeps its step as a float), or a new kind
+                    entry[name] = new.clone() if isinstance(new, Tensor) else new
+
+    def _bounds_of(self, shards: int) -> list[dict[str, tuple[int, int]]]:
+        """``layout.bounds(shards)``, computed once per S."""
+        if shards not in self._bounds:
+            self._bounds[shards] = self.layout.bounds(shards)
+        return self._bounds[shards]
 
     def nbytes(self) -> int:
         """Bytes of the buffers (what one learner puts per round)."""

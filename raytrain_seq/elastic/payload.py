@@ -336,6 +336,27 @@ class FlatLayout:
             moments[index] = entry
         return params, moments
 
+    def unaveraged(self, extras: Mapping[str, Any]) -> tuple[dict[str, Tensor], dict | None]:
+        """The state's values that lie in no buffer, from ``extras``, as ``unpack`` gives them (fresh
+        tensors): the model's integer buffers, and per parameter index the optimizer's other values
+        (Adam's step); None for the optimizer when no moments travel."""
+        slotted = {(slot.owner, slot.key) for slot in self.slots}
+        params = {
+            key: _tensor(extras["model"][key]) for key in self.model_keys if ("model", key) not in slotted
+        }
+        if self.moment_keys is None:
+            return params, None
+        kept = extras["optimizer"].entries()
+        moments = {
+            index: {
+                name: _tensor(kept[index][name])
+                for name in names
+                if ("optimizer", (index, name)) not in slotted
+            }
+            for index, names in self.moment_keys
+        }
+        return params, moments
+
     @staticmethod
     def _read(parts: Sequence[Mapping[str, np.ndarray]], starts: list[int], slot: Slot) -> Tensor:
         lo, hi = slot.offset, slot.offset + slot.numel
@@ -467,6 +488,12 @@ class FlatPayload:
     layout: FlatLayout
     parts: tuple[Any, ...]
     extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def local(self) -> bool:
+        """Whether the parts are the arrays themselves (read from the store, or in process), not
+        references: reading them then needs no store."""
+        return all(isinstance(part, Mapping) for part in self.parts)
 
 
 # ------------------------------------------------------------------------------------------ merging

@@ -6,10 +6,11 @@ keyword; ``to_dict``/``from_dict`` give plain tensors, numbers and strings, whic
 ``torch.load(weights_only=True)`` reads back. Round 0 (``params`` None) means nothing averaged yet.
 
 A state can live in the object store: ``flat`` then holds its layout and the object references of its
-merged slices (``elastic.payload.FlatPayload``) and ``params``/``optimizer_state`` are None;
-``materialise(get)`` reads the slices (``get``: the store's, e.g. ``ray.get``) and gives the same state
-with plain tensors, which is what a learner holds, installs, checkpoints and re-seeds with. The control
-plane never reads the bytes: every learner fetches the one merged object per shard itself.
+merged slices (``elastic.payload.FlatPayload``) and ``params``/``optimizer_state`` are None.
+``fetched(get)`` reads the slices (``get``: the store's, e.g. ``ray.get``) into local arrays and keeps the
+state flat: what a learner holds and installs. ``materialise(get)`` gives the same state with plain
+tensors, which is what is checkpointed and what re-seeds a restarted averager. The control plane never
+reads the bytes: every learner fetches the one merged object per shard itself.
 
 ``RoundResult`` (a round's state plus who took part) and ``JoinReply`` (the state plus the round a joining
 learner sends next) carry an ``AveragedState``; they add only what is not state.
@@ -76,12 +77,22 @@ class AveragedState:
         """Nothing averaged yet (a fresh averager that found no checkpoint)."""
         return self.round == 0
 
+    def fetched(self, get: Callable[[Sequence[Any]], list[Any]]) -> AveragedState:
+        """This state with its merged slices read through ``get`` (``FlatPayload.local``: the arrays, zero
+        copies of the store's objects), still flat: what a learner holds, installs (``FlatStorage``
+        writes a slice with one copy) and materialises only when it needs the tensors."""
+        if self.flat is None or self.flat.local:
+            return self
+        return self.replace(flat=dataclasses.replace(self.flat, parts=tuple(get(list(self.flat.parts)))))
+
     def materialise(self, get: Callable[[Sequence[Any]], list[Any]]) -> AveragedState:
-        """This state with plain tensors: the merged slices read through ``get`` (zero-copy where a tensor
-        lies in one slice; see ``FlatLayout.unpack``); a state already in tensors is returned as is."""
+        """This state with plain tensors: the merged slices read through ``get`` unless they are local
+        already (zero-copy where a tensor lies in one slice; see ``FlatLayout.unpack``); a state already
+        in tensors is returned as is."""
         if self.flat is None:
             return self
-        params, moments = self.flat.layout.unpack(get(list(self.flat.parts)), self.flat.extras)
+        parts = self.flat.parts if self.flat.local else get(list(self.flat.parts))
+        params, moments = self.flat.layout.unpack(parts, self.flat.extras)
         return self.replace(params=params, optimizer_state=moments, flat=None)
 
     def to_dict(self) -> dict[str, Any]:

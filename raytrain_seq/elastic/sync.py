@@ -116,12 +116,24 @@ class LocalRounds:
 
     def install(self, state: AveragedState) -> None:
         """Load an averaged state into the model and optimizer: in place into the flat buffers once they
-        hold the tensors and the state has their layout, else by ``load_state_dict``. Either way the
-        optimizer gets copies of the moments: it updates them in place, and the held originals are what a
-        restarted averager is re-seeded with."""
+        hold the tensors and the state has their layout (a round's merged slices, one copy a slice; a
+        state in tensors, one copy a tensor), else by ``load_state_dict``. Either way the optimizer gets
+        copies of the moments: it updates them in place, and the held originals are what a restarted
+        averager is re-seeded with."""
         if state.empty:
             return
         storage = self.storage
+        flat = state.flat
+        if (
+            storage is not None
+            and flat is not None
+            and flat.local
+            and flat.layout.signature == storage.layout.signature
+        ):
+            params, moments = self._live()
+            storage.load_slices(flat.parts, flat.extras, into_params=params, into_moments=moments)
+            return
+        state = state.materialise(self.client.store.get)
         if storage is not None and storage.matches(
             state.params, state.optimizer_state, merge_bn_stats=self.merge_bn_stats
         ):
