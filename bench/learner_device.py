@@ -23,6 +23,7 @@ one JSON last line. Imports no ray, so it runs on a bare GPU machine:
 
     python bench/learner_device.py                         # ucf101-rgb on CUDA, demo on a CPU
     python bench/learner_device.py --preset demo --json
+    python bench/learner_device.py --precision bf16          # autocast, as a GPU user would train
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raytrain_seq.augment import final_augment_batch
-from raytrain_seq.config import Config
+from raytrain_seq.config import PRECISIONS, Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.models import build_model
 from raytrain_seq.packing import pack
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="timed mini-batches per way per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a CPU learner's one)")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default=None, help="train.precision (default: the preset's)"
+    )
     parser.add_argument("--json", action="store_true", help="print the headline as one JSON last line")
     args = parser.parse_args(argv)
     for name in ("steps", "rounds", "threads"):
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("raytrain_seq.microbatch").setLevel(logging.INFO)  # what "auto" settled on
-    config = Config.from_preset(args.preset)
+    config = Config.from_preset(args.preset, **({"precision": args.precision} if args.precision else {}))
     d, m, t = config.data, config.model, config.train
     batches, t_max = make_rows(config, args.steps, seed=0)
     cropped = [host_cropped(rows, d.crop) for rows in batches]
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         headline = {
             "preset": args.preset,
+            "precision": t.precision,
             "device": name,
             "learner_frames_s": round(rate["learner"], 1),
             "in_place_frames_s": round(rate["in place"], 1),

@@ -25,6 +25,8 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -m "not ray and not fault" 
 
 timeout 120 python3 bench/learner_device.py --preset ucf101-rgb --json 2>&1 | tee "$OUT/learner_device_ucf101.txt"
 timeout 45 python3 bench/learner_device.py --preset demo --json 2>&1 | tee "$OUT/learner_device_demo.txt"
+timeout 90 python3 bench/learner_device.py --preset ucf101-rgb --precision bf16 --json 2>&1 \
+    | tee "$OUT/learner_device_ucf101_bf16.txt"
 
 # MBS Table 4 twice: the CPU configuration (micro-batches of 16 small images: on a GPU every kernel is
 # launch-bound, so the overhead column measures kernel launches), then micro-batches that keep the GPU
