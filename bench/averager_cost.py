@@ -121,7 +121,9 @@ def _learner_class():
         def round(self) -> dict[str, float]:
             """One round; the seconds of its phases as this learner saw them."""
             began = time.perf_counter()
-            if self.storage is None:  # the first round binds the tensors (LocalRounds._bound)
+            # As LocalRounds.sync: the layout of the live state every round, bound at the first.
+            self.layout = FlatLayout.of(self.weights, self.moments)
+            if self.storage is None or self.storage.layout.signature != self.layout.signature:
                 self.storage = FlatStorage(self.layout)
             self.storage.bind(self.weights, self.moments)
             slices = self.storage.slices(self.client.shards)
