@@ -121,11 +121,13 @@ def _learner_class():
         def round(self) -> dict[str, float]:
             """One round; the seconds of its phases as this learner saw them."""
             began = time.perf_counter()
-            # As LocalRounds.sync: the layout of the live state every round, bound at the first.
-            self.layout = FlatLayout.of(self.weights, self.moments)
-            if self.storage is None or self.storage.layout.signature != self.layout.signature:
-                self.storage = FlatStorage(self.layout)
-            self.storage.bind(self.weights, self.moments)
+            # As LocalRounds.sync: the bound storage's layout while it holds the live state, else the
+            # layout of the live state, bound (the first round).
+            if self.storage is None or not self.storage.holds(self.weights, self.moments):
+                self.layout = FlatLayout.of(self.weights, self.moments)
+                if self.storage is None or self.storage.layout.signature != self.layout.signature:
+                    self.storage = FlatStorage(self.layout)
+                self.storage.bind(self.weights, self.moments)
             slices = self.storage.slices(self.client.shards)
             extras = self.layout.extras(self.weights, self.moments)
             packed = time.perf_counter()

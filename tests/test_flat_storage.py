@@ -177,6 +177,29 @@ def test_a_replaced_tensor_is_moved_back_into_its_view():
     assert same_state(snapshot(model, optimizer), values)
 
 
+def test_it_holds_the_live_state_until_a_tensor_or_a_key_moves():
+    """``holds``: every slotted tensor its own view under the layout's keys, so that the layout of the
+    live state is the storage's (checked against ``FlatLayout.of``); a replaced tensor, a new optimizer
+    entry, a missing key or missing moments are not held."""
+    model, optimizer = model_and_adam()
+    storage, _ = bound(model, optimizer)
+    params, moments = live(model, optimizer)
+    assert storage.holds(params, moments)
+    assert FlatLayout.of(params, moments).signature == storage.layout.signature
+    train(model, optimizer, steps=2, seed=5)  # in-place updates keep the views
+    assert storage.holds(*live(model, optimizer))
+    optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # new moment tensors
+    assert not storage.holds(*live(model, optimizer))
+    storage.bind(*live(model, optimizer))
+    assert storage.holds(*live(model, optimizer))
+    params, moments = live(model, optimizer)
+    assert not storage.holds({k: v for k, v in params.items() if k != "4.bias"}, moments)
+    assert not storage.holds(params, None)
+    assert not storage.holds(params, {**moments, 99: {"step": torch.tensor(1.0)}})
+    fresh = torch.optim.Adam(model.parameters(), lr=1e-2)  # no state yet: no moment keys
+    assert not storage.holds(params, fresh.state_dict()["state"])
+
+
 # ------------------------------------------------------------------------------------------- slices
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shards", [1, 2, 3])
@@ -308,11 +331,18 @@ def test_what_the_buffers_cannot_hold_is_named():
         pytest.param(torch.float32, "cuda", marks=DEVICES[1].marks),
     ],
 )
-def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piece(dtype, device):
+def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piece(dtype, device, monkeypatch):
     """Two LocalRounds through a real in-process averager with 2 shards end on ``average_states`` +
     ``merge_adam_states`` of their states (on the host), bit for bit: float32 learners through their
     bound buffers (each slice one array), bfloat16 ones piece by piece (the reason named); a CUDA
-    learner's state stays on its device."""
+    learner's state stays on its device. A bound learner builds its layout at its first round only."""
+    built, original = [], FlatLayout.of
+
+    def counted(params, moments, **kwargs):
+        built.append(len(params))
+        return original(params, moments, **kwargs)
+
+    monkeypatch.setattr(FlatLayout, "of", staticmethod(counted))
     averager = ParameterAverager(2, timeout_s=30.0, shards=2)
     transport = InProcess(averager)
     learners = []
@@ -342,11 +372,13 @@ def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piec
         puts = client.store.puts[-2:]  # the last round's two slices
         if dtype == torch.float32:
             assert rounds.storage is not None and rounds.unsupported is None
+            assert len(built) == 2  # one layout a learner, at its first round
             assert client.held.flat.local  # held as the merged slices, installed a slice at a time
             assert all(isinstance(array, np.ndarray) for part in puts for array in part.values())
             assert rounds.storage.moved == len(rounds.storage.layout.slots)  # bound once, kept bound
         else:
             assert rounds.storage is None and "bfloat16" in rounds.unsupported
+            assert len(built) == 4  # nothing bound: a layout every round
             assert all(isinstance(array, tuple) for part in puts for array in part.values())
 
 

@@ -130,6 +130,23 @@ def test_a_layout_pickles_back_to_itself():
     assert not FlatLayout.of({"count": torch.tensor(3)}, None).slots  # not vacuous: the empty case
 
 
+def test_a_layout_met_before_unpickles_to_the_same_object():
+    """A process unpickles the layout of every message of a round, almost always the same one: it gets
+    the layout it built before (compared by identity from then on), and a different layout stays itself,
+    also once several others came between."""
+    params, moments = learners(2)
+    layout = FlatLayout.of(params[0], moments[0])
+    first = pickle.loads(pickle.dumps(layout, protocol=5))
+    again = pickle.loads(pickle.dumps(FlatLayout.of(params[1], moments[1]), protocol=5))  # equal, not it
+    assert again is first and first == layout
+    without = pickle.loads(pickle.dumps(FlatLayout.of(params[0], None), protocol=5))
+    assert without is not first and without != first and not without.moments
+    for n in range(1, 8):  # more layouts than a process keeps: each still comes back as itself
+        other = FlatLayout.of({f"w{i}": torch.zeros(i + 1) for i in range(n)}, None)
+        assert pickle.loads(pickle.dumps(other, protocol=5)) == other
+    assert pickle.loads(pickle.dumps(layout, protocol=5)) == layout
+
+
 def test_a_tensor_inside_one_slice_is_read_without_a_copy():
     params, moments = learners(1)
     layout = FlatLayout.of(params[0], moments[0])

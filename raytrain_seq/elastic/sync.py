@@ -153,8 +153,12 @@ class LocalRounds:
         after a realignment."""
         began = time.perf_counter()
         params, moments = self._live()
-        layout = FlatLayout.of(params, moments, merge_bn_stats=self.merge_bn_stats)
-        storage = self._bound(layout, params, moments)
+        storage = self.storage
+        if storage is not None and storage.holds(params, moments):
+            layout = storage.layout  # what FlatLayout.of would build: nothing moved since the last round
+        else:
+            layout = FlatLayout.of(params, moments, merge_bn_stats=self.merge_bn_stats)
+            storage = self._bound(layout, params, moments)
         if storage is not None:
             slices, extras = storage.slices(self.client.shards), layout.extras(params, moments)
         else:

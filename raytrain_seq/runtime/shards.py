@@ -90,15 +90,16 @@ class AveragingShard:
         # Every learner has arrived, so without the deadline the round would neither merge nor time out.
         refs = list(parts)
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
-        late, arrays, unreadable = set(pending), [], []
-        for i, ref in enumerate(refs):
-            if ref in late:
-                unreadable.append(i)
-                continue
-            try:
-                arrays.append(ray.get(ref))
-            except ray.exceptions.ObjectLostError:  # its owner died (a learner's node): the others go on
-                unreadable.append(i)
+        late = set(pending)
+        unreadable = [i for i, ref in enumerate(refs) if ref in late]
+        arrays: list[Any] = []
+        if not unreadable:
+            try:  # one call for every slice: a call per slice costs about 4x as much
+                arrays = ray.get(refs)
+            except ray.exceptions.ObjectLostError:  # an owner died (a learner's node): name whose
+                unreadable = _lost(refs)
+                if not unreadable:  # every one reads on its own now: not a loss this merge can name
+                    raise
         if unreadable:
             load = {"seconds": time.perf_counter() - began, "shard": self.index, "round": round}
             return None, {**load, "received": 0, "sent": 0, "unreadable": unreadable}
@@ -119,6 +120,19 @@ class AveragingShard:
         """Whether this shard populates its mapping of the object store ahead (decided at its first merge)
         and how long that took (``StoreMemory.report``)."""
         return self.memory.report(timeout)
+
+
+def _lost(refs: list[Any]) -> list[int]:
+    """The indices of the references whose objects are lost (their owners died)."""
+    import ray
+
+    lost = []
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref)
+        except ray.exceptions.ObjectLostError:
+            lost.append(i)
+    return lost
 
 
 class RayShards:
