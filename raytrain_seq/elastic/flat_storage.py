@@ -13,10 +13,11 @@ place (the optimizers' and BatchNorm's updates are in-place). A round then
   (``load_slices``), or from a state in tensors, one copy per tensor into its view (``load``); where
   ``Optimizer.load_state_dict`` would replace the optimizer's tensors by new ones (unbinding them).
 
-Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when everything is in place,
-so a learner calls it before every round; a tensor that something replaced since (``module.to``,
-``Optimizer.load_state_dict``, an optimizer creating a parameter's state) is copied into its view and
-counted. Values never change: ``bind`` copies, ``load`` writes exactly what ``load_state_dict`` would.
+Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when everything is in place;
+``holds`` says at the same cost whether the live state is still the storage's (its layout, nothing to
+move), which a learner checks before every round, binding only when it is not. ``bind`` copies a tensor
+that something replaced since (``module.to``, ``Optimizer.load_state_dict``, an optimizer creating a
+parameter's state) into its view and counts it. Values never change: ``bind`` copies, ``load`` writes exactly what ``load_state_dict`` would.
 What the buffers cannot hold is named by ``unsupported`` (a tensor whose dtype is not its buffer's, i.e.
 bfloat16, which travels widened to float32; a non-contiguous tensor; two state entries sharing memory;
 tensors on several devices), and the caller keeps its tensors and puts their pieces instead.
@@ -204,13 +205,14 @@ class FlatStorage:
         self, extras: Mapping[str, Any], into_params: Mapping[str, Tensor], into_moments: Mapping | None
     ) -> None:
         """``_load_unaveraged`` from a round's ``extras`` (``FlatLayout.extras``) themselves: one copy a
-        value, where building the state's tensors first cost two (500 Adam steps: 0.6 against 2.4 ms)."""
+        value, no tensor built for it first (a model of many tensors paid that per tensor in every round,
+        docs/LOG.md, 2026-11-26, after 20:20 UTC)."""
         model = extras["model"]
         for key, tensor in into_params.items():
             if ("model", key) not in self._slotted:
                 value = model[key]
                 tensor.copy_(torch.from_numpy(value) if isinstance(value, np.ndarray) else value)
-        optimizer = extras.get("optimizer")
+        optimizer = extras["optimizer"]
         if optimizer is None or into_moments is None:
             return
         for index, name, value in optimizer.items():
@@ -220,7 +222,8 @@ class FlatStorage:
         """Whether the live ``params`` and ``moments`` are still this storage's: the layout's keys, and every
         tensor of a slot its own view. Then ``FlatLayout.of`` of them would give ``self.layout`` and ``bind``
         would move nothing, so a round takes the layout from here at a pointer comparison a tensor instead
-        of building it again (500 tensors and their moments: 3.6 ms, and 0.5 more to compare it)."""
+        of building a slot per tensor again and comparing the two (docs/LOG.md, 2026-11-26, after 20:20
+        UTC)."""
         layout = self.layout
         if tuple(params) != layout.model_keys:
             return False

@@ -384,9 +384,9 @@ def _build_layout(
 
 # The layouts unpickled in this process, by their pickled fields. Every message of a round carries one
 # (each learner's payload to the control plane, each reply back), almost always the same: hashing and
-# comparing its columns costs a fraction of building a Slot per tensor again (500 tensors and their
-# moments: 0.2 against 1.2 ms), and the learners' layouts then are one object, whose signatures the
-# control plane compares by identity. A FlatLayout is immutable, so sharing it is safe.
+# comparing its columns costs a fraction of building a Slot per tensor again (docs/LOG.md, 2026-11-26,
+# after 20:20 UTC), and the learners' layouts then are one object, whose signatures the control plane
+# compares by identity. A FlatLayout is immutable, so sharing it is safe.
 _LAYOUTS: dict[tuple[Any, ...], FlatLayout] = {}
 _LAYOUTS_KEPT = 4
 

@@ -94,7 +94,7 @@ class AveragingShard:
         unreadable = [i for i, ref in enumerate(refs) if ref in late]
         arrays: list[Any] = []
         if not unreadable:
-            try:  # one call for every slice: a call per slice costs about 4x as much
+            try:  # one call for every slice: a call per slice pays Ray's fixed cost per call each time
                 arrays = ray.get(refs)
             except ray.exceptions.ObjectLostError:  # an owner died (a learner's node): name whose
                 unreadable = _lost(refs)
