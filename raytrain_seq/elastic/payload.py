@@ -371,7 +371,9 @@ def _layout_from_columns(
     if known is None:
         known = _LAYOUTS[fields] = _build_layout(*fields)
         while len(_LAYOUTS) > _LAYOUTS_KEPT:
-            del _LAYOUTS[next(iter(_LAYOUTS))]  # the oldest: a process meets one layout, two while it changes
+            # The oldest (a process meets one layout, two while it changes); pop, not del: two threads
+            # unpickling at once may both evict it.
+            _LAYOUTS.pop(next(iter(_LAYOUTS)), None)
     return known
 
 
