@@ -155,8 +155,9 @@ def gpu_sections(folder: Path, images: str) -> list[str]:
         "## On a GPU (`scripts/gpu_checks.sh`)",
         "",
         f"Measured on {machine.get('gpu', 'a GPU')} ({machine.get('cores', '?')} CPU cores, torch "
-        f"{machine.get('torch', '?')}, no Ray) on {machine.get('date', 'an unrecorded date')}, by the checks a "
-        "session runs when it is lent a GPU; the sections above are this page's CPU machine.",
+        f"{machine.get('torch', '?')}, no Ray), by the checks a session runs when it is lent a GPU: the MBS "
+        f"tables on {machine.get('date', 'an unrecorded date')}, each text file by its last run (dated in "
+        "docs/LOG.md). The sections above are this page's CPU machine.",
         "",
     ]
     for md in sorted(folder.glob("*.md")):

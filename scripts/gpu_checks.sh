@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one short run on a bare CUDA machine with PyTorch and no Ray (the
 # device machine a session is sometimes lent): the CUDA cases of the Ray-free tests, one learner's
-# step on the GPU (bench/learner_device.py), and MBS Table 4 with a real memory cap
-# (bench/microbatch.py). Logs and result files go to $OUT (default: ./gpu_out); bench/results/gpu/
-# holds the last run's (bench/report.py puts them in docs/BENCHMARKS.md). About 5 minutes on an H200.
+# step on the GPU (bench/learner_device.py), a round's copies to the host and back
+# (bench/flat_device.py), and MBS Table 4 with a real memory cap (bench/microbatch.py). Logs and result
+# files go to $OUT (default: ./gpu_out); bench/results/gpu/ holds the last run's (bench/report.py puts
+# them in docs/BENCHMARKS.md). About 5 minutes on an H200.
 #
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
 set -u
@@ -27,6 +28,8 @@ timeout 120 python3 bench/learner_device.py --preset ucf101-rgb --json 2>&1 | te
 timeout 45 python3 bench/learner_device.py --preset demo --json 2>&1 | tee "$OUT/learner_device_demo.txt"
 timeout 90 python3 bench/learner_device.py --preset ucf101-rgb --precision bf16 --json 2>&1 \
     | tee "$OUT/learner_device_ucf101_bf16.txt"
+# A round's device side (issue 12): the state to pinned host memory through the flat buffers, and back.
+timeout 60 python3 bench/flat_device.py --json 2>&1 | tee "$OUT/flat_device.txt"
 
 # MBS Table 4 twice: the CPU configuration (micro-batches of 16 small images: on a GPU every kernel is
 # launch-bound, so the overhead column measures kernel launches), then micro-batches that keep the GPU

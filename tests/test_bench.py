@@ -20,6 +20,7 @@ import averager_cost  # noqa: E402
 import averaging  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
+import flat_device  # noqa: E402
 import learner_device  # noqa: E402
 import microbatch  # noqa: E402
 import randaugment  # noqa: E402
@@ -390,6 +391,34 @@ def test_learner_device_feeds_both_ways_the_same_frames_and_prints_its_headline(
             headline["learner_frames_s"] / headline[f"{way}_frames_s"], rel=1e-2
         )
 
+
+
+# ---------------------------------------------------------------------------------------- flat_device
+def test_flat_device_moves_the_bound_state_both_ways_and_prints_its_figures(capsys):
+    """Its learner's state is bound to the flat buffers; "flat out" slices them, "flat in" writes the
+    merged host slices into the live tensors (checked against the slices' values), and a tiny run ends
+    with one JSON line whose ratios are its own GB/s over each other."""
+    learner = flat_device.Learner(3000, 5, torch.device("cpu"), shards=2)
+    assert learner.storage.holds(learner.weights, learner.moments)
+    assert sum(a.size for part in learner.storage.slices(2) for a in part.values()) == 3 * 3000
+    for part in learner.merged:
+        for array in part.values():
+            array += 1.0  # a merged state that differs from the live one
+    learner.way("flat in")
+    flat = torch.cat([torch.from_numpy(part["mean/float32"]) for part in learner.merged])
+    assert torch.equal(learner.storage.buffers["mean/float32"], flat)
+    assert torch.equal(learner.weights["w0"], flat[: learner.weights["w0"].numel()])
+    with pytest.raises(ValueError, match="unknown way"):
+        learner.way("sideways")
+
+    assert flat_device.main(["--megabytes", "0.5", "--tensors", "3,7", "--rounds", "1", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(figures["gb_s"]) == {"3", "7"} and figures["device"] == "cpu"
+    for count, ways in figures["gb_s"].items():
+        assert set(ways) == set(flat_device.WAYS) and min(ways.values()) > 0
+        assert figures["flat_vs_per_tensor"][count]["in"] == pytest.approx(
+            ways["flat in"] / ways["per tensor in"], rel=0.05
+        )
 
 def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
     run = {"rounds": 10, "test": 0.6, "best_val": 0.6, "learner_s": 50.0, "averaging_s": 1.0, "final_b": 1,

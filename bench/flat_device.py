@@ -1,0 +1,175 @@
+"""A learner's side of an averaging round on its device: its state to the host and the merged state back.
+
+Issue 12's data plane keeps a learner's weights and Adam moments in flat buffers (``FlatStorage``): on
+CUDA a round copies each buffer to a reused pinned host buffer (one asynchronous device-to-host copy per
+buffer, one synchronisation: ``FlatStorage.slices``), and writes the merged slices back with one copy per
+slice and buffer (``FlatStorage.load_slices``). The plain way is what ``state_dict`` + ``.cpu()`` and
+``load_state_dict`` do: one copy into fresh pageable memory per tensor, and one copy per tensor back.
+
+For the bench learner's state (``averager_cost.adam_payload``: fp32 weights in T tensors, each with its
+two Adam moments; 100 MB in all by default) this times, interleaved round by round, the median of:
+
+1. **flat out**: ``FlatStorage.slices(S)`` (what the learner puts);
+2. **per tensor out**: every weight and moment copied to the host (``.cpu()``) (the plain path's state to the host);
+3. **pinned bound**: one device-to-host copy of the whole state as one buffer into pinned memory (what
+   the hardware allows);
+4. **flat in**: ``FlatStorage.load_slices`` from pageable host slices (the object store's memory);
+5. **per tensor in**: every tensor ``copy_``'d from a host tensor (``load_state_dict``'s way).
+
+Prints GB/s per way, and flat / per tensor both ways; ``--json`` prints them as one JSON last line. On a
+CPU every way is a memory copy except flat out (the slices are views), so the figures mean something
+only on CUDA. Imports no ray, so it runs on a bare GPU machine:
+
+    python bench/flat_device.py --json
+    python bench/flat_device.py --tensors 8,500 --megabytes 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from averager_cost import adam_payload
+
+from raytrain_seq.elastic.flat_storage import FlatStorage
+from raytrain_seq.elastic.payload import FlatLayout
+
+WAYS = ("flat out", "per tensor out", "pinned bound", "flat in", "per tensor in")
+
+
+class Learner:
+    """One learner's state of ``params`` fp32 values in ``tensors`` tensors on ``device``, bound to flat
+    buffers, and the host copies the ways read from."""
+
+    def __init__(self, params: int, tensors: int, device: torch.device, shards: int) -> None:
+        weights, moments = adam_payload(params, tensors, seed=0)
+        self.device, self.shards = device, shards
+        self.weights = {key: t.to(device) for key, t in weights.items()}
+        self.moments = {
+            i: {name: (v if name == "step" else v.to(device)) for name, v in entry.items()}
+            for i, entry in moments.items()
+        }
+        layout = FlatLayout.of(self.weights, self.moments)
+        why = FlatStorage.unsupported(layout, self.weights, self.moments)
+        if why is not None:
+            raise RuntimeError(f"the bench's state cannot be bound to flat buffers: {why}")
+        self.storage = FlatStorage(layout, device)
+        self.storage.bind(self.weights, self.moments)
+        self.extras = layout.extras(self.weights, self.moments)
+        # What a round reads back: pageable host slices (copies, as the store's memory is not the
+        # learner's pinned staging), and per tensor the host tensors a state_dict would hold.
+        self.merged = [{key: np.array(a) for key, a in part.items()} for part in self.storage.slices(shards)]
+        self.host = [t.to("cpu", copy=True) for t in self.tensors()]
+        self.pinned = torch.empty(self.nbytes() // 4, dtype=torch.float32, pin_memory=device.type == "cuda")
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [
+            *self.weights.values(),
+            *(e[n] for e in self.moments.values() for n in ("exp_avg", "exp_avg_sq")),
+        ]
+
+    def nbytes(self) -> int:
+        return self.storage.nbytes()
+
+    def way(self, name: str) -> None:
+        """Run one way once, to completion on the device."""
+        if name == "flat out":
+            self.storage.slices(self.shards)  # synchronises itself
+        elif name == "per tensor out":
+            [t.to("cpu", copy=True) for t in self.tensors()]  # each waits for its copy
+        elif name == "pinned bound":
+            one = next(iter(self.storage.buffers.values()))
+            self.pinned.copy_(one, non_blocking=True)
+            self.sync()
+        elif name == "flat in":
+            self.storage.load_slices(
+                self.merged, self.extras, into_params=self.weights, into_moments=self.moments
+            )
+            self.sync()
+        elif name == "per tensor in":
+            with torch.no_grad():
+                for tensor, host in zip(self.tensors(), self.host, strict=True):
+                    tensor.copy_(host)
+            self.sync()
+        else:
+            raise ValueError(f"unknown way {name!r}: one of {WAYS}")
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def measure(learner: Learner, rounds: int) -> dict[str, float]:
+    """The median seconds of each way over ``rounds`` interleaved rounds, after one untimed round."""
+    seconds: dict[str, list[float]] = {name: [] for name in WAYS}
+    for r in range(rounds + 1):
+        for name in WAYS:
+            began = time.perf_counter()
+            learner.way(name)
+            if r:
+                seconds[name].append(time.perf_counter() - began)
+    return {name: statistics.median(s) for name, s in seconds.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--megabytes", type=float, default=100.0, help="weights + moments per learner")
+    parser.add_argument("--tensors", default="8,500", help="comma-separated tensor counts, one run each")
+    parser.add_argument("--shards", type=int, default=2, help="S: the slices a round cuts each buffer into")
+    parser.add_argument("--rounds", type=int, default=9, help="timed interleaved rounds (the median)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON last line")
+    args = parser.parse_args(argv)
+    counts = [int(c) for c in args.tensors.split(",") if c.strip()]
+    if not counts or min(counts) < 1:
+        parser.error(f"--tensors {args.tensors!r}: give positive tensor counts, e.g. 8,500")
+    for name in ("megabytes", "shards", "rounds"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not cuda:
+        parser.error(f"--device {args.device}: torch sees no CUDA device; pass --device cpu")
+    params = int(args.megabytes * 1e6 / 12)  # a weight and its two moments: 12 bytes
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"{params * 12 / 1e6:.0f} MB of fp32 weights + Adam moments on {name}, S = {args.shards}; "
+          f"median of {args.rounds} interleaved rounds")  # fmt: skip
+    print(f"{'tensors':>7}  " + "  ".join(f"{w + ' GB/s':>20}" for w in WAYS) + "  flat/per tensor out, in")
+    result: dict[str, dict] = {
+        "device": name,
+        "megabytes": params * 12 / 1e6,
+        "gb_s": {},
+        "flat_vs_per_tensor": {},
+    }
+    for count in counts:
+        learner = Learner(params, count, device, args.shards)
+        seconds = measure(learner, args.rounds)
+        gbs = {way: learner.nbytes() / s / 1e9 for way, s in seconds.items()}
+        gbs["pinned bound"] = learner.storage.buffers[next(iter(learner.storage.buffers))].nbytes / seconds[
+            "pinned bound"
+        ] / 1e9  # fmt: skip
+        ratios = {"out": gbs["flat out"] / gbs["per tensor out"], "in": gbs["flat in"] / gbs["per tensor in"]}
+        result["gb_s"][str(count)] = {way: round(v, 2) for way, v in gbs.items()}
+        result["flat_vs_per_tensor"][str(count)] = {k: round(v, 2) for k, v in ratios.items()}
+        print(
+            f"{count:>7}  "
+            + "  ".join(f"{gbs[w]:>20.2f}" for w in WAYS)
+            + f"  {ratios['out']:.2f}x, {ratios['in']:.2f}x"
+        )
+        del learner
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
