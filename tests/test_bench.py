@@ -392,7 +392,6 @@ def test_learner_device_feeds_both_ways_the_same_frames_and_prints_its_headline(
         )
 
 
-
 # ---------------------------------------------------------------------------------------- flat_device
 def test_flat_device_moves_the_bound_state_both_ways_and_prints_its_figures(capsys):
     """Its learner's state is bound to the flat buffers; "flat out" slices them, "flat in" writes the
@@ -419,6 +418,7 @@ def test_flat_device_moves_the_bound_state_both_ways_and_prints_its_figures(caps
         assert figures["flat_vs_per_tensor"][count]["in"] == pytest.approx(
             ways["flat in"] / ways["per tensor in"], rel=0.05
         )
+
 
 def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
     run = {"rounds": 10, "test": 0.6, "best_val": 0.6, "learner_s": 50.0, "averaging_s": 1.0, "final_b": 1,
