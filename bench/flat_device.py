@@ -10,15 +10,19 @@ For the bench learner's state (``averager_cost.adam_payload``: fp32 weights in T
 two Adam moments; 100 MB in all by default) this times, interleaved round by round, the median of:
 
 1. **flat out**: ``FlatStorage.slices(S)`` (what the learner puts);
-2. **per tensor out**: every weight and moment copied to the host (``.cpu()``) (the plain path's state to the host);
-3. **pinned bound**: one device-to-host copy of the whole state as one buffer into pinned memory (what
-   the hardware allows);
-4. **flat in**: ``FlatStorage.load_slices`` from pageable host slices (the object store's memory);
-5. **per tensor in**: every tensor ``copy_``'d from a host tensor (``load_state_dict``'s way).
+2. **per tensor out**: every weight and moment copied to the host (``.cpu()``: the plain path);
+3. **pinned out**: one device-to-host copy of the whole state into pinned memory (what the link allows);
+4. **flat in**: ``FlatStorage.load_slices`` from pageable host slices (the object store's memory): one
+   copy per slice, the driver staging it through pinned memory of its own;
+5. **one copy in**: one host-to-device copy of the whole state from pageable memory (what the link
+   allows from there);
+6. **per tensor in**: every tensor ``copy_``'d from a host tensor (``load_state_dict``'s way);
+7. **pinned in**: one host-to-device copy of the whole state from pinned memory (what the link allows).
 
-Prints GB/s per way, and flat / per tensor both ways; ``--json`` prints them as one JSON last line. On a
-CPU every way is a memory copy except flat out (the slices are views), so the figures mean something
-only on CUDA. Imports no ray, so it runs on a bare GPU machine:
+Prints GB/s per way, flat / per tensor both ways and flat in / one copy in; ``--json`` prints them as
+one JSON last line. On a CPU the copies are memory copies and flat out takes views, so the figures mean
+something only on CUDA. The learner's torch threads (``--threads``, 1 as in ``runtime.learner``) do
+the CPU's side of the copies. Imports no ray, so it runs on a bare GPU machine:
 
     python bench/flat_device.py --json
     python bench/flat_device.py --tensors 8,500 --megabytes 400
@@ -32,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +48,7 @@ from averager_cost import adam_payload
 from raytrain_seq.elastic.flat_storage import FlatStorage
 from raytrain_seq.elastic.payload import FlatLayout
 
-WAYS = ("flat out", "per tensor out", "pinned bound", "flat in", "per tensor in")
+WAYS = ("flat out", "per tensor out", "pinned out", "flat in", "one copy in", "per tensor in", "pinned in")
 
 
 class Learner:
@@ -70,6 +75,8 @@ class Learner:
         self.merged = [{key: np.array(a) for key, a in part.items()} for part in self.storage.slices(shards)]
         self.host = [t.to("cpu", copy=True) for t in self.tensors()]
         self.pinned = torch.empty(self.nbytes() // 4, dtype=torch.float32, pin_memory=device.type == "cuda")
+        # Written, not only allocated: a copy from never-touched pages reads the kernel's zero page.
+        self.pageable = torch.cat([torch.from_numpy(a) for part in self.merged for a in part.values()])
 
     def tensors(self) -> list[torch.Tensor]:
         return [
@@ -86,9 +93,13 @@ class Learner:
             self.storage.slices(self.shards)  # synchronises itself
         elif name == "per tensor out":
             [t.to("cpu", copy=True) for t in self.tensors()]  # each waits for its copy
-        elif name == "pinned bound":
-            one = next(iter(self.storage.buffers.values()))
-            self.pinned.copy_(one, non_blocking=True)
+        elif name in ("pinned out", "pinned in", "one copy in"):
+            (buffer,) = self.storage.buffers.values()  # fp32 weights and moments: one buffer
+            host = self.pageable if name == "one copy in" else self.pinned
+            if name == "pinned out":
+                host.copy_(buffer, non_blocking=True)
+            else:
+                buffer.copy_(host, non_blocking=True)
             self.sync()
         elif name == "flat in":
             self.storage.load_slices(
@@ -128,44 +139,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tensors", default="8,500", help="comma-separated tensor counts, one run each")
     parser.add_argument("--shards", type=int, default=2, help="S: the slices a round cuts each buffer into")
     parser.add_argument("--rounds", type=int, default=9, help="timed interleaved rounds (the median)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a learner's one)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON last line")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.tensors.split(",") if c.strip()]
     if not counts or min(counts) < 1:
         parser.error(f"--tensors {args.tensors!r}: give positive tensor counts, e.g. 8,500")
-    for name in ("megabytes", "shards", "rounds"):
+    for name in ("megabytes", "shards", "rounds", "threads"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name} must be > 0, got {getattr(args, name)}")
     device = torch.device(args.device)
     if device.type == "cuda" and not cuda:
         parser.error(f"--device {args.device}: torch sees no CUDA device; pass --device cpu")
+    torch.set_num_threads(args.threads)
     params = int(args.megabytes * 1e6 / 12)  # a weight and its two moments: 12 bytes
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{params * 12 / 1e6:.0f} MB of fp32 weights + Adam moments on {name}, S = {args.shards}; "
-          f"median of {args.rounds} interleaved rounds")  # fmt: skip
-    print(f"{'tensors':>7}  " + "  ".join(f"{w + ' GB/s':>20}" for w in WAYS) + "  flat/per tensor out, in")
-    result: dict[str, dict] = {
-        "device": name,
-        "megabytes": params * 12 / 1e6,
-        "gb_s": {},
-        "flat_vs_per_tensor": {},
-    }
+    result: dict[str, Any] = {"device": name, "megabytes": params * 12 / 1e6, "threads": args.threads}
+    gb_s: dict[str, dict[str, float]] = {}
     for count in counts:
         learner = Learner(params, count, device, args.shards)
         seconds = measure(learner, args.rounds)
-        gbs = {way: learner.nbytes() / s / 1e9 for way, s in seconds.items()}
-        gbs["pinned bound"] = learner.storage.buffers[next(iter(learner.storage.buffers))].nbytes / seconds[
-            "pinned bound"
-        ] / 1e9  # fmt: skip
-        ratios = {"out": gbs["flat out"] / gbs["per tensor out"], "in": gbs["flat in"] / gbs["per tensor in"]}
-        result["gb_s"][str(count)] = {way: round(v, 2) for way, v in gbs.items()}
-        result["flat_vs_per_tensor"][str(count)] = {k: round(v, 2) for k, v in ratios.items()}
-        print(
-            f"{count:>7}  "
-            + "  ".join(f"{gbs[w]:>20.2f}" for w in WAYS)
-            + f"  {ratios['out']:.2f}x, {ratios['in']:.2f}x"
-        )
+        gb_s[str(count)] = {way: learner.nbytes() / s / 1e9 for way, s in seconds.items()}
         del learner
+    ratios = {
+        count: {
+            "flat_vs_per_tensor_out": g["flat out"] / g["per tensor out"],
+            "flat_vs_per_tensor_in": g["flat in"] / g["per tensor in"],
+            "flat_vs_one_copy_in": g["flat in"] / g["one copy in"],
+        }
+        for count, g in gb_s.items()
+    }
+    print(f"{params * 12 / 1e6:.0f} MB of fp32 weights + Adam moments on {name}, S = {args.shards}, "
+          f"{args.threads} torch thread(s); GB/s, median of {args.rounds} interleaved rounds")  # fmt: skip
+    print(f"{'way':<24}" + "".join(f"{c + ' tensors':>14}" for c in gb_s))
+    for way in WAYS:
+        print(f"{way:<24}" + "".join(f"{g[way]:>14.2f}" for g in gb_s.values()))
+    for key in next(iter(ratios.values())):
+        print(f"{key:<24}" + "".join(f"{r[key]:>13.2f}x" for r in ratios.values()))
+    result["gb_s"] = {c: {w: round(v, 2) for w, v in g.items()} for c, g in gb_s.items()}
+    result["ratios"] = {c: {k: round(v, 2) for k, v in r.items()} for c, r in ratios.items()}
     if args.json:
         print(json.dumps(result))
     return 0

@@ -415,9 +415,11 @@ def test_flat_device_moves_the_bound_state_both_ways_and_prints_its_figures(caps
     assert set(figures["gb_s"]) == {"3", "7"} and figures["device"] == "cpu"
     for count, ways in figures["gb_s"].items():
         assert set(ways) == set(flat_device.WAYS) and min(ways.values()) > 0
-        assert figures["flat_vs_per_tensor"][count]["in"] == pytest.approx(
+        ratios = figures["ratios"][count]
+        assert ratios["flat_vs_per_tensor_in"] == pytest.approx(
             ways["flat in"] / ways["per tensor in"], rel=0.05
         )
+        assert ratios["flat_vs_one_copy_in"] == pytest.approx(ways["flat in"] / ways["one copy in"], rel=0.05)
 
 
 def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
