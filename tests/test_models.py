@@ -14,6 +14,7 @@ from raytrain_seq.models import (
     FRAME_ENCODERS,
     TEMPORAL_MODULES,
     FrameNormalizer,
+    GroupNorm,
     block_sequence_index,
     build_frame_encoder,
     build_model,
@@ -231,7 +232,46 @@ def test_no_batchnorm_anywhere(temporal, width, depth):
     model = build_model(NUM_CLASSES, width=width, depth=depth, temporal=temporal)
     modules = list(model.modules())
     assert not any(isinstance(m, BATCHNORM_TYPES) for m in modules)
-    assert sum(isinstance(m, nn.GroupNorm) for m in modules) == depth
+    assert sum(isinstance(m, GroupNorm) for m in modules) == depth  # the autocast-aware one
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))],
+)
+def test_group_norm_is_nn_group_norm_except_that_it_keeps_bf16_under_cuda_autocast(device):
+    """Without autocast, and under the CPU's (which keeps group_norm in bf16 itself), the project's
+    GroupNorm gives nn.GroupNorm's bits and state_dict. Under CUDA autocast, after a convolution, it
+    returns bf16 where nn.GroupNorm returns float32 (not vacuous: the two differ there), with values
+    and gradients within bf16's rounding of the float32 ones."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, bias=False).to(device)
+    ours, theirs = GroupNorm(4, 8).to(device), nn.GroupNorm(4, 8).to(device)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5), ours.bias.uniform_(-0.5, 0.5)
+    theirs.load_state_dict(ours.state_dict())
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    x = torch.randn(2, 3, 9, 9, device=device)
+    assert torch.equal(ours(conv(x)), theirs(conv(x)))
+    with torch.autocast(device, dtype=torch.bfloat16):
+        half, native = ours(conv(x)), theirs(conv(x))
+    assert half.dtype == torch.bfloat16
+    if device == "cpu":
+        assert torch.equal(half, native)
+        return
+    assert native.dtype == torch.float32
+    exact = theirs(conv(x))  # float32 throughout
+    eps = torch.finfo(torch.bfloat16).eps
+    assert (half.float() - exact).norm() <= 8 * eps * exact.norm()
+    grads = []
+    for norm, autocast in ((ours, True), (theirs, False)):
+        norm.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            out = norm(conv(x))
+        (out.float() * torch.linspace(-1, 1, out.numel(), device=device).view(out.shape)).sum().backward()
+        grads.append(norm.weight.grad.clone())
+    assert grads[0].dtype == torch.float32 and grads[1].norm() > 0
+    assert (grads[0] - grads[1]).norm() <= 16 * eps * grads[1].norm()
 
 
 @pytest.mark.parametrize("temporal", TEMPORALS)

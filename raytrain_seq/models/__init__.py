@@ -19,6 +19,7 @@ from raytrain_seq.models.frame_encoder import (
     build_frame_encoder,
 )
 from raytrain_seq.models.loss import BLOCK_KEYS, predict, sequence_loss
+from raytrain_seq.models.norm import GroupNorm
 from raytrain_seq.models.resnet import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -46,6 +47,7 @@ __all__ = [
     "FrameNormalizer",
     "FrozenBatchNorm2d",
     "GRUTemporal",
+    "GroupNorm",
     "ResNetEncoder",
     "SequenceIndex",
     "SmallFrameEncoder",

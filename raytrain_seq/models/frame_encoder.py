@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from raytrain_seq.models.norm import GroupNorm
 from raytrain_seq.models.resnet import RESNET_BUILDERS
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class SmallFrameEncoder(nn.Module):
                 # No conv bias: GroupNorm's shift makes it redundant.
                 nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=False),
                 # gcd keeps the group count a divisor of the channels (width 12 -> 4 groups of 3).
-                nn.GroupNorm(math.gcd(c_out, groups), c_out),
+                GroupNorm(math.gcd(c_out, groups), c_out),
                 nn.ReLU(inplace=True),
             ]
             c_in = c_out

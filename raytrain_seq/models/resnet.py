@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from raytrain_seq.models.norm import GroupNorm
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -100,7 +102,7 @@ class FrozenBatchNorm2d(nn.Module):
 def _norm_layer(norm: str) -> Callable[[int], nn.Module]:
     if norm == "frozen":
         return FrozenBatchNorm2d
-    return lambda channels: nn.GroupNorm(GROUPS, channels)
+    return lambda channels: GroupNorm(GROUPS, channels)
 
 
 def _conv(c_in: int, c_out: int, kernel: int, stride: int = 1) -> nn.Conv2d:
