@@ -42,7 +42,7 @@ import itertools
 import math
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -151,7 +151,10 @@ class FlatLayout:
                         )
                 moment_keys.append((index, tuple(entry)))
             moment_keys = tuple(moment_keys)
-        return cls(tuple(params), moment_keys, tuple(slots), tuple(sorted(sizes.items())))
+        layout = cls(tuple(params), moment_keys, tuple(slots), tuple(sorted(sizes.items())))
+        # The one object this process has for these fields: a reply's layout then unpickles to the
+        # learner's own, and the learner's install compares the two by identity, not slot by slot.
+        return _remember(layout.fields(), lambda: layout)
 
     # ------------------------------------------------------------------------------------- queries
     @property
@@ -169,12 +172,16 @@ class FlatLayout:
         """Bytes of all buffers: what one learner sends (and receives) per round."""
         return sum(n * np.dtype(key.split("/")[1]).itemsize for key, n in self.sizes)
 
+    def fields(self) -> tuple[Any, ...]:
+        """The layout as plain values: its keys, its slots as one tuple per field (column), its sizes."""
+        columns = tuple(zip(*(_slot_fields(slot) for slot in self.slots), strict=True))
+        return (self.model_keys, self.moment_keys, columns, self.sizes)
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Every message of a round carries the layout (each learner's payload in, every reply out), and
         # a model has a slot per tensor and moment: pickled as one tuple of plain values per field, not
         # one dataclass per slot, it costs a fraction (docs/LOG.md, 2026-11-25, after 03:30 UTC).
-        columns = tuple(zip(*(_slot_fields(slot) for slot in self.slots), strict=True))
-        return _layout_from_columns, (self.model_keys, self.moment_keys, columns, self.sizes)
+        return _layout_from_columns, self.fields()
 
     def bounds(self, shards: int) -> list[dict[str, tuple[int, int]]]:
         """Per shard, per buffer, its [lo, hi) range: S near-equal cuts, each moved to the nearest tensor
@@ -364,12 +371,17 @@ def _layout_from_columns(
     """``FlatLayout.__reduce__``'s inverse: the layout of these columns, the one built before in this
     process when there is one (``_LAYOUTS``), else its slots from their field columns."""
     fields = (model_keys, moment_keys, columns, sizes)
+    return _remember(fields, lambda: _build_layout(*fields))
+
+
+def _remember(fields: tuple[Any, ...], build: Callable[[], FlatLayout]) -> FlatLayout:
+    """The layout this process keeps for ``fields`` (``FlatLayout.fields``), or ``build()``'s, kept."""
     try:
         known = _LAYOUTS.get(fields)
     except TypeError:  # an unhashable key somewhere (a model keyed by something odd): built every time
-        return _build_layout(*fields)
+        return build()
     if known is None:
-        known = _LAYOUTS[fields] = _build_layout(*fields)
+        known = _LAYOUTS[fields] = build()
         while len(_LAYOUTS) > _LAYOUTS_KEPT:
             # The oldest (a process meets one layout, two while it changes); pop, not del: two threads
             # unpickling at once may both evict it.
@@ -384,11 +396,12 @@ def _build_layout(
     return FlatLayout(model_keys, moment_keys, slots, sizes)
 
 
-# The layouts unpickled in this process, by their pickled fields. Every message of a round carries one
-# (each learner's payload to the control plane, each reply back), almost always the same: hashing and
-# comparing its columns costs a fraction of building a Slot per tensor again (docs/LOG.md, 2026-11-26,
-# after 20:20 UTC), and the learners' layouts then are one object, whose signatures the control plane
-# compares by identity. A FlatLayout is immutable, so sharing it is safe.
+# The layouts built (``FlatLayout.of``) or unpickled in this process, by their fields. Every message of a
+# round carries one (each learner's payload to the control plane, each reply back), almost always the
+# same: hashing and comparing its columns costs a fraction of building a Slot per tensor again
+# (docs/LOG.md, 2026-11-26, after 20:20 UTC), and the learners' layouts then are one object, whose
+# signatures the control plane compares by identity, as a learner compares a reply's with its own. A
+# FlatLayout is immutable, so sharing it is safe.
 _LAYOUTS: dict[tuple[Any, ...], FlatLayout] = {}
 _LAYOUTS_KEPT = 4
 
