@@ -438,9 +438,12 @@ def rounds_clause(band: dict) -> str:
         text += (
             f" At 2 learners a learner spends {1e3 * split['pack_s']:.0f} ms packing, {1e3 * split['put_s']:.0f} ms "
             f"putting its slices in the object store and {1e3 * split['average_s']:.0f} ms from sending to holding the "
-            f"merged state, of which the slowest shard's read + merge is {1e3 * split.get('shard_merge_s', 0):.0f} ms: "
-            "the copies into the object store and the merge's float64 passes are what a numpy mean of two "
-            "in-memory arrays does not pay."
+            f"merged state, of which the slowest shard's read + merge is {1e3 * split.get('shard_merge_s', 0):.0f} ms; "
+            f"the other {1e3 * (split['average_s'] - split.get('shard_merge_s', 0)):.0f} ms are the round's actor "
+            "calls (learner to control plane to shards and back) and the merged slices' copy into the object "
+            "store. Without Ray, the same copies and merge by two processes at once take about as long as the "
+            "numpy mean on the 2-core development VM (docs/LOG.md, 2026-11-26, after 22:00 UTC): there, Ray's "
+            "cost per round, not the bytes, is what separates the two."
         )
         if "install_s" in split:
             text += (

@@ -595,6 +595,7 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
         and "(one shard for all: 16.00)" in clause
     )
     assert "40 ms putting" in clause and "50 ms" in clause
+    assert "the other 100 ms are the round's actor calls" in clause  # 150 ms sending to holding, less 50
     assert "tensors per learner" not in clause and head["round_s_2_by_tensors"] is None  # not measured
     many = averaging.rounds_clause({**band, "round_s_2_by_tensors": {"8": 0.2, "500": 0.3}})
     assert (
