@@ -104,6 +104,7 @@ def _learner_class():
             self.storage: FlatStorage | None = None
             self.state = None  # the last round's averaged state (views of the merged objects)
             self.client = None
+            self._floor: dict | None = None  # the arrays of ``floor``, made at its first call
 
         def join(self, averager, rank: int, world_size: int) -> int:
             import ray
@@ -140,6 +141,35 @@ def _learner_class():
                 raise RuntimeError("the round's state was not fetched: the learner must hold its slices")
             end = time.perf_counter()
             return {"pack_s": packed - began, "put_s": put - packed, "average_s": end - put}
+
+        def floor(self, phase: str) -> float:
+            """One phase of a round's copies and merge done with numpy alone, as the round's processes do
+            them, on this learner's bytes: "put" copies its 100 MB into other memory (a put's copy),
+            "merge" merges two 50 MB slices as a shard does (``merge_parts``, float64), "return" copies
+            the 50 MB merged slice into other memory (the shard's return value). Its seconds. The memory
+            is written once beforehand, as the store's is (populated), so no pass faults."""
+            from raytrain_seq.elastic.merge import merge_parts
+
+            if self._floor is None:
+                (key, buffer), *_ = self.storage.buffers.items()  # fp32 weights and moments: one buffer
+                flat = buffer.numpy()
+                half = len(flat) // 2
+                self._floor = {
+                    "key": key, "flat": flat, "into": np.ones_like(flat),
+                    "parts": [{key: flat[:half]}, {key: flat[half : 2 * half]}], "merged": None,
+                    "back": np.ones(half, dtype=flat.dtype),
+                }  # fmt: skip
+            f = self._floor
+            began = time.perf_counter()
+            if phase == "put":
+                np.copyto(f["into"], f["flat"])
+            elif phase == "merge":
+                f["merged"] = merge_parts(f["parts"], [0.37, 0.63], reuse=f["merged"])
+            elif phase == "return":
+                np.copyto(f["back"], f["merged"][f["key"]])
+            else:
+                raise ValueError(f"unknown phase {phase!r}: put, merge or return")
+            return time.perf_counter() - began
 
         def install(self) -> dict[str, float]:
             """Write the last round's merged slices into the bound buffers (``FlatStorage.load_slices``, as
@@ -246,7 +276,10 @@ def bandwidth(
     learner's slicing ("pack_s"; the device-to-host copy on CUDA), put and average-call seconds (the last:
     from its send to holding the merged state) and the slowest shard's read + merge seconds, per round:
     where a round's time goes; and "install_s", the median learner's writing of the merged state into
-    its buffers after the round (``FlatStorage.load``, not part of ``round_s``).
+    its buffers after the round (``FlatStorage.load``, not part of ``round_s``). ``floor_s``: the round of
+    2 learners' copies and merge done with numpy alone by the same two learner processes after each of
+    those rounds (``BenchLearner.floor``: "put", "merge", "return", each the slower learner's, and their
+    "total"), medians: what the round costs without Ray's part.
     """
     import ray
 
@@ -260,6 +293,16 @@ def bandwidth(
     learner_cls = ray.remote(num_cpus=0)(_learner_class())
     actors = default_actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
 
+    floors: list[dict[str, float]] = []
+
+    def floor_pass(pair: list) -> dict[str, float]:
+        """One pass of the round's copies and merge without Ray, the two learners doing each phase at
+        once (as in a round: both learners put, then both shards merge, then both return): the slower
+        one's seconds per phase."""
+        return {
+            phase: max(ray.get([a.floor.remote(phase) for a in pair])) for phase in ("put", "merge", "return")
+        }
+
     def measure(n: int, shards: int | None, count: int, actors=actors) -> tuple[list[float], float, dict]:
         extra = {} if shards is None else {"shards": shards}
         name = f"bandwidth-{os.getpid()}-{n}-{shards}-{len(actors)}"
@@ -271,7 +314,8 @@ def bandwidth(
             times, phases, shard_memory = [], [], []
             for i in range(count + 1):
                 # The references, each pass just before a round of the payload they are the mean of.
-                if n == 2 and shards is None and actors is default_actors:
+                reference = n == 2 and shards is None and actors is default_actors
+                if reference:
                     baselines.time_once()
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
@@ -282,6 +326,8 @@ def bandwidth(
                 ):
                     phase.update(installed)
                 phases.append({k: float(np.median([s[k] for s in seen])) for k in seen[0]})
+                if reference:  # the same bytes without Ray, in the same learners, right after the round
+                    floors.append(floor_pass(actors[:2]))
                 if i == 0:  # the shards decide at their first merge: the rounds measured start once done
                     shard_actors = ray.get(averager.shard_actors.remote())
                     shard_memory = ray.get([s.store_memory.remote(120.0) for s in shard_actors])
@@ -325,6 +371,9 @@ def bandwidth(
         print(f"  2 learners of {many_tensors} tensors: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
     seconds = baselines.summary(skip=1)  # as the rounds: the first pass (a warm-up) is left out
     seconds["actor"] = round_s["2"]
+    floor = {phase: float(np.median([f[phase] for f in floors[1:]])) for phase in floors[0]} if floors else {}
+    if floor:
+        floor["total"] = float(np.median([sum(f.values()) for f in floors[1:]]))
     return {
         "mb": total_mb,
         "seconds": seconds,
@@ -337,4 +386,5 @@ def bandwidth(
         "shards": "one per learner",
         "payload_mb": 3 * params * 4 / 1e6,
         "reference_faults": baselines.faults_per_pass(skip=1),
+        "floor_s": floor,
     }

@@ -441,10 +441,18 @@ def rounds_clause(band: dict) -> str:
             f"merged state, of which the slowest shard's read + merge is {1e3 * split.get('shard_merge_s', 0):.0f} ms; "
             f"the other {1e3 * (split['average_s'] - split.get('shard_merge_s', 0)):.0f} ms are the round's actor "
             "calls (learner to control plane to shards and back) and the merged slices' copy into the object "
-            "store. Without Ray, the same copies and merge by two processes at once take about as long as the "
-            "numpy mean on the 2-core development VM (docs/LOG.md, 2026-11-26, after 22:00 UTC): there, Ray's "
-            "cost per round, not the bytes, is what separates the two."
+            "store."
         )
+        floor = band.get("floor_s") or {}
+        numpy_s = band.get("seconds", {}).get("numpy")
+        if floor and numpy_s:
+            text += (
+                f" Without Ray, the same two processes do the round's copies and merge in {1e3 * floor['total']:.0f} ms "
+                f"(the puts' copy {1e3 * floor['put']:.0f}, the shards' merge {1e3 * floor['merge']:.0f}, their "
+                f"return {1e3 * floor['return']:.0f}), {floor['total'] / numpy_s:.2f}x the numpy mean's "
+                f"{1e3 * numpy_s:.0f} ms: the round's other {1e3 * (band['round_s']['2'] - floor['total']):.0f} ms "
+                "are Ray's part (the puts and reads beyond their copies, the actor calls, the return's serialisation)."
+            )
         if "install_s" in split:
             text += (
                 f" After the round a learner writes the merged state into its flat buffers in "
@@ -512,6 +520,12 @@ def bandwidth_headline(band: dict) -> dict:
         "shards": band["shards"],
         "payload_mb_per_learner": band["payload_mb"],
         "object_store_gb": band.get("object_store_gb"),
+        # The round of 2's copies and merge without Ray (the same processes, numpy alone), and its ratio to
+        # numpy's mean: what the round would cost if Ray's part were free.
+        "floor_s_2": band.get("floor_s", {}).get("total"),
+        "floor_vs_numpy": band["floor_s"]["total"] / band["seconds"]["numpy"]
+        if band.get("floor_s")
+        else None,
     }
 
 

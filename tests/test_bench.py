@@ -596,6 +596,14 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
     )
     assert "40 ms putting" in clause and "50 ms" in clause
     assert "the other 100 ms are the round's actor calls" in clause  # 150 ms sending to holding, less 50
+    assert "Without Ray" not in clause and head["floor_s_2"] is None  # not measured
+    floored = {**band, "floor_s": {"put": 0.02, "merge": 0.03, "return": 0.01, "total": 0.06}}
+    assert averaging.bandwidth_headline(floored)["floor_vs_numpy"] == pytest.approx(0.6)
+    assert (
+        "do the round's copies and merge in 60 ms (the puts' copy 20, the shards' merge 30, their return 10), "
+        "0.60x the numpy mean's 100 ms: the round's other 140 ms are Ray's part"
+        in averaging.rounds_clause(floored)
+    )
     assert "tensors per learner" not in clause and head["round_s_2_by_tensors"] is None  # not measured
     many = averaging.rounds_clause({**band, "round_s_2_by_tensors": {"8": 0.2, "500": 0.3}})
     assert (
