@@ -16,9 +16,9 @@ total variance (lines 1, 3 and 6: z_j = v_j + m_j^2, m = mean m_j, v = mean z_j 
 Trade-off, as the paper measured it (UCF101 RGB stream, 16 GPUs): constant batch size 81.6% validation
 accuracy, adaptive batch size 83.7%, adaptive batch size plus the merged Adam state 85.6%; 61 minutes against
 2067 minutes for single-GPU SGD. The price is that the merged state is an approximation of one optimizer's
-state (the learners' moments are averaged, not recomputed) and the batch size only ever grows. Accumulating in
-float64 costs little over a bare float32 mean (docs/LOG.md, 2026-11-22; the averager's cost per round is
-``bench/averager_cost.py``'s).
+state (the learners' moments are averaged, not recomputed) and the batch size only ever grows. Weighted sums are accumulated in float32
+for float32 and narrower tensors and in float64 for float64 ones (``elementwise.accumulation_dtype`` says
+why; the averager's cost per round is ``bench/averager_cost.py``'s).
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ from raytrain_seq.elementwise import normalised_weights
 
 logger = logging.getLogger(__name__)
 
-# Every weighted sum is accumulated in float64 and cast back once: float16/bfloat16 sums of many learners
-# lose digits, and one rounding at the end is the best a low-precision result can get.
-_ACC = torch.float64
+_F64 = torch.float64
 _ADAM_MEAN_KEYS = ("exp_avg", "exp_avg_sq")
 _AMSGRAD_KEY = "max_exp_avg_sq"
 
@@ -50,37 +48,50 @@ def _normalised_weights(weights: Any, count: int) -> Tensor:
     return torch.from_numpy(normalised_weights(weights, count))
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``elementwise.accumulation_dtype`` for torch: float64 stays float64, float32 and narrower floats
+    (float16, bfloat16) accumulate in float32 (it says why)."""
+    return _F64 if dtype == _F64 else torch.float32
+
+
 def _weighted_mean(tensors: Sequence[Tensor], w: Tensor, workspace: Tensor | None = None) -> Tensor:
-    """sum_j w_j x_j in float64 on learner 0's device, for weights w summing to one.
+    """sum_j w_j x_j in the accumulation dtype (``_accumulation_dtype``) on learner 0's device, for
+    weights w summing to one.
 
     Written as x_k + sum_j w_j (x_j - x_k), x_k the first learner with weight > 0: the same value since
     sum_j w_j = 1, but learners that agree give back exactly x_k, where the plain form rounds (three times
     x/3 is not always x). A learner of weight 0 is out of the round: even its nan/inf must not leak in.
-    In-place float64 passes per learner: faster than stack + tensordot, and no [P, ...] buffer. Each
-    learner is widened into a float64 scratch first (exact) and subtracted in place: the same values as
-    torch.sub's type promotion, whose mixed-dtype kernel is several times slower. Each term w_j d_j is
-    rounded before it is added, not fused into one multiply-add (``add_(alpha=)`` rounds once, and numpy
-    cannot), so that ``elementwise``'s numpy arithmetic, which a shard runs, gives the same bits.
-    ``workspace``: a float64 [3, >= numel] tensor on that device holding the three temporaries (base,
-    sum, scratch), so that a caller merging chunk after chunk allocates them once; the result is then a
-    view into it.
+    In-place passes per learner: faster than stack + tensordot, and no [P, ...] buffer. A narrower learner
+    is widened into a scratch first (exact) and subtracted in place: the same values as torch.sub's type
+    promotion, whose mixed-dtype kernel is several times slower. Each weight is rounded to the
+    accumulation dtype once and each term w_j d_j is rounded before it is added, not fused into one
+    multiply-add (``add_(alpha=)`` rounds once, and numpy cannot), so that ``elementwise``'s numpy
+    arithmetic, which a shard runs, gives the same bits. ``workspace``: a [3, >= numel] tensor of the
+    accumulation dtype on that device holding the temporaries (sum, scratch, widened base), so that a
+    caller merging chunk after chunk allocates them once; the result is then a view into it.
     """
     device = tensors[0].device
-    kept = [(wj, t) for wj, t in zip(w.tolist(), tensors, strict=True) if wj > 0]
+    acc_dtype = _accumulation_dtype(tensors[0].dtype)
+    # Each weight rounded to the accumulation dtype once, as numpy rounds a Python float against a float32
+    # array; a learner of weight 0 is left out by its exact weight.
+    rounded = w.to(acc_dtype).tolist()
+    kept = [(r, t) for wj, r, t in zip(w.tolist(), rounded, tensors, strict=True) if wj > 0]
     first = kept[0][1].detach()
+    n = first.numel()
+    as_is = first.dtype == acc_dtype and first.device == device  # else widened (or moved) into the scratch
     if workspace is None:
-        base = first.to(device=device, dtype=_ACC)
-        acc = torch.empty_like(base)
-        scratch = torch.empty_like(base) if len(kept) > 1 else None
-    else:
-        n = first.numel()
-        base, acc, scratch = (workspace[i, :n].view(first.shape) for i in range(3))
-        base.copy_(first)
+        workspace = torch.empty((2 if as_is else 3, n), dtype=acc_dtype, device=device)
+    acc, scratch = (workspace[i, :n].view(first.shape) for i in range(2))
+    base = first if as_is else workspace[2, :n].view(first.shape).copy_(first)  # base is only read
     if len(kept) == 1:
         return acc.copy_(base)
     # The first term is written, not added to zeros: 0 + w d rounds exactly as w d does, one pass less.
     for j, (wj, t) in enumerate(kept[1:]):
-        scratch.copy_(t.detach()).sub_(base)
+        t = t.detach()
+        if t.dtype == acc_dtype and t.device == device:
+            torch.sub(t, base, out=scratch)
+        else:
+            scratch.copy_(t).sub_(base)
         if j == 0:
             torch.mul(scratch, wj, out=acc)
         else:
@@ -136,10 +147,10 @@ def merge_mean_var(
     _check_alike(list(means) + list(variances), "merge_mean_var")
     mean = _weighted_mean(means, w)
     between = torch.zeros_like(mean)
-    for wj, m in zip(w.tolist(), means, strict=True):
+    for wj, rounded, m in zip(w.tolist(), w.to(mean.dtype).tolist(), means, strict=True):
         if wj:  # (m_j - m) is exactly zero when the learners agree, so equal inputs come back unchanged
-            gap = torch.sub(m.detach().to(mean.device), mean)
-            between.add_(gap.mul_(gap).mul_(wj))  # rounded before the sum, as in _weighted_mean
+            gap = torch.sub(m.detach().to(device=mean.device, dtype=mean.dtype), mean)
+            between.add_(gap.mul_(gap).mul_(rounded))  # rounded before the sum, as in _weighted_mean
     var = _weighted_mean(variances, w).add_(between)
     return mean.to(means[0].dtype), var.to(variances[0].dtype)
 
@@ -151,21 +162,24 @@ def weighted_mean(
     out: Tensor | None = None,
     workspace: Tensor | None = None,
 ) -> Tensor:
-    """sum_j w_j x_j of same-shape tensors (weights normalised to sum to one), accumulated in float64 and
-    cast back to the first tensor's dtype: the elementwise rule ``average_states`` applies to every plain
-    floating key, so a slice of a flat buffer merged here equals that slice of the per-key result.
-    ``out``: written with the result (the same rounding as the cast) instead of a new tensor.
-    ``workspace``: float64 scratch of shape [3, >= numel] on the tensors' device, reused across calls
-    (the same values; it saves the three temporaries' allocation when merging chunk after chunk)."""
+    """sum_j w_j x_j of same-shape tensors (weights normalised to sum to one), accumulated in float64 for
+    float64 tensors and in float32 otherwise (``_accumulation_dtype``) and cast back to the first tensor's
+    dtype: the elementwise rule ``average_states`` applies to every plain floating key, so a slice of a
+    flat buffer merged here equals that slice of the per-key result. ``out``: written with the result
+    (the same rounding as the cast) instead of a new tensor. ``workspace``: scratch of the accumulation
+    dtype and shape [3, >= numel] on the tensors' device, reused across calls (the same values; it saves
+    the temporaries' allocation when merging chunk after chunk)."""
     w = _normalised_weights(weights, len(tensors))
     _check_alike(list(tensors), "weighted_mean")
+    acc_dtype = _accumulation_dtype(tensors[0].dtype)
     if workspace is not None and (
-        workspace.dtype != _ACC or workspace.dim() != 2 or workspace.shape[0] < 3
+        workspace.dtype != acc_dtype or workspace.dim() != 2 or workspace.shape[0] < 3
         or workspace.shape[1] < tensors[0].numel() or workspace.device != tensors[0].device
     ):  # fmt: skip
         raise ValueError(
-            f"workspace must be a float64 tensor of shape [3, >= {tensors[0].numel()}] on "
-            f"{tensors[0].device}, got {workspace.dtype} {tuple(workspace.shape)} on {workspace.device}"
+            f"workspace must be a {acc_dtype} tensor of shape [3, >= {tensors[0].numel()}] on "
+            f"{tensors[0].device} for {tensors[0].dtype} tensors, got {workspace.dtype} "
+            f"{tuple(workspace.shape)} on {workspace.device}"
         )
     mean = _weighted_mean(tensors, w, workspace)
     return mean.to(tensors[0].dtype) if out is None else out.copy_(mean)
@@ -197,7 +211,8 @@ def average_states(
     """Weighted mean of the learners' model states (Algorithm 1, line 12), key by key.
 
     Floating tensors become sum_j w_j x_j (weights default to equal; they are normalised to sum to one),
-    accumulated in float64 and cast back to each tensor's dtype, on the first learner's device. Integer and
+    accumulated in float32 (float64 for float64 tensors) and cast back to each tensor's dtype, on the
+    first learner's device. Integer and
     bool buffers (BatchNorm's num_batches_tracked) are counters, not estimates: they are copied from the
     first learner. A BatchNorm ``X.running_var`` whose ``X.running_mean`` is present is merged by the law
     of total variance (see merge_mean_var): each learner's running statistics describe its own data, and

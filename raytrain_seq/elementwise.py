@@ -5,7 +5,8 @@ moments), the law-of-total-variance merge of a (mean, variance) pair (BatchNorm'
 AAVG Algorithm 2) and AMSGrad's elementwise max. So a shard merges any slice of the learners' flat
 buffers alone (``elastic.merge``). Here that arithmetic runs on numpy arrays, so that a shard's process
 imports no torch; ``averaging`` applies the same arithmetic to tensors on any device, for whole state
-dicts. Both accumulate in float64, round each weighted term before adding it (no fused multiply-add), and
+dicts. Both accumulate in ``accumulation_dtype`` (float32 for float32 and narrower buffers, float64 for
+float64 ones), round each weight and each weighted term before adding it (no fused multiply-add), and
 cast back once, so they give the same bits: ``tests/test_elementwise.py`` compares the two, and
 ``tests/test_payload.py`` a sharded merge with ``averaging.average_states``.
 
@@ -22,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["merge_mean_var", "normalised_weights", "weighted_max", "weighted_mean"]
+__all__ = ["accumulation_dtype", "merge_mean_var", "normalised_weights", "weighted_max", "weighted_mean"]
 
-ACC = np.float64  # the accumulation dtype of every weighted sum
+ACC = np.float64  # the weights' dtype, and the accumulation dtype of float64 and integer buffers
 
 
 def normalised_weights(weights: Any, count: int) -> np.ndarray:
@@ -49,12 +50,16 @@ def normalised_weights(weights: Any, count: int) -> np.ndarray:
     return np.asarray(values, dtype=ACC) / total
 
 
-def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float64 values in ``dtype``, rounded as torch rounds them: torch casts float64 to float16 through
-    float32 (two roundings, which now and then differ from numpy's direct cast in the last bit)."""
-    if dtype == np.float16:
-        return values.astype(np.float32).astype(np.float16)
-    return values.astype(dtype)
+def accumulation_dtype(dtype: Any) -> np.dtype:
+    """The dtype a weighted sum of ``dtype`` values is accumulated in: float64 for float64 and integers,
+    float32 for float32 and narrower floats (float16; bfloat16 travels as float32). Why not float64 for
+    all: a shard's merge of float32 slices is then compute-bound, the widening and the float64 passes
+    taking about twice a float32 merge's time (docs/LOG.md, 2026-11-27). What float32 costs: the sum is
+    written as x_k + sum_j w_j (x_j - x_k), so its rounding errors scale with the learners' differences;
+    against the float64 mean it stays within (learners + 1) ulps of the largest learner's value, the
+    bound of any float32 sum such as DDP's all-reduce (``tests/test_elementwise.py`` measures it)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(ACC) if dtype == ACC or dtype.kind in "iu" else np.dtype(np.float32)
 
 
 def _check_alike(arrays: Sequence[Any], where: str) -> None:
@@ -72,33 +77,47 @@ def _check_alike(arrays: Sequence[Any], where: str) -> None:
 
 
 def _accumulate(
-    arrays: Sequence[np.ndarray], w: np.ndarray, workspace: np.ndarray | None = None
+    arrays: Sequence[np.ndarray],
+    w: np.ndarray,
+    workspace: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """sum_j w_j x_j in float64, written as x_k + sum_j w_j (x_j - x_k) with x_k the first learner of
-    weight > 0: learners that agree give back exactly x_k (three times x/3 is not always x). Each x_j is
-    widened into a float64 scratch (exact), the first term is written rather than added to zeros, and each
-    later term is rounded before it is added. ``workspace``: float64 [3, >= size] holding the base, the sum
-    and the scratch; the result is then a view into it."""
+    """sum_j w_j x_j in ``accumulation_dtype``, written as x_k + sum_j w_j (x_j - x_k) with x_k the first
+    learner of weight > 0: learners that agree give back exactly x_k (three times x/3 is not always x).
+    Narrower arrays are widened first (exact); each weight is rounded to the accumulation dtype once, each
+    term w_j d_j is rounded before it is added (no fused multiply-add), so ``averaging``'s torch
+    arithmetic gives the same bits. ``workspace``: [2, >= size] in the accumulation dtype, holding the sum
+    and the scratch (and the widened base, in a third row, for narrower arrays); ``out``: of the
+    accumulation dtype, written with the result (else the result is a new array, or a view into the
+    workspace)."""
     kept = [(wj, a) for wj, a in zip(w.tolist(), arrays, strict=True) if wj > 0]
     first = kept[0][1]
+    acc_dtype = accumulation_dtype(first.dtype)
+    rows = 2 if first.dtype == acc_dtype else 3
     if workspace is None:
-        base = first.astype(ACC)
-        acc = np.empty_like(base)
-        scratch = np.empty_like(base) if len(kept) > 1 else None
+        workspace = np.empty((rows, first.size), dtype=acc_dtype)
+    acc, scratch = (workspace[i, : first.size].reshape(first.shape) for i in range(2))
+    if first.dtype == acc_dtype:
+        base = first  # only read
     else:
-        base, acc, scratch = (workspace[i, : first.size].reshape(first.shape) for i in range(3))
+        base = workspace[2, : first.size].reshape(first.shape)
         base[...] = first
+    result = acc if out is None else out
     if len(kept) == 1:
-        acc[...] = base
-        return acc
+        result[...] = base
+        return result
     for j, (wj, a) in enumerate(kept[1:]):
-        scratch[...] = a
-        np.subtract(scratch, base, out=scratch)
+        wj = acc_dtype.type(wj)
+        if a.dtype == acc_dtype:
+            np.subtract(a, base, out=scratch)
+        else:
+            scratch[...] = a
+            np.subtract(scratch, base, out=scratch)
         if j == 0:
             np.multiply(scratch, wj, out=acc)
         else:
             np.add(acc, np.multiply(scratch, wj, out=scratch), out=acc)
-    return np.add(acc, base, out=acc)
+    return np.add(acc, base, out=result)
 
 
 def weighted_mean(
@@ -108,23 +127,30 @@ def weighted_mean(
     out: np.ndarray | None = None,
     workspace: np.ndarray | None = None,
 ) -> np.ndarray:
-    """sum_j w_j x_j of same-shape arrays (weights normalised to sum to one), accumulated in float64 and
-    cast back to the first array's dtype; ``out``: written with the result instead of a new array.
-    ``workspace``: float64 scratch of shape [3, >= size], reused across calls (merging chunk after chunk)."""
+    """sum_j w_j x_j of same-shape arrays (weights normalised to sum to one), accumulated in
+    ``accumulation_dtype`` and cast back to the first array's dtype; ``out``: written with the result
+    instead of a new array. ``workspace``: scratch of the accumulation dtype and shape [3, >= size],
+    reused across calls (merging chunk after chunk)."""
     w = normalised_weights(weights, len(arrays))
     _check_alike(list(arrays), "weighted_mean")
     size = arrays[0].size
+    acc_dtype = accumulation_dtype(arrays[0].dtype)
     if workspace is not None and (
-        workspace.dtype != ACC or workspace.ndim != 2 or workspace.shape[0] < 3 or workspace.shape[1] < size
+        workspace.dtype != acc_dtype
+        or workspace.ndim != 2
+        or workspace.shape[0] < 3
+        or workspace.shape[1] < size
     ):
         raise ValueError(
-            f"workspace must be a float64 array of shape [3, >= {size}], got {workspace.dtype} {workspace.shape}"
+            f"workspace must be a {acc_dtype} array of shape [3, >= {size}] for {arrays[0].dtype} arrays, "
+            f"got {workspace.dtype} {workspace.shape}"
         )
+    if out is not None and out.dtype == acc_dtype:
+        return _accumulate(arrays, w, workspace, out=out)
     mean = _accumulate(arrays, w, workspace)
     if out is None:
-        return _cast(mean, arrays[0].dtype)
-    # In place for float32 and float64 (the same rounding as astype); float16 goes through _cast.
-    out[...] = _cast(mean, out.dtype) if out.dtype == np.float16 else mean
+        return mean.astype(arrays[0].dtype)
+    out[...] = mean
     return out
 
 
@@ -139,14 +165,15 @@ def merge_mean_var(
     w = normalised_weights(weights, len(means))
     _check_alike(list(means) + list(variances), "merge_mean_var")
     mean = _accumulate(means, w)
+    acc_dtype = mean.dtype
     between = np.zeros_like(mean)
     for wj, m in zip(w.tolist(), means, strict=True):
         if wj:  # (m_j - m) is exactly zero when the learners agree, so equal inputs come back unchanged
-            gap = np.subtract(m, mean, dtype=ACC)
+            gap = np.subtract(m, mean, dtype=acc_dtype)
             np.multiply(gap, gap, out=gap)
-            np.add(between, np.multiply(gap, wj, out=gap), out=between)
+            np.add(between, np.multiply(gap, acc_dtype.type(wj), out=gap), out=between)
     var = np.add(_accumulate(variances, w), between)
-    return _cast(mean, means[0].dtype), _cast(var, variances[0].dtype)
+    return mean.astype(means[0].dtype), var.astype(variances[0].dtype)
 
 
 def weighted_max(arrays: Sequence[np.ndarray], weights: Any = None) -> np.ndarray:

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.elementwise import merge_mean_var, weighted_max, weighted_mean
+from raytrain_seq.elementwise import accumulation_dtype, merge_mean_var, weighted_max, weighted_mean
 
 __all__ = ["CHUNK", "RULES", "ShardMerge", "merge_parts", "part_nbytes"]
 
 RULES = ("mean", "pmean", "pvar", "max")
-# Elements merged per step: the float64 temporaries of a chunk (3 x 2 MiB, allocated once per merge) stay
-# in the last-level cache, and a 50 MB slice takes ~50 steps, so the per-call overhead of the numpy ops
+# Elements merged per step: the temporaries of a chunk (at most 3 x 1 MiB for float32 buffers, 2 MiB for
+# float64 ones, allocated once per merge) stay in the last-level cache, and a 50 MB slice takes ~50 steps, so the per-call overhead of the numpy ops
 # is negligible (smaller chunks with fresh temporaries each were slower: docs/LOG.md, 2026-11-23).
 CHUNK = 1 << 18
 
@@ -117,7 +117,9 @@ def merge_parts(
         if set(part) != keys or lengths[j] != lengths[0]:
             raise ValueError(f"learner {j}'s part differs from learner 0's in buffers or lengths")
     out: dict[str, np.ndarray] = {}
-    workspace = np.empty((3, min(CHUNK, max(lengths[0].values(), default=0))), dtype=np.float64)
+    # One scratch per accumulation dtype (3 x 1 MiB of float32 for float32 buffers), allocated once per merge.
+    width = min(CHUNK, max(lengths[0].values(), default=0))
+    workspaces: dict[np.dtype, np.ndarray] = {}
     for key in sorted(keys):
         rule = key.split("/")[0]
         if rule not in RULES:
@@ -139,7 +141,10 @@ def merge_parts(
             continue
         for lo, hi, views in _segments([part[key] for part in parts], n):
             if rule == "mean":
-                weighted_mean(views, weights, out=out[key][lo:hi], workspace=workspace)
+                acc_dtype = accumulation_dtype(views[0].dtype)
+                if acc_dtype not in workspaces:
+                    workspaces[acc_dtype] = np.empty((3, width), dtype=acc_dtype)
+                weighted_mean(views, weights, out=out[key][lo:hi], workspace=workspaces[acc_dtype])
             else:
                 out[key][lo:hi] = weighted_max(views, weights)
     return out

@@ -18,7 +18,7 @@ be merged alone, provided paired quantities sit at the same offsets. Buffer keys
   (``averaging.merge_mean_var``);
 * ``max``: AMSGrad's max_exp_avg_sq, the elementwise max (``averaging.weighted_max``).
 
-The arithmetic is ``averaging``'s (float64 accumulation, cast back once), on numpy arrays
+The arithmetic is ``averaging``'s (``elementwise.accumulation_dtype``, cast back once), on numpy arrays
 (``elementwise``) and applied chunk by chunk; since it is elementwise, a merged slice equals that slice of
 ``average_states``/``merge_adam_states`` bit for bit.
 Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
