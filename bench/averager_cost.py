@@ -145,7 +145,7 @@ def _learner_class():
         def floor(self, phase: str) -> float:
             """One phase of a round's copies and merge done with numpy alone, as the round's processes do
             them, on this learner's bytes: "put" copies its 100 MB into other memory (a put's copy),
-            "merge" merges two 50 MB slices as a shard does (``merge_parts``, float64), "return" copies
+            "merge" merges two 50 MB slices as a shard does (``merge_parts``), "return" copies
             the 50 MB merged slice into other memory (the shard's return value). Its seconds. The memory
             is written once beforehand, as the store's is (populated), so no pass faults."""
             from raytrain_seq.elastic.merge import merge_parts
