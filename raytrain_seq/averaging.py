@@ -16,9 +16,9 @@ total variance (lines 1, 3 and 6: z_j = v_j + m_j^2, m = mean m_j, v = mean z_j 
 Trade-off, as the paper measured it (UCF101 RGB stream, 16 GPUs): constant batch size 81.6% validation
 accuracy, adaptive batch size 83.7%, adaptive batch size plus the merged Adam state 85.6%; 61 minutes against
 2067 minutes for single-GPU SGD. The price is that the merged state is an approximation of one optimizer's
-state (the learners' moments are averaged, not recomputed) and the batch size only ever grows. Weighted sums are accumulated in float32
-for float32 and narrower tensors and in float64 for float64 ones (``elementwise.accumulation_dtype`` says
-why; the averager's cost per round is ``bench/averager_cost.py``'s).
+state (the learners' moments are averaged, not recomputed) and the batch size only ever grows. Weighted
+sums are accumulated in float32 for float32 and narrower tensors and in float64 for float64 ones
+(``elementwise.accumulation_dtype`` says why; the averager's cost per round is ``bench/averager_cost.py``'s).
 """
 
 from __future__ import annotations
@@ -212,9 +212,8 @@ def average_states(
 
     Floating tensors become sum_j w_j x_j (weights default to equal; they are normalised to sum to one),
     accumulated in float32 (float64 for float64 tensors) and cast back to each tensor's dtype, on the
-    first learner's device. Integer and
-    bool buffers (BatchNorm's num_batches_tracked) are counters, not estimates: they are copied from the
-    first learner. A BatchNorm ``X.running_var`` whose ``X.running_mean`` is present is merged by the law
+    first learner's device. Integer and bool buffers (BatchNorm's num_batches_tracked) are counters, not
+    estimates: they are copied from the first learner. A BatchNorm ``X.running_var`` whose ``X.running_mean`` is present is merged by the law
     of total variance (see merge_mean_var): each learner's running statistics describe its own data, and
     the plain mean of the variances would ignore how far apart the learners' means are, underestimating the
     variance of the data all learners saw together (Algorithm 2, lines 1, 3 and 6). ``merge_bn_stats``

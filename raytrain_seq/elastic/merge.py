@@ -28,9 +28,10 @@ from raytrain_seq.elementwise import accumulation_dtype, merge_mean_var, weighte
 __all__ = ["CHUNK", "RULES", "ShardMerge", "merge_parts", "part_nbytes"]
 
 RULES = ("mean", "pmean", "pvar", "max")
-# Elements merged per step: the temporaries of a chunk (at most 3 x 1 MiB for float32 buffers, 2 MiB for
-# float64 ones, allocated once per merge) stay in the last-level cache, and a 50 MB slice takes ~50 steps, so the per-call overhead of the numpy ops
-# is negligible (smaller chunks with fresh temporaries each were slower: docs/LOG.md, 2026-11-23).
+# Elements merged per step: the temporaries of a chunk (at most 3 x 1 MiB for float32 buffers, 3 x 2 MiB
+# for float64 ones, allocated once per merge) stay in the last-level cache, and a 50 MB slice takes ~50
+# steps, so the per-call overhead of the numpy ops is negligible (smaller chunks were slower:
+# docs/LOG.md, 2026-11-23 and 2026-11-27).
 CHUNK = 1 << 18
 
 
