@@ -120,7 +120,9 @@ def _learner_class():
             return {"payload": self.layout.nbytes, "populate_s": self.client.store.memory.wait()}
 
         def round(self) -> dict[str, float]:
-            """One round; the seconds of its phases as this learner saw them."""
+            """One round; the seconds of its phases as this learner saw them, and the wall-clock times
+            (``time.time``: one clock for every process of a node) at which it began and held the result."""
+            began_at = time.time()
             began = time.perf_counter()
             # As LocalRounds.sync: the bound storage's layout while it holds the live state, else the
             # layout of the live state, bound (the first round).
@@ -140,7 +142,11 @@ def _learner_class():
             if self.state.flat is None or not self.state.flat.local:
                 raise RuntimeError("the round's state was not fetched: the learner must hold its slices")
             end = time.perf_counter()
-            return {"pack_s": packed - began, "put_s": put - packed, "average_s": end - put}
+            held_at = time.time()
+            return {
+                "pack_s": packed - began, "put_s": put - packed, "average_s": end - put,
+                "began_at": began_at, "held_at": held_at,
+            }  # fmt: skip
 
         def floor(self, phase: str) -> float:
             """One phase of a round's copies and merge done with numpy alone, as the round's processes do
@@ -281,8 +287,9 @@ def bandwidth(
     fp32 weights + 2 Adam moments) through the data plane, n in ``learners``, default sharding (S = n);
     and the one-process numpy mean and library arithmetic of 2 learners' bytes.
 
-    ``round_s[n]``: the median over ``rounds`` rounds of the wall time from the learners starting to pack
-    until all hold the averaged state. Before them: each learner's one-time mapping of the object store
+    ``round_s[n]``: the median over ``rounds`` rounds of the wall time from the first learner starting to
+    pack until the last one holds the averaged state, on the learners' clocks (``split_s[n]["driver_round_s"]``:
+    the same rounds on the driver's, which adds its dispatch of each round and the learners' replies). Before them: each learner's one-time mapping of the object store
     (``store_memory``: a learner starts it at its first round and trains on meanwhile), one warm-up
     round, which creates the shard actors, and the shards' own one-time mapping, which their first merge
     starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
@@ -332,7 +339,7 @@ def bandwidth(
             joined = ray.get([a.join.remote(averager, j, n) for j, a in enumerate(actors[:n])])
             payload = joined[0]["payload"]
             populated = [j["populate_s"] for j in joined if j["populate_s"] is not None]
-            times, phases, shard_memory = [], [], []
+            times, driver_times, phases, shard_memory = [], [], [], []
             for i in range(count + 1):
                 # The references, each pass just before a round of the payload they are the mean of.
                 reference = n == 2 and shards is None and actors is default_actors
@@ -340,7 +347,11 @@ def bandwidth(
                     baselines.time_once()
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
-                times.append(time.perf_counter() - began)
+                driver_times.append(time.perf_counter() - began)
+                # The round: from the first learner starting to pack to the last one holding the result,
+                # on the learners' own clocks. The driver's wall time above also holds its dispatch of the
+                # round to the learners and their replies to it, which training has no counterpart of.
+                times.append(max(s.pop("held_at") for s in seen) - min(s.pop("began_at") for s in seen))
                 # What a learner does next with the state (LocalRounds.install), timed apart: not the round.
                 for phase, installed in zip(
                     seen, ray.get([a.install.remote() for a in actors[:n]]), strict=True
@@ -368,6 +379,8 @@ def bandwidth(
         shard_populated = [m["seconds"] for m in shard_memory if m["seconds"] is not None]
         if shard_populated:
             split["shard_populate_s"] = float(max(shard_populated))
+        if count:
+            split["driver_round_s"] = float(np.median(driver_times[1:]))
         return times[1:], hub, split
 
     round_s, hub_load, star_load, split = {}, {}, {}, {}

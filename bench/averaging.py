@@ -443,6 +443,11 @@ def rounds_clause(band: dict) -> str:
             "calls (learner to control plane to shards and back) and the merged slices' copy into the object "
             "store."
         )
+        if "driver_round_s" in split:
+            text += (
+                f" (These are the learners' clocks; timed by the driver, which dispatches each round to the "
+                f"learners and collects their replies, a round of 2 takes {1e3 * split['driver_round_s']:.0f} ms.)"
+            )
         floor = band.get("floor_s") or {}
         numpy_s = band.get("seconds", {}).get("numpy")
         if floor and numpy_s:
@@ -513,6 +518,8 @@ def bandwidth_headline(band: dict) -> dict:
         "actor_vs_numpy_best": mbps["actor"] / mbps["numpy_best"],
         "numpy_faults_per_pass": band["reference_faults"]["numpy"],
         "round_s": band["round_s"],
+        # The same rounds timed by the driver: with its dispatch of each round and the learners' replies.
+        "round_s_driver": {n: band["split_s"].get(n, {}).get("driver_round_s") for n in band["round_s"]},
         "round_s_2_by_tensors": band.get("round_s_2_by_tensors"),
         "hub_load": band["hub_load"],
         "hub_load_star": band["hub_load_star"],

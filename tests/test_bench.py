@@ -377,7 +377,9 @@ def test_learner_device_feeds_both_ways_the_same_frames_and_prints_its_headline(
         )
     threads = torch.get_num_threads()
     try:
-        assert learner_device.main(["--preset", "demo", "--steps", "2", "--rounds", "1", "--json"]) == 0
+        # --device cpu: the figures checked below are a CPU run's (the default is CUDA where there is one)
+        argv = ["--preset", "demo", "--device", "cpu", "--steps", "2", "--rounds", "1", "--json"]
+        assert learner_device.main(argv) == 0
     finally:
         torch.set_num_threads(threads)  # main sets a CPU learner's one thread
     headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -410,7 +412,8 @@ def test_flat_device_moves_the_bound_state_both_ways_and_prints_its_figures(caps
     with pytest.raises(ValueError, match="unknown way"):
         learner.way("sideways")
 
-    assert flat_device.main(["--megabytes", "0.5", "--tensors", "3,7", "--rounds", "1", "--json"]) == 0
+    argv = ["--device", "cpu", "--megabytes", "0.5", "--tensors", "3,7", "--rounds", "1", "--json"]
+    assert flat_device.main(argv) == 0  # a CPU run, also on a machine with CUDA (the default there)
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(figures["gb_s"]) == {"3", "7"} and figures["device"] == "cpu"
     for count, ways in figures["gb_s"].items():
@@ -605,6 +608,12 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
         in averaging.rounds_clause(floored)
     )
     assert "tensors per learner" not in clause and head["round_s_2_by_tensors"] is None  # not measured
+    assert "timed by the driver" not in clause and head["round_s_driver"]["2"] is None  # not measured
+    driven = {**band, "split_s": {"2": {**band["split_s"]["2"], "driver_round_s": 0.207}}}
+    driver = averaging.bandwidth_headline(driven)["round_s_driver"]
+    assert driver == {"1": None, "2": 0.207, "4": None, "8": None}
+    assert "timed by the driver, which dispatches each round" in averaging.rounds_clause(driven)
+    assert "a round of 2 takes 207 ms" in averaging.rounds_clause(driven)
     many = averaging.rounds_clause({**band, "round_s_2_by_tensors": {"8": 0.2, "500": 0.3}})
     assert (
         "in 500 tensors per learner instead of 8: a round of 2 takes 0.300 s instead of 0.200 s (1.50x)"
