@@ -17,10 +17,13 @@ two Adam moments; 100 MB in all by default) this times, interleaved round by rou
 5. **one copy in**: one host-to-device copy of the whole state from pageable memory (what the link
    allows from there);
 6. **per tensor in**: every tensor ``copy_``'d from a host tensor (``load_state_dict``'s way);
-7. **pinned in**: one host-to-device copy of the whole state from pinned memory (what the link allows).
+7. **pinned in**: one host-to-device copy of the whole state from pinned memory (what the link allows);
+8. on CUDA, **flat in, store registered**: ``FlatStorage.load_slices`` from slices in a shared mapping
+   named as Ray's store is, which ``StoreMemory`` populated and registered with CUDA as a CUDA learner's
+   ``RayStore`` does (``store_memory.cuda_host_register``): what a learner's install reads from.
 
-Prints GB/s per way, flat / per tensor both ways and flat in / one copy in; ``--json`` prints them as
-one JSON last line. On a CPU the copies are memory copies and flat out takes views, so the figures mean
+Prints GB/s per way, flat / per tensor both ways, flat in / one copy in and, on CUDA, registered /
+flat in; ``--json`` prints them as one JSON last line. On a CPU the copies are memory copies and flat out takes views, so the figures mean
 something only on CUDA. The learner's torch threads (``--threads``, 1 as in ``runtime.learner``) do
 the CPU's side of the copies. Imports no ray, so it runs on a bare GPU machine:
 
@@ -31,7 +34,10 @@ the CPU's side of the copies. Imports no ray, so it runs on a bare GPU machine:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import mmap
+import os
 import statistics
 import sys
 import time
@@ -47,8 +53,11 @@ from averager_cost import adam_payload
 
 from raytrain_seq.elastic.flat_storage import FlatStorage
 from raytrain_seq.elastic.payload import FlatLayout
+from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register, cuda_host_unregister
 
 WAYS = ("flat out", "per tensor out", "pinned out", "flat in", "one copy in", "per tensor in", "pinned in")
+# CUDA only: "flat in" from store memory registered with CUDA, as a CUDA learner's store is.
+REGISTERED = "flat in, store registered"
 
 
 class Learner:
@@ -77,6 +86,58 @@ class Learner:
         self.pinned = torch.empty(self.nbytes() // 4, dtype=torch.float32, pin_memory=device.type == "cuda")
         # Written, not only allocated: a copy from never-touched pages reads the kernel's zero page.
         self.pageable = torch.cat([torch.from_numpy(a) for part in self.merged for a in part.values()])
+        self._mapping: mmap.mmap | None = None
+        self._registered_at: int | None = None
+        self.registered = self._in_registered_store(self.merged) if device.type == "cuda" else None
+
+    def close(self) -> None:
+        """Unregister and unmap the store stand-in (the next learner's mapping may get its addresses)."""
+        if self._registered_at is not None:
+            torch.cuda.synchronize(self.device)
+            cuda_host_unregister(self._registered_at)
+            self._registered_at = None
+        if self._mapping is not None:
+            self.registered = None  # its views hold the mapping's buffer
+            self._mapping.close()
+            self._mapping = None
+
+    def _in_registered_store(self, parts: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """The merged slices copied into a shared mapping named as Ray's store is (``/dev/shm/plasma...``),
+        populated and registered with CUDA by ``StoreMemory`` as a CUDA learner's ``RayStore`` does it:
+        the memory a learner's install reads from. Read-only views, as ``ray.get`` gives."""
+        size = sum(a.nbytes for part in parts for a in part.values())
+        path = f"/dev/shm/plasma-flat-device-{os.getpid()}"
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._mapping = mmap.mmap(fd, size, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+            os.unlink(path)  # the mapping stays, "(deleted)" in /proc/self/maps like the store's
+        anchor = ctypes.c_char.from_buffer(self._mapping)
+        start = ctypes.addressof(anchor)
+        del anchor  # an exported buffer would keep the mapping from closing
+        maps = Path("/proc/self/maps")
+        ours = lambda: "\n".join(m for m in maps.read_text().splitlines() if m.startswith(f"{start:x}-"))  # noqa: E731
+        memory = StoreMemory(rounds=1, read_maps=ours, register=cuda_host_register)
+        memory.expect(len(self._mapping) + mmap.PAGESIZE)  # the mapping ends on a page: cover it whole
+        memory.wait()
+        self._registered_at = start if memory.registered_bytes else None
+        if memory.registered_bytes < size:
+            raise RuntimeError(
+                f"the bench's store mapping was not registered with CUDA ({memory.decision}; "
+                f"registration: {memory.register_error!r})"
+            )
+        out, at = [], 0
+        for part in parts:
+            views = {}
+            for key, array in part.items():
+                view = np.frombuffer(self._mapping, dtype=array.dtype, count=array.size, offset=at)
+                view[:] = array
+                view.flags.writeable = False
+                views[key], at = view, at + array.nbytes
+            out.append(views)
+        return out
 
     def tensors(self) -> list[torch.Tensor]:
         return [
@@ -101,10 +162,9 @@ class Learner:
             else:
                 buffer.copy_(host, non_blocking=True)
             self.sync()
-        elif name == "flat in":
-            self.storage.load_slices(
-                self.merged, self.extras, into_params=self.weights, into_moments=self.moments
-            )
+        elif name in ("flat in", REGISTERED):
+            parts = self.merged if name == "flat in" else self.registered
+            self.storage.load_slices(parts, self.extras, into_params=self.weights, into_moments=self.moments)
             self.sync()
         elif name == "per tensor in":
             with torch.no_grad():
@@ -121,9 +181,10 @@ class Learner:
 
 def measure(learner: Learner, rounds: int) -> dict[str, float]:
     """The median seconds of each way over ``rounds`` interleaved rounds, after one untimed round."""
-    seconds: dict[str, list[float]] = {name: [] for name in WAYS}
+    ways = WAYS if learner.registered is None else (*WAYS, REGISTERED)
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
     for r in range(rounds + 1):
-        for name in WAYS:
+        for name in ways:
             began = time.perf_counter()
             learner.way(name)
             if r:
@@ -158,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     gb_s: dict[str, dict[str, float]] = {}
     for count in counts:
         learner = Learner(params, count, device, args.shards)
-        seconds = measure(learner, args.rounds)
+        try:
+            seconds = measure(learner, args.rounds)
+        finally:
+            learner.close()
         gb_s[str(count)] = {way: learner.nbytes() / s / 1e9 for way, s in seconds.items()}
         del learner
     ratios = {
@@ -166,16 +230,18 @@ def main(argv: list[str] | None = None) -> int:
             "flat_vs_per_tensor_out": g["flat out"] / g["per tensor out"],
             "flat_vs_per_tensor_in": g["flat in"] / g["per tensor in"],
             "flat_vs_one_copy_in": g["flat in"] / g["one copy in"],
+            **({"registered_vs_flat_in": g[REGISTERED] / g["flat in"]} if REGISTERED in g else {}),
         }
         for count, g in gb_s.items()
     }
     print(f"{params * 12 / 1e6:.0f} MB of fp32 weights + Adam moments on {name}, S = {args.shards}, "
           f"{args.threads} torch thread(s); GB/s, median of {args.rounds} interleaved rounds")  # fmt: skip
-    print(f"{'way':<24}" + "".join(f"{c + ' tensors':>14}" for c in gb_s))
-    for way in WAYS:
-        print(f"{way:<24}" + "".join(f"{g[way]:>14.2f}" for g in gb_s.values()))
+    print(f"{'way':<26}" + "".join(f"{c + ' tensors':>14}" for c in gb_s))
+    for way in (*WAYS, REGISTERED):
+        if all(way in g for g in gb_s.values()):
+            print(f"{way:<26}" + "".join(f"{g[way]:>14.2f}" for g in gb_s.values()))
     for key in next(iter(ratios.values())):
-        print(f"{key:<24}" + "".join(f"{r[key]:>13.2f}x" for r in ratios.values()))
+        print(f"{key:<26}" + "".join(f"{r[key]:>13.2f}x" for r in ratios.values()))
     result["gb_s"] = {c: {w: round(v, 2) for w, v in g.items()} for c, g in gb_s.items()}
     result["ratios"] = {c: {k: round(v, 2) for k, v in r.items()} for c, r in ratios.items()}
     if args.json:

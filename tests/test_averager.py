@@ -492,6 +492,30 @@ def test_ray_round_equals_single_process_reference(ray_cluster, averagers):
 
 
 @pytest.mark.ray
+def test_ray_store_registers_with_cuda_only_in_an_actor_whose_mapping_lasts(ray_cluster):
+    """RayStore(cuda=True) registers the store's mapping with CUDA in an actor's process (a Ray Train
+    worker's) and not in the driver, which may shut Ray down and map a new store at the same addresses."""
+    from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.store_memory import cuda_host_register
+
+    def registers(cuda: bool) -> bool:
+        return RayStore(cuda=cuda).memory.register is cuda_host_register
+
+    @ray_cluster.remote(num_cpus=0)
+    class Worker:
+        def registers(self, cuda: bool) -> bool:
+            return registers(cuda)
+
+    worker = Worker.remote()
+    try:
+        in_actor = ray_cluster.get([worker.registers.remote(True), worker.registers.remote(False)])
+        assert in_actor == [True, False]
+        assert not registers(True) and not registers(False)  # the driver
+    finally:
+        ray_cluster.kill(worker)
+
+
+@pytest.mark.ray
 def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_cluster):
     """3 learners' flat payloads through the object store and 3 shard actors: every learner reads the
     reference state; each shard moves about one payload in and one out; a shard killed between rounds is

@@ -613,6 +613,11 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     started = feed.start.remote(world_size) if rank == 0 and names.get("fresh") else None
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     train = config.train
+    # The worker sees its own GPU(s) only (no process group shares them): make it the current device, as
+    # a TorchTrainer would, so that pinned copies and new CUDA tensors land there.
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     client = AveragerClient(
         RayTransport(get_averager(names["averager"], namespace=names["namespace"])),
         learner=rank,
@@ -621,14 +626,9 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
         # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
         round_timeout_s=3 * train.averager_timeout_s + 120.0,
         backoff=Backoff(),
-        store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0),
+        store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
     )
-    # The worker sees its own GPU(s) only (no process group shares them): make it the current device, as
-    # a TorchTrainer would, so that pinned copies and new CUDA tensors land there.
-    device = ray.train.torch.get_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     learner = Learner(
         config,
         rank=rank,

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 # Numpy only: a shard's process loads no torch (elastic.merge says why); FlatPayload is a type here.
 from raytrain_seq.elastic.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.elastic.rounds import Learner, check_number
-from raytrain_seq.runtime.store_memory import StoreMemory
+from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register
 
 if TYPE_CHECKING:
     from raytrain_seq.elastic.payload import FlatPayload
@@ -202,11 +202,19 @@ class RayStore:
     """``ObjectStore`` over Ray's object store: ``ray.put`` (one copy in), ``ray.get`` (zero-copy out
     for numpy arrays on this node: read-only views, which ``FlatLayout.unpack`` only reads). ``expect``
     maps the store's memory into this process ahead of the rounds when they will touch it all
-    (``store_memory.StoreMemory``)."""
+    (``store_memory.StoreMemory``) and, with ``cuda`` (a learner training on a GPU), registers it with
+    CUDA, so that installing a merged state on the device copies at the link's speed."""
 
-    def __init__(self, timeout_s: float | None = None) -> None:
+    def __init__(self, timeout_s: float | None = None, *, cuda: bool = False) -> None:
+        import ray
+
         self.timeout_s = timeout_s
-        self.memory = StoreMemory()
+        # Only in an actor's process (a Ray Train worker is one), whose mapping of the store lasts as long
+        # as the process. A driver that shut Ray down and started it again could map a new store where a
+        # registered one was: CUDA keeps the old registration of those addresses, for pages no longer
+        # mapped there, and refuses the new one (store_memory.cuda_host_unregister).
+        register = cuda and ray.get_runtime_context().get_actor_id() is not None
+        self.memory = StoreMemory(register=cuda_host_register if register else None)
 
     def expect(self, nbytes: int) -> bool:
         return self.memory.expect(nbytes)
