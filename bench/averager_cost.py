@@ -288,8 +288,9 @@ def bandwidth(
     and the one-process numpy mean and library arithmetic of 2 learners' bytes.
 
     ``round_s[n]``: the median over ``rounds`` rounds of the wall time from the first learner starting to
-    pack until the last one holds the averaged state, on the learners' clocks (``split_s[n]["driver_round_s"]``:
-    the same rounds on the driver's, which adds its dispatch of each round and the learners' replies). Before them: each learner's one-time mapping of the object store
+    pack until the last one holds the averaged state, on the learners' clocks
+    (``split_s[n]["driver_round_s"]``: the same rounds on the driver's, which adds its dispatch of each
+    round and the learners' replies). Before them: each learner's one-time mapping of the object store
     (``store_memory``: a learner starts it at its first round and trains on meanwhile), one warm-up
     round, which creates the shard actors, and the shards' own one-time mapping, which their first merge
     starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.

@@ -23,9 +23,10 @@ two Adam moments; 100 MB in all by default) this times, interleaved round by rou
    ``RayStore`` does (``store_memory.cuda_host_register``): what a learner's install reads from.
 
 Prints GB/s per way, flat / per tensor both ways, flat in / one copy in and, on CUDA, registered /
-flat in; ``--json`` prints them as one JSON last line. On a CPU the copies are memory copies and flat out takes views, so the figures mean
-something only on CUDA. The learner's torch threads (``--threads``, 1 as in ``runtime.learner``) do
-the CPU's side of the copies. Imports no ray, so it runs on a bare GPU machine:
+flat in; ``--json`` prints them as one JSON last line. On a CPU the copies are memory copies and flat
+out takes views, so the figures mean something only on CUDA. The learner's torch threads
+(``--threads``, 1 as in ``runtime.learner``) do the CPU's side of the copies. Imports no ray, so it runs
+on a bare GPU machine:
 
     python bench/flat_device.py --json
     python bench/flat_device.py --tensors 8,500 --megabytes 400
