@@ -26,7 +26,7 @@ the link's speed (the figures are in docs/LOG.md, 2026-11-27). The rule is the s
 the whole store in RAM, which populating has already committed. A refused registration leaves the
 copies pageable: slower, the same bytes. Each mapping is registered whole, in one call: a copy whose
 source spans two registrations fails (CUDA's "invalid argument"), although one call holds up the
-process's other CUDA calls while it runs (once, for about 150 ms per 4 GB on an H200). A registration
+process's other CUDA calls while it runs (once, for a time that grows with the store's size). A registration
 lasts as long as the process, which is what a Ray worker's mapping of the store does.
 
 Nothing here imports ray. The mapping is found in ``/proc/self/maps`` by its file's name (``plasma``).
