@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.heap import keep_freed_memory
 
 NAMESPACE = "raytrain_seq"
 # A learner's payload: its weights in this many tensors, each with its two Adam moments.
@@ -190,25 +191,6 @@ def _learner_class():
     return BenchLearner
 
 
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc keep freed memory mapped in this process: no trimming of the heap's top, and
-    blocks up to its largest mmap threshold (32 MiB) from the heap, not from fresh mappings. Whether it
-    could (False: not glibc). Why: with the defaults, whether a pass's temporaries fault depends on what
-    the pass before freed (the reference faulted 16-25 thousand pages a pass once the library pass's
-    temporaries shrank to float32: docs/LOG.md, 2026-11-27)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_threshold, 32 << 20))
-
-
 class Baselines:
     """The one-process references for a round of 2 learners: a numpy mean of the same arrays and the library
     arithmetic (``average_states`` + ``merge_adam_states``), timed one pass at a time so that each pass
@@ -220,7 +202,7 @@ class Baselines:
     memory each pass, and where the allocator has handed freed memory back to the kernel a pass faults
     once per 4 KiB page of them: it then measures the kernel zeroing pages, not the mean (the averaging
     actors map the store's memory once, ``store_memory``). So the bench's process keeps freed memory
-    (``keep_freed_memory``), and prints the faults beside the figure."""
+    (``heap.keep_freed_memory``, as a learner does), and prints the faults beside the figure."""
 
     def __init__(self, params: int) -> None:
         keep_freed_memory()

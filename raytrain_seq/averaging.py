@@ -213,10 +213,11 @@ def average_states(
     Floating tensors become sum_j w_j x_j (weights default to equal; they are normalised to sum to one),
     accumulated in float32 (float64 for float64 tensors) and cast back to each tensor's dtype, on the
     first learner's device. Integer and bool buffers (BatchNorm's num_batches_tracked) are counters, not
-    estimates: they are copied from the first learner. A BatchNorm ``X.running_var`` whose ``X.running_mean`` is present is merged by the law
-    of total variance (see merge_mean_var): each learner's running statistics describe its own data, and
-    the plain mean of the variances would ignore how far apart the learners' means are, underestimating the
-    variance of the data all learners saw together (Algorithm 2, lines 1, 3 and 6). ``merge_bn_stats``
+    estimates: they are copied from the first learner. A BatchNorm ``X.running_var`` whose
+    ``X.running_mean`` is present is merged by the law of total variance (see merge_mean_var): each
+    learner's running statistics describe its own data, and the plain mean of the variances would ignore
+    how far apart the learners' means are, underestimating the variance of the data all learners saw
+    together (Algorithm 2, lines 1, 3 and 6). ``merge_bn_stats``
     False takes the plain weighted mean of both halves of a pair instead: Algorithm 2 is part of AAVG3
     only, so the AAVG1 and AAVG2 ablations average the statistics like any other tensor.
     """
