@@ -90,10 +90,9 @@ def test_equal_learners_come_back_unchanged_and_out_and_workspace_give_the_same_
 def test_a_float32_mean_is_within_a_few_ulps_of_the_float64_one(count):
     """float32 and narrower learners are accumulated in float32 (``accumulation_dtype``). The error is
     that of a float32 sum: against the float64 mean, at most (learners + 1) ulps of the largest learner's
-    value in that element (measured: 2-3), and a float16 mean within one ulp (half an ulp, but for rounding
-    twice, through float32). Values
-    across seven decades, independent per learner, make it a worst case: learners that averaged before
-    differ by far less than their values."""
+    value in that element, and a float16 mean within one ulp (half an ulp, but for rounding twice, through
+    float32). Values across seven decades, independent per learner, make it a worst case: learners that
+    averaged before differ by far less than their values."""
     weights = list(range(1, count + 1))
     for dtype, bound in ((np.float32, count + 1), (np.float16, 1.0)):
         xs = _learners(count, dtype, seed=count, size=50_000)
