@@ -16,6 +16,7 @@ import os
 import resource
 import sys
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +31,12 @@ TENSORS = 8
 # (the project's ResNet-152 encoder with group norm: 465 parameter tensors, `models.resnet`): what a
 # round costs per tensor, beside what it costs per byte.
 MANY_TENSORS = 500
+# ``channel_rounds``: buffers per channel (a writer writes round r + 1 while its readers still hold round
+# r's views: with one buffer a shard's write of round r + 1 would wait for the learners' read of it),
+# room for the serialised value's header, and how long a read or write waits.
+CHANNEL_BUFFERS = 2
+CHANNEL_SLACK = 1 << 20
+CHANNEL_TIMEOUT_S = 120.0
 
 
 def cost_model(
@@ -120,11 +127,7 @@ def _learner_class():
             self.client.store.expect(2 * self.layout.nbytes)
             return {"payload": self.layout.nbytes, "populate_s": self.client.store.memory.wait()}
 
-        def round(self) -> dict[str, float]:
-            """One round; the seconds of its phases as this learner saw them, and the wall-clock times
-            (``time.time``: one clock for every process of a node) at which it began and held the result."""
-            began_at = time.time()
-            began = time.perf_counter()
+        def _bind(self) -> None:
             # As LocalRounds.sync: the bound storage's layout while it holds the live state, else the
             # layout of the live state, bound (the first round).
             if self.storage is None or not self.storage.holds(self.weights, self.moments):
@@ -132,6 +135,18 @@ def _learner_class():
                 if self.storage is None or self.storage.layout.signature != self.layout.signature:
                     self.storage = FlatStorage(self.layout)
                 self.storage.bind(self.weights, self.moments)
+
+        def buffers(self) -> dict[str, np.ndarray]:
+            """A copy of this learner's flat buffers (its weights and moments), bound first."""
+            self._bind()
+            return {key: buffer.numpy().copy() for key, buffer in self.storage.buffers.items()}
+
+        def round(self) -> dict[str, float]:
+            """One round; the seconds of its phases as this learner saw them, and the wall-clock times
+            (``time.time``: one clock for every process of a node) at which it began and held the result."""
+            began_at = time.time()
+            began = time.perf_counter()
+            self._bind()
             slices = self.storage.slices(self.client.shards)
             extras = self.layout.extras(self.weights, self.moments)
             packed = time.perf_counter()
@@ -148,6 +163,12 @@ def _learner_class():
                 "pack_s": packed - began, "put_s": put - packed, "average_s": end - put,
                 "began_at": began_at, "held_at": held_at,
             }  # fmt: skip
+
+        def payload_slices(self, count: int) -> list[int]:
+            """The bytes of each of ``count`` slices of this learner's buffers."""
+            from raytrain_seq.elastic.merge import part_nbytes
+
+            return [part_nbytes(part) for part in self.storage.slices(count)]
 
         def floor(self, phase: str) -> float:
             """One phase of a round's copies and merge done with numpy alone, as the round's processes do
@@ -178,6 +199,53 @@ def _learner_class():
                 raise ValueError(f"unknown phase {phase!r}: put, merge or return")
             return time.perf_counter() - began
 
+        def channel_open(self, shards: list, node: str) -> list:
+            """This learner's channel to each of ``shards`` (``channel_rounds``): it writes, shard i reads,
+            each sized for slice i of its buffers."""
+            from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
+            from ray.experimental.channel.utils import get_self_actor
+
+            from raytrain_seq.elastic.merge import part_nbytes
+
+            self._bind()
+            me = get_self_actor()
+            slices = self.storage.slices(len(shards))
+            self._channels_out = [
+                BufferedSharedMemoryChannel(
+                    me, [(shard, node)], CHANNEL_BUFFERS, part_nbytes(part) + CHANNEL_SLACK
+                )
+                for shard, part in zip(shards, slices, strict=True)
+            ]
+            return self._channels_out
+
+        def channel_inputs(self, channels: list) -> None:
+            """The shards' channels of merged slices, shard i's at i."""
+            self._channels_in = channels
+            self._merged = None
+
+        def channel_round(self) -> dict[str, float]:
+            """``round`` through the channels: write slice i to shard i, read every merged slice (views
+            into the channels' buffers, valid until this learner's next read of them)."""
+            began_at = time.time()
+            for channel, part in zip(
+                self._channels_out, self.storage.slices(len(self._channels_out)), strict=True
+            ):
+                channel.write(part, timeout=CHANNEL_TIMEOUT_S)
+            self._merged = [channel.read(timeout=CHANNEL_TIMEOUT_S) for channel in self._channels_in]
+            return {"began_at": began_at, "held_at": time.time()}
+
+        def channel_install(self) -> None:
+            """``install`` of the merged slices read by ``channel_round``."""
+            self.storage.load_slices(
+                self._merged,
+                self.layout.extras(self.weights, self.moments),
+                into_params=self.weights,
+                into_moments=self.moments,
+            )
+
+        def channel_close(self) -> None:
+            self._channels_out = self._channels_in = self._merged = None
+
         def install(self) -> dict[str, float]:
             """Write the last round's merged slices into the bound buffers (``FlatStorage.load_slices``, as
             ``LocalRounds.install`` does); its seconds."""
@@ -189,6 +257,69 @@ def _learner_class():
             return {"install_s": time.perf_counter() - began}
 
     return BenchLearner
+
+
+def _channel_shard_class():
+    """A shard of ``channel_rounds``: reads slice i of every learner from their channels, merges them as
+    ``AveragingShard.merge`` does (``merge_parts``, the last result's arrays reused) and writes the merged
+    slice to its own channel, which every learner reads; no actor call per round."""
+    from raytrain_seq.elastic.merge import merge_parts
+
+    class ChannelShard:
+        def __init__(self) -> None:
+            self._result = None
+
+        def open(self, learners: list, node: str, nbytes: int) -> Any:
+            from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
+            from ray.experimental.channel.utils import get_self_actor
+
+            readers = [(learner, node) for learner in learners]
+            self._out = BufferedSharedMemoryChannel(
+                get_self_actor(), readers, CHANNEL_BUFFERS, nbytes + CHANNEL_SLACK
+            )
+            return self._out
+
+        def serve(self, channels: list, rounds: int) -> int:
+            for _ in range(rounds):
+                parts = [channel.read(timeout=CHANNEL_TIMEOUT_S) for channel in channels]
+                self._result = merge_parts(parts, [1.0] * len(parts), reuse=self._result)
+                self._out.write(self._result, timeout=CHANNEL_TIMEOUT_S)
+            return rounds
+
+    return ChannelShard
+
+
+def channel_rounds(pair: list, count: int) -> list[float]:
+    """``count`` rounds of the learners ``pair`` (bound BenchLearners) through Ray's shared-memory channels
+    (``ray.experimental.channel``: mutable objects in the object store, written in place every round and
+    read zero-copy) to one shard each, after one warm-up round: each round's seconds on the learners'
+    clocks, as ``round_s``. The same copies and merge as a round of the data plane, without its puts,
+    its return values or its actor calls; and without what those carry: no control plane (membership,
+    drops, timeouts, the merged state kept for checkpoints and joins), learners and shards on one node.
+    A measure of what Ray's own in-place transport gives this round, not a data plane of the system."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    shard_cls = ray.remote(num_cpus=0)(_channel_shard_class())
+    shards = [shard_cls.remote() for _ in pair]
+    try:
+        # outs[j][i]: learner j's channel to shard i, which shard i reads from every learner j.
+        outs = ray.get([a.channel_open.remote(shards, node) for a in pair])
+        sizes = ray.get(pair[0].payload_slices.remote(len(shards)))
+        results = ray.get([s.open.remote(pair, node, sizes[i]) for i, s in enumerate(shards)])
+        ray.get([a.channel_inputs.remote(results) for a in pair])
+        serving = [s.serve.remote([out[i] for out in outs], count + 1) for i, s in enumerate(shards)]
+        times = []
+        for _ in range(count + 1):
+            seen = ray.get([a.channel_round.remote() for a in pair])
+            times.append(max(s["held_at"] for s in seen) - min(s["began_at"] for s in seen))
+            ray.get([a.channel_install.remote() for a in pair])
+        ray.get(serving)
+    finally:
+        for shard in shards:
+            ray.kill(shard)
+        ray.get([a.channel_close.remote() for a in pair])
+    return times[1:]
 
 
 class Baselines:
@@ -264,6 +395,7 @@ def bandwidth(
     rounds: int = 9,
     star: tuple[int, ...] = (2, 8),
     many_tensors: int | None = MANY_TENSORS,
+    channels: bool = True,
 ) -> dict:
     """One averaging round of n learners (n concurrent actor processes, each sending ``megabytes`` MB of
     fp32 weights + 2 Adam moments) through the data plane, n in ``learners``, default sharding (S = n);
@@ -290,7 +422,9 @@ def bandwidth(
     its buffers after the round (``FlatStorage.load``, not part of ``round_s``). ``floor_s``: the round of
     2 learners' copies and merge done with numpy alone by the same two learner processes after each of
     those rounds (``BenchLearner.floor``: "put", "merge", "return", each the slower learner's, and their
-    "total"), medians: what the round costs without Ray's part.
+    "total"), medians: what the round costs without Ray's part. ``channel_round_s``: with ``channels``,
+    the median of ``rounds`` rounds of the same 2 learners through Ray's shared-memory channels instead
+    (``channel_rounds``: the copies and merge with Ray's in-place transport, no control plane), else None.
     """
     import ray
 
@@ -372,6 +506,11 @@ def bandwidth(
         times, hub_load[str(n)], split[str(n)] = measure(n, None, rounds)
         round_s[str(n)] = float(np.median(times))
         print(f"  {n} learner(s): rounds {[round(t, 3) for t in times]} s ({time.perf_counter() - began:.0f} s with set-up)", file=sys.stderr, flush=True)  # fmt: skip
+    channel_s = None
+    if channels:
+        times = channel_rounds(actors[:2], rounds)
+        channel_s = float(np.median(times))
+        print(f"  2 learners through channels: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
     for n in star:
         star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
     for actor in actors:
@@ -404,4 +543,5 @@ def bandwidth(
         "payload_mb": 3 * params * 4 / 1e6,
         "reference_faults": baselines.faults_per_pass(skip=1),
         "floor_s": floor,
+        "channel_round_s": channel_s,
     }

@@ -607,6 +607,12 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
         "0.60x the numpy mean's 100 ms: the round's other 140 ms are Ray's part"
         in averaging.rounds_clause(floored)
     )
+    assert "channels" not in clause and head["channel_round_s_2"] is head["channel_vs_numpy"] is None
+    channelled = {**band, "channel_round_s": 0.125}
+    assert averaging.bandwidth_headline(channelled)["channel_vs_numpy"] == pytest.approx(0.8)
+    assert "the same learners and merge take 125 ms a round, 0.80x numpy's bandwidth" in (
+        averaging.rounds_clause(channelled)
+    )
     assert "tensors per learner" not in clause and head["round_s_2_by_tensors"] is None  # not measured
     assert "timed by the driver" not in clause and head["round_s_driver"]["2"] is None  # not measured
     driven = {**band, "split_s": {"2": {**band["split_s"]["2"], "driver_round_s": 0.207}}}
