@@ -16,6 +16,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -289,14 +290,18 @@ def _channel_shard_class():
     return ChannelShard
 
 
-def channel_rounds(pair: list, count: int) -> list[float]:
+def channel_rounds(
+    pair: list, count: int, reference: Callable[[], float] | None = None
+) -> tuple[list[float], list[float]]:
     """``count`` rounds of the learners ``pair`` (bound BenchLearners) through Ray's shared-memory channels
     (``ray.experimental.channel``: mutable objects in the object store, written in place every round and
     read zero-copy) to one shard each, after one warm-up round: each round's seconds on the learners'
     clocks, as ``round_s``. The same copies and merge as a round of the data plane, without its puts,
     its return values or its actor calls; and without what those carry: no control plane (membership,
     drops, timeouts, the merged state kept for checkpoints and joins), learners and shards on one node.
-    A measure of what Ray's own in-place transport gives this round, not a data plane of the system."""
+    A measure of what Ray's own in-place transport gives this round, not a data plane of the system.
+    ``reference``: called just before each round (a numpy pass, ``Baselines.numpy_once``), its seconds
+    returned beside the rounds' (the warm-up's left out), so that the two meet the same drift."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
@@ -309,8 +314,10 @@ def channel_rounds(pair: list, count: int) -> list[float]:
         results = ray.get([s.open.remote(pair, node, sizes[i]) for i, s in enumerate(shards)])
         ray.get([a.channel_inputs.remote(results) for a in pair])
         serving = [s.serve.remote([out[i] for out in outs], count + 1) for i, s in enumerate(shards)]
-        times = []
+        times, references = [], []
         for _ in range(count + 1):
+            if reference is not None:
+                references.append(reference())
             seen = ray.get([a.channel_round.remote() for a in pair])
             times.append(max(s["held_at"] for s in seen) - min(s["began_at"] for s in seen))
             ray.get([a.channel_install.remote() for a in pair])
@@ -319,7 +326,7 @@ def channel_rounds(pair: list, count: int) -> list[float]:
         for shard in shards:
             ray.kill(shard)
         ray.get([a.channel_close.remote() for a in pair])
-    return times[1:]
+    return times[1:], references[1:]
 
 
 class Baselines:
@@ -348,9 +355,7 @@ class Baselines:
 
     def time_once(self) -> None:
         """One pass of each, appended to ``seconds`` and ``faults``."""
-        self._timed(
-            "numpy", lambda: [np.mean(np.stack(pair), axis=0) for pair in zip(*self.arrays, strict=True)]
-        )
+        self._timed("numpy", self._numpy_mean)
         self._timed(
             "library",
             lambda: (
@@ -358,6 +363,16 @@ class Baselines:
                 merge_adam_states([s for _, s in self.payloads]),
             ),
         )
+
+    def numpy_once(self) -> float:
+        """One numpy pass's seconds, not kept in ``seconds``: a reference for other rounds than the data
+        plane's (``channel_rounds``)."""
+        began = time.perf_counter()
+        self._numpy_mean()
+        return time.perf_counter() - began
+
+    def _numpy_mean(self) -> list[np.ndarray]:
+        return [np.mean(np.stack(pair), axis=0) for pair in zip(*self.arrays, strict=True)]
 
     def _timed(self, name: str, work) -> None:
         faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -424,7 +439,8 @@ def bandwidth(
     those rounds (``BenchLearner.floor``: "put", "merge", "return", each the slower learner's, and their
     "total"), medians: what the round costs without Ray's part. ``channel_round_s``: with ``channels``,
     the median of ``rounds`` rounds of the same 2 learners through Ray's shared-memory channels instead
-    (``channel_rounds``: the copies and merge with Ray's in-place transport, no control plane), else None.
+    (``channel_rounds``: the copies and merge with Ray's in-place transport, no control plane), else None;
+    ``channel_numpy_s``: the median of the numpy passes timed one before each of those rounds.
     """
     import ray
 
@@ -506,10 +522,10 @@ def bandwidth(
         times, hub_load[str(n)], split[str(n)] = measure(n, None, rounds)
         round_s[str(n)] = float(np.median(times))
         print(f"  {n} learner(s): rounds {[round(t, 3) for t in times]} s ({time.perf_counter() - began:.0f} s with set-up)", file=sys.stderr, flush=True)  # fmt: skip
-    channel_s = None
+    channel_s = channel_numpy_s = None
     if channels:
-        times = channel_rounds(actors[:2], rounds)
-        channel_s = float(np.median(times))
+        times, references = channel_rounds(actors[:2], rounds, reference=baselines.numpy_once)
+        channel_s, channel_numpy_s = float(np.median(times)), float(np.median(references))
         print(f"  2 learners through channels: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
     for n in star:
         star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
@@ -544,4 +560,5 @@ def bandwidth(
         "reference_faults": baselines.faults_per_pass(skip=1),
         "floor_s": floor,
         "channel_round_s": channel_s,
+        "channel_numpy_s": channel_numpy_s,
     }

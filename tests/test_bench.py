@@ -613,6 +613,10 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
     assert "the same learners and merge take 125 ms a round, 0.80x numpy's bandwidth" in (
         averaging.rounds_clause(channelled)
     )
+    # Against the numpy passes timed beside the channel rounds, where there are some.
+    beside = {**channelled, "channel_numpy_s": 0.15}
+    assert averaging.bandwidth_headline(beside)["channel_vs_numpy"] == pytest.approx(1.2)
+    assert "125 ms a round, 1.20x numpy's bandwidth" in averaging.rounds_clause(beside)
     assert "tensors per learner" not in clause and head["round_s_2_by_tensors"] is None  # not measured
     assert "timed by the driver" not in clause and head["round_s_driver"]["2"] is None  # not measured
     driven = {**band, "split_s": {"2": {**band["split_s"]["2"], "driver_round_s": 0.207}}}
@@ -644,6 +648,7 @@ def test_bandwidth_references_are_summarised_like_the_rounds():
     assert all(0 < timed[f"{k}_best"] <= timed[k] for k in ("numpy", "library"))
     faults = baselines.faults_per_pass(skip=1)
     assert set(faults) == {"numpy", "library"} and all(f >= 0 for f in faults.values())
+    assert baselines.numpy_once() > 0 and len(baselines.seconds["numpy"]) == 3  # timed, not kept
 
 
 def test_startup_roles_name_our_actors_ray_trains_and_the_driver():

@@ -22,8 +22,8 @@ def _bench():
 
 def test_channel_rounds_average_the_learners_states_and_time_each_round(ray_cluster):
     """Two learners of different states, two rounds (a warm-up and one timed): both end with the equal-
-    weight mean of the initial buffers (the second round averages two equal states: the same again), and
-    the timed round's seconds are positive."""
+    weight mean of the initial buffers (the second round averages two equal states: the same again); the
+    timed round's seconds are positive, and the reference called before each round is returned beside it."""
     ray = ray_cluster
     cost = _bench()
     learner_cls = ray.remote(num_cpus=0)(cost._learner_class())
@@ -32,12 +32,13 @@ def test_channel_rounds_average_the_learners_states_and_time_each_round(ray_clus
         before = ray.get([a.buffers.remote() for a in pair])
         assert before[0].keys() == before[1].keys() and before[0]
         assert any(not np.array_equal(before[0][k], before[1][k]) for k in before[0])  # not vacuous
-        times = cost.channel_rounds(pair, count=1)
+        passes = iter([0.5, 0.25])
+        times, references = cost.channel_rounds(pair, count=1, reference=lambda: next(passes))
         after = ray.get([a.buffers.remote() for a in pair])
     finally:
         for actor in pair:
             ray.kill(actor)
-    assert len(times) == 1 and times[0] > 0
+    assert len(times) == 1 and times[0] > 0 and references == [0.25]  # the warm-up's pass left out
     for key, first in before[0].items():
         expected = first + (before[1][key] - first) * np.float32(0.5)  # elementwise's rule, float32
         for state in after:
