@@ -236,13 +236,9 @@ def _learner_class():
             return {"began_at": began_at, "held_at": time.time()}
 
         def channel_install(self) -> None:
-            """``install`` of the merged slices read by ``channel_round``."""
-            self.storage.load_slices(
-                self._merged,
-                self.layout.extras(self.weights, self.moments),
-                into_params=self.weights,
-                into_moments=self.moments,
-            )
+            """``install`` of the merged slices read by ``channel_round`` (the Adam steps are this
+            learner's own: they do not travel through the channels, and every learner's agree)."""
+            self._load(self._merged, self.layout.extras(self.weights, self.moments))
 
         def channel_close(self) -> None:
             self._channels_out = self._channels_in = self._merged = None
@@ -251,11 +247,11 @@ def _learner_class():
             """Write the last round's merged slices into the bound buffers (``FlatStorage.load_slices``, as
             ``LocalRounds.install`` does); its seconds."""
             began = time.perf_counter()
-            flat = self.state.flat
-            self.storage.load_slices(
-                flat.parts, flat.extras, into_params=self.weights, into_moments=self.moments
-            )
+            self._load(self.state.flat.parts, self.state.flat.extras)
             return {"install_s": time.perf_counter() - began}
+
+        def _load(self, parts: list, extras: Any) -> None:
+            self.storage.load_slices(parts, extras, into_params=self.weights, into_moments=self.moments)
 
     return BenchLearner
 
