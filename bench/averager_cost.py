@@ -6,7 +6,9 @@ MB/s of fp32 weights + moments one round of 2 learners pushes through the actor 
 (serialisation, the object store and the arithmetic included) against a plain numpy mean of the same
 arrays and the library arithmetic (``averaging.average_states`` + ``merge_adam_states``) in one
 process, and how a round's wall time and the busiest actor's bytes grow with the learners (the sharded
-data plane, ``runtime/shards.py``). ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
+data plane, ``runtime/shards.py``); ``channel_rounds`` runs the same round of 2 through Ray's
+shared-memory channels instead, no actor call per round, to show what Ray's in-place transport would
+make of it. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
 and compares it with DDP's ring all-reduce of the gradients per epoch.
 """
 
