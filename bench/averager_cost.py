@@ -7,8 +7,8 @@ MB/s of fp32 weights + moments one round of 2 learners pushes through the actor 
 arrays and the library arithmetic (``averaging.average_states`` + ``merge_adam_states``) in one
 process, and how a round's wall time and the busiest actor's bytes grow with the learners (the sharded
 data plane, ``runtime/shards.py``); ``channel_rounds`` runs the same round of 2 through Ray's
-shared-memory channels instead, no actor call per round, to show what Ray's in-place transport would
-make of it. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
+shared-memory channels instead, its messages carrying no object references, to show what Ray's
+in-place transport would make of it. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
 and compares it with DDP's ring all-reduce of the gradients per epoch.
 """
 
@@ -221,19 +221,23 @@ def _learner_class():
             ]
             return self._channels_out
 
-        def channel_inputs(self, channels: list) -> None:
-            """The shards' channels of merged slices, shard i's at i."""
-            self._channels_in = channels
+        def channel_inputs(self, channels: list, control: Any, rank: int) -> None:
+            """The shards' channels of merged slices (shard i's at i) and the round's control actor."""
+            self._channels_in, self._control, self._rank = channels, control, rank
             self._merged = None
 
         def channel_round(self) -> dict[str, float]:
-            """``round`` through the channels: write slice i to shard i, read every merged slice (views
-            into the channels' buffers, valid until this learner's next read of them)."""
+            """``round`` through the channels: write slice i to shard i, tell the control actor (a message
+            without object references) and, once it answers, read every merged slice (views into the
+            channels' buffers, valid until this learner's next read of them)."""
+            import ray
+
             began_at = time.time()
             for channel, part in zip(
                 self._channels_out, self.storage.slices(len(self._channels_out)), strict=True
             ):
                 channel.write(part, timeout=CHANNEL_TIMEOUT_S)
+            ray.get(self._control.arrive.remote(self._rank), timeout=CHANNEL_TIMEOUT_S)
             self._merged = [channel.read(timeout=CHANNEL_TIMEOUT_S) for channel in self._channels_in]
             return {"began_at": began_at, "held_at": time.time()}
 
@@ -243,7 +247,7 @@ def _learner_class():
             self._load(self._merged, self.layout.extras(self.weights, self.moments))
 
         def channel_close(self) -> None:
-            self._channels_out = self._channels_in = self._merged = None
+            self._channels_out = self._channels_in = self._merged = self._control = None
 
         def install(self) -> dict[str, float]:
             """Write the last round's merged slices into the bound buffers (``FlatStorage.load_slices``, as
@@ -258,17 +262,24 @@ def _learner_class():
     return BenchLearner
 
 
-def _channel_shard_class():
-    """A shard of ``channel_rounds``: reads slice i of every learner from their channels, merges them as
-    ``AveragingShard.merge`` does (``merge_parts``, the last result's arrays reused) and writes the merged
-    slice to its own channel, which every learner reads; no actor call per round."""
+def _channel_classes():
+    """The shard and the control actor of ``channel_rounds``. A shard reads slice i of the round's learners
+    from their channels when the control actor asks it to merge, merges them as ``AveragingShard.merge``
+    does (``merge_parts``, the last result's arrays reused) and writes the merged slice to its own
+    channel, which every learner reads. The control actor closes a round as the control plane does:
+    once every learner has arrived it has the shards merge and then answers every learner. Its messages
+    carry round numbers and learner indices, never object references."""
+    import asyncio
+
     from raytrain_seq.elastic.merge import merge_parts
 
     class ChannelShard:
         def __init__(self) -> None:
             self._result = None
 
-        def open(self, learners: list, node: str, nbytes: int) -> Any:
+        def open(self, learners: list, node: str, nbytes: int, inputs: list) -> Any:
+            """Its channel to ``learners`` (made here: a channel's writer makes it); ``inputs``: every
+            learner's channel to this shard, learner j's at j."""
             from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
             from ray.experimental.channel.utils import get_self_actor
 
@@ -276,16 +287,36 @@ def _channel_shard_class():
             self._out = BufferedSharedMemoryChannel(
                 get_self_actor(), readers, CHANNEL_BUFFERS, nbytes + CHANNEL_SLACK
             )
+            self._inputs = inputs
             return self._out
 
-        def serve(self, channels: list, rounds: int) -> int:
-            for _ in range(rounds):
-                parts = [channel.read(timeout=CHANNEL_TIMEOUT_S) for channel in channels]
-                self._result = merge_parts(parts, [1.0] * len(parts), reuse=self._result)
-                self._out.write(self._result, timeout=CHANNEL_TIMEOUT_S)
-            return rounds
+        def merge(self, members: list[int]) -> float:
+            """Merge the slices of learners ``members`` and write the result; its seconds."""
+            began = time.perf_counter()
+            parts = [self._inputs[j].read(timeout=CHANNEL_TIMEOUT_S) for j in members]
+            self._result = merge_parts(parts, [1.0] * len(parts), reuse=self._result)
+            self._out.write(self._result, timeout=CHANNEL_TIMEOUT_S)
+            return time.perf_counter() - began
 
-    return ChannelShard
+    class ChannelControl:
+        def __init__(self, shards: list, learners: int) -> None:
+            self._shards, self._learners = shards, learners
+            self._arrived: set[int] = set()
+            self._round: asyncio.Future | None = None
+
+        async def arrive(self, rank: int) -> list[float]:
+            """Learner ``rank`` has written its slices; the shards' merge seconds once every learner has."""
+            if self._round is None:
+                self._round = asyncio.get_running_loop().create_future()
+            closing = self._round
+            self._arrived.add(rank)
+            if len(self._arrived) == self._learners:
+                members = sorted(self._arrived)
+                self._arrived, self._round = set(), None
+                closing.set_result(await asyncio.gather(*(s.merge.remote(members) for s in self._shards)))
+            return await closing
+
+    return ChannelShard, ChannelControl
 
 
 def channel_rounds(
@@ -294,24 +325,28 @@ def channel_rounds(
     """``count`` rounds of the learners ``pair`` (bound BenchLearners) through Ray's shared-memory channels
     (``ray.experimental.channel``: mutable objects in the object store, written in place every round and
     read zero-copy) to one shard each, after one warm-up round: each round's seconds on the learners'
-    clocks, as ``round_s``. The same copies and merge as a round of the data plane, without its puts,
-    its return values or its actor calls; and without what those carry: no control plane (membership,
-    drops, timeouts, the merged state kept for checkpoints and joins), learners and shards on one node.
-    A measure of what Ray's own in-place transport gives this round, not a data plane of the system.
-    ``reference``: called just before each round (a numpy pass, ``Baselines.numpy_once``), its seconds
-    returned beside the rounds' (the warm-up's left out), so that the two meet the same drift."""
+    clocks, as ``round_s``. A control actor closes each round as the data plane's control plane does
+    (learners to it, it to the shards and back), with messages that carry no object references. The same
+    copies and merge as a round of the data plane, without its puts, its return values and the
+    references its messages carry; and without what those give it: membership, drops and timeouts, the
+    merged state kept for checkpoints and joins, learners on other nodes. A measure of what Ray's
+    in-place transport gives this round, not a data plane of the system. ``reference``: called just
+    before each round (a numpy pass, ``Baselines.numpy_once``), its seconds returned beside the rounds'
+    (the warm-up's left out), so that the two meet the same drift."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    shard_cls = ray.remote(num_cpus=0)(_channel_shard_class())
+    shard_cls, control_cls = (ray.remote(num_cpus=0)(cls) for cls in _channel_classes())
     shards = [shard_cls.remote() for _ in pair]
+    control = control_cls.remote(shards, len(pair))
     try:
         # outs[j][i]: learner j's channel to shard i, which shard i reads from every learner j.
         outs = ray.get([a.channel_open.remote(shards, node) for a in pair])
         sizes = ray.get(pair[0].payload_slices.remote(len(shards)))
-        results = ray.get([s.open.remote(pair, node, sizes[i]) for i, s in enumerate(shards)])
-        ray.get([a.channel_inputs.remote(results) for a in pair])
-        serving = [s.serve.remote([out[i] for out in outs], count + 1) for i, s in enumerate(shards)]
+        results = ray.get(
+            [s.open.remote(pair, node, sizes[i], [out[i] for out in outs]) for i, s in enumerate(shards)]
+        )
+        ray.get([a.channel_inputs.remote(results, control, j) for j, a in enumerate(pair)])
         times, references = [], []
         for _ in range(count + 1):
             if reference is not None:
@@ -319,10 +354,9 @@ def channel_rounds(
             seen = ray.get([a.channel_round.remote() for a in pair])
             times.append(max(s["held_at"] for s in seen) - min(s["began_at"] for s in seen))
             ray.get([a.channel_install.remote() for a in pair])
-        ray.get(serving)
     finally:
-        for shard in shards:
-            ray.kill(shard)
+        for actor in (*shards, control):
+            ray.kill(actor)
         ray.get([a.channel_close.remote() for a in pair])
     return times[1:], references[1:]
 
@@ -437,7 +471,7 @@ def bandwidth(
     those rounds (``BenchLearner.floor``: "put", "merge", "return", each the slower learner's, and their
     "total"), medians: what the round costs without Ray's part. ``channel_round_s``: with ``channels``,
     the median of ``rounds`` rounds of the same 2 learners through Ray's shared-memory channels instead
-    (``channel_rounds``: the copies and merge with Ray's in-place transport, no control plane), else None;
+    (``channel_rounds``: the copies and merge with Ray's in-place transport), else None;
     ``channel_numpy_s``: the median of the numpy passes timed one before each of those rounds.
     """
     import ray

@@ -462,9 +462,10 @@ def rounds_clause(band: dict) -> str:
         if channel_s:
             text += (
                 f" Through Ray's shared-memory channels instead (mutable objects written in place, read "
-                f"zero-copy; no puts, return values or actor calls, and no control plane), the same learners "
-                f"and merge take {1e3 * channel_s:.0f} ms a round, {channel_vs_numpy(band):.2f}x numpy's "
-                "bandwidth: what Ray's in-place transport would give the data plane."
+                f"zero-copy; no puts or return values, and a control actor whose messages carry no object "
+                f"references), the same learners and merge take {1e3 * channel_s:.0f} ms a round, "
+                f"{channel_vs_numpy(band):.2f}x numpy's bandwidth: what Ray's in-place transport would give "
+                "the data plane."
             )
         if "install_s" in split:
             text += (
@@ -549,8 +550,8 @@ def bandwidth_headline(band: dict) -> dict:
         "floor_vs_numpy": band["floor_s"]["total"] / band["seconds"]["numpy"]
         if band.get("floor_s")
         else None,
-        # The same round through Ray's shared-memory channels (no puts, return values or actor calls, and
-        # no control plane): what Ray's in-place transport gives these bytes (averager_cost.channel_rounds).
+        # The same round through Ray's shared-memory channels (no puts or return values; messages without
+        # object references): what Ray's in-place transport gives these bytes (averager_cost.channel_rounds).
         "channel_round_s_2": band.get("channel_round_s"),
         "channel_vs_numpy": channel_vs_numpy(band),
     }
