@@ -268,7 +268,7 @@ def _channel_classes():
     does (``merge_parts``, the last result's arrays reused) and writes the merged slice to its own
     channel, which every learner reads. The control actor closes a round as the control plane does:
     once every learner has arrived it has the shards merge and then answers every learner. Its messages
-    carry round numbers and learner indices, never object references."""
+    carry learner indices and seconds, never object references."""
     import asyncio
 
     from raytrain_seq.elastic.merge import merge_parts
