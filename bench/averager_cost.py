@@ -89,7 +89,7 @@ def adam_payload(params: int, tensors: int, seed: int) -> tuple[dict, dict]:
     return weights, state
 
 
-def _learner_class():
+def learner_class():
     """The bench's learner actor, defined here so that Ray pickles it by value (bench/ is not a package
     the workers can import). It does what ``LocalRounds.sync`` does, without a model: its weights and
     moments live in the layout's flat buffers (``FlatStorage``, bound at the first round), it puts
@@ -483,7 +483,7 @@ def bandwidth(
     if 2 not in learners:
         raise ValueError(f"learners={learners}: the comparison with numpy is at 2 learners, so include 2")
     baselines = Baselines(params)
-    learner_cls = ray.remote(num_cpus=0)(_learner_class())
+    learner_cls = ray.remote(num_cpus=0)(learner_class())
     actors = default_actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
 
     floors: list[dict[str, float]] = []

@@ -26,7 +26,7 @@ def test_channel_rounds_average_the_learners_states_and_time_each_round(ray_clus
     timed round's seconds are positive, and the reference called before each round is returned beside it."""
     ray = ray_cluster
     cost = _bench()
-    learner_cls = ray.remote(num_cpus=0)(cost._learner_class())
+    learner_cls = ray.remote(num_cpus=0)(cost.learner_class())
     pair = [learner_cls.remote(3_000, seed, 4) for seed in (1, 2)]
     try:
         before = ray.get([a.buffers.remote() for a in pair])
