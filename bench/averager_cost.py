@@ -6,9 +6,9 @@ MB/s of fp32 weights + moments one round of 2 learners pushes through the actor 
 (serialisation, the object store and the arithmetic included) against a plain numpy mean of the same
 arrays and the library arithmetic (``averaging.average_states`` + ``merge_adam_states``) in one
 process, and how a round's wall time and the busiest actor's bytes grow with the learners (the sharded
-data plane, ``runtime/shards.py``); ``channel_rounds`` runs the same round of 2 through Ray's
-shared-memory channels instead, its messages carrying no object references, to show what Ray's
-in-place transport would make of it. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
+data plane, ``runtime/shards.py``), through the transport a run uses by default
+(``train.averager_channels``: shared-memory channels once a group is linked, ``elastic.channels``) and,
+for 2 learners, through the other one beside it. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
 and compares it with DDP's ring all-reduce of the gradients per epoch.
 """
 
@@ -18,7 +18,6 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,12 +33,6 @@ TENSORS = 8
 # (the project's ResNet-152 encoder with group norm: 465 parameter tensors, `models.resnet`): what a
 # round costs per tensor, beside what it costs per byte.
 MANY_TENSORS = 500
-# ``channel_rounds``: buffers per channel (a writer writes round r + 1 while its readers still hold round
-# r's views: with one buffer a shard's write of round r + 1 would wait for the learners' read of it),
-# room for the serialised value's header, and how long a read or write waits.
-CHANNEL_BUFFERS = 2
-CHANNEL_SLACK = 1 << 20
-CHANNEL_TIMEOUT_S = 120.0
 
 
 def cost_model(
@@ -117,12 +110,15 @@ def learner_class():
             self.client = None
             self._floor: dict | None = None  # the arrays of ``floor``, made at its first call
 
-        def join(self, averager, rank: int, world_size: int) -> int:
+        def join(self, averager, rank: int, world_size: int, channels: bool = False) -> int:
             import ray
+
+            from raytrain_seq.runtime.channels import RayChannelEnds
 
             self.client = AveragerClient(
                 RayTransport(averager), learner=rank, world_size=world_size, incarnation=uuid.uuid4().hex,
                 round_timeout_s=600.0, store=RayStore(), node=ray.get_runtime_context().get_node_id(),
+                channels=RayChannelEnds() if channels else None,
             )  # fmt: skip
             self.client.join()
             # As LocalRounds.sync does at its first round: a learner then trains its next K steps while
@@ -153,7 +149,7 @@ def learner_class():
             slices = self.storage.slices(self.client.shards)
             extras = self.layout.extras(self.weights, self.moments)
             packed = time.perf_counter()
-            parts = tuple(self.client.store.put(p) for p in slices)
+            parts = self.client.send(slices)
             put = time.perf_counter()
             payload = FlatPayload(self.layout, parts, extras)
             decision = self.client.average(payload, None, stats={}, position=None)
@@ -202,53 +198,6 @@ def learner_class():
                 raise ValueError(f"unknown phase {phase!r}: put, merge or return")
             return time.perf_counter() - began
 
-        def channel_open(self, shards: list, node: str) -> list:
-            """This learner's channel to each of ``shards`` (``channel_rounds``): it writes, shard i reads,
-            each sized for slice i of its buffers."""
-            from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
-            from ray.experimental.channel.utils import get_self_actor
-
-            from raytrain_seq.elastic.merge import part_nbytes
-
-            self._bind()
-            me = get_self_actor()
-            slices = self.storage.slices(len(shards))
-            self._channels_out = [
-                BufferedSharedMemoryChannel(
-                    me, [(shard, node)], CHANNEL_BUFFERS, part_nbytes(part) + CHANNEL_SLACK
-                )
-                for shard, part in zip(shards, slices, strict=True)
-            ]
-            return self._channels_out
-
-        def channel_inputs(self, channels: list, control: Any, rank: int) -> None:
-            """The shards' channels of merged slices (shard i's at i) and the round's control actor."""
-            self._channels_in, self._control, self._rank = channels, control, rank
-            self._merged = None
-
-        def channel_round(self) -> dict[str, float]:
-            """``round`` through the channels: write slice i to shard i, tell the control actor (a message
-            without object references) and, once it answers, read every merged slice (views into the
-            channels' buffers, valid until this learner's next read of them)."""
-            import ray
-
-            began_at = time.time()
-            for channel, part in zip(
-                self._channels_out, self.storage.slices(len(self._channels_out)), strict=True
-            ):
-                channel.write(part, timeout=CHANNEL_TIMEOUT_S)
-            ray.get(self._control.arrive.remote(self._rank), timeout=CHANNEL_TIMEOUT_S)
-            self._merged = [channel.read(timeout=CHANNEL_TIMEOUT_S) for channel in self._channels_in]
-            return {"began_at": began_at, "held_at": time.time()}
-
-        def channel_install(self) -> None:
-            """``install`` of the merged slices read by ``channel_round`` (the Adam steps are this
-            learner's own: they do not travel through the channels, and every learner's agree)."""
-            self._load(self._merged, self.layout.extras(self.weights, self.moments))
-
-        def channel_close(self) -> None:
-            self._channels_out = self._channels_in = self._merged = self._control = None
-
         def install(self) -> dict[str, float]:
             """Write the last round's merged slices into the bound buffers (``FlatStorage.load_slices``, as
             ``LocalRounds.install`` does); its seconds."""
@@ -260,105 +209,6 @@ def learner_class():
             self.storage.load_slices(parts, extras, into_params=self.weights, into_moments=self.moments)
 
     return BenchLearner
-
-
-def _channel_classes():
-    """The shard and the control actor of ``channel_rounds``. A shard reads slice i of the round's learners
-    from their channels when the control actor asks it to merge, merges them as ``AveragingShard.merge``
-    does (``merge_parts``, the last result's arrays reused) and writes the merged slice to its own
-    channel, which every learner reads. The control actor closes a round as the control plane does:
-    once every learner has arrived it has the shards merge and then answers every learner. Its messages
-    carry learner indices and seconds, never object references."""
-    import asyncio
-
-    from raytrain_seq.elastic.merge import merge_parts
-
-    class ChannelShard:
-        def __init__(self) -> None:
-            self._result = None
-
-        def open(self, learners: list, node: str, nbytes: int, inputs: list) -> Any:
-            """Its channel to ``learners`` (made here: a channel's writer makes it); ``inputs``: every
-            learner's channel to this shard, learner j's at j."""
-            from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
-            from ray.experimental.channel.utils import get_self_actor
-
-            readers = [(learner, node) for learner in learners]
-            self._out = BufferedSharedMemoryChannel(
-                get_self_actor(), readers, CHANNEL_BUFFERS, nbytes + CHANNEL_SLACK
-            )
-            self._inputs = inputs
-            return self._out
-
-        def merge(self, members: list[int]) -> float:
-            """Merge the slices of learners ``members`` and write the result; its seconds."""
-            began = time.perf_counter()
-            parts = [self._inputs[j].read(timeout=CHANNEL_TIMEOUT_S) for j in members]
-            self._result = merge_parts(parts, [1.0] * len(parts), reuse=self._result)
-            self._out.write(self._result, timeout=CHANNEL_TIMEOUT_S)
-            return time.perf_counter() - began
-
-    class ChannelControl:
-        def __init__(self, shards: list, learners: int) -> None:
-            self._shards, self._learners = shards, learners
-            self._arrived: set[int] = set()
-            self._round: asyncio.Future | None = None
-
-        async def arrive(self, rank: int) -> list[float]:
-            """Learner ``rank`` has written its slices; the shards' merge seconds once every learner has."""
-            if self._round is None:
-                self._round = asyncio.get_running_loop().create_future()
-            closing = self._round
-            self._arrived.add(rank)
-            if len(self._arrived) == self._learners:
-                members = sorted(self._arrived)
-                self._arrived, self._round = set(), None
-                closing.set_result(await asyncio.gather(*(s.merge.remote(members) for s in self._shards)))
-            return await closing
-
-    return ChannelShard, ChannelControl
-
-
-def channel_rounds(
-    pair: list, count: int, reference: Callable[[], float] | None = None
-) -> tuple[list[float], list[float]]:
-    """``count`` rounds of the learners ``pair`` (bound BenchLearners) through Ray's shared-memory channels
-    (``ray.experimental.channel``: mutable objects in the object store, written in place every round and
-    read zero-copy) to one shard each, after one warm-up round: each round's seconds on the learners'
-    clocks, as ``round_s``. A control actor closes each round as the data plane's control plane does
-    (learners to it, it to the shards and back), with messages that carry no object references. The same
-    copies and merge as a round of the data plane, without its puts, its return values and the
-    references its messages carry; and without what those give it: membership, drops and timeouts, the
-    merged state kept for checkpoints and joins, learners on other nodes. A measure of what Ray's
-    in-place transport gives this round, not a data plane of the system. ``reference``: called just
-    before each round (a numpy pass, ``Baselines.numpy_once``), its seconds returned beside the rounds'
-    (the warm-up's left out), so that the two meet the same drift."""
-    import ray
-
-    node = ray.get_runtime_context().get_node_id()
-    shard_cls, control_cls = (ray.remote(num_cpus=0)(cls) for cls in _channel_classes())
-    shards = [shard_cls.remote() for _ in pair]
-    control = control_cls.remote(shards, len(pair))
-    try:
-        # outs[j][i]: learner j's channel to shard i, which shard i reads from every learner j.
-        outs = ray.get([a.channel_open.remote(shards, node) for a in pair])
-        sizes = ray.get(pair[0].payload_slices.remote(len(shards)))
-        results = ray.get(
-            [s.open.remote(pair, node, sizes[i], [out[i] for out in outs]) for i, s in enumerate(shards)]
-        )
-        ray.get([a.channel_inputs.remote(results, control, j) for j, a in enumerate(pair)])
-        times, references = [], []
-        for _ in range(count + 1):
-            if reference is not None:
-                references.append(reference())
-            seen = ray.get([a.channel_round.remote() for a in pair])
-            times.append(max(s["held_at"] for s in seen) - min(s["began_at"] for s in seen))
-            ray.get([a.channel_install.remote() for a in pair])
-    finally:
-        for actor in (*shards, control):
-            ray.kill(actor)
-        ray.get([a.channel_close.remote() for a in pair])
-    return times[1:], references[1:]
 
 
 class Baselines:
@@ -397,8 +247,8 @@ class Baselines:
         )
 
     def numpy_once(self) -> float:
-        """One numpy pass's seconds, not kept in ``seconds``: a reference for other rounds than the data
-        plane's (``channel_rounds``)."""
+        """One numpy pass's seconds, not kept in ``seconds``: a reference for the rounds through the other
+        transport (``bandwidth``'s ``other_round_s``)."""
         began = time.perf_counter()
         self._numpy_mean()
         return time.perf_counter() - began
@@ -442,7 +292,8 @@ def bandwidth(
     rounds: int = 9,
     star: tuple[int, ...] = (2, 8),
     many_tensors: int | None = MANY_TENSORS,
-    channels: bool = True,
+    channels: bool | None = None,
+    other: bool = True,
 ) -> dict:
     """One averaging round of n learners (n concurrent actor processes, each sending ``megabytes`` MB of
     fp32 weights + 2 Adam moments) through the data plane, n in ``learners``, default sharding (S = n);
@@ -469,15 +320,20 @@ def bandwidth(
     its buffers after the round (``FlatStorage.load``, not part of ``round_s``). ``floor_s``: the round of
     2 learners' copies and merge done with numpy alone by the same two learner processes after each of
     those rounds (``BenchLearner.floor``: "put", "merge", "return", each the slower learner's, and their
-    "total"), medians: what the round costs without Ray's part. ``channel_round_s``: with ``channels``,
-    the median of ``rounds`` rounds of the same 2 learners through Ray's shared-memory channels instead
-    (``channel_rounds``: the copies and merge with Ray's in-place transport), else None;
-    ``channel_numpy_s``: the median of the numpy passes timed one before each of those rounds.
+    "total"), medians: what the round costs without Ray's part. ``channels``: whether the rounds go
+    through the shared-memory channels once the learners are linked (the first, warm-up round goes
+    through the object store and plans them; ``elastic.channels``), None: as a run does by default
+    (``TrainConfig.averager_channels``); ``transport`` says which. ``other_round_s``: with ``other``,
+    the median of ``rounds`` rounds of the same 2 learners through the other transport, and
+    ``other_numpy_s`` the median of numpy passes timed one before each of those rounds, else None.
     """
     import ray
 
+    from raytrain_seq.config import TrainConfig
     from raytrain_seq.runtime.averager import create_averager
 
+    if channels is None:
+        channels = TrainConfig().averager_channels
     params = int(megabytes * 1e6 / 4 / 3)  # weights + 2 Adam moments, fp32
     total_mb = 2 * 3 * params * 4 / 1e6  # what one round of 2 learners averages
     if 2 not in learners:
@@ -496,20 +352,26 @@ def bandwidth(
             phase: max(ray.get([a.floor.remote(phase) for a in pair])) for phase in ("put", "merge", "return")
         }
 
-    def measure(n: int, shards: int | None, count: int, actors=actors) -> tuple[list[float], float, dict]:
+    def measure(
+        n: int, shards: int | None, count: int, actors=actors, channels: bool = channels, reference=None
+    ) -> tuple[list[float], float, dict]:
         extra = {} if shards is None else {"shards": shards}
-        name = f"bandwidth-{os.getpid()}-{n}-{shards}-{len(actors)}"
-        averager = create_averager(name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, **extra)
+        name = f"bandwidth-{os.getpid()}-{n}-{shards}-{len(actors)}-{channels}"
+        averager = create_averager(
+            name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, channels=channels, **extra
+        )
         try:
-            joined = ray.get([a.join.remote(averager, j, n) for j, a in enumerate(actors[:n])])
+            joined = ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(actors[:n])])
             payload = joined[0]["payload"]
             populated = [j["populate_s"] for j in joined if j["populate_s"] is not None]
-            times, driver_times, phases, shard_memory = [], [], [], []
+            times, driver_times, phases, shard_memory, references = [], [], [], [], []
             for i in range(count + 1):
                 # The references, each pass just before a round of the payload they are the mean of.
-                reference = n == 2 and shards is None and actors is default_actors
-                if reference:
+                interleaved = reference is None and n == 2 and shards is None and actors is default_actors
+                if interleaved:
                     baselines.time_once()
+                elif reference is not None:
+                    references.append(reference())
                 began = time.perf_counter()
                 seen = ray.get([a.round.remote() for a in actors[:n]])
                 driver_times.append(time.perf_counter() - began)
@@ -523,7 +385,7 @@ def bandwidth(
                 ):
                     phase.update(installed)
                 phases.append({k: float(np.median([s[k] for s in seen])) for k in seen[0]})
-                if reference:  # the same bytes without Ray, in the same learners, right after the round
+                if interleaved:  # the same bytes without Ray, in the same learners, right after the round
                     floors.append(floor_pass(actors[:2]))
                 if i == 0:  # the shards decide at their first merge: the rounds measured start once done
                     shard_actors = ray.get(averager.shard_actors.remote())
@@ -546,6 +408,8 @@ def bandwidth(
             split["shard_populate_s"] = float(max(shard_populated))
         if count:
             split["driver_round_s"] = float(np.median(driver_times[1:]))
+        if references:
+            split["reference_s"] = float(np.median(references[1:]))
         return times[1:], hub, split
 
     round_s, hub_load, star_load, split = {}, {}, {}, {}
@@ -554,11 +418,13 @@ def bandwidth(
         times, hub_load[str(n)], split[str(n)] = measure(n, None, rounds)
         round_s[str(n)] = float(np.median(times))
         print(f"  {n} learner(s): rounds {[round(t, 3) for t in times]} s ({time.perf_counter() - began:.0f} s with set-up)", file=sys.stderr, flush=True)  # fmt: skip
-    channel_s = channel_numpy_s = None
-    if channels:
-        times, references = channel_rounds(actors[:2], rounds, reference=baselines.numpy_once)
-        channel_s, channel_numpy_s = float(np.median(times)), float(np.median(references))
-        print(f"  2 learners through channels: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
+    other_s = other_numpy_s = None
+    if other:
+        times, _, beside = measure(2, None, rounds, channels=not channels, reference=baselines.numpy_once)
+        other_s, other_numpy_s = float(np.median(times)), beside["reference_s"]
+        split["2-other"] = beside
+        name = "the object store" if channels else "channels"
+        print(f"  2 learners through {name}: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
     for n in star:
         star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
     for actor in actors:
@@ -591,6 +457,7 @@ def bandwidth(
         "payload_mb": 3 * params * 4 / 1e6,
         "reference_faults": baselines.faults_per_pass(skip=1),
         "floor_s": floor,
-        "channel_round_s": channel_s,
-        "channel_numpy_s": channel_numpy_s,
+        "transport": "channels" if channels else "object store",
+        "other_round_s": other_s,
+        "other_numpy_s": other_numpy_s,
     }

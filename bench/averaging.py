@@ -458,14 +458,19 @@ def rounds_clause(band: dict) -> str:
                 f"{1e3 * numpy_s:.0f} ms: the round's other {1e3 * (band['round_s']['2'] - floor['total']):.0f} ms "
                 "are Ray's part (the puts and reads beyond their copies, the actor calls, the return's serialisation)."
             )
-        channel_s = band.get("channel_round_s")
-        if channel_s:
+        other_s = band.get("other_round_s")
+        if other_s:
+            channels = band.get("transport") == "channels"
             text += (
-                f" Through Ray's shared-memory channels instead (mutable objects written in place, read "
-                f"zero-copy; no puts or return values, and a control actor whose messages carry no object "
-                f"references), the same learners and merge take {1e3 * channel_s:.0f} ms a round, "
-                f"{channel_vs_numpy(band):.2f}x numpy's bandwidth: what Ray's in-place transport would give "
-                "the data plane."
+                f" These rounds go through {band.get('transport', 'the object store')}"
+                + (
+                    " (Ray's shared-memory channels, written in place every round: no new objects, and no "
+                    "object reference in any message; raytrain_seq/elastic/channels.py)"
+                    if channels
+                    else ""
+                )
+                + f"; through {'the object store' if channels else 'the channels'} instead, the same learners "
+                f"take {1e3 * other_s:.0f} ms a round, {other_vs_numpy(band):.2f}x numpy's bandwidth."
             )
         if "install_s" in split:
             text += (
@@ -509,16 +514,19 @@ def plot(res: dict):
 
 def store_gb(megabytes: float, learners: int = 8) -> float:
     """The preallocated object store of the bench's cluster (``run.object_store_gb``): a round of
-    ``learners`` holds their slices and the merged ones (about 2 payloads each), with room to spare."""
-    return max(1.0, round(2.2 * learners * megabytes / 1e3, 1))
+    ``learners`` through the store holds their slices and the merged ones (about 2 payloads each), and
+    the channels they link after it one more payload each (their channels to the shards) and two for the
+    shards' (two buffers of a slice each), with a tenth to spare: 2.9 GB for 8 learners of 100 MB."""
+    return max(1.0, round(1.1 * (3 * learners + 2) * megabytes / 1e3, 1))
 
 
-def channel_vs_numpy(band: dict) -> float | None:
-    """The channel round of 2 against numpy's passes timed beside it (else the run's numpy median)."""
-    channel_s = band.get("channel_round_s")
-    if not channel_s:
+def other_vs_numpy(band: dict) -> float | None:
+    """The round of 2 through the other transport against numpy's passes timed beside it (else the run's
+    numpy median)."""
+    other_s = band.get("other_round_s")
+    if not other_s:
         return None
-    return (band.get("channel_numpy_s") or band["seconds"]["numpy"]) / channel_s
+    return (band.get("other_numpy_s") or band["seconds"]["numpy"]) / other_s
 
 
 def bandwidth_headline(band: dict) -> dict:
@@ -550,10 +558,14 @@ def bandwidth_headline(band: dict) -> dict:
         "floor_vs_numpy": band["floor_s"]["total"] / band["seconds"]["numpy"]
         if band.get("floor_s")
         else None,
-        # The same round through Ray's shared-memory channels (no puts or return values; messages without
-        # object references): what Ray's in-place transport gives these bytes (averager_cost.channel_rounds).
-        "channel_round_s_2": band.get("channel_round_s"),
-        "channel_vs_numpy": channel_vs_numpy(band),
+        # Which transport the rounds above went through (a run's default), and the round of 2 through the
+        # other one, against numpy passes timed beside it.
+        "transport": band.get("transport"),
+        "other": {
+            "transport": "object store" if band.get("transport") == "channels" else "channels",
+            "round_s_2": band.get("other_round_s"),
+            "vs_numpy": other_vs_numpy(band),
+        },
     }
 
 
@@ -578,7 +590,7 @@ def only_bandwidth(args) -> dict:
                 band = bandwidth(megabytes)
                 band["object_store_gb"] = gb
             else:
-                default = bandwidth(megabytes, learners=(2,), star=(), many_tensors=None, channels=False)
+                default = bandwidth(megabytes, learners=(2,), star=(), many_tensors=None, other=False)
         finally:
             ray.shutdown()
     head = bandwidth_headline(band)

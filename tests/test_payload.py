@@ -397,7 +397,7 @@ class UnreadableOnce(InProcessShards):
         super().__init__(count)
         self.index, self.calls = index, []
 
-    async def merge(self, round, payloads, weights, timeout_s=None):
+    async def merge(self, round, payloads, weights, timeout_s=None, write=False):
         self.calls.append((len(payloads), timeout_s))
         if len(self.calls) == 1:
             return ShardMerge(unreadable=frozenset({self.index}))

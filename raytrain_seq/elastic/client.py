@@ -35,7 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from raytrain_seq.elastic.payload import InProcessStore, ObjectStore
+from raytrain_seq.elastic.channels import ChannelEnds, Channelled, ChannelLost
+from raytrain_seq.elastic.payload import FlatPayload, InProcessStore, ObjectStore
 from raytrain_seq.elastic.rounds import AveragerError, AveragerUnavailableError, Backoff, Learner
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
 
@@ -90,6 +91,7 @@ class AveragerClient:
         sleep: Callable[[float], None] = time.sleep,
         store: ObjectStore | None = None,
         node: str | None = None,
+        channels: ChannelEnds | None = None,
     ) -> None:
         self.transport = transport
         self.learner, self.world_size, self.incarnation = learner, world_size, incarnation
@@ -99,6 +101,9 @@ class AveragerClient:
         self._sleep = sleep
         self.store = store or InProcessStore()
         self.node = node  # where this learner runs: the averager places its shard there
+        # This learner's ends of a channel generation (elastic.channels), or None: always the store.
+        self.channels = channels
+        self._sent: list[Any] = []  # the last round's slices: put in the store if it must be resent
         self.shards = 1  # S, from the latest join
         self.held: AveragedState | None = None  # the latest averaged state: a restarted averager's seed
         self.next_round = 1
@@ -125,14 +130,16 @@ class AveragerClient:
 
     def join(self, seed: AveragedState | None = None) -> JoinReply:
         """(Re)join; offers ``seed`` (a state newer than the averager's is adopted by it)."""
+        if self.channels is not None:
+            self.channels.close()  # a join ends the averager's channel generation
         if seed is not None:
-            seed = seed.materialise(self.store.get)  # the averager takes tensors (a held state is local)
+            seed = seed.materialise(self._get)  # the averager takes tensors (a held state is local)
         kwargs = {"incarnation": self.incarnation, "seed": seed}
         if self.node is not None:
             kwargs["node"] = self.node
         reply = self.call("join", self.learner, self.world_size, **kwargs)
         if reply.state.flat is not None:
-            reply = replace(reply, state=reply.state.materialise(self.store.get))
+            reply = replace(reply, state=reply.state.materialise(self._get))
         self.shards = reply.shards
         self._take(reply.state, reply.next_round)
         return reply
@@ -163,7 +170,9 @@ class AveragerClient:
         """Send this learner's next round (``rows``: the rows it has this epoch, the batch-size cap); see
         the module docstring for the decisions."""
         sent = self.next_round
-        for _ in range(self.max_rejoins):
+        for attempt in range(self.max_rejoins):
+            if attempt:  # a resend after a rejoin, which ended the channel generation
+                params = self._through_store(params)
             try:
                 result = self.call(
                     "average", self.learner, sent, self.world_size, params, optimizer_state,
@@ -174,7 +183,9 @@ class AveragerClient:
                 raise
             except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
                 logger.warning("learner %s: round %d refused (%s): rejoining", self.learner, sent, exc)
-                reply = self.join(seed=self.held)
+                reply = self.join(
+                    seed=self.held
+                )  # ends the channel generation: a resend goes through the store
                 if reply.next_round == sent:
                     continue  # the averager came back (or took us back) before this round: resend it
                 logger.warning(
@@ -183,8 +194,15 @@ class AveragerClient:
                 )  # fmt: skip
                 return Realigned(reply, sent)
             if result.state.flat is not None:
-                result = replace(result, state=result.state.fetched(self.store.get))
+                try:
+                    result = replace(result, state=result.state.fetched(self._get))
+                except ChannelLost as exc:  # the generation ended after the round closed: ask again
+                    logger.warning("learner %s: round %d's slices were lost (%s): rejoining",
+                                   self.learner, sent, exc)  # fmt: skip
+                    return Realigned(self.join(seed=self.held), sent)
             self._take(result.state, result.state.round + 1)
+            if result.channels is not None:
+                self._link(result.channels)
             return Averaged(result)
         raise RuntimeError(
             f"learner {self.learner}: round {sent} was refused {self.max_rejoins} times in a row after "
@@ -216,7 +234,52 @@ class AveragerClient:
         if state.round < done and self.held is not None:
             self.join(seed=self.held)
             state, history = self.call("checkpoint_contents")
-        return state.materialise(self.store.get), history
+        return state.materialise(self._get), history
+
+    # -------------------------------------------------------------------------------- the data plane
+    def send(self, slices: list[Any]) -> tuple[Any, ...]:
+        """The parts of this learner's next round: its slices written into the live channel generation
+        (``Channelled`` markers), or put in the store when there is none or a write failed."""
+        self._sent = list(slices)
+        if self.channels is not None:
+            parts = self.channels.write(self.next_round, slices, self.round_timeout_s)
+            if parts is not None:
+                return parts
+        return tuple(self.store.put(part) for part in slices)
+
+    def _through_store(self, params: Any) -> Any:
+        """``params``, its channelled parts replaced by the store's: a round resent after a rejoin (which
+        ended the generation) goes through the store."""
+        if not isinstance(params, FlatPayload) or not any(isinstance(p, Channelled) for p in params.parts):
+            return params
+        return replace(params, parts=tuple(self.store.put(part) for part in self._sent))
+
+    def _get(self, parts: list[Any]) -> list[Any]:
+        """The arrays behind ``parts``: channelled ones read from the channels, the others from the store."""
+        marked = [p for p in parts if isinstance(p, Channelled)]
+        if not marked:
+            return self.store.get(parts)
+        if self.channels is None or len(marked) != len(parts):
+            raise ChannelLost(f"learner {self.learner}: {len(marked)} of {len(parts)} parts are in channels")
+        return self.channels.read(marked, self.round_timeout_s)
+
+    def _link(self, plan: Any) -> None:
+        """Link this learner to the channel generation ``plan`` (every member does, after the round that
+        planned it): open its channels to the shards, and get theirs once all members have."""
+        if self.channels is None or self.learner not in plan.members:
+            return
+        link = self.channels.open(plan, self._sent)
+        try:
+            inputs = self.call("link", plan.generation, self.learner, link, timeout=self.round_timeout_s)
+        except AveragerError as exc:  # the averager restarted or moved on: the store it is
+            logger.warning(
+                "learner %s: linking generation %d failed (%s)", self.learner, plan.generation, exc
+            )
+            inputs = None
+        if inputs is None:
+            self.channels.close()
+            return
+        self.channels.attach(plan.generation, inputs, plan.index(self.learner))
 
     def _take(self, state: AveragedState, next_round: int) -> None:
         self.next_round, self.batch_size = next_round, state.batch_size

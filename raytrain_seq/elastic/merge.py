@@ -41,11 +41,17 @@ class ShardMerge:
     it received and sent and the seconds it took to read and merge; or, when some shard could not read
     them in time, the indices of those payloads (``unreadable``), and no parts: the caller drops those
     learners and merges the others again (a learner frozen after it sent its round owns slices that a
-    reader on another node waits for)."""
+    reader on another node waits for). With channels (``elastic.channels``) the merged slices may be
+    in the channels instead (``channelled``), or a shard may have lost them (``lost_channels``)."""
 
     parts: tuple[Any, ...] = ()
     loads: tuple[dict[str, float], ...] = ()
     unreadable: frozenset[int] = frozenset()
+    channelled: bool = False
+    """The merged slices were written into the generation's channels (``elastic.channels``), not returned:
+    ``parts`` is then empty."""
+    lost_channels: bool = False
+    """A shard no longer has the channels its parts name (Ray restarted it): no parts, nothing merged."""
 
 
 def part_nbytes(part: Mapping[str, Any]) -> int:

@@ -578,9 +578,12 @@ class InProcessStore:
 
 
 class ShardPool(Protocol):
-    """Merges a round's flat payloads, one shard per slice; ``count`` shards."""
+    """Merges a round's flat payloads, one shard per slice; ``count`` shards. A pool whose
+    ``supports_channels`` is True also opens channel generations (``elastic.channels``; ``RayShards``):
+    ``targets``, ``open_channels`` and ``results``."""
 
     count: int
+    supports_channels: bool
 
     def place(self, learner: Any, node: str | None) -> None:
         """Where learner ``learner`` runs (a hint: shard i goes to learner i's node)."""
@@ -600,14 +603,19 @@ class ShardPool(Protocol):
         payloads: Sequence[FlatPayload],
         weights: Sequence[float],
         timeout_s: float | None = None,
+        write: bool = False,
     ) -> ShardMerge:
         """Merge every shard's slices, or say which payloads a shard could not read within ``timeout_s``.
-        Awaited on the control plane's event loop, which it must not block."""
+        ``write``: into the live generation's channels (``ShardMerge.channelled``). Awaited on the
+        control plane's event loop, which it must not block."""
 
 
 class InProcessShards:
     """``count`` shards merged in this process, one after the other: the pool of tests and one-process
-    runs. Bytes sent are counted as the merged part times the learners that read it."""
+    runs. Bytes sent are counted as the merged part times the learners that read it. No channels: the
+    parts are this process's arrays already."""
+
+    supports_channels = False
 
     def __init__(self, count: int) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -632,6 +640,7 @@ class InProcessShards:
         payloads: Sequence[FlatPayload],
         weights: Sequence[float],
         timeout_s: float | None = None,
+        write: bool = False,
     ) -> ShardMerge:
         # The arithmetic runs in a worker thread: the caller's event loop keeps answering meanwhile. The
         # parts are in this process: every one is readable, so timeout_s has nothing to bound.

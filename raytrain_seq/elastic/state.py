@@ -130,6 +130,8 @@ class RoundResult:
     """From the round's first arrival to its result."""
     weights: tuple[float, ...] = ()
     """Each averaged learner's weight in the mean."""
+    channels: Any = None
+    """A channel generation for this round's learners to link (``elastic.channels.ChannelPlan``), or None."""
 
 
 @dataclass(frozen=True, kw_only=True)

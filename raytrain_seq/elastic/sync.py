@@ -165,7 +165,7 @@ class LocalRounds:
             slices, extras, self._staging = layout.slices(params, moments, self.client.shards, self._staging)
         store = self.client.store
         store.expect(2 * layout.nbytes)  # each round puts the payload and reads the merged one back
-        parts = tuple(store.put(part) for part in slices)
+        parts = self.client.send(slices)
         payload = FlatPayload(layout, parts, extras)
         decision = self.client.average(payload, None, stats=stats, position=position.as_dict(), rows=rows)
         self.last_seconds = time.perf_counter() - began

@@ -52,6 +52,7 @@ that talk to a cluster, and nothing happens at import time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -64,6 +65,7 @@ from torch import Tensor
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
+from raytrain_seq.elastic.channels import ChannelBook, Channelled, Link
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
 from raytrain_seq.elastic.merge import part_nbytes
 from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
@@ -77,6 +79,7 @@ from raytrain_seq.elastic.rounds import (
     check_number,
 )
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.runtime.channels import read_round
 from raytrain_seq.step import EvalResult
 from raytrain_seq.tracking import make_tracker
 
@@ -122,6 +125,8 @@ class ParameterAverager:
         steps: int | None = None,
         tracker: str = "none",
         actor_id: Callable[[], str | None] | None = None,
+        channels: bool = False,
+        self_reader: Callable[[], tuple[Any, str]] | None = None,
     ) -> None:
         flags = (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments))
         for name, flag in (*flags, ("merge_bn_stats", merge_bn_stats)):
@@ -150,6 +155,13 @@ class ParameterAverager:
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
+        # Channel generations (elastic.channels): the bytes of a stable group's rounds go through
+        # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
+        # pool of shard actors has channels; self_reader gives this actor's (handle, node) as a reader.
+        self._channels = ChannelBook(enabled=channels and getattr(self._pool, "supports_channels", False))
+        self._self_reader = self_reader or _self_reader
+        self._linked: asyncio.Event = asyncio.Event()
+        self._channel_reads = asyncio.Lock()  # a channel's values are read in order, once each
         actor = (actor_id or _actor_id)() if run_dir is not None else None
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
         live = make_tracker(tracker, run_dir)
@@ -236,6 +248,7 @@ class ParameterAverager:
 
     def _fail_round(self, why: str) -> None:
         """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""
+        self._spawn(self._end_channels(why))
         if self._timer is not None:
             self._timer.cancel()
         future, self._timer, self._round_future = self._round_future, None, None
@@ -248,6 +261,7 @@ class ParameterAverager:
                 raise closed.error
             await self._await_validation()
             closed, result = await self._compute(closed)
+            result = await self._plan_channels(result)
             self._publish(closed, result)
             if result.state.flat is not None:
                 self._local = self._spawn(self._read_local(result.state))
@@ -273,7 +287,15 @@ class ParameterAverager:
         become tensors only when a join or a checkpoint needs them (``_held_state``), not every round,
         since a layout of many tensors takes milliseconds to unpack (docs/LOG.md, 2026-11-25, after
         03:30 UTC) and most rounds' states are never asked for."""
-        parts = await self._pool.fetch(list(state.flat.parts))
+        if isinstance(state.flat.parts[0], Channelled):
+            async with self._channel_reads:
+                inputs, timeout = self._channels.inputs, self._book.timeout_s
+                parts = await asyncio.to_thread(
+                    lambda: [read_round(inputs[p.writer], p.round, timeout) for p in state.flat.parts]
+                )
+            state = state.replace(flat=dataclasses.replace(state.flat, parts=tuple(parts)))
+        else:
+            parts = await self._pool.fetch(list(state.flat.parts))
         for record in reversed(self._loads):
             if record["round"] == state.round:
                 record["actors"]["control"]["received"] += sum(part_nbytes(part) for part in parts)
@@ -310,6 +332,8 @@ class ParameterAverager:
             except asyncio.TimeoutError:  # the learners stopped before testing: score it now
                 logger.warning("averager: no test pass in %g s after the last round", self._book.timeout_s)
         try:
+            if state.flat is not None and isinstance(state.flat.parts[0], Channelled):
+                state, _ = await asyncio.shield(self._local)  # the round's slices, read from the channels
             scores = dict(await self._validator(state))
         except Exception as exc:
             # The round after waits for this report: a failed evaluation is a missed one, at once.
@@ -410,14 +434,31 @@ class ParameterAverager:
         return params, optimizer_state
 
     async def _merge_flat(self, closed: RoundClose) -> tuple[RoundClose, FlatPayload]:
-        """The data plane: the shards merge the slices (this actor passes object references only). A
-        learner whose slices a shard cannot read within the round's timeout, or finds lost, is dropped,
-        and the others' slices are merged again (each try drops at least one learner, so this ends)."""
+        """The data plane: the shards merge the slices, read from the store or from the live channel
+        generation's channels (this actor passes references or ``Channelled`` markers only), and write
+        the result into the channels when every member sent through them. A learner whose slices a shard
+        cannot read within the round's timeout, or finds lost, is dropped, and the others' slices are
+        merged again (each try drops at least one learner, so this ends). A shard that lost the
+        generation's channels (restarted) fails the round: its learners rejoin and resend it through
+        the store."""
         while True:
             payloads = [arrival.params for _, arrival in closed.present]
             weights = [arrival.weight for _, arrival in closed.present]
             extras = merge_extras([p.extras for p in payloads])
-            merged = await self._pool.merge(closed.round, payloads, weights, self._book.timeout_s)
+            marked = [p.parts[0] for p in payloads if isinstance(p.parts[0], Channelled)]
+            write = len(marked) == len(payloads) and self._channels.accepts(
+                marked[0].generation, [learner for learner, _ in closed.present]
+            )
+            timeout = self._book.timeout_s
+            merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
+            if marked and not write:  # a member is missing or sent through the store: the generation ends
+                # (after the merge, which read the present members' channels: closed, they would not read)
+                await self._end_channels(f"round {closed.round}: not every member sent through the channels")
+            if merged.lost_channels:
+                await self._end_channels(f"round {closed.round}: a shard lost its channels (restarted)")
+                raise StaleRoundError(
+                    "group", closed.round, closed.round, "a shard lost the round's channels"
+                )
             if not merged.unreadable:
                 break
             unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
@@ -426,7 +467,71 @@ class ParameterAverager:
             if closed.error is not None:
                 raise closed.error
         self._record_load(closed.round, list(merged.loads))
-        return closed, FlatPayload(payloads[0].layout, tuple(merged.parts), extras)
+        if merged.channelled:
+            generation = self._channels.plan.generation
+            parts = tuple(Channelled(generation, i, closed.round) for i in range(self._pool.count))
+        else:
+            parts = tuple(merged.parts)
+            if write:  # a shard could not write: the learners read the store, and the generation ends
+                await self._end_channels(f"round {closed.round}: a shard's channel write failed")
+        return closed, FlatPayload(payloads[0].layout, parts, extras)
+
+    # -------------------------------------------------------------------------------- channels
+    async def _plan_channels(self, result: RoundResult) -> RoundResult:
+        """A round that every member took part in, through the store, plans a channel generation for
+        them (``elastic.channels``): the result tells them to link."""
+        flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
+        book = self._book
+        if not self._channels.propose(result.learners, book.expected, result.dropped, flat, book.world_size):
+            return result
+        plan = self._channels.start(result.learners, await self._pool.targets())
+        self._linked = asyncio.Event()
+        return dataclasses.replace(result, channels=plan)
+
+    async def link(self, generation: int, learner: Learner, link: Link) -> list[Any] | None:
+        """A member's channels for ``generation``; once every member has linked, the shards open theirs:
+        returns shard i's channel of merged slices at i, or None when the generation ended (or not every
+        member linked within the timeout): the learner's rounds go through the store."""
+        decision = self._channels.link(generation, learner, link)
+        if decision == "refused":
+            return None
+        if decision == "complete":
+            book, event = self._channels, self._linked
+            readers = [*book.readers(), self._self_reader()]
+            try:
+                inputs = await self._pool.open_channels(generation, book.shard_inputs(), readers, link.nbytes)
+            except Exception as exc:
+                logger.error("averager: opening generation %d's channels failed: %r", generation, exc)
+                await self._end_channels(f"generation {generation} could not be opened")
+            else:
+                if book.opened(generation, inputs):
+                    logger.info("averager: channel generation %d is live (%d members)",
+                                generation, len(book.plan.members))  # fmt: skip
+            event.set()
+        else:
+            try:
+                await asyncio.wait_for(self._linked.wait(), self._book.timeout_s)
+            except asyncio.TimeoutError:
+                await self._end_channels(f"not every member linked generation {generation}")
+        plan = self._channels.plan
+        if plan is None or plan.generation != generation or not self._channels.live:
+            return None
+        return list(self._channels.inputs)
+
+    async def _end_channels(self, why: str) -> None:
+        """End the planned or live generation: close its channels (a writer or reader blocked on one
+        raises at once) and go through the store until the next full round plans another."""
+        generation = self._channels.plan.generation if self._channels.plan is not None else None
+        channels = self._channels.end()
+        self._linked.set()
+        if generation is None:
+            return
+        logger.warning("averager: channel generation %d ends (%s)", generation, why)
+        for channel in channels:
+            try:
+                await asyncio.to_thread(channel.close)
+            except Exception as exc:  # its process is gone: nobody is left to wake on it
+                logger.info("averager: closing a channel of generation %d failed: %r", generation, exc)
 
     def _record_load(self, round_: int, shard_loads: list[dict], in_process: tuple | None = None) -> None:
         """Bytes each averaging actor received and sent in a round (hub load). This actor counts the
@@ -484,6 +589,7 @@ class ParameterAverager:
         self._history.start_clock()
         while self._book.phase == "closing" and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
+        await self._end_channels(f"learner {learner!r} (re)joined")
         generation = self._book.generation
         self._book.join(learner, world_size, incarnation)
         if self._book.generation != generation:
@@ -684,10 +790,12 @@ class ParameterAverager:
 
     async def set_world_size(self, world_size: int) -> None:
         """Resize the group (learners must send the new size from now on)."""
+        await self._end_channels(f"the group was resized to {world_size}")
         self._book.set_world_size(world_size)
 
     async def leave(self, learner: Learner) -> None:
         """Remove a learner for good; an open round stops waiting for it."""
+        await self._end_channels(f"learner {learner!r} left")
         self._book.leave(learner)
         if self._book.complete:
             self._start_close()
@@ -695,7 +803,7 @@ class ParameterAverager:
     # ------------------------------------------------------------------------ checkpoints, summary
     async def latest(self) -> AveragedState:
         """The latest averaged state (round 0, params None before the first round)."""
-        return self._current()
+        return await self._held_state()
 
     async def checkpoint_contents(self) -> tuple[AveragedState, dict[str, Any]]:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
@@ -738,6 +846,14 @@ class ParameterAverager:
             membership=list(self._book.membership_log),
             position=self._state.position,
             shards=self._pool.count,
+            # Channel generations planned, whether the last is live, and how many ended early (a drop,
+            # a join, a shard restarted: their rounds went through the store).
+            channels={
+                "enabled": self._channels.enabled,
+                "generations": self._channels.generation,
+                "live": self._channels.live,
+                "ended": self._channels.failed,
+            },
             hub_load=list(self._loads),
             test=self._test_totals() if self._test else None,
         )
@@ -755,6 +871,14 @@ def _tensor_bytes(tree: Any) -> int:
     if isinstance(tree, Mapping):
         return sum(_tensor_bytes(value) for value in tree.values())
     return 0
+
+
+def _self_reader() -> tuple[Any, str]:
+    """This actor as a reader of a shard's channel: (its handle, its node)."""
+    import ray
+    from ray.experimental.channel.utils import get_self_actor
+
+    return get_self_actor(), ray.get_runtime_context().get_node_id()
 
 
 def _actor_id() -> str | None:

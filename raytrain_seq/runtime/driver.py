@@ -180,6 +180,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         merge_bn_stats=train.merge_bn_stats,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
         shards=train.shards,
+        channels=train.averager_channels,
         validator=validator,
         epochs=train.epochs,  # the last round's validation waits for the test pass
         steps=train.steps,

@@ -594,6 +594,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     import ray.train.torch
 
     from raytrain_seq.runtime.averager import get_averager
+    from raytrain_seq.runtime.channels import RayChannelEnds
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.runtime.metrics import LearnerMetrics
@@ -628,6 +629,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
         backoff=Backoff(),
         store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
+        channels=RayChannelEnds() if train.averager_channels else None,
     )
     learner = Learner(
         config,

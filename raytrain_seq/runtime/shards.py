@@ -45,6 +45,7 @@ the functions that talk to a cluster.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,8 @@ from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register
 
 if TYPE_CHECKING:
     from raytrain_seq.elastic.payload import FlatPayload
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["AveragingShard", "RayShards", "RayStore"]
 
@@ -73,48 +76,147 @@ class AveragingShard:
         self.memory = StoreMemory()
         # The last merge's arrays, overwritten by the next (merge_parts says why). Safe: Ray copies a
         # task's return value into the object store before this (synchronous, one-call-at-a-time) actor
-        # runs its next call, so nobody reads these arrays any more once merge is called again.
+        # runs its next call, so nobody reads these arrays any more once merge is called again; a merge
+        # written into the channels copies them there, and ``result`` returns them (a copy) on request.
         self._result: dict[str, Any] | None = None
+        self._result_round: int | None = None
+        # The live channel generation (elastic.channels): its number, every member's channel to this
+        # shard (member order), this shard's channel to the members, and the parts read this round (a
+        # merge run again without an unreadable learner must not read a channel twice).
+        self._generation: int | None = None
+        self._inputs: list[Any] = []
+        self._output: Any = None
+        self._read: tuple[int, dict[int, Any]] = (0, {})
 
-    def merge(
-        self, round: int, parts: list[Any], weights: list[float], readers: int, timeout_s: float | None = None
-    ) -> tuple[dict | None, dict]:
-        """The merged slice and the bytes moved; ``parts``: references to every learner's slice. A slice
-        not on this node within ``timeout_s``, or lost, gives no merge (None) and its index in
-        ``load["unreadable"]``."""
+    def node(self) -> str:
+        """The node this shard runs on (a member's channel to it names it)."""
         import ray
 
+        return ray.get_runtime_context().get_node_id()
+
+    def open_channels(self, generation: int, inputs: list, readers: list, nbytes: int) -> Any:
+        """Generation ``generation``: read member j's slices from ``inputs[j]``; returns this shard's
+        channel of merged slices, which ``readers`` (every member: (handle, node)) read."""
+        from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
+        from ray.experimental.channel.utils import get_self_actor
+
+        from raytrain_seq.runtime.channels import OUTPUT_BUFFERS, channel_slack
+
+        self._generation, self._inputs, self._read = generation, list(inputs), (0, {})
+        self._output = BufferedSharedMemoryChannel(
+            get_self_actor(), [tuple(r) for r in readers], OUTPUT_BUFFERS, channel_slack(nbytes)
+        )
+        return self._output
+
+    def result(self, round: int) -> dict | None:
+        """The merged slice of ``round`` when it is this shard's last merge (the control plane's copy of a
+        round whose slices went through the channels), else None."""
+        return self._result if self._result_round == round else None
+
+    def merge(
+        self,
+        round: int,
+        parts: list[Any],
+        weights: list[float],
+        readers: int,
+        timeout_s: float | None = None,
+        write: bool = False,
+    ) -> tuple[dict | None, dict]:
+        """The merged slice and the bytes moved; ``parts``: every learner's slice, as a reference or a
+        ``Channelled`` marker (read from that member's channel). A slice not on this node within
+        ``timeout_s``, or lost, gives no merge (None) and its index in ``load["unreadable"]``; a marker
+        of a generation this shard does not have (Ray restarted it) gives ``load["lost_channels"]``.
+        ``write``: put the merged slice into this shard's channel (every member reads it) and return
+        None in its place, ``load["channelled"]`` saying so (False when the write failed: then it is
+        returned)."""
+        from raytrain_seq.elastic.channels import Channelled
+
         began = time.perf_counter()
+        load: dict[str, Any] = {"shard": self.index, "round": round, "received": 0, "sent": 0}
+        marked = {j: part for j, part in enumerate(parts) if isinstance(part, Channelled)}
+        if any(part.generation != self._generation for part in marked.values()):
+            return None, {**load, "seconds": time.perf_counter() - began, "lost_channels": True}
+        arrays, unreadable, lost = self._gather(round, parts, marked, timeout_s)
+        if lost or unreadable:
+            load.update(seconds=time.perf_counter() - began, lost_channels=lost, unreadable=unreadable)
+            return None, load
+        merged = self._result = merge_parts(arrays, weights, reuse=self._result)
+        self._result_round = round
+        received = sum(part_nbytes(part) for part in arrays)
+        del arrays  # the channels' views: a member's next write waits until they are let go
+        written = write and self._write(round, merged, timeout_s)
+        # Every round reads the learners' slices and writes the merged one into the store.
+        self.memory.expect(received + part_nbytes(merged))
+        load.update(
+            seconds=time.perf_counter() - began,
+            received=received,
+            sent=part_nbytes(merged) * readers,
+            channelled=written,
+        )
+        return (None if written else merged), load
+
+    def _gather(
+        self, round: int, parts: list[Any], marked: dict[int, Any], timeout_s: float | None
+    ) -> tuple[list[Any], list[int], bool]:
+        """Every learner's slice (arrays), the indices of those unreadable within ``timeout_s``, and
+        whether a channel was closed under this shard (its generation ended)."""
+        import ray
+        from ray.exceptions import RayChannelError, RayChannelTimeoutError
+
+        from raytrain_seq.elastic.channels import ChannelLost
+        from raytrain_seq.runtime.channels import read_round
+
+        refs = [part for j, part in enumerate(parts) if j not in marked]
+        unreadable: list[int] = []
         # Waited for first, with a deadline: a slice on another node is found through its owner, the
         # learner that put it, and a learner frozen after it sent its round answers nobody until it thaws.
         # Every learner has arrived, so without the deadline the round would neither merge nor time out.
-        refs = list(parts)
-        _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
-        late = set(pending)
-        unreadable = [i for i, ref in enumerate(refs) if ref in late]
-        arrays: list[Any] = []
-        if not unreadable:
-            try:  # one call for every slice: a call per slice pays Ray's fixed cost per call each time
-                arrays = ray.get(refs)
-            except ray.exceptions.ObjectLostError:  # an owner died (a learner's node): name whose
-                unreadable = _lost(refs)
-                if not unreadable:  # every one reads on its own now: not a loss this merge can name
-                    raise
+        if refs:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+            late = set(pending)
+            unreadable = [j for j, part in enumerate(parts) if j not in marked and part in late]
+        # A channel's value is read once: a merge run again (a learner dropped) takes the round's reads.
+        if self._read[0] != round:
+            self._read = (round, {})
+        read = self._read[1]
+        for j, part in marked.items():
+            if part.writer in read:
+                continue
+            try:
+                read[part.writer] = read_round(self._inputs[part.writer], part.round, timeout_s)
+            except RayChannelTimeoutError:
+                unreadable.append(j)
+            except (RayChannelError, ChannelLost):
+                return [], [], True
         if unreadable:
-            load = {"seconds": time.perf_counter() - began, "shard": self.index, "round": round}
-            return None, {**load, "received": 0, "sent": 0, "unreadable": unreadable}
-        merged = self._result = merge_parts(arrays, weights, reuse=self._result)
-        received = sum(part_nbytes(part) for part in arrays)
-        # Every round reads the learners' slices and writes the merged one into the store.
-        self.memory.expect(received + part_nbytes(merged))
-        load = {
-            "seconds": time.perf_counter() - began,
-            "shard": self.index,
-            "round": round,
-            "received": received,
-            "sent": part_nbytes(merged) * readers,
-        }
-        return merged, load
+            return [], sorted(unreadable), False
+        stored: list[Any] = []
+        if refs:
+            try:  # one call for every slice: a call per slice pays Ray's fixed cost per call each time
+                stored = ray.get(refs)
+            except ray.exceptions.ObjectLostError:  # an owner died (a learner's node): name whose
+                lost = _lost(refs)
+                if not lost:  # every one reads on its own now: not a loss this merge can name
+                    raise
+                positions = [j for j in range(len(parts)) if j not in marked]
+                return [], [positions[i] for i in lost], False
+        from_store = iter(stored)
+        arrays = [read.pop(parts[j].writer) if j in marked else next(from_store) for j in range(len(parts))]
+        return arrays, [], False
+
+    def _write(self, round: int, merged: dict, timeout_s: float | None) -> bool:
+        """Put ``merged`` into this shard's channel; whether it went (a closed channel: the generation ended)."""
+        from ray.exceptions import RayChannelError
+
+        if self._output is None:
+            return False
+        try:
+            self._output.write((round, merged), timeout=timeout_s)
+        except RayChannelError as exc:
+            logger.warning("shard %d: writing generation %s's merged slice failed (%r): returned instead",
+                           self.index, self._generation, exc)  # fmt: skip
+            return False
+        return True
 
     def store_memory(self, timeout: float | None = None) -> dict:
         """Whether this shard populates its mapping of the object store ahead (decided at its first merge)
@@ -184,18 +286,57 @@ class RayShards:
         payloads: Sequence[FlatPayload],
         weights: Sequence[float],
         timeout_s: float | None = None,
+        write: bool = False,
     ) -> ShardMerge:
         calls = [
             shard.merge.options(num_returns=2).remote(
-                round, [payload.parts[i] for payload in payloads], list(weights), len(payloads), timeout_s
+                round, [p.parts[i] for p in payloads], list(weights), len(payloads), timeout_s, write
             )
             for i, shard in enumerate(self._ensure())
         ]
         loads = await asyncio.gather(*(load for _, load in calls))
+        if any(load.get("lost_channels") for load in loads):
+            return ShardMerge(loads=tuple(loads), lost_channels=True)
         unreadable = frozenset(i for load in loads for i in load.get("unreadable", ()))
         if unreadable:
             return ShardMerge(loads=tuple(loads), unreadable=unreadable)
+        if all(load.get("channelled") for load in loads):
+            return ShardMerge(loads=tuple(loads), channelled=True)
+        if any(load.get("channelled") for load in loads):
+            # Some shards wrote into the channels and some could not (the generation is ending): the
+            # learners read every slice from the store, so the written ones are asked for again.
+            calls = [
+                (merged, None) if not load.get("channelled") else (shard.result.remote(round), None)
+                for (merged, _), load, shard in zip(calls, loads, self._ensure(), strict=True)
+            ]
         return ShardMerge(tuple(merged for merged, _ in calls), tuple(loads))
+
+    # Channels (elastic.channels): what the control plane needs from the shards for a generation.
+    supports_channels = True
+
+    async def targets(self) -> list[tuple[Any, str]]:
+        """Per shard, (its handle, its node): where every member's channel to it goes."""
+        handles = self._ensure()
+        nodes = await asyncio.gather(*(shard.node.remote() for shard in handles))
+        return list(zip(handles, nodes, strict=True))
+
+    async def open_channels(
+        self, generation: int, inputs: list[list[Any]], readers: list[tuple[Any, str]], nbytes: Sequence[int]
+    ) -> list[Any]:
+        """Open generation ``generation`` on every shard; shard i's channel of merged slices at i."""
+        return list(
+            await asyncio.gather(
+                *(
+                    shard.open_channels.remote(generation, inputs[i], readers, nbytes[i])
+                    for i, shard in enumerate(self._ensure())
+                )
+            )
+        )
+
+    def results(self, round: int) -> list[Any]:
+        """References to every shard's merged slice of ``round`` (None behind one that moved on or
+        restarted): the control plane's copy of a round that went through the channels."""
+        return [shard.result.remote(round) for shard in self._ensure()]
 
 
 class RayStore:

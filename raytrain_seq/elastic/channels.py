@@ -1,0 +1,200 @@
+"""The averaging round's bytes through shared-memory channels, for a group whose membership holds still.
+
+A round through the object store makes new objects every round and passes their references in three of
+its messages (learner -> control plane -> shard, and the merged slices' back to every learner), and Ray's
+ownership protocol costs each such message about as much again as the message itself
+(docs/ARCHITECTURE.md, "What a round costs beyond its bytes"). A channel (``ray.experimental.channel``)
+is a buffer in the object store that its writer overwrites in place every round: no new object, no
+reference in any message. So once a group has averaged a round with every member present, the control
+plane plans one channel set for that membership, a *generation*:
+
+* learner m writes its slice i into its channel to shard i (m: its index in ``ChannelPlan.members``);
+* shard i reads those and writes its merged slice into one channel that every member reads.
+
+The messages of a round stay as they are (``RoundBook``'s arrivals, timeouts and drops decide), and a
+part that went through a channel is named by a ``Channelled`` marker instead of an object reference.
+Channels are fixed between a writer and its readers, so anything that changes who takes part ends the
+generation: a drop, a join, a refused round, a shard that lost its channels (restarted by Ray). The
+control plane then closes the generation's channels (a blocked writer or reader raises at once, instead
+of at its timeout), the rounds go through the object store again, and the next round that every member
+sends plans a new generation. A learner whose channel write fails puts its slices instead, in the same
+round: the shards read either kind of part.
+
+``ChannelBook`` is the control plane's side of that policy, plain Python: when to plan, who has linked,
+when a generation is live, what to close. It returns decisions; the control plane does the Ray calls.
+``ChannelEnds`` is a learner's side (``runtime.channels.RayChannelEnds`` in a cluster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from raytrain_seq.elastic.rounds import Learner
+
+__all__ = ["ChannelBook", "ChannelEnds", "ChannelLost", "ChannelPlan", "Channelled", "Link"]
+
+
+@dataclass(frozen=True)
+class Channelled:
+    """A part that travelled through generation ``generation``'s channels, not the object store: in a
+    learner's payload, its slice for this position's shard (``writer``: the learner's member index); in
+    a round's result, shard ``writer``'s merged slice. A channel carries ``(round, part)``: a reader
+    checks that it read the round it was told of, so channels that fell out of step end the generation
+    instead of merging the wrong round."""
+
+    generation: int
+    writer: int
+    round: int
+
+
+@dataclass(frozen=True)
+class ChannelPlan:
+    """A generation to link: its members in order and the shards every member writes to."""
+
+    generation: int
+    members: tuple[Learner, ...]
+    shards: tuple[tuple[Any, str], ...]
+    """Per shard, (its actor handle, its node id): the reader of each member's channel to it."""
+
+    def index(self, learner: Learner) -> int:
+        """``learner``'s member index (its channels' position in every shard's inputs)."""
+        return self.members.index(learner)
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one member brings to its generation: its channel to each shard, and itself as a reader."""
+
+    outputs: tuple[Any, ...]
+    """Its channel to shard i at i."""
+    reader: tuple[Any, str]
+    """(its actor handle, its node id): a reader of every shard's merged slices."""
+    nbytes: tuple[int, ...]
+    """The bytes of its slice i (every member's are alike): the size of shard i's channel."""
+
+
+@dataclass
+class ChannelBook:
+    """The control plane's channel generations: at most one planned or live at a time."""
+
+    enabled: bool
+    generation: int = 0
+    plan: ChannelPlan | None = None
+    links: dict[Learner, Link] = field(default_factory=dict)
+    inputs: tuple[Any, ...] | None = None
+    """Once live: shard i's channel of merged slices at i."""
+    failed: int = 0
+    """Generations ended before or while they were used (a drop, a join, a lost shard)."""
+
+    @property
+    def live(self) -> bool:
+        return self.plan is not None and self.inputs is not None
+
+    def propose(
+        self,
+        members: Sequence[Learner],
+        expected: Sequence[Learner],
+        dropped: Sequence[Learner],
+        flat: bool,
+        world_size: int,
+    ) -> bool:
+        """Whether the round just closed (``members`` averaged, ``dropped`` left out, ``expected``: the
+        learners the group waits for, ``world_size`` of them when none is missing) should plan a
+        generation: channels are on, no generation exists, the round was flat and the whole group took
+        part (a group short of a dropped member would end it again when that one rejoins)."""
+        return (
+            self.enabled
+            and self.plan is None
+            and flat
+            and not dropped
+            and len(members) == world_size
+            and sorted(map(repr, members)) == sorted(map(repr, expected))
+        )
+
+    def start(self, members: Sequence[Learner], shards: Sequence[tuple[Any, str]]) -> ChannelPlan:
+        """Plan the next generation for ``members`` (in the round's order)."""
+        self.generation += 1
+        self.plan = ChannelPlan(self.generation, tuple(members), tuple(shards))
+        self.links, self.inputs = {}, None
+        return self.plan
+
+    def link(self, generation: int, learner: Learner, link: Link) -> str:
+        """Record a member's link: "refused" (not this generation's member, or the generation ended),
+        "waiting" (others still to link) or "complete" (the last one: the control plane opens the shards'
+        channels now)."""
+        plan = self.plan
+        if plan is None or plan.generation != generation or learner not in plan.members or self.live:
+            return "refused"
+        if len(link.outputs) != len(plan.shards):
+            raise ValueError(
+                f"learner {learner!r} linked {len(link.outputs)} channels for {len(plan.shards)} shards: "
+                "open one channel to each shard of the plan"
+            )
+        self.links[learner] = link
+        return "complete" if len(self.links) == len(plan.members) else "waiting"
+
+    def shard_inputs(self) -> list[list[Any]]:
+        """Per shard i, every member's channel to it in member order (what shard i reads)."""
+        plan = self.plan
+        return [[self.links[m].outputs[i] for m in plan.members] for i in range(len(plan.shards))]
+
+    def readers(self) -> list[tuple[Any, str]]:
+        """Every member as a reader of the shards' merged slices, in member order."""
+        return [self.links[m].reader for m in self.plan.members]
+
+    def opened(self, generation: int, inputs: Sequence[Any]) -> bool:
+        """The shards' channels of generation ``generation`` are open: it is live, unless it ended meanwhile."""
+        if self.plan is None or self.plan.generation != generation:
+            return False
+        self.inputs = tuple(inputs)
+        return True
+
+    def accepts(self, generation: int, present: Sequence[Learner]) -> bool:
+        """Whether a round whose ``present`` learners sent channelled parts of ``generation`` may have its
+        merged slices written into the channels: the generation is live and every member is present
+        (a member left out would never read them, and the shards' next write would wait for it)."""
+        return (
+            self.live
+            and self.plan.generation == generation
+            and sorted(map(repr, present)) == sorted(map(repr, self.plan.members))
+        )
+
+    def end(self) -> list[Any]:
+        """End the planned or live generation; the channels to close (every member's and every shard's)."""
+        if self.plan is None:
+            return []
+        channels = [channel for link in self.links.values() for channel in link.outputs]
+        channels.extend(self.inputs or ())
+        self.failed += 1 if self.live or self.links else 0
+        self.plan, self.links, self.inputs = None, {}, None
+        return channels
+
+
+class ChannelEnds(Protocol):
+    """A learner's ends of a generation's channels (``runtime.channels.RayChannelEnds``)."""
+
+    generation: int | None
+    """The live generation this learner is linked to, or None (its rounds go through the store)."""
+
+    def open(self, plan: ChannelPlan, slices: Sequence[Any]) -> Link:
+        """Make this learner's channel to each shard of ``plan``, sized for ``slices`` (its slices)."""
+
+    def attach(self, generation: int, inputs: Sequence[Any], member: int) -> None:
+        """The generation is live: ``inputs[i]`` is shard i's channel of merged slices."""
+
+    def write(self, round: int, slices: Sequence[Any], timeout_s: float) -> tuple[Channelled, ...] | None:
+        """Write round ``round``'s slice i to shard i; the parts to send, or None when not linked or a
+        write failed (the link is dropped: the caller puts the slices in the store instead)."""
+
+    def read(self, parts: Sequence[Channelled], timeout_s: float) -> list[Any]:
+        """The merged slices behind ``parts`` (views into the channels, valid until this learner's
+        next read of them); raises ``ChannelLost`` when the generation ended."""
+
+    def close(self) -> None:
+        """Forget the generation (the control plane closes its channels)."""
+
+
+class ChannelLost(RuntimeError):
+    """A generation's channel was closed or timed out under a learner: its round goes through the store."""

@@ -1,0 +1,106 @@
+"""A learner's ends of a channel generation on Ray (``elastic.channels`` says when and why).
+
+``RayChannelEnds`` makes the learner's channel to each shard (a channel is made by its writer), keeps the
+shards' channels of merged slices once the generation is live, writes a round's slices and reads the
+merged ones. A channel is a ``BufferedSharedMemoryChannel``: the learner's to a shard has one buffer (the
+shard drops its views of round r when its merge returns, before the learner writes round r + 1), a
+shard's to the learners two (a learner still holds round r's views, its ``held`` state, while the shard
+writes round r + 1, and a buffer is free for a write only once every reader has let go of its last
+value). Any channel error ends the learner's link: its round goes through the object store instead.
+ray is imported only inside the methods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from raytrain_seq.elastic.channels import Channelled, ChannelLost, ChannelPlan, Link
+from raytrain_seq.elastic.merge import part_nbytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["INPUT_BUFFERS", "OUTPUT_BUFFERS", "RayChannelEnds", "channel_slack", "read_round"]
+
+# A learner's channel to a shard: one buffer (see the module docstring); a shard's to the learners: two.
+INPUT_BUFFERS = 1
+OUTPUT_BUFFERS = 2
+
+
+def channel_slack(nbytes: int) -> int:
+    """A channel's size for a value of ``nbytes`` array bytes: room for Ray's header and the dict's pickle
+    (a value larger than its channel makes the writer resize it, a round trip to every reader)."""
+    return nbytes + (1 << 20)
+
+
+def read_round(channel: Any, round: int, timeout_s: float | None) -> Any:
+    """The part of round ``round`` read from ``channel`` (which carries ``(round, part)``); ChannelLost
+    when it holds another round (the channel's readers fell out of step)."""
+    got, part = channel.read(timeout=timeout_s)
+    if got != round:
+        raise ChannelLost(f"a channel held round {got} where round {round} was expected")
+    return part
+
+
+class RayChannelEnds:
+    """``ChannelEnds`` of a learner running in a Ray actor (a Ray Train worker is one)."""
+
+    def __init__(self) -> None:
+        self.generation: int | None = None
+        self._outputs: list[Any] = []
+        self._inputs: list[Any] = []
+        self._planned: int | None = None
+
+    def open(self, plan: ChannelPlan, slices: Sequence[Any]) -> Link:
+        import ray
+        from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
+        from ray.experimental.channel.utils import get_self_actor
+
+        self.close()
+        me = get_self_actor()
+        if me is None:
+            raise RuntimeError("channels need the learner to run in a Ray actor (a Ray Train worker is one)")
+        sizes = tuple(part_nbytes(part) for part in slices)
+        self._outputs = [
+            BufferedSharedMemoryChannel(me, [shard], INPUT_BUFFERS, channel_slack(size))
+            for shard, size in zip(plan.shards, sizes, strict=True)
+        ]
+        self._planned = plan.generation
+        node = ray.get_runtime_context().get_node_id()
+        return Link(outputs=tuple(self._outputs), reader=(me, node), nbytes=sizes)
+
+    def attach(self, generation: int, inputs: Sequence[Any], member: int) -> None:
+        if generation != self._planned:
+            raise ValueError(f"generation {generation} was not opened here (last opened: {self._planned})")
+        self._inputs, self.generation, self._member = list(inputs), generation, member
+
+    def write(self, round: int, slices: Sequence[Any], timeout_s: float) -> tuple[Channelled, ...] | None:
+        from ray.exceptions import RayChannelError
+
+        if self.generation is None:
+            return None
+        try:
+            for channel, part in zip(self._outputs, slices, strict=True):
+                channel.write((round, part), timeout=timeout_s)
+        except RayChannelError as exc:  # closed by the control plane, or its reader is gone (timeout)
+            logger.warning("generation %d: a channel write failed (%r): this round goes through the store",
+                           self.generation, exc)  # fmt: skip
+            self.close()
+            return None
+        return tuple(Channelled(self.generation, self._member, round) for _ in slices)
+
+    def read(self, parts: Sequence[Channelled], timeout_s: float) -> list[Any]:
+        from ray.exceptions import RayChannelError
+
+        if self.generation is None or any(p.generation != self.generation for p in parts):
+            raise ChannelLost(f"the merged slices are in generation {parts[0].generation}, not linked here")
+        try:
+            return [read_round(self._inputs[part.writer], part.round, timeout_s) for part in parts]
+        except (RayChannelError, ChannelLost) as exc:
+            self.close()
+            raise ChannelLost(f"a merged slice could not be read: {exc!r}") from exc
+
+    def close(self) -> None:
+        self.generation, self._planned = None, None
+        self._outputs, self._inputs = [], []
