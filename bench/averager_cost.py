@@ -163,6 +163,10 @@ def learner_class():
                 "began_at": began_at, "held_at": held_at,
             }  # fmt: skip
 
+        def wait_linked(self) -> bool:
+            """Wait for the channel link the warm-up round started (a learner trains meanwhile)."""
+            return self.client.wait_linked(120.0)
+
         def payload_slices(self, count: int) -> list[int]:
             """The bytes of each of ``count`` slices of this learner's buffers."""
             from raytrain_seq.elastic.merge import part_nbytes
@@ -341,6 +345,7 @@ def bandwidth(
     baselines = Baselines(params)
     learner_cls = ray.remote(num_cpus=0)(learner_class())
     actors = default_actors = [learner_cls.remote(params, seed) for seed in range(max(learners))]
+    tensors_of = {id(actors): TENSORS}  # how many tensors each list's learners hold (to start fresh ones)
 
     floors: list[dict[str, float]] = []
 
@@ -387,6 +392,10 @@ def bandwidth(
                 phases.append({k: float(np.median([s[k] for s in seen])) for k in seen[0]})
                 if interleaved:  # the same bytes without Ray, in the same learners, right after the round
                     floors.append(floor_pass(actors[:2]))
+                if i == 0 and channels:  # the rounds measured go through the channels the warm-up linked
+                    linked = ray.get([a.wait_linked.remote() for a in actors[:n]])
+                    if not all(linked):
+                        raise RuntimeError(f"{n} learners: the channels did not link ({linked})")
                 if i == 0:  # the shards decide at their first merge: the rounds measured start once done
                     shard_actors = ray.get(averager.shard_actors.remote())
                     shard_memory = ray.get([s.store_memory.remote(120.0) for s in shard_actors])
@@ -396,6 +405,13 @@ def bandwidth(
             merge_s = [max(a.get("seconds", 0.0) for a in r["actors"].values()) for r in rounds_[1:]]
         finally:
             ray.kill(averager)
+            if channels:
+                # A channel's buffer stays in the object store until the process that made it exits
+                # (elastic.channels): fresh learner processes for the next measure, so that the store
+                # does not fill with this one's channels.
+                for j, actor in enumerate(actors[:n]):
+                    ray.kill(actor)
+                    actors[j] = learner_cls.remote(params, j, tensors_of[id(actors)])
         split = {k: float(np.median([p[k] for p in phases[1:]])) for k in phases[0]} if count else {}
         if merge_s:
             split["shard_merge_s"] = float(np.median(merge_s))
@@ -426,12 +442,14 @@ def bandwidth(
         name = "the object store" if channels else "channels"
         print(f"  2 learners through {name}: rounds {[round(t, 3) for t in times]} s", file=sys.stderr, flush=True)  # fmt: skip
     for n in star:
-        star_load[str(n)] = measure(n, 1, 0)[1]  # one round (its warm-up): only its bytes are used
+        # One round (its warm-up, through the store): only its bytes are used, so nothing links channels.
+        star_load[str(n)] = measure(n, 1, 0, channels=False)[1]
     for actor in actors:
         ray.kill(actor)
     by_tensors = {str(TENSORS): round_s["2"]}
     if many_tensors:
         many = [learner_cls.remote(params, seed, many_tensors) for seed in range(2)]
+        tensors_of[id(many)] = many_tensors
         try:
             times, _, split[f"2x{many_tensors}"] = measure(2, None, rounds, actors=many)
         finally:

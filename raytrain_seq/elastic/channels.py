@@ -15,13 +15,23 @@ The messages of a round stay as they are (``RoundBook``'s arrivals, timeouts and
 part that went through a channel is named by a ``Channelled`` marker instead of an object reference.
 Channels are fixed between a writer and its readers, so anything that changes who takes part ends the
 generation: a drop, a join, a refused round, a shard that lost its channels (restarted by Ray). The
-control plane then closes the generation's channels (a blocked writer or reader raises at once, instead
-of at its timeout), the rounds go through the object store again, and the next round that every member
-sends plans a new generation. A learner whose channel write fails puts its slices instead, in the same
-round: the shards read either kind of part.
+rounds then go through the object store again, and the next round that every member sends plans a new
+generation. Nobody closes the old channels: closing one whose value is on its way to a reader on
+another node crashes that node's raylet (ray-project/ray#63229, met in ``bench/chaos.py``), and no end
+of a generation leaves anyone waiting on them. A part names its generation and round, so a value left in
+an old channel is never read as a new one, and every read and write is bounded by the round's timeout.
+A learner whose channel write fails puts its slices instead, in the same round: the shards read either
+kind of part.
+
+What a generation costs beyond its rounds: Ray frees a channel's buffer only when the process that made
+it exits (closing it does not; ``docs/LOG.md``, 2026-11-27, after 05:35 UTC), so each generation leaves a
+payload per learner (its channels to the shards) and two per group (the shards') in the object store
+until those processes end. Generations are planned again after an early end at most ``max_ended`` times
+a run; after that the rounds stay in the object store, and the store holds at most that many
+generations' buffers beside the rounds.
 
 ``ChannelBook`` is the control plane's side of that policy, plain Python: when to plan, who has linked,
-when a generation is live, what to close. It returns decisions; the control plane does the Ray calls.
+when a generation is live and when it ends. It returns decisions; the control plane does the Ray calls.
 ``ChannelEnds`` is a learner's side (``runtime.channels.RayChannelEnds`` in a cluster).
 """
 
@@ -87,6 +97,8 @@ class ChannelBook:
     """Once live: shard i's channel of merged slices at i."""
     failed: int = 0
     """Generations ended before or while they were used (a drop, a join, a lost shard)."""
+    max_ended: int = 3
+    """After this many ended generations no more are planned (each leaves its buffers in the store)."""
 
     @property
     def live(self) -> bool:
@@ -106,6 +118,7 @@ class ChannelBook:
         part (a group short of a dropped member would end it again when that one rejoins)."""
         return (
             self.enabled
+            and self.failed < self.max_ended
             and self.plan is None
             and flat
             and not dropped
@@ -161,15 +174,15 @@ class ChannelBook:
             and sorted(map(repr, present)) == sorted(map(repr, self.plan.members))
         )
 
-    def end(self) -> list[Any]:
-        """End the planned or live generation; the channels to close (every member's and every shard's)."""
+    def end(self) -> int | None:
+        """End the planned or live generation (its channels are left as they are: see the module
+        docstring); which one ended, or None when there was none."""
         if self.plan is None:
-            return []
-        channels = [channel for link in self.links.values() for channel in link.outputs]
-        channels.extend(self.inputs or ())
+            return None
+        generation = self.plan.generation
         self.failed += 1 if self.live or self.links else 0
         self.plan, self.links, self.inputs = None, {}, None
-        return channels
+        return generation
 
 
 class ChannelEnds(Protocol):
@@ -181,8 +194,9 @@ class ChannelEnds(Protocol):
     def open(self, plan: ChannelPlan, slices: Sequence[Any]) -> Link:
         """Make this learner's channel to each shard of ``plan``, sized for ``slices`` (its slices)."""
 
-    def attach(self, generation: int, inputs: Sequence[Any], member: int) -> None:
-        """The generation is live: ``inputs[i]`` is shard i's channel of merged slices."""
+    def attach(self, generation: int, inputs: Sequence[Any], member: int) -> bool:
+        """The generation is live: ``inputs[i]`` is shard i's channel of merged slices; False when this
+        learner has moved on since it opened ``generation`` (a rejoin closed it): nothing attached."""
 
     def write(self, round: int, slices: Sequence[Any], timeout_s: float) -> tuple[Channelled, ...] | None:
         """Write round ``round``'s slice i to shard i; the parts to send, or None when not linked or a
@@ -192,9 +206,11 @@ class ChannelEnds(Protocol):
         """The merged slices behind ``parts`` (views into the channels, valid until this learner's
         next read of them); raises ``ChannelLost`` when the generation ended."""
 
-    def close(self) -> None:
-        """Forget the generation (the control plane closes its channels)."""
+    def close(self, generation: int | None = None) -> None:
+        """Forget the generation (only ``generation``, when given and still this learner's): the next
+        rounds go through the store until another is linked."""
 
 
 class ChannelLost(RuntimeError):
-    """A generation's channel was closed or timed out under a learner: its round goes through the store."""
+    """A generation's channel failed or timed out under a learner, or held another round: its round
+    goes through the store."""

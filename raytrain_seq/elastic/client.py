@@ -30,6 +30,7 @@ the learner back, before the round closed) resends the same payload, at most ``m
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -104,6 +105,7 @@ class AveragerClient:
         # This learner's ends of a channel generation (elastic.channels), or None: always the store.
         self.channels = channels
         self._sent: list[Any] = []  # the last round's slices: put in the store if it must be resent
+        self._linking: threading.Thread | None = None  # links a planned generation in the background
         self.shards = 1  # S, from the latest join
         self.held: AveragedState | None = None  # the latest averaged state: a restarted averager's seed
         self.next_round = 1
@@ -265,21 +267,34 @@ class AveragerClient:
 
     def _link(self, plan: Any) -> None:
         """Link this learner to the channel generation ``plan`` (every member does, after the round that
-        planned it): open its channels to the shards, and get theirs once all members have."""
+        planned it), in a background thread: the control plane answers once every member has linked and
+        the shards have opened theirs (seconds on a busy node), while this learner trains on; its rounds
+        go through the store until then."""
         if self.channels is None or self.learner not in plan.members:
             return
-        link = self.channels.open(plan, self._sent)
+        slices = list(self._sent)
+        self._linking = threading.Thread(
+            target=self._link_now, args=(plan, slices), name=f"link-{plan.generation}", daemon=True
+        )
+        self._linking.start()
+
+    def _link_now(self, plan: Any, slices: list[Any]) -> None:
         try:
+            link = self.channels.open(plan, slices)
             inputs = self.call("link", plan.generation, self.learner, link, timeout=self.round_timeout_s)
-        except AveragerError as exc:  # the averager restarted or moved on: the store it is
-            logger.warning(
-                "learner %s: linking generation %d failed (%s)", self.learner, plan.generation, exc
-            )
+        except Exception:  # the thread's end: logged whole, and the rounds go on through the store
+            logger.exception("learner %s: linking generation %d failed", self.learner, plan.generation)
             inputs = None
         if inputs is None:
-            self.channels.close()
+            self.channels.close(plan.generation)
             return
         self.channels.attach(plan.generation, inputs, plan.index(self.learner))
+
+    def wait_linked(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout``) for a link in progress; whether the rounds now go through channels."""
+        if self._linking is not None:
+            self._linking.join(timeout)
+        return self.channels is not None and self.channels.generation is not None
 
     def _take(self, state: AveragedState, next_round: int) -> None:
         self.next_round, self.batch_size = next_round, state.batch_size

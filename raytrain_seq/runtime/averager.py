@@ -14,7 +14,9 @@ Control plane and data plane. This actor decides (membership, B, position, check
 rejoin) but moves no weights when learners send ``FlatPayload``s (``elastic.payload``): it passes the
 object references of every learner's slice i to shard i of its ``ShardPool`` (``runtime.shards.RayShards``
 in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out the references of the
-merged slices, owned by it, which every learner reads from the object store. Payloads of tensors (a
+merged slices, owned by it, which every learner reads from the object store; once a group is linked
+(``channels``, ``elastic.channels``) the same round's parts and merged slices go through shared-memory
+channels instead, and this actor reads the merged ones in place as its copy. Payloads of tensors (a
 re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
 the bytes each averaging actor moved per round.
 
@@ -100,6 +102,9 @@ class ParameterAverager:
     epochs, steps: where training ends (``train.epochs``, ``train.steps``; ``EpochPosition.ends_training``
     of a round's settled position); None: unknown, every validation starts when its round closes.
     actor_id: returns this actor's id, which tells a restart by Ray from a first start (None: Ray's).
+    channels: move a linked group's bytes through shared-memory channels (``elastic.channels``; only a
+    pool of shard actors has them); self_reader: this actor as a channel reader, (handle, node) (None:
+    Ray's own handle).
     """
 
     def __init__(
@@ -248,7 +253,7 @@ class ParameterAverager:
 
     def _fail_round(self, why: str) -> None:
         """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""
-        self._spawn(self._end_channels(why))
+        self._end_channels(why)
         if self._timer is not None:
             self._timer.cancel()
         future, self._timer, self._round_future = self._round_future, None, None
@@ -453,9 +458,9 @@ class ParameterAverager:
             merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
             if marked and not write:  # a member is missing or sent through the store: the generation ends
                 # (after the merge, which read the present members' channels: closed, they would not read)
-                await self._end_channels(f"round {closed.round}: not every member sent through the channels")
+                self._end_channels(f"round {closed.round}: not every member sent through the channels")
             if merged.lost_channels:
-                await self._end_channels(f"round {closed.round}: a shard lost its channels (restarted)")
+                self._end_channels(f"round {closed.round}: a shard lost its channels (restarted)")
                 raise StaleRoundError(
                     "group", closed.round, closed.round, "a shard lost the round's channels"
                 )
@@ -473,7 +478,7 @@ class ParameterAverager:
         else:
             parts = tuple(merged.parts)
             if write:  # a shard could not write: the learners read the store, and the generation ends
-                await self._end_channels(f"round {closed.round}: a shard's channel write failed")
+                self._end_channels(f"round {closed.round}: a shard's channel write failed")
         return closed, FlatPayload(payloads[0].layout, parts, extras)
 
     # -------------------------------------------------------------------------------- channels
@@ -502,7 +507,7 @@ class ParameterAverager:
                 inputs = await self._pool.open_channels(generation, book.shard_inputs(), readers, link.nbytes)
             except Exception as exc:
                 logger.error("averager: opening generation %d's channels failed: %r", generation, exc)
-                await self._end_channels(f"generation {generation} could not be opened")
+                self._end_channels(f"generation {generation} could not be opened")
             else:
                 if book.opened(generation, inputs):
                     logger.info("averager: channel generation %d is live (%d members)",
@@ -512,26 +517,26 @@ class ParameterAverager:
             try:
                 await asyncio.wait_for(self._linked.wait(), self._book.timeout_s)
             except asyncio.TimeoutError:
-                await self._end_channels(f"not every member linked generation {generation}")
+                self._end_channels(f"not every member linked generation {generation}")
         plan = self._channels.plan
         if plan is None or plan.generation != generation or not self._channels.live:
             return None
         return list(self._channels.inputs)
 
-    async def _end_channels(self, why: str) -> None:
-        """End the planned or live generation: close its channels (a writer or reader blocked on one
-        raises at once) and go through the store until the next full round plans another."""
-        generation = self._channels.plan.generation if self._channels.plan is not None else None
-        channels = self._channels.end()
+    def _end_channels(self, why: str) -> None:
+        """End the planned or live generation: the rounds go through the store until the next full round
+        plans another (its channels are not closed: ``elastic.channels`` says why)."""
+        generation = self._channels.end()
         self._linked.set()
         if generation is None:
             return
         logger.warning("averager: channel generation %d ends (%s)", generation, why)
-        for channel in channels:
-            try:
-                await asyncio.to_thread(channel.close)
-            except Exception as exc:  # its process is gone: nobody is left to wake on it
-                logger.info("averager: closing a channel of generation %d failed: %r", generation, exc)
+        if self._channels.failed == self._channels.max_ended:
+            logger.warning(
+                "averager: %d channel generations ended early: the rounds go through the object store from "
+                "now on (each generation's buffers stay in the store until its processes exit)",
+                self._channels.failed,
+            )
 
     def _record_load(self, round_: int, shard_loads: list[dict], in_process: tuple | None = None) -> None:
         """Bytes each averaging actor received and sent in a round (hub load). This actor counts the
@@ -589,7 +594,7 @@ class ParameterAverager:
         self._history.start_clock()
         while self._book.phase == "closing" and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
-        await self._end_channels(f"learner {learner!r} (re)joined")
+        self._end_channels(f"learner {learner!r} (re)joined")
         generation = self._book.generation
         self._book.join(learner, world_size, incarnation)
         if self._book.generation != generation:
@@ -790,12 +795,12 @@ class ParameterAverager:
 
     async def set_world_size(self, world_size: int) -> None:
         """Resize the group (learners must send the new size from now on)."""
-        await self._end_channels(f"the group was resized to {world_size}")
+        self._end_channels(f"the group was resized to {world_size}")
         self._book.set_world_size(world_size)
 
     async def leave(self, learner: Learner) -> None:
         """Remove a learner for good; an open round stops waiting for it."""
-        await self._end_channels(f"learner {learner!r} left")
+        self._end_channels(f"learner {learner!r} left")
         self._book.leave(learner)
         if self._book.complete:
             self._start_close()

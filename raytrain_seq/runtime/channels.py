@@ -13,6 +13,7 @@ ray is imported only inside the methods.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,56 +52,70 @@ class RayChannelEnds:
         self._outputs: list[Any] = []
         self._inputs: list[Any] = []
         self._planned: int | None = None
+        self._member = 0
+        # The client links in a background thread (``AveragerClient._link``) while its rounds close it.
+        self._lock = threading.Lock()
 
     def open(self, plan: ChannelPlan, slices: Sequence[Any]) -> Link:
         import ray
         from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
         from ray.experimental.channel.utils import get_self_actor
 
-        self.close()
         me = get_self_actor()
         if me is None:
             raise RuntimeError("channels need the learner to run in a Ray actor (a Ray Train worker is one)")
         sizes = tuple(part_nbytes(part) for part in slices)
-        self._outputs = [
+        outputs = [
             BufferedSharedMemoryChannel(me, [shard], INPUT_BUFFERS, channel_slack(size))
             for shard, size in zip(plan.shards, sizes, strict=True)
         ]
-        self._planned = plan.generation
+        with self._lock:
+            self.generation, self._inputs = None, []
+            self._outputs, self._planned = outputs, plan.generation
         node = ray.get_runtime_context().get_node_id()
-        return Link(outputs=tuple(self._outputs), reader=(me, node), nbytes=sizes)
+        return Link(outputs=tuple(outputs), reader=(me, node), nbytes=sizes)
 
-    def attach(self, generation: int, inputs: Sequence[Any], member: int) -> None:
-        if generation != self._planned:
-            raise ValueError(f"generation {generation} was not opened here (last opened: {self._planned})")
-        self._inputs, self.generation, self._member = list(inputs), generation, member
+    def attach(self, generation: int, inputs: Sequence[Any], member: int) -> bool:
+        with self._lock:
+            if generation != self._planned:
+                return False
+            # The generation last: a round that sees it sees the rest.
+            self._inputs, self._member, self.generation = list(inputs), member, generation
+            return True
 
     def write(self, round: int, slices: Sequence[Any], timeout_s: float) -> tuple[Channelled, ...] | None:
         from ray.exceptions import RayChannelError
 
-        if self.generation is None:
+        with self._lock:
+            generation, outputs, member = self.generation, self._outputs, self._member
+        if generation is None:
             return None
         try:
-            for channel, part in zip(self._outputs, slices, strict=True):
+            for channel, part in zip(outputs, slices, strict=True):
                 channel.write((round, part), timeout=timeout_s)
-        except RayChannelError as exc:  # closed by the control plane, or its reader is gone (timeout)
+        except RayChannelError as exc:  # a timeout (its reader is gone or stuck) or a failed channel
             logger.warning("generation %d: a channel write failed (%r): this round goes through the store",
-                           self.generation, exc)  # fmt: skip
-            self.close()
+                           generation, exc)  # fmt: skip
+            self.close(generation)
             return None
-        return tuple(Channelled(self.generation, self._member, round) for _ in slices)
+        return tuple(Channelled(generation, member, round) for _ in slices)
 
     def read(self, parts: Sequence[Channelled], timeout_s: float) -> list[Any]:
         from ray.exceptions import RayChannelError
 
-        if self.generation is None or any(p.generation != self.generation for p in parts):
+        with self._lock:
+            generation, inputs = self.generation, self._inputs
+        if generation is None or any(p.generation != generation for p in parts):
             raise ChannelLost(f"the merged slices are in generation {parts[0].generation}, not linked here")
         try:
-            return [read_round(self._inputs[part.writer], part.round, timeout_s) for part in parts]
+            return [read_round(inputs[part.writer], part.round, timeout_s) for part in parts]
         except (RayChannelError, ChannelLost) as exc:
-            self.close()
+            self.close(generation)
             raise ChannelLost(f"a merged slice could not be read: {exc!r}") from exc
 
-    def close(self) -> None:
-        self.generation, self._planned = None, None
-        self._outputs, self._inputs = [], []
+    def close(self, generation: int | None = None) -> None:
+        with self._lock:
+            if generation is not None and generation != self._planned:
+                return  # a newer generation is this learner's now
+            self.generation, self._planned = None, None
+            self._outputs, self._inputs = [], []

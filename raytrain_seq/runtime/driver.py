@@ -386,7 +386,7 @@ def build_summary(
         extra={
             "per_class_test": metrics.get("per_class", {}),
             "class_names": names,
-            "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds")},
+            "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds", "channels")},
             "learner_seconds": metrics.get("learner_seconds"),
             # averaging_wait: the part of averaging spent waiting for the round's last learner to arrive.
             "learners_mean_s": {

@@ -10,6 +10,12 @@ the caller (the control plane): it survives the shard actor, and every learner r
 (``RayStore.get``). With S = number of learners each shard handles about one learner's bytes in and out
 per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
 
+Channels (``elastic.channels``): once a group's generation is live, a learner's part is a ``Channelled``
+marker and shard i reads it from that member's channel (``open_channels`` gave it them), and, when every
+member sent through the channels, writes the merged slice into its own channel instead of returning
+it; ``result`` hands the control plane a round's merged slice on request. A restarted shard has no
+channels: it says so (``load["lost_channels"]``) and the round goes through the store again.
+
 A learner frozen just after it sent its round (a stall, a swapped-out host) owns slices that a shard on
 another node cannot read until it thaws, although every learner has arrived; a learner whose node died
 took its slices with it. So a shard waits for its slices at most the round's timeout and otherwise names
