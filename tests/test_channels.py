@@ -146,6 +146,49 @@ def _learner_class():
     return ChannelLearner
 
 
+def test_a_channel_copied_for_its_readers_holds_no_writer_handle_and_still_carries_values(ray_cluster):
+    """``for_readers`` (which reaches into Ray's ``Channel``): every buffer of the copy has no writer
+    handle, and a reader given the copy reads what the writer writes, round after round."""
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    class Writer:
+        def open(self, reader, node):
+            from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
+            from ray.experimental.channel.utils import get_self_actor
+
+            from raytrain_seq.runtime.channels import for_readers
+
+            self.channel = BufferedSharedMemoryChannel(get_self_actor(), [(reader, node)], 1, 10_000)
+            copy_ = for_readers(self.channel)
+            assert all(buffer._writer is not None for buffer in self.channel._buffers)  # untouched
+            return copy_, [buffer._writer for buffer in copy_._buffers]
+
+        def write(self, value):
+            self.channel.write(value, timeout=10)
+
+    @ray.remote(num_cpus=0)
+    class Reader:
+        def take(self, channel):
+            self.channel = channel
+
+        def read(self):
+            return self.channel.read(timeout=10)
+
+    node = ray.get_runtime_context().get_node_id()
+    writer, reader = Writer.remote(), Reader.remote()
+    try:
+        channel, writers = ray.get(writer.open.remote(reader, node))
+        assert writers == [None]
+        ray.get(reader.take.remote(channel))
+        for value in (3, 5):
+            ray.get(writer.write.remote(("round", value)))
+            assert ray.get(reader.read.remote()) == ("round", value)
+    finally:
+        for actor in (writer, reader):
+            ray.kill(actor)
+
+
 def _check_mean(results: list[dict]) -> None:
     """Every learner got the equal-weight mean of what the learners sent (BatchNorm's statistics are
     merged by their own rule: left out), and the learners did send different weights (not vacuous)."""
@@ -188,6 +231,16 @@ def test_rounds_go_through_the_channels_once_linked_and_give_the_store_paths_mea
             assert [e["via"] for e in expected] == ["ObjectRef"] * 2
         vias = [r["via"] for r in results]
         assert vias == ["Channelled"] * 2 and [r["generation"] for r in results] == [1, 1]
+
+        # The shards never unpickled a learner's handle (which would load the learner's class and torch
+        # into them: runtime.channels.for_readers, RayShards.open_channels).
+        def has_torch(_actor) -> bool:  # defined here: pickled by value into the shards
+            import sys
+
+            return "torch" in sys.modules
+
+        shards = ray.get(averager.shard_actors.remote())
+        assert ray.get([s.__ray_call__.remote(has_torch) for s in shards]) == [False, False]
         latest = ray.get(averager.latest.remote())
         assert latest.round == 3
         for key, value in latest.params.items():

@@ -22,7 +22,7 @@ from raytrain_seq.elastic.merge import part_nbytes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INPUT_BUFFERS", "OUTPUT_BUFFERS", "RayChannelEnds", "channel_slack", "read_round"]
+__all__ = ["INPUT_BUFFERS", "OUTPUT_BUFFERS", "RayChannelEnds", "channel_slack", "for_readers", "read_round"]
 
 # A learner's channel to a shard: one buffer (see the module docstring); a shard's to the learners: two.
 INPUT_BUFFERS = 1
@@ -33,6 +33,22 @@ def channel_slack(nbytes: int) -> int:
     """A channel's size for a value of ``nbytes`` array bytes: room for Ray's header and the dict's pickle
     (a value larger than its channel makes the writer resize it, a round trip to every reader)."""
     return nbytes + (1 << 20)
+
+
+def for_readers(channel: Any) -> Any:
+    """A copy of a ``BufferedSharedMemoryChannel`` this process writes, for its readers, without this
+    process's actor handle in it. Why: a process that unpickles an actor handle loads that actor's class,
+    and a learner's class loads torch: a shard that read its members' channels loaded torch, 1-4 s of one
+    CPU with the GIL held, stalling the merge of the round beside it (docs/LOG.md, 2026-11-27, after
+    05:35 UTC). A reader never uses the writer's handle (Ray's ``Channel`` keeps it for the writer's own
+    registration), so the copy leaves it out. Ray's private fields: pinned by tests/test_channels.py."""
+    import copy
+
+    stripped = copy.copy(channel)  # Ray's reduce: a new object over the same buffers
+    stripped._buffers = [copy.copy(buffer) for buffer in channel._buffers]
+    for buffer in stripped._buffers:
+        buffer._writer = None
+    return stripped
 
 
 def read_round(channel: Any, round: int, timeout_s: float | None) -> Any:
@@ -73,7 +89,7 @@ class RayChannelEnds:
             self.generation, self._inputs = None, []
             self._outputs, self._planned = outputs, plan.generation
         node = ray.get_runtime_context().get_node_id()
-        return Link(outputs=tuple(outputs), reader=(me, node), nbytes=sizes)
+        return Link(outputs=tuple(for_readers(c) for c in outputs), reader=(me, node), nbytes=sizes)
 
     def attach(self, generation: int, inputs: Sequence[Any], member: int) -> bool:
         with self._lock:

@@ -250,6 +250,7 @@ class RayShards:
         self.count = check_number("shards", count, 1)
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
+        self._shard_nodes: list[str] = []  # each shard's node, as ``targets`` last found them
 
     def place(self, learner: Learner, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
@@ -323,21 +324,26 @@ class RayShards:
     async def targets(self) -> list[tuple[Any, str]]:
         """Per shard, (its handle, its node): where every member's channel to it goes."""
         handles = self._ensure()
-        nodes = await asyncio.gather(*(shard.node.remote() for shard in handles))
-        return list(zip(handles, nodes, strict=True))
+        self._shard_nodes = list(await asyncio.gather(*(shard.node.remote() for shard in handles)))
+        return list(zip(handles, self._shard_nodes, strict=True))
 
     async def open_channels(
         self, generation: int, inputs: list[list[Any]], readers: list[tuple[Any, str]], nbytes: Sequence[int]
     ) -> list[Any]:
-        """Open generation ``generation`` on every shard; shard i's channel of merged slices at i."""
-        return list(
-            await asyncio.gather(
-                *(
-                    shard.open_channels.remote(generation, inputs[i], readers, nbytes[i])
-                    for i, shard in enumerate(self._ensure())
-                )
-            )
-        )
+        """Open generation ``generation`` on every shard; shard i's channel of merged slices at i.
+
+        A reader on shard i's node is named to it by shard i's own handle: a channel counts its readers
+        on the writer's node and never calls them, and a shard that unpickled a learner's handle would
+        load the learner's class, and torch with it (``runtime.channels.for_readers`` says what that
+        cost). A reader on another node is named by its own handle: the channel has it make its copy of
+        the buffer there."""
+        shards = self._ensure()
+        nodes = self._shard_nodes or list(await asyncio.gather(*(s.node.remote() for s in shards)))
+        calls = []
+        for i, shard in enumerate(shards):
+            named = [(shard if node == nodes[i] else handle, node) for handle, node in readers]
+            calls.append(shard.open_channels.remote(generation, inputs[i], named, nbytes[i]))
+        return list(await asyncio.gather(*calls))
 
     def results(self, round: int) -> list[Any]:
         """References to every shard's merged slice of ``round`` (None behind one that moved on or
