@@ -435,13 +435,18 @@ def rounds_clause(band: dict) -> str:
         )
     split = band.get("split_s", {}).get("2")
     if split:
+        channels = band.get("transport") == "channels"
+        send, merge, rest = (
+            ("writing its slices into its channels", "read + merge + write into its channel", "and the reads of the merged slices")
+            if channels
+            else ("putting its slices in the object store", "read + merge", "and the merged slices' copy into the object store")
+        )  # fmt: skip
         text += (
             f" At 2 learners a learner spends {1e3 * split['pack_s']:.0f} ms packing, {1e3 * split['put_s']:.0f} ms "
-            f"putting its slices in the object store and {1e3 * split['average_s']:.0f} ms from sending to holding the "
-            f"merged state, of which the slowest shard's read + merge is {1e3 * split.get('shard_merge_s', 0):.0f} ms; "
+            f"{send} and {1e3 * split['average_s']:.0f} ms from sending to holding the "
+            f"merged state, of which the slowest shard's {merge} is {1e3 * split.get('shard_merge_s', 0):.0f} ms; "
             f"the other {1e3 * (split['average_s'] - split.get('shard_merge_s', 0)):.0f} ms are the round's actor "
-            "calls (learner to control plane to shards and back) and the merged slices' copy into the object "
-            "store."
+            f"calls (learner to control plane to shards and back) {rest}."
         )
         if "driver_round_s" in split:
             text += (
@@ -456,7 +461,12 @@ def rounds_clause(band: dict) -> str:
                 f"(the puts' copy {1e3 * floor['put']:.0f}, the shards' merge {1e3 * floor['merge']:.0f}, their "
                 f"return {1e3 * floor['return']:.0f}), {floor['total'] / numpy_s:.2f}x the numpy mean's "
                 f"{1e3 * numpy_s:.0f} ms: the round's other {1e3 * (band['round_s']['2'] - floor['total']):.0f} ms "
-                "are Ray's part (the puts and reads beyond their copies, the actor calls, the return's serialisation)."
+                + (
+                    "are Ray's part (the channel writes and reads beyond their copies, the actor calls)."
+                    if band.get("transport") == "channels"
+                    else "are Ray's part (the puts and reads beyond their copies, the actor calls, the return's "
+                    "serialisation)."
+                )
             )
         other_s = band.get("other_round_s")
         if other_s:

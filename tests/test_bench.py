@@ -615,6 +615,9 @@ def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split(
     assert "through the object store instead, the same learners take 125 ms a round, 0.80x numpy's" in (
         averaging.rounds_clause(other)
     )
+    # Through channels a learner writes its slices (no put) and the shard writes the merged slice back.
+    assert "40 ms writing its slices into its channels" in averaging.rounds_clause(other)
+    assert "putting" not in averaging.rounds_clause(other) and "putting" in clause
     # Against the numpy passes timed beside the other transport's rounds, where there are some.
     beside = {**other, "other_numpy_s": 0.15}
     assert averaging.bandwidth_headline(beside)["other"]["vs_numpy"] == pytest.approx(1.2)
