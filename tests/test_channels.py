@@ -66,6 +66,23 @@ def test_ending_a_generation_counts_it_once_and_refuses_late_links():
     assert book.start([0, 1], []).generation == plan.generation + 1
 
 
+def test_a_live_generation_waits_for_members_still_attaching_but_ends_on_a_missing_or_lapsed_one():
+    """Members link in the background, so the first rounds of a live generation may mix channels and
+    the store (kept); once a round went through the channels, a member back on the store ends it."""
+    book = ChannelBook(enabled=True)
+    plan = book.start([0, 1], [("s0", "n")])
+    assert not book.keeps([0, 1], channelled=0, written=False)  # not live yet: nothing to keep
+    book.link(plan.generation, 0, _link(1, tag="a"))
+    book.link(plan.generation, 1, _link(1, tag="b"))
+    book.opened(plan.generation, ["out0"])
+    assert book.keeps([0, 1], channelled=1, written=False) and not book.used  # 1 not attached yet
+    assert book.keeps([1, 0], channelled=2, written=True) and book.used
+    assert not book.keeps([0, 1], channelled=1, written=False)  # a member left the channels
+    assert not book.keeps([0], channelled=1, written=False)  # a member missing
+    book.end()
+    assert not book.used  # the next generation starts unused
+
+
 def test_after_max_ended_generations_no_more_are_planned():
     """Each generation leaves its buffers in the store: only ``max_ended`` may end early in a run."""
     book = ChannelBook(enabled=True, max_ended=2)

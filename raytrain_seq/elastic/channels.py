@@ -99,6 +99,8 @@ class ChannelBook:
     """Generations ended before or while they were used (a drop, a join, a lost shard)."""
     max_ended: int = 3
     """After this many ended generations no more are planned (each leaves its buffers in the store)."""
+    used: bool = False
+    """A round of the live generation went through its channels."""
 
     @property
     def live(self) -> bool:
@@ -174,6 +176,23 @@ class ChannelBook:
             and sorted(map(repr, present)) == sorted(map(repr, self.plan.members))
         )
 
+    def keeps(self, present: Sequence[Learner], channelled: int, written: bool) -> bool:
+        """Whether the live generation survives a round that closed with ``present`` (``channelled`` of
+        them sent through its channels; ``written``: its merged slices went into them). It ends when a
+        member is missing, or when a member that used the channels sends through the store (its write
+        failed). A round in which some members have not attached yet (they link in the background) while
+        the others already sent through the channels keeps it: the shards read what was written, wrote
+        nothing, and every channel is where it was. E.g. members (0, 1), 0 attached, 1 not yet: the
+        round merges 0's channel and 1's objects, and the next round goes through both channels."""
+        if not self.live:
+            return False
+        if sorted(map(repr, present)) != sorted(map(repr, self.plan.members)):
+            return False
+        if written:
+            self.used = True
+            return True
+        return channelled == 0 or not self.used
+
     def end(self) -> int | None:
         """End the planned or live generation (its channels are left as they are: see the module
         docstring); which one ended, or None when there was none."""
@@ -181,7 +200,7 @@ class ChannelBook:
             return None
         generation = self.plan.generation
         self.failed += 1 if self.live or self.links else 0
-        self.plan, self.links, self.inputs = None, {}, None
+        self.plan, self.links, self.inputs, self.used = None, {}, None, False
         return generation
 
 

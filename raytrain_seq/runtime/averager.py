@@ -456,9 +456,9 @@ class ParameterAverager:
             )
             timeout = self._book.timeout_s
             merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
-            if marked and not write:  # a member is missing or sent through the store: the generation ends
-                # (after the merge, which read the present members' channels: closed, they would not read)
-                self._end_channels(f"round {closed.round}: not every member sent through the channels")
+            present = [learner for learner, _ in closed.present]
+            if self._channels.live and not self._channels.keeps(present, len(marked), merged.channelled):
+                self._end_channels(f"round {closed.round}: a member is missing or left the channels")
             if merged.lost_channels:
                 self._end_channels(f"round {closed.round}: a shard lost its channels (restarted)")
                 raise StaleRoundError(
