@@ -23,6 +23,11 @@ arrays, which the learner installs with one copy a slice) or in plain tensors: a
 whose objects died with it, is re-seeded from bytes the learner has (materialised into tensors for the
 seed). ``shards`` is S from the latest join: how many slices the learner cuts its buffers into.
 
+Channels (``elastic.channels``): once a round's result plans a generation, the client links it in a
+background thread (``channels``, injected: ``runtime.channels.RayChannelEnds``); from then on ``send``
+writes a round's slices into the channels and the merged ones are read from them, and any refusal, join
+or failed write sends the round through the store instead.
+
 A refusal followed by a rejoin that says the same round is still due (the averager came back, or took
 the learner back, before the round closed) resends the same payload, at most ``max_rejoins`` times.
 """
@@ -185,9 +190,8 @@ class AveragerClient:
                 raise
             except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
                 logger.warning("learner %s: round %d refused (%s): rejoining", self.learner, sent, exc)
-                reply = self.join(
-                    seed=self.held
-                )  # ends the channel generation: a resend goes through the store
+                # A join ends the channel generation: a resend goes through the store.
+                reply = self.join(seed=self.held)
                 if reply.next_round == sent:
                     continue  # the averager came back (or took us back) before this round: resend it
                 logger.warning(
