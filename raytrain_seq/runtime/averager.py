@@ -103,8 +103,7 @@ class ParameterAverager:
     of a round's settled position); None: unknown, every validation starts when its round closes.
     actor_id: returns this actor's id, which tells a restart by Ray from a first start (None: Ray's).
     channels: move a linked group's bytes through shared-memory channels (``elastic.channels``; only a
-    pool of shard actors has them); self_reader: this actor as a channel reader, (handle, node) (None:
-    Ray's own handle).
+    pool of shard actors has them).
     """
 
     def __init__(
@@ -131,7 +130,6 @@ class ParameterAverager:
         tracker: str = "none",
         actor_id: Callable[[], str | None] | None = None,
         channels: bool = False,
-        self_reader: Callable[[], tuple[Any, str]] | None = None,
     ) -> None:
         flags = (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments))
         for name, flag in (*flags, ("merge_bn_stats", merge_bn_stats)):
@@ -162,9 +160,8 @@ class ParameterAverager:
         self._local: asyncio.Task | None = None
         # Channel generations (elastic.channels): the bytes of a stable group's rounds go through
         # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
-        # pool of shard actors has channels; self_reader gives this actor's (handle, node) as a reader.
+        # pool of shard actors has channels.
         self._channels = ChannelBook(enabled=channels and getattr(self._pool, "supports_channels", False))
-        self._self_reader = self_reader or _self_reader
         self._linked: asyncio.Event = asyncio.Event()
         self._channel_reads = asyncio.Lock()  # a channel's values are read in order, once each
         actor = (actor_id or _actor_id)() if run_dir is not None else None
@@ -502,7 +499,7 @@ class ParameterAverager:
             return None
         if decision == "complete":
             book, event = self._channels, self._linked
-            readers = [*book.readers(), self._self_reader()]
+            readers = [*book.readers(), _self_reader()]
             try:
                 inputs = await self._pool.open_channels(generation, book.shard_inputs(), readers, link.nbytes)
             except Exception as exc:
