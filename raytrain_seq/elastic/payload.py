@@ -580,7 +580,7 @@ class InProcessStore:
 class ShardPool(Protocol):
     """Merges a round's flat payloads, one shard per slice; ``count`` shards. A pool whose
     ``supports_channels`` is True also opens channel generations (``elastic.channels``; ``RayShards``):
-    ``targets``, ``open_channels`` and ``results``."""
+    ``targets`` and ``open_channels``."""
 
     count: int
     supports_channels: bool

@@ -161,7 +161,7 @@ class ParameterAverager:
         # Channel generations (elastic.channels): the bytes of a stable group's rounds go through
         # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
         # pool of shard actors has channels.
-        self._channels = ChannelBook(enabled=channels and getattr(self._pool, "supports_channels", False))
+        self._channels = ChannelBook(enabled=channels and self._pool.supports_channels)
         self._linked: asyncio.Event = asyncio.Event()
         self._channel_reads = asyncio.Lock()  # a channel's values are read in order, once each
         actor = (actor_id or _actor_id)() if run_dir is not None else None

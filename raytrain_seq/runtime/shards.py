@@ -13,7 +13,7 @@ per round, as in a reduce-scatter + all-gather, where the star's single actor ha
 Channels (``elastic.channels``): once a group's generation is live, a learner's part is a ``Channelled``
 marker and shard i reads it from that member's channel (``open_channels`` gave it them), and, when every
 member sent through the channels, writes the merged slice into its own channel instead of returning
-it; ``result`` hands the control plane a round's merged slice on request. A restarted shard has no
+it; ``result`` returns a round's merged slice again when only some shards could write theirs. A restarted shard has no
 channels: it says so (``load["lost_channels"]``) and the round goes through the store again.
 
 A learner frozen just after it sent its round (a stall, a swapped-out host) owns slices that a shard on
@@ -250,7 +250,6 @@ class RayShards:
         self.count = check_number("shards", count, 1)
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
-        self._shard_nodes: list[str] = []  # each shard's node, as ``targets`` last found them
 
     def place(self, learner: Learner, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
@@ -324,8 +323,8 @@ class RayShards:
     async def targets(self) -> list[tuple[Any, str]]:
         """Per shard, (its handle, its node): where every member's channel to it goes."""
         handles = self._ensure()
-        self._shard_nodes = list(await asyncio.gather(*(shard.node.remote() for shard in handles)))
-        return list(zip(handles, self._shard_nodes, strict=True))
+        nodes = await asyncio.gather(*(shard.node.remote() for shard in handles))
+        return list(zip(handles, nodes, strict=True))
 
     async def open_channels(
         self, generation: int, inputs: list[list[Any]], readers: list[tuple[Any, str]], nbytes: Sequence[int]
@@ -337,18 +336,12 @@ class RayShards:
         load the learner's class, and torch with it (``runtime.channels.for_readers`` says what that
         cost). A reader on another node is named by its own handle: the channel has it make its copy of
         the buffer there."""
-        shards = self._ensure()
-        nodes = self._shard_nodes or list(await asyncio.gather(*(s.node.remote() for s in shards)))
         calls = []
-        for i, shard in enumerate(shards):
-            named = [(shard if node == nodes[i] else handle, node) for handle, node in readers]
+        # The shards' nodes as they are now (a shard Ray restarted since the plan may have moved).
+        for i, (shard, node_i) in enumerate(await self.targets()):
+            named = [(shard if node == node_i else handle, node) for handle, node in readers]
             calls.append(shard.open_channels.remote(generation, inputs[i], named, nbytes[i]))
         return list(await asyncio.gather(*calls))
-
-    def results(self, round: int) -> list[Any]:
-        """References to every shard's merged slice of ``round`` (None behind one that moved on or
-        restarted): the control plane's copy of a round that went through the channels."""
-        return [shard.result.remote(round) for shard in self._ensure()]
 
 
 class RayStore:
