@@ -8,22 +8,31 @@ small CNN at 32 from 36), rows are laid out by the packer from the real UCF101 s
 them). Three ways of feeding the same model, optimizer and micro-batch size, interleaved round by round:
 
 1. **learner** (what ``runtime.learner`` does): rows at the cache size with each sequence's seeded crop
-   draws, staged one mini-batch ahead by ``step.RowPrefetcher`` (on CUDA: ``stage_rows`` in a thread,
-   its copies and the crop and flip on a side stream, while the current step trains), then ``InnerStep``.
-2. **in place**: the same rows staged by ``stage_rows`` between two steps (the learner before
-   ``RowPrefetcher``): the pinning and the launches of the next mini-batch wait for this step to end.
-3. **host crop** (the baseline: the pipeline crops and flips before the bytes travel, as before issue
-   13): the same rows cropped and flipped on the host beforehand, untimed, then prefetched as in 1.
-   Its frames are bit-identical to the learner's.
+   draws, collated one mini-batch ahead into pinned host memory by ``step.RowPrefetcher`` (a thread on
+   CUDA), then ``InnerStep`` with ``step.MicroBatchStage``: each micro-batch is copied to the device and
+   cropped and flipped there while the previous one computes; the device never holds the mini-batch.
+2. **whole batch** (the learner before micro-batch streaming reached its input): the same rows staged
+   whole by ``stage_rows`` between two steps (the mini-batch copied to the device and cropped there),
+   then streamed through the model from the device.
+3. **host crop** (the baseline before issue 13: the pipeline crops and flips before the bytes travel):
+   the same rows cropped and flipped on the host beforehand, untimed, then prefetched and streamed as
+   in 1. Its frames are bit-identical to the learner's.
 
-Prints the useful frames/s of each and two ratios: learner / in place (what prefetching gains) and
-learner / host crop (1.0 means the crop and flip moved onto the learner cost it nothing); the share of
-the wall the training thread spent staging; on CUDA the peak memory. ``--json`` prints the headline as
-one JSON last line. Imports no ray, so it runs on a bare GPU machine:
+Prints the useful frames/s of each and two ratios: learner / whole batch and learner / host crop (1.0
+means the crop and flip moved onto the learner cost it nothing); the share of the wall the training
+thread spent staging; on CUDA the peak memory.
+
+``--memory-cap-gib G --batch-size 576`` (CUDA) is the micro-batch streaming check instead: with
+``torch.cuda.set_per_process_memory_fraction`` capping this process at G GiB (default: 0.8 x the bytes
+the whole staged mini-batch needs for its input alone, uncropped and cropped), one step of the streamed
+learner at ``micro_batch_size="auto"`` beside one step of the whole-batch way; the streamed one must
+train where the whole batch runs out of memory. ``--json`` prints the headline as one JSON last line.
+Imports no ray, so it runs on a bare GPU machine:
 
     python bench/learner_device.py                         # ucf101-rgb on CUDA, demo on a CPU
     python bench/learner_device.py --preset demo --json
     python bench/learner_device.py --precision bf16          # autocast, as a GPU user would train
+    python bench/learner_device.py --precision bf16 --batch-size 576 --memory-cap-gib 8 --json
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from raytrain_seq.config import PRECISIONS, Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.models import build_model
 from raytrain_seq.packing import pack
-from raytrain_seq.step import InnerStep, RowPrefetcher, build_optimizer, stage_rows
+from raytrain_seq.step import InnerStep, MicroBatchStage, RowPrefetcher, build_optimizer, stage_rows
 
 DRAWS = ("tops", "lefts", "flips")
 
@@ -91,11 +100,11 @@ def host_cropped(rows: dict[str, np.ndarray], crop: int) -> dict[str, np.ndarray
     return {**{k: v for k, v in rows.items() if k not in DRAWS and k != "frames"}, "frames": frames.numpy()}
 
 
-def run_way(
-    step: InnerStep, batches: list[dict], prefetcher: RowPrefetcher | None, device: torch.device, crop: int
-) -> dict[str, float]:
-    """The learner's loop over ``batches``, one mini-batch staged ahead (``prefetcher`` None: by
-    ``stage_rows`` in place): wall seconds, seconds the loop spent staging, useful frames."""
+def run_way(step: InnerStep, batches: list[dict], prefetcher: RowPrefetcher | None, device: torch.device,
+            crop: int) -> dict[str, float]:  # fmt: skip
+    """The learner's loop over ``batches``, one mini-batch collated ahead into host memory (``prefetcher``
+    None: staged whole on the device by ``stage_rows``, in place): wall seconds, seconds the loop spent
+    staging, useful frames."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def stage(rows):
@@ -123,6 +132,64 @@ def run_way(
     return {"wall": time.perf_counter() - began, "staged_s": staged_s, "frames": frames}
 
 
+def build_steps(config: Config, device: torch.device, micro_batch_size: int | str) -> dict[str, InnerStep]:
+    """One model and optimizer, two steps over them: streamed (``MicroBatchStage``: the micro-batches'
+    input copied and cropped on the device) and plain (the batch's tensors moved as they are)."""
+    m, t, d = config.model, config.train, config.data
+    torch.manual_seed(0)
+    model = build_model(101, 3, m.width, m.depth, m.hidden, m.temporal, m.backbone).to(device)
+    optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr)
+    common = {"micro_batch_size": micro_batch_size, "device": device, "precision": t.precision}
+    stage = MicroBatchStage(device, crop=d.crop, flow=False)
+    return {
+        "streamed": InnerStep(model, optimizer, **common, stage=stage),
+        "plain": InnerStep(model, optimizer, **common),
+    }
+
+
+def memory_cap(config: Config, device: torch.device, cap_gib: float | None) -> dict[str, object]:
+    """One step of B rows streamed (``micro_batch_size="auto"``) and one staged whole, under a memory cap
+    the whole staged mini-batch exceeds: whether each trained, the micro-batch "auto" settled on, and
+    the peak device memory."""
+    d = config.data
+    batches, t_max = make_rows(config, 1, seed=0)
+    rows = batches[0]
+    whole_input = rows["frames"].nbytes + rows["frames"].nbytes * (d.crop / d.cache_size) ** 2
+    cap = cap_gib * 2**30 if cap_gib is not None else 0.8 * whole_input
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    steps = build_steps(config, device, "auto")
+    outcome: dict[str, object] = {
+        "batch_size": int(rows["frames"].shape[0]),
+        "t_max": t_max,
+        "whole_input_gib": round(whole_input / 2**30, 2),
+        "cap_gib": round(cap / 2**30, 2),
+    }
+    prefetcher = RowPrefetcher(device)
+    host = prefetcher.wait(prefetcher.submit(rows))  # pinned host memory: what the learner streams from
+    prefetcher.close()
+    for way in ("streamed", "whole batch"):
+        step = steps["streamed" if way == "streamed" else "plain"]
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        began = time.perf_counter()
+        try:
+            batch = host if way == "streamed" else stage_rows(rows, device, crop=d.crop, flow=False)
+            stats = step(batch)
+        except torch.cuda.OutOfMemoryError as exc:
+            outcome[way] = {"trained": False, "error": str(exc).splitlines()[0][:160]}
+        else:
+            outcome[way] = {
+                "trained": True,
+                "frames": stats.frames,
+                "seconds": round(time.perf_counter() - began, 2),
+                "micro_batch": step.sizer.known(step.model, batch) or outcome["batch_size"],
+            }
+        batch = None
+        outcome[way]["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    return outcome
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cuda = torch.cuda.is_available()
@@ -134,38 +201,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--precision", choices=PRECISIONS, default=None, help="train.precision (default: the preset's)"
     )
+    parser.add_argument("--batch-size", type=int, default=None, help="rows a step (default: the preset's)")
+    parser.add_argument(
+        "--memory-cap-gib", type=float, default=None, nargs="?", const=0.0,
+        help="the streaming check under a CUDA memory cap (0 or no value: 0.8 x the whole batch's input)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the headline as one JSON last line")
     args = parser.parse_args(argv)
     for name in ("steps", "rounds", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     device = torch.device(args.device)
     if device.type == "cuda" and not cuda:
         parser.error(f"--device {args.device}: torch sees no CUDA device; pass --device cpu")
+    if args.memory_cap_gib is not None and device.type != "cuda":
+        parser.error("--memory-cap-gib caps CUDA memory: run it on a GPU (--device cuda)")
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("raytrain_seq.microbatch").setLevel(logging.INFO)  # what "auto" settled on
-    config = Config.from_preset(args.preset, **({"precision": args.precision} if args.precision else {}))
+    overrides = {"precision": args.precision} if args.precision else {}
+    if args.batch_size is not None:
+        overrides.update(batch_size=args.batch_size, max_batch_size=max(args.batch_size, 576))
+    config = Config.from_preset(args.preset, **overrides)
+    if args.memory_cap_gib is not None:
+        outcome = memory_cap(config, device, args.memory_cap_gib or None)
+        name = torch.cuda.get_device_name(device)
+        print(f"{args.preset} ({config.train.precision}) on {name}: B={outcome['batch_size']} rows x t_max "
+              f"{outcome['t_max']}, {outcome['whole_input_gib']} GiB of input staged whole, cap "
+              f"{outcome['cap_gib']} GiB")  # fmt: skip
+        for way in ("streamed", "whole batch"):
+            print(f"  {way:<12} {outcome[way]}")
+        if args.json:
+            print(json.dumps({"preset": args.preset, "precision": config.train.precision, "device": name,
+                              "memory_cap": outcome}))  # fmt: skip
+        return 0
+    return interleaved(config, args, device)
+
+
+def interleaved(config: Config, args: argparse.Namespace, device: torch.device) -> int:
+    """The three ways, interleaved round by round; prints the rates, ratios and the JSON line."""
     d, m, t = config.data, config.model, config.train
     batches, t_max = make_rows(config, args.steps, seed=0)
     cropped = [host_cropped(rows, d.crop) for rows in batches]
-    prefetcher = RowPrefetcher(device, crop=d.crop, flow=False)
-    ways = {"learner": (batches, prefetcher), "in place": (batches, None), "host crop": (cropped, prefetcher)}
-
-    torch.manual_seed(0)
-    model = build_model(101, 3, m.width, m.depth, m.hidden, m.temporal, m.backbone).to(device)
-    optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr)
-    step = InnerStep(
-        model, optimizer, micro_batch_size=t.micro_batch_size, device=device, precision=t.precision
-    )
-    # Warm-up, untimed: cuDNN's algorithm choice, the allocator, "auto"'s micro-batch probe, both ways.
-    for rows, staging in ways.values():
+    prefetcher = RowPrefetcher(device)
+    steps = build_steps(config, device, t.micro_batch_size)
+    # way -> (rows, prefetcher or None for staging the whole batch in place, step)
+    ways = {
+        "learner": (batches, prefetcher, steps["streamed"]),
+        "whole batch": (batches, None, steps["plain"]),
+        "host crop": (cropped, prefetcher, steps["plain"]),
+    }
+    # Warm-up, untimed: cuDNN's algorithm choice, the allocator, "auto"'s micro-batch probe, every way.
+    for rows, staging, step in ways.values():
         run_way(step, rows[:2], staging, device, d.crop)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in ways}
     for _ in range(args.rounds):
-        for name, (rows, staging) in ways.items():
+        for name, (rows, staging, step) in ways.items():
             results[name].append(run_way(step, rows, staging, device, d.crop))
     prefetcher.close()
     rate = {name: statistics.median(r["frames"] / r["wall"] for r in runs) for name, runs in results.items()}
@@ -177,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     rows_mb = batches[0]["frames"].nbytes / 2**20
     print(
         f"{args.preset} on {name}: {m.backbone} encoder, {t.batch_size} rows x t_max {t_max}, cache "
-        f"{d.cache_size} -> crop {d.crop}, micro-batch {step.micro_batch_size} ({t.precision}), "
+        f"{d.cache_size} -> crop {d.crop}, micro-batch {t.micro_batch_size} ({t.precision}), "
         f"{rows_mb:.0f} MiB of uncropped frames a mini-batch; median of {args.rounds} interleaved rounds "
         f"of {args.steps} steps"
     )
@@ -185,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     for way in ways:
         print(f"{way:<12}{rate[way]:>17.0f}{staged[way]:>22.1%}")
     ratio = rate["learner"] / rate["host crop"]
-    gain = rate["learner"] / rate["in place"]
+    gain = rate["learner"] / rate["whole batch"]
     print(
-        f"learner / in place: {gain:.3f}x (what staging ahead gains); learner / host crop: {ratio:.3f}x "
-        "(1.0: the crop and flip cost the learner nothing)"
+        f"learner / whole batch: {gain:.3f}x (streamed input against the mini-batch staged whole); "
+        f"learner / host crop: {ratio:.3f}x (1.0: the crop and flip cost the learner nothing)"
         + (f"; peak device memory {peak:.1f} GiB" if peak is not None else "")
     )
     if args.json:
@@ -197,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
             "precision": t.precision,
             "device": name,
             "learner_frames_s": round(rate["learner"], 1),
-            "in_place_frames_s": round(rate["in place"], 1),
+            "whole_batch_frames_s": round(rate["whole batch"], 1),
             "host_crop_frames_s": round(rate["host crop"], 1),
-            "learner_vs_in_place": round(gain, 3),
+            "learner_vs_whole_batch": round(gain, 3),
             "learner_vs_host_crop": round(ratio, 3),
             "staging_share": {way: round(share, 3) for way, share in staged.items()},
             "peak_gib": None if peak is None else round(peak, 2),

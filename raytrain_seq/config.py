@@ -63,6 +63,7 @@ OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "none")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+VALIDATORS: tuple[str, ...] = ("auto", "learners", "evaluator")
 PACKINGS: tuple[str, ...] = STRATEGIES
 
 
@@ -297,7 +298,11 @@ class TrainConfig:
     checkpoint_every: int = 1
     """Save a checkpoint every this many averaging rounds."""
     use_gpu: bool | None = None
-    """Train on GPUs: True, False, or None = when the cluster has GPUs."""
+    """Train on GPUs: True, False, or None = when the cluster has enough GPUs for the learners."""
+    gpus_per_learner: float = 1.0
+    """GPU share each learner holds when it trains on a GPU: 1, or a fraction (0.5: two learners per GPU)."""
+    validator: str = "auto"
+    """Who scores validation rounds: "learners" (each its share), "evaluator" (the averager's thread), "auto" (learners on GPUs)."""
     precision: str = "fp32"
     """Forward-pass precision: "fp32", or autocast to "bf16" or "fp16" (fp16 with a gradient scaler)."""
     lr_schedule: str = "constant"
@@ -387,6 +392,20 @@ class TrainConfig:
                 "train.averager_shards", self.averager_shards, 1, "use 1 or more, or None for one per learner"
             )
         optional_bool("train.use_gpu", self.use_gpu, "None = when the cluster has GPUs")
+        number(
+            "train.gpus_per_learner",
+            self.gpus_per_learner,
+            "> 0",
+            lambda v: v > 0,
+            "use 1 (a GPU per learner) or a fraction such as 0.5 (two learners share a GPU)",
+        )
+        if self.gpus_per_learner > 1:
+            raise ValueError(
+                f"train.gpus_per_learner={self.gpus_per_learner:g}: a learner is one process driving one GPU; "
+                "give at most 1 (or a fraction, 0.5 to share a GPU between two learners) and raise "
+                "--learners to use more GPUs"
+            )
+        choice("train.validator", self.validator, VALIDATORS)
         choice("train.precision", self.precision, PRECISIONS)
         choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         int_at_least("train.warmup_steps", self.warmup_steps, 0, "use 0 for no warm-up, e.g. 500")

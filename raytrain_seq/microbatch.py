@@ -15,13 +15,17 @@ count, the item count ``N`` of the whole mini-batch is counted before the first 
 is exactly ``d(sum of all item losses / N)``, whatever the split; the counts ``loss_fn`` reports are
 checked against ``N`` at the end.
 
-Streaming. On CUDA, with the batch in host memory, each micro-batch is copied into pinned memory and
-sent with ``non_blocking=True`` on a side stream while the previous micro-batch computes (so two
-micro-batches of input live on the device at once). On CPU the micro-batches just run in turn.
+Streaming. The mini-batch stays where the caller keeps it (host memory, pinned on CUDA) and one
+micro-batch at a time reaches the device through ``stage`` (default: every tensor copied there; a learner
+copies its frames and crops them on the device). Micro-batch i + 1 is staged right after micro-batch i's
+forward and backward are queued, on CUDA on a side stream, so its copy and its staging kernels overlap
+micro-batch i's compute; on every device at most two micro-batches of input exist at once (the one
+computing and the next), so the device memory for inputs is O(micro-batch) whatever the mini-batch.
 
 Fit finder (``micro_batch_size="auto"``). ``MicroBatchSizer`` starts from the whole mini-batch; on
-``torch.cuda.OutOfMemoryError`` it clears the gradients, restores BatchNorm running statistics, empties
-the CUDA cache, halves the size and restarts the mini-batch, so the final gradient is still exact. The
+``torch.cuda.OutOfMemoryError`` (in the step, or while staging a micro-batch) it clears the gradients,
+restores BatchNorm running statistics, empties the CUDA cache, halves the size and restarts the
+mini-batch, so the final gradient is still exact. The
 size that worked is remembered per model and per-sample shape/dtype. CPU memory exhaustion is not a
 recoverable error, so on CPU "auto" means the whole batch.
 
@@ -52,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 Batch = Mapping[str, Tensor] | Tensor
 LossFn = Callable[[nn.Module, Batch], "tuple[Tensor, int | Tensor]"]
+# A micro-batch (a slice of the mini-batch where the caller keeps it) -> what loss_fn reads, on the device.
+Stage = Callable[[Batch], Batch]
 T = TypeVar("T")
 
 # Errors after which a smaller micro-batch may fit. torch.cuda.OutOfMemoryError exists in CPU builds
@@ -259,50 +265,61 @@ def _resolve_device(model: nn.Module, device: torch.device | str | None) -> torc
     return resolved
 
 
-def _to(tensor: Tensor, device: torch.device | None) -> Tensor:
-    return tensor if device is None or tensor.device == device else tensor.to(device)
+def device_stage(device: torch.device | None) -> Stage:
+    """The default ``stage``: every tensor of a micro-batch moved to ``device`` (None: left where it is).
+    A host tensor bound for CUDA is copied from pinned memory with ``non_blocking=True``; one that is not
+    pinned is first copied into a pinned buffer of just this slice (the caching host allocator recycles it
+    once the asynchronous copy has read it)."""
 
-
-def _stream(batch: Batch, bounds: list[tuple[int, int]], device: torch.device | None) -> Iterator[Batch]:
-    """Micro-batches ``batch[lo:hi]`` on ``device``, prefetched on a side stream on CUDA."""
-    if device is None or device.type != "cuda":
-        for lo, hi in bounds:
-            yield _map(_slice(batch, lo, hi), lambda t: _to(t, device))
-        return
-    compute = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-
-    def prefetch(lo: int, hi: int) -> tuple[Batch, list[Tensor]]:
-        copied: list[Tensor] = []
-
-        def move(tensor: Tensor) -> Tensor:
-            if tensor.device.type != "cpu":
-                return _to(tensor, device)
+    def move(tensor: Tensor) -> Tensor:
+        if device is None or tensor.device == device:
+            return tensor
+        if device.type == "cuda" and tensor.device.type == "cpu":
             if not tensor.is_pinned():
-                # One host copy of just this slice; the caching host allocator recycles the buffer once
-                # the asynchronous copy below has read it (it records an event on the side stream).
-                pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-                tensor = pinned.copy_(tensor)
-            with torch.cuda.stream(side):
-                out = tensor.to(device, non_blocking=True)
-            copied.append(out)
-            return out
+                tensor = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)
+            return tensor.to(device, non_blocking=True)
+        return tensor.to(device)
 
-        return _map(_slice(batch, lo, hi), move), copied
+    return lambda part: _map(part, move)
 
-    current, copied = prefetch(*bounds[0])
+
+def _device_tensors(batch: Batch) -> list[Tensor]:
+    values = [batch] if isinstance(batch, Tensor) else list(batch.values())
+    return [value for value in values if isinstance(value, Tensor) and value.device.type == "cuda"]
+
+
+def _stream(
+    batch: Batch, bounds: list[tuple[int, int]], device: torch.device | None, stage: Stage
+) -> Iterator[Batch]:
+    """Micro-batches ``stage(batch[lo:hi])``, each staged once the previous one was handed out.
+
+    Micro-batch i + 1 is staged after the consumer queued micro-batch i's forward and backward and
+    before it lets go of i, so two micro-batches of input exist at once, never three. On CUDA staging
+    runs on a side stream: the copy (and the stage's kernels) overlap micro-batch i's compute.
+    """
+    side = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
+
+    def prefetch(lo: int, hi: int) -> Batch:
+        if side is None:
+            return stage(_slice(batch, lo, hi))
+        with torch.cuda.stream(side):
+            return stage(_slice(batch, lo, hi))
+
+    current = prefetch(*bounds[0])
     for i in range(len(bounds)):
-        # Only micro-batch i's copy is queued on the side stream here, so the compute stream waits for
-        # exactly that copy and not for the prefetch of i + 1 queued below.
-        compute.wait_stream(side)
-        for tensor in copied:
-            # Allocated on the side stream but read on the compute stream: without this the allocator
-            # could hand the block to a later prefetch while micro-batch i is still being computed.
-            tensor.record_stream(compute)
+        if side is not None:
+            compute = torch.cuda.current_stream(device)
+            # Only micro-batch i's staging is queued on the side stream here, so the compute stream waits
+            # for exactly that and not for the prefetch of i + 1 queued below.
+            compute.wait_stream(side)
+            for tensor in _device_tensors(current):
+                # Allocated on the side stream but read on the compute stream: without this the allocator
+                # could hand the block to a later prefetch while micro-batch i is still being computed.
+                tensor.record_stream(compute)
         yield current
-        # The consumer has queued micro-batch i's forward and backward; copy i + 1 overlaps with them.
+        # The consumer has queued micro-batch i's forward and backward; staging i + 1 overlaps with them.
         if i + 1 < len(bounds):
-            current, copied = prefetch(*bounds[i + 1])
+            current = prefetch(*bounds[i + 1])
 
 
 def _warn_batchnorm_once(model: nn.Module, num_micro_batches: int) -> None:
@@ -371,6 +388,7 @@ def _run_mini_batch(
     rows: int,
     total: int,
     device: torch.device | None,
+    stage: Stage,
 ) -> float:
     """One exact pass over the mini-batch in micro-batches of ``size``; returns the loss sum."""
     model.zero_grad(set_to_none=True)
@@ -379,7 +397,7 @@ def _run_mini_batch(
     _warn_batchnorm_once(model, len(bounds))
     loss_parts: list[Tensor] = []
     counts: list[int | Tensor] = []
-    for (lo, hi), micro_batch in zip(bounds, _stream(batch, bounds, device), strict=True):
+    for (lo, hi), micro_batch in zip(bounds, _stream(batch, bounds, device, stage), strict=True):
         loss_sum, count = _call_loss_fn(loss_fn, model, micro_batch, lo, hi)
         # Dividing by the whole mini-batch's count, not by len(bounds) as the paper does, keeps every
         # item's weight at 1/total whatever the micro-batch it lands in.
@@ -430,6 +448,7 @@ def accumulate(
     device: torch.device | str | None = None,
     count_items: Callable[[Batch], int] | None = None,
     sizer: MicroBatchSizer | None = None,
+    stage: Stage | None = None,
 ) -> float:
     """Leave in ``.grad`` the gradient of (sum of item losses / item count) over ``batch``; return that mean.
 
@@ -445,8 +464,11 @@ def accumulate(
     depend on it, so the optimizer treats the same parameters the same way whatever the split. A batch
     of 0 items (all filler rows) runs no forward, leaves all-zero gradients and returns 0.0.
 
-    ``device``: where the micro-batches go (default: the model's device). On CUDA, host tensors are
-    copied from pinned memory, non-blocking, one micro-batch ahead on a side stream.
+    ``device``: where the micro-batches go (default: the model's device). ``stage(micro_batch)`` takes
+    each slice of ``batch`` to it and returns what ``loss_fn`` reads (default ``device_stage``: every
+    tensor copied there, from pinned memory and non-blocking on CUDA); it runs one micro-batch ahead, on
+    CUDA on a side stream, and never more than two micro-batches of input exist at once, so ``batch``
+    may be far larger than the device (keep it in pinned host memory on CUDA).
 
     ``micro_batch_size="auto"``: start from the whole batch and halve after each
     ``torch.cuda.OutOfMemoryError`` (restarting the mini-batch, so the gradient stays exact), with
@@ -466,8 +488,11 @@ def accumulate(
         raise TypeError(
             "count_items is not callable; pass a function (batch) -> int, or None for the default"
         )
+    if stage is not None and not callable(stage):
+        raise TypeError("stage is not callable; pass a function (micro_batch) -> micro_batch, or None")
     rows = num_samples(batch)
     device = _resolve_device(model, device)
+    stage = device_stage(device) if stage is None else stage
     counter = default_count_items if count_items is None else count_items
     total = _as_count(counter(batch), "count_items(batch)")
     if rows == 0 and total > 0:
@@ -481,7 +506,9 @@ def accumulate(
         return 0.0
 
     def attempt(size: int) -> float:
-        return _run_mini_batch(model, batch, loss_fn, size, rows=rows, total=total, device=device)
+        return _run_mini_batch(
+            model, batch, loss_fn, size, rows=rows, total=total, device=device, stage=stage
+        )
 
     if micro_batch_size != "auto":
         loss_total = attempt(min(int(micro_batch_size), rows))

@@ -70,35 +70,66 @@ def collate_stream(stream: Any, rows: int = 16) -> list[dict[str, torch.Tensor]]
     return batches
 
 
+# The crop and flip draws of each sequence (training rows): read on the host by the crop, never sent on.
+CROP_DRAWS = ("tops", "lefts", "flips")
+
+
+def host_rows(rows: Mapping[str, np.ndarray], *, pin: bool) -> dict[str, torch.Tensor]:
+    """Block rows collated into host tensors, in pinned memory when ``pin`` (a CUDA learner: its
+    micro-batches are then copied to the device with ``non_blocking=True`` straight from here)."""
+    batch = collate_rows(rows)
+    if pin:
+        batch = {key: value.pin_memory() for key, value in batch.items()}
+    return batch
+
+
+class MicroBatchStage:
+    """How a micro-batch of block rows reaches the learner's device (``microbatch.accumulate``'s stage).
+
+    ``frames`` is copied to ``device`` (from pinned memory, non-blocking, on CUDA); rows that carry each
+    sequence's seeded crop draws (``tops``, ``lefts``, ``flips``: the learner's training rows, uncropped
+    at the cache size) are cropped and flipped there (``augment.final_augment_batch``), so only the
+    micro-batch's uncropped frames ever reach the device, and only for as long as the crop takes. The
+    reset table (``starts``, ``lengths``, ``labels``, ``num_sequences``) stays on the host, where the
+    model and the crop read it without a device synchronisation.
+    """
+
+    def __init__(self, device: torch.device | str | None, *, crop: int, flow: bool) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.crop, self.flow = crop, flow
+
+    def __call__(self, part: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        part = dict(part)
+        draws = {key: part.pop(key) for key in CROP_DRAWS if key in part}
+        frames = part["frames"]
+        if self.device.type == "cuda" and frames.device.type == "cpu":
+            if not frames.is_pinned():  # a mini-batch topped up after B grew (torch.cat): not pinned
+                frames = frames.pin_memory()
+            frames = frames.to(self.device, non_blocking=True)
+        elif frames.device != self.device:
+            frames = frames.to(self.device)
+        if draws:
+            layout = {key: part[key] for key in ("starts", "lengths")}
+            frames = final_augment_batch(frames, crop=self.crop, flow=self.flow, **layout, **draws)
+        part["frames"] = frames
+        return part
+
+
 def stage_rows(
     rows: Mapping[str, np.ndarray], device: torch.device | str | None, *, crop: int, flow: bool
 ) -> dict[str, torch.Tensor]:
-    """Block rows as tensors on ``device``, final-augmented there when the rows carry the crop draws.
-
-    Rows from the learner's row stream hold the cached partial augmentation, uncropped (uint8, the
-    cache size), and each sequence's seeded ``tops``, ``lefts``, ``flips``: the crop and flip run here
-    on the whole mini-batch (``augment.final_augment_batch``), on the GPU when there is one. On CUDA the
-    host tensors are pinned and copied with ``non_blocking=True``, so staging the next mini-batch before
-    the current step overlaps the copy with compute. Rows without the draws are final already.
-    """
-    batch = collate_rows(rows)
-    # The crop's draws and the rows' layout stay on the host: the crop reads them there, per sequence.
-    draws = {key: batch.pop(key) for key in ("tops", "lefts", "flips") if key in batch}
-    layout = {key: batch[key] for key in ("starts", "lengths")} if draws else {}
+    """A whole mini-batch staged at once: ``MicroBatchStage`` of all its rows (frames on ``device``,
+    final-augmented there when the rows carry the crop draws; the reset table on the host). What the
+    learner did before it streamed micro-batches, kept as the baseline the benchmark measures the
+    streamed learner against and for callers that want the final frames of a few rows."""
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda":
-        batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
-    elif device.type != "cpu":
-        batch = {key: value.to(device) for key, value in batch.items()}
-    if draws:
-        batch["frames"] = final_augment_batch(batch["frames"], crop=crop, flow=flow, **layout, **draws)
-    return batch
+    return MicroBatchStage(device, crop=crop, flow=flow)(host_rows(rows, pin=device.type == "cuda"))
 
 
 @dataclass(frozen=True)
 class Staged:
-    """A mini-batch on its way to the device (``RowPrefetcher.submit``): staging in a thread (``future``)
-    or done in place (``value``, or the ``error`` it raised)."""
+    """A mini-batch on its way to host memory (``RowPrefetcher.submit``): collating in a thread
+    (``future``) or done in place (``value``, or the ``error`` it raised)."""
 
     future: Future | None = None
     value: Any = None
@@ -114,57 +145,38 @@ class Staged:
 
 
 class RowPrefetcher:
-    """``stage_rows`` for the next mini-batch while this one trains: ``submit(rows)``, later ``wait``.
+    """``host_rows`` for the next mini-batch while this one trains: ``submit(rows)``, later ``wait``.
 
-    On CUDA the host side of staging (pinning the frames, tens of MiB a mini-batch; launching the copies
-    and the crops) would otherwise run between two steps while the GPU idles (``bench/learner_device.py``
-    measures its share of a learner's time). Here it runs in one background thread, which queues the
-    copies and crops on a side stream; ``wait`` makes the training stream wait for exactly that mini-batch's
-    work and marks its tensors as used there, so the caching allocator does not hand their memory to the
-    next mini-batch while a step still reads them. Elsewhere (a CPU learner, whose cores its own step keeps
-    busy) ``submit`` stages in place. The bits are ``stage_rows``' either way, and an error raised while
-    staging reaches the caller at ``wait``.
+    On CUDA the mini-batch is collated into pinned host memory (tens of MiB to GiB a mini-batch) in one
+    background thread, so that the GPU does not idle between two steps while the host copies it; the
+    step then streams it to the device micro-batch by micro-batch (``MicroBatchStage``), so the device
+    holds O(micro-batch) of input whatever B is. Elsewhere (a CPU learner, whose cores its own step keeps
+    busy) ``submit`` collates in place. An error raised while collating reaches the caller at ``wait``.
 
     The rows handed to ``submit`` must stay unchanged until ``wait`` returns (the learner takes the next
     rows from its stream only after that).
     """
 
-    def __init__(self, device: torch.device | str | None, *, crop: int, flow: bool) -> None:
+    def __init__(self, device: torch.device | str | None) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.crop, self.flow = crop, flow
-        cuda = self.device.type == "cuda"
-        self._side = torch.cuda.Stream(self.device) if cuda else None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stage-rows") if cuda else None
+        self.pin = self.device.type == "cuda"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stage-rows") if self.pin else None
 
     def submit(self, rows: Mapping[str, np.ndarray]) -> Staged:
-        """Start staging ``rows``; the returned handle goes to ``wait``."""
+        """Start collating ``rows``; the returned handle goes to ``wait``."""
         if self._pool is not None:
-            return Staged(future=self._pool.submit(self._stage_on_side, rows))
+            return Staged(future=self._pool.submit(host_rows, rows, pin=True))
         try:
-            return Staged(value=(stage_rows(rows, self.device, crop=self.crop, flow=self.flow), None))
+            return Staged(value=host_rows(rows, pin=False))
         except Exception as error:  # kept for wait(), where the threaded path raises it too
             return Staged(error=error)
 
-    def _stage_on_side(self, rows: Mapping[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], Any]:
-        with torch.cuda.stream(self._side):
-            batch = stage_rows(rows, self.device, crop=self.crop, flow=self.flow)
-            ready = torch.cuda.Event()
-            ready.record(self._side)
-        return batch, ready
-
     def wait(self, staged: Staged) -> dict[str, torch.Tensor]:
-        """The staged mini-batch, usable on the caller's current stream."""
-        batch, ready = staged.result()
-        if ready is not None:
-            stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(ready)
-            for tensor in batch.values():
-                if tensor.device.type == "cuda":
-                    tensor.record_stream(stream)
-        return batch
+        """The collated mini-batch, in host memory (pinned on CUDA)."""
+        return staged.result()
 
     def close(self) -> None:
-        """Stop the staging thread (after the last ``wait``)."""
+        """Stop the collating thread (after the last ``wait``)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
@@ -311,6 +323,9 @@ class InnerStep:
     scaler and counted like a filler step, so the learners' Adam step counts stay in lockstep.
     ``lr``: a ``LearningRate`` set on the optimizer before each step (None: the optimizer's own rate).
     ``loss_fn``: a micro-batch's (loss sum, sequence count), under the autocast (default ``sequence_loss``).
+    ``stage``: how each micro-batch reaches the device (``MicroBatchStage``: a learner's mini-batch stays
+    in host memory and only its micro-batches go to the device, cropped there); None: every tensor is
+    moved as it is (``microbatch.device_stage``).
     """
 
     def __init__(
@@ -323,6 +338,7 @@ class InnerStep:
         precision: str = "fp32",
         lr: LearningRate | None = None,
         loss_fn: Callable[[nn.Module, Mapping[str, torch.Tensor]], tuple[torch.Tensor, int]] = sequence_loss,
+        stage: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -334,6 +350,7 @@ class InnerStep:
         self.sizer = MicroBatchSizer()
         self.precision, self.lr = precision, lr
         self.loss_fn = loss_fn
+        self.stage = stage
         device_type = (self.device or next(model.parameters()).device).type
         self._autocast = {"device_type": device_type, "enabled": precision != "fp32"}
         if precision != "fp32":
@@ -365,6 +382,7 @@ class InnerStep:
             micro_batch_size=self.micro_batch_size,
             device=self.device,
             sizer=self.sizer,
+            stage=self.stage,
         )
         if self.scaler.is_enabled():
             loss /= self.scaler.get_scale()
@@ -417,6 +435,33 @@ class EvalResult:
         rates = [c / t for c, t in self.per_class.values() if t]
         return sum(rates) / len(rates) if rates else 0.0
 
+    def tallies(self) -> dict[str, Any]:
+        """The counts that a learner sends for its share of a split (plain types; no loss: the shares'
+        sums need none): ``from_tallies`` rebuilds the result, ``combine`` sums the shares."""
+        return {
+            "correct": sum(c for c, _ in self.per_class.values()),
+            "sequences": self.sequences,
+            "per_class": {str(k): list(v) for k, v in self.per_class.items()},
+            "top5_correct": self.top5_correct,
+            "confusion": {f"{t},{p}": n for (t, p), n in self.confusion.items()},
+        }
+
+    @classmethod
+    def from_tallies(cls, tallies: Mapping[str, Any]) -> EvalResult:
+        """The result behind ``tallies()`` (loss 0: not sent)."""
+        sequences = int(tallies["sequences"])
+        return cls(
+            accuracy=int(tallies["correct"]) / sequences if sequences else 0.0,
+            loss=0.0,
+            sequences=sequences,
+            per_class={int(k): (int(c), int(t)) for k, (c, t) in tallies.get("per_class", {}).items()},
+            top5_correct=int(tallies.get("top5_correct", 0)),
+            confusion={
+                tuple(int(v) for v in cell.split(",")): int(n)
+                for cell, n in tallies.get("confusion", {}).items()
+            },
+        )
+
     @classmethod
     def combine(cls, parts: Iterable[EvalResult]) -> EvalResult:
         """One result for the union of disjoint shards' sequences (counts summed, means re-weighted)."""
@@ -468,15 +513,26 @@ def view_probabilities(
     return total / len(views), labels
 
 
-def eval_micro_batch_size(micro_batch_size: int | str) -> int:
-    """Rows per forward-only micro-batch when scoring: the training micro-batch (``"auto"``: 4).
+# Rows per forward-only micro-batch when a GPU scores with micro_batch_size="auto": an evaluation batch
+# (``collate_stream``'s 16 rows) at once.
+CUDA_EVAL_ROWS = 16
 
-    Why not larger, though a forward pass without autograd would fit several times the rows: on a CPU the
+
+def eval_micro_batch_size(micro_batch_size: int | str, device: torch.device | str | None = None) -> int:
+    """Rows per forward-only micro-batch when scoring: the training micro-batch (``"auto"``: 4 on a CPU,
+    ``CUDA_EVAL_ROWS`` on a GPU).
+
+    Why not larger on a CPU, though a forward pass without autograd would fit several times the rows: the
     frame encoder's activations of a bigger micro-batch fall out of the caches, and the demo model scored
     slower per row at 16 rows a micro-batch than at 4 (timed by hand: docs/LOG.md, 2026-11-23, issue 13).
-    The training size is the one known to fit on the learner's device and to run at training's rate.
+    The training size is the one known to fit on the learner's device and to run at training's rate. A
+    GPU needs the rows to fill it, and a forward pass without autograd holds one layer's activations at
+    a time, far less than the training step that "auto" sized.
     """
-    return micro_batch_size if isinstance(micro_batch_size, int) else 4
+    if isinstance(micro_batch_size, int):
+        return micro_batch_size
+    cuda = device is not None and torch.device(device).type == "cuda"
+    return CUDA_EVAL_ROWS if cuda else 4
 
 
 def evaluate(
@@ -488,13 +544,21 @@ def evaluate(
     views: Sequence[tuple[int, int, bool]] | None = None,
     crop: int | None = None,
     flow: bool = False,
+    precision: str = "fp32",
 ) -> EvalResult:
     """Score every real sequence of ``batches`` (dicts of block-row tensors) without autograd.
 
     ``views`` (with ``crop``): the batches hold uncropped frames and each sequence is scored on every
     (top, left, flip) view, the softmax averaged (multi-view testing); the loss is then the negative log
-    of the averaged probability. None: the frames are final already (one view)."""
+    of the averaged probability. None: the frames are final already (one view). Only the frames go to
+    ``device`` (the reset table is read on the host); ``precision`` autocasts the forward passes as
+    training does ("bf16", "fp16"), the scores are computed in float32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    autocast = {"device_type": device.type, "enabled": precision != "fp32"}
+    if precision != "fp32":
+        autocast["dtype"] = torch.bfloat16 if precision == "bf16" else torch.float16
     was_training = model.training
     model.eval()
     correct = total = top5 = 0
@@ -505,12 +569,15 @@ def evaluate(
         for batch in batches:
             rows = int(batch["num_sequences"].shape[0])
             for lo in range(0, rows, micro_batch_size):
-                part = {key: value[lo : lo + micro_batch_size].to(device) for key, value in batch.items()}
-                if views:
-                    probs, labels = view_probabilities(model, part, views, crop=crop, flow=flow)
-                    logits = torch.log(probs.clamp_min(1e-12))  # log-probabilities rank like logits
-                else:
-                    logits, labels = predict(model, part)
+                part = {key: value[lo : lo + micro_batch_size] for key, value in batch.items()}
+                part["frames"] = part["frames"].to(device)
+                with torch.autocast(**autocast):
+                    if views:
+                        probs, labels = view_probabilities(model, part, views, crop=crop, flow=flow)
+                        logits = torch.log(probs.clamp_min(1e-12))  # log-probabilities rank like logits
+                    else:
+                        logits, labels = predict(model, part)
+                logits = logits.float()
                 if labels.numel() == 0:
                     continue
                 predicted = logits.argmax(1)

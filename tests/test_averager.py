@@ -428,6 +428,89 @@ def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
     assert summary["validation_history"][0]["accuracy"] == 0.3
 
 
+def _tallies(correct: int, sequences: int = 10, label: int = 0) -> dict:
+    return {"correct": correct, "sequences": sequences, "per_class": {str(label): [correct, sequences]},
+            "top5_correct": sequences, "confusion": {f"{label},{label}": correct}}  # fmt: skip
+
+
+def test_learners_validation_shares_sum_exactly_and_a_missing_one_costs_no_wait():
+    """Without an evaluator a validation round's result asks the learners to validate; their shares'
+    tallies are summed exactly (EvalResult.combine: 7 + 2 of 10 + 5 sequences, two classes) into the
+    round's validation, which decides B for the round after next; a share that never comes makes the
+    next round close at once (timeout 30 s) with the validation recorded as missed."""
+
+    async def scenario():
+        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4, b1=1.0)
+        for name in "ab":
+            await averager.join(name, 2, incarnation=name)
+        first = await asyncio.gather(*(averager.average(n, 1, 2, _tiny(1), None) for n in "ab"))
+        taken = [
+            await averager.report_validation_share("a", 1, _tallies(7, 10, 0), 2, epoch=0),
+            await averager.report_validation_share("b", 1, _tallies(2, 5, 1), 2, epoch=0),
+            await averager.report_validation_share("b", 7, _tallies(2, 5, 1), 2, epoch=0),  # not due
+        ]
+        second = await asyncio.gather(*(averager.average(n, 2, 2, _tiny(2), None) for n in "ab"))
+        await averager.report_validation_share("a", 2, _tallies(1, 10, 0), 2, epoch=0)  # b's never comes
+        began = time.monotonic()
+        third = await asyncio.gather(*(averager.average(n, 3, 2, _tiny(3), None) for n in "ab"))
+        return first, taken, second, third, time.monotonic() - began, await averager.summary()
+
+    first, taken, second, third, waited, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert all(r.validate for r in (*first, *second, *third)) and taken == [True, True, False]
+    [one, two] = summary["validation_history"]
+    assert (one["round"], one["accuracy"], one["missed"]) == (1, 9 / 15, False)
+    assert one["mean_class_accuracy"] == pytest.approx((7 / 10 + 2 / 5) / 2)
+    assert (two["round"], two["missed"]) == (2, True) and waited < 5.0
+    assert {r.state.batch_size for r in third} == {4}
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["resume", "ray-restart"])
+@pytest.mark.parametrize("mode", ["learners", "evaluator"])
+def test_a_restored_due_validation_is_scored_or_missed_but_never_waited_for(tmp_path, mode, restart):
+    """A checkpoint taken while round 1's validation was due (the run stopped, or Ray restarts the
+    averager, before anyone reported it): with learners validating, the joining learners are asked to
+    score it (``JoinReply.validate``); with an evaluator, it scores the restored state at the join. Either
+    way the next round does not wait the timeout (30 s) for a validation nobody runs: learners that do not
+    report make it a missed one at once."""
+
+    class Evaluator:
+        def __init__(self):
+            self.rounds = []
+
+        async def __call__(self, state):
+            self.rounds.append(state.round)
+            return {"accuracy": 0.5, "sequences": 10, "top5_accuracy": 1.0, "mean_class_accuracy": 0.5}
+
+    evaluator = Evaluator() if mode == "evaluator" else None
+    options = {"timeout_s": 30.0, "validate_every": 1, "batch_size": 4, "run_dir": tmp_path}
+    if restart:
+        options["actor_id"] = lambda: "actor-1"  # Ray keeps an actor's id over its restarts
+
+    async def scenario():
+        first = ParameterAverager(2, **options)
+        for name in "ab":
+            await first.join(name, 2, incarnation=name)
+        await asyncio.gather(*(first.average(n, 1, 2, _tiny(1), None) for n in "ab"))
+        state, history = await first.checkpoint_contents()
+        assert history["validation_due"] == 1  # nobody reported it before the stop
+        checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
+        again = ParameterAverager(2, **options, validator=evaluator)
+        joins = [await again.join(n, 2, incarnation=f"{n}2") for n in "ab"]
+        began = time.monotonic()
+        second = await asyncio.gather(*(again.average(n, 2, 2, _tiny(2), None) for n in "ab"))
+        return joins, second, time.monotonic() - began, await again.summary()
+
+    joins, second, waited, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert waited < 5.0 and [r.state.round for r in second] == [2, 2]
+    [restored] = [v for v in summary["validation_history"] if v["round"] == 1]
+    if mode == "learners":
+        assert [j.validate for j in joins] == [True, True]  # asked; these fakes do not report it
+        assert restored["missed"]
+    else:
+        assert [j.validate for j in joins] == [False, False] and evaluator.rounds[0] == 1
+        assert (restored["accuracy"], restored["missed"]) == (0.5, False)
+
+
 # ------------------------------------------------------------------------------- the actor on local ray
 # tests/conftest.py's ray_cluster: 2 CPUs (the default), actor logs kept out of the test output.
 RAY_CLUSTER = {"log_to_driver": False}
@@ -655,25 +738,34 @@ def test_ray_too_few_learners_raise_averaging_timeout(ray_cluster, averagers):
 
 @pytest.mark.ray
 def test_ray_validation_grows_batch_size_identically(ray_cluster, averagers):
-    """B grows by b2 in the result after the validation that asks for it, for every learner alike."""
+    """Without an evaluator the learners validate: each validation round's result asks them to, each
+    sends its share's tallies before its next round, and B grows by b2 in the result after the validation
+    that asks for it, for every learner alike. A share that never comes costs no wait: the next round
+    closes at once and records the validation as missed."""
     ray = ray_cluster
     actor = averagers["validation"]
 
-    def round_(n, report=None):
+    def tallies(correct: int) -> dict:
+        return {"correct": correct, "sequences": 10, "per_class": {"0": [correct, 10]}, "top5_correct": 10}
+
+    def round_(n, shares=None):
+        if shares is not None:  # each learner's share of round n - 1's validation, before round n
+            taken = [
+                actor.report_validation_share.remote(name, n - 1, tallies(c), 3)
+                for name, c in zip(LEARNERS, shares, strict=False)
+            ]
+            assert ray.get(taken) == [True] * len(shares)
         refs = [actor.average.remote(name, n, 3, _tiny(n + k), None) for k, name in enumerate(LEARNERS)]
-        if report is not None:
-            while ray.get(actor.summary.remote())["open_round"]["arrived"] != LEARNERS:
-                time.sleep(0.01)
-            assert not ray.wait(refs, timeout=0.1)[0]  # all in, yet round n waits for the validation
-            assert ray.get(actor.report_validation.remote(n - 1, report)) == (8 if report < 0.5 else 4)
-        return {r.state.batch_size for r in ray.get(refs, timeout=30)}
+        results = ray.get(refs, timeout=30)
+        assert all(r.validate for r in results)  # validate_every=1: every round's state is validated
+        return {r.state.batch_size for r in results}
 
     assert round_(1) == {4}
-    assert round_(2, report=0.5) == {4}  # a* = 0.5: no growth
-    assert round_(3, report=0.4) == {8}  # 0.4 < a* * b1: B doubles in the very next result
+    assert round_(2, shares=[5, 5, 5]) == {4}  # a* = 0.5: no growth
+    assert round_(3, shares=[4, 4, 4]) == {8}  # 0.4 < a* * b1: B doubles in the very next result
     start = time.monotonic()
-    assert round_(4) == {8}  # the validation of round 3 never comes: B is kept after the timeout
-    assert time.monotonic() - start > 0.9
+    assert round_(4, shares=[4, 4]) == {8}  # one share of round 3's never comes: B kept, nobody waits
+    assert time.monotonic() - start < 0.9  # the round's timeout is 1 s: it was not waited for
     history = ray.get(actor.summary.remote())["validation_history"]
     assert [(v["round"], v["batch_size"], v["missed"]) for v in history] == [
         (1, 4, False),

@@ -363,9 +363,10 @@ def test_report_adds_the_gpu_results_one_level_down_only_when_there_are_some(tmp
 
 
 # ------------------------------------------------------------------------------------- learner_device
-def test_learner_device_feeds_both_ways_the_same_frames_and_prints_its_headline(capsys):
+def test_learner_device_feeds_every_way_the_same_frames_and_prints_its_headline(capsys):
     """The host-crop baseline's rows hold exactly the frames the learner's own crop makes (only where the
-    crop runs differs), the rows carry real sequences, and a tiny run ends with the JSON headline."""
+    crop runs differs), the rows carry real sequences, and a tiny run ends with the JSON headline. The
+    memory-cap check refuses a device without CUDA memory to cap."""
     batches, t_max = learner_device.make_rows(Config.from_preset("demo"), 2, seed=0)
     assert t_max == 222 and batches[0]["frames"].shape == (4, 222, 36, 36, 3)
     for rows in batches:
@@ -382,13 +383,15 @@ def test_learner_device_feeds_both_ways_the_same_frames_and_prints_its_headline(
         assert learner_device.main(argv) == 0
     finally:
         torch.set_num_threads(threads)  # main sets a CPU learner's one thread
+    with pytest.raises(SystemExit):
+        learner_device.main(["--device", "cpu", "--memory-cap-gib", "4"])
     headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (
         headline["device"] == "CPU"
         and headline["learner_frames_s"] > 0
         and headline["host_crop_frames_s"] > 0
     )
-    for way in ("host_crop", "in_place"):
+    for way in ("host_crop", "whole_batch"):
         assert headline[f"learner_vs_{way}"] == pytest.approx(
             headline["learner_frames_s"] / headline[f"{way}_frames_s"], rel=1e-2
         )

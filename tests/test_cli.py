@@ -130,6 +130,8 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.averager_channels": ([], False, []),
     "train.checkpoint_every": (["2"], 2, []),
     "train.use_gpu": ([], True, []),
+    "train.gpus_per_learner": (["0.5"], 0.5, []),
+    "train.validator": (["learners"], "learners", []),
     "train.precision": (["bf16"], "bf16", []),
     "train.lr_schedule": (["cosine"], "cosine", []),
     "train.warmup_steps": (["100"], 100, []),

@@ -1,11 +1,41 @@
-"""How a run's own local Ray cluster is started: the object store ``run.object_store_gb`` asks for."""
+"""How a run's own local Ray cluster is started (the object store ``run.object_store_gb`` asks for) and
+which device its learners train on (``device_decision``: GPUs when they are enough, a clear error when
+``--use-gpu`` asks for more than the cluster has)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from raytrain_seq.runtime.connect import PREALLOCATE, WORKER_REUSE, store_options
+from raytrain_seq.config import RunSetupError
+from raytrain_seq.runtime.connect import PREALLOCATE, WORKER_REUSE, device_decision, store_options
+
+
+@pytest.mark.parametrize(
+    ("use_gpu", "gpus", "learners", "share", "expected", "words"),
+    [
+        (None, 2, 2, 1.0, True, "training on GPUs: 2 learners x 1 GPU of the cluster's 2"),
+        (None, 1, 2, 0.5, True, "2 learners x 0.5 GPU"),
+        (None, 1, 2, 1.0, False, "pass --gpus-per-learner 0.5 to share them"),
+        (None, 0, 2, 1.0, False, "the cluster has no GPU"),
+        (False, 8, 2, 1.0, False, "train.use_gpu is False"),
+        (True, 1, 2, 0.5, True, "train.use_gpu is True"),
+    ],
+)
+def test_the_device_decision_names_its_reason(use_gpu, gpus, learners, share, expected, words):
+    use, why = device_decision(use_gpu, gpus, learners, share)
+    assert use is expected and words in why
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fix"), [(0, "start Ray on a node with GPUs"), (1, "--gpus-per-learner 0.5")]
+)
+def test_use_gpu_without_enough_gpus_fails_with_the_count_and_the_fix(gpus, fix):
+    """--use-gpu on a cluster that cannot hold the learners: Ray Train would wait for GPUs forever."""
+    with pytest.raises(RunSetupError) as info:
+        device_decision(True, gpus, 2, 1.0)
+    message = str(info.value)
+    assert f"has {gpus} GPUs" in message and "need 2" in message and fix in message
 
 
 def test_store_options_keep_rays_default_store_unless_a_size_is_given():
@@ -13,6 +43,29 @@ def test_store_options_keep_rays_default_store_unless_a_size_is_given():
     sized = store_options(0.25)
     assert sized["object_store_memory"] == 250_000_000
     assert sized["_system_config"] == {**WORKER_REUSE, **PREALLOCATE}
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_use_gpu_waits_for_a_joined_clusters_gpu_nodes_but_not_for_its_own(monkeypatch, own):
+    """A cluster this job started has all the GPUs it will ever have: a shortfall fails at once. A joined
+    one (cluster.yaml's GPU nodes may still be booting) is polled every second for at most
+    ``worker_start_timeout_s``: here its GPUs come at the third look, and then the learners take them."""
+    import ray
+
+    from raytrain_seq.config import Config
+    from raytrain_seq.runtime.connect import choose_device
+
+    counts = iter([0, 0, 2, 2])
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": next(counts)})
+    sleeps: list[float] = []
+    config = Config.from_preset("smoke", use_gpu=True, worker_start_timeout_s=30.0)
+    if own:
+        with pytest.raises(RunSetupError, match="has 0 GPUs"):
+            choose_device(config, own_cluster=True, sleep=sleeps.append)
+        assert sleeps == []
+    else:
+        assert choose_device(config, own_cluster=False, sleep=sleeps.append) is True
+        assert sleeps == [1.0, 1.0]
 
 
 # This module's cluster (conftest's ray_cluster) is started the way connect() starts a run's own.

@@ -391,3 +391,67 @@ class RecordingPuts(InProcessStore):
     def put(self, value):
         self.puts.append(value)
         return super().put(value)
+
+
+class Recurrent(nn.Module):
+    """A linear encoder and a GRU: the learner's model in miniature, with recurrent weights to mirror."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(3, 6)
+        self.gru = nn.GRU(6, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gru(self.encoder(x))[0][:, -1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_recurrent_weights_are_mirrored_in_one_chunk_of_their_own_through_rounds(device):
+    """A recurrent module's weights stay out of the flat buffers (cuDNN runs an RNN from one weight chunk
+    of its own: a view of the round's buffer would make every forward copy and warn): the storage mirrors
+    them. A put carries their values as trained since the bind, a load writes the merged values into
+    them in place, ``holds`` stays true, and ``compact_recurrent`` (what ``LocalRounds.install`` ends with)
+    leaves them one chunk (``is_compact``; on CUDA cuDNN's, with no "not part of single contiguous chunk"
+    warning from a forward)."""
+    import warnings
+
+    from raytrain_seq.models import compact_recurrent, is_compact, recurrent_keys
+
+    torch.manual_seed(0)
+    model = Recurrent().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(5, 7, 3, device=device)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+    step()
+    keys = recurrent_keys(model)
+    assert keys == {f"gru.{n}" for n in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")}
+    params, moments = live(model, optimizer)
+    layout = FlatLayout.of(params, moments)
+    storage = FlatStorage(layout, device, mirrored=keys)
+    moved = storage.bind(params, moments)
+    assert moved == len(layout.slots) - 4  # the encoder's weights and every Adam moment are bound
+    assert not any(inside(w, b) for w in model.gru.parameters() for b in storage.buffers.values())
+    assert inside(model.encoder.weight, storage.buffers["mean/float32"])
+    step()  # training moves the mirrored weights in their own storage
+    assert storage.holds(*live(model, optimizer))
+    sent = storage.slices(2)
+    # The put carries the GRU's values as trained: its slot's bytes equal the live weight.
+    for slot in layout.slots:
+        if slot.owner == "model" and slot.key in keys:
+            flat = np.concatenate([part[slot.buffer] for part in sent])
+            got = torch.from_numpy(flat[slot.offset : slot.offset + slot.numel].copy()).view(slot.shape)
+            assert torch.equal(got, params[slot.key].detach().cpu())
+    merged = [{key: np.full_like(value, 0.25) for key, value in part.items()} for part in sent]
+    extras = layout.extras(params, moments)
+    storage.load_slices(merged, extras, into_params=params, into_moments=moments)
+    assert all(torch.all(w == 0.25) for w in model.gru.parameters())
+    assert not any(inside(w, b) for w in model.gru.parameters() for b in storage.buffers.values())
+    assert compact_recurrent(model) == 1 and is_compact(model.gru)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # cuDNN's "not part of single contiguous chunk" would raise here
+        model(x)

@@ -110,3 +110,24 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path, capsys):
     assert not math.isnan(resumed.loss_history[-1]["loss"])
     rounds = [h["round"] for h in resumed.loss_history]
     assert rounds == [1, 2], "the resumed history continues the first run's"
+
+
+def test_learners_score_validation_shares_where_no_evaluator_runs(ray_cluster, tmp_path):
+    """``validator="learners"`` (what GPU learners do, where a CPU evaluator would hold every next round):
+    each validation round is scored by the learners, each its share of the split on its own device, and
+    summed by the averager; every round's validation is there and none was missed, rank 0 spent its share's
+    time validating, and no round waited for a validation (averaging far below the 60 s timeout). A
+    resume of the run continues with the learners validating."""
+    from raytrain_seq.runtime.driver import run
+
+    config = _smoke(tmp_path, epochs=2, run_name="shares", validator="learners", tracker="none")
+    summary = run(config)
+    stored = json.loads((config.run_dir() / "summary.json").read_text())
+    assert [v["round"] for v in summary.val_accuracy_history] == [1, 2]
+    assert all(0.0 <= v["accuracy"] <= 1.0 for v in summary.val_accuracy_history)
+    assert summary.seconds["validation"] > 0 and summary.seconds["averaging"] < 30
+    assert stored["config"]["train"]["validator"] == "learners"
+    resumed = run(_smoke(tmp_path, epochs=3, run_name="shares", validator="learners", tracker="none",
+                         resume=True))  # fmt: skip
+    assert [v["round"] for v in resumed.val_accuracy_history][-1] == 3
+    assert resumed.seconds["averaging"] < 30

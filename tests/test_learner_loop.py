@@ -31,6 +31,7 @@ from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
 from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
 from raytrain_seq.elastic.sync import missed_checkpoint_rounds
+from raytrain_seq.models import is_compact
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.runtime.averager import ParameterAverager
 from raytrain_seq.runtime.learner import Learner
@@ -309,9 +310,16 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     got = learner.model.state_dict()
     assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)
     # The model and Adam lived in the flat buffers from the first round on: bound once, never moved out
-    # again by a step or an install (each of the 4 rounds would otherwise have moved them back).
+    # again by a step or an install (each of the 4 rounds would otherwise have moved them back). The
+    # GRU's weights are mirrored instead: they stay in one chunk of their own (cuDNN's layout on CUDA).
     storage = learner.rounds.storage
-    assert storage is not None and storage.moved == len(storage.layout.slots) == len(layout.slots)
+    mirrored = [s for s in layout.slots if s.owner == "model" and s.key in storage.mirrored]
+    assert storage is not None and len(storage.layout.slots) == len(layout.slots)
+    assert len(mirrored) == 4 and storage.moved == len(layout.slots) - len(mirrored)
+    gru = learner.model.temporal.gru
+    assert is_compact(gru)
+    spans = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in storage.buffers.values()]
+    assert not any(lo <= w.data_ptr() < hi for w in gru.parameters() for lo, hi in spans)
     # Not vacuous: training moved the weights away from the seeded initialisation.
     torch.manual_seed(config.data.seed)
     start = build_model_for(config, num_classes=CLASSES, in_channels=3).state_dict()
@@ -324,7 +332,10 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     assert all(torch.equal(final.state.params[k], got[k]) for k in got)
     assert final.position == {**EpochPosition(2, steps=8).as_dict(), "round": 4}
     assert reports[-1][0]["steps_trained"] == 8 and reports[-1][0]["epochs_trained"] == 2
-    assert transport.calls.count("average") == 4 and transport.calls.count("report_validation") == 4
+    # Without an evaluator every round's result asks the learner to score its share (here: all of it).
+    assert transport.calls.count("average") == 4 and transport.calls.count("report_validation_share") == 4
+    history = averager._history.summary()["validation_history"]
+    assert [v["round"] for v in history] == [1, 2, 3, 4] and not any(v.get("missed") for v in history)
 
 
 def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restart(tmp_path):
@@ -410,7 +421,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
             JoinReply(state=theirs, next_round=4, world_size=1),
         ],
         average=[StaleRoundError(0, 1, 4, "it was dropped from round 1"), "live"],
-        report_validation=[2, 2],
+        report_validation_share=[True, True],
         checkpoint_contents=[],
     )
     reports: list[dict] = []

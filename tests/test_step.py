@@ -425,3 +425,115 @@ def test_multi_view_scores_average_the_views_softmax():
     with pytest.raises(ValueError, match="test views"):
         test_views("five_crop", size, crop)
     assert len(test_views("ten_crop", size, crop)) == 10
+
+
+# ----------------------------------------------------------------------- micro-batches streamed from host
+CACHE = 11  # uncropped training rows at the cache size; the crop (SIZE) is cut per micro-batch
+
+
+def _uncropped(seed: int = 0) -> dict[str, np.ndarray]:
+    """Training rows as the learner's row stream makes them: frames at the cache size, uncropped, and
+    each sequence's seeded crop draws (0 past the row's real sequences)."""
+    rng = np.random.default_rng(seed)
+    layouts = [[5, 7], [], [3, 3, 9], [12], [4, 4], [], [10, 6, 2]]
+    rows = []
+    for lengths in layouts:
+        row = _row(rng, lengths)
+        frames = np.zeros((T_MAX, CACHE, CACHE, 3), dtype=np.uint8)
+        frames[: sum(lengths)] = rng.integers(1, 256, (sum(lengths), CACHE, CACHE, 3), dtype=np.uint8)
+        k, pad = len(lengths), SLOTS - len(lengths)
+        draws = {
+            key: np.array([*rng.integers(0, high, k), *[0] * pad], dtype=np.int64)
+            for key, high in (("tops", CACHE - SIZE + 1), ("lefts", CACHE - SIZE + 1), ("flips", 2))
+        }
+        rows.append({**row, "frames": frames, **draws})
+    return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 3])
+def test_streamed_micro_batches_cropped_on_the_device_equal_the_whole_staged_batch(micro_batch_size):
+    """The learner's layout: the mini-batch stays in host memory and each micro-batch is copied to the
+    device and cropped there (``MicroBatchStage``). One step equals, in float64, the step on the whole
+    mini-batch staged and cropped at once (``stage_rows``, one micro-batch): the same frames reach the
+    model and the gradient is exactly the full-batch one."""
+    from raytrain_seq.step import MicroBatchStage, host_rows, stage_rows
+
+    rows = _uncropped()
+    streamed, whole = _model(), _model()
+    stage = MicroBatchStage("cpu", crop=SIZE, flow=False)
+    step = InnerStep(
+        streamed, build_optimizer("adam", streamed.parameters(), lr=1e-2),
+        micro_batch_size=micro_batch_size, stage=stage,
+    )  # fmt: skip
+    got = step(host_rows(rows, pin=False))
+    reference = InnerStep(whole, build_optimizer("adam", whole.parameters(), lr=1e-2), micro_batch_size=100)
+    want = reference(stage_rows(rows, "cpu", crop=SIZE, flow=False))
+    assert got.loss == pytest.approx(want.loss, rel=1e-12) and got.sequences == want.sequences == 11
+    moved = 0.0
+    for (name, a), b, start in zip(
+        streamed.named_parameters(), whole.parameters(), _model().parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+        moved = max(moved, float((a - start).detach().abs().max()))
+    assert moved > 1e-4  # not vacuous: the step moved the weights
+
+
+def test_no_more_than_two_micro_batches_of_input_are_on_the_device_at_once():
+    """A counting stage stands in for the device: every micro-batch it hands out is counted while it is
+    alive. Over a mini-batch of 7 micro-batches at most two exist at once (the one computing and the
+    next, staged ahead) and two do at some point (the prefetch really runs ahead)."""
+    import gc
+    import weakref
+
+    from raytrain_seq.step import MicroBatchStage, host_rows
+
+    live, peak, staged = [0], [0], []
+    stage = MicroBatchStage("cpu", crop=SIZE, flow=False)
+
+    def counting(part):
+        out = stage(part)
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        staged.append(int(part["frames"].shape[0]))
+
+        def gone() -> None:
+            live[0] -= 1
+
+        weakref.finalize(out["frames"], gone)
+        return out
+
+    model = _model()
+    step = InnerStep(
+        model, build_optimizer("adam", model.parameters(), lr=1e-2), micro_batch_size=1, stage=counting
+    )
+    step(host_rows(_uncropped(), pin=False))
+    gc.collect()
+    assert staged == [1] * 7 and peak[0] == 2 and live[0] == 0
+
+
+def test_an_out_of_memory_while_staging_halves_the_micro_batch_and_stays_exact():
+    """``micro_batch_size="auto"`` probes with the streamed layout: an out-of-memory raised while a
+    micro-batch is staged (copied or cropped on the device) is handled like one in the step: the size is
+    halved, the mini-batch restarted, and the update is still exactly the full-batch one."""
+    from raytrain_seq.step import MicroBatchStage, host_rows, stage_rows
+
+    rows = _uncropped(seed=4)
+    stage, sizes = MicroBatchStage("cpu", crop=SIZE, flow=False), []
+
+    def tight(part):
+        sizes.append(int(part["frames"].shape[0]))
+        if sizes[-1] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected while staging)")
+        return stage(part)
+
+    streamed, whole = _model(), _model()
+    step = InnerStep(
+        streamed, build_optimizer("adam", streamed.parameters(), lr=1e-2), micro_batch_size="auto",
+        stage=tight,
+    )  # fmt: skip
+    step(host_rows(rows, pin=False))
+    assert sizes == [7, 4, 2, 2, 2, 1]  # 7 -> 4 -> 2 fits: rows 0-1, 2-3, 4-5, 6
+    reference = InnerStep(whole, build_optimizer("adam", whole.parameters(), lr=1e-2), micro_batch_size=100)
+    reference(stage_rows(rows, "cpu", crop=SIZE, flow=False))
+    for (name, a), b in zip(streamed.named_parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)

@@ -12,7 +12,7 @@ import torch
 from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.elastic.assembly import BlockSpec, EpochShard, assemble_rows, shard_items
 from raytrain_seq.elastic.stream import RowStream
-from raytrain_seq.step import RowPrefetcher, stage_rows
+from raytrain_seq.step import RowPrefetcher, host_rows, stage_rows
 
 
 def _shard(blocks, *, channels: int, epoch: int = 4, center: bool = False) -> EpochShard:
@@ -53,7 +53,9 @@ def test_device_crop_and_flip_equal_the_cpu_rows(channels, device):
     assert 0 < flips.sum() < flips.size  # both branches (flipped and not) are exercised
     staged = stage_rows(deferred, device, crop=5, flow=channels == 2)
     assert set(staged) == {k for k in cpu}
-    assert all(value.device.type == device for value in staged.values())
+    # The frames go to the device; the reset table stays on the host, where the model reads it.
+    assert {key for key, value in staged.items() if value.device.type == device} >= {"frames"}
+    assert all(value.device.type == "cpu" for key, value in staged.items() if key != "frames")
     assert torch.equal(staged["frames"].cpu(), torch.from_numpy(cpu["frames"]))
     assert cpu["frames"][0, :8].min() > 0  # not vacuous: real pixels were compared
     # Rows that are final already pass through unchanged.
@@ -64,10 +66,10 @@ def test_device_crop_and_flip_equal_the_cpu_rows(channels, device):
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))],
 )
-def test_the_prefetcher_stages_ahead_to_stage_rows_bits_and_raises_at_wait(device):
-    """Submitted one and two mini-batches ahead (on CUDA from its thread, on its side stream), every
-    mini-batch waited for holds exactly what ``stage_rows`` makes of it, usable on the caller's stream;
-    a staging error (a crop larger than the frames) surfaces at ``wait``, not at ``submit``."""
+def test_the_prefetcher_collates_ahead_into_host_memory_and_raises_at_wait(device):
+    """Submitted one and two mini-batches ahead (on CUDA from its thread), every mini-batch waited for
+    holds exactly the rows as host tensors, in pinned memory on CUDA (the step streams them to the device
+    micro-batch by micro-batch); a collating error surfaces at ``wait``, not at ``submit``."""
     rng = np.random.default_rng(3)
     arrays = {v: rng.integers(1, 256, (n, 8, 8, 3), dtype=np.uint8) for v, n in [(10, 6), (11, 9), (12, 7)]}
     shard = _shard(BLOCKS, channels=3)
@@ -77,19 +79,25 @@ def test_the_prefetcher_stages_ahead_to_stage_rows_bits_and_raises_at_wait(devic
         assemble_rows({key: np.stack([item[key] for item in part]) for key in part[0]}, arrays, fmt)
         for part in (items[:2], items[2:], items[1:3])
     ]
-    prefetcher = RowPrefetcher(device, crop=5, flow=False)
+    prefetcher = RowPrefetcher(device)
     try:
         pending = [prefetcher.submit(minis[0]), prefetcher.submit(minis[1])]
         got = [prefetcher.wait(pending[0])]
         pending.append(prefetcher.submit(minis[2]))
         got += [prefetcher.wait(pending[1]), prefetcher.wait(pending[2])]
         for rows, batch in zip(minis, got, strict=True):
-            expected = stage_rows(rows, "cpu", crop=5, flow=False)
-            assert set(batch) == set(expected) and all(v.device.type == device for v in batch.values())
-            assert all(torch.equal(batch[k].cpu(), expected[k]) for k in expected)
-            assert int(batch["frames"].sum()) == int(expected["frames"].sum()) > 0  # read on this stream
-        bad = prefetcher.submit({**minis[0], "frames": minis[0]["frames"][:, :, :4, :4]})
-        with pytest.raises(ValueError, match="exceeds the frame size"):
+            expected = host_rows(rows, pin=False)
+            assert set(batch) == set(expected) and all(v.device.type == "cpu" for v in batch.values())
+            assert all(torch.equal(batch[k], expected[k]) for k in expected)
+            assert all(v.is_pinned() == (device == "cuda") for v in batch.values())
+            assert int(batch["frames"].sum()) > 0  # not vacuous: real pixels
+
+        class Uncollatable:
+            def __array__(self, *args, **kwargs):
+                raise ValueError("these rows cannot be collated")
+
+        bad = prefetcher.submit({**minis[0], "frames": Uncollatable()})
+        with pytest.raises(ValueError, match="cannot be collated"):
             prefetcher.wait(bad)
     finally:
         prefetcher.close()

@@ -215,19 +215,19 @@ class AveragerClient:
             "rejoining: the averager and this learner disagree on the group; see the averager's log"
         )
 
-    def report_validation(self, round: int, accuracy: float, *, epoch: int, **details: Any) -> int | None:
-        """Report the validation of ``round`` (``details``: val_size, rows_cap, metrics); the batch size
-        decided, or None when it was not taken (the averager restarted or moved on: this report no longer
-        decides B)."""
+    def report_validation_share(
+        self, round: int, tallies: Mapping[str, Any], *, epoch: int, rows_cap: int | None = None
+    ) -> bool:
+        """Send this learner's share of round ``round``'s validation (``EvalResult.tallies``); whether the
+        averager took it (it answers at once; B comes with a later round's result)."""
+        args = (self.learner, round, dict(tallies), self.world_size)
         try:
-            return self.call(
-                "report_validation", round, accuracy, learner=self.learner, epoch=epoch, **details
-            )
+            return bool(self.call("report_validation_share", *args, epoch=epoch, rows_cap=rows_cap))
         except AveragerUnavailableError:
             raise
         except AveragerError as exc:
-            logger.warning("round %d: validation accuracy %.4f not taken (%s)", round, accuracy, exc)
-            return None
+            logger.warning("round %d: validation share not taken (%s)", round, exc)
+            return False
 
     def report_test(self, tallies: Mapping[str, Any]) -> dict[str, Any]:
         """Send this learner's test tallies (its shard of the test split); returns the group's sums."""

@@ -18,6 +18,9 @@ Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when 
 move), which a learner checks before every round, binding only when it is not. ``bind`` copies a tensor
 that something replaced since (``module.to``, ``Optimizer.load_state_dict``, an optimizer creating a
 parameter's state) into its view and counts it. Values never change: ``bind`` copies, ``load`` writes exactly what ``load_state_dict`` would.
+Mirrored tensors (``mirrored``: model keys, a recurrent module's weights, which cuDNN reads from one chunk
+of their own, ``models.recurrent``) are not bound: their buffer slot holds a copy, refreshed from the live
+tensor before every put and written back into it after every load, one copy each way.
 What the buffers cannot hold is named by ``unsupported`` (a tensor whose dtype is not its buffer's, i.e.
 bfloat16, which travels widened to float32; a non-contiguous tensor; two state entries sharing memory;
 tensors on several devices), and the caller keeps its tensors and puts their pieces instead.
@@ -46,8 +49,16 @@ __all__ = ["FlatStorage"]
 class FlatStorage:
     """The buffers of ``layout`` on ``device``, and the views of them that the learner's tensors become."""
 
-    def __init__(self, layout: FlatLayout, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        layout: FlatLayout,
+        device: torch.device | str = "cpu",
+        *,
+        mirrored: frozenset[str] = frozenset(),
+    ) -> None:
         self.layout = layout
+        self.mirrored = frozenset(mirrored)
+        """Model keys whose tensors keep their own storage; their slots hold a copy (see the module doc)."""
         self.device = torch.device(device)
         self.buffers = {
             key: torch.empty(n, dtype=getattr(torch, key.split("/")[1]), device=self.device)
@@ -61,6 +72,8 @@ class FlatStorage:
         self._unslotted_keys = [key for key in layout.model_keys if ("model", key) not in self._slotted]
         self._bounds: dict[int, list[dict[str, tuple[int, int]]]] = {}
         self._staging: dict[str, Tensor] = {}  # CUDA: pinned host copies of the buffers, reused
+        # (buffer view, live tensor) of the mirrored slots, from the latest bind.
+        self._mirrors: list[tuple[Tensor, Tensor]] = []
         self.moved = 0
         """Tensors ``bind`` has copied into their views over this storage's life (the first bind: all)."""
 
@@ -94,17 +107,23 @@ class FlatStorage:
         return None
 
     def bind(self, params: Mapping[str, Tensor], moments: Mapping | None) -> int:
-        """Make every live tensor of the layout a view of its buffer (copying its values there first);
-        returns how many were not already. The tensors must be ``unsupported``-free."""
+        """Make every live tensor of the layout a view of its buffer (copying its values there first),
+        except the mirrored ones, whose values are copied and whose storage stays theirs; returns how many
+        were not already views. The tensors must be ``unsupported``-free."""
         moved = 0
+        mirrors = []
         with torch.no_grad():
             for slot, view in zip(self.layout.slots, self._views, strict=True):
                 tensor = self.layout.tensor_of(params, moments, slot)
+                if self._is_mirrored(slot):
+                    mirrors.append((view, tensor))  # stays where it is; copied at every put and load
+                    continue
                 if tensor.data_ptr() == view.data_ptr() and tensor.device == view.device:
                     continue
                 view.copy_(tensor.detach())
                 tensor.data = view
                 moved += 1
+        self._mirrors = mirrors
         self.moved += moved
         return moved
 
@@ -112,6 +131,9 @@ class FlatStorage:
         """Slice i of every buffer, for shard i (``FlatLayout.bounds``): numpy views of the buffers on the
         CPU (a put copies them once), of pinned host copies made now on CUDA (one asynchronous
         device-to-host copy per buffer, one synchronisation)."""
+        with torch.no_grad():
+            for view, live in self._mirrors:
+                view.copy_(live.detach())
         host = self.buffers
         if self.device.type != "cpu":
             host = {}
@@ -150,6 +172,7 @@ class FlatStorage:
             for slot, view in zip(self.layout.slots, self._views, strict=True):
                 view.copy_(self.layout.tensor_of(params, moments, slot).reshape(view.shape))
             self._load_unaveraged(params, moments, into_params, into_moments)
+            self._write_mirrors()
 
     def load_slices(
         self,
@@ -181,6 +204,15 @@ class FlatStorage:
                         )
                     self.buffers[key][lo:hi].copy_(torch.from_numpy(part[key]))
             self._load_extras(extras, into_params, into_moments)
+            self._write_mirrors()
+
+    def _write_mirrors(self) -> None:
+        """The mirrored slots' new values into their live tensors, in place (their storage stays theirs)."""
+        for view, live in self._mirrors:
+            live.copy_(view)
+
+    def _is_mirrored(self, slot: Any) -> bool:
+        return slot.owner == "model" and slot.key in self.mirrored
 
     def _load_unaveraged(
         self,
@@ -234,6 +266,8 @@ class FlatStorage:
         if any(params[key].is_floating_point() for key in self._unslotted_keys):
             return False  # a buffer that became floating would take a slot
         for slot, view in zip(layout.slots, self._views, strict=True):
+            if self._is_mirrored(slot):
+                continue  # never bound: its live tensor is copied at every put and load
             tensor = layout.tensor_of(params, moments, slot)
             if (
                 tensor.data_ptr() != view.data_ptr()

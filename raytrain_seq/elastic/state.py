@@ -132,6 +132,8 @@ class RoundResult:
     """Each averaged learner's weight in the mean."""
     channels: Any = None
     """A channel generation for this round's learners to link (``elastic.channels.ChannelPlan``), or None."""
+    validate: bool = False
+    """The learners score this state's validation: each its share, reported before its next round."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +147,8 @@ class JoinReply:
     """The averager's group size: the learner must send it with every round."""
     shards: int = 1
     """S, the averaging shards: the learner cuts its flat buffers into S slices (``FlatLayout.split``)."""
+    validate: bool = False
+    """The state's validation is due and the learners score it: this learner scores its share first."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from raytrain_seq.elastic.flat_storage import FlatStorage
 from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
 from raytrain_seq.elastic.position import EpochPosition
 from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.models.recurrent import compact_recurrent, recurrent_keys
 from raytrain_seq.step import load_averaged
 
 __all__ = ["LocalRounds", "Tally", "missed_checkpoint_rounds"]
@@ -102,6 +103,8 @@ class LocalRounds:
         self.last_seconds = 0.0
         self._staging: dict[str, torch.Tensor] = {}  # on CUDA: the pinned packed buffers, reused
         self.storage: FlatStorage | None = None  # where the tensors live once bound (the first round)
+        # A recurrent module's weights stay in their own chunk (cuDNN's layout): mirrored, not bound.
+        self.mirrored = recurrent_keys(model)
         self.unsupported: str | None = None  # why the state is put piece by piece instead, if it is
 
     def step(self) -> bool:
@@ -119,9 +122,14 @@ class LocalRounds:
         hold the tensors and the state has their layout (a round's merged slices, one copy a slice; a
         state in tensors, one copy a tensor), else by ``load_state_dict``. Either way the optimizer gets
         copies of the moments: it updates them in place, and the held originals are what a restarted
-        averager is re-seeded with."""
+        averager is re-seeded with. Recurrent modules' weights end in one chunk each, cuDNN's layout on
+        CUDA (``models.recurrent``), so no forward copies them into a fresh buffer."""
         if state.empty:
             return
+        self._load(state)
+        compact_recurrent(self.model)
+
+    def _load(self, state: AveragedState) -> None:
         storage = self.storage
         flat = state.flat
         if (
@@ -192,7 +200,7 @@ class LocalRounds:
                     logger.info("the learner's state is put piece by piece (%s)", why)
                 self.storage, self.unsupported = None, why
                 return None
-            self.storage, self.unsupported = FlatStorage(layout, device), None
+            self.storage, self.unsupported = FlatStorage(layout, device, mirrored=self.mirrored), None
         self.storage.bind(params, moments)
         return self.storage
 

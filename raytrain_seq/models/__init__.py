@@ -20,6 +20,7 @@ from raytrain_seq.models.frame_encoder import (
 )
 from raytrain_seq.models.loss import BLOCK_KEYS, predict, sequence_loss
 from raytrain_seq.models.norm import GroupNorm
+from raytrain_seq.models.recurrent import compact_recurrent, is_compact, recurrent_keys
 from raytrain_seq.models.resnet import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -57,10 +58,13 @@ __all__ = [
     "build_model",
     "build_resnet",
     "build_temporal",
+    "compact_recurrent",
     "cross_modality_init",
     "cross_modality_weight",
+    "is_compact",
     "load_imagenet_weights",
     "predict",
+    "recurrent_keys",
     "sequence_labels",
     "sequence_loss",
 ]

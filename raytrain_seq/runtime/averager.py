@@ -20,13 +20,18 @@ channels instead, and this actor reads the merged ones in place as its copy. Pay
 re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
 the bytes each averaging actor moved per round.
 
-Batch size: the averaged model of round r (r % m == 0) is validated while the learners already train
-round r+1 -- by the injected ``validator`` (``runtime.evaluator.ThreadValidator``: an evaluator on a
-thread of this actor reads the state from the object store; this actor reports its accuracy to itself)
-or, without one, by rank 0 through
-``report_validation`` -- and the result of round r+1 is not computed before that report arrives (waiting
-at most ``timeout_s``), so every learner gets the same B. Trade-off: one round of lag against the paper,
-where round r+1 already trains with the new B, in exchange for validation staying off the critical path.
+Batch size: the averaged model of round r (r % m == 0) is validated, and the accuracy decides B for the
+round after r+1, so every learner gets the same B. Who scores it: the injected ``validator``
+(``runtime.evaluator.ThreadValidator``: an evaluator on a thread of this actor reads the state from the
+object store while the learners train round r+1, and this actor reports its accuracy to itself; the
+result of round r+1 waits for it at most ``timeout_s``), or, without one (GPU learners), the learners:
+round r's result asks them to (``RoundResult.validate``), each scores its share of the validation split
+on its device and sends the tallies (``report_validation_share``) before it sends round r+1, so the
+shares are in when round r+1 closes and nothing waits; a share that did not come (a dropped learner)
+makes the validation a missed one, at once. A validation due that nobody can score (a resumed or
+restarted averager's) is started by the evaluator on the restored state, asked of the joining learners,
+or missed at once: no round waits for it. Trade-off: one round of lag against the paper, where round
+r+1 already trains with the new B, in exchange for validation staying off the critical path.
 ``report_test`` sums the learners' shares of the final test pass. The round that ends training
 (``epochs``, ``steps``) has no round after it to wait for its accuracy: its validation starts once every
 learner's test share is in, so that it takes no CPU from the test pass (only ``summary(settle=True)``
@@ -147,8 +152,10 @@ class ParameterAverager:
         self._closed_at: dict[int, float] = {}  # round -> when it closed (its last arrival or deadline)
         self._nodes: dict[Learner, str] = {}
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
-        # None: a learner validates and calls report_validation, as before.
+        # None: the learners score their shares of it (report_validation_share).
         self._validator = validator
+        self._val_shares: dict[Learner, EvalResult] = {}  # the due validation's shares, by learner
+        self._val_shares_world: int | None = None  # the group size those shares split the split by
         start = getattr(validator, "start", None)
         if start is not None:
             start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
@@ -270,8 +277,12 @@ class ParameterAverager:
             self._book.finish(ok=True)
             if self._book.validation_due is not None:
                 self._validation_future = asyncio.get_running_loop().create_future()
-                if self._validator is not None and self._book.validation_due == result.state.round:
-                    self._spawn(self._validate(result.state))
+                if self._book.validation_due == result.state.round:
+                    if self._validator is not None:
+                        self._spawn(self._validate(result.state))
+                    else:  # the learners score it, each its share, before they send the next round
+                        self._val_shares, self._val_shares_world = {}, None
+                        result = dataclasses.replace(result, validate=True)
             future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
@@ -362,25 +373,43 @@ class ParameterAverager:
         return EpochPosition.from_dict(state.position).ends_training(**self._end)
 
     async def _await_validation(self) -> None:
+        """Before a round's result: the due validation's report, waited for only while it is being scored
+        (the evaluator: at most ``timeout_s``). Learners send their shares before this round, so shares
+        missing now will not come; a validation nobody scores is missed at once."""
         due = self._book.validation_due
         if due is None:
             return
-        if self._validation_future is None:  # restored with a validation due: its report may still come
-            self._validation_future = asyncio.get_running_loop().create_future()
+        if self._validator is None:
+            shares, world = len(self._val_shares), self._val_shares_world or self._book.world_size
+            self._miss_validation(due, f"{shares} of {world} learners' shares came")
+            return
+        if self._validation_future is None and not self._start_restored_validation():
+            self._miss_validation(due, "nobody scores it (the averager restarted or the run resumed)")
+            return
         try:
             await asyncio.wait_for(asyncio.shield(self._validation_future), self._book.timeout_s)
         except (asyncio.TimeoutError, Exception) as exc:
             if not isinstance(exc, asyncio.TimeoutError):
                 logger.warning("averager: validation of round %d failed (%r)", due, exc)
-            self._book.miss_validation()
-            size = self._batch.size
-            self._history.record_missed_validation(due, size)
-            logger.warning(
-                "averager: validation of round %d not reported in %g s; B stays %d",
-                due,
-                self._book.timeout_s,
-                size,
-            )
+            self._miss_validation(due, f"not reported in {self._book.timeout_s:g} s")
+
+    def _miss_validation(self, due: int, why: str) -> None:
+        """Give the due validation up: B stays, and the history records the miss."""
+        self._book.miss_validation()
+        size = self._batch.size
+        self._history.record_missed_validation(due, size)
+        logger.warning("averager: validation of round %d missed (%s); B stays %d", due, why, size)
+
+    def _start_restored_validation(self) -> bool:
+        """A validation due in a restored state (a --resume, or Ray restarted this actor): the evaluator
+        scores the state it is due for when this actor holds it; whether it started."""
+        due, state = self._book.validation_due, self._state
+        if self._validator is None or due is None or state.round != due or state.empty:
+            return False
+        if self._validation_future is None:
+            self._validation_future = asyncio.get_running_loop().create_future()
+            self._spawn(self._validate(state))
+        return True
 
     async def _compute(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
         """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
@@ -599,15 +628,22 @@ class ParameterAverager:
             self._on_new_group()
         if seed is not None:
             self._adopt(learner, seed)
+        state = await self._held_state()
+        due = self._book.validation_due
+        if due is not None and self._validator is not None and self._validation_future is None:
+            self._start_restored_validation()  # scored while the group trains its first round
         return JoinReply(
-            state=await self._held_state(),
+            state=state,
             next_round=self._book.next_round_for(learner),
             world_size=self._book.world_size,
             shards=self._pool.count,
+            # The learners score a due validation of the state they start from (a resumed run's).
+            validate=self._validator is None and due is not None and due == state.round and not state.empty,
         )
 
     def _on_new_group(self) -> None:
         """A restarted or resized group: record where its learners' state comes from."""
+        self._val_shares, self._val_shares_world = {}, None  # the new group scores its own shares
         if self._book.generation < 2:
             return  # the run's first group (or the learners rejoining a restarted averager)
         last, size, source = self._state.round, self._book.world_size, self._state.source
@@ -740,6 +776,48 @@ class ParameterAverager:
             self._validation_future.set_result(size)
         return size
 
+    async def report_validation_share(
+        self,
+        learner: Learner,
+        round: int,
+        tallies: Mapping[str, Any],
+        world_size: int,
+        *,
+        epoch: int | None = None,
+        rows_cap: int | None = None,
+    ) -> bool:
+        """One learner's tallies (``EvalResult.tallies``) of its share of the validation split, scored
+        with round ``round``'s averaged model; once ``world_size`` learners' shares are in, their sum is
+        reported as the round's validation (``report_validation``). Returns whether the share was taken
+        (a share of a validation no longer due, e.g. already missed, is not). Answers at once: the
+        learner goes on training, and the round after waits for nothing (``_await_validation``)."""
+        check_learner(learner)
+        check_number("round", round, 1)
+        check_number("world_size", world_size, 1)
+        share = EvalResult.from_tallies(tallies)
+        if self._validator is not None or self._book.validation_due != round:
+            logger.info(
+                "averager: learner %r's validation share of round %d not taken (not due)", learner, round
+            )
+            return False
+        if self._val_shares_world != world_size:
+            self._val_shares, self._val_shares_world = {}, world_size  # a new group's split of the split
+        self._val_shares[learner] = share
+        if len(self._val_shares) < world_size:
+            return True
+        total = EvalResult.combine(self._val_shares.values())
+        self._val_shares = {}
+        await self.report_validation(
+            round,
+            total.accuracy,
+            learner="learners",
+            epoch=epoch,
+            val_size=total.sequences,
+            rows_cap=rows_cap if rows_cap is not None else self._rows_cap,
+            metrics={"top5_accuracy": total.top5_accuracy, "mean_class_accuracy": total.mean_class_accuracy},
+        )
+        return True
+
     async def report_test(
         self, learner: Learner, tallies: Mapping[str, Any], world_size: int
     ) -> dict[str, Any]:
@@ -753,18 +831,7 @@ class ParameterAverager:
         if self._test_done is None or (self._test_done.is_set() and learner in self._test):
             self._test, self._test_done = {}, asyncio.Event()  # a new test pass (e.g. a restarted group)
         # The project's one way to add up scores of disjoint shards: step.EvalResult.combine.
-        sequences = int(tallies["sequences"])
-        self._test[learner] = EvalResult(
-            accuracy=int(tallies["correct"]) / sequences if sequences else 0.0,
-            loss=0.0,  # the learners send no loss
-            sequences=sequences,
-            per_class={int(k): (int(c), int(t)) for k, (c, t) in tallies.get("per_class", {}).items()},
-            top5_correct=int(tallies.get("top5_correct", 0)),
-            confusion={
-                tuple(int(v) for v in cell.split(",")): int(n)
-                for cell, n in tallies.get("confusion", {}).items()
-            },
-        )
+        self._test[learner] = EvalResult.from_tallies(tallies)
         if len(self._test) >= world_size:
             self._test_done.set()
             self._tested.set()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from raytrain_seq.config import Config, RunSetupError
@@ -37,7 +39,9 @@ __all__ = [
     "WORKER_REUSE",
     "check_cpus",
     "check_storage",
+    "choose_device",
     "connect",
+    "device_decision",
     "store_options",
 ]
 
@@ -74,22 +78,23 @@ def check_storage(config: Config) -> Path:
     return run_dir
 
 
-def connect(config: Config) -> None:
-    """Join the cluster the job runs in (RAY_ADDRESS), else the one `ray start` runs here, else start one."""
+def connect(config: Config) -> bool:
+    """Join the cluster the job runs in (RAY_ADDRESS), else the one `ray start` runs here, else start one;
+    whether it started one (its resources are then all there will be: no autoscaler adds nodes)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
         ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
         _store_not_ours(config)
-        return
+        return False
     try:
         # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
         ray.init(address="auto", namespace=NAMESPACE)
         _store_not_ours(config)
-        return
+        return False
     except ConnectionError as exc:
         if "multiple" in str(exc):
             raise RunSetupError(f"{exc} (export RAY_ADDRESS=HOST:PORT to pick one)") from exc
@@ -108,6 +113,7 @@ def connect(config: Config) -> None:
                 "object store: lower --object-store-gb, or leave it unset for Ray's default store"
             ) from exc
         raise
+    return True
 
 
 def _store_not_ours(config: Config) -> None:
@@ -119,6 +125,65 @@ def _store_not_ours(config: Config) -> None:
             "--object-store-memory BYTES`, as in cluster.yaml)",
             config.run.object_store_gb,
         )
+
+
+def device_decision(use_gpu: bool | None, gpus: float, learners: int, per_learner: float) -> tuple[bool, str]:
+    """Whether the learners train on GPUs, and why in one line, from ``train.use_gpu``, the cluster's GPU
+    count and what the learners need (``learners`` x ``per_learner``). ``use_gpu=True`` on a cluster
+    with too few GPUs is a ``RunSetupError`` (Ray Train would wait for them forever); None picks the GPUs
+    when they are enough. E.g. 1 GPU, 2 learners at 1 GPU each: the CPU, and "--gpus-per-learner 0.5"."""
+    need = learners * per_learner
+    share = f"--gpus-per-learner {max(gpus / learners, 0.01):.2g}" if gpus else ""
+    if use_gpu is False:
+        return False, "training on CPUs: train.use_gpu is False"
+    if gpus + 1e-9 >= need:
+        why = "train.use_gpu is True" if use_gpu else "the cluster has enough GPUs (train.use_gpu is none)"
+        return (
+            True,
+            f"training on GPUs: {learners} learners x {per_learner:g} GPU of the cluster's {gpus:g} ({why})",
+        )
+    if use_gpu:
+        fix = f"share them ({share}), lower --learners" if gpus else "start Ray on a node with GPUs"
+        raise RunSetupError(
+            f"--use-gpu: the Ray cluster has {gpus:g} GPUs and {learners} learners x {per_learner:g} GPU need "
+            f"{need:g}, so Ray Train would wait forever; {fix}, or add GPU nodes"
+        )
+    if not gpus:
+        return False, "training on CPUs: the cluster has no GPU"
+    return False, (
+        f"training on CPUs: the cluster's {gpus:g} GPUs cannot hold {learners} learners x {per_learner:g} GPU; "
+        f"pass {share} to share them, or --no-use-gpu to silence this"
+    )
+
+
+def choose_device(config: Config, *, own_cluster: bool, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """``device_decision`` on the connected cluster, logged once: whether the learners hold GPUs.
+
+    ``--use-gpu`` on a cluster short of GPUs fails at once when this job started the cluster (nothing
+    will add any). A joined cluster may be bringing GPU nodes up (an autoscaler, cluster.yaml): it gets
+    ``train.worker_start_timeout_s`` for them, checked every second, then fails the same way."""
+    import ray
+
+    train = config.train
+
+    def decide() -> tuple[bool, str]:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        return device_decision(train.use_gpu, gpus, train.min_learners, train.gpus_per_learner)
+
+    deadline, told = time.monotonic() + train.worker_start_timeout_s, False
+    while True:
+        try:
+            use, why = decide()
+            break
+        except RunSetupError:
+            if own_cluster or time.monotonic() >= deadline:
+                raise
+            if not told:
+                logger.info("--use-gpu: waiting up to %g s for GPU nodes", train.worker_start_timeout_s)
+                told = True
+            sleep(1.0)
+    logger.info("%s", why)
+    return use
 
 
 def check_cpus(config: Config) -> None:

@@ -38,7 +38,7 @@ from raytrain_seq import accounting, checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.events import membership_entries, recovery_entries
 from raytrain_seq.preflight import check_paths
-from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, connect
+from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
@@ -58,14 +58,6 @@ __all__ = [
     "run",
     "train_env",
 ]
-
-
-def _use_gpu(config: Config) -> bool:
-    import ray
-
-    if config.train.use_gpu is not None:
-        return bool(config.train.use_gpu)
-    return ray.cluster_resources().get("GPU", 0) >= config.train.min_learners
 
 
 @contextlib.contextmanager
@@ -101,7 +93,8 @@ def train_env(config: Config) -> Iterator[None]:
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
     """Train as ``config`` says; returns the summary, already written to ``run_dir/summary.json``.
 
-    learner_resources: Ray resources each learner holds besides its CPU (and its GPU), e.g.
+    learner_resources: Ray resources each learner holds besides its CPU (and its GPU share,
+    ``train.gpus_per_learner``), e.g.
     ``{"learner_slot": 1}`` so that learners run only on nodes that advertise ``learner_slot`` (the
     fault tests put the learners on the nodes they kill this way; a cluster can keep learners off
     some nodes). Elastic ranges count the learners those resources can hold.
@@ -130,8 +123,15 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         raise ValueError(
             f"learner_resources {extra} must map resource names to amounts > 0, e.g. {{'slot': 1}}"
         )
-    connect(config)
+    if {"CPU", "GPU"} & set(extra):
+        raise ValueError(
+            f"learner_resources {extra} names CPU or GPU: a learner holds one CPU, and its GPU share is "
+            "train.gpus_per_learner (--gpus-per-learner 0.5: two learners per GPU) with train.use_gpu"
+        )
+    own_cluster = connect(config)
     check_cpus(config)
+    # A GPU count that cannot hold the learners fails here, not in Ray Train's endless wait for them.
+    use_gpu = choose_device(config, own_cluster=own_cluster)
     marks = {"connected": time.time()}
     train = config.train
     suffix = uuid.uuid4().hex[:8]
@@ -143,7 +143,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # 2026-11-24). A GPU node is no different: its learners need a CPU each too.
     feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
     if train.validate_every:
-        # The evaluator's rows (one lane of tasks, a CPU that Ray Train's placement leaves free) start on
+        # The validation rows (one lane of tasks, a CPU that Ray Train's placement leaves free) start on
         # the core left idle while this process imports Ray Train and torch, not once the averager's
         # process has imported torch (docs/LOG.md, 2026-11-24, late). A failure to launch them is raised
         # again by the evaluator's own eval_shard call, which repeats the launch.
@@ -158,10 +158,12 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from raytrain_seq.runtime.learner import train_loop_per_worker
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
-    # Validation rounds are scored off the learners' path, by an evaluator on a thread of the averager
-    # (runtime/evaluator.py), which assembles the validation rows as soon as the averager starts.
+    # Validation rounds: on a CPU cluster an evaluator on a thread of the averager scores them off the
+    # learners' path (runtime/evaluator.py); GPU learners score their shares on their GPUs, where a CPU
+    # evaluator of a GPU-sized model would hold every next round (docs/ARCHITECTURE.md, "Validation").
     validator = None
-    if train.validate_every:
+    by_evaluator = train.validator == "evaluator" or (train.validator == "auto" and not use_gpu)
+    if train.validate_every and by_evaluator:
         validator = ThreadValidator(config, feed_name=names["feed"], namespace=NAMESPACE)
         names["evaluator"] = "on"
     averager = create_averager(
@@ -194,8 +196,8 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         train_loop_config={"config": config.to_dict(), "names": names, "torch_threads": 1},
         scaling_config=ScalingConfig(
             num_workers=train.learners,
-            use_gpu=_use_gpu(config),
-            resources_per_worker={"CPU": 1, **extra},
+            use_gpu=use_gpu,
+            resources_per_worker={"CPU": 1, **({"GPU": train.gpus_per_learner} if use_gpu else {}), **extra},
             elastic_resize_monitor_interval_s=train.resize_interval_s,
         ),
         run_config=RunConfig(

@@ -4,10 +4,11 @@ Per epoch the learner takes its shard of the epoch's BLoad plan (``LearnerFeed.e
 learner gets the same number of rows), steps on mini-batches of B rows (``step.InnerStep``: micro-batch
 streaming, its own Adam) and lets ``elastic.sync.LocalRounds`` average every K steps (K = -1: at the end
 of the epoch) through the ``AveragerClient``. Every m rounds the averaged model is validated: by the
-averager's evaluator (``runtime/evaluator.py``, the run's default: no learner waits for it) or, with
-``validate=True`` (tests, no evaluator), by rank 0, which reports it; the next round's answer carries B
-for everyone, so all learners take the same number of steps and meet at the same rounds without a
-barrier of their own.
+averager's evaluator (``runtime/evaluator.py``, a CPU cluster's: no learner waits for it) or, when the
+round's result asks (``RoundResult.validate``: GPU learners), by the learners, each scoring its share of
+the validation split on its device and sending the tallies before its next round; a later round's
+answer carries B for everyone, so all learners take the same number of steps and meet at the same
+rounds without a barrier of their own.
 
 Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
 starts or restarts (a failure, an elastic resize) begins from the averager's latest state and position,
@@ -54,6 +55,7 @@ from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.step import (
     InnerStep,
     LearningRate,
+    MicroBatchStage,
     RowPrefetcher,
     Staged,
     build_optimizer,
@@ -107,7 +109,9 @@ class Learner:
         self.client, self.feed, self.report = client, feed, report
         self.keep_final = keep_final or report  # rank 0's final checkpoint and metrics (``finish``)
         self.checkpoint_seed = checkpoint_seed
-        self.validates = validate  # False: the averager's evaluator scores validation rounds
+        # True: the learners score validation shares (no evaluator), so this one assembles its share of
+        # the validation rows ahead; the averager asks for each validation (``RoundResult.validate``).
+        self.validates = validate and bool(config.train.validate_every)
         self.metrics = metrics or _NoMetrics()
         train = config.train
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
@@ -130,13 +134,16 @@ class Learner:
             device=device,
             precision=train.precision,
             lr=schedule,
+            # The mini-batch stays in (pinned) host memory; each micro-batch is copied to the device and
+            # cropped there while the previous one computes (micro-batch streaming, input included).
+            stage=MicroBatchStage(device, crop=config.data.crop, flow=self.in_channels == 2),
         )
         self.rounds = LocalRounds(
             client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments,
             merge_bn_stats=train.merge_bn_stats, device=device,
         )  # fmt: skip
-        # The next mini-batch is staged (on CUDA in a thread, on a side stream) while this one trains.
-        self.prefetcher = RowPrefetcher(device, crop=config.data.crop, flow=self.in_channels == 2)
+        # The next mini-batch is collated (on CUDA into pinned memory, in a thread) while this one trains.
+        self.prefetcher = RowPrefetcher(device)
         self.tally = Tally()
         self.started = time.perf_counter()
         # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
@@ -173,12 +180,16 @@ class Learner:
     def start(self) -> EpochPosition:
         """Join the averager and take its latest state; returns where this group starts."""
         self.marks["learner_built"] = time.time()
+        if self.validates:
+            self._assemble_ahead("val", shard=True)  # this learner's validation rows, while it joins
         reply = self.client.start(self.checkpoint_seed)
         self.marks["joined"] = time.time()
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
         position = self._position_of(reply.state)
         self.steps_done = position.steps  # a restarted group or a resumed run counts on from here
+        if reply.validate:  # a resumed run whose last round's validation is due: its share first
+            self._validate_share(reply.state.round, position)
         if not reply.state.empty:
             logger.info(
                 "learner %d of %d starts from round %d (%s state): epoch %d, layouts %s",
@@ -243,8 +254,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------------ data loop
     def _stage(self, stream: Any, size: int, cold: bool) -> tuple[Staged, Any, float] | None:
-        """The next ``size`` rows on their way to the device (``RowPrefetcher``: final-augmented there),
-        their video ids, and the seconds staging took here; None at the end of the shard. Time blocked on
+        """The next ``size`` rows on their way to host memory (``RowPrefetcher``: pinned on CUDA; the step
+        streams them to the device and crops them there), their video ids, and the seconds staging took here; None at the end of the shard. Time blocked on
         the stream is data wait (epoch 0: ``cold_epoch``)."""
         if stream is None:
             return None
@@ -264,7 +275,7 @@ class Learner:
         return self.prefetcher.submit(rows), ids, time.perf_counter() - began
 
     def _ready(self, staged: tuple[Staged, Any, float]) -> tuple[dict[str, torch.Tensor], float]:
-        """A staged mini-batch, once on the device, and the seconds staging cost this thread."""
+        """A staged mini-batch, once collated, and the seconds staging cost this thread."""
         pending, ids, seconds = staged
         began = time.perf_counter()
         batch = self.prefetcher.wait(pending)
@@ -275,8 +286,8 @@ class Learner:
     def _fill(
         self, stream: Any, staged: tuple[Staged, Any, float], cold: bool
     ) -> tuple[dict[str, torch.Tensor], float]:
-        """``staged`` on the device, topped up to the current B (it was staged before a round that may
-        have grown B)."""
+        """``staged`` collated, topped up to the current B (it was staged before a round that may have
+        grown B)."""
         batch, seconds = self._ready(staged)
         missing = self.client.batch_size - int(batch["num_sequences"].shape[0])
         if missing > 0:
@@ -316,11 +327,9 @@ class Learner:
                 self.client.batch_size, self.rounds.last_seconds,
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
-        round_, every = result.state.round, self.config.train.validate_every
-        if self.validates and self.rank == 0 and every and round_ % every == 0:
-            began = time.perf_counter()
-            self.validate(round_, position)
-            self.times["validation"] += time.perf_counter() - began
+        round_ = result.state.round
+        if result.validate:
+            self._validate_share(round_, position)
         final = self.finished(after)
         if checkpoint.is_due(round_, every=self.config.train.checkpoint_every, final=final):
             self._report(after, with_checkpoint=True)
@@ -388,26 +397,17 @@ class Learner:
         self.marks[f"{split}_rows"] = time.time()
         return rows
 
-    def validate(self, round_: int, position: EpochPosition) -> None:
-        """Rank 0: validate the averaged model of ``round_`` and report it (it may grow B)."""
-        result = self.evaluate("val")
-        accuracy = result.accuracy
-        self.metrics.set("val_accuracy", accuracy)
-        size = self.client.report_validation(
-            round_,
-            accuracy,
-            epoch=position.epoch,
-            val_size=result.sequences,
-            rows_cap=self.shard_rows or None,
-            metrics={
-                "top5_accuracy": result.top5_accuracy,
-                "mean_class_accuracy": result.mean_class_accuracy,
-            },
+    def _validate_share(self, round_: int, position: EpochPosition) -> None:
+        """Score this learner's share of the validation split with round ``round_``'s averaged model (the
+        model it holds now) and send the tallies; the averager sums the group's shares into the round's
+        validation, which decides B (``ParameterAverager.report_validation_share``)."""
+        began = time.perf_counter()
+        result = self.evaluate("val", shard=True)
+        self.metrics.set("val_accuracy", result.accuracy)
+        self.client.report_validation_share(
+            round_, result.tallies(), epoch=position.epoch, rows_cap=self.shard_rows or None
         )
-        if size is not None:
-            logger.info(
-                "round %d: validation accuracy %.4f -> B=%d from the next round", round_, accuracy, size
-            )
+        self.times["validation"] += time.perf_counter() - began
 
     def evaluate(self, split: str, *, shard: bool = False):
         """Accuracy of the current (averaged) model on the val or test split, rows cached in memory;
@@ -428,7 +428,9 @@ class Learner:
             views=views if multi else None,
             crop=data.crop,
             flow=self.in_channels == 2,
-            micro_batch_size=eval_micro_batch_size(self.config.train.micro_batch_size),
+            micro_batch_size=eval_micro_batch_size(self.config.train.micro_batch_size, self.device),
+            device=self.device,
+            precision=self.config.train.precision,
         )
 
     # ------------------------------------------------------------------------------- reports, finish
@@ -496,15 +498,7 @@ class Learner:
         mine = self.evaluate("test", shard=True)
         self._eval_rows.pop("test", None)  # scored once: free the rows
         self.marks["test_scored"] = time.time()
-        totals = self.client.report_test(
-            {
-                "correct": sum(c for c, _ in mine.per_class.values()),
-                "sequences": mine.sequences,
-                "per_class": {str(k): list(v) for k, v in mine.per_class.items()},
-                "top5_correct": mine.top5_correct,
-                "confusion": {f"{t},{p}": n for (t, p), n in mine.confusion.items()},
-            }
-        )
+        totals = self.client.report_test(mine.tallies())
         extra.update(test_sequences_mine=mine.sequences, test_s=time.perf_counter() - began)
         if self.rank == 0:
             extra.update(

@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 _GAUGES = {
     "frames_per_second": "useful (non-padding) frames per second of compute on this learner",
     "loss": "mean training loss of the latest mini-batch",
-    "val_accuracy": "validation accuracy of the latest averaged model (rank 0 validates)",
+    "val_accuracy": "validation accuracy of the latest validated averaged model on this learner's share",
     "batch_size": "mini-batch size in blocks (AAVG grows it when validation stalls)",
 }
 _COUNTERS = {
