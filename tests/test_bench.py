@@ -20,7 +20,9 @@ import averager_cost  # noqa: E402
 import averaging  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
+import dataloader_loop  # noqa: E402
 import flat_device  # noqa: E402
+import gpu_report  # noqa: E402
 import learner_device  # noqa: E402
 import microbatch  # noqa: E402
 import randaugment  # noqa: E402
@@ -395,6 +397,52 @@ def test_learner_device_feeds_every_way_the_same_frames_and_prints_its_headline(
         assert headline[f"learner_vs_{way}"] == pytest.approx(
             headline["learner_frames_s"] / headline[f"{way}_frames_s"], rel=1e-2
         )
+
+
+# ------------------------------------------------------------------------------------ dataloader_loop
+def test_dataloader_loop_pads_each_batch_to_its_longest_and_trains_every_video_once_an_epoch(capsys):
+    """The baseline's collate pads a batch to its longest video (rows of one sequence each), and a tiny
+    CPU run steps over every training video once per epoch: its useful frames are the catalog's."""
+    batch = dataloader_loop.pad_collate(
+        [(np.ones((3, 4, 4, 3), np.uint8), 2), (np.full((5, 4, 4, 3), 7, np.uint8), 0)]
+    )
+    assert batch["frames"].shape == (2, 5, 4, 4, 3) and int(batch["frames"][0, 3:].sum()) == 0
+    assert batch["lengths"].tolist() == [[3], [5]] and batch["labels"].tolist() == [[2], [0]]
+    assert batch["num_sequences"].tolist() == [1, 1] and batch["starts"].tolist() == [[0], [0]]
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--preset", "demo", "--device", "cpu", "--max-videos", "24", "--epochs", "2", "--videos", "8",
+                "--workers", "0", "--json"]  # fmt: skip
+        assert dataloader_loop.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    headline = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    config = Config.from_preset("demo", max_videos=24)
+    catalog = dataloader_loop.Clips(config, 0).catalog
+    assert [e["frames"] for e in headline["epochs"]] == [int(catalog.lengths.sum())] * 2
+    assert headline["frames_s"] > 0 and all(e["padded"] > 0 for e in headline["epochs"])
+
+
+# ----------------------------------------------------------------------------------------- gpu_report
+def test_gpu_report_checks_each_target_from_the_runs_files_and_says_what_did_not_run(tmp_path, capsys):
+    """The report reads the JSON last lines and the two summaries gpu_checks.sh leaves, computes each
+    target's figure from them, and marks a target whose inputs are missing as not run."""
+    (tmp_path / "learner_device.txt").write_text('banner\n{"learner_frames_s": 7500.0, "device": "H100"}\n')
+    (tmp_path / "dataloader.txt").write_text('{"frames_s": 3000.0}\n')
+    job = {"frames_per_second": 6300.0, "seconds": {"validation": 2.0}, "extra": {"learner_seconds": 42.0},
+           "val_accuracy_history": [{}, {}, {}]}  # fmt: skip
+    (tmp_path / "job_ucf101.json").write_text(json.dumps(job))
+    assert gpu_report.main(["--out", str(tmp_path), "--md", str(tmp_path / "job.md"), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {r["target"]: r for r in figures["targets"]}
+    assert rows["job / bare learner"]["value"] == 0.84 and rows["job / bare learner"]["met"] is True
+    assert rows["job / DataLoader loop"]["value"] == 2.1 and rows["job / DataLoader loop"]["met"] is True
+    assert rows["validation added to training"]["value"] == 0.05  # 2 s on top of 40 s of training
+    assert rows["demo start-up (s)"]["met"] is None and rows["B=576 under a memory cap"]["met"] is None
+    assert (
+        figures["device"] == "H100"
+        and "| demo test accuracy |  | >= 0.90 | not run |" in (tmp_path / "job.md").read_text()
+    )
 
 
 # ---------------------------------------------------------------------------------------- flat_device

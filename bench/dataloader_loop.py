@@ -1,0 +1,178 @@
+"""The path a user would otherwise take on a GPU: a plain PyTorch loop over a ``DataLoader``.
+
+The baseline of the Ray job's useful frames/s on the same videos (``scripts/gpu_checks.sh`` runs both on
+one machine): a map-style dataset over the synthetic set's training videos (the job's catalog for the
+same ``--preset`` and overrides) renders each video, applies the partial augmentation on every use (no
+cache: refurbishing's r = 1) and the final crop and flip, on the CPU, in ``--workers`` DataLoader worker
+processes; the collate pads every video of a batch to the batch's longest (per-video padding: a batch of
+videos of different lengths needs it), into pinned memory. The main process steps the same model as a
+learner (``models.factory.build_model_for`` of the same config), with the same optimizer, precision and
+micro-batch streaming (``step.InnerStep``), one batch of ``--videos`` videos a step. The model encodes
+real frames only (``models/``), so padding costs the baseline its host work and copies, not its
+compute: what is compared is the data path.
+
+Prints useful frames/s (frames of real videos per second of the whole loop, the DataLoader's start
+included, as the job counts its cold first epoch), per epoch and over all; ``--json`` prints the headline
+as one JSON last line. Imports no ray, so it runs on a bare GPU machine:
+
+    python bench/dataloader_loop.py --preset ucf101-rgb --precision bf16 --max-videos 1500 --json
+    python bench/dataloader_loop.py --preset demo --epochs 1 --workers 2      # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from raytrain_seq.augment import final_augment, partial_augment
+from raytrain_seq.config import PRECISIONS, Config
+from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.elastic.assembly import partial_rng
+from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.step import InnerStep, build_optimizer
+
+_BASELINE_STREAM = 0x444C4F4F  # "DLOO": the baseline's final-augmentation stream
+
+
+class Clips(torch.utils.data.Dataset):
+    """The training videos of ``config``'s synthetic set, augmented on every use, one video an item."""
+
+    def __init__(self, config: Config, epoch: int) -> None:
+        d = config.data
+        self.videos = SyntheticVideos(
+            d.num_classes, d.stride, max(8, d.cache_size), d.seed, d.max_videos, val_fraction=d.val_fraction
+        )
+        self.catalog = self.videos.catalog("train")
+        self.config, self.epoch = config, epoch
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        d = self.config.data
+        video = int(self.catalog.ids[index])
+        frames = self.videos.render(video)
+        frames = partial_augment(frames, size=d.cache_size, rng=partial_rng(d.seed, video, self.epoch))
+        rng = np.random.default_rng([d.seed, _BASELINE_STREAM, self.epoch, video])
+        return final_augment(frames, crop=d.crop, rng=rng), int(self.catalog.labels[index])
+
+
+def pad_collate(items: list[tuple[np.ndarray, int]]) -> dict[str, torch.Tensor]:
+    """Videos padded with zero frames to the batch's longest, as block rows of one sequence each: lengths
+    37 and 12 -> frames [2, 37, H, W, C], the second row's frames 12..36 zero."""
+    longest = max(len(frames) for frames, _ in items)
+    batch = np.zeros((len(items), longest, *items[0][0].shape[1:]), dtype=np.uint8)
+    for row, (frames, _) in enumerate(items):
+        batch[row, : len(frames)] = frames
+    n = len(items)
+    return {
+        "frames": torch.from_numpy(batch),
+        "starts": torch.zeros((n, 1), dtype=torch.int64),
+        "lengths": torch.tensor([[len(frames)] for frames, _ in items], dtype=torch.int64),
+        "labels": torch.tensor([[label] for _, label in items], dtype=torch.int64),
+        "num_sequences": torch.ones(n, dtype=torch.int64),
+    }
+
+
+def run(config: Config, *, videos: int, workers: int, epochs: int, device: torch.device) -> dict:
+    """``epochs`` passes of the loop: per epoch its wall seconds, useful frames, steps and padded frames."""
+    num_classes = config.data.num_classes
+    torch.manual_seed(config.data.seed)
+    model = build_model_for(config, num_classes=num_classes, in_channels=3).to(device)
+    t = config.train
+    optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    step = InnerStep(
+        model, optimizer, micro_batch_size=t.micro_batch_size, device=device, precision=t.precision
+    )
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out = []
+    for epoch in range(epochs):
+        sync()
+        began = time.perf_counter()
+        loader = torch.utils.data.DataLoader(
+            Clips(config, epoch),
+            batch_size=videos,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=pad_collate,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=4 if workers else None,
+            generator=torch.Generator().manual_seed(epoch),
+        )
+        frames = padded = steps = 0
+        for batch in loader:
+            stats = step(batch)
+            frames += stats.frames
+            padded += int(batch["frames"].shape[0] * batch["frames"].shape[1]) - stats.frames
+            steps += 1
+        sync()
+        del loader
+        out.append({"epoch": epoch, "seconds": time.perf_counter() - began, "frames": frames,
+                    "padded": padded, "steps": steps})  # fmt: skip
+    return {"epochs": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cuda = torch.cuda.is_available()
+    parser.add_argument("--preset", default="ucf101-rgb" if cuda else "demo", help="model and videos")
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None, help="default: the preset's")
+    parser.add_argument("--num-classes", type=int, default=10, help="classes of the synthetic set")
+    parser.add_argument("--max-videos", type=int, default=1500, help="training videos (a balanced subset)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--videos", type=int, default=64, help="videos a step (one DataLoader batch)")
+    parser.add_argument("--workers", type=int, default=8, help="DataLoader worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the main process")
+    parser.add_argument("--json", action="store_true", help="print the headline as one JSON last line")
+    args = parser.parse_args(argv)
+    for name in ("num_classes", "max_videos", "epochs", "videos", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.workers < 0:
+        parser.error(f"--workers must be >= 0, got {args.workers}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not cuda:
+        parser.error(f"--device {args.device}: torch sees no CUDA device; pass --device cpu")
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    overrides = {"dataset": "synthetic", "data_root": None, "num_classes": args.num_classes,
+                 "max_videos": args.max_videos}  # fmt: skip
+    if args.precision:
+        overrides["precision"] = args.precision
+    config = Config.from_preset(args.preset, **overrides)
+    result = run(config, videos=args.videos, workers=args.workers, epochs=args.epochs, device=device)
+    epochs = result["epochs"]
+    frames = sum(e["frames"] for e in epochs)
+    seconds = sum(e["seconds"] for e in epochs)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    d, t = config.data, config.train
+    print(
+        f"DataLoader loop, {args.preset} ({config.model.backbone}, {t.precision}) on {name}: "
+        f"{len(Clips(config, 0))} synthetic videos, cache {d.cache_size} -> crop {d.crop}, {args.videos} "
+        f"videos a step, {args.workers} workers, micro-batch {t.micro_batch_size}"
+    )
+    for e in epochs:
+        share = e["padded"] / max(e["padded"] + e["frames"], 1)
+        print(f"  epoch {e['epoch']}: {e['frames'] / e['seconds']:.0f} useful frames/s over {e['seconds']:.1f} s, "
+              f"{e['steps']} steps, {share:.1%} of the frames sent are padding")  # fmt: skip
+    rate = frames / seconds
+    print(f"all epochs: {rate:.0f} useful frames/s")
+    if args.json:
+        print(json.dumps({"preset": args.preset, "precision": t.precision, "device": name,
+                          "workers": args.workers, "videos_per_step": args.videos,
+                          "frames_s": round(rate, 1), "epochs": epochs}))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
