@@ -316,6 +316,18 @@ def test_feed_prefetch_eval_launches_a_split_once_and_its_shards_serve_those_arr
         feed.prefetch_eval("train")
 
 
+def test_evaluation_lanes_grow_with_the_cpus_but_not_before_the_learners_run():
+    """The validation split launched as the job starts (before Ray Train places the learners) takes one
+    lane per learner, whatever the cluster's CPUs, so that a node with more logical CPUs does not start
+    more worker processes ahead of Ray Train's; once the learners run, a split takes every CPU beyond
+    theirs."""
+    from raytrain_seq.runtime.partial_tasks import eval_lanes
+
+    assert eval_lanes(16, 2, before_learners=True) == 2 and eval_lanes(16, 2, before_learners=False) == 14
+    assert eval_lanes(3, 2, before_learners=True) == eval_lanes(3, 2, before_learners=False) == 1
+    assert eval_lanes(64, 8, before_learners=True) == 8 and eval_lanes(2, 4, before_learners=False) == 1
+
+
 def test_feed_serves_the_resplit_layout():
     """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
     from raytrain_seq.runtime.feed import BlockFeed

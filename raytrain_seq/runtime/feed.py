@@ -69,6 +69,7 @@ from raytrain_seq.runtime.partial_tasks import (
     OBJECT_BYTES,
     CachedArray,
     augment_task,
+    eval_lanes,
     flow_task,
     lane_waits,
     object_bounds,
@@ -205,6 +206,9 @@ class BlockFeed:
         }
         self._schedule = RefurbishSchedule(len(train), reuse=config.data.reuse, seed=config.data.seed)
         self._lock = threading.RLock()
+        # True while an evaluation split is launched before the learners run (``prefetch_eval``): its
+        # tasks then take at most one lane per learner, however many CPUs the cluster has (``_waits``).
+        self._before_learners = False
         self._plans: dict[tuple[int, int], tuple[PackPlan, list[list[BlockSpec]]]] = {}
         # video id -> (computing epoch, where its array is), newest epoch
         self._cache: dict[int, tuple[int, CachedArray]] = {}
@@ -285,17 +289,23 @@ class BlockFeed:
 
     def _waits(self, tasks: int, epochs: Sequence[int | None]) -> list[int | None]:
         """``lane_waits`` of a launch's ``tasks``: an evaluation split's (every epoch None) run in as many
-        lanes as the cluster has CPUs beyond one per learner (at least one); an epoch's run as CPUs come
-        free. The validation rows are launched as the feed starts (``prefetch_eval``), before Ray Train
-        places the learners: all at once, their tasks took every free CPU, each in a worker process of its own
-        (most of them then stayed idle for the run), and slowed the learners' start (docs/LOG.md,
-        2026-11-24, afternoon). Once the learners run, they leave these CPUs free anyway."""
+        lanes as the cluster has CPUs beyond one per learner (at least one), and in at most one per
+        learner when launched before the learners run (``prefetch_eval``); an epoch's run as CPUs come
+        free. The validation rows are launched as the feed starts, before Ray Train places the learners:
+        all at once, their tasks took every free CPU, each in a worker process of its own (most of them
+        then stayed idle for the run), and slowed the learners' start (docs/LOG.md, 2026-11-24,
+        afternoon). In lanes of the CPUs beyond the learners, a node with more logical CPUs started more
+        of those processes: Ray starts a bounded number of worker processes at once, so Ray Train's
+        controller, helpers and learners queued behind them (bench/startup.py at 16 logical CPUs, "Start-up"
+        in docs/ARCHITECTURE.md). Nobody needs the validation rows before the first round, so a lane per
+        learner starts with the job and the rest of the cluster's CPUs are left to Ray Train's start."""
         if not all(e is None for e in epochs):
             return lane_waits(tasks, None)
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        return lane_waits(tasks, max(1, cpus - self._config.train.max_learners))
+        learners = self._config.train.max_learners
+        return lane_waits(tasks, eval_lanes(cpus, learners, before_learners=self._before_learners))
 
     def _launch_windows(
         self, videos: list[int], epochs: list[int | None], renewal: Sequence[int] | None = None
@@ -510,7 +520,11 @@ class BlockFeed:
         if split not in _EVAL_KEYS:
             raise ValueError(f"prefetch_eval split must be 'val' or 'test', got {split!r}")
         with self._lock:
-            return self._launch_eval(split)
+            self._before_learners = True
+            try:
+                return self._launch_eval(split)
+            finally:
+                self._before_learners = False
 
     def _launch_eval(self, split: str) -> int:
         """Pack ``split`` and launch its partial augmentations, once (the caller holds the lock)."""

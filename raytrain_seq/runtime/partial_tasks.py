@@ -29,6 +29,7 @@ __all__ = [
     "OBJECT_BYTES",
     "CachedArray",
     "augment_task",
+    "eval_lanes",
     "fetch_arrays",
     "flow_task",
     "lane_waits",
@@ -96,6 +97,14 @@ def lane_waits(tasks: int, lanes: int | None) -> list[int | None]:
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
         raise ValueError(f"lanes must be an int >= 1 or None, got {lanes!r}")
     return [k - lanes if k >= lanes else None for k in range(tasks)]
+
+
+def eval_lanes(cpus: int, learners: int, *, before_learners: bool) -> int:
+    """Lanes of an evaluation split's tasks: the CPUs beyond one per learner (at least one), and at most
+    one per learner while the learners are not running yet (``BlockFeed._waits`` says why). 16 CPUs, 2
+    learners: 14 lanes, 2 before the learners run; 3 CPUs, 2 learners: 1 either way."""
+    lanes = max(1, cpus - learners)
+    return min(lanes, max(1, learners)) if before_learners else lanes
 
 
 def placed(
