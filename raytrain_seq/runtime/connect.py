@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.runtime.logs import quiet_ray_helpers
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +99,11 @@ def connect(config: Config) -> None:
     # CPUs may exceed the cores; torch in each learner uses a thread).
     cpus = max(os.cpu_count() or 1, config.train.max_learners + 2)
     gb = config.run.object_store_gb
+    # Without a dashboard there is no State API, and Ray Train's placement-group cleaner warns about it
+    # at every check: its process gets its logger raised (runtime/logs.py) unless the run is verbose.
+    quiet = {} if config.run.verbose else {"runtime_env": {"worker_process_setup_hook": quiet_ray_helpers}}
     try:
-        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb))
+        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **quiet)
     except Exception as exc:
         # Ray gives its node 30 s to start; mapping a large preallocated store can take longer.
         if gb is not None and "timed out during startup" in str(exc):
