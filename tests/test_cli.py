@@ -670,3 +670,59 @@ def test_importing_the_jobs_and_printing_the_config_start_nothing():
         "code": 0,
     }
     assert out.stderr == ""
+
+
+def test_help_lists_the_user_flags_first_and_the_runtime_knobs_last_in_one_group(capsys):
+    """Two tiers: data, model, train and run hold the flags a user sets; every ADVANCED field is in the
+    last group, "advanced", and in no other; the dotted spellings are not listed (they work: above)."""
+    with pytest.raises(SystemExit):
+        job.main(["--help"])
+    text = capsys.readouterr().out
+    groups = re.split(r"\n(?=[a-z]+:\n)", text)  # "data:\n", "advanced:\n", ...
+    titles = [g.split(":", 1)[0] for g in groups[1:]]
+    assert titles == ["options", "data", "model", "train", "run", "advanced"]
+    advanced = groups[-1]
+    for path in cli.ADVANCED:
+        flag = f"--{path.split('.')[1].replace('_', '-')}"
+        assert flag in advanced, flag
+        assert all(flag not in g for g in groups[:-1]), flag
+    for flag in ("--precision", "--tracker", "--lr-schedule", "--test-views", "--resume", "--epochs"):
+        assert any(flag in g for g in groups[1:-1]), flag  # the flags people reach for first: first tier
+    assert "--data.crop CROP" not in text and "--train.poll_interval_s" not in text
+    assert every_field_known(cli.ADVANCED)
+
+
+def every_field_known(paths) -> bool:
+    fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    return set(paths) <= fields
+
+
+def test_fuse_help_lists_only_what_fusion_reads(capsys):
+    """jobs/fuse.py --help: the two run folders and FUSE_FIELDS' flags, no training flag."""
+    with pytest.raises(SystemExit):
+        fuse_job.main(["--help"])
+    text = capsys.readouterr().out
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z](?![\w.-])", text))
+    offered = {f"--{p.split('.')[1].replace('_', '-')}" for p in cli.FUSE_FIELDS}
+    switches = {"--no-use-gpu", "--no-verbose"}
+    assert listed - {"--help", "--preset", "--config", "--print-config", "--crop"} == (offered | switches), (
+        listed
+    )
+    assert "RGB_RUN" in text and "FLOW_RUN" in text
+    assert every_field_known(cli.FUSE_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [(["--epoch", "3"], "--epochs"), (["--lr-sched", "cosine"], "--lr-schedule"), (["--crop=8x"], None)],
+)
+def test_a_flag_is_never_abbreviated_and_an_unknown_one_is_named_with_the_closest(argv, suggestion, capsys):
+    """allow_abbrev is off: a prefix of a flag is an unknown flag, refused with the closest real one."""
+    with pytest.raises(SystemExit) as info:
+        cli.parse(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    if suggestion:
+        assert f"unknown flag {argv[0]!r}: did you mean {suggestion}?" in err
+    else:
+        assert "--crop" in err

@@ -81,14 +81,16 @@ def connect(config: Config) -> None:
 
     if ray.is_initialized():
         return
+    # ray.init sets its own logger's level (INFO by default): "Connecting to existing Ray cluster", ...
+    level = {} if config.run.verbose else {"logging_level": logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
-        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
+        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE, **level)
         _store_not_ours(config)
         return
     try:
         # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
-        ray.init(address="auto", namespace=NAMESPACE)
+        ray.init(address="auto", namespace=NAMESPACE, **level)
         _store_not_ours(config)
         return
     except ConnectionError as exc:
@@ -101,9 +103,10 @@ def connect(config: Config) -> None:
     gb = config.run.object_store_gb
     # Without a dashboard there is no State API, and Ray Train's placement-group cleaner warns about it
     # at every check: its process gets its logger raised (runtime/logs.py) unless the run is verbose.
-    quiet = {} if config.run.verbose else {"runtime_env": {"worker_process_setup_hook": quiet_ray_helpers}}
+    if not config.run.verbose:
+        level["runtime_env"] = {"worker_process_setup_hook": quiet_ray_helpers}
     try:
-        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **quiet)
+        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **level)
     except Exception as exc:
         # Ray gives its node 30 s to start; mapping a large preallocated store can take longer.
         if gb is not None and "timed out during startup" in str(exc):
