@@ -241,7 +241,7 @@ def _round(folder: Path) -> int:
 def check_writable(folder: str | Path) -> None:
     """Raise CheckpointError naming ``folder`` and the fix when a checkpoint cannot be written there.
 
-    Probes what Ray Train's copy into the run folder needs: the folder is (or can be made) a directory
+    Probes what ``put``'s copy into the run folder needs: the folder is (or can be made) a directory
     and takes a file. A folder the probe made is removed again, so the copy finds things as they were.
     """
     folder = Path(folder)

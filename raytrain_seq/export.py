@@ -134,9 +134,9 @@ def _write(path: Path, write) -> None:
 
 def export(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
     """Write the model's ``state_dict`` to ``out`` and its spec to ``out`` with suffix ``.json``."""
+    out, meta_path = _targets(out)  # before torch and the checkpoint load: a wrong --out costs nothing
     import torch
 
-    out, meta_path = _targets(out)  # before the checkpoint loads: a wrong --out costs nothing
     found, config = load_run(run_dir)
     spec = model_spec(found, config)
     meta = {

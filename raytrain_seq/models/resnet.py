@@ -264,8 +264,8 @@ def load_imagenet_weights(encoder: ResNetEncoder, path: str | Path, *, conv1: st
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        # torch's own message runs over many lines (the weights_only story): its first line is the fact.
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else ""
+        # torch's own message runs over many lines (the weights_only story): its first sentence is the fact.
+        first = str(err).strip().splitlines()[0].split(". ")[0][:160] if str(err).strip() else ""
         raise ValueError(
             f"{path} could not be read as a tensor state_dict ({type(err).__name__}: {first}): pass a "
             f"torchvision state_dict file, saved with torch.save(model.state_dict(), path)"

@@ -18,7 +18,8 @@ trained for rounds it missed (``elastic.position.settle``), so every row reaches
 learner the others went on without (``Realigned``: it stalled past the timeout) takes their latest state
 and position and makes the ``ray.train.report`` calls of the checkpoint rounds it missed (Ray Train's
 report is a barrier, so the others wait for them). Checkpoints follow ``checkpoint.is_due`` right after a
-round: rank 0 saves the averager's state and history, every rank reports at the same rounds. The run's
+round: rank 0 saves the averager's state and history and puts it into the run folder (pruning the old
+ones to ``run.keep_checkpoints`` and the best), every rank reports at the same rounds. The run's
 final checkpoint is rank 0's alone, with no report (``Learner.finish``).
 
 The learner takes its collaborators through its constructor (``client``, ``feed``, ``report``,
@@ -72,7 +73,7 @@ TEST_LEAD_EPOCHS = 2
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
-# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``. The final checkpoint goes to a
+# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run folder. The final checkpoint goes to a
 # ``keep_final`` of the same shape, on rank 0 only (``Learner.finish``).
 Report = Callable[[dict[str, Any], Path | None], None]
 
@@ -644,7 +645,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
         keep_final=lambda metrics, folder: checkpoint.put(
             folder, config.run_dir(), metrics["round"], keep=config.run.keep_checkpoints
         ),
-        # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
+        # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
         validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
