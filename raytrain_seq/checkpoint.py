@@ -71,6 +71,8 @@ PREFIX = "checkpoint_round_"
 STATE_FILE = "state.pt"
 POSITION_FILE = "position.json"
 VALIDATION_FILE = "validation.json"  # {"scores": [[round, accuracy], ...]}: the retention's scores
+# Ray Train 2.60's list of the checkpoints handed to ray.train.report, in the run folder (see ``retain``).
+_RAY_TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"
 # In the run folder: why the learners stopped a run whose checkpoint could not be written (the driver
 # raises it); written by rank 0 when it can, else the driver names the run folder itself.
 STOPPED_FILE = "checkpoint_failed.txt"
@@ -203,6 +205,13 @@ def retain(run_dir: str | Path, keep: int) -> list[Path]:
     """
     folders = candidates(run_dir)
     if len(folders) <= keep:
+        return []
+    if (Path(run_dir) / _RAY_TRAIN_SNAPSHOT).is_file():
+        # A run begun before the learners put their checkpoints themselves: Ray Train listed its folders
+        # and would refuse to resume the run once one of them is gone. Such a run keeps all of them.
+        logger.debug(
+            "%s: Ray Train lists its checkpoints (%s): none is removed", run_dir, _RAY_TRAIN_SNAPSHOT
+        )
         return []
     scores: dict[int, float] = {}
     try:

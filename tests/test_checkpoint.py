@@ -279,3 +279,15 @@ def test_the_learners_report_puts_the_folder_prunes_and_reports_the_metrics_only
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint_round_000005"):
         learner._ray_train_report({"round": 5}, saved, run_dir=run_dir, keep=1)
     assert len(reported) == 4  # no report after a failed put: every rank raised instead
+
+
+def test_a_run_whose_checkpoints_ray_train_listed_keeps_them_all(tmp_path):
+    """A run begun before the learners put their own checkpoints has Ray Train's list of them in its
+    folder; Ray Train refuses to resume it once a listed folder is gone, so nothing is pruned there."""
+    run_dir = tmp_path / "run"
+    for r in range(1, 4):
+        checkpoint.put(checkpoint.save(tmp_path / f"m{r}", state=_state(r)), run_dir, r)
+    (run_dir / "checkpoint_manager_snapshot.json").write_text("{}")
+    saved = checkpoint.save(tmp_path / "m4", state=_state(4), history=_history({1: 0.9, 2: 0.1, 3: 0.2}))
+    checkpoint.put(saved, run_dir, 4, keep=1)
+    assert len(checkpoint.candidates(run_dir)) == 4

@@ -73,8 +73,8 @@ TEST_LEAD_EPOCHS = 2
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
-# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run folder. The final checkpoint goes to a
-# ``keep_final`` of the same shape, on rank 0 only (``Learner.finish``).
+# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run
+# folder. The final checkpoint goes to a ``keep_final`` of the same shape, on rank 0 only (``finish``).
 Report = Callable[[dict[str, Any], Path | None], None]
 
 
