@@ -4,9 +4,10 @@
         --dataset ucf101 --data-root ~/data/UCF101 --storage-path /shared/runs --run-name ucf101-fuse
 
 Its own entry, apart from training: nothing trains here, so the trainer never imports fusion. The two
-run folders set ``model.fuse`` and ``data.stream`` is "fuse"; every other config flag of ``jobs/ucf101.py``
-(``--data-root``, ``--storage-path``, ``--run-name``, ``--config FILE``, ``--print-config``, ...) is taken
-too, from the same generated command line (``raytrain_seq.cli``). The work is
+run folders set ``model.fuse`` and ``data.stream`` is "fuse"; the flags are the config fields fusion reads
+(``raytrain_seq.cli.FUSE_FIELDS``: ``--data-root``, ``--test-views``, ``--storage-path``, ``--run-name``,
+...) plus ``--config FILE`` and ``--print-config``, from the same generated command line
+(``raytrain_seq.cli``); a config file written for training is read as it is. The work is
 ``raytrain_seq.runtime.fuse.run_fuse``; the last line printed is ``summary written to PATH``.
 """
 
@@ -36,7 +37,12 @@ class _RunFolder(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     """The config flags of every job, plus the two run folders as positional arguments."""
-    parser = cli.build_parser(prog="fuse.py", description=DESCRIPTION)
+    parser = cli.build_parser(
+        prog="fuse.py",
+        description=DESCRIPTION,
+        fields=cli.FUSE_FIELDS,
+        usage="%(prog)s RGB_RUN FLOW_RUN [--data-root DIR] [--storage-path DIR] [--FLAG VALUE ...]",
+    )
     # The folders fill the dest of --fuse, and the stream is fixed to "fuse" at the flag level (above
     # --config and --preset), so a config file written for training can be reused as is.
     parser.add_argument("RGB_RUN", action=_RunFolder, const=0, help="folder of the finished RGB run")

@@ -8,10 +8,19 @@ and ``position.json``. ``state.pt`` is ``{"format": 2, "state": AveragedState.to
 epoch position and round, readable without torch.
 
 Schedule: round r is a checkpoint when ``r % every == 0``, except the run's final round, which the end
-of the run checkpoints anyway (``is_due``). Ray Train writes the scheduled folders (the learner hands it
-a folder made by ``save``); rank 0 ``put``s the final one itself as the run ends. Every reader goes
-through ``load``/``load_latest``: the learner (the run's newest checkpoint as a seed), the averager
-(resume and restart), the driver (``--resume``), fusion and ``--init-from``.
+of the run checkpoints anyway (``is_due``). Rank 0 ``put``s each folder made by ``save`` into the run
+folder (at a scheduled round, before Ray Train's report, which is then a barrier only; and as the run
+ends). Every reader goes through ``load``/``load_latest``: the learner (the run's newest checkpoint as a
+seed), the averager (resume and restart), the driver (``--resume``), fusion, ``--init-from``, export and
+predict.
+
+Retention (``retain``, after each ``put`` with ``keep``): the newest ``keep`` checkpoints stay, and the
+best by validation accuracy, like Ray Train's ``CheckpointConfig(num_to_keep, checkpoint_score_attribute)``
+but with the newest ones always kept (a resume continues from the newest). The scores come from
+``validation.json``, which ``save`` writes beside ``position.json`` (the validation history up to that
+round), read from the newest checkpoint. A checkpoint newer than the last scored round is kept too: its
+validation may still come (the evaluator scores rounds off the learners' path). Example, keep=2, rounds
+1..6 checkpointed, rounds 1..5 scored 0.50 0.70 0.60 0.65 0.62: rounds 6 and 5 (newest), 2 (best) stay.
 
 Contract: ``load_latest`` returns the newest checkpoint that loads; a corrupt or half-written one is
 skipped with a warning naming it, and the one before is used. ``save`` writes each file under a
@@ -42,15 +51,18 @@ __all__ = [
     "PREFIX",
     "STATE_FILE",
     "STOPPED_FILE",
+    "VALIDATION_FILE",
     "Checkpoint",
     "CheckpointError",
     "candidates",
     "check_writable",
     "folder_name",
     "is_due",
+    "kept",
     "load",
     "load_latest",
     "put",
+    "retain",
     "save",
     "stopped_error",
 ]
@@ -58,6 +70,9 @@ __all__ = [
 PREFIX = "checkpoint_round_"
 STATE_FILE = "state.pt"
 POSITION_FILE = "position.json"
+VALIDATION_FILE = "validation.json"  # {"scores": [[round, accuracy], ...]}: the retention's scores
+# Ray Train 2.60's list of the checkpoints handed to ray.train.report, in the run folder (see ``retain``).
+_RAY_TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"
 # In the run folder: why the learners stopped a run whose checkpoint could not be written (the driver
 # raises it); written by rank 0 when it can, else the driver names the run folder itself.
 STOPPED_FILE = "checkpoint_failed.txt"
@@ -117,10 +132,16 @@ def save(
     payload["config"] = None if config is None else dict(config)
     payload["model_spec"] = None if model_spec is None else dict(model_spec)
     where = {**(position or state.position or {}), "round": state.round}
+    scores = [
+        [int(v["round"]), float(v["accuracy"])]
+        for v in payload["history"].get("validation_history", ())
+        if v.get("accuracy") is not None
+    ]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write(folder / STATE_FILE, lambda path: torch.save(payload, path))
         _write(folder / POSITION_FILE, lambda path: path.write_text(json.dumps(where)))
+        _write(folder / VALIDATION_FILE, lambda path: path.write_text(json.dumps({"scores": scores})))
     except OSError as exc:
         raise CheckpointError(
             f"cannot write checkpoint {folder} ({exc.strerror or exc}): free space on, or fix the "
@@ -129,17 +150,22 @@ def save(
     return folder
 
 
-def put(folder: str | Path, run_dir: str | Path, round: int) -> Path:
+def put(folder: str | Path, run_dir: str | Path, round: int, *, keep: int | None = None) -> Path:
     """Copy a checkpoint folder made by ``save`` into ``run_dir`` as ``folder_name(round)``; returns it.
 
     Copied under a hidden name first and renamed, so no reader ever sees half a folder. A folder that
-    cannot be written raises ``CheckpointError`` naming it, and the previous checkpoints are untouched."""
+    cannot be written raises ``CheckpointError`` naming it, and the previous checkpoints are untouched.
+    ``keep``: then ``retain(run_dir, keep)``, the run's older checkpoints pruned."""
     target = Path(run_dir) / folder_name(round)
     check_writable(target)
     partial = target.with_name(f".{target.name}.partial")
     try:
         shutil.copytree(folder, partial, dirs_exist_ok=True)  # a crashed attempt's leftover is overwritten
+        old = target.with_name(f".{target.name}.removing")
+        if target.is_dir():  # the same round again (a resume redoes a round whose folder did not load)
+            os.replace(target, old)
         os.replace(partial, target)
+        shutil.rmtree(old, ignore_errors=True)  # only tidying: the new folder is in place
     except OSError as exc:
         # Only tidying: on full storage it may fail too, and the error raised below is the one that says why.
         shutil.rmtree(partial, ignore_errors=True)
@@ -148,13 +174,83 @@ def put(folder: str | Path, run_dir: str | Path, round: int) -> Path:
             "permissions of, the storage path; the run stops here and the previous checkpoints stay "
             "loadable (--resume continues from the newest)"
         ) from exc
+    if keep is not None:
+        retain(run_dir, keep)
     return target
+
+
+def kept(rounds: list[int], keep: int, scores: Mapping[int, float]) -> set[int]:
+    """The checkpoint rounds to keep: the newest ``keep``, the best scored one (the earliest of equals),
+    and every round newer than the last scored one (its score may still come).
+
+    E.g. rounds [1..6], keep 2, scores {1: .5, 2: .7, 3: .6, 4: .65, 5: .62} -> {6, 5, 2}.
+    """
+    newest = sorted(rounds, reverse=True)
+    keep_set = set(newest[:keep])
+    scored = [r for r in rounds if r in scores]
+    if scored:
+        keep_set.add(max(scored, key=lambda r: (scores[r], -r)))
+        keep_set.update(r for r in rounds if r > max(scores))
+    else:
+        keep_set.update(rounds)  # nothing scored yet: nothing is known to be worse
+    return keep_set
+
+
+def retain(run_dir: str | Path, keep: int) -> list[Path]:
+    """Remove the run's checkpoint folders that ``kept`` does not keep; returns the removed ones.
+
+    Scores: the newest checkpoint's ``validation.json`` (the whole validation history up to it). A folder
+    is renamed to a hidden name before it is deleted, so no reader ever loads half of one; a folder that
+    cannot be removed is left with a warning (retention never stops a run).
+    """
+    folders = candidates(run_dir)
+    if len(folders) <= keep:
+        return []
+    if (Path(run_dir) / _RAY_TRAIN_SNAPSHOT).is_file():
+        # A run begun before the learners put their checkpoints themselves: Ray Train listed its folders
+        # and would refuse to resume the run once one of them is gone. Such a run keeps all of them.
+        logger.debug(
+            "%s: Ray Train lists its checkpoints (%s): none is removed", run_dir, _RAY_TRAIN_SNAPSHOT
+        )
+        return []
+    scores: dict[int, float] = {}
+    try:
+        raw = json.loads((folders[0] / VALIDATION_FILE).read_text())
+        scores = {int(r): float(a) for r, a in raw["scores"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.debug("%s has no readable %s: keeping the newest %d only", folders[0], VALIDATION_FILE, keep)
+    by_round = {_round(p): p for p in folders}
+    keep_rounds = kept(list(by_round), keep, scores)
+    removed = []
+    for round_, folder in sorted(by_round.items()):
+        if round_ in keep_rounds:
+            continue
+        doomed = folder.with_name(f".{folder.name}.removing")
+        try:
+            os.replace(folder, doomed)
+            shutil.rmtree(doomed)
+        except OSError as exc:
+            logger.warning("cannot remove old checkpoint %s (%s): it stays", folder, exc.strerror or exc)
+            continue
+        removed.append(folder)
+    if removed:
+        best = max((r for r in keep_rounds if r in scores), key=lambda r: scores[r], default=None)
+        logger.info(
+            "removed %d old checkpoint(s) from %s; kept rounds %s (best: %s)",
+            len(removed), run_dir, sorted(keep_rounds), best,
+        )  # fmt: skip
+    return removed
+
+
+def _round(folder: Path) -> int:
+    """The round of a checkpoint folder: ``checkpoint_round_000012`` -> 12."""
+    return int(folder.name[len(PREFIX) :])
 
 
 def check_writable(folder: str | Path) -> None:
     """Raise CheckpointError naming ``folder`` and the fix when a checkpoint cannot be written there.
 
-    Probes what Ray Train's copy into the run folder needs: the folder is (or can be made) a directory
+    Probes what ``put``'s copy into the run folder needs: the folder is (or can be made) a directory
     and takes a file. A folder the probe made is removed again, so the copy finds things as they were.
     """
     folder = Path(folder)
@@ -239,7 +335,11 @@ def load(folder: str | Path) -> Checkpoint:
 
 def candidates(run_dir: str | Path) -> list[Path]:
     """The run's checkpoint folders that hold a state file, newest first."""
-    found = [p for p in Path(run_dir).glob(f"{PREFIX}*") if (p / STATE_FILE).is_file()]
+    found = [
+        p
+        for p in Path(run_dir).glob(f"{PREFIX}*")
+        if p.name[len(PREFIX) :].isdigit() and (p / STATE_FILE).is_file()
+    ]
     return sorted(found, reverse=True)
 
 

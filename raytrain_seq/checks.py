@@ -29,7 +29,8 @@ def is_int(value: object) -> bool:
 
 def is_number(value: object) -> bool:
     """A finite int or float (not a bool)."""
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    # An int is always finite (and math.isfinite would overflow on one past a float's range).
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def int_at_least(path: str, value: object, minimum: int, fix: str) -> None:

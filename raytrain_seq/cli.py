@@ -10,7 +10,14 @@ field's attribute docstring and its default, the group description from the sect
 Precedence, lowest first: the dataclass defaults, ``--preset NAME``, ``--config FILE`` (YAML or JSON laid
 out as ``Config.to_dict()``: ``{data: {...}, train: {...}}``), then the flags given. Every field flag
 defaults to absent (``argparse.SUPPRESS``), so only flags actually typed override the layers below.
-``--print-config`` prints the resolved Config as YAML, which ``--config`` reads back to the same Config.
+``--print-config`` prints the resolved Config as YAML, which ``--config`` reads back to the same Config,
+except an automatic ``run_name``: it is printed as ``null``, so the file repeats the run in a new dated
+folder instead of stopping on the folder of the run it was printed for.
+
+Help in two tiers: the flags a user sets (data, model, training, run) in their sections, the runtime's
+tuning knobs (``ADVANCED``) last, in one "advanced" group; the dotted spellings work but are not listed.
+Flags are never abbreviated (``--epoch`` is an error naming ``--epochs``, not a silent match), and a file's
+key given twice is an error (YAML and JSON would keep the last one silently).
 
 Trade-off: a walker of our own (this module) rather than tyro or jsonargparse: no new dependency, and the
 kebab spellings (``--batch-size``, ``--no-use-gpu``) and the ``--fuse A B`` / ``--learners 2:8`` forms stay
@@ -29,6 +36,7 @@ import inspect
 import itertools
 import json
 import logging
+import math
 import re
 import sys
 import textwrap
@@ -40,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from raytrain_seq import preflight
 from raytrain_seq.config import (
     PRESETS,
     Config,
@@ -49,12 +58,13 @@ from raytrain_seq.config import (
     RunSetupError,
     TrainConfig,
 )
-from raytrain_seq.preflight import check_paths
 from raytrain_seq.summary import RunSummary, format_table
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ADVANCED",
+    "FUSE_FIELDS",
     "SECTIONS",
     "build_parser",
     "config_from_args",
@@ -74,6 +84,45 @@ _METAVARS: dict[str, str | tuple[str, ...]] = {
     "fuse": ("RGB_RUN", "FLOW_RUN"),
 }
 _CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+_SHORT = {"verbose": "-v"}
+# The runtime's tuning knobs: their defaults suit most runs, so --help lists them last, in one group.
+ADVANCED: frozenset[str] = frozenset(
+    {
+        "data.augment_cost",
+        "train.max_failures",
+        "train.worker_start_timeout_s",
+        "train.resize_interval_s",
+        "train.poll_interval_s",
+        "train.preemption_watcher",
+        "train.averager_max_restarts",
+        "train.feed_max_restarts",
+        "train.keep_freed_memory",
+        "train.merge_moments",
+        "train.merge_bn_stats",
+        "train.averager_timeout_s",
+        "train.averager_shards",
+        "train.averager_channels",
+        "train.b1",
+        "train.b2",
+        "run.object_store_gb",
+    }
+)
+# What fusion (runtime/fuse.py) reads besides the two run folders: jobs/fuse.py offers only these flags.
+FUSE_FIELDS: tuple[str, ...] = (
+    "data.dataset",
+    "data.data_root",
+    "data.test_views",
+    "train.micro_batch_size",
+    "train.use_gpu",
+    "run.storage_path",
+    "run.run_name",
+    "run.tracker",
+    "run.object_store_gb",
+    "run.verbose",
+)
+_AUTOMATIC_NAME = (
+    "# run_name: null = a new dated folder for every run of this file (set one to name the folder)\n"
+)
 
 
 @functools.cache
@@ -90,11 +139,30 @@ def field_docs(cls: type) -> dict[str, str]:
     }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without prefix matching (``--epoch 3`` would silently set ``--epochs``), and an unknown
+    flag refused with the closest known one."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+        self.flags: list[str] = ["--help"]  # the listed flags, for the "did you mean" of an unknown one
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            first = next((e for e in extras if e.startswith("-")), extras[0])
+            close = difflib.get_close_matches(first.split("=", 1)[0], self.flags, n=1)
+            hint = f": did you mean {close[0]}?" if close else ""
+            what = "flag" if first.startswith("-") else "argument"
+            self.error(f"unknown {what} {first!r}{hint} (--help lists the flags)")
+        return parsed
+
+
 class _Switch(argparse.Action):
     """A boolean flag and its negation: ``--resume``/``--no-resume``, ``--run.resume``/``--run.no_resume``."""
 
     def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        negated = [_negate(s) for s in option_strings]
+        negated = [_negate(s) for s in option_strings if s.startswith("--")]
         super().__init__([*option_strings, *negated], dest, nargs=0, **kwargs)
         self.negated = frozenset(negated)
 
@@ -139,13 +207,26 @@ def _converter(annotation: Any) -> Callable[[str], Any]:
                     pass
         if keeps_text:
             return text
-        raise argparse.ArgumentTypeError(f"expected {wanted}{' or none' if optional else ''}, got {text!r}")
+        hint = ""
+        if int in members:
+            try:
+                number = float(text)
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number) and number.is_integer():  # "1e9": a whole number in float notation
+                hint = f": write it as {int(number)}"
+        raise argparse.ArgumentTypeError(
+            f"expected {wanted}{' or none' if optional else ''}, got {text!r}{hint}"
+        )
 
     return convert
 
 
-def _add_field(group, section: str, f: dataclasses.Field, annotation: Any, doc: str) -> None:
-    flags = [f"--{f.name.replace('_', '-')}", f"--{section}.{f.name}"]
+def _add_field(group, section: str, f: dataclasses.Field, annotation: Any, doc: str) -> list[str]:
+    """The kebab flag (listed in --help) and the dotted one (same dest, not listed) of one field; returns
+    the listed spellings."""
+    kebab = [*([_SHORT[f.name]] if f.name in _SHORT else []), f"--{f.name.replace('_', '-')}"]
+    dotted = [f"--{section}.{f.name}"]
     members, _ = _members(annotation)
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     # argparse %-formats help, and a docstring may say "10 %".
@@ -159,23 +240,38 @@ def _add_field(group, section: str, f: dataclasses.Field, annotation: Any, doc: 
             "a tuple, unions of those or X | None, or teach raytrain_seq/cli.py the new type"
         )
     if members == [bool]:
-        group.add_argument(*flags, action=_Switch, dest=dest, help=text)
+        options: dict[str, Any] = {"action": _Switch}
     elif len(members) == 1 and typing.get_origin(members[0]) is tuple:
         items = typing.get_args(members[0])
         metavar = _METAVARS.get(f.name, tuple(f"{f.name.upper()}_{i}" for i in range(len(items))))
-        group.add_argument(
-            *flags, nargs=len(items), type=_converter(items[0]), metavar=metavar, dest=dest, help=text
-        )
+        options = {"nargs": len(items), "type": _converter(items[0]), "metavar": metavar}
     else:
-        metavar = _METAVARS.get(f.name, f.name.upper())
-        group.add_argument(*flags, type=_converter(annotation), metavar=metavar, dest=dest, help=text)
+        options = {"type": _converter(annotation), "metavar": _METAVARS.get(f.name, f.name.upper())}
+    listed = group.add_argument(*kebab, dest=dest, help=text, **options)
+    group.add_argument(*dotted, dest=dest, help=argparse.SUPPRESS, **options)
+    return list(listed.option_strings)
 
 
-def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
-    """Every field of every section as a flag, grouped by section; plus --preset, --config, --print-config."""
-    parser = argparse.ArgumentParser(
+def build_parser(
+    prog: str | None = None,
+    description: str | None = None,
+    *,
+    fields: tuple[str, ...] | None = None,
+    usage: str | None = None,
+) -> argparse.ArgumentParser:
+    """Every field (or only ``fields``, dotted names) as a flag: the user's flags grouped by section, the
+    ``ADVANCED`` ones last in one group; plus --preset, --config, --print-config."""
+    parser = _Parser(
         prog=prog,
-        description=description,
+        description=" ".join(
+            [
+                *([description] if description else []),
+                "Values: the defaults < --preset < --config FILE < the flags given. Every flag also takes "
+                "its dotted form (--data.crop for --crop); --no-X turns a switch off; 'none' unsets an "
+                "optional value.",
+            ]
+        ),
+        usage=usage or "%(prog)s [--preset NAME] [--config FILE] [--print-config] [--FLAG VALUE ...]",
         # Absent flags stay absent from the namespace, so the file, preset or default value is kept.
         argument_default=argparse.SUPPRESS,
     )
@@ -197,13 +293,31 @@ def build_parser(prog: str | None = None, description: str | None = None) -> arg
         default=False,
         help="print the resolved configuration as YAML and exit without running anything",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", default=False, help="log at DEBUG level")
+    parser.flags += ["--preset", "--config", "--print-config"]
+    advanced = []
     for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(section, inspect.getdoc(cls).splitlines()[0])
         hints, docs = typing.get_type_hints(cls), field_docs(cls)
-        for f in dataclasses.fields(cls):
-            _add_field(group, section, f, hints[f.name], docs[f.name])
+        chosen = [f for f in dataclasses.fields(cls) if fields is None or f"{section}.{f.name}" in fields]
+        if any(f"{section}.{f.name}" not in ADVANCED for f in chosen):
+            group = parser.add_argument_group(section, inspect.getdoc(cls).splitlines()[0])
+        for f in chosen:
+            if f"{section}.{f.name}" in ADVANCED:
+                advanced.append((section, f, hints[f.name], docs[f.name]))
+            else:
+                parser.flags += _add_field(group, section, f, hints[f.name], docs[f.name])
+    if advanced:
+        group = parser.add_argument_group(
+            "advanced",
+            "the runtime's tuning knobs (fault tolerance, averaging transport, memory): the "
+            "defaults suit most runs",
+        )
+        for section, f, annotation, doc in advanced:
+            parser.flags += _add_field(group, section, f, annotation, doc)
     return parser
+
+
+class _DuplicateKey(ValueError):
+    """A key given twice in one mapping of a config file (YAML and JSON would keep the last silently)."""
 
 
 @functools.cache
@@ -211,7 +325,21 @@ def _yaml_loader() -> type:
     # PyYAML follows YAML 1.1, where a float needs a dot ("1e-3" would load as the string '1e-3');
     # people write learning rates that way, so read the exponent form as a float too.
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node, deep=False):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    seen = key in first
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    continue
+                if seen:
+                    raise _DuplicateKey(
+                        f"key {key!r} is given twice (lines {first[key]} and {key_node.start_mark.line + 1}), "
+                        "and only the last would count: merge the two into one"
+                    )
+                first[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
 
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
@@ -237,7 +365,12 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
         ) from None
     try:
         # _yaml_loader() is a SafeLoader: it builds plain data only, never objects.
-        data = json.loads(text) if file.suffix.lower() == ".json" else yaml.load(text, Loader=_yaml_loader())
+        if file.suffix.lower() == ".json":
+            data = json.loads(text, object_pairs_hook=_json_object)
+        else:
+            data = yaml.load(text, Loader=_yaml_loader())
+    except _DuplicateKey as err:
+        raise ValueError(f"{where}: {err}") from None
     except json.JSONDecodeError as err:
         raise ValueError(
             f"{where}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}): fix the syntax"
@@ -258,7 +391,8 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     unknown = []
     for section, values in data.items():
         if section not in SECTIONS:
-            unknown.append(_hint(str(section), list(SECTIONS)))
+            # A flat file (``epochs: 3`` at the top, as MMAction writes them) gets its section named.
+            unknown.append(_hint(str(section), list(SECTIONS), None, owners))
         elif not isinstance(values, dict):
             raise ValueError(
                 f"{where}: section {section!r} must map field names to values, got {values!r}: "
@@ -276,12 +410,26 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     return data
 
 
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json.loads would keep the last one)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(
+                f"key {key!r} is given twice in one object, and only the last would count: merge the two"
+            )
+        out[key] = value
+    return out
+
+
 def _hint(
     key: str, known: list[str], section: str | None = None, owners: dict[str, str] | None = None
 ) -> str:
     """``key`` quoted, with where it belongs (a field of another section) or the closest known name."""
     name = key.rsplit(".", 1)[-1]
     if owners and name in owners:
+        if section is None:  # a field at the top of the file
+            return f"{key!r} (it belongs in {owners[name]!r}: write {owners[name]}: {{{name}: ...}})"
         return f"{key!r} (it belongs in {owners[name]!r}: {owners[name]}.{name})"
     close = difflib.get_close_matches(name, known, n=1)
     if not close:
@@ -289,15 +437,26 @@ def _hint(
     return f"{key!r} (did you mean {(f'{section}.' if section else '') + close[0]!r}?)"
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Defaults < --preset < --config FILE < flags given; ValueError naming the field (or file) if invalid."""
+def _layers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The --config file's sections with the flags given on top (the preset is applied below them)."""
     sections = load_config_file(args.config) if getattr(args, "config", None) else {}
     sections = {name: dict(values) for name, values in sections.items()}
     for dest, value in vars(args).items():
         if "." in dest:  # field flags have the dest "section.field"; the job's own options have none
             section, name = dest.split(".")
             sections.setdefault(section, {})[name] = tuple(value) if isinstance(value, list) else value
-    return Config.from_preset(getattr(args, "preset", None), **sections)
+    return sections
+
+
+def _named(args: argparse.Namespace, sections: dict[str, dict[str, Any]]) -> bool:
+    """Whether a layer (flag, --config file, preset) names the run folder, rather than the clock."""
+    preset = PRESETS.get(getattr(args, "preset", None) or "", {})
+    return any(layer.get("run", {}).get("run_name") is not None for layer in (sections, preset))
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Defaults < --preset < --config FILE < flags given; ValueError naming the field (or file) if invalid."""
+    return Config.from_preset(getattr(args, "preset", None), **_layers(args))
 
 
 def parse(
@@ -311,10 +470,17 @@ def parse(
     return config_from_args(args), args
 
 
-def config_yaml(config: Config) -> str:
-    """The Config as the YAML ``--config`` reads back (tuples become lists, which the Config accepts)."""
+def config_yaml(config: Config, *, automatic_name: bool = False) -> str:
+    """The Config as the YAML ``--config`` reads back (tuples become lists, which the Config accepts).
+
+    ``automatic_name``: the run_name came from the clock, not from the user; it is written as ``null``, so
+    that running the file again makes a new dated folder instead of stopping on this run's folder.
+    """
     plain = json.loads(json.dumps(config.to_dict()))
-    return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+    if automatic_name:
+        plain["run"]["run_name"] = None
+    text = yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+    return _AUTOMATIC_NAME + text if automatic_name else text
 
 
 def run_job(config: Config, runner: Callable[[Config], RunSummary]) -> int:
@@ -322,7 +488,7 @@ def run_job(config: Config, runner: Callable[[Config], RunSummary]) -> int:
     cannot start here (a path, the run folder, the cluster)."""
     logger.info("run %s -> %s", config.run.run_name, config.run_dir())
     try:
-        check_paths(config)  # before the runner imports ray: a wrong path costs a second, not a cluster
+        preflight.check(config)  # before the runner imports ray: a wrong input costs seconds, not a cluster
         summary = runner(config)
     except RunSetupError as err:
         # Nothing has trained yet (run folder, cluster size, resume point): one line with the fix.
@@ -341,17 +507,18 @@ def main(
     """A job's whole main: parse, set up logging, then print the config or run it; returns the exit code."""
     parser = parser or build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
-        config = config_from_args(args)
+        sections = _layers(args)
+        config = Config.from_preset(getattr(args, "preset", None), **sections)
     except ValueError as err:
         # A bad value is the user's to fix: one line naming the field, no traceback (argparse style).
         print(f"error: {err}", file=sys.stderr)
         return 2
+    logging.basicConfig(
+        level=logging.DEBUG if config.run.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.print_config:
-        print(config_yaml(config), end="")
+        print(config_yaml(config, automatic_name=not _named(args, sections)), end="")
         return 0
     return run_job(config, runner)

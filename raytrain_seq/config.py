@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from raytrain_seq.checks import (
     choice,
     int_at_least,
     is_int,
+    is_number,
     number,
     optional_bool,
     optional_int_at_least,
@@ -65,6 +66,13 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 VALIDATORS: tuple[str, ...] = ("auto", "learners", "evaluator")
 PACKINGS: tuple[str, ...] = STRATEGIES
+# Classes of the synthetic set: ordered pairs of its 12 motions, 12 x 11 (data/synthetic.py, class_motions;
+# tests/test_synthetic.py holds the two equal).
+SYNTHETIC_CLASSES = 132
+# A bound on the parameters a config may ask for (1 GB of fp32 weights, 3 GB with Adam's moments): far
+# above every model this project trains (a ResNet-152 has 60 M), low enough that a typo such as
+# --depth 12 (about 5e9 parameters) stops here instead of allocating for minutes.
+MAX_PARAMETERS = 250_000_000
 
 
 @dataclass(kw_only=True)
@@ -76,7 +84,7 @@ class DataConfig:
     dataset: str = "synthetic"
     """Video source: "synthetic" (built in), "ucf101" or "hmdb51" (official archives under data_root)."""
     data_root: str | None = None
-    """Folder the official archives were extracted to (ucf101, hmdb51); unused by synthetic."""
+    """Folder the official archives were extracted to (ucf101, hmdb51; the synthetic set reads no files)."""
     split: int = 1
     """Official train/test split of ucf101 and hmdb51: 1, 2 or 3."""
     stream: str = "rgb"
@@ -120,6 +128,12 @@ class DataConfig:
                 "official archives were extracted to (see README, 'Real video')"
             )
         optional_path("data.data_root", self.data_root, "give the folder the official archives extracted to")
+        if self.dataset == "synthetic" and self.data_root is not None and self.stream != "fuse":
+            # Fusion is the exception: there --data-root says where the two runs' videos are now.
+            raise ValueError(
+                f"data.data_root={self.data_root!r} is given but data.dataset='synthetic' renders its videos "
+                "and reads no files: pass --dataset ucf101 or hmdb51 to train on that folder, or drop --data-root"
+            )
         if not is_int(self.split) or self.split not in (1, 2, 3):
             raise ValueError(
                 f"data.split must be 1, 2 or 3, got {self.split!r}: pick one of the official splits (--split 1)"
@@ -135,6 +149,11 @@ class DataConfig:
         optional_int_at_least(
             "data.num_classes", self.num_classes, 2, "a classifier needs at least 2 classes"
         )
+        if self.dataset == "synthetic" and self.num_classes > SYNTHETIC_CLASSES:
+            raise ValueError(
+                f"data.num_classes={self.num_classes} but the synthetic set has {SYNTHETIC_CLASSES} classes "
+                f"(ordered pairs of 12 motions): pass --num-classes 2..{SYNTHETIC_CLASSES}, or a real dataset"
+            )
         optional_int_at_least("data.max_videos", self.max_videos, 1, "give a positive video count")
         if (
             self.max_videos is not None
@@ -233,6 +252,32 @@ class ModelConfig:
         int_at_least("model.depth", self.depth, 1, "use e.g. 3")
         int_at_least("model.hidden", self.hidden, 1, "use e.g. 64")
         choice("model.temporal", self.temporal, TEMPORALS)
+        size = self.parameters_estimate()
+        if size > MAX_PARAMETERS:
+            which = "--width and --depth" if self.backbone == "small" else "--hidden"
+            raise ValueError(
+                f"model.depth={self.depth}, model.width={self.width}, model.hidden={self.hidden} ask for about "
+                f"{float(min(size, 10**300)):.1e} parameters ({self.backbone} backbone, {self.temporal}), more than "
+                f"{MAX_PARAMETERS:.1e}: lower {which} (the small backbone doubles its channels per stage: "
+                "depth 3-5 suits it), or pick --backbone resnet18|resnet50|resnet152"
+            )
+
+    def parameters_estimate(self, in_channels: int = 3) -> int:
+        """About how many parameters the classifier has (what the config controls; a resnet backbone's
+        own weights, at most 60 M, are left out). The small backbone's conv3x3 stages dominate: width 16,
+        depth 12 -> 9 x 16384 x 32768 weights in the last stage alone, about 4.8e9."""
+        if self.backbone == "small":
+            if self.depth > 40:  # past the bound at any width (2**39 channels): no need to count
+                return 2**80
+            # The encoder sees the frames and their differences: 2 * in_channels input channels.
+            channels = [2 * in_channels] + [self.width * 2**i for i in range(self.depth)]
+            encoder = sum(9 * a * b + 2 * b for a, b in itertools.pairwise(channels))
+            out = channels[-1]
+        else:
+            encoder, out = 0, 512 if self.backbone == "resnet18" else 2048
+        h = self.hidden
+        temporal = 3 * (out * h + h * h + 2 * h) if self.temporal == "gru" else out * h + 3 * 3 * h * h
+        return encoder + temporal
 
 
 @dataclass(kw_only=True)
@@ -409,6 +454,11 @@ class TrainConfig:
         choice("train.precision", self.precision, PRECISIONS)
         choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         int_at_least("train.warmup_steps", self.warmup_steps, 0, "use 0 for no warm-up, e.g. 500")
+        if self.steps is not None and self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"train.warmup_steps={self.warmup_steps} is not below train.steps={self.steps}: the learning "
+                f"rate would still be warming up when the run ends; lower it, e.g. to {max(1, self.steps // 10)}"
+            )
 
     @property
     def max_epochs(self) -> int:
@@ -448,6 +498,10 @@ class RunConfig:
     """Live tracking of losses, accuracies, batch size and times: "tensorboard", "mlflow" or "none"."""
     object_store_gb: float | None = None
     """Object store of a Ray cluster this run starts itself, in GB, preallocated; None = Ray's default."""
+    keep_checkpoints: int | None = 2
+    """Checkpoint folders kept: the newest this many plus the best by validation accuracy; None = all."""
+    verbose: bool = False
+    """Print Ray's and Ray Train's own progress lines and the job's debug lines too (False: the job's lines)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.storage_path, os.PathLike):
@@ -477,11 +531,15 @@ class RunConfig:
                 f"run.resume must be True or False, got {self.resume!r}: pass True to continue run.run_name"
             )
         choice("run.tracker", self.tracker, TRACKERS)
+        optional_int_at_least(
+            "run.keep_checkpoints", self.keep_checkpoints, 1, "keep e.g. the newest 2 (the best is kept too)"
+        )
+        if not isinstance(self.verbose, bool):
+            raise ValueError(
+                f"run.verbose must be True or False, got {self.verbose!r}: pass --verbose or leave it out"
+            )
         if self.object_store_gb is not None and (
-            isinstance(self.object_store_gb, bool)
-            or not isinstance(self.object_store_gb, int | float)
-            or not math.isfinite(self.object_store_gb)
-            or self.object_store_gb < 0.1
+            not is_number(self.object_store_gb) or self.object_store_gb < 0.1
         ):
             raise ValueError(
                 f"run.object_store_gb must be a number of GB >= 0.1 or None, got {self.object_store_gb!r}: "
@@ -505,7 +563,12 @@ _FIELD_SECTION: dict[str, str] = {
 def _unknown(keys: list[str], known: list[str], where: str) -> ValueError:
     hints = []
     for key in keys:
-        close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
+        name = str(key).rsplit(".", 1)[-1]
+        if name in _FIELD_SECTION and name not in known:  # a field of a section, given at another level
+            owner = _FIELD_SECTION[name]
+            hints.append(f"{key!r} (it belongs in {owner!r}: {owner}: {{{name}: ...}})")
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
         hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     return ValueError(f"unknown {where} key(s) {', '.join(hints)}: valid keys are {', '.join(known)}")
 
@@ -562,16 +625,20 @@ class Config:
     def from_dict(cls, d: Mapping[str, Any]) -> Config:
         """Rebuild from ``to_dict()`` output; missing keys take defaults, unknown keys raise ValueError."""
         if not isinstance(d, Mapping):
-            raise TypeError(f"Config.from_dict needs a mapping of sections, got {type(d).__name__}")
-        unknown = sorted(set(d) - set(_SECTIONS))
+            raise ValueError(
+                f"a config must map sections ({', '.join(_SECTIONS)}) to their fields, got a "
+                f"{type(d).__name__}: lay it out like --print-config's output"
+            )
+        unknown = sorted(str(k) for k in set(d) - set(_SECTIONS))
         if unknown:
             raise _unknown(unknown, list(_SECTIONS), "config section")
         sections = {}
         for name, section_cls in _SECTIONS.items():
             values = d.get(name, {})
             if not isinstance(values, Mapping):
-                raise TypeError(
-                    f"config section {name!r} must be a mapping of fields, got {type(values).__name__}"
+                raise ValueError(
+                    f"config section {name!r} must map field names to values, got {values!r}: "
+                    f"write it like {name}: {{field: value}}"
                 )
             known = [f.name for f in dataclasses.fields(section_cls)]
             unknown = sorted(f"{name}.{k}" for k in set(values) - set(known))

@@ -3,11 +3,18 @@
     python -m raytrain_seq.export RUN_DIR --out model.pt
 
 writes ``model.pt`` (``torch.save`` of the averaged model's ``state_dict``: plain tensors, loadable with
-``torch.load(..., weights_only=True)`` and no raytrain_seq checkpoint around it) and ``model.json``: the
+``torch.load(..., weights_only=True)`` and no raytrain_seq checkpoint around it) and ``model.json`` beside it
+(the name given with its suffix replaced by ``.json``): the
 class names, the input the model expects (stream, channels, frame stride or rate, the resize and the
 centre crop the run evaluated with, uint8 frames ``[T, H, W, C]``), the architecture (``config.model``)
 and where it came from (run folder, checkpoint, round). ``load_exported(path)`` rebuilds the model from
 the two files. The newest checkpoint of the run that loads is exported (``checkpoint.load_latest``).
+
+Nothing the user did not name is overwritten: ``--out`` may not end in ``.json`` (the metadata would
+replace the weights), and an existing ``NAME.json`` that is not an earlier export's metadata stops the
+export. Both files are written under a temporary name and renamed, so a failed write leaves no half file
+and no earlier export half overwritten; a folder given as ``--out``, or one that cannot be written, is
+one line naming it (exit 2).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,15 +74,71 @@ def _input_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_META_KEYS = frozenset({"class_names", "input", "model", "source"})
+
+
+def _is_export_meta(path: Path) -> bool:
+    """Whether ``path`` holds the metadata of an earlier export (so replacing it loses nothing of the user's)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and set(meta) >= _META_KEYS
+
+
+def _targets(out: str | Path) -> tuple[Path, Path]:
+    """(the weights file, the metadata file) for ``--out``; RunSetupError naming a target it may not write."""
+    out = Path(out).expanduser()
+    if out.suffix.lower() == ".json":
+        raise RunSetupError(
+            f"--out {out}: the metadata is written beside the weights as NAME.json, so the weights cannot "
+            f"be a .json file: pass e.g. --out {out.with_suffix('.pt')}"
+        )
+    if out.is_dir():
+        raise RunSetupError(
+            f"--out {out}: is a folder: pass a file name in it, e.g. --out {out / 'model.pt'}"
+        )
+    meta = out.with_suffix(".json")
+    if meta.exists() and not _is_export_meta(meta):
+        raise RunSetupError(
+            f"--out {out}: its metadata would replace {meta}, which is not an earlier export's metadata: move "
+            "that file away or pick another --out"
+        )
+    taken = next((parent for parent in out.parents if parent.exists()), None)
+    if taken is not None and not taken.is_dir():
+        raise RunSetupError(f"--out {out}: {taken} is a file, not a folder: pick another --out")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunSetupError(
+            f"--out {out}: cannot make the folder {out.parent} ({exc.strerror or exc}): pick a folder you can "
+            "write to"
+        ) from exc
+    return out, meta
+
+
+def _write(path: Path, write) -> None:
+    """``write(temporary path)``, then rename it to ``path``: a failed write leaves ``path`` as it was."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise RunSetupError(
+            f"--out {path}: cannot write it ({exc.strerror or exc}): pick a folder you can write to, with "
+            "free space"
+        ) from exc
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def export(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
     """Write the model's ``state_dict`` to ``out`` and its spec to ``out`` with suffix ``.json``."""
+    out, meta_path = _targets(out)  # before torch and the checkpoint load: a wrong --out costs nothing
     import torch
 
     found, config = load_run(run_dir)
     spec = model_spec(found, config)
-    out = Path(out).expanduser()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(dict(found.state.params), out)
     meta = {
         "class_names": spec["class_names"],
         "num_classes": spec["num_classes"],
@@ -86,8 +150,14 @@ def export(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
             "round": found.round,
         },
     }
-    meta_path = out.with_suffix(".json")
-    meta_path.write_text(json.dumps(meta, indent=2))
+    params = dict(found.state.params)
+
+    def save(path: Path) -> None:
+        with open(path, "wb") as file:  # opened here: a folder we may not write is an OSError, not torch's
+            torch.save(params, file)
+
+    _write(out, save)
+    _write(meta_path, lambda path: path.write_text(json.dumps(meta, indent=2)))
     return out, meta_path
 
 
@@ -109,10 +179,15 @@ def load_exported(path: str | Path):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.export", description=__doc__.splitlines()[0]
+        prog="python -m raytrain_seq.export", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (STORAGE_PATH/RUN_NAME)")
-    parser.add_argument("--out", required=True, metavar="FILE", help="where the state_dict goes (.pt)")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="where the state_dict goes (.pt); the metadata goes beside it as FILE with .json",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -50,6 +50,9 @@ from raytrain_seq.binpack import bfd_bins, exact_fill_bins, ffd_bins
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("optimal", "bload", "pad", "chunk")
+# The longest sequence a length file may give: far past any video (2**40 frames at 30 fps is a thousand
+# years), well inside int64, so the packer's sums never overflow.
+MAX_LENGTH = 2**40
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def pack(lengths, t_max: int | None = None, *, strategy: str = "optimal", seed: 
     t_max = (
         int(lens.max()) if t_max is None else _int_arg(t_max, "t_max", 1, "or None for the longest length")
     )
-    seed = _int_arg(seed, "seed", 0, "pass e.g. the epoch number")
+    seed = _int_arg(seed, "seed", 0, "pass e.g. the epoch number", bounded=False)
     if strategy != "chunk":
         _check_fit(lens, t_max)
     rng = np.random.default_rng(seed)
@@ -196,15 +199,24 @@ def read_lengths(path) -> np.ndarray:
             ) from exc
         if value <= 0:
             raise ValueError(f"{path}:{number}: length {value} must be >= 1: drop empty sequences")
+        if value > MAX_LENGTH:
+            raise ValueError(
+                f"{path}:{number}: length {value} is more frames than a sequence can have (at most 2**40): "
+                "fix the line (is a column missing?)"
+            )
         values.append(value)
     if not values:
         raise ValueError(f"{path} holds no lengths: expected lines like '164 0' (frames, then anything)")
     return np.asarray(values, dtype=np.int64)
 
 
-def _int_arg(value, name: str, minimum: int, fix: str) -> int:
+def _int_arg(value, name: str, minimum: int, fix: str, *, bounded: bool = True) -> int:
+    """``value`` as an int >= ``minimum`` (and, ``bounded``, <= MAX_LENGTH: past it, int64 sums of frames
+    and blocks could overflow); ValueError naming ``name`` and the fix."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r}): {fix}")
+    if bounded and value > MAX_LENGTH:
+        raise ValueError(f"{name} must be an integer from {minimum} to 2**40 (got {value!r}): {fix}")
     return int(value)
 
 
@@ -248,6 +260,10 @@ def _as_lengths(lengths) -> np.ndarray:
     if nonpositive.size:
         i = int(nonpositive[0])
         raise ValueError(f"sequence id {i} has length {out[i]}: lengths must be >= 1, drop empty sequences")
+    huge = np.flatnonzero(out > MAX_LENGTH)
+    if huge.size:
+        i = int(huge[0])
+        raise ValueError(f"sequence id {i} has length {out[i]}, over 2**40 frames: is it a frame count?")
     return out
 
 
@@ -394,7 +410,9 @@ def _pack_optimal(lens: np.ndarray, t_max: int, rng) -> tuple[list[Block], dict[
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the stats of a plan for a length file as JSON; bad input exits 2 with one line."""
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.packing", description="Plan BLoad blocks for a list of sequence lengths."
+        prog="python -m raytrain_seq.packing",
+        description="Plan BLoad blocks for a list of sequence lengths.",
+        allow_abbrev=False,
     )
     parser.add_argument("file", help="one sequence a line, first integer = length; '#' lines are comments")
     parser.add_argument("--t-max", type=int, default=None, help="block size in frames (default: longest)")

@@ -83,14 +83,24 @@ class Predictor:
         return [(self.class_names[i], float(p[i])) for i in order]
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1 (the classes printed per video), got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.predict", description=__doc__.splitlines()[0]
+        prog="python -m raytrain_seq.predict", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (STORAGE_PATH/RUN_NAME)")
     parser.add_argument("videos", nargs="+", metavar="VIDEO", help="video files to classify")
     parser.add_argument(
-        "--top", type=int, default=5, metavar="K", help="classes to print per video [default 5]"
+        "--top", type=_at_least_one, default=5, metavar="K", help="classes to print per video [default 5]"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -106,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ranked = predictor.top(video, args.top)
         except VideoError as err:
-            print(f"error: {err}", file=sys.stderr)
+            # Not the catalog's advice (delete it from the split lists): this file was given on its own.
+            print(
+                f"error: {err.path}: {err.reason}: pass a video file that PyAV can decode (re-encode it, e.g. "
+                "ffmpeg -i IN -c:v mpeg4 -q:v 2 OUT.avi); the other videos go on",
+                file=sys.stderr,
+            )
             failed += 1
             continue
         print(video)

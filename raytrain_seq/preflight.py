@@ -1,22 +1,37 @@
-"""Every path a job will read, checked before Ray is touched: ``check_paths(config)``.
+"""Every fact about a run's input that is knowable before Ray starts, checked then: ``check(config)``.
 
-A path that is wrong is found in the first second, not after connecting to a cluster (where a job
-attaches to whatever Ray runs on the machine) or inside a learner (where Ray Train may retry it): the
-data root and its split files (read and checked line by line, no video opened), ``--weights``,
-``--init-from``, the two ``--fuse`` runs and the ``--resume`` run (each must hold a checkpoint folder).
-Each problem is a ``RunSetupError`` naming the path and the fix, which the jobs print as one line and
-exit 2 with.
+A wrong input is found in the first seconds, not after connecting to a cluster (where a job attaches to
+whatever Ray runs on the machine) or inside a learner (where Ray Train may retry it ``max_failures``
+times). Two layers:
 
-Contract: no ray and no torch are imported here (a bad path exits within a couple of seconds of Python
-starting); nothing is written. A video listed but missing is not an error here: the catalog skips and
-lists it, as the job does.
+* ``check_paths(config)``: the paths (no torch, no video opened): the data root and its split files (read
+  and checked line by line; unreadable ones named), ``--num-classes`` against the classes the lists name,
+  ``--weights`` readable, ``--init-from``, the two ``--fuse`` runs and the ``--resume`` run (each must hold
+  a checkpoint folder), and the tracker's package.
+* ``check(config)``: the paths, then what the data and the model say. The data geometry
+  (``data.sources.data_geometry``: the catalogs, so the class count and every video's strided length,
+  against ``--t-max``), ``--warmup-steps`` against the most optimizer steps the run can take, and, when a
+  model starts from ``--weights`` or ``--init-from``, the model built once on the CPU exactly as each
+  learner builds it (the weights file's keys and shapes, the source run's architecture and class count).
+
+Each problem is a ``RunSetupError`` naming the input and the fix, which the jobs print as one line and
+exit 2 with. ``check`` returns the geometry, and remembers the last config it passed (in this process), so
+the driver's own call after the job's costs nothing and the videos are probed once.
+
+Contract: no ray is imported here, and torch only to build a model that starts from a file; nothing is
+written. A video listed but missing or corrupt is not an error here: the catalog skips and lists it, as
+the job does.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
@@ -24,7 +39,18 @@ from raytrain_seq.tracking import tracker_available
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_paths"]
+__all__ = ["Checked", "check", "check_paths"]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``check`` learned: the data geometry (None for fusion, which reads its runs' own)."""
+
+    geometry: dict[str, Any] | None = field(default=None, repr=False)
+
+
+# The last config ``check`` passed, as JSON, and what it learned (one run per process).
+_last: tuple[str, Checked] | None = None
 
 
 def _run_folder(flag: str, folder: str | os.PathLike[str], fix: str) -> None:
@@ -53,9 +79,14 @@ def _data(config: Config) -> None:
     else:
         from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
     try:
-        entries(str(root), data.split)  # reads and checks the split files; opens no video
+        class_names, _ = entries(str(root), data.split)  # reads and checks the split files; opens no video
     except ValueError as exc:
         raise RunSetupError(str(exc)) from exc
+    if data.num_classes is not None and data.num_classes > len(class_names):
+        raise RunSetupError(
+            f"--num-classes {data.num_classes} but {data.dataset} under {root} has {len(class_names)} classes: "
+            f"pass --num-classes 2..{len(class_names)}, or leave it out to train on every class"
+        )
 
 
 def check_paths(config: Config) -> None:
@@ -81,3 +112,73 @@ def check_paths(config: Config) -> None:
             _run_folder("--fuse", folder, "pass the folders of a finished RGB run and a finished flow run")
     if config.run.resume:
         _run_folder("--resume", config.run_dir(), "check --storage-path and --run-name, or drop --resume")
+
+
+def _warmup(config: Config, geometry: dict[str, Any]) -> None:
+    """Refuse a warm-up the run can never finish: longer than the most optimizer steps it may take.
+
+    The most steps a learner takes per epoch: each block holds at least one video (or a t_max piece of
+    one), the fewest learners share the blocks equally, and the batch size never shrinks below its start.
+    Example: 1000 videos, 2 learners, batch 4, 10 epochs: at most 10 x ceil(500 / 4) = 1250 steps.
+    """
+    train = config.train
+    if not train.warmup_steps or train.steps is not None:
+        return  # a step budget is checked by TrainConfig itself
+    lengths = geometry["catalogs"]["train"].lengths
+    t_max = geometry["t_max"]
+    pieces = sum(math.ceil(int(n) / t_max) for n in lengths)
+    per_epoch = math.ceil(math.ceil(pieces / train.min_learners) / train.batch_size)
+    most = per_epoch * train.epochs
+    if train.warmup_steps >= most:
+        raise RunSetupError(
+            f"train.warmup_steps={train.warmup_steps} is longer than the whole run (at most {most} optimizer "
+            f"steps per learner: {train.epochs} epochs of at most {per_epoch}): the learning rate would never "
+            f"reach train.lr; lower --warmup-steps, e.g. to {max(1, most // 10)}"
+        )
+
+
+def _model(config: Config, geometry: dict[str, Any]) -> None:
+    """Build the model on the CPU as each learner does when it starts from a file (weights, init_from)."""
+    if config.model.weights is None and config.model.init_from is None:
+        return
+    import torch
+
+    from raytrain_seq.models.factory import build_model_for
+
+    try:
+        with torch.no_grad():
+            build_model_for(
+                config, num_classes=len(geometry["class_names"]), in_channels=geometry["channels"]
+            )
+    except ValueError as exc:
+        raise RunSetupError(" ".join(str(exc).split())) from exc  # one line, whatever the library wrote
+
+
+def check(config: Config, *, reuse: bool = False) -> Checked:
+    """Every check above, in order of cost; RunSetupError (one line: the input and the fix) at the first
+    problem. Returns what it learned (the data geometry), which the driver hands to the feed.
+
+    ``reuse``: when the last config checked in this process was this one, return that result without
+    checking again (the driver, right after the job's own check: the videos are probed once).
+    """
+    global _last
+    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    if reuse and _last is not None and _last[0] == key:
+        return _last[1]
+    check_paths(config)
+    if config.data.stream == "fuse":
+        checked = Checked()
+    else:
+        from raytrain_seq.data.sources import data_geometry
+
+        try:
+            geometry = data_geometry(config)
+        except RunSetupError:
+            raise
+        except ValueError as exc:  # the synthetic set's own checks; a real set's are RunSetupErrors already
+            raise RunSetupError(str(exc)) from exc
+        _warmup(config, geometry)
+        _model(config, geometry)
+        checked = Checked(geometry=geometry)
+    _last = (key, checked)
+    return checked

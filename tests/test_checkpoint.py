@@ -4,7 +4,9 @@ Contracts pinned: a saved checkpoint loads back to the same state, history, conf
 ``state.pt`` loads with ``torch.load(weights_only=True)``; ``load_latest`` skips a corrupt or half-written
 newest checkpoint with a warning naming it and returns the one before; a write that fails raises
 ``CheckpointError`` naming the folder and leaves the older checkpoints loadable; the schedule checkpoints
-every ``every`` rounds but the final one; checkpoints of the first format still load.
+every ``every`` rounds but the final one; checkpoints of the first format still load; retention keeps the
+newest N, the best by validation accuracy and the rounds whose score may still come, and removes only
+whole folders.
 """
 
 from __future__ import annotations
@@ -168,3 +170,124 @@ def test_put_places_a_saved_folder_whole_under_its_round_or_names_the_folder_it_
     with pytest.raises(CheckpointError, match=r"checkpoint_round_000006.*storage path"):
         put(save(tmp_path / "made6", state=_state(6)), run_dir, 6)
     assert load_latest(run_dir).round == 4
+
+
+# ---- retention: the newest N and the best by validation accuracy ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rounds", "keep", "scores", "expected"),
+    [
+        # the docstring's example: newest 2 (6, 5) and the best (2)
+        (range(1, 7), 2, {1: 0.5, 2: 0.7, 3: 0.6, 4: 0.65, 5: 0.62}, {6, 5, 2}),
+        # the best is among the newest: only the newest stay
+        (range(1, 7), 2, {1: 0.5, 2: 0.6, 3: 0.6, 4: 0.6, 5: 0.9, 6: 0.8}, {6, 5}),
+        # rounds past the last scored one may still be scored: they stay
+        (range(1, 9), 1, {1: 0.9, 2: 0.5, 3: 0.5}, {1, 4, 5, 6, 7, 8}),
+        # equal scores: the earliest of them is the best (it got there first)
+        (range(1, 6), 1, {1: 0.4, 2: 0.8, 3: 0.8, 4: 0.8, 5: 0.1}, {5, 2}),
+        # nothing scored yet: nothing is known to be worse, everything stays
+        (range(1, 5), 1, {}, {1, 2, 3, 4}),
+        # scores of rounds that have no folder (not checkpoint rounds) count only where a folder is
+        ([5, 10, 15], 1, {4: 0.99, 5: 0.5, 10: 0.7, 15: 0.6, 16: 0.1}, {15, 10}),
+    ],
+)
+def test_kept_is_the_newest_n_the_best_and_the_unscored_newer(rounds, keep, scores, expected):
+    assert checkpoint.kept(list(rounds), keep, scores) == expected
+
+
+def _history(scores: dict[int, float]) -> dict:
+    return {"validation_history": [{"round": r, "accuracy": a} for r, a in scores.items()]}
+
+
+def test_put_with_keep_prunes_a_run_folder_to_the_newest_and_the_best(tmp_path):
+    """Ten rounds put one by one with keep=2, validation one round behind (the evaluator's lag): at the
+    end the newest two and the best stay, every one of them loads, nothing hidden is left; load_latest
+    (resume, --init-from, export, predict) returns the newest."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    accuracy = {1: 0.3, 2: 0.5, 3: 0.8, 4: 0.6, 5: 0.7, 6: 0.65, 7: 0.7, 8: 0.75, 9: 0.7}
+    for r in range(1, 11):
+        known = {k: v for k, v in accuracy.items() if k < r}  # round r's own score comes later
+        saved = checkpoint.save(tmp_path / f"made{r}", state=_state(r), history=_history(known))
+        checkpoint.put(saved, run_dir, r, keep=2)
+        assert len(checkpoint.candidates(run_dir)) <= 4  # never more than newest 2, best, one pending
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert names == [checkpoint.folder_name(r) for r in (3, 9, 10)]
+    assert all(checkpoint.load(run_dir / n).round == int(n[-6:]) for n in names)
+    assert checkpoint.load_latest(run_dir).round == 10
+    assert (run_dir / checkpoint.folder_name(10) / checkpoint.VALIDATION_FILE).is_file()
+
+
+def test_retain_without_scores_keeps_the_newest_and_without_keep_keeps_all(tmp_path):
+    """Checkpoints of before the scores file (no validation.json): nothing is known, nothing older than
+    the newest N goes unless scored; put without keep never removes anything."""
+    run_dir = tmp_path / "run"
+    for r in range(1, 5):
+        checkpoint.put(checkpoint.save(tmp_path / f"m{r}", state=_state(r)), run_dir, r)
+    assert len(checkpoint.candidates(run_dir)) == 4
+    (run_dir / checkpoint.folder_name(4) / checkpoint.VALIDATION_FILE).unlink()
+    assert checkpoint.retain(run_dir, 2) == []  # no scores: every round stays
+    saved = checkpoint.save(
+        tmp_path / "m5", state=_state(5), history=_history({1: 0.2, 2: 0.9, 3: 0.1, 4: 0.3})
+    )
+    checkpoint.put(saved, run_dir, 5, keep=1)
+    assert [p.name for p in checkpoint.candidates(run_dir)] == [
+        checkpoint.folder_name(5),
+        checkpoint.folder_name(2),
+    ]
+
+
+def test_put_of_a_round_already_there_replaces_it_whole(tmp_path):
+    """A resumed run redoes the round after the newest that loads: its folder (which did not load) is
+    replaced by the new one, not merged into it or refused."""
+    run_dir = tmp_path / "run"
+    broken = run_dir / checkpoint.folder_name(3)
+    broken.mkdir(parents=True)
+    (broken / checkpoint.STATE_FILE).write_bytes(b"PK half a zip")
+    (broken / "stray.txt").write_text("left by the crashed attempt")
+    checkpoint.put(checkpoint.save(tmp_path / "m3", state=_state(3)), run_dir, 3)
+    assert checkpoint.load(broken).round == 3 and not (broken / "stray.txt").exists()
+    assert sorted(p.name for p in run_dir.iterdir()) == [checkpoint.folder_name(3)]
+
+
+def test_the_learners_report_puts_the_folder_prunes_and_reports_the_metrics_only(tmp_path, monkeypatch):
+    """runtime.learner's glue at a checkpoint round: rank 0 puts the saved folder into the run folder with
+    the run's keep (so older ones are pruned), then Ray Train gets the metrics alone (no checkpoint: its
+    own list would name the pruned folders); a folder it cannot put stops every rank with the same error."""
+    import ray.train
+    import ray.train.collective
+
+    from raytrain_seq.runtime import learner
+
+    reported = []
+    monkeypatch.setattr(ray.train, "report", lambda metrics, **kw: reported.append((metrics, kw)))
+    monkeypatch.setattr(ray.train.collective, "broadcast_from_rank_zero", lambda value: value)
+    run_dir = tmp_path / "run"
+    scores = {1: 0.9, 2: 0.1, 3: 0.2}
+    for r in range(1, 5):
+        saved = checkpoint.save(
+            tmp_path / f"m{r}", state=_state(r), history=_history({k: v for k, v in scores.items() if k < r})
+        )
+        learner._ray_train_report({"round": r}, saved, run_dir=run_dir, keep=1)
+    assert [p.name for p in checkpoint.candidates(run_dir)] == [
+        checkpoint.folder_name(4),
+        checkpoint.folder_name(1),  # the best
+    ]
+    assert reported == [({"round": r}, {}) for r in range(1, 5)]
+    (run_dir / checkpoint.folder_name(5)).write_text("a file where the folder must go")
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoint_round_000005"):
+        learner._ray_train_report({"round": 5}, saved, run_dir=run_dir, keep=1)
+    assert len(reported) == 4  # no report after a failed put: every rank raised instead
+
+
+def test_a_run_whose_checkpoints_ray_train_listed_keeps_them_all(tmp_path):
+    """A run begun before the learners put their own checkpoints has Ray Train's list of them in its
+    folder; Ray Train refuses to resume it once a listed folder is gone, so nothing is pruned there."""
+    run_dir = tmp_path / "run"
+    for r in range(1, 4):
+        checkpoint.put(checkpoint.save(tmp_path / f"m{r}", state=_state(r)), run_dir, r)
+    (run_dir / "checkpoint_manager_snapshot.json").write_text("{}")
+    saved = checkpoint.save(tmp_path / "m4", state=_state(4), history=_history({1: 0.9, 2: 0.1, 3: 0.2}))
+    checkpoint.put(saved, run_dir, 4, keep=1)
+    assert len(checkpoint.candidates(run_dir)) == 4

@@ -6,6 +6,7 @@ checked with stand-in runtime modules, so nothing here starts Ray or imports tor
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import importlib.util
@@ -78,7 +79,7 @@ def _docstrings() -> dict[str, str]:
 # value picks the switch: True -> --name, False -> --no-name.
 CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "data.dataset": (["ucf101"], "ucf101", ["--data-root", "/v"]),
-    "data.data_root": (["/v"], "/v", []),
+    "data.data_root": (["/v"], "/v", ["--dataset", "ucf101"]),
     "data.split": (["2"], 2, []),
     "data.stream": (["flow"], "flow", ["--dataset", "hmdb51", "--data-root", "/v"]),
     "data.num_classes": (["4"], 4, []),
@@ -140,6 +141,8 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "run.resume": ([], True, ["--run-name", "r1"]),
     "run.tracker": (["none"], "none", []),
     "run.object_store_gb": (["2.5"], 2.5, []),
+    "run.keep_checkpoints": (["5"], 5, []),
+    "run.verbose": ([], True, []),
     "data.test_views": (["three_crop_flip"], "three_crop_flip", []),
 }
 
@@ -297,7 +300,7 @@ def test_help_of_every_field_is_its_docstring_and_default():
     """Each field flag's help is the field docstring from config.py plus [default X]."""
     docs = _docstrings()
     assert len(docs) == len(CLI_VALUES)
-    by_dest = {a.dest: a for a in cli.build_parser()._actions}
+    by_dest = {a.dest: a for a in cli.build_parser()._actions if a.help != argparse.SUPPRESS}
     for path, doc in docs.items():
         section, name = path.split(".")
         help_text = by_dest[path].help.replace("%%", "%")
@@ -367,8 +370,43 @@ def test_print_config_round_trips_through_config(argv, fake_trainer, capsys, tmp
     expected = _parse(argv)
     again = _parse(["--config", str(file)])
     assert _fields_except_run_name(again) == _fields_except_run_name(expected)
-    assert again == Config.from_dict(yaml.safe_load(printed))  # run_name included: it is printed too
     assert again != Config(run=RunConfig(run_name=again.run.run_name))  # the flags really changed it
+    # No --run-name given: the dated name is not printed, so the file makes a new folder each time.
+    assert yaml.safe_load(printed)["run"]["run_name"] is None and printed.startswith("# run_name: null")
+
+
+def test_print_config_then_config_repeats_a_run_in_a_new_folder(capsys, tmp_path, monkeypatch):
+    """--print-config > run.yaml, then --config run.yaml twice: two runs (the dated names differ), neither
+    stopping on the folder of the other; a name given on the command line is kept in the file."""
+    storage = tmp_path / "runs"
+    assert job.main(["--preset", "smoke", "--storage-path", str(storage), "--print-config"]) == 0
+    file = tmp_path / "run.yaml"
+    file.write_text(capsys.readouterr().out)
+    stamps = iter(["20260101-000001", "20260101-000002"])
+
+    class Clock:
+        @staticmethod
+        def now(tz):
+            from datetime import datetime
+
+            return datetime.strptime(next(stamps), "%Y%m%d-%H%M%S")
+
+    from raytrain_seq.runtime.connect import check_storage  # the driver's "run folder exists" check
+
+    def runner(config: Config) -> RunSummary:
+        check_storage(config).joinpath("marker").write_text("a run wrote here")
+        return _Recorder(storage)(config)
+
+    monkeypatch.setattr("raytrain_seq.config.datetime", Clock)
+    assert cli.main(["--config", str(file)], runner) == 0
+    assert cli.main(["--config", str(file)], runner) == 0
+    assert sorted(p.name for p in storage.iterdir()) == [
+        "ucf101-synthetic-20260101-000001",
+        "ucf101-synthetic-20260101-000002",
+    ]
+    capsys.readouterr()
+    assert job.main(["--run-name", "mine", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["run"]["run_name"] == "mine"
 
 
 BAD_FILES = [
@@ -467,9 +505,14 @@ def test_every_flag_is_a_config_field_with_help():
     """Each flag's dest is section.field (or one of the job's own options) and has help."""
     fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
     actions = [a for a in cli.build_parser()._actions if a.option_strings and a.dest != "help"]
-    assert {a.dest for a in actions} == fields | {"preset", "config", "print_config", "verbose"}
-    for action in actions:
+    listed = [a for a in actions if a.help != argparse.SUPPRESS]
+    assert sorted(a.dest for a in listed) == sorted(fields | {"preset", "config", "print_config"})
+    for action in listed:
         assert action.help and len(action.help) > 10, action.dest
+    # The unlisted ones are the dotted spellings, one per field, beside its listed kebab flag.
+    hidden = [a for a in actions if a.help == argparse.SUPPRESS]
+    assert sorted(a.dest for a in hidden) == sorted(fields)
+    assert all(s.startswith(f"--{a.dest.split('.')[0]}.") for a in hidden for s in a.option_strings)
 
 
 @pytest.mark.parametrize(
@@ -567,8 +610,11 @@ def test_fuse_job_errors_exit_2(monkeypatch, fake_fuse, capsys, tmp_path):
     with pytest.raises(SystemExit) as info:
         fuse_job.main(["/r/rgb"])
     assert info.value.code == 2 and "FLOW_RUN" in capsys.readouterr().err
-    assert fuse_job.main(["/r/rgb", "/r/flow", "--split", "4"]) == 2
-    assert capsys.readouterr().err.startswith("error: data.split")
+    assert fuse_job.main(["/r/rgb", "/r/flow", "--test-views", "five_crop"]) == 2
+    assert capsys.readouterr().err.startswith("error: data.test_views")
+    with pytest.raises(SystemExit) as info:  # fusion reads no --epochs: the flag is not offered
+        fuse_job.main(["/r/rgb", "/r/flow", "--epochs", "3"])
+    assert info.value.code == 2 and "unknown flag '--epochs'" in capsys.readouterr().err
     assert fake_fuse == []
 
     # A run folder that is not there: the path check says so before anything runs.
@@ -626,3 +672,59 @@ def test_importing_the_jobs_and_printing_the_config_start_nothing():
         "code": 0,
     }
     assert out.stderr == ""
+
+
+def test_help_lists_the_user_flags_first_and_the_runtime_knobs_last_in_one_group(capsys):
+    """Two tiers: data, model, train and run hold the flags a user sets; every ADVANCED field is in the
+    last group, "advanced", and in no other; the dotted spellings are not listed (they work: above)."""
+    with pytest.raises(SystemExit):
+        job.main(["--help"])
+    text = capsys.readouterr().out
+    groups = re.split(r"\n(?=[a-z]+:\n)", text)  # "data:\n", "advanced:\n", ...
+    titles = [g.split(":", 1)[0] for g in groups[1:]]
+    assert titles == ["options", "data", "model", "train", "run", "advanced"]
+    advanced = groups[-1]
+    for path in cli.ADVANCED:
+        flag = f"--{path.split('.')[1].replace('_', '-')}"
+        assert flag in advanced, flag
+        assert all(flag not in g for g in groups[:-1]), flag
+    for flag in ("--precision", "--tracker", "--lr-schedule", "--test-views", "--resume", "--epochs"):
+        assert any(flag in g for g in groups[1:-1]), flag  # the flags people reach for first: first tier
+    assert "--data.crop CROP" not in text and "--train.poll_interval_s" not in text
+    assert every_field_known(cli.ADVANCED)
+
+
+def every_field_known(paths) -> bool:
+    fields = {f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    return set(paths) <= fields
+
+
+def test_fuse_help_lists_only_what_fusion_reads(capsys):
+    """jobs/fuse.py --help: the two run folders and FUSE_FIELDS' flags, no training flag."""
+    with pytest.raises(SystemExit):
+        fuse_job.main(["--help"])
+    text = capsys.readouterr().out
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z](?![\w.-])", text))
+    offered = {f"--{p.split('.')[1].replace('_', '-')}" for p in cli.FUSE_FIELDS}
+    switches = {"--no-use-gpu", "--no-verbose"}
+    assert listed - {"--help", "--preset", "--config", "--print-config", "--crop"} == (offered | switches), (
+        listed
+    )
+    assert "RGB_RUN" in text and "FLOW_RUN" in text
+    assert every_field_known(cli.FUSE_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [(["--epoch", "3"], "--epochs"), (["--lr-sched", "cosine"], "--lr-schedule"), (["--crop=8x"], None)],
+)
+def test_a_flag_is_never_abbreviated_and_an_unknown_one_is_named_with_the_closest(argv, suggestion, capsys):
+    """allow_abbrev is off: a prefix of a flag is an unknown flag, refused with the closest real one."""
+    with pytest.raises(SystemExit) as info:
+        cli.parse(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    if suggestion:
+        assert f"unknown flag {argv[0]!r}: did you mean {suggestion}?" in err
+    else:
+        assert "--crop" in err

@@ -19,7 +19,12 @@ SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run
 
 
 # Fields whose rule depends on another field: that field's value for both the bad and the good case.
-CONTEXT = {"data.fps": {"stride": 1}}
+CONTEXT = {
+    "data.fps": {"stride": 1},
+    "data.data_root": {"dataset": "ucf101"},
+    "model.depth": {"width": 16},
+    "train.warmup_steps": {"steps": 100},
+}
 
 
 def _build(path: str, value):
@@ -44,6 +49,7 @@ BAD_VALUES = [
     ("data.num_classes", 2.0, 2),
     ("data.num_classes", True, 2),
     ("data.num_classes", "10", 10),
+    ("data.num_classes", 133, 132),  # the synthetic set has 132 classes
     ("data.max_videos", 0, 10),
     ("data.max_videos", 9, 10),  # fewer videos than the 10 default classes
     ("data.max_videos", 12.5, 12),
@@ -75,7 +81,10 @@ BAD_VALUES = [
     ("model.fuse", ("a", ""), None),
     ("model.width", 0, 1),
     ("model.depth", 0, 1),
+    ("model.depth", 12, 5),  # 16 channels doubled per stage: about 6e9 parameters
+    ("model.width", 100_000, 64),
     ("model.hidden", -4, 4),
+    ("model.hidden", 100_000, 512),
     ("model.temporal", "lstm", "tcn"),
     ("train.learners", 0, 1),
     ("train.learners", "2-8", 3),
@@ -140,6 +149,10 @@ BAD_VALUES = [
     ("train.precision", "fp8", "bf16"),
     ("train.lr_schedule", "step", "cosine"),
     ("train.warmup_steps", -1, 10),
+    ("train.warmup_steps", 100, 99),  # not below train.steps=100: the warm-up would never end
+    ("run.keep_checkpoints", 0, 1),
+    ("run.keep_checkpoints", 2.0, None),
+    ("run.verbose", "yes", True),
 ]
 
 

@@ -626,7 +626,9 @@ def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
         transport.close()
     # The final checkpoint goes to keep_final alone (no report: nothing waits for it) and holds the files
     # of checkpoint.save; the metrics handed over with it are the run's return value.
-    assert len(finals) == 1 and finals[0][1] == sorted([checkpoint.STATE_FILE, checkpoint.POSITION_FILE])
+    assert len(finals) == 1 and finals[0][1] == sorted(
+        [checkpoint.STATE_FILE, checkpoint.POSITION_FILE, checkpoint.VALIDATION_FILE]
+    )
     assert returned is finals[0][0] and all(r["round"] < returned["round"] for r in reports)
     return learner, [*reports, returned]
 

@@ -221,8 +221,11 @@ def test_block_row_stream_reslices_every_row_once_in_order():
 
 
 def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
-    """An explicit t_max below a video's length is a ValueError naming the fix, unless packing is chunk."""
-    with pytest.raises(ValueError, match=r"raise data\.t_max"):
+    """An explicit t_max below a video's length is a RunSetupError (one line: the job's exit 2) naming the
+    flag and the fix, unless packing is chunk."""
+    from raytrain_seq.config import RunSetupError
+
+    with pytest.raises(RunSetupError, match=r"data\.t_max=10 but .* pass --t-max \d+ or more"):
         create_feed(_config(t_max=10))
     geometry = feed_geometry(_config(t_max=10, packing="chunk"))
     assert geometry["eval_strategy"] == "chunk" and geometry["t_max"] == 10
@@ -241,7 +244,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
         calls.append(args)
         raise RuntimeError("probed the videos")
 
-    monkeypatch.setattr(pipeline, "load_catalogs", probe)
+    monkeypatch.setattr(pipeline, "data_geometry", probe)
     feed = pipeline.BlockFeed(config, geometry=geometry)
     assert calls == [] and feed.t_max == geometry["t_max"] and feed.max_sequences == geometry["max_sequences"]
     assert feed.model_spec()["num_classes"] == len(geometry["class_names"])

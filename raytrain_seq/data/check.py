@@ -151,7 +151,7 @@ def _print(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.data.check", description=__doc__.splitlines()[0]
+        prog="python -m raytrain_seq.data.check", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     parser.add_argument("--dataset", required=True, choices=("ucf101", "hmdb51"))
     parser.add_argument(

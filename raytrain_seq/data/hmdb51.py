@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 
-from raytrain_seq.data.video import VideoCatalog, build_catalog, read_lines
+from raytrain_seq.data.video import VideoCatalog, build_catalog, list_folder, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def hmdb51_classes(data_root: str | os.PathLike[str]) -> tuple[str, ...]:
         raise ValueError(f"HMDB51 data root not found: {root}; {_LAYOUT}")
     names = sorted(
         entry.name
-        for entry in os.scandir(root)
+        for entry in list_folder(root)
         if entry.is_dir() and entry.name != SPLITS_DIR and not entry.name.startswith(".")
     )
     if not names:
@@ -69,7 +69,7 @@ def _splits_dir(root: str) -> str:
     path = os.path.join(root, SPLITS_DIR)
     if os.path.isdir(path):
         return path
-    near = [e.name for e in os.scandir(root) if e.is_dir() and e.name.lower() == SPLITS_DIR.lower()]
+    near = [e.name for e in list_folder(root) if e.is_dir() and e.name.lower() == SPLITS_DIR.lower()]
     hint = f" (found {near[0]!r}: rename it to {SPLITS_DIR!r})" if near else ""
     raise ValueError(f"HMDB51 split folder not found: {path}{hint}; {_LAYOUT}")
 
@@ -111,7 +111,7 @@ def hmdb51_entries(
     class_names = hmdb51_classes(root)
     splits = _splits_dir(root)
     suffix = _split_file_name("", fold)  # "_test_split1.txt"
-    for entry in sorted(os.scandir(splits), key=lambda e: e.name):
+    for entry in sorted(list_folder(splits), key=lambda e: e.name):
         if entry.name.endswith(suffix) and entry.name[: -len(suffix)] not in class_names:
             raise ValueError(
                 f"{entry.path}: names class {entry.name[: -len(suffix)]!r}, which has no folder in {root} "

@@ -64,12 +64,13 @@ import numpy as np
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import flow_window
-from raytrain_seq.elastic.assembly import partial_rng
+from raytrain_seq.elastic.assembly import max_sequences_bound, partial_rng
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "CHANNELS", "SPLITS", "RealVideos", "SyntheticSource", "augment_videos", "balanced_subset", "busy",
+    "data_geometry",
     "fit_length", "flow_offset", "flow_videos", "get_source", "holdout", "load_catalogs", "render_size",
     "source_kwargs", "window_videos",
 ]  # fmt: skip
@@ -542,3 +543,37 @@ def load_catalogs(config: Config, *, warn: bool = True) -> dict[str, Any]:
             raise
         raise RunSetupError(str(exc)) from exc
     return {**loaded, "channels": CHANNELS[config.data.stream], "flow_method": method}
+
+
+def data_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
+    """Catalogs, t_max, max_sequences, the evaluation strategy and the sources' facts (channels, class
+    names, skipped videos, flow method); RunSetupError for a bad fit (a video longer than t_max).
+    ``warn=False``: skipped videos are logged at DEBUG (the feed actor rebuilds the catalog the driver's
+    check already warned about)."""
+    loaded = load_catalogs(config, warn=warn)
+    catalogs = loaded["catalogs"]
+    data = config.data
+    # t_max None: the longest video of ANY split, so evaluation never cuts a video that training would
+    # not have cut (a small max_videos subset often has a longer val/test video than train video).
+    longest = max(int(catalogs[split].lengths.max()) for split in SPLITS)
+    t_max = data.t_max if data.t_max is not None else longest
+    eval_strategy = "optimal"
+    for split in SPLITS:
+        split_longest = int(catalogs[split].lengths.max())
+        if split_longest > t_max:
+            if data.packing == "chunk":
+                eval_strategy = "chunk"  # chunk training cuts sequences, so evaluation has to as well
+                continue
+            raise RunSetupError(
+                f"data.t_max={t_max} but the {split} split has a video of {split_longest} strided frames "
+                f"(stride {data.stride}): pass --t-max {split_longest} or more, leave it out (the longest "
+                "video), raise --stride, or use --packing chunk"
+            )
+    every = np.concatenate([catalogs[split].lengths for split in SPLITS])
+    return {
+        "catalogs": catalogs,
+        "t_max": int(t_max),
+        "max_sequences": max_sequences_bound(every, t_max),
+        "eval_strategy": eval_strategy,
+        **{key: loaded[key] for key in ("channels", "class_names", "skipped", "flow_method")},
+    }

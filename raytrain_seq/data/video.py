@@ -69,11 +69,13 @@ __all__ = [
     "build_catalog",
     "decode",
     "decode_pairs",
+    "list_folder",
     "output_length",
     "probe",
     "read_lines",
     "resampled_length",
     "strided_length",
+    "unreadable",
 ]
 
 # Enough for any NTSC-style rate (30000/1001) while absorbing float noise in a rate given as a float.
@@ -417,12 +419,35 @@ class VideoCatalog:
         return self.paths[k]
 
 
+def unreadable(path: str | os.PathLike[str], exc: OSError) -> ValueError:
+    """The one-line error of a list file or folder the job may not read (no permission, an I/O error)."""
+    return ValueError(
+        f"{os.fspath(path)}: cannot read it ({exc.strerror or exc}): make the data root readable by the "
+        "user the job runs as (e.g. chmod -R a+rX DATA_ROOT), or pass another --data-root"
+    )
+
+
+def list_folder(path: str | os.PathLike[str]) -> list[os.DirEntry]:
+    """The entries of a data folder; ValueError naming it when it cannot be listed."""
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except OSError as exc:
+        raise unreadable(path, exc) from exc
+
+
 def read_lines(path: str, what: str, fix: str) -> list[tuple[int, str]]:
-    """Non-blank lines of a list file as ``(line_number, stripped_text)``; ValueError if it is missing."""
+    """Non-blank lines of a list file as ``(line_number, stripped_text)``; ValueError naming the file if it
+    is missing, unreadable or not text."""
     if not os.path.isfile(path):
         raise ValueError(f"{what} not found: {path}; {fix}")
-    with open(path, encoding="utf-8-sig") as handle:  # -sig: tolerate a byte-order mark
-        text = handle.read()
+    try:
+        with open(path, encoding="utf-8-sig") as handle:  # -sig: tolerate a byte-order mark
+            text = handle.read()
+    except OSError as exc:
+        raise unreadable(path, exc) from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a text {what} ({exc.reason}): {fix}") from exc
     return [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 

@@ -264,9 +264,11 @@ def load_imagenet_weights(encoder: ResNetEncoder, path: str | Path, *, conv1: st
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
+        # torch's own message runs over many lines (the weights_only story): its first sentence is the fact.
+        first = str(err).strip().splitlines()[0].split(". ")[0][:160] if str(err).strip() else ""
         raise ValueError(
-            f"{path} could not be read as a tensor state_dict ({type(err).__name__}: {err}): save it with "
-            f"torch.save(model.state_dict(), path)"
+            f"{path} could not be read as a tensor state_dict ({type(err).__name__}: {first}): pass a "
+            f"torchvision state_dict file, saved with torch.save(model.state_dict(), path)"
         ) from err
     if not isinstance(state, Mapping) or not all(torch.is_tensor(v) for v in state.values()):
         raise ValueError(f"{path} holds a {type(state).__name__}, not a dict of tensors: save a state_dict")

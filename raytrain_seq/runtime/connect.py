@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.runtime.logs import quiet_ray_helpers
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +86,16 @@ def connect(config: Config) -> bool:
 
     if ray.is_initialized():
         return False
+    # ray.init sets its own logger's level (INFO by default): "Connecting to existing Ray cluster", ...
+    level = {} if config.run.verbose else {"logging_level": logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
-        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE)
+        ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE, **level)
         _store_not_ours(config)
         return False
     try:
         # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
-        ray.init(address="auto", namespace=NAMESPACE)
+        ray.init(address="auto", namespace=NAMESPACE, **level)
         _store_not_ours(config)
         return False
     except ConnectionError as exc:
@@ -103,8 +106,12 @@ def connect(config: Config) -> bool:
     # CPUs may exceed the cores; torch in each learner uses a thread).
     cpus = max(os.cpu_count() or 1, config.train.max_learners + 2)
     gb = config.run.object_store_gb
+    # Without a dashboard there is no State API, and Ray Train's placement-group cleaner warns about it
+    # at every check: its process gets its logger raised (runtime/logs.py) unless the run is verbose.
+    if not config.run.verbose:
+        level["runtime_env"] = {"worker_process_setup_hook": quiet_ray_helpers}
     try:
-        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb))
+        ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **level)
     except Exception as exc:
         # Ray gives its node 30 s to start; mapping a large preallocated store can take longer.
         if gb is not None and "timed out during startup" in str(exc):

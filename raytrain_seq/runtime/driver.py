@@ -34,12 +34,12 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from raytrain_seq import accounting, checkpoint
+from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.elastic.events import membership_entries, recovery_entries
-from raytrain_seq.preflight import check_paths
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
+from raytrain_seq.runtime.logs import quiet_driver, train_logging
 from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
 
@@ -110,7 +110,10 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "data.stream='fuse' evaluates two finished runs and trains nothing: run jobs/fuse.py "
             "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
         )
-    check_paths(config)
+    quiet_driver(config.run.verbose)
+    # Everything knowable before Ray starts (paths, classes, t_max, a model's starting weights); the job's
+    # own check of this config already ran, so this one only takes its result (the catalogs).
+    checked = preflight.check(config, reuse=True)
     run_dir = check_storage(config)
     (run_dir / checkpoint.STOPPED_FILE).unlink(missing_ok=True)  # a stop of an earlier attempt
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
@@ -141,7 +144,9 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     # tasks would take every CPU before Ray Train placed the learners, and Ray gives a freed CPU to the
     # next queued task, so the learners started only once that queue had drained (docs/LOG.md,
     # 2026-11-24). A GPU node is no different: its learners need a CPU each too.
-    feed = create_feed(config, name=names["feed"], namespace=NAMESPACE, prefetch=False)
+    feed = create_feed(
+        config, name=names["feed"], namespace=NAMESPACE, prefetch=False, geometry=checked.geometry
+    )
     if train.validate_every:
         # The validation rows (one lane of tasks, a CPU that Ray Train's placement leaves free) start on
         # the core left idle while this process imports Ray Train and torch, not once the averager's
@@ -204,6 +209,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             name=config.run.run_name,
             storage_path=str(run_dir.parent),
             failure_config=FailureConfig(max_failures=train.max_failures),
+            logging_config=train_logging(config.run.verbose),
         ),
     )
     progress = RunProgress(

@@ -46,19 +46,19 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from raytrain_seq.config import Config
-from raytrain_seq.data.sources import load_catalogs
+from raytrain_seq.data.sources import data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.elastic.assembly import (
     BlockSpec,
     EpochShard,
     consumption_order,
-    max_sequences_bound,
     plan_seed,
     plan_specs,
 )
@@ -102,45 +102,26 @@ _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits 
 
 
 def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
-    """Catalogs, t_max, max_sequences, the evaluation strategy and the sources' facts (channels, class
-    names, skipped videos, flow method); raises ValueError for a bad fit. ``warn=False``: skipped videos
-    are logged at DEBUG (the feed actor rebuilds the catalog the driver's check already warned about)."""
-    loaded = load_catalogs(config, warn=warn)
-    catalogs = loaded["catalogs"]
-    data = config.data
-    # t_max None: the longest video of ANY split, so evaluation never cuts a video that training would
-    # not have cut (a small max_videos subset often has a longer val/test video than train video).
-    longest = max(int(catalogs[split].lengths.max()) for split in SPLITS)
-    t_max = data.t_max if data.t_max is not None else longest
-    eval_strategy = "optimal"
-    for split in SPLITS:
-        split_longest = int(catalogs[split].lengths.max())
-        if split_longest > t_max:
-            if data.packing == "chunk":
-                eval_strategy = "chunk"  # chunk training cuts sequences, so evaluation has to as well
-                continue
-            raise ValueError(
-                f"the {split} split has a video of {split_longest} strided frames > t_max {t_max}: raise "
-                f"data.t_max to >= {split_longest}, leave it None, raise data.stride, or use packing='chunk'"
-            )
-    every = np.concatenate([catalogs[split].lengths for split in SPLITS])
-    return {
-        "catalogs": catalogs,
-        "t_max": int(t_max),
-        "max_sequences": max_sequences_bound(every, t_max),
-        "eval_strategy": eval_strategy,
-        **{key: loaded[key] for key in ("channels", "class_names", "skipped", "flow_method")},
-    }
+    """The run's data geometry (``data.sources.data_geometry``: catalogs, t_max, max_sequences, the
+    evaluation strategy, channels, class names, skipped videos, flow method); RunSetupError for a bad fit."""
+    return data_geometry(config, warn=warn)
 
 
-def _reconstructed() -> bool:
+def _reconstructed(verbose: bool = False) -> bool:
     """Whether this process is a Ray actor that Ray restarted (False outside an actor, e.g. in a test)."""
     import ray
 
     if not ray.is_initialized():
         return False
     context = ray.get_runtime_context()
-    return context.get_actor_id() is not None and context.was_current_actor_reconstructed
+    if context.get_actor_id() is None:
+        return False
+    with warnings.catch_warnings():
+        if not verbose:
+            # Ray 2.60's was_current_actor_reconstructed reads its own deprecated actor_id property and warns
+            # about that: a warning about Ray's code that the user can do nothing with (runtime/logs.py).
+            warnings.simplefilter("ignore", DeprecationWarning)
+        return context.was_current_actor_reconstructed
 
 
 def _int(value: Any, name: str, minimum: int, fix: str) -> int:
@@ -226,7 +207,7 @@ class BlockFeed:
         # Ray restarted this actor (train.feed_max_restarts): the cache and every object the dead one owned
         # are gone. Each epoch a learner asks for is recomputed from the source with the same seeds (the
         # resume path), and the restart is written down, since this process lost its predecessor's totals.
-        self._restarted = _reconstructed()
+        self._restarted = _reconstructed(config.run.verbose)
         if self._restarted:
             self._log_restart()
 
@@ -670,20 +651,22 @@ def create_feed(
     partial_cpus: float = 1.0,
     prefetch: bool = True,
     prefetch_world_size: int | None = None,
+    geometry: dict[str, Any] | None = None,
 ):
     """Start the BlockFeed actor (0 CPUs, on the driver's node) and, with ``prefetch``, its epoch-0 partial
     augmentation (without it, the first ``epoch_shard`` call starts it).
 
-    The configuration is checked here first, so a bad t_max fails in the driver; the actor gets the
-    catalogs built for that check instead of probing the videos again. ``prefetch_world_size``
-    (default ``config.train.learners``) orders epoch 0's tasks by the learners' consumption.
+    The configuration is checked here first (or given: ``geometry``, the preflight's ``feed_geometry``),
+    so a bad t_max fails in the driver; the actor gets the catalogs built for that check instead of
+    probing the videos again. ``prefetch_world_size`` (default ``config.train.learners``) orders epoch 0's
+    tasks by the learners' consumption.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if not isinstance(config, Config):
         raise TypeError(f"create_feed needs a raytrain_seq.config.Config, got {type(config).__name__}")
-    geometry = feed_geometry(config)
+    geometry = geometry if geometry is not None else feed_geometry(config)
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)

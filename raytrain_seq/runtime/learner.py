@@ -19,7 +19,8 @@ trained for rounds it missed (``elastic.position.settle``), so every row reaches
 learner the others went on without (``Realigned``: it stalled past the timeout) takes their latest state
 and position and makes the ``ray.train.report`` calls of the checkpoint rounds it missed (Ray Train's
 report is a barrier, so the others wait for them). Checkpoints follow ``checkpoint.is_due`` right after a
-round: rank 0 saves the averager's state and history, every rank reports at the same rounds. The run's
+round: rank 0 saves the averager's state and history and puts it into the run folder (pruning the old
+ones to ``run.keep_checkpoints`` and the best), every rank reports at the same rounds. The run's
 final checkpoint is rank 0's alone, with no report (``Learner.finish``).
 
 The learner takes its collaborators through its constructor (``client``, ``feed``, ``report``,
@@ -74,8 +75,8 @@ TEST_LEAD_EPOCHS = 2
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
-# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``. The final checkpoint goes to a
-# ``keep_final`` of the same shape, on rank 0 only (``Learner.finish``).
+# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run
+# folder. The final checkpoint goes to a ``keep_final`` of the same shape, on rank 0 only (``finish``).
 Report = Callable[[dict[str, Any], Path | None], None]
 
 
@@ -549,30 +550,28 @@ def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------- ray glue
-def _ray_train_report(metrics: dict[str, Any], folder: Path | None, *, run_dir: Path) -> None:
+def _ray_train_report(
+    metrics: dict[str, Any], folder: Path | None, *, run_dir: Path, keep: int | None = None
+) -> None:
     import ray.train
     from ray.train.collective import broadcast_from_rank_zero
 
-    # A checkpoint Ray Train cannot copy into the run folder (disk full, no permission) fails on rank 0
-    # only, and a raise there makes Ray Train restart the group to fail again: rank 0 probes the folder
-    # and every rank learns the verdict (each report call is collective, so the counts match).
+    # Rank 0 puts the checkpoint into the run folder itself (checkpoint.put, as it does the final one) and
+    # prunes the old ones (run.keep_checkpoints): Ray Train's own checkpoint list would name folders the
+    # pruning removed, and its restore refuses a run folder where one is missing. A checkpoint that cannot
+    # be written (disk full, no permission) fails on rank 0 only, and a raise there makes Ray Train
+    # restart the group to fail again: every rank learns the verdict (each report call is collective, so
+    # the counts match).
     problem = None
     if folder is not None:
         try:
-            checkpoint.check_writable(run_dir / checkpoint.folder_name(metrics["round"]))
+            checkpoint.put(folder, run_dir, metrics["round"], keep=keep)
         except checkpoint.CheckpointError as exc:
             problem = str(exc)
     problem = broadcast_from_rank_zero(problem)
     if problem is not None:
         raise checkpoint.CheckpointError(problem)
-    if folder is None:
-        ray.train.report(metrics)
-        return
-    ray.train.report(
-        metrics,
-        checkpoint=ray.train.Checkpoint.from_directory(str(folder)),
-        checkpoint_dir_name=checkpoint.folder_name(metrics["round"]),
-    )
+    ray.train.report(metrics)
 
 
 def _latest_state(config: Config) -> AveragedState | None:
@@ -591,6 +590,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     from raytrain_seq.runtime.channels import RayChannelEnds
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
+    from raytrain_seq.runtime.logs import quiet_learner
     from raytrain_seq.runtime.metrics import LearnerMetrics
     from raytrain_seq.runtime.shards import RayStore
     from raytrain_seq.runtime.transport import RayTransport
@@ -607,6 +607,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     # it once; a resumed run's learners learn their epoch from the averager first).
     started = feed.start.remote(world_size) if rank == 0 and names.get("fresh") else None
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
+    quiet_learner(config.run.verbose)  # Ray Train's per-round INFO lines (runtime/logs.py)
     train = config.train
     # The worker sees its own GPU(s) only (no process group shares them): make it the current device, as
     # a TorchTrainer would, so that pinned copies and new CUDA tensors land there.
@@ -632,9 +633,13 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
         device=device,
         client=client,
         feed=LearnerFeed(feed, epochs=train.max_epochs),
-        report=functools.partial(_ray_train_report, run_dir=config.run_dir()),
-        keep_final=lambda metrics, folder: checkpoint.put(folder, config.run_dir(), metrics["round"]),
-        # The run folder is where Ray Train writes this run's checkpoints (storage every node sees).
+        report=functools.partial(
+            _ray_train_report, run_dir=config.run_dir(), keep=config.run.keep_checkpoints
+        ),
+        keep_final=lambda metrics, folder: checkpoint.put(
+            folder, config.run_dir(), metrics["round"], keep=config.run.keep_checkpoints
+        ),
+        # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
         validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
