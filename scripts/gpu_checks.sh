@@ -18,10 +18,10 @@
 # (their logs), job.md. Copy job.md and the .txt files to bench/results/gpu/ (bench/report.py puts them
 # in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more).
 #
-# Ray on a machine without network: here, `bash ../shared/tools/ray_for_gpu_box.sh .gpu-ray` (the folder
-# is git-ignored); it travels with the tree (name it in the device tool's `carry`) and this script sources
-# its install.sh. Without it, steps 4 and 5's job rows are skipped. The script ends with `ray stop`: Ray's
-# daemons left running would hold the GPU.
+# Ray on a machine without network: a folder `.gpu-ray` beside this tree (git-ignored) with Ray's wheel
+# and an install.sh that unpacks it and defines `ray_stop` (the workplace's ray_for_gpu_box.sh tool makes
+# it); it travels with the tree and this script sources its install.sh. Without it, step 4 is skipped and
+# step 5 says so. The script ends with `ray stop`: Ray's daemons left running would hold the GPU.
 #
 #     OUT=/tmp/gpu bash scripts/gpu_checks.sh
 set -u
