@@ -721,6 +721,9 @@ def test_batch_rule_statistics_pair_seeds_and_judge_the_target():
     assert batch_rule.within_one_se(0.0, None) and batch_rule.within_one_se(None, 1.0) is None
     assert batch_rule.first_growth([{"round": 2, "batch_size": 8}, {"round": 1, "batch_size": 4}]) == 2
     assert batch_rule.first_growth([{"round": 1, "batch_size": 4}]) is None
+    # The command written to the results leaves out the local cache folder.
+    assert batch_rule._without_runs_dir(["--tiny", "--runs-dir", "/x", "--json"]) == ["--tiny", "--json"]
+    assert batch_rule._without_runs_dir(["--runs-dir=/x"]) == []
 
 
 def test_batch_rule_val_fraction_holds_out_the_asked_validation_videos():
