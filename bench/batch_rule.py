@@ -20,9 +20,12 @@ deviation / sqrt(seeds)). The target: no rule that is the default ends below ``f
 standard error on any set. Last, ``default`` with ``--steps N`` (N: the steps of the seed's fixed run) on
 the miniature set shows that under the paper's budget B still grows as Algorithm 1 says.
 
-    python bench/batch_rule.py            # default size (about 20 minutes on 2 cores)
+    python bench/batch_rule.py            # default size (about 40 minutes on a busy 2-core box)
     python bench/batch_rule.py --tiny     # one short run per set, rule and seed
     python bench/batch_rule.py --json     # last line: the headline as one JSON object
+    python bench/batch_rule.py --runs-dir DIR   # keep each run's numbers: a rerun skips the runs done
+
+A run whose Ray Train group fails to start (seen on a loaded box) is tried once more with the same config.
 """
 
 from __future__ import annotations

@@ -477,7 +477,8 @@ def averagers(ray_cluster):
         "reference": {},
         "drop": {},
         "timeout": {"min_learners": 2},
-        "validation": {"validate_every": 1, "batch_size": 4},
+        # steps: the paper's budget, under which B may grow (batch_growth "steps", the default)
+        "validation": {"validate_every": 1, "batch_size": 4, "steps": 1000},
     }
     actors = {
         name: create_averager(f"avg-{name}", world_size=3, timeout_s=1.0, **kw)
