@@ -33,8 +33,9 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-## bench: the four papers' tables re-measured beside their baselines (bench/*.py, about 40 minutes on
-## 2 cores; each script has --full for a GPU cluster), then docs/BENCHMARKS.md from bench/results/
+## bench: the four papers' tables re-measured beside their baselines (bench/*.py, about 75 minutes on
+## 2 cores, 35 of them bench/batch_rule.py's; each script has --full for a GPU cluster), then
+## docs/BENCHMARKS.md from bench/results/
 bench: $(STAMP)
 	mkdir -p bench/results
 	$(PY) bench/packing.py --out bench/results/packing.md
@@ -43,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/refurbish.py
 	$(PY) bench/averaging.py
 	$(PY) bench/averaging.py --only ablation
+	$(PY) bench/batch_rule.py
 	$(PY) bench/pipeline.py > bench/results/pipeline.txt && cat bench/results/pipeline.txt
 	$(PY) bench/startup.py > bench/results/startup.txt && cat bench/results/startup.txt
 	$(PY) bench/report.py

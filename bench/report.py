@@ -30,6 +30,7 @@ SECTIONS = (
     ("microbatch", "MBS Table 4 (micro-batch streaming)", None),
     ("averaging", "AAVG (model averaging)", None),
     ("averaging_ablation", "AAVG ablation at equal steps", None),
+    ("batch_rule", "AAVG batch-size rule at equal epochs", None),
     ("packing", "Packing on the real UCF101 lengths", ".venv/bin/python bench/packing.py --out bench/results/packing.md"),
     ("pipeline", "Ray Data pipeline vs DataLoader", ".venv/bin/python bench/pipeline.py"),
     ("startup", "A job's start-up vs a bare Ray Train trainer", ".venv/bin/python bench/startup.py"),
@@ -82,6 +83,20 @@ HEADLINES = {
     "averaging_ablation": [
         ("aavg2_minus_1", "val accuracy at equal steps, AAVG2 - AAVG1 (points)", "{:+.1f}", "+2.1"),
         ("aavg3_minus_2", "val accuracy at equal steps, AAVG3 - AAVG2 (points)", "{:+.1f}", "+1.9"),
+    ],
+    "batch_rule": [
+        (
+            "default_worst_diff",
+            "test accuracy at equal epochs, default rule - fixed batch, worst set (points)",
+            "{:+.1f}",
+            "n/a (the paper fixes steps)",
+        ),
+        (
+            "default_worst_diff_se",
+            "its standard error over seeds (points)",
+            "{:.1f}",
+            "n/a",
+        ),
     ],
 }
 

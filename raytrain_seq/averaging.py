@@ -8,7 +8,9 @@ B <- B * b2 (capped, 576 in the paper) and a* keeps the best accuracy (lines 13-
 default growth test is noise-aware (grow only when a falls below a* by more than the binomial standard error
 of an accuracy measured on the validation set's size) and B never exceeds the rows a learner has per epoch:
 the paper's b1 = 1 assumes a large validation set, and on 10 validation videos it doubles B on every
-one-video dip (``AdaptiveBatchSize``). Algorithm 2 repairs the
+one-video dip (``AdaptiveBatchSize``). B grows only where the run's budget is the paper's N optimizer
+steps (``batch_may_grow``): under a budget of epochs a larger B takes fewer steps over the same data, and
+the rule holds B (docs/ARCHITECTURE.md, "AAVG model averaging", says why, measured). Algorithm 2 repairs the
 optimizer state that averaging disrupts: Adam's moments become the learners' mean (line 5) and a
 (mean, variance) pair -- BatchNorm's running statistics, the "b" quantities -- is merged by the law of
 total variance (lines 1, 3 and 6: z_j = v_j + m_j^2, m = mean m_j, v = mean z_j - m^2).
@@ -452,6 +454,27 @@ def unflatten_state(flat: Tensor, spec: FlatSpec) -> dict[str, Tensor]:
 
 
 # ------------------------------------------------------------------------------------ adaptive batch size
+BATCH_GROWTH: tuple[str, ...] = ("steps", "always")
+"""When Algorithm 1 may grow B: "steps" (only under a budget of N optimizer steps), or "always"."""
+
+
+def batch_may_grow(growth: str, steps: int | None) -> bool:
+    """Whether a run's batch-size rule may grow B: ``growth`` "always", or "steps" (the default) with a
+    budget of ``steps`` optimizer steps per learner (``train.steps``, Algorithm 1's N).
+
+    The paper fixes N, so a larger B sees more data in the same steps. Under a budget of epochs (``steps``
+    None) the data is fixed instead, and B x 2 halves the steps left: "steps" then holds B (the rule
+    still keeps a* and records what it would have done, ``BatchSizeRecord.held``). ("steps", None) ->
+    False, ("steps", 200) -> True, ("always", None) -> True.
+    """
+    if growth not in BATCH_GROWTH:
+        raise ValueError(
+            f'batch growth must be one of {", ".join(BATCH_GROWTH)}, got {growth!r}: use "steps" (grow only '
+            'under --steps N, the paper\'s budget) or "always" (grow under an epoch budget too)'
+        )
+    return growth == "always" or steps is not None
+
+
 @dataclass(frozen=True)
 class BatchSizeRecord:
     """One validation of Algorithm 1 (lines 14-20): the accuracy, a* before it, the size after it."""
@@ -462,6 +485,8 @@ class BatchSizeRecord:
     grew: bool
     threshold: float | None = None
     """The accuracy below which this validation grows B (None in records saved before it was kept)."""
+    held: bool = False
+    """The accuracy was below the threshold, but the rule holds B (``AdaptiveBatchSize(hold=True)``)."""
 
 
 def _int_field(name: str, value: Any, fix: str) -> int:
@@ -508,10 +533,25 @@ class AdaptiveBatchSize:
     can take no more rows than the epoch holds, and beyond that a doubling only removes steps. When the
     cap falls below the current B (more learners share the epoch) B comes down to it; it never goes
     below ``initial``, the user's own choice.
+
+    ``hold=True`` keeps B at ``initial`` (a run whose budget is epochs, ``batch_may_grow``): the rule
+    still runs, a* and the threshold are kept, and a validation below the threshold is recorded as
+    ``held`` instead of growing B.
     """
 
-    def __init__(self, initial: int, *, b1: float | None = None, b2: float = 2, max_size: int = 576) -> None:
+    def __init__(
+        self,
+        initial: int,
+        *,
+        b1: float | None = None,
+        b2: float = 2,
+        max_size: int = 576,
+        hold: bool = False,
+    ) -> None:
         self._configure(initial, b1, b2, max_size)
+        if not isinstance(hold, bool):
+            raise TypeError(f"hold must be True or False, got {hold!r}: True keeps B at initial")
+        self._hold = hold
         self._size = self._initial
         self._best = 0.0
         self._history: list[BatchSizeRecord] = []
@@ -549,6 +589,11 @@ class AdaptiveBatchSize:
     def noise_aware(self) -> bool:
         """True for the default noise-aware threshold, False for the paper's a* x b1."""
         return self._b1 is None
+
+    @property
+    def hold(self) -> bool:
+        """True when B is held at ``initial`` whatever the accuracy (an epoch budget)."""
+        return self._hold
 
     @property
     def history(self) -> list[BatchSizeRecord]:
@@ -589,13 +634,20 @@ class AdaptiveBatchSize:
         best_before, before = self._best, self._size
         size = before
         # The paper's comparison is exact; the noise-aware one gets the rounding guard (class docstring).
-        if a < threshold - (1e-9 if self._b1 is None else 0.0):
+        below = a < threshold - (1e-9 if self._b1 is None else 0.0)
+        if below and not self._hold:
             size = int(before * self._b2)
         self._size = min(size, limit)
         if a > best_before:
             self._best = a
         grew = self._size > before
-        self._history.append(BatchSizeRecord(a, best_before, self._size, grew, threshold))
+        self._history.append(
+            BatchSizeRecord(a, best_before, self._size, grew, threshold, below and self._hold)
+        )
+        if below and self._hold:
+            logger.info(
+                "batch size held at %d: accuracy %g < threshold %g (epoch budget)", before, a, threshold
+            )
         if grew:
             logger.info("batch size %d -> %d: accuracy %g < threshold %g", before, self._size, a, threshold)
         elif self._size < before:
@@ -607,17 +659,20 @@ class AdaptiveBatchSize:
     def state_dict(self) -> dict[str, Any]:
         """Plain python types only, for checkpoints."""
         config = {"initial": self._initial, "b1": self._b1, "b2": self._b2, "max_size": self._max_size}
+        config["hold"] = self._hold
         history = [asdict(record) for record in self._history]
         return {**config, "size": self._size, "best": self._best, "history": history}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state_dict() (configuration included), validating it first; older dicts load too."""
+        """Restore a state_dict() (configuration included), validating it first; older dicts load too
+        (one saved before ``hold`` existed grew B under any budget: it loads with hold False)."""
         required = ("initial", "b1", "b2", "max_size", "size", "best", "history")
         missing = [key for key in required if key not in state]
         if missing:
             raise ValueError(f"batch-size state lacks {missing}: pass AdaptiveBatchSize.state_dict()'s dict")
         # Built aside and swapped in whole, so a bad checkpoint leaves this object as it was.
-        fresh = AdaptiveBatchSize(state["initial"], **{key: state[key] for key in ("b1", "b2", "max_size")})
+        config = {key: state[key] for key in ("b1", "b2", "max_size")}
+        fresh = AdaptiveBatchSize(state["initial"], **config, hold=state.get("hold", False))
         size = _int_field("size", state["size"], "pass the saved batch size")
         if not fresh._initial <= size <= fresh._max_size:
             raise ValueError(f"size {size} is outside [initial {fresh._initial}, max_size {fresh._max_size}]")
@@ -627,6 +682,6 @@ class AdaptiveBatchSize:
             fresh._history = [BatchSizeRecord(**record) for record in state["history"]]
         except TypeError as exc:
             raise ValueError(
-                f"history entries need keys accuracy, best_before, size, grew (and threshold): {exc}"
+                f"history entries need keys accuracy, best_before, size, grew (and threshold, held): {exc}"
             ) from exc
         self.__dict__.update(fresh.__dict__)

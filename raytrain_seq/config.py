@@ -3,7 +3,7 @@
 What it serves: the four techniques (docs/ARCHITECTURE.md) meet here as settings, so one value travels
 to every process: BLoad packing (Iftekhar, Ruschel et al.: ``data.packing``, ``data.t_max``), AAVG
 averaging (Cong et al.: ``train.k``, ``train.validate_every`` = m, ``train.b1``/``b2``,
-``train.max_batch_size``), Revamper refurbishing (Lee et al.: ``data.reuse`` = r) and micro-batch
+``train.max_batch_size``, ``train.batch_growth``), Revamper refurbishing (Lee et al.: ``data.reuse`` = r) and micro-batch
 streaming (Piao, Synn et al.: ``train.micro_batch_size``). ``raytrain_seq.cli`` generates the jobs'
 command line from this tree: every field is a flag ``--section.field`` and ``--field-name``, and its
 one-line docstring is that flag's help.
@@ -66,6 +66,7 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 VALIDATORS: tuple[str, ...] = ("auto", "learners", "evaluator")
 PACKINGS: tuple[str, ...] = STRATEGIES
+BATCH_GROWTH: tuple[str, ...] = ("steps", "always")  # averaging.BATCH_GROWTH (config imports no torch)
 # Classes of the synthetic set: ordered pairs of its 12 motions, 12 x 11 (data/synthetic.py, class_motions;
 # tests/test_synthetic.py holds the two equal).
 SYNTHETIC_CLASSES = 132
@@ -324,6 +325,8 @@ class TrainConfig:
     """Batch growth: none = val accuracy < best - its binomial std error; a number: < b1 x best (paper)."""
     b2: float = 2
     """AAVG growth factor: a growing batch size is multiplied by b2, up to max_batch_size (>= 1)."""
+    batch_growth: str = "steps"
+    """When B may grow: "steps" = only under train.steps (the paper's N; epochs fix B), "always" = under epochs too."""
     epochs: int = 10
     """Passes over the training videos (the run's end when train.steps is none)."""
     steps: int | None = None
@@ -411,6 +414,7 @@ class TrainConfig:
                 "use 1.0 as in the AAVG paper, or none (noise-aware)",
             )
         number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
+        choice("train.batch_growth", self.batch_growth, BATCH_GROWTH)
         int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
         optional_int_at_least(
             "train.steps", self.steps, 1, "give the optimizer steps per learner, e.g. 200, or none for epochs"

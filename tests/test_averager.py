@@ -364,7 +364,7 @@ def test_actor_ablations_keep_the_batch_size_and_the_moments():
             sizes.append(await averager.report_validation(r, accuracy))
         return results[0], sizes
 
-    adaptive, sizes = asyncio.run(asyncio.wait_for(scenario(), 20))
+    adaptive, sizes = asyncio.run(asyncio.wait_for(scenario(steps=100), 20))  # the paper's budget: B grows
     fixed, fixed_sizes = asyncio.run(
         asyncio.wait_for(scenario(adaptive_batch=False, merge_moments=False), 20)
     )
@@ -372,6 +372,41 @@ def test_actor_ablations_keep_the_batch_size_and_the_moments():
     assert torch.equal(adaptive.state.optimizer_state[0]["exp_avg"], torch.full((4,), 1.0))
     assert fixed.state.optimizer_state is None
     assert torch.equal(fixed.state.params["w"], adaptive.state.params["w"])
+
+
+# Issue 45's small case: validation accuracies on 10 videos that climb, then dip by one and two videos.
+SMALL_VAL_RUN = [0.3, 0.5, 0.7, 0.9, 0.8, 0.9, 0.7, 0.9, 1.0, 0.9, 0.8, 1.0, 0.7, 0.9, 0.8, 1.0]
+
+
+def test_default_rule_on_10_validation_videos_keeps_the_fixed_batch_under_an_epoch_budget():
+    """Issue 45: with the job's defaults (TrainConfig, an epoch budget) the averager decides B = the fixed
+    batch's at every validation of a 10-video set, so the run takes the fixed batch's steps and updates and
+    cannot end below it; --batch-growth always (the earlier default) grows B on the same validations, and
+    so does the default under --steps N (the paper's budget), as Algorithm 1 says."""
+    from raytrain_seq.config import TrainConfig
+
+    async def sizes(train: TrainConfig) -> list[int]:
+        # The driver's arguments, from the same TrainConfig fields.
+        averager = ParameterAverager(
+            1, timeout_s=30.0, validate_every=1, batch_size=train.batch_size, b1=train.b1, b2=train.b2,
+            max_batch_size=train.max_batch_size, adaptive_batch=train.adaptive_batch,
+            batch_growth=train.batch_growth, epochs=train.epochs, steps=train.steps,
+        )  # fmt: skip
+        await averager.join("a")
+        out = []
+        for r, accuracy in enumerate(SMALL_VAL_RUN, start=1):
+            await averager.average("a", r, 1, _tiny(r), None)
+            out.append(await averager.report_validation(r, accuracy, val_size=10, rows_cap=40))
+        return out
+
+    def run(**fields) -> list[int]:
+        return asyncio.run(asyncio.wait_for(sizes(TrainConfig(**fields)), 20))
+
+    default, fixed = run(), run(adaptive_batch=False)
+    always, steps = run(batch_growth="always"), run(steps=300)
+    assert TrainConfig().steps is None and TrainConfig().batch_growth == "steps"  # the defaults tested
+    assert default == fixed == [4] * len(SMALL_VAL_RUN)
+    assert always == steps and steps[-1] == 40 and steps.count(4) == 6  # grows from the 7th validation on
 
 
 def test_actor_rejects_a_bad_payload_without_spoiling_the_round():
@@ -525,7 +560,8 @@ def averagers(ray_cluster):
         "reference": {},
         "drop": {},
         "timeout": {"min_learners": 2},
-        "validation": {"validate_every": 1, "batch_size": 4},
+        # steps: the paper's budget, under which B may grow (batch_growth "steps", the default)
+        "validation": {"validate_every": 1, "batch_size": 4, "steps": 1000},
     }
     actors = {
         name: create_averager(f"avg-{name}", world_size=3, timeout_s=1.0, **kw)

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from raytrain_seq.averaging import (
+    BATCH_GROWTH,
     AdaptiveBatchSize,
     average_states,
+    batch_may_grow,
     flatten_state,
     merge_adam_states,
     merge_mean_var,
@@ -528,6 +530,51 @@ def test_adaptive_batch_size_loads_a_state_dict_saved_before_the_noise_rule():
     again = AdaptiveBatchSize(1, b1=1.0)
     again.load_state_dict(saved)
     assert again.noise_aware and again.state_dict() == noise.state_dict()
+
+
+# A 10-video validation set as issue 45 saw it: the model climbs, then dips by one and two videos around a*
+# = 0.9-1.0. Noise-aware, a* = 0.9: se = 0.095, floor 0.1, threshold 0.8, so 0.7 grows B; a* = 1.0:
+# threshold 0.9, so 0.8 grows B.
+SMALL_VAL_RUN = [0.3, 0.5, 0.7, 0.9, 0.8, 0.9, 0.7, 0.9, 1.0, 0.9, 0.8, 1.0, 0.7, 0.9, 0.8, 1.0]
+
+
+def test_batch_may_grow_only_under_a_step_budget_by_default():
+    """The default, "steps", grows B only with train.steps (the paper's N); "always" under epochs too."""
+    assert BATCH_GROWTH == ("steps", "always")
+    assert not batch_may_grow("steps", None) and batch_may_grow("steps", 200)
+    assert batch_may_grow("always", None) and batch_may_grow("always", 200)
+    with pytest.raises(ValueError, match="batch growth must be one of steps, always, got 'epochs'"):
+        batch_may_grow("epochs", None)
+
+
+def test_a_held_rule_keeps_the_fixed_batch_on_10_videos_where_algorithm1_grows():
+    """Issue 45: on 10 validation videos under an epoch budget the rule keeps B = initial at every
+    validation (the fixed batch's B, so the same steps and updates: it cannot end below the fixed batch),
+    and records each validation it held; the same rule not held (a step budget) grows B on exactly those
+    validations, as Algorithm 1 says."""
+    held = AdaptiveBatchSize(4, hold=True)
+    grows = AdaptiveBatchSize(4)
+    held_sizes = [held.update(a, val_size=10, rows_cap=40) for a in SMALL_VAL_RUN]
+    grown_sizes = [grows.update(a, val_size=10, rows_cap=40) for a in SMALL_VAL_RUN]
+    assert held_sizes == [4] * len(SMALL_VAL_RUN) and held.hold and not grows.hold
+    grew_at = [i for i, r in enumerate(grows.history) if r.grew]
+    assert [SMALL_VAL_RUN[i] for i in grew_at] == [0.7, 0.8, 0.7, 0.8]  # guard: the sequence does grow B
+    assert grown_sizes[-1] == 40  # 4 -> 8 -> 16 -> 32 -> 40, the rows cap
+    assert [i for i, r in enumerate(held.history) if r.held] == grew_at
+    assert not any(r.grew for r in held.history) and not any(r.held for r in grows.history)
+    assert held.best == grows.best == 1.0
+    assert [r.threshold for r in held.history] == [r.threshold for r in grows.history]
+    # The state round-trips with its hold; a dict saved before hold existed grew B under any budget.
+    again = AdaptiveBatchSize(1)
+    again.load_state_dict(json.loads(json.dumps(held.state_dict())))
+    assert again.hold and again.history == held.history and again.update(0.1, val_size=10) == 4
+    old = {k: v for k, v in grows.state_dict().items() if k != "hold"}
+    old["history"] = [{k: v for k, v in r.items() if k != "held"} for r in old["history"]]
+    legacy = AdaptiveBatchSize(1)
+    legacy.load_state_dict(old)
+    assert not legacy.hold and legacy.size == 40 and not legacy.history[0].held
+    with pytest.raises(TypeError, match="hold must be True or False"):
+        AdaptiveBatchSize(4, hold=1)
 
 
 def test_zero_weight_learner_is_left_out_entirely():

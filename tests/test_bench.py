@@ -18,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 import ablation  # noqa: E402
 import averager_cost  # noqa: E402
 import averaging  # noqa: E402
+import batch_rule  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
 import dataloader_loop  # noqa: E402
@@ -752,3 +753,55 @@ def test_startup_births_lists_the_window_s_new_processes_in_order_by_their_later
     ]
     got = startup.births(samples, 0.5, 3.0)
     assert got == [(0.5, "ray::RayTrainWorker", 0.9), (1.5, "ray::AveragingShard", 0.4)]
+
+
+# ------------------------------------------------------------------------------------------ batch_rule
+def _rule_run(seed: int, test: float, steps: int, sizes: list[int]) -> dict:
+    history = [{"round": r, "batch_size": b} for r, b in enumerate(sizes, start=1)]
+    return {"seed": seed, "test": test, "steps": steps, "max_b": max(sizes),
+            "first_growth": batch_rule.first_growth(history), "b_path": "-"}  # fmt: skip
+
+
+def test_batch_rule_statistics_pair_seeds_and_judge_the_target():
+    """paired_gap: mean and se of the per-seed differences; within_one_se: diff >= -se; first_growth."""
+    diff, se = batch_rule.paired_gap([0.5, 0.7, 0.6], [0.6, 0.7, 0.7])
+    assert diff == pytest.approx(-20 / 3) and se == pytest.approx(10 / 3)
+    assert batch_rule.paired_gap([0.5, None], [0.4, 0.3]) == (pytest.approx(10.0), None)
+    assert batch_rule.paired_gap([None], [0.3]) == (None, None)
+    assert batch_rule.within_one_se(-3.0, 3.0) and not batch_rule.within_one_se(-3.1, 3.0)
+    assert batch_rule.within_one_se(0.0, None) and batch_rule.within_one_se(None, 1.0) is None
+    assert batch_rule.first_growth([{"round": 2, "batch_size": 8}, {"round": 1, "batch_size": 4}]) == 2
+    assert batch_rule.first_growth([{"round": 1, "batch_size": 4}]) is None
+    # The command written to the results leaves out the local cache folder.
+    assert batch_rule._without_runs_dir(["--tiny", "--runs-dir", "/x", "--json"]) == ["--tiny", "--json"]
+    assert batch_rule._without_runs_dir(["--runs-dir=/x"]) == []
+
+
+def test_batch_rule_val_fraction_holds_out_the_asked_validation_videos():
+    """The synthetic set keeps round(fraction x 9537) for validation: exactly 10 and 1,000 here."""
+    from raytrain_seq.data.synthetic import SyntheticVideos
+
+    for n in (10, 1000):
+        videos = SyntheticVideos(max_videos=5000, val_fraction=batch_rule.val_fraction(n))
+        assert len(videos.catalog("val").ids) == n
+
+
+def test_batch_rule_verdicts_and_headline_follow_the_numbers():
+    """A default level with fixed meets the target; one below by more than its se misses it; the --steps
+    runs' growth is counted."""
+    fixed = [_rule_run(s, t, 100, [4, 4]) for s, t in enumerate([0.6, 0.7, 0.8])]
+    level = [_rule_run(s, t, 100, [4, 4]) for s, t in enumerate([0.6, 0.7, 0.8])]
+    worse = [_rule_run(s, t, 40, [4, 16]) for s, t in enumerate([0.5, 0.5, 0.7])]
+    res = {"seeds": [0, 1, 2], "sets": {"small": {"val_videos": 10, "epochs": 5,
+           "stats": batch_rule.set_stats({"fixed": fixed, "default": level, "always": worse})}},
+           "steps_runs": [_rule_run(0, 0.7, 100, [4, 8])], "steps_max_b": 16}  # fmt: skip
+    head = batch_rule.headline(res)
+    assert head["default_within_one_se_everywhere"] and head["default_worst_diff"] == 0.0
+    assert head["sets"]["small"]["always"]["within"] is False and head["steps_budget_grew"] == 1
+    text = " ".join(batch_rule.verdicts(res))
+    assert "met." in text and "grew B in 1 of 1 runs" in text and "B grew in 3 of 3 runs" in text
+    header, rows = batch_rule.table(res)
+    assert len(rows) == 3 and rows[2][-1] == "NO" and len(rows[0]) == len(header)
+    res["sets"]["small"]["stats"] = batch_rule.set_stats({"fixed": fixed, "default": worse, "always": worse})
+    assert not batch_rule.headline(res)["default_within_one_se_everywhere"]
+    assert "MISSED." in " ".join(batch_rule.verdicts(res))

@@ -115,6 +115,7 @@ BAD_VALUES = [
     ("train.validate_every", 0, 1),
     ("train.b1", 0, 0.5),
     ("train.b2", 0.5, 1),
+    ("train.batch_growth", "epochs", "always"),
     ("train.epochs", 0, 1),
     ("train.steps", 0, 100),
     ("train.steps", 2.5, 3),
@@ -321,3 +322,13 @@ def test_fps_and_a_stride_both_picking_frames_is_refused():
     with pytest.raises(ValueError, match=r"data\.fps=25.0 and data\.stride=8"):
         Config.from_dict({"data": {"fps": 25.0}})
     assert Config.from_dict({"data": {"fps": 25.0, "stride": 1}}).data.fps == 25.0
+
+
+def test_batch_growth_choices_are_the_rules():
+    """train.batch_growth takes exactly the values averaging.batch_may_grow knows (config imports no torch,
+    so it keeps its own copy of the tuple); the default grows B only under train.steps."""
+    from raytrain_seq.averaging import BATCH_GROWTH
+    from raytrain_seq.config import BATCH_GROWTH as CONFIG_BATCH_GROWTH
+
+    assert CONFIG_BATCH_GROWTH == BATCH_GROWTH
+    assert Config().train.batch_growth == "steps"

@@ -491,3 +491,19 @@ def test_catalog_arguments_are_checked(ucf, hmdb):
             make(root, "train", 4)
         with pytest.raises(ValueError, match="fold must be one of"):
             make(root, "train", 1.0)
+
+
+def test_mini_ucf101_with_clip_colours_tells_classes_by_motion_only(tmp_path):
+    """colours="clip": a clip's colour follows its group and clip number, never its class, so every class
+    shows the same colours (bench/batch_rule.py's miniature set: a model must learn the motion)."""
+    ds = make_mini_ucf101(tmp_path / "ucf", 4, 3, 2, colours="clip")
+    colours: dict[int, set] = {}
+    for rel, (label, _) in ds.videos.items():
+        median = np.median(decode(ds.path(rel))[0].reshape(-1, 3), axis=0)
+        nearest = min(range(6), key=lambda i: float(np.abs(median - class_colour(i)).sum()))
+        colours.setdefault(label, set()).add(nearest)
+    assert len(colours) == 4 and all(c == colours[0] for c in colours.values()) and len(colours[0]) >= 3
+    with pytest.raises(ValueError, match="at most 4 classes"):
+        make_mini_ucf101(tmp_path / "five", 5, colours="clip")
+    with pytest.raises(ValueError, match="colours must be"):
+        make_mini_ucf101(tmp_path / "bad", colours="label")

@@ -61,14 +61,22 @@ def class_motion(label: int) -> tuple[int, int]:
     return _MOTIONS[label % len(_MOTIONS)]
 
 
-def clip_frames(label: int, frames: int, *, height: int = HEIGHT, width: int = WIDTH) -> np.ndarray:
-    """uint8 ``[frames, height, width, 3]``: the class colour with a white square moving by ``class_motion``.
+def clip_frames(
+    label: int,
+    frames: int,
+    *,
+    height: int = HEIGHT,
+    width: int = WIDTH,
+    colour: tuple[int, int, int] | None = None,
+) -> np.ndarray:
+    """uint8 ``[frames, height, width, 3]``: the class colour (or ``colour``) with a white square moving
+    by ``class_motion``.
 
     Positions wrap: frame i puts the square's corner at ``x = (dx * i) mod (width - 6)``, ``y = (2 + dy * i)
     mod (height - 6)``; class 0 (right) at 32 px wide: x = 0, 2, 4, ..., 24, then 0 again.
     """
     out = np.empty((frames, height, width, 3), dtype=np.uint8)
-    out[:] = class_colour(label)
+    out[:] = class_colour(label) if colour is None else colour
     dx, dy = class_motion(label)
     for i in range(frames):
         x, y = (dx * i) % (width - 6), (2 + dy * i) % (height - 6)
@@ -178,8 +186,18 @@ def make_mini_ucf101(
     *,
     test_groups_per_fold: int | None = None,
     fps: int = 25,
+    colours: str = "class",
 ) -> MiniDataset:
-    """UCF-101/<Class>/v_<Class>_gXX_cYY.avi plus ucfTrainTestlist/ (classInd, train/testlist01..03)."""
+    """UCF-101/<Class>/v_<Class>_gXX_cYY.avi plus ucfTrainTestlist/ (classInd, train/testlist01..03).
+
+    ``colours="class"``: every clip of a class has its colour, so one frame tells the class. ``"clip"``:
+    clip ``gXX_cYY`` takes palette colour ``(XX + YY) % 6`` whatever its class, so only the square's
+    motion does (a set a model must learn over frames; with 4 classes at most, as there are 4 motions).
+    """
+    if colours not in ("class", "clip"):
+        raise ValueError(f"colours must be 'class' or 'clip', got {colours!r}")
+    if colours == "clip" and classes > len(_MOTIONS):
+        raise ValueError(f"colours='clip' tells classes by motion alone: at most {len(_MOTIONS)} classes")
     if not 1 <= classes <= len(UCF_CLASSES):
         raise ValueError(f"classes must be in 1..{len(UCF_CLASSES)}, got {classes}")
     per_fold = groups // 3 if test_groups_per_fold is None else test_groups_per_fold
@@ -192,7 +210,8 @@ def make_mini_ucf101(
             for c in range(1, clips + 1):
                 rel = f"{name}/v_{name}_g{g:02d}_c{c:02d}.avi"
                 n = _length(label, g, c)
-                write_video(ds.path(rel), clip_frames(label, n), fps=fps)
+                colour = None if colours == "class" else _PALETTE[(g + c) % len(_PALETTE)]
+                write_video(ds.path(rel), clip_frames(label, n, colour=colour), fps=fps)
                 ds.videos[rel] = (label, n)
     lists = root / "ucfTrainTestlist"
     lists.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,7 @@ from typing import Any
 from torch import Tensor
 
 from raytrain_seq import checkpoint
-from raytrain_seq.averaging import AdaptiveBatchSize, average_states, merge_adam_states
+from raytrain_seq.averaging import AdaptiveBatchSize, average_states, batch_may_grow, merge_adam_states
 from raytrain_seq.elastic.channels import ChannelBook, Channelled, Link
 from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
 from raytrain_seq.elastic.merge import part_nbytes
@@ -100,7 +100,8 @@ class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
     adaptive_batch False keeps the batch size whatever validation says; merge_moments False averages
-    the weights only (each learner keeps its own Adam moments); merge_bn_stats False averages BatchNorm
+    the weights only (each learner keeps its own Adam moments); batch_growth "steps" grows B only when
+    ``steps`` is the budget (``averaging.batch_may_grow``), "always" under epochs too; merge_bn_stats False averages BatchNorm
     (mean, var) pairs as plain means (flat payloads: the learner's layout says so, see
     ``FlatLayout.of``): the AAVG ablations. run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
@@ -124,6 +125,7 @@ class ParameterAverager:
         max_batch_size: int = 576,
         centred_pairs: tuple = (),
         adaptive_batch: bool = True,
+        batch_growth: str = "steps",
         merge_moments: bool = True,
         merge_bn_stats: bool = True,
         run_dir: str | Path | None = None,
@@ -179,7 +181,8 @@ class ParameterAverager:
         )
         book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
         self._book = RoundBook(world_size, **book, sink=self._history.on_member)
-        self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size)
+        hold = not batch_may_grow(batch_growth, steps)  # the default holds B under an epoch budget
+        self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size, hold=hold)
         self._centred_pairs = tuple(centred_pairs)
         self._adaptive, self._merge_moments = adaptive_batch, merge_moments
         self._merge_bn_stats = merge_bn_stats

@@ -183,6 +183,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         b2=train.b2,
         max_batch_size=train.max_batch_size,
         adaptive_batch=train.adaptive_batch,
+        batch_growth=train.batch_growth,
         merge_moments=train.merge_moments,
         merge_bn_stats=train.merge_bn_stats,
         run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
