@@ -10,7 +10,9 @@
 #   3. the plain PyTorch loop a user would otherwise write (bench/dataloader_loop.py: per-video padding,
 #      CPU augmentation in 8 DataLoader workers) over the same synthetic videos;
 #   4. the Ray job (jobs/ucf101.py, a local Ray of this node): the demo preset, then the ucf101-rgb model
-#      on the synthetic set in bf16 with 2 learners sharing the GPU (--gpus-per-learner 0.5);
+#      on the synthetic set in bf16 with 2 learners sharing the GPU (--gpus-per-learner 0.5), 6 epochs
+#      (epoch 0 computes every video's partial augmentation on the CPUs, the later ones a third of them:
+#      docs/LOG.md, 2026-11-27, evening);
 #   5. bench/gpu_report.py: the targets of issue 40 from 2-4, as a table (job.md).
 #
 # Results go to $OUT (default ./gpu_out), at most 8 files: pytest.txt, learner_device.txt,
@@ -69,7 +71,7 @@ if [ "$RAY" = 1 ]; then
         | tee "$OUT/jobs.txt" | grep -E "training on|test accuracy|summary written|Error|error"
     cp "$RUNS/demo/summary.json" "$OUT/job_demo.json" 2>/dev/null
     ray_stop
-    timeout 240 python3 jobs/ucf101.py --preset ucf101-rgb "${SYNTH[@]}" --epochs 3 --precision bf16 \
+    timeout 240 python3 jobs/ucf101.py --preset ucf101-rgb "${SYNTH[@]}" --epochs 6 --precision bf16 \
         --run-name ucf101 "${COMMON[@]}" 2>&1 | tee -a "$OUT/jobs.txt" \
         | grep -E "training on|round|test accuracy|summary written|Error|error"
     cp "$RUNS/ucf101/summary.json" "$OUT/job_ucf101.json" 2>/dev/null
