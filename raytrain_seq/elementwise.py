@@ -3,7 +3,7 @@
 Every rule of the averaging arithmetic is elementwise: the weighted mean (floating weights, Adam's
 moments), the law-of-total-variance merge of a (mean, variance) pair (BatchNorm's running statistics,
 AAVG Algorithm 2) and AMSGrad's elementwise max. So a shard merges any slice of the learners' flat
-buffers alone (``elastic.merge``). Here that arithmetic runs on numpy arrays, so that a shard's process
+buffers alone (``dataplane.merge``). Here that arithmetic runs on numpy arrays, so that a shard's process
 imports no torch; ``averaging`` applies the same arithmetic to tensors on any device, for whole state
 dicts. Both accumulate in ``accumulation_dtype`` (float32 for float32 and narrower buffers, float64 for
 float64 ones), round each weight and each weighted term before adding it (no fused multiply-add), and

@@ -15,7 +15,7 @@ from conftest import adam_learners
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.elastic.rounds import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
+from raytrain_seq.rounds.book import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
 from raytrain_seq.runtime.averager import ParameterAverager
 
 LEARNERS = ["a", "b", "c"]
@@ -639,7 +639,7 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
     """3 learners' flat payloads through the object store and 3 shard actors: every learner reads the
     reference state; each shard moves about one payload in and one out; a shard killed between rounds is
     restarted by Ray and the next round is again the reference (shards hold no state to re-seed)."""
-    from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
+    from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.shards import RayStore
 
@@ -692,7 +692,7 @@ def test_ray_a_shards_next_merge_leaves_its_last_result_as_it_was(ray_cluster):
     """A shard writes each merge into the arrays of its last one (``merge_parts(reuse=...)``): the last
     round's merged slice, an object in the store (1.2 MB: not inlined in the reply), must still read as
     that round's merge once the next round, of other weights, has been merged."""
-    from raytrain_seq.elastic.merge import merge_parts
+    from raytrain_seq.dataplane.merge import merge_parts
     from raytrain_seq.runtime.shards import AveragingShard
 
     ray = ray_cluster

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.elastic.assembly import plan_specs
-from raytrain_seq.elastic.events import membership_entries, recovery_entries
-from raytrain_seq.elastic.position import EpochPosition, layout_specs, resplit
-from raytrain_seq.elastic.rounds import Backoff, RoundBook
 from raytrain_seq.packing import pack
+from raytrain_seq.rounds.book import Backoff, RoundBook
+from raytrain_seq.rounds.events import membership_entries, recovery_entries
+from raytrain_seq.rounds.position import EpochPosition, layout_specs, resplit
+from raytrain_seq.rows.assembly import plan_specs
 from raytrain_seq.runtime.averager import ParameterAverager
 
 

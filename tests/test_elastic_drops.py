@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-from raytrain_seq.elastic.assembly import plan_specs
-from raytrain_seq.elastic.position import EpochPosition, layout_specs, parse_history, resplit, settle
 from raytrain_seq.packing import pack
+from raytrain_seq.rounds.position import EpochPosition, layout_specs, parse_history, resplit, settle
+from raytrain_seq.rows.assembly import plan_specs
 from raytrain_seq.runtime.averager import ParameterAverager
 
 

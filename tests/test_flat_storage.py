@@ -1,4 +1,4 @@
-"""A learner's state held in the data plane's flat buffers (raytrain_seq.elastic.flat_storage), without Ray.
+"""A learner's state held in the data plane's flat buffers (raytrain_seq.dataplane.flat_storage), without Ray.
 
 Contracts pinned: binding moves every parameter, floating buffer and Adam moment into a view of its
 buffer without changing a value, once (a second bind moves nothing, a replaced tensor is moved again);
@@ -23,11 +23,11 @@ from conftest import InProcess
 from torch import nn
 
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.elastic.client import AveragerClient
-from raytrain_seq.elastic.flat_storage import FlatStorage
-from raytrain_seq.elastic.payload import FlatLayout, InProcessStore
-from raytrain_seq.elastic.position import EpochPosition
-from raytrain_seq.elastic.sync import LocalRounds
+from raytrain_seq.dataplane.flat_storage import FlatStorage
+from raytrain_seq.dataplane.payload import FlatLayout, InProcessStore
+from raytrain_seq.rounds.client import AveragerClient
+from raytrain_seq.rounds.position import EpochPosition
+from raytrain_seq.rounds.sync import LocalRounds
 from raytrain_seq.runtime.averager import ParameterAverager
 from raytrain_seq.step import load_averaged
 

@@ -10,7 +10,7 @@ Rules pinned, each by a checker function and a test of the real tree:
    included (tests may);
 5. the four algorithm modules are pure and import neither ray nor each other; importing the core
    starts nothing;
-6. the Ray-free raytrain_seq/elastic/ imports neither ray nor raytrain_seq.runtime;
+6. the Ray-free packages (rounds/, dataplane/, rows/) import neither ray nor raytrain_seq.runtime;
 7. no file of the project cites a path outside the repository (the seed design document, ``../`` out);
 8. tests start Ray only through tests/conftest.py's ``ray_cluster`` (or a cluster they name).
 
@@ -175,12 +175,17 @@ def ray_importers(package: Path) -> list[str]:
     )
 
 
-def elastic_violations(package: Path) -> list[str]:
-    """Imports of ray or of ``<package>.runtime`` by the modules of ``<package>/elastic/``."""
+# The Ray-free packages of the elastic logic, one concept each (docs/ARCHITECTURE.md, "Layout").
+RAY_FREE_PACKAGES = ("rounds", "dataplane", "rows")
+
+
+def ray_free_violations(package: Path) -> list[str]:
+    """Imports of ray or of ``<package>.runtime`` by the modules of the Ray-free packages."""
     runtime = f"{package.name}.runtime"
+    owned = tuple(f"{package.name}.{name}" for name in RAY_FREE_PACKAGES)
     found = []
     for own, path in _package_modules(package).items():
-        if not own.startswith(f"{package.name}.elastic"):
+        if not any(own == pkg or own.startswith(pkg + ".") for pkg in owned):
             continue
         for line, module, name, _ in _raw_imports(path, own):
             full = f"{module}.{name}" if name else module
@@ -197,14 +202,16 @@ def test_only_runtime_imports_ray():
     assert ray_importers(PACKAGE) == []
 
 
-def test_elastic_imports_neither_ray_nor_runtime():
-    """raytrain_seq/elastic/ is Ray-free: it imports neither ray nor raytrain_seq.runtime, even lazily."""
-    assert (PACKAGE / "elastic" / "__init__.py").is_file(), "raytrain_seq/elastic/ is part of the layout"
-    assert elastic_violations(PACKAGE) == []
+def test_ray_free_packages_import_neither_ray_nor_runtime():
+    """rounds/, dataplane/ and rows/ are Ray-free: they import neither ray nor raytrain_seq.runtime,
+    even lazily."""
+    for name in RAY_FREE_PACKAGES:
+        assert (PACKAGE / name / "__init__.py").is_file(), f"raytrain_seq/{name}/ is part of the layout"
+    assert ray_free_violations(PACKAGE) == []
 
 
-def test_checker_finds_ray_outside_runtime_and_runtime_in_elastic(tmp_path):
-    """The ray and elastic checkers catch a lazy ``import ray`` in the core and elastic importing runtime."""
+def test_checker_finds_ray_outside_runtime_and_runtime_in_a_ray_free_package(tmp_path):
+    """The checkers catch a lazy ``import ray`` in the core and a Ray-free package importing runtime."""
     pkg = _write_tree(
         tmp_path,
         {
@@ -212,15 +219,16 @@ def test_checker_finds_ray_outside_runtime_and_runtime_in_elastic(tmp_path):
             "pkg/core.py": "def f():\n    import ray.util\n",
             "pkg/runtime/__init__.py": "",
             "pkg/runtime/actor.py": "import ray\n",
-            "pkg/elastic/__init__.py": "from pkg import runtime\n",
-            "pkg/elastic/rounds.py": "def f():\n    from ..runtime.actor import g\n    import ray\n",
+            "pkg/dataplane/__init__.py": "from pkg import runtime\n",
+            "pkg/rounds/book.py": "def f():\n    from ..runtime.actor import g\n    import ray\n",
+            "pkg/roundsx.py": "import ray\n",
         },
     )
-    assert ray_importers(pkg) == ["pkg/core.py", "pkg/elastic/rounds.py"]
-    assert elastic_violations(pkg) == [
-        "pkg/elastic/__init__.py:1 imports pkg.runtime",
-        "pkg/elastic/rounds.py:2 imports pkg.runtime.actor.g",
-        "pkg/elastic/rounds.py:3 imports ray",
+    assert ray_importers(pkg) == ["pkg/core.py", "pkg/rounds/book.py", "pkg/roundsx.py"]
+    assert ray_free_violations(pkg) == [
+        "pkg/dataplane/__init__.py:1 imports pkg.runtime",
+        "pkg/rounds/book.py:2 imports pkg.runtime.actor.g",
+        "pkg/rounds/book.py:3 imports ray",
     ]
 
 

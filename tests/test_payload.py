@@ -1,4 +1,4 @@
-"""The flat data plane (raytrain_seq.elastic.payload) without Ray, and the control plane over it in process.
+"""The flat data plane (raytrain_seq.dataplane.payload) without Ray, and the control plane over it in process.
 
 Contracts pinned: a state packed into flat buffers and cut into S slices comes back exactly (keys, order,
 dtypes, shapes, integer buffers, Adam steps); merging the slices shard by shard equals
@@ -20,9 +20,9 @@ import torch
 from conftest import adam_learners
 
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.elastic import merge
-from raytrain_seq.elastic.merge import ShardMerge, merge_parts
-from raytrain_seq.elastic.payload import (
+from raytrain_seq.dataplane import merge
+from raytrain_seq.dataplane.merge import ShardMerge, merge_parts
+from raytrain_seq.dataplane.payload import (
     FlatLayout,
     FlatPayload,
     InProcessShards,
@@ -31,8 +31,8 @@ from raytrain_seq.elastic.payload import (
     Slot,
     merge_extras,
 )
-from raytrain_seq.elastic.rounds import AveragingTimeoutError, StaleRoundError
-from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.rounds.book import AveragingTimeoutError, StaleRoundError
+from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.runtime.averager import ParameterAverager
 
 

@@ -11,11 +11,11 @@ missing ones are dropped with a logged reason and the round finishes with those 
 the same result; the latest averaged state is kept so that a learner that (re)joins starts from it.
 
 Control plane and data plane. This actor decides (membership, B, position, checkpoints, drop and
-rejoin) but moves no weights when learners send ``FlatPayload``s (``elastic.payload``): it passes the
+rejoin) but moves no weights when learners send ``FlatPayload``s (``dataplane.payload``): it passes the
 object references of every learner's slice i to shard i of its ``ShardPool`` (``runtime.shards.RayShards``
 in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out the references of the
 merged slices, owned by it, which every learner reads from the object store; once a group is linked
-(``channels``, ``elastic.channels``) the same round's parts and merged slices go through shared-memory
+(``channels``, ``dataplane.generations``) the same round's parts and merged slices go through shared-memory
 channels instead, and this actor reads the merged ones in place as its copy. Payloads of tensors (a
 re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
 the bytes each averaging actor moved per round.
@@ -47,12 +47,12 @@ rejoin re-seeds the actor with it (``join(seed=state)``), so no finished round i
 the round they were in. Membership changes and recoveries go to ``run_dir/events.jsonl`` as they
 happen, so a restarted actor (and a resumed run) keeps the whole story for the summary.
 
-What it hands out is one type, ``elastic.state.AveragedState`` (inside a ``RoundResult`` or a
+What it hands out is one type, ``rounds.state.AveragedState`` (inside a ``RoundResult`` or a
 ``JoinReply``); its run history (clock, totals, histories, recoveries, ``events.jsonl``) is an
-``elastic.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
+``rounds.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
 (``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``) is
 asyncio and becomes a Ray actor in ``create_averager``. Learners reach it through
-``elastic.client.AveragerClient`` over a ``runtime.transport.RayTransport``. ray is imported only inside the functions
+``rounds.client.AveragerClient`` over a ``runtime.transport.RayTransport``. ray is imported only inside the functions
 that talk to a cluster, and nothing happens at import time.
 """
 
@@ -72,20 +72,20 @@ from torch import Tensor
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import AdaptiveBatchSize, average_states, batch_may_grow, merge_adam_states
-from raytrain_seq.elastic.channels import ChannelBook, Channelled, Link
-from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
-from raytrain_seq.elastic.merge import part_nbytes
-from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
-from raytrain_seq.elastic.position import EpochPosition, settle_dict
-from raytrain_seq.elastic.rounds import (
-    Learner,
+from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
+from raytrain_seq.dataplane.merge import part_nbytes
+from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
+from raytrain_seq.rounds.book import (
+    LearnerId,
     RoundBook,
     RoundClose,
     StaleRoundError,
     check_learner,
     check_number,
 )
-from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.rounds.position import EpochPosition, settle_dict
+from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult, check_payload
 from raytrain_seq.runtime.channels import read_round
 from raytrain_seq.step import EvalResult
 from raytrain_seq.tracking import make_tracker
@@ -108,7 +108,7 @@ class ParameterAverager:
     epochs, steps: where training ends (``train.epochs``, ``train.steps``; ``EpochPosition.ends_training``
     of a round's settled position); None: unknown, every validation starts when its round closes.
     actor_id: returns this actor's id, which tells a restart by Ray from a first start (None: Ray's).
-    channels: move a linked group's bytes through shared-memory channels (``elastic.channels``; only a
+    channels: move a linked group's bytes through shared-memory channels (``dataplane.generations``; only a
     pool of shard actors has them).
     """
 
@@ -152,22 +152,22 @@ class ParameterAverager:
         self._pool = (shard_pool or InProcessShards)(shards)
         self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
         self._closed_at: dict[int, float] = {}  # round -> when it closed (its last arrival or deadline)
-        self._nodes: dict[Learner, str] = {}
+        self._nodes: dict[LearnerId, str] = {}
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
         # None: the learners score their shares of it (report_validation_share).
         self._validator = validator
-        self._val_shares: dict[Learner, EvalResult] = {}  # the due validation's shares, by learner
+        self._val_shares: dict[LearnerId, EvalResult] = {}  # the due validation's shares, by learner
         self._val_shares_world: int | None = None  # the group size those shares split the split by
         start = getattr(validator, "start", None)
         if start is not None:
             start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
-        self._test: dict[Learner, EvalResult] = {}  # the final test pass: each learner's share
+        self._test: dict[LearnerId, EvalResult] = {}  # the final test pass: each learner's share
         self._test_done: asyncio.Event | None = None
         self._tested = asyncio.Event()  # every learner's test share is in: training is over
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
-        # Channel generations (elastic.channels): the bytes of a stable group's rounds go through
+        # Channel generations (dataplane.generations): the bytes of a stable group's rounds go through
         # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
         # pool of shard actors has channels.
         self._channels = ChannelBook(enabled=channels and self._pool.supports_channels)
@@ -435,7 +435,7 @@ class ParameterAverager:
         position = None if arrivals[0].position is None else dict(arrivals[0].position)
         if position is not None:
             # The rows of the layout's ranks absent from this round never reach an averaged state: the
-            # position records them as missed, and the layout's end deals them again (elastic.position).
+            # position records them as missed, and the layout's end deals them again (rounds.position).
             present = [learner for learner, _ in closed.present]
             position = settle_dict(position, self._state.position, present, self._rows_cap)
         state = AveragedState(
@@ -513,7 +513,7 @@ class ParameterAverager:
     # -------------------------------------------------------------------------------- channels
     async def _plan_channels(self, result: RoundResult) -> RoundResult:
         """A round that every member took part in, through the store, plans a channel generation for
-        them (``elastic.channels``): the result tells them to link."""
+        them (``dataplane.generations``): the result tells them to link."""
         flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
         book = self._book
         if not self._channels.propose(result.learners, book.expected, result.dropped, flat, book.world_size):
@@ -522,7 +522,7 @@ class ParameterAverager:
         self._linked = asyncio.Event()
         return dataclasses.replace(result, channels=plan)
 
-    async def link(self, generation: int, learner: Learner, link: Link) -> list[Any] | None:
+    async def link(self, generation: int, learner: LearnerId, link: Link) -> list[Any] | None:
         """A member's channels for ``generation``; once every member has linked, the shards open theirs:
         returns shard i's channel of merged slices at i, or None when the generation ended (or not every
         member linked within the timeout): the learner's rounds go through the store."""
@@ -554,7 +554,7 @@ class ParameterAverager:
 
     def _end_channels(self, why: str) -> None:
         """End the planned or live generation: the rounds go through the store until the next full round
-        plans another (its channels are not closed: ``elastic.channels`` says why)."""
+        plans another (its channels are not closed: ``dataplane.generations`` says why)."""
         generation = self._channels.end()
         self._linked.set()
         if generation is None:
@@ -595,7 +595,7 @@ class ParameterAverager:
     # ------------------------------------------------------------------------------ learner-facing
     async def join(
         self,
-        learner: Learner,
+        learner: LearnerId,
         world_size: int | None = None,
         incarnation: str | None = None,
         seed: AveragedState | None = None,
@@ -662,7 +662,7 @@ class ParameterAverager:
                 kind, f"the new group of {size} starts from round {last}'s state {how} ({where})"
             )
 
-    def _adopt(self, learner: Learner, seed: AveragedState) -> None:
+    def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours."""
         held = self._state.round
         if seed.round <= held:
@@ -683,7 +683,7 @@ class ParameterAverager:
 
     async def average(
         self,
-        learner: Learner,
+        learner: LearnerId,
         round: int,
         world_size: int,
         params: Mapping[str, Tensor],
@@ -699,7 +699,7 @@ class ParameterAverager:
         weight: the learner's share in the mean (e.g. samples seen); stats: numeric totals for summary();
         position: ``EpochPosition.as_dict()`` after this round's rows; incarnation: as in join(); rows: the
         rows each learner has in its current layout (every learner has as many), the batch-size rule's
-        cap and where the layout ends (``elastic.position.settle``).
+        cap and where the layout ends (``rounds.position.settle``).
         """
         check_learner(learner)
         if rows is not None:
@@ -754,7 +754,7 @@ class ParameterAverager:
         self,
         round: int,
         accuracy: float,
-        learner: Learner = "validator",
+        learner: LearnerId = "validator",
         epoch: int | None = None,
         *,
         val_size: int | None = None,
@@ -781,7 +781,7 @@ class ParameterAverager:
 
     async def report_validation_share(
         self,
-        learner: Learner,
+        learner: LearnerId,
         round: int,
         tallies: Mapping[str, Any],
         world_size: int,
@@ -822,7 +822,7 @@ class ParameterAverager:
         return True
 
     async def report_test(
-        self, learner: Learner, tallies: Mapping[str, Any], world_size: int
+        self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int
     ) -> dict[str, Any]:
         """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
         of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
@@ -865,7 +865,7 @@ class ParameterAverager:
         self._end_channels(f"the group was resized to {world_size}")
         self._book.set_world_size(world_size)
 
-    async def leave(self, learner: Learner) -> None:
+    async def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good; an open round stops waiting for it."""
         self._end_channels(f"learner {learner!r} left")
         self._book.leave(learner)

@@ -1,4 +1,4 @@
-"""A learner's ends of a channel generation on Ray (``elastic.channels`` says when and why).
+"""A learner's ends of a channel generation on Ray (``dataplane.generations`` says when and why).
 
 ``RayChannelEnds`` makes the learner's channel to each shard (a channel is made by its writer), keeps the
 shards' channels of merged slices once the generation is live, writes a round's slices and reads the
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from raytrain_seq.elastic.channels import Channelled, ChannelLost, ChannelPlan, Link
-from raytrain_seq.elastic.merge import part_nbytes
+from raytrain_seq.dataplane.generations import Channelled, ChannelLost, ChannelPlan, Link
+from raytrain_seq.dataplane.merge import part_nbytes
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.elastic.events import membership_entries, recovery_entries
+from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.runtime.logs import quiet_driver, train_logging

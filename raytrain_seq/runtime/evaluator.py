@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from raytrain_seq.config import Config
-from raytrain_seq.elastic.payload import ObjectStore
-from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.dataplane.payload import ObjectStore
 from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
 
 logger = logging.getLogger(__name__)

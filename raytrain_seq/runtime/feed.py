@@ -18,7 +18,7 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
    (equal blocks per learner, zero-weight fillers); each learner's blocks are ordered by
    ``assembly.spread_fresh`` so the fresh frames spread evenly over consecutive mini-batches.
 3. A learner's ``LearnerFeed`` (``runtime.learner_feed``) runs one persistent
-   ``elastic.stream.RowStream`` across its epochs: a thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
+   ``rows.stream.RowStream`` across its epochs: a thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
    the refs of the whole shard in one ``feed.refs(ids, e)`` call, copies the cached arrays into uint8
    rows at the cache size with each sequence's seeded crop draws (``assembly.assemble_rows``), in
    order, and runs ahead into epoch e+1; the learner crops and flips on its device.
@@ -55,16 +55,10 @@ import numpy as np
 from raytrain_seq.config import Config
 from raytrain_seq.data.sources import data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
-from raytrain_seq.elastic.assembly import (
-    BlockSpec,
-    EpochShard,
-    consumption_order,
-    plan_seed,
-    plan_specs,
-)
-from raytrain_seq.elastic.position import layout_specs, parse_history
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.rounds.position import layout_specs, parse_history
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, consumption_order, plan_specs
 from raytrain_seq.runtime.partial_tasks import (
     OBJECT_BYTES,
     CachedArray,
@@ -77,6 +71,7 @@ from raytrain_seq.runtime.partial_tasks import (
     task_chunks,
     window_task,
 )
+from raytrain_seq.seeds import plan_seed
 
 logger = logging.getLogger(__name__)
 

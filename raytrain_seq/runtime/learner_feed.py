@@ -1,7 +1,7 @@
 """A learner's view of the feed actor: its model spec, its epochs' block rows, an evaluation split's rows.
 
 ``LearnerFeed`` runs in the learner's process (and in the evaluator and fusion): a persistent
-``elastic.stream.RowStream`` per learner borrows each epoch's cached arrays from the ``BlockFeed`` actor
+``rows.stream.RowStream`` per learner borrows each epoch's cached arrays from the ``BlockFeed`` actor
 (``runtime.feed``) in one call and assembles uint8 rows at the cache size, leaving the crop and flip to
 the learner's device. While the feed actor restarts, calls are retried with bounded backoff, and rows
 whose arrays the dead feed owned are borrowed again from the restarted one (it recomputes them with
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
-from raytrain_seq.elastic.position import parse_history
-from raytrain_seq.elastic.rounds import Backoff, check_number
-from raytrain_seq.elastic.stream import EpochRows, RowStream
+from raytrain_seq.rounds.book import Backoff, check_number
+from raytrain_seq.rounds.position import parse_history
+from raytrain_seq.rows.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
+from raytrain_seq.rows.stream import EpochRows, RowStream
 from raytrain_seq.runtime.feed import FeedUnavailableError
 from raytrain_seq.runtime.partial_tasks import fetch_arrays
 

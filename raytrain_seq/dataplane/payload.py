@@ -5,7 +5,7 @@ The data plane of an averaging round (docs/ARCHITECTURE.md, "The averaging round
 and dtype (``FlatLayout.pack``; on CUDA through a reused pinned host buffer), cuts every buffer into S
 near-equal slices (``FlatLayout.split``), puts slice i in the object store once and sends the S object
 references, the layout and the few values that are not averaged (``FlatPayload``) to the control plane.
-Shard i reads slice i of every learner and merges it (``elastic.merge``); every learner reads the S merged
+Shard i reads slice i of every learner and merges it (``dataplane.merge``); every learner reads the S merged
 slices back (``FlatLayout.unpack``: a tensor that lies inside one slice is a zero-copy view of it, only a
 tensor cut by a slice boundary is copied once).
 
@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from raytrain_seq.averaging import bn_pairs
-from raytrain_seq.elastic.merge import ShardMerge, merge_parts, part_nbytes
+from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 
 __all__ = [
     "FlatLayout",
@@ -579,7 +579,7 @@ class InProcessStore:
 
 class ShardPool(Protocol):
     """Merges a round's flat payloads, one shard per slice; ``count`` shards. A pool whose
-    ``supports_channels`` is True also opens channel generations (``elastic.channels``; ``RayShards``):
+    ``supports_channels`` is True also opens channel generations (``dataplane.generations``; ``RayShards``):
     ``targets`` and ``open_channels``."""
 
     count: int

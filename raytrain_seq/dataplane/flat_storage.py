@@ -1,6 +1,6 @@
 """A learner's weights and Adam moments kept in the data plane's flat buffers: one contiguous copy a slice.
 
-``FlatLayout`` (``elastic.payload``) says where every floating tensor of a learner's state lies in one
+``FlatLayout`` (``dataplane.payload``) says where every floating tensor of a learner's state lies in one
 buffer per merge rule and dtype. ``FlatStorage`` allocates those buffers on the learner's device and moves
 the live tensors into them (``bind``): every parameter, floating buffer and Adam moment becomes a view of
 its buffer (``tensor.data = view``, as flat-parameter optimizers do), so training updates the buffers in
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from raytrain_seq.elastic.payload import FlatLayout
+from raytrain_seq.dataplane.payload import FlatLayout
 
 __all__ = ["FlatStorage"]
 

@@ -1,6 +1,6 @@
 """One averaging shard's merge: slice i of every learner's flat buffers, merged buffer by buffer by its rule.
 
-A learner's flat payload (``elastic.payload``) holds one buffer per merge rule and dtype, keyed
+A learner's flat payload (``dataplane.payload``) holds one buffer per merge rule and dtype, keyed
 ``"RULE/DTYPE"`` with RULE in ``RULES``: ``mean`` (the weighted mean), ``pmean`` and ``pvar`` (a
 BatchNorm-style (mean, variance) pair at the same offsets of two buffers, merged by the law of total
 variance) and ``max`` (AMSGrad's max). ``merge_parts`` merges one shard's slice of every learner with
@@ -41,14 +41,14 @@ class ShardMerge:
     it received and sent and the seconds it took to read and merge; or, when some shard could not read
     them in time, the indices of those payloads (``unreadable``), and no parts: the caller drops those
     learners and merges the others again (a learner frozen after it sent its round owns slices that a
-    reader on another node waits for). With channels (``elastic.channels``) the merged slices may be
+    reader on another node waits for). With channels (``dataplane.generations``) the merged slices may be
     in the channels instead (``channelled``), or a shard may have lost them (``lost_channels``)."""
 
     parts: tuple[Any, ...] = ()
     loads: tuple[dict[str, float], ...] = ()
     unreadable: frozenset[int] = frozenset()
     channelled: bool = False
-    """The merged slices were written into the generation's channels (``elastic.channels``), not returned:
+    """The merged slices were written into the generation's channels (``dataplane.generations``), not returned:
     ``parts`` is then empty."""
     lost_channels: bool = False
     """A shard no longer has the channels its parts name (Ray restarted it): no parts, nothing merged."""

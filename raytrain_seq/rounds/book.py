@@ -32,7 +32,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Learner = str | int
+# A learner's id: its rank in the group (an int), or a name for a reporter that is not a rank ("evaluator").
+LearnerId = str | int
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -68,7 +69,7 @@ class AveragingTimeoutError(AveragerError):
 class StaleRoundError(AveragerError):
     """A learner sent a closed round (or one it was dropped from), repeated one, or skipped ahead."""
 
-    def __init__(self, learner: Learner, sent_round: int, expected_round: int, detail: str = "") -> None:
+    def __init__(self, learner: LearnerId, sent_round: int, expected_round: int, detail: str = "") -> None:
         super().__init__(learner=learner, sent_round=sent_round, expected_round=expected_round, detail=detail)
 
     def _message(self) -> str:
@@ -82,7 +83,7 @@ class StaleRoundError(AveragerError):
 class MembershipError(AveragerError):
     """A caller disagrees on the world size, or it is not a registered learner."""
 
-    def __init__(self, learner: Learner, sent_world_size: int, world_size: int, detail: str = "") -> None:
+    def __init__(self, learner: LearnerId, sent_world_size: int, world_size: int, detail: str = "") -> None:
         super().__init__(
             learner=learner, sent_world_size=sent_world_size, world_size=world_size, detail=detail
         )
@@ -141,7 +142,7 @@ def check_number(name: str, value: Any, low: float, kind: Any = int) -> Any:
     return value
 
 
-def _order(learners: Any) -> list[Learner]:
+def _order(learners: Any) -> list[LearnerId]:
     """Sorted ids (ints before strs): a round's result never depends on the order of arrival."""
     return sorted(learners, key=lambda x: (isinstance(x, str), x))
 
@@ -152,8 +153,8 @@ class RoundClose:
     """What closing a round decided: who is averaged (with payloads), who was dropped, or the error."""
 
     round: int
-    present: tuple[tuple[Learner, Any], ...]
-    dropped: tuple[Learner, ...]
+    present: tuple[tuple[LearnerId, Any], ...]
+    dropped: tuple[LearnerId, ...]
     opened_at: float
     error: AveragingTimeoutError | None = None
 
@@ -191,31 +192,31 @@ class RoundBook:
         self.opened_at: float | None = None
         self.deadline: float | None = None
         self.validation_due: int | None = None
-        self._active: set[Learner] = set()
-        self._pending: set[Learner] = set()
-        self._gone: set[Learner] = set()
-        self._expected: frozenset[Learner] = frozenset()
-        self._arrivals: dict[Learner, Any] = {}
-        self._dropped: dict[Learner, dict[str, Any]] = {}
-        self._incarnations: dict[Learner, str] = {}
+        self._active: set[LearnerId] = set()
+        self._pending: set[LearnerId] = set()
+        self._gone: set[LearnerId] = set()
+        self._expected: frozenset[LearnerId] = frozenset()
+        self._arrivals: dict[LearnerId, Any] = {}
+        self._dropped: dict[LearnerId, dict[str, Any]] = {}
+        self._incarnations: dict[LearnerId, str] = {}
         self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
 
     @property
-    def expected(self) -> list[Learner]:
+    def expected(self) -> list[LearnerId]:
         return _order(self._expected)
 
     @property
-    def arrived(self) -> list[Learner]:
+    def arrived(self) -> list[LearnerId]:
         return _order(self._arrivals)
 
     @property
-    def missing(self) -> list[Learner]:
+    def missing(self) -> list[LearnerId]:
         return _order(self._expected - set(self._arrivals))
 
     @property
-    def dropped(self) -> dict[Learner, str]:
+    def dropped(self) -> dict[LearnerId, str]:
         """Learners dropped and not rejoined -> the reason."""
         return {learner: record["reason"] for learner, record in self._dropped.items()}
 
@@ -236,12 +237,12 @@ class RoundBook:
     def expired(self) -> bool:
         return self.phase == "open" and self._clock() >= self.deadline
 
-    def next_round_for(self, learner: Learner) -> int:
+    def next_round_for(self, learner: LearnerId) -> int:
         """The round this learner sends next: the open (or idle) one, or the one after a closing one."""
         return self.round + 1 if self.phase == "closing" else self.round
 
     def _log_member(
-        self, event: str, learner: Learner | None, detail: str = "", change: bool = False
+        self, event: str, learner: LearnerId | None, detail: str = "", change: bool = False
     ) -> None:
         """Record a membership event; ``change`` marks one that changes how many learners train."""
         record = {"time": time.time(), "round": self.round, "event": event, "learner": learner}
@@ -250,7 +251,7 @@ class RoundBook:
         if self._sink is not None:
             self._sink(record)
 
-    def starts_group(self, learner: Learner, world_size: int | None, incarnation: str | None) -> bool:
+    def starts_group(self, learner: LearnerId, world_size: int | None, incarnation: str | None) -> bool:
         """Whether this join is the first of a new learner group (Ray Train started or restarted one)."""
         if incarnation is None:
             return False
@@ -258,7 +259,7 @@ class RoundBook:
         resized = world_size is not None and world_size != self.world_size
         return self.generation == 0 or resized or (known is not None and known != incarnation)
 
-    def regroup(self, world_size: int) -> list[Learner]:
+    def regroup(self, world_size: int) -> list[LearnerId]:
         """Start a new generation of ``world_size`` learners; returns the open round's abandoned senders.
 
         The round number stays (the new group sends the round the old one could not finish); the old
@@ -291,7 +292,7 @@ class RoundBook:
         self._log_member("group", None, why, change=True)
         return abandoned
 
-    def abandon(self) -> list[Learner]:
+    def abandon(self) -> list[LearnerId]:
         """Give up the open round (its senders are gone or its base was superseded); keeps its number."""
         if self.phase == "closing":
             raise RuntimeError(f"round {self.round} is being averaged: it cannot be abandoned")
@@ -299,7 +300,7 @@ class RoundBook:
         self._settle()
         return abandoned
 
-    def join(self, learner: Learner, world_size: int | None = None, incarnation: str | None = None) -> int:
+    def join(self, learner: LearnerId, world_size: int | None = None, incarnation: str | None = None) -> int:
         """Register (or re-register) a learner; returns the round it must send next.
 
         With an ``incarnation`` (one id per learner process) the first join of a new group regroups.
@@ -331,7 +332,7 @@ class RoundBook:
         self._log_member(event, learner, change=returning)
         return self.next_round_for(learner)
 
-    def leave(self, learner: Learner) -> None:
+    def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good (scale-down); an open round stops waiting for it."""
         if learner not in self._active | self._pending | set(self._dropped):
             raise ValueError(f"learner {learner!r} is not registered: there is nothing to remove")
@@ -355,7 +356,7 @@ class RoundBook:
         old, self.world_size, self._gone = self.world_size, world_size, set()
         self._log_member("world_size", None, f"{old} -> {world_size}", change=True)
 
-    def check(self, learner: Learner, round: int, world_size: int, incarnation: str | None = None) -> None:
+    def check(self, learner: LearnerId, round: int, world_size: int, incarnation: str | None = None) -> None:
         """Raise the typed error that arrive() would raise, changing nothing."""
         check_learner(learner)
         check_number("round", round, 1)
@@ -383,7 +384,7 @@ class RoundBook:
 
     def arrive(
         self,
-        learner: Learner,
+        learner: LearnerId,
         round: int,
         world_size: int,
         payload: Any = None,
@@ -399,7 +400,7 @@ class RoundBook:
         self._arrivals[learner] = payload
         return self.complete
 
-    def _drop(self, learner: Learner, reason: str) -> None:
+    def _drop(self, learner: LearnerId, reason: str) -> None:
         record = {"round": self.round, "learner": learner, "reason": reason, "time": time.time()}
         self._dropped[learner] = record
         self._active.discard(learner)
@@ -475,7 +476,7 @@ class RoundBook:
         self._active |= self._pending
         self._pending = set()
 
-    def report_validation(self, round: int, learner: Learner = "validator") -> None:
+    def report_validation(self, round: int, learner: LearnerId = "validator") -> None:
         """Accept the validation of `round`, which must be the one due (Algorithm 1 line 13: n % m == 0)."""
         check_number("round", round, 1)
         if not self.validate_every or round % self.validate_every:
