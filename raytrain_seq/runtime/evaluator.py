@@ -158,10 +158,13 @@ class ThreadValidator:
     def _evaluator_of_the_run(self) -> Evaluator:
         from raytrain_seq.runtime.feed import get_feed
         from raytrain_seq.runtime.learner_feed import LearnerFeed
+        from raytrain_seq.runtime.off_loop import off_loop_get
         from raytrain_seq.runtime.shards import RayStore
 
-        feed = LearnerFeed(get_feed(self.feed_name, namespace=self.namespace))
-        return Evaluator(self.config, feed=feed, store=RayStore())
+        # This thread is in the averager, an asyncio actor: its reads wait on the objects' futures, off the
+        # event loop, where ray.get would log that it blocks the loop (runtime.off_loop).
+        feed = LearnerFeed(get_feed(self.feed_name, namespace=self.namespace), get=off_loop_get)
+        return Evaluator(self.config, feed=feed, store=RayStore(get=off_loop_get))
 
     def error(self) -> str | None:
         """Why the evaluator could not be built (its validation rows assembled), once that is known."""

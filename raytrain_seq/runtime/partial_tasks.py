@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,12 +48,17 @@ class CachedArray:
     index: int
 
 
-def fetch_arrays(cached: Sequence[CachedArray]) -> list[np.ndarray]:
-    """The arrays of ``cached``, in order: one ``ray.get`` of their distinct task outputs."""
-    import ray
+def fetch_arrays(
+    cached: Sequence[CachedArray], get: Callable[[list[Any]], list[Any]] | None = None
+) -> list[np.ndarray]:
+    """The arrays of ``cached``, in order: one ``get`` (``ray.get`` unless given) of their distinct task
+    outputs."""
+    if get is None:
+        import ray
 
+        get = ray.get
     refs = list(dict.fromkeys(c.ref for c in cached))
-    outputs = dict(zip(refs, ray.get(refs), strict=True))
+    outputs = dict(zip(refs, get(refs), strict=True))
     return [outputs[c.ref][c.index] for c in cached]
 
 

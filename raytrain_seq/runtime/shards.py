@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 # Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
@@ -351,10 +351,13 @@ class RayStore:
     (``store_memory.StoreMemory``) and, with ``cuda`` (a learner training on a GPU), registers it with
     CUDA, so that installing a merged state on the device copies at the link's speed."""
 
-    def __init__(self, timeout_s: float | None = None, *, cuda: bool = False) -> None:
+    def __init__(
+        self, timeout_s: float | None = None, *, cuda: bool = False, get: Callable[..., Any] | None = None
+    ) -> None:
         import ray
 
         self.timeout_s = timeout_s
+        self._get = get or ray.get  # an asyncio actor's thread passes runtime.off_loop.off_loop_get
         # Only in an actor's process (a Ray Train worker is one), whose mapping of the store lasts as long
         # as the process. A driver that shut Ray down and started it again could map a new store where a
         # registered one was: CUDA keeps the old registration of those addresses, for pages no longer
@@ -371,6 +374,4 @@ class RayStore:
         return ray.put(value)
 
     def get(self, refs: Sequence[Any]) -> list[Any]:
-        import ray
-
-        return ray.get(list(refs), timeout=self.timeout_s)
+        return self._get(list(refs), timeout=self.timeout_s)
