@@ -334,6 +334,7 @@ def bandwidth(
     import ray
 
     from raytrain_seq.config import TrainConfig
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
 
     if channels is None:
@@ -362,9 +363,8 @@ def bandwidth(
     ) -> tuple[list[float], float, dict]:
         extra = {} if shards is None else {"shards": shards}
         name = f"bandwidth-{os.getpid()}-{n}-{shards}-{len(actors)}-{channels}"
-        averager = create_averager(
-            name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, channels=channels, **extra
-        )
+        settings = AveragerSettings(world_size=n, timeout_s=600.0, channels=channels, **extra)
+        averager = create_averager(name, settings, namespace=NAMESPACE)
         try:
             joined = ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(actors[:n])])
             payload = joined[0]["payload"]

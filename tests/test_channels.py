@@ -218,14 +218,14 @@ def _check_mean(results: list[dict]) -> None:
 
 
 def _group(ray, n: int, channels: bool, name: str, timeout_s: float = 20.0):
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
 
     params, moments = adam_learners(n)
     cls = _learner_class()
     learners = [cls.remote(params[j], moments[j]) for j in range(n)]
-    averager = create_averager(
-        name, namespace="channels-test", world_size=n, timeout_s=timeout_s, channels=channels
-    )
+    settings = AveragerSettings(world_size=n, timeout_s=timeout_s, channels=channels)
+    averager = create_averager(name, settings, namespace="channels-test")
     assert ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(learners)]) == [n] * n
     return averager, learners
 

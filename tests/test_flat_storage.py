@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 from conftest import InProcess
 from torch import nn
 
@@ -28,7 +29,6 @@ from raytrain_seq.dataplane.payload import FlatLayout, InProcessStore
 from raytrain_seq.rounds.client import AveragerClient
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.sync import LocalRounds
-from raytrain_seq.runtime.averager import ParameterAverager
 from raytrain_seq.step import load_averaged
 
 DEVICES = [
@@ -343,7 +343,7 @@ def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piec
         return original(params, moments, **kwargs)
 
     monkeypatch.setattr(FlatLayout, "of", staticmethod(counted))
-    averager = ParameterAverager(2, timeout_s=30.0, shards=2)
+    averager = local_averager(2, timeout_s=30.0, shards=2)
     transport = InProcess(averager)
     learners = []
     for j in range(2):

@@ -28,9 +28,20 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+class RoundPhase(Enum):
+    """Where the current round stands in a ``RoundBook``: nobody sent it yet (IDLE), learners are
+    arriving (OPEN), or close() accepted it and the caller averages it (CLOSING)."""
+
+    IDLE = "idle"
+    OPEN = "open"
+    CLOSING = "closing"
+
 
 # A learner's id: its rank in the group (an int), or a name for a reporter that is not a rank ("evaluator").
 LearnerId = str | int
@@ -187,7 +198,7 @@ class RoundBook:
             raise ValueError(f"min_learners {min_learners} > world_size {world_size}: lower min_learners")
         self.validate_every = check_number("validate_every", validate_every, 0)
         self._clock, self._sink = clock, sink
-        self.round, self.phase, self.opening, self.generation = 1, "idle", 0, 0
+        self.round, self.phase, self.opening, self.generation = 1, RoundPhase.IDLE, 0, 0
         self.restarted = False  # set by an averager that came back from a crash: its first group rejoins
         self.opened_at: float | None = None
         self.deadline: float | None = None
@@ -232,14 +243,14 @@ class RoundBook:
 
     @property
     def complete(self) -> bool:
-        return self.phase == "open" and not self.missing and len(self._arrivals) >= self.quorum
+        return self.phase == RoundPhase.OPEN and not self.missing and len(self._arrivals) >= self.quorum
 
     def expired(self) -> bool:
-        return self.phase == "open" and self._clock() >= self.deadline
+        return self.phase == RoundPhase.OPEN and self._clock() >= self.deadline
 
     def next_round_for(self, learner: LearnerId) -> int:
         """The round this learner sends next: the open (or idle) one, or the one after a closing one."""
-        return self.round + 1 if self.phase == "closing" else self.round
+        return self.round + 1 if self.phase == RoundPhase.CLOSING else self.round
 
     def _log_member(
         self, event: str, learner: LearnerId | None, detail: str = "", change: bool = False
@@ -265,7 +276,7 @@ class RoundBook:
         The round number stays (the new group sends the round the old one could not finish); the old
         members, drops and incarnations are forgotten, and the old incarnations refused from now on.
         """
-        if self.phase == "closing":
+        if self.phase == RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is being averaged: regroup after finish()")
         check_number("world_size", world_size, max(1, self.min_learners))
         abandoned = self.abandon()
@@ -294,9 +305,9 @@ class RoundBook:
 
     def abandon(self) -> list[LearnerId]:
         """Give up the open round (its senders are gone or its base was superseded); keeps its number."""
-        if self.phase == "closing":
+        if self.phase == RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is being averaged: it cannot be abandoned")
-        abandoned = self.arrived if self.phase == "open" else []
+        abandoned = self.arrived if self.phase == RoundPhase.OPEN else []
         self._settle()
         return abandoned
 
@@ -323,11 +334,11 @@ class RoundBook:
         self._gone.discard(learner)
         if incarnation is not None:
             self._incarnations[learner] = incarnation
-        if self.phase == "closing" and learner not in self._arrivals:
+        if self.phase == RoundPhase.CLOSING and learner not in self._arrivals:
             self._pending.add(learner)  # the round is being averaged without it: it takes part in the next
         else:
             self._active.add(learner)
-            if self.phase == "open":
+            if self.phase == RoundPhase.OPEN:
                 self._expected |= {learner}  # it starts from round n-1's state, so it can send round n
         self._log_member(event, learner, change=returning)
         return self.next_round_for(learner)
@@ -373,7 +384,7 @@ class RoundBook:
             raise MembershipError(
                 learner, world_size, self.world_size, "it is not registered: call join() first"
             )
-        if self.phase == "closing" or learner in self._pending:
+        if self.phase == RoundPhase.CLOSING or learner in self._pending:
             why = f"round {self.round} is still being averaged and this learner takes part from the next one"
             raise StaleRoundError(learner, round, self.round + 1, why)
         if round != self.round:
@@ -392,8 +403,8 @@ class RoundBook:
     ) -> bool:
         """Record that a learner sent round `round`; returns True when the round may close (complete)."""
         self.check(learner, round, world_size, incarnation)
-        if self.phase == "idle":
-            self.phase, self.opening = "open", self.opening + 1
+        if self.phase == RoundPhase.IDLE:
+            self.phase, self.opening = RoundPhase.OPEN, self.opening + 1
             self._expected = frozenset(self._active)
             self.opened_at = self._clock()
             self.deadline = self.opened_at + self.timeout_s
@@ -414,8 +425,10 @@ class RoundBook:
         On success the book is "closing" until finish(); on failure it is idle again at the same round,
         with the missing dropped, so those present can resend it once enough learners are back.
         """
-        if self.phase != "open":
-            raise RuntimeError(f"round {self.round} is {self.phase}, not open: there is nothing to close")
+        if self.phase != RoundPhase.OPEN:
+            raise RuntimeError(
+                f"round {self.round} is {self.phase.value}, not open: there is nothing to close"
+            )
         if not self.complete and not self.expired():
             raise RuntimeError(f"round {self.round} is waiting for {self.missing} until its deadline")
         missing = self.missing
@@ -436,7 +449,7 @@ class RoundBook:
             closed = RoundClose(self.round, (), tuple(missing), self.opened_at, error)
             self._settle()
             return closed
-        self.phase = "closing"
+        self.phase = RoundPhase.CLOSING
         pairs = tuple((learner, self._arrivals[learner]) for learner in present)
         return RoundClose(self.round, pairs, tuple(missing), self.opened_at)
 
@@ -444,9 +457,9 @@ class RoundBook:
         """While closing: drop ``learners``, whose payloads arrived but could not be read, and return the
         round's close without them (an error, as close() gives one, when fewer than min_learners remain).
         The book stays "closing" either way: finish() follows, not ok on an error."""
-        if self.phase != "closing" or closed.round != self.round:
+        if self.phase != RoundPhase.CLOSING or closed.round != self.round:
             raise RuntimeError(
-                f"round {closed.round} is not the one closing (round {self.round} is {self.phase})"
+                f"round {closed.round} is not the one closing (round {self.round} is {self.phase.value})"
             )
         gone = set(learners)
         for learner in _order(gone):
@@ -462,8 +475,8 @@ class RoundBook:
 
     def finish(self, ok: bool = True) -> None:
         """After close(): ok advances to the next round (and marks a validation due); not ok keeps it."""
-        if self.phase != "closing":
-            raise RuntimeError(f"round {self.round} is {self.phase}: call close() first")
+        if self.phase != RoundPhase.CLOSING:
+            raise RuntimeError(f"round {self.round} is {self.phase.value}: call close() first")
         if ok:
             if self.validate_every and self.round % self.validate_every == 0:
                 self.validation_due = self.round
@@ -471,7 +484,7 @@ class RoundBook:
         self._settle()
 
     def _settle(self) -> None:
-        self.phase, self.opened_at, self.deadline = "idle", None, None
+        self.phase, self.opened_at, self.deadline = RoundPhase.IDLE, None, None
         self._arrivals, self._expected = {}, frozenset()
         self._active |= self._pending
         self._pending = set()
@@ -503,8 +516,8 @@ class RoundBook:
 
     def restore(self, last_round: int, validation_due: int | None, dropped_log: Any = None) -> None:
         """Continue after `last_round` (a checkpoint's, or a re-seeding learner's); members are kept."""
-        if self.phase != "idle":
-            raise RuntimeError(f"round {self.round} is {self.phase}: restore only an idle averager")
+        if self.phase != RoundPhase.IDLE:
+            raise RuntimeError(f"round {self.round} is {self.phase.value}: restore only an idle averager")
         self.round = check_number("round", last_round, 0) + 1
         self.validation_due = validation_due
         if dropped_log is not None:

@@ -158,6 +158,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.evaluator import ThreadValidator
     from raytrain_seq.runtime.learner import train_loop_per_worker
@@ -173,26 +174,11 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         names["evaluator"] = "on"
     averager = create_averager(
         names["averager"],
+        AveragerSettings.from_config(config),
         namespace=NAMESPACE,
         max_restarts=train.averager_max_restarts,
-        world_size=train.max_learners,  # each group's first learner sets its own size
-        timeout_s=train.averager_timeout_s,
-        validate_every=train.validate_every,
-        batch_size=train.batch_size,
-        b1=train.b1,
-        b2=train.b2,
-        max_batch_size=train.max_batch_size,
-        adaptive_batch=train.adaptive_batch,
-        batch_growth=train.batch_growth,
-        merge_moments=train.merge_moments,
-        merge_bn_stats=train.merge_bn_stats,
-        run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
-        shards=train.shards,
-        channels=train.averager_channels,
+        run_dir=run_dir,  # the averager reloads the latest checkpoint (resume, or its own restart)
         validator=validator,
-        epochs=train.epochs,  # the last round's validation waits for the test pass
-        steps=train.steps,
-        tracker=config.run.tracker,
     )
     marks["actors_started"] = time.time()
     if resumed is not None:
