@@ -54,7 +54,7 @@ def accumulation_dtype(dtype: Any) -> np.dtype:
     """The dtype a weighted sum of ``dtype`` values is accumulated in: float64 for float64 and integers,
     float32 for float32 and narrower floats (float16; bfloat16 travels as float32). Why not float64 for
     all: a shard's merge of float32 slices is then compute-bound, the widening and the float64 passes
-    making it markedly slower than the same merge in float32 (docs/LOG.md, 2026-11-27). What float32 costs: the sum is
+    making it markedly slower than the same merge in float32 (docs/ARCHITECTURE.md, "Measurements behind the code"). What float32 costs: the sum is
     written as x_k + sum_j w_j (x_j - x_k), so its rounding errors scale with the learners' differences;
     against the float64 mean it stays within (learners + 1) ulps of the largest learner's value, the
     bound of any float32 sum such as DDP's all-reduce (``tests/test_elementwise.py`` measures it)."""

@@ -13,7 +13,8 @@ Rules pinned, each by a checker function and a test of the real tree:
 6. the Ray-free packages (rounds/, dataplane/, rows/) import neither ray nor raytrain_seq.runtime;
 7. no file of the project cites a path outside the repository (the seed design document, ``../`` out);
 8. tests start Ray only through tests/conftest.py's ``ray_cluster`` (or a cluster they name);
-9. no function of raytrain_seq/ or bench/ is over 80 lines (the listed exceptions may not grow).
+9. no function of raytrain_seq/ or bench/ is over 80 lines (the listed exceptions may not grow);
+10. the code of raytrain_seq/ and jobs/ holds no date and no measured figure (it cites docs/ instead).
 
 Each checker also gets a synthetic counterexample (``test_checker_*``), so that no rule passes vacuously.
 """
@@ -869,6 +870,41 @@ def test_checker_finds_a_long_function_nested_or_async(tmp_path):
         "pkg/a.py:outer": 8,
         "pkg/b.py:waits": 7,
     }
+
+
+# ------------------------------------------------------- rule 10: no dates or measured figures in code
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# The measured figures the before-stop hook looks for in the package's code (a rate, a time, a speed-up).
+FIGURE = re.compile(r"[0-9][0-9,.]* ?(frames/s|MB/s|ms|x faster|s per)")
+
+
+def dated_or_measured(root: Path, folders: tuple[str, ...]) -> list[str]:
+    """``path:line`` of every line of the .py files under ``folders`` with a date or a measured figure."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if DATE.search(line) or FIGURE.search(line):
+                    found.append(f"{path.relative_to(root).as_posix()}:{number}")
+    return found
+
+
+def test_the_package_code_cites_sections_not_dates_or_figures():
+    """Measurements live in docs/ and bench/results/; the code cites a stable section of them (docs/ARCHITECTURE.md,
+    "Measurements behind the code"), never docs/LOG.md by date, never a figure."""
+    assert dated_or_measured(ROOT, ("raytrain_seq", "jobs")) == []
+    assert "## Measurements behind the code" in (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+
+
+def test_checker_finds_dates_and_figures(tmp_path):
+    _write_tree(
+        tmp_path,
+        {
+            "pkg/a.py": "# fine: docs/ARCHITECTURE.md\n# see docs/LOG.md, 2026-11-24\n",
+            "pkg/b.py": '"""It reads 7,500 frames/s."""\nx = 1  # took 12 ms\n',
+        },
+    )
+    assert dated_or_measured(tmp_path, ("pkg",)) == ["pkg/a.py:2", "pkg/b.py:1", "pkg/b.py:2"]
 
 
 # ------------------------------------------------------------------------------------------ fixtures

@@ -8,7 +8,7 @@ place (the optimizers' and BatchNorm's updates are in-place). A round then
 
 * puts slice i of each buffer as it is (``slices``): one contiguous array, one copy into the object
   store. Put as the tuple of the tensors' pieces, a slice costs one copy per piece, and Ray copies every
-  piece of 1 MiB or more with a handful of threads of its own (docs/LOG.md, 2026-11-26);
+  piece of 1 MiB or more with a handful of threads of its own (docs/ARCHITECTURE.md, "Measurements behind the code");
 * writes the merged state back in place: from the merged slices, one copy per slice and buffer
   (``load_slices``), or from a state in tensors, one copy per tensor into its view (``load``); where
   ``Optimizer.load_state_dict`` would replace the optimizer's tensors by new ones (unbinding them).
@@ -238,7 +238,7 @@ class FlatStorage:
     ) -> None:
         """``_load_unaveraged`` from a round's ``extras`` (``FlatLayout.extras``) themselves: one copy a
         value, no tensor built for it first (a model of many tensors paid that per tensor in every round,
-        docs/LOG.md, 2026-11-26, after 20:20 UTC)."""
+        docs/ARCHITECTURE.md, "Measurements behind the code")."""
         model = extras["model"]
         for key, tensor in into_params.items():
             if ("model", key) not in self._slotted:
@@ -254,8 +254,7 @@ class FlatStorage:
         """Whether the live ``params`` and ``moments`` are still this storage's: the layout's keys, and every
         tensor of a slot its own view. Then ``FlatLayout.of`` of them would give ``self.layout`` and ``bind``
         would move nothing, so a round takes the layout from here at a pointer comparison a tensor instead
-        of building a slot per tensor again and comparing the two (docs/LOG.md, 2026-11-26, after 20:20
-        UTC)."""
+        of building a slot per tensor again and comparing the two (docs/ARCHITECTURE.md, "Measurements behind the code")."""
         layout = self.layout
         if tuple(params) != layout.model_keys:
             return False

@@ -24,7 +24,7 @@ A learner whose channel write fails puts its slices instead, in the same round: 
 kind of part.
 
 What a generation costs beyond its rounds: Ray frees a channel's buffer only when the process that made
-it exits (closing it does not; ``docs/LOG.md``, 2026-11-27, after 05:35 UTC), so each generation leaves a
+it exits (closing it does not; docs/ARCHITECTURE.md, "Measurements behind the code"), so each generation leaves a
 payload per learner (its channels to the shards) and two per group (the shards') in the object store
 until those processes end. Generations are planned again after an early end at most ``max_ended`` times
 a run; after that the rounds stay in the object store, and the store holds at most that many

@@ -6,8 +6,7 @@ BatchNorm-style (mean, variance) pair at the same offsets of two buffers, merged
 variance) and ``max`` (AMSGrad's max). ``merge_parts`` merges one shard's slice of every learner with
 ``elementwise``'s numpy arithmetic, chunk by chunk, so that the merged slice equals that slice of
 ``averaging.average_states`` bit for bit. It imports numpy and the core's ``elementwise`` only: a shard's
-process (``runtime.shards``) loads no torch, and starts about a CPU-second sooner (docs/LOG.md,
-2026-11-24, afternoon): at a run's start the shards start beside the learners' first steps, and a shard
+process (``runtime.shards``) loads no torch, and starts about a CPU-second sooner (docs/ARCHITECTURE.md, "Measurements behind the code"): at a run's start the shards start beside the learners' first steps, and a shard
 that Ray restarts mid-run does so on a round's critical path.
 
 ``ShardMerge`` is what a pool of shards returns for a round (``payload.ShardPool``).
@@ -31,7 +30,7 @@ RULES = ("mean", "pmean", "pvar", "max")
 # Elements merged per step: the temporaries of a chunk (at most 3 x 1 MiB for float32 buffers, 3 x 2 MiB
 # for float64 ones, allocated once per merge) stay in the last-level cache, and a 50 MB slice takes ~50
 # steps, so the per-call overhead of the numpy ops is negligible (smaller chunks were slower:
-# docs/LOG.md, 2026-11-23 and 2026-11-27).
+# docs/ARCHITECTURE.md, "Measurements behind the code").
 CHUNK = 1 << 18
 
 

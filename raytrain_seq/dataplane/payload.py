@@ -180,7 +180,7 @@ class FlatLayout:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Every message of a round carries the layout (each learner's payload in, every reply out), and
         # a model has a slot per tensor and moment: pickled as one tuple of plain values per field, not
-        # one dataclass per slot, it costs a fraction (docs/LOG.md, 2026-11-25, after 03:30 UTC).
+        # one dataclass per slot, it costs a fraction (docs/ARCHITECTURE.md, "Measurements behind the code").
         return _layout_from_columns, self.fields()
 
     def bounds(self, shards: int) -> list[dict[str, tuple[int, int]]]:
@@ -399,7 +399,7 @@ def _build_layout(
 # The layouts built (``FlatLayout.of``) or unpickled in this process, by their fields. Every message of a
 # round carries one (each learner's payload to the control plane, each reply back), almost always the
 # same: hashing and comparing its columns costs a fraction of building a Slot per tensor again
-# (docs/LOG.md, 2026-11-26, after 20:20 UTC), and the learners' layouts then are one object, whose
+# (docs/ARCHITECTURE.md, "Measurements behind the code"), and the learners' layouts then are one object, whose
 # signatures the control plane compares by identity, as a learner compares a reply's with its own. A
 # FlatLayout is immutable, so sharing it is safe.
 _LAYOUTS: dict[tuple[Any, ...], FlatLayout] = {}
@@ -411,7 +411,7 @@ def _by_value(tensor: Tensor) -> np.ndarray | Tensor:
     has its dtype, else a tensor copy. Why: every message of a round carries one Adam step per parameter
     tensor (and the integer buffers), and Ray pickles a torch tensor through ``torch.save``, a fixed cost
     per tensor that the control plane pays for every learner's message in and every reply out, where a
-    numpy array pickles as its bytes (docs/LOG.md, 2026-11-25, after 03:30 UTC)."""
+    numpy array pickles as its bytes (docs/ARCHITECTURE.md, "Measurements behind the code")."""
     tensor = tensor.detach().cpu()
     if tensor.dtype in _NUMPY_EXACT:
         return np.array(tensor.numpy(), copy=True)
@@ -443,7 +443,7 @@ class OptimizerExtras:
     entry that is not a moment), as they travel in every message of a round.
 
     A one-value tensor per parameter (the step) pickled on its own costs a pickle per parameter in every
-    learner's message and every reply, most of a large model's message cost (docs/LOG.md, 2026-11-26).
+    learner's message and every reply, most of a large model's message cost (docs/ARCHITECTURE.md, "Measurements behind the code").
     So such values travel as one numpy column per name and dtype, and anything else as a copy. E.g.
     Adam over 3 parameters at step 10: ``columns = {"step/float32": ("step", (0, 1, 2), array([10., 10.,
     10.], dtype=float32))}``, ``other = {}``.

@@ -277,8 +277,7 @@ class ParameterAverager:
         """Read a round's merged slices into this process (a secondary copy on the control plane's node);
         counted in the round's hub load as bytes this actor received. The state and its parts: they
         become tensors only when a join or a checkpoint needs them (``_held_state``), not every round,
-        since a layout of many tensors takes milliseconds to unpack (docs/LOG.md, 2026-11-25, after
-        03:30 UTC) and most rounds' states are never asked for."""
+        since a layout of many tensors takes milliseconds to unpack (docs/ARCHITECTURE.md, "Measurements behind the code") and most rounds' states are never asked for."""
         if isinstance(state.flat.parts[0], Channelled):
             async with self._channel_reads:
                 inputs, timeout = self._channels.inputs, self._book.timeout_s

@@ -38,9 +38,8 @@ def channel_slack(nbytes: int) -> int:
 def for_readers(channel: Any) -> Any:
     """A copy of a ``BufferedSharedMemoryChannel`` this process writes, for its readers, without this
     process's actor handle in it. Why: a process that unpickles an actor handle loads that actor's class,
-    and a learner's class loads torch: a shard that read its members' channels loaded torch, 1-4 s of one
-    CPU with the GIL held, stalling the merge of the round beside it (docs/LOG.md, 2026-11-27, after
-    05:35 UTC). A reader never uses the writer's handle (Ray's ``Channel`` keeps it for the writer's own
+    and a learner's class loads torch: a shard that read its members' channels loaded torch, seconds of one
+    CPU with the GIL held, stalling the merge of the round beside it (docs/ARCHITECTURE.md, "Measurements behind the code"). A reader never uses the writer's handle (Ray's ``Channel`` keeps it for the writer's own
     registration), so the copy leaves it out. Ray's private fields: pinned by tests/test_channels.py."""
     import copy
 

@@ -7,7 +7,7 @@ the AAVG learners (``raytrain_seq.runtime.learner``), then joins rank 0's final 
 actors' statistics into ``summary.json`` and ``curves.png`` in the run folder. Not a ``TorchTrainer``:
 the learners average through the averager's actors and never call torch.distributed, and a
 ``TorchTrainer`` sets up a process group (gloo or NCCL, a rendezvous) at every start of the worker group,
-elastic restarts included, that nothing would use (docs/LOG.md, 2026-11-24).
+elastic restarts included, that nothing would use (docs/ARCHITECTURE.md, "Measurements behind the code").
 
 Elastic learners: ``train.learners`` = (min, max) becomes Ray Train V2's ``ScalingConfig(num_workers=
 (min, max))``, whose controller restarts the whole worker group with as many learners as the cluster
@@ -69,13 +69,12 @@ def train_env(config: Config) -> Iterator[None]:
     this fit only.
 
     The poll: Ray Train's controller learns that the learners returned (or that one died) only at its
-    next poll of them, so its default of 2 s left the job waiting after the last report (docs/LOG.md,
-    2026-11-24, night).
-    A poll is one small actor call per learner (docs/LOG.md, 2026-11-24: no measurable CPU at 0.5 s).
+    next poll of them, so its default of 2 s left the job waiting after the last report (docs/ARCHITECTURE.md, "Measurements behind the code").
+    A poll is one small actor call per learner (docs/ARCHITECTURE.md, "Measurements behind the code").
     The watcher: Ray Train starts one actor per worker group that polls for draining nodes and logs them
     and offers them to ``ray.train.get_preemption_info``, which the learners do not call (a drained
     node's learners are lost learners like any other). Off by default: on a busy node its process start
-    competes with the learners' own (docs/LOG.md, 2026-11-24, afternoon)."""
+    competes with the learners' own (docs/ARCHITECTURE.md, "Measurements behind the code")."""
     values = {
         WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}",
         POLL_INTERVAL_ENV: f"{config.train.poll_interval_s:g}",

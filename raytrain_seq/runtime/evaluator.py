@@ -119,8 +119,7 @@ class ThreadValidator:
 
     Why not an actor of its own: a process that imports torch and builds the model at the job's start
     competes with Ray Train's start on a busy node, and the averager has torch loaded already. Interleaved
-    demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/LOG.md,
-    2026-11-24, evening). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
+    demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/ARCHITECTURE.md, "Measurements behind the code"). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
     validation maps its activations afresh and the learners beside it slow down (the same LOG entry).
 
     ``start()`` (the averager calls it when it starts) builds the evaluator and assembles the validation

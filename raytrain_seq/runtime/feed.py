@@ -269,8 +269,7 @@ class BlockFeed:
         learner when launched before the learners run (``prefetch_eval``); an epoch's run as CPUs come
         free. The validation rows are launched as the feed starts, before Ray Train places the learners:
         all at once, their tasks took every free CPU, each in a worker process of its own (most of them
-        then stayed idle for the run), and slowed the learners' start (docs/LOG.md, 2026-11-24,
-        afternoon). In lanes of the CPUs beyond the learners, a node with more logical CPUs started more
+        then stayed idle for the run), and slowed the learners' start (docs/ARCHITECTURE.md, "Measurements behind the code"). In lanes of the CPUs beyond the learners, a node with more logical CPUs started more
         of those processes: Ray starts a bounded number of worker processes at once, so Ray Train's
         controller, helpers and learners queued behind them (bench/startup.py at 16 logical CPUs, "Start-up"
         in docs/ARCHITECTURE.md). Nobody needs the validation rows before the first round, so a lane per

@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 # The test rows' assembly starts this many epochs before training ends. With one, a busy node (the 2-core
 # box: the split's augmentation tasks and the copy into rows share the learners' cores) finished it after
-# the last step, with the learners idle meanwhile (docs/LOG.md, 2026-11-24, morning).
+# the last step, with the learners idle meanwhile (docs/ARCHITECTURE.md, "Measurements behind the code").
 TEST_LEAD_EPOCHS = 2
 
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
@@ -473,8 +473,7 @@ class Learner:
         train function's return value, Ray Train's ``Result.return_value``); the other ranks return None.
 
         No ``ray.train.report`` at the end: Ray Train's controller would take one poll to collect it and
-        another to see the function return, where a return alone takes one (docs/LOG.md, 2026-11-24,
-        evening). Every learner holds the same final averaged model, so the shares add up to the whole
+        another to see the function return, where a return alone takes one (docs/ARCHITECTURE.md, "Measurements behind the code"). Every learner holds the same final averaged model, so the shares add up to the whole
         split scored by that one model. ``position``: where training ended (the final checkpoint's
         position; by default the end of ``train.epochs``).
         """

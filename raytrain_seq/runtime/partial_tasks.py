@@ -10,7 +10,7 @@ videos share a key (the epoch that recomputes them), so an object leaves the cac
 
 Why objects are shared: with one object per video, a video under Ray's 100 KiB inline limit (the demo's
 21 x 36 x 36 x 3 bytes) lived in the feed's own memory and reached a learner through the feed's RPCs,
-which cost the feed and the learners CPU every epoch (docs/LOG.md, 2026-11-24). Why a large video stays
+which cost the feed and the learners CPU every epoch (docs/ARCHITECTURE.md, "Measurements behind the code"). Why a large video stays
 alone: a learner on another node then pulls only the videos it reads.
 """
 
