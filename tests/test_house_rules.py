@@ -821,7 +821,6 @@ NOT_YET_SPLIT = {
     "bench/chaos.py:main": 115,
     "raytrain_seq/config.py:validate": 102,
     "bench/averaging.py:main": 95,
-    "bench/startup.py:main": 91,
     "raytrain_seq/summary.py:format_table": 89,
     "raytrain_seq/models/resnet.py:load_imagenet_weights": 88,
     "raytrain_seq/microbatch.py:accumulate": 86,
