@@ -22,6 +22,7 @@ from averager_fixtures import local_averager
 
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.packing import pack
+from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport
 from raytrain_seq.rounds.book import Backoff, RoundBook
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.rounds.position import EpochPosition, layout_specs, resplit
@@ -165,15 +166,25 @@ def test_membership_log_becomes_the_summary_entries():
     book.join(1, 2, incarnation="c1")
     for i, record in enumerate(book.membership_log):
         record["elapsed_s"] = float(i)
-    entries = membership_entries({"membership": book.membership_log})
+    entries = membership_entries(book.membership_log)
     assert [e["learners"] for e in entries] == [2, 1, 2, 1, 2]
     reasons = [e["reason"] for e in entries]
     assert reasons[0] == "learners started" and "fewer" in reasons[1] and "more" in reasons[2]
     assert "dropped from round 1" in reasons[3] and "rejoined" in reasons[4]
     assert [e["time_s"] for e in entries] == sorted(e["time_s"] for e in entries)
     assert len(book.membership_log) > len(entries)  # plain joins are not changes
-    recoveries = recovery_entries({"recoveries": [{"elapsed_s": 3.0, "kind": "dropped", "detail": "x"}]})
+    recoveries = recovery_entries([{"elapsed_s": 3.0, "kind": "dropped", "detail": "x"}])
     assert recoveries == [{"time_s": 3.0, "kind": "dropped", "detail": "x"}]
+
+
+def final_metrics(**fields) -> LearnerReport:
+    """Rank 0's final metrics of a short run, with ``fields`` replaced."""
+    metrics = dict(round=1, epoch=1, batch_size=4, learner_seconds=2.0, averaging_s=0.1, compute_s=1.5)
+    metrics.update(data_wait_s=0.1, cold_epoch_s=0.0, validation_s=0.0, test_s=0.2, first_step_wall=None)
+    metrics.update(timeline={}, steps_trained=3, epochs_trained=1.0, test_sequences_mine=3)
+    metrics.update(test_accuracy=None, test_sequences=6, test_learners=2, per_class={})
+    metrics.update(top5_accuracy=None, mean_class_accuracy=None, confusion={}, final_report_wall=0.0)
+    return LearnerReport(**{**metrics, **fields})
 
 
 def test_summary_fills_elastic_and_video_fields():
@@ -193,13 +204,27 @@ def test_summary_fills_elastic_and_video_fields():
 
     result, averaging = asyncio.run(asyncio.wait_for(averaged(), 20))
     config = Config.from_preset("smoke")
-    feed = {"videos": {"train": 3, "val": 1, "test": 1, "skipped": []}, "flow_method": None, "epochs": {}}
-    metrics = {
-        "test_accuracy": 0.5,
-        "per_class": {"0": [1, 2], "2": [0, 0], "3": [3, 3]},
-        "learner_seconds": 2.0,
-    }
-    summary = build_summary(config, metrics, averaging, feed, ["walk", "run", "jump", "swim"])
+    feed = FeedReport(
+        videos={"train": 3, "val": 1, "test": 1, "skipped": []},
+        flow_method=None,
+        flow_once=False,
+        epochs={},
+        eval={"videos": 0, "seconds": 0.0},
+        totals={
+            "recomputed": 0,
+            "reused": 0,
+            "partial_videos": 0,
+            "partial_seconds": 0.0,
+            "tasks_pending": 0,
+        },
+        t_max=8,
+        max_sequences=4,
+        reuse=1,
+        restarts=[],
+    )
+    metrics = final_metrics(test_accuracy=0.5, per_class={"0": [1, 2], "2": [0, 0], "3": [3, 3]})
+    report = AveragingReport.from_dict(averaging)  # what the driver reads from the averager's dict
+    summary = build_summary(config, metrics, report, feed, ["walk", "run", "jump", "swim"])
     assert summary.learners == 1 and summary.frames_total == 7 and result.state.round == 1
     assert [m["learners"] for m in summary.membership] == [2, 1]
     assert [r["kind"] for r in summary.recoveries] == ["restart_from_scratch"]

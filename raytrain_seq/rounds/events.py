@@ -8,7 +8,7 @@ everything the summary needs: the run's training clock (continued across restart
 times, failed rounds and recoveries. The averager holds one ``RunHistory`` (composition) and feeds it;
 ``RoundBook``'s membership records reach it through ``on_member``.
 
-``membership_entries`` and ``recovery_entries`` turn the averager's summary into the run summary's
+``membership_entries`` and ``recovery_entries`` turn the averager's logs (its report's) into the run summary's
 lists. Plain Python and files: no ray, no asyncio.
 """
 
@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -332,11 +332,12 @@ def describe_position(position: Mapping | None) -> str:
     return f"epoch {position['epoch'] + 1}, {rows} rows taken by each of {world} learners"
 
 
-def membership_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
+def membership_entries(membership: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The run summary's membership: ``{time_s, learners, reason}`` for each change of the learner count
-    (a group started or restarted, a learner dropped, rejoined or left) in the averager's log."""
+    (a group started or restarted, a learner dropped, rejoined or left) in the averager's membership log
+    (``reports.AveragingReport.membership``)."""
     out = []
-    for record in averaging.get("membership", []):
+    for record in membership:
         if record.get("change"):
             reason = record["detail"] or f"learner {record['learner']!r} {record['event']}"
             if record["event"] == "drop":
@@ -353,9 +354,10 @@ def membership_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def recovery_entries(averaging: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The run summary's recoveries: ``{time_s, kind, detail}`` from the averager's log."""
+def recovery_entries(recoveries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The run summary's recoveries: ``{time_s, kind, detail}`` from the averager's
+    (``reports.AveragingReport.recoveries``)."""
     return [
         {"time_s": float(r.get("elapsed_s", 0.0)), "kind": r["kind"], "detail": r["detail"]}
-        for r in averaging.get("recoveries", [])
+        for r in recoveries
     ]

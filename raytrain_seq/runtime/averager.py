@@ -75,6 +75,7 @@ from raytrain_seq.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.merge import part_nbytes
 from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
+from raytrain_seq.reports import AveragingReport
 from raytrain_seq.rounds.book import (
     LearnerId,
     RoundBook,
@@ -851,7 +852,8 @@ class ParameterAverager:
         return self._pool.handles()
 
     async def summary(self, *, settle: bool = False) -> dict[str, Any]:
-        """Per-learner totals, histories, drops, membership and recoveries, B and validations.
+        """Per-learner totals, histories, drops, membership and recoveries, B and validations: a
+        ``reports.AveragingReport`` as a dict.
 
         settle: first wait (at most ``timeout_s``) for a validation still being scored. At the run's end
         no next round waits for the final round's accuracy, and the history should hold it."""
@@ -865,8 +867,9 @@ class ParameterAverager:
             except Exception as error:  # _validate logged the failure; this says what the summary lacks
                 logger.warning("averager: round %s's validation failed (%r): the summary goes without it",
                                self._book.validation_due, error)  # fmt: skip
-        out = self._history.summary()
-        out.update(
+        validator_error = getattr(self._validator, "error", None)
+        return AveragingReport(
+            **self._history.summary(),
             next_round=self._book.round,
             open_round={"phase": self._book.phase.value, "arrived": self._book.arrived},
             world_size=self._book.world_size,
@@ -885,12 +888,9 @@ class ParameterAverager:
             },
             hub_load=list(self._loads),
             test=self._test.totals() if self._test else None,
-        )
-        error = getattr(self._validator, "error", None)
-        message = error() if error is not None else None
-        if message is not None:
-            out["validator_error"] = message  # the driver raises it: no validation round was scored
-        return out
+            # The driver raises it: no validation round was scored.
+            validator_error=validator_error() if validator_error is not None else None,
+        ).to_dict()
 
 
 def _tensor_bytes(tree: Any) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 
 from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
@@ -216,7 +217,7 @@ def _start_actors(state: _Run) -> None:
         logger.info("resuming %s from %s", config.run.run_name, state.resumed.folder.name)
 
 
-def _fit(state: _Run) -> dict[str, Any]:
+def _fit(state: _Run) -> LearnerReport:
     """Ray Train fits the learners; rank 0's final metrics (``learner.Learner.finish``'s return)."""
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
@@ -239,11 +240,10 @@ def _fit(state: _Run) -> dict[str, Any]:
     state.marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
-    metrics = result.return_value if isinstance(result.return_value, dict) else {}
-    if "final_report_wall" not in metrics:  # the learners stopped on a checkpoint write
+    if not isinstance(result.return_value, dict):  # the learners stopped on a checkpoint write
         _release(state.averager, state.feed)
         raise checkpoint.stopped_error(state.run_dir)
-    return metrics
+    return LearnerReport.from_dict(result.return_value)
 
 
 def _trainer(state: _Run) -> Any:
@@ -273,38 +273,38 @@ def _trainer(state: _Run) -> Any:
     )
 
 
-def _finish(state: _Run, metrics: dict[str, Any]) -> RunSummary:
+def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
     """The summary from rank 0's metrics and the actors' statistics, its plots, then the actors' end."""
     import ray
 
     config, averager, feed = state.config, state.averager, state.feed
-    averaging = ray.get(averager.summary.remote(settle=True))  # with the final round's validation
-    if averaging.get("validator_error"):  # every validation failed; the checkpoints are in the run folder
+    # With the final round's validation.
+    averaging = AveragingReport.from_dict(ray.get(averager.summary.remote(settle=True)))
+    if averaging.validator_error:  # every validation failed; the checkpoints are in the run folder
         _release(averager, feed)
         raise RuntimeError(
             "the evaluator could not be built or its validation rows assembled: "
-            f"{averaging['validator_error']} (the averager's log says more)"
+            f"{averaging.validator_error} (the averager's log says more)"
         )
-    stats = ray.get(feed.stats.remote(wait=True))
+    stats = FeedReport.from_dict(ray.get(feed.stats.remote(wait=True)))
     summary = build_summary(
         config, metrics, averaging, stats, ray.get(feed.model_spec.remote())["class_names"]
     )
     # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
     # its first step, "write" runs from its final metrics (checkpoint, Ray Train's shutdown, summary).
-    if metrics.get("first_step_wall") is not None:
-        summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - state.began_wall)
+    if metrics.first_step_wall is not None:
+        summary.seconds["startup"] = max(0.0, metrics.first_step_wall - state.began_wall)
     marks = state.marks
-    marks.update(metrics.get("timeline") or {})
+    marks.update(metrics.timeline)
     marks["summarised"] = time.time()
     plot_curves(summary, state.run_dir / "curves.png")
-    plot_confusion(summary, metrics.get("confusion"), state.run_dir / "confusion.png")
+    plot_confusion(summary, metrics.confusion, state.run_dir / "confusion.png")
     _track_test(config, summary)
     marks["plotted"] = time.time()
     # When each step of start-up, the test pass and the write ended, in seconds from the job's start.
     began_wall = state.began_wall
     summary.extra["timeline"] = {k: round(v - began_wall, 3) for k, v in sorted(marks.items(), key=_second)}
-    if metrics.get("final_report_wall") is not None:
-        summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
+    summary.seconds["write"] = max(0.0, time.time() - metrics.final_report_wall)
     summary.seconds["total"] = time.perf_counter() - state.began  # only the summary's own write follows
     summary.write(state.run_dir)
     _release(averager, feed)
@@ -339,68 +339,84 @@ def _track_test(config: Config, summary: RunSummary) -> None:
 
 def build_summary(
     config: Config,
-    metrics: dict[str, Any],
-    averaging: dict[str, Any],
-    feed: dict[str, Any],
+    metrics: LearnerReport,
+    averaging: AveragingReport,
+    feed: FeedReport,
     class_names: list[str] | None = None,
 ) -> RunSummary:
-    """Join rank 0's final metrics with the averager's and the feed's statistics.
+    """Join rank 0's final metrics with the averager's and the feed's reports.
 
     The histories come from the averager (it outlives learner-group restarts); ``per_class_accuracy``
     names the learners' summed test tallies {class index: [correct, total]} with ``class_names``.
     """
-    learners = averaging.get("learners", {})
+    learners = averaging.learners
     means = _learner_means(learners)
+    # Per learner, its sums of the stats it sent with its rounds (a learner may have sent none yet).
     frames = int(sum(t.get("frames", 0.0) for t in learners.values()))
-    epochs = feed.get("epochs", {})
-    packing_epochs = [e["packing"] for e in epochs.values() if "packing" in e]
-    padding = sum(p.get("padding", 0) for p in packing_epochs)
-    blocks = sum(p.get("blocks", 0) for p in packing_epochs)
-    t_max = feed.get("t_max", 0)
     names = class_names or []
     return RunSummary(
         test_views=config.data.test_views,
         dataset=config.data.dataset,
-        learners=int(averaging.get("world_size", config.train.min_learners)),
-        # What the learners trained (train.steps may end a run inside an epoch); older reports: the config.
-        epochs=_whole(metrics.get("epochs_trained", config.train.epochs)),
-        steps=int(metrics.get("steps_trained") or 0),
-        test_accuracy=metrics.get("test_accuracy"),
-        top5_accuracy=metrics.get("top5_accuracy"),
-        mean_class_accuracy=metrics.get("mean_class_accuracy"),
+        learners=int(averaging.world_size),
+        # What the learners trained (train.steps may end a run inside an epoch).
+        epochs=_whole(metrics.epochs_trained),
+        steps=int(metrics.steps_trained or 0),
+        test_accuracy=metrics.test_accuracy,
+        top5_accuracy=metrics.top5_accuracy,
+        mean_class_accuracy=metrics.mean_class_accuracy,
         **_histories(averaging),
-        rounds=int(averaging.get("rounds_completed", 0)),
+        rounds=int(averaging.rounds_completed),
         frames_total=frames,
-        frames_deleted=sum(p.get("deleted", 0) for p in packing_epochs),
-        padding_frames=padding,
-        padding_fraction=padding / (blocks * t_max) if blocks and t_max else 0.0,
+        **_packing(config, feed),
         # Useful frames per second of the whole run's training loop (all learners together).
-        frames_per_second=frames / metrics["learner_seconds"] if metrics.get("learner_seconds") else 0.0,
-        seconds=_seconds(metrics, means),
-        packing={
-            "strategy": config.data.packing,
-            "blocks": packing_epochs[0]["blocks"] if packing_epochs else 0,
-            "lower_bound_blocks": packing_epochs[0]["lower_bound_blocks"] if packing_epochs else 0,
-        },
+        frames_per_second=frames / metrics.learner_seconds if metrics.learner_seconds else 0.0,
+        seconds=_seconds(metrics),
         refurbish=_refurbish(config, feed),
         config=config.to_dict(),
-        membership=membership_entries(averaging),
-        recoveries=[*recovery_entries(averaging), *feed_restarts(feed, metrics.get("first_step_wall"))],
-        videos=dict(feed.get("videos", {})),
+        membership=membership_entries(averaging.membership),
+        recoveries=[
+            *recovery_entries(averaging.recoveries),
+            *feed_restarts(feed.restarts, metrics.first_step_wall),
+        ],
+        videos=dict(feed.videos),
         stream=config.data.stream,
-        flow_method=feed.get("flow_method"),
+        flow_method=feed.flow_method,
         per_class_accuracy=_per_class_accuracy(metrics, names),
         extra={
-            "per_class_test": metrics.get("per_class", {}),
+            "per_class_test": metrics.per_class,
             "class_names": names,
-            "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds", "channels")},
-            "learner_seconds": metrics.get("learner_seconds"),
+            "averager": {
+                "dropped": averaging.dropped,
+                "membership": averaging.membership,
+                "failed_rounds": averaging.failed_rounds,
+                "channels": averaging.channels,
+            },
+            "learner_seconds": metrics.learner_seconds,
             # averaging_wait: the part of averaging spent waiting for the round's last learner to arrive.
             "learners_mean_s": means,
             # Per epoch, {count, sum, sumsq} of the video ids in the averaged rounds (accounting.py).
             "trained_ids": {str(e): c for e, c in accounting.per_epoch(learners).items()},
         },
     )
+
+
+def _packing(config: Config, feed: FeedReport) -> dict[str, Any]:
+    """The packing fields: frames deleted and padding over every epoch, the first epoch's blocks against
+    their lower bound. E.g. 2 epochs of 10 blocks of t_max 8 with 3 padding frames each: 6 padding
+    frames, a padding fraction of 6 / (20 * 8)."""
+    plans = [e["packing"] for e in feed.epochs.values() if "packing" in e]  # epochs the feed packed
+    padding = sum(p["padding"] for p in plans)
+    blocks = sum(p["blocks"] for p in plans)
+    return {
+        "frames_deleted": sum(p["deleted"] for p in plans),
+        "padding_frames": padding,
+        "padding_fraction": padding / (blocks * feed.t_max) if blocks and feed.t_max else 0.0,
+        "packing": {
+            "strategy": config.data.packing,
+            "blocks": plans[0]["blocks"] if plans else 0,
+            "lower_bound_blocks": plans[0]["lower_bound_blocks"] if plans else 0,
+        },
+    }
 
 
 def _learner_means(learners: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -411,7 +427,7 @@ def _learner_means(learners: Mapping[str, Mapping[str, float]]) -> dict[str, flo
     return {name: sum(t.get(key, 0.0) for t in learners.values()) / n for name, key in keys.items()}
 
 
-def _histories(averaging: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def _histories(averaging: AveragingReport) -> dict[str, list[dict[str, Any]]]:
     """The validations scored (missed ones left out), the batch sizes and the finite losses, per round."""
     return {
         "val_accuracy_history": [
@@ -422,48 +438,49 @@ def _histories(averaging: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 "time_s": v.get("time_s", 0.0),
                 **{k: v[k] for k in ("top5_accuracy", "mean_class_accuracy") if k in v},
             }
-            for v in averaging.get("validation_history", [])
+            for v in averaging.validation_history
             if not v.get("missed")
         ],
         "batch_size_history": [
             {"round": b["round"], "batch_size": b["batch_size"], "time_s": b.get("time_s", 0.0)}
-            for b in averaging.get("batch_size_history", [])
+            for b in averaging.batch_size_history
         ],
-        "loss_history": [h for h in averaging.get("loss_history", []) if not math.isnan(h["loss"])],
+        "loss_history": [h for h in averaging.loss_history if not math.isnan(h["loss"])],
     }
 
 
-def _seconds(metrics: Mapping[str, Any], means: Mapping[str, float]) -> dict[str, float]:
+def _seconds(metrics: LearnerReport) -> dict[str, float]:
     """One timeline, rank 0's, so the buckets add up to the total: rank 0 validates while the others
     train and then wait for it in the round, so their means would count that time twice (the means over
     the learners are kept in extra["learners_mean_s"])."""
     return {
         "total": 0.0,
-        "compute": float(metrics.get("compute_s", means["compute"])),
-        "averaging": float(metrics.get("averaging_s", means["averaging"])),
-        "data_wait": float(metrics.get("data_wait_s", means["data_wait"])),
+        "compute": float(metrics.compute_s),
+        "averaging": float(metrics.averaging_s),
+        "data_wait": float(metrics.data_wait_s),
         # Rank 0's own clock: it waits for epoch 0's partial augmentations, validates and tests.
-        **{key: float(metrics.get(f"{key}_s") or 0.0) for key in ("cold_epoch", "validation", "test")},
+        "cold_epoch": float(metrics.cold_epoch_s),
+        "validation": float(metrics.validation_s),
+        "test": float(metrics.test_s),
     }
 
 
-def _refurbish(config: Config, feed: Mapping[str, Any]) -> dict[str, Any]:
+def _refurbish(config: Config, feed: FeedReport) -> dict[str, Any]:
     """Partial augmentations recomputed and reused; a flow stream's flow computed once per video."""
-    totals = feed.get("totals", {})
+    totals = feed.totals
+    flow = ("flow_videos", "flow_seconds", "flow_seconds_saved") if feed.flow_once else ()
     return {
         "reuse": config.data.reuse,
-        "recomputed": int(totals.get("recomputed", 0)),
-        "reused": int(totals.get("reused", 0)),
-        **{
-            key: totals[key] for key in ("flow_videos", "flow_seconds", "flow_seconds_saved") if key in totals
-        },
+        "recomputed": int(totals["recomputed"]),
+        "reused": int(totals["reused"]),
+        **{key: totals[key] for key in flow},
     }
 
 
-def _per_class_accuracy(metrics: Mapping[str, Any], names: list[str]) -> dict[str, float]:
+def _per_class_accuracy(metrics: LearnerReport, names: list[str]) -> dict[str, float]:
     """Each tested class's accuracy, keyed by its name (its index when the names do not cover it)."""
     return {
         (names[int(k)] if int(k) < len(names) else str(k)): correct / total
-        for k, (correct, total) in metrics.get("per_class", {}).items()
+        for k, (correct, total) in metrics.per_class.items()
         if total
     }

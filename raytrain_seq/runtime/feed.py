@@ -57,6 +57,7 @@ from raytrain_seq.data.sources import data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.reports import FeedReport
 from raytrain_seq.rounds.position import layout_specs, parse_history
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard, consumption_order, plan_specs
 from raytrain_seq.runtime.partial_tasks import (
@@ -559,7 +560,8 @@ class BlockFeed:
         }
 
     def stats(self, wait: bool = False, ids: bool = False) -> dict[str, Any]:
-        """Per epoch: recomputed, reused, packing stats, partial-augmentation videos and seconds; totals.
+        """Per epoch: recomputed, reused, packing stats, partial-augmentation videos and seconds; totals
+        (a ``reports.FeedReport`` as a dict).
 
         A flow run (flow once) adds per epoch and in the totals: ``flow_videos`` (whole-frame flows
         computed for the epoch), ``flow_seconds`` (their CPU seconds of decoding and flow) and
@@ -605,33 +607,33 @@ class BlockFeed:
             totals = {key: sum(entry.get(key, 0) for entry in per_epoch.values()) for key in keys}
             failed = {path: reason for info in self._infos for path, reason in info.get("failed", [])}
             methods = sorted({info["flow_method"] for info in self._infos if info.get("flow_method")})
-            return {
-                "videos": {
+            return FeedReport(
+                videos={
                     **{split: len(self._catalogs[split]) for split in SPLITS},
                     # Unreadable at catalog time, then any that failed to decode in a task (zero clips).
                     "skipped": [*self._skipped, *sorted(set(failed) - set(self._skipped))],
                     "decode_failed": [{"path": p, "reason": r} for p, r in sorted(failed.items())],
                     "length_fixed": len({r[0] for info in self._infos for r in info.get("refit", [])}),
                 },
-                "flow_method": "+".join(methods) if methods else self._flow_method,
-                "flow_once": self._flow_once,
-                "epochs": per_epoch,
-                "eval": {"videos": len(ran.get(None, [])), "seconds": seconds.get(None, 0.0)},
-                "totals": dict(totals, tasks_pending=len(self._info_refs)),
-                "t_max": self.t_max,
-                "max_sequences": self.max_sequences,
-                "reuse": self._config.data.reuse,
+                flow_method="+".join(methods) if methods else self._flow_method,
+                flow_once=self._flow_once,
+                epochs=per_epoch,
+                eval={"videos": len(ran.get(None, [])), "seconds": seconds.get(None, 0.0)},
+                totals=dict(totals, tasks_pending=len(self._info_refs)),
+                t_max=self.t_max,
+                max_sequences=self.max_sequences,
+                reuse=self._config.data.reuse,
                 # Per-epoch counts and totals cover this process only: a restart loses the dead one's.
-                "restarts": self._restarts(),
-            }
+                restarts=self._restarts(),
+            ).to_dict()
 
 
-def feed_restarts(stats: dict[str, Any], since: float | None) -> list[dict[str, Any]]:
-    """The run summary's ``feed_restart`` recoveries from ``stats()``: ``{time_s, kind, detail}``, time_s
-    counted from ``since`` (rank 0's first step, the start of the training clock; None: wall time)."""
+def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[dict[str, Any]]:
+    """The run summary's ``feed_restart`` recoveries from ``stats()["restarts"]`` (``FeedReport.restarts``):
+    ``{time_s, kind, detail}``, time_s counted from ``since`` (rank 0's first step, the start of the
+    training clock; None: wall time)."""
     return [
-        {"time_s": r["time"] - (since or 0.0), "kind": r["kind"], "detail": r["detail"]}
-        for r in stats.get("restarts", [])
+        {"time_s": r["time"] - (since or 0.0), "kind": r["kind"], "detail": r["detail"]} for r in restarts
     ]
 
 

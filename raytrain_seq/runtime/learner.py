@@ -48,6 +48,7 @@ from raytrain_seq.augment import test_views
 from raytrain_seq.config import Config
 from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.reports import LearnerReport
 from raytrain_seq.rounds.book import Backoff
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
@@ -519,7 +520,7 @@ class Learner:
         self.marks["final_report"] = extra["final_report_wall"]
         if self.rank != 0:
             return None  # no barrier at the end: nothing waits for this learner
-        metrics = self._metrics(position, extra)
+        metrics = LearnerReport.from_dict(self._metrics(position, extra)).to_dict()  # every field, checked
         with self._checkpoint_folder(position, metrics["round"]) as folder:
             self.keep_final(metrics, folder)
         return metrics
