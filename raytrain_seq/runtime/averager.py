@@ -62,7 +62,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -72,7 +71,9 @@ from torch import Tensor
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
+from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import part_nbytes
 from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
 from raytrain_seq.reports import AveragingReport
@@ -86,11 +87,12 @@ from raytrain_seq.rounds.book import (
     check_number,
 )
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory, describe_position
-from raytrain_seq.rounds.position import EpochPosition, settle_dict
+from raytrain_seq.rounds.position import settle_dict
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult, check_payload
-from raytrain_seq.rounds.tally import ShareTally
+from raytrain_seq.rounds.test_pass import TestPass
 from raytrain_seq.rounds.validation import ValidationGate
+from raytrain_seq.rounds.validation_schedule import ValidationSchedule
 from raytrain_seq.runtime.channels import read_round
 from raytrain_seq.tracking import make_tracker
 
@@ -128,33 +130,30 @@ class ParameterAverager:
         if not isinstance(settings, AveragerSettings):
             raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
         self.settings = settings
-        epochs, steps = settings.epochs, settings.steps
-        self._end = None if epochs is None else {"epochs": epochs, "steps": steps}
         # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
         self._pool = (shard_pool or InProcessShards)(settings.shard_count)
-        self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
+        self._loads = HubLoad()  # per round: the bytes each averaging actor moved
         self._closed_at: dict[int, float] = {}  # round -> when it closed (its last arrival or deadline)
         self._nodes: dict[LearnerId, str] = {}
-        # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
-        # None: the learners score their shares of it (report_validation_share).
-        self._validator = validator
         # The batch-size rule and, without a validator, the learners' shares of the due validation.
         self._gate = ValidationGate(settings, by_learners=validator is None)
         start = getattr(validator, "start", None)
         if start is not None:
             start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
-        self._test = ShareTally()  # the final test pass: each learner's share
-        self._test_done: asyncio.Event | None = None
-        self._tested = asyncio.Event()  # every learner's test share is in: training is over
+        self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
         # Channel generations (dataplane.generations): the bytes of a stable group's rounds go through
         # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
         # pool of shard actors has channels.
-        self._channels = ChannelBook(enabled=settings.channels and self._pool.supports_channels)
-        self._linked: asyncio.Event = asyncio.Event()
-        self._channel_reads = asyncio.Lock()  # a channel's values are read in order, once each
+        self._channels = ChannelSession(
+            ChannelBook(enabled=settings.channels and self._pool.supports_channels),
+            pool=self._pool,
+            timeout_s=float(settings.timeout_s),
+            self_reader=_self_reader,
+            read_round=read_round,
+        )
         actor = (actor_id or _actor_id)() if run_dir is not None else None
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
         live = make_tracker(settings.tracker, run_dir)
@@ -166,7 +165,20 @@ class ParameterAverager:
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
         self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
         self._round_future: asyncio.Future | None = None
-        self._validation_future: asyncio.Future | None = None
+        # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py,
+        # the validator), or has the learners score their shares of it (report_validation_share).
+        self._validations = ValidationSchedule(
+            validator,
+            book=self._book,
+            gate=self._gate,
+            history=self._history,
+            end=None if settings.epochs is None else {"epochs": settings.epochs, "steps": settings.steps},
+            tested=self._test.tested,
+            spawn=self._spawn,
+            latest=lambda: self._state,
+            local_copy=lambda: self._local,
+            rows_cap=lambda: self._rows_cap,
+        )
         self._timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._rows_cap: int | None = None  # the rows a learner has per epoch, sent with the rounds
@@ -205,7 +217,7 @@ class ParameterAverager:
         drops = None if self._events_loaded else history.get("dropped_log", ())
         self._book.restore(found.state.round, history.get("validation_due"), drops)
         self._state = found.state.replace(source="checkpoint")
-        self._validation_future = None  # made when a round waits for the due validation
+        self._validations.forget()  # its future is made when a round waits for the due validation
         self._history.restore_checkpoint_part(history, found.state.elapsed_s)
 
     def _current(self) -> AveragedState:
@@ -237,7 +249,7 @@ class ParameterAverager:
 
     def _fail_round(self, why: str) -> None:
         """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""
-        self._end_channels(why)
+        self._channels.end(why)
         if self._timer is not None:
             self._timer.cancel()
         future, self._timer, self._round_future = self._round_future, None, None
@@ -248,22 +260,14 @@ class ParameterAverager:
         try:
             if closed.error is not None:
                 raise closed.error
-            await self._await_validation()
+            await self._validations.await_due()
             closed, result = await self._compute(closed)
             result = await self._plan_channels(result)
             self._publish(closed, result)
             if result.state.flat is not None:
                 self._local = self._spawn(self._read_local(result.state))
             self._book.finish(ok=True)
-            if self._book.validation_due is not None:
-                self._validation_future = asyncio.get_running_loop().create_future()
-                if self._book.validation_due == result.state.round:
-                    if self._validator is not None:
-                        self._spawn(self._validate(result.state))
-                    else:  # the learners score it, each its share, before they send the next round
-                        self._gate.new_pass()
-                        result = dataclasses.replace(result, validate=True)
-            future.set_result(result)
+            future.set_result(self._validations.after_round(result))
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
             if self._book.phase is RoundPhase.CLOSING:
@@ -280,18 +284,11 @@ class ParameterAverager:
         become tensors only when a join or a checkpoint needs them (``_held_state``), not every round,
         since a layout of many tensors takes milliseconds to unpack (docs/ARCHITECTURE.md, "Measurements behind the code") and most rounds' states are never asked for."""
         if isinstance(state.flat.parts[0], Channelled):
-            async with self._channel_reads:
-                inputs, timeout = self._channels.inputs, self._book.timeout_s
-                parts = await asyncio.to_thread(
-                    lambda: [read_round(inputs[p.writer], p.round, timeout) for p in state.flat.parts]
-                )
+            parts = await self._channels.read(state.flat.parts)
             state = state.replace(flat=dataclasses.replace(state.flat, parts=tuple(parts)))
         else:
             parts = await self._pool.fetch(list(state.flat.parts))
-        for record in reversed(self._loads):
-            if record["round"] == state.round:
-                record["actors"]["control"]["received"] += sum(part_nbytes(part) for part in parts)
-                break
+        self._loads.add_received(state.round, sum(part_nbytes(part) for part in parts))
         return state, parts
 
     async def _held_state(self) -> AveragedState:
@@ -314,81 +311,6 @@ class ParameterAverager:
                     )
         return self._current()
 
-    async def _validate(self, state: AveragedState) -> None:
-        """Have the validator score round ``state.round`` and report it; the learners go on meanwhile.
-        The round that ends training is scored after the test pass (see the module docstring)."""
-        epoch = None if state.position is None else int(state.position.get("epoch", 0))
-        if self._ends_training(state):
-            try:
-                await asyncio.wait_for(self._tested.wait(), self._book.timeout_s)
-            except asyncio.TimeoutError:  # the learners stopped before testing: score it now
-                logger.warning("averager: no test pass in %g s after the last round", self._book.timeout_s)
-        try:
-            if state.flat is not None and isinstance(state.flat.parts[0], Channelled):
-                state, _ = await asyncio.shield(self._local)  # the round's slices, read from the channels
-            scores = dict(await self._validator(state))
-        except Exception as exc:
-            # The round after waits for this report: a failed evaluation is a missed one, at once.
-            logger.error("averager: the evaluator failed on round %d: %r; B stays", state.round, exc)
-            if self._validation_future is not None and not self._validation_future.done():
-                self._validation_future.set_exception(exc)
-            return
-        try:
-            await self.report_validation(
-                state.round,
-                scores["accuracy"],
-                learner="evaluator",
-                epoch=epoch,
-                val_size=scores["sequences"],
-                rows_cap=self._rows_cap,
-                metrics={k: scores[k] for k in ("top5_accuracy", "mean_class_accuracy")},
-            )
-        except StaleRoundError as exc:  # a new group or a re-seed moved on: this report decides nothing
-            logger.warning("averager: validation of round %d not taken (%s)", state.round, exc)
-
-    def _ends_training(self, state: AveragedState) -> bool:
-        if self._end is None or state.position is None:
-            return False
-        return EpochPosition.from_dict(state.position).ends_training(**self._end)
-
-    async def _await_validation(self) -> None:
-        """Before a round's result: the due validation's report, waited for only while it is being scored
-        (the evaluator: at most ``timeout_s``). Learners send their shares before this round, so shares
-        missing now will not come; a validation nobody scores is missed at once."""
-        due = self._book.validation_due
-        if due is None:
-            return
-        if self._validator is None:
-            self._miss_validation(due, self._gate.missing(self._book.world_size))
-            return
-        if self._validation_future is None and not self._start_restored_validation():
-            self._miss_validation(due, "nobody scores it (the averager restarted or the run resumed)")
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._validation_future), self._book.timeout_s)
-        except (asyncio.TimeoutError, Exception) as exc:
-            if not isinstance(exc, asyncio.TimeoutError):
-                logger.warning("averager: validation of round %d failed (%r)", due, exc)
-            self._miss_validation(due, f"not reported in {self._book.timeout_s:g} s")
-
-    def _miss_validation(self, due: int, why: str) -> None:
-        """Give the due validation up: B stays, and the history records the miss."""
-        self._book.miss_validation()
-        size = self._gate.size
-        self._history.record_missed_validation(due, size)
-        logger.warning("averager: validation of round %d missed (%s); B stays %d", due, why, size)
-
-    def _start_restored_validation(self) -> bool:
-        """A validation due in a restored state (a --resume, or Ray restarted this actor): the evaluator
-        scores the state it is due for when this actor holds it; whether it started."""
-        due, state = self._book.validation_due, self._state
-        if self._validator is None or due is None or state.round != due or state.empty:
-            return False
-        if self._validation_future is None:
-            self._validation_future = asyncio.get_running_loop().create_future()
-            self._spawn(self._validate(state))
-        return True
-
     async def _compute(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
         """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
         thread; either way the event loop keeps answering. Learners whose slices a shard could not read
@@ -401,7 +323,7 @@ class ParameterAverager:
         weights = [arrival.weight for arrival in arrivals]
         if flat is None:
             params, optimizer_state = await asyncio.to_thread(self._merge_tensors, arrivals, weights)
-            self._record_load(closed.round, [], in_process=(arrivals, params, optimizer_state))
+            self._loads.record(closed.round, [], in_process=(arrivals, params, optimizer_state))
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
             logger.warning(
@@ -459,16 +381,18 @@ class ParameterAverager:
             weights = [arrival.weight for _, arrival in closed.present]
             extras = merge_extras([p.extras for p in payloads])
             marked = [p.parts[0] for p in payloads if isinstance(p.parts[0], Channelled)]
-            write = len(marked) == len(payloads) and self._channels.accepts(
+            write = len(marked) == len(payloads) and self._channels.book.accepts(
                 marked[0].generation, [learner for learner, _ in closed.present]
             )
             timeout = self._book.timeout_s
             merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
             present = [learner for learner, _ in closed.present]
-            if self._channels.live and not self._channels.keeps(present, len(marked), merged.channelled):
-                self._end_channels(f"round {closed.round}: a member is missing or left the channels")
+            if self._channels.book.live and not self._channels.book.keeps(
+                present, len(marked), merged.channelled
+            ):
+                self._channels.end(f"round {closed.round}: a member is missing or left the channels")
             if merged.lost_channels:
-                self._end_channels(f"round {closed.round}: a shard lost its channels (restarted)")
+                self._channels.end(f"round {closed.round}: a shard lost its channels (restarted)")
                 raise StaleRoundError(
                     "group", closed.round, closed.round, "a shard lost the round's channels"
                 )
@@ -479,14 +403,14 @@ class ParameterAverager:
             closed = self._book.drop_unread(closed, unread, why)
             if closed.error is not None:
                 raise closed.error
-        self._record_load(closed.round, list(merged.loads))
+        self._loads.record(closed.round, list(merged.loads))
         if merged.channelled:
-            generation = self._channels.plan.generation
+            generation = self._channels.book.plan.generation
             parts = tuple(Channelled(generation, i, closed.round) for i in range(self._pool.count))
         else:
             parts = tuple(merged.parts)
             if write:  # a shard could not write: the learners read the store, and the generation ends
-                self._end_channels(f"round {closed.round}: a shard's channel write failed")
+                self._channels.end(f"round {closed.round}: a shard's channel write failed")
         return closed, FlatPayload(payloads[0].layout, parts, extras)
 
     # -------------------------------------------------------------------------------- channels
@@ -495,70 +419,15 @@ class ParameterAverager:
         them (``dataplane.generations``): the result tells them to link."""
         flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
         book = self._book
-        if not self._channels.propose(result.learners, book.expected, result.dropped, flat, book.world_size):
-            return result
-        plan = self._channels.start(result.learners, await self._pool.targets())
-        self._linked = asyncio.Event()
-        return dataclasses.replace(result, channels=plan)
+        plan = await self._channels.plan(
+            result.learners, book.expected, result.dropped, flat, book.world_size
+        )
+        return result if plan is None else dataclasses.replace(result, channels=plan)
 
     async def link(self, generation: int, learner: LearnerId, link: Link) -> list[Any] | None:
-        """A member's channels for ``generation``; once every member has linked, the shards open theirs:
-        returns shard i's channel of merged slices at i, or None when the generation ended (or not every
-        member linked within the timeout): the learner's rounds go through the store."""
-        decision = self._channels.link(generation, learner, link)
-        if decision == "refused":
-            return None
-        if decision == "complete":
-            book, event = self._channels, self._linked
-            readers = [*book.readers(), _self_reader()]
-            try:
-                inputs = await self._pool.open_channels(generation, book.shard_inputs(), readers, link.nbytes)
-            except Exception as exc:
-                logger.error("averager: opening generation %d's channels failed: %r", generation, exc)
-                self._end_channels(f"generation {generation} could not be opened")
-            else:
-                if book.opened(generation, inputs):
-                    logger.info("averager: channel generation %d is live (%d members)",
-                                generation, len(book.plan.members))  # fmt: skip
-            event.set()
-        else:
-            try:
-                await asyncio.wait_for(self._linked.wait(), self._book.timeout_s)
-            except asyncio.TimeoutError:
-                self._end_channels(f"not every member linked generation {generation}")
-        plan = self._channels.plan
-        if plan is None or plan.generation != generation or not self._channels.live:
-            return None
-        return list(self._channels.inputs)
-
-    def _end_channels(self, why: str) -> None:
-        """End the planned or live generation: the rounds go through the store until the next full round
-        plans another (its channels are not closed: ``dataplane.generations`` says why)."""
-        generation = self._channels.end()
-        self._linked.set()
-        if generation is None:
-            return
-        logger.warning("averager: channel generation %d ends (%s)", generation, why)
-        if self._channels.failed == self._channels.max_ended:
-            logger.warning(
-                "averager: %d channel generations ended early: the rounds go through the object store from "
-                "now on (each generation's buffers stay in the store until its processes exit)",
-                self._channels.failed,
-            )
-
-    def _record_load(self, round_: int, shard_loads: list[dict], in_process: tuple | None = None) -> None:
-        """Bytes each averaging actor received and sent in a round (hub load). This actor counts the
-        array bytes of the payloads it merged itself (the tensor path) and of the results it hands out,
-        times the learners; on the flat path it moves object references only and counts 0."""
-        received = sent = 0
-        if in_process is not None:
-            arrivals, params, moments = in_process
-            received = sum(_tensor_bytes(a.params) + _tensor_bytes(a.optimizer_state) for a in arrivals)
-            sent = (_tensor_bytes(params) + _tensor_bytes(moments)) * len(arrivals)
-        actors = {"control": {"received": received, "sent": sent}}
-        for load in shard_loads:
-            actors[f"shard{load['shard']}"] = {k: load[k] for k in ("received", "sent", "seconds")}
-        self._loads = [*self._loads[-63:], {"round": round_, "actors": actors}]
+        """A member's channels for ``generation`` (``ChannelSession.link``); None: its rounds go through
+        the store."""
+        return await self._channels.link(generation, learner, link)
 
     def _publish(self, closed: RoundClose, result: RoundResult) -> None:
         state = result.state
@@ -602,7 +471,7 @@ class ParameterAverager:
         self._history.start_clock()
         while self._book.phase is RoundPhase.CLOSING and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
-        self._end_channels(f"learner {learner!r} (re)joined")
+        self._channels.end(f"learner {learner!r} (re)joined")
         generation = self._book.generation
         self._book.join(learner, world_size, incarnation)
         if self._book.generation != generation:
@@ -611,16 +480,14 @@ class ParameterAverager:
         if seed is not None:
             self._adopt(learner, seed)
         state = await self._held_state()
-        due = self._book.validation_due
-        if due is not None and self._validator is not None and self._validation_future is None:
-            self._start_restored_validation()  # scored while the group trains its first round
+        validate = self._validations.on_join(state)
         return JoinReply(
             state=state,
             next_round=self._book.next_round_for(learner),
             world_size=self._book.world_size,
             shards=self._pool.count,
             # The learners score a due validation of the state they start from (a resumed run's).
-            validate=self._validator is None and due is not None and due == state.round and not state.empty,
+            validate=validate,
         )
 
     def _on_new_group(self) -> None:
@@ -745,15 +612,9 @@ class ParameterAverager:
         val_size: the validation sequences behind it (the noise-aware batch rule needs it); rows_cap: the
         rows one learner has this epoch (B never exceeds it); metrics: top-5 and mean class accuracy.
         """
-        check_number("accuracy", accuracy, -math.inf, int | float)
-        self._book.report_validation(round, learner)
-        decided = self._gate.decide(accuracy, val_size=val_size, rows_cap=rows_cap)
-        self._history.record_validation(
-            round, accuracy, batch_size=decided.size, grew=decided.grew, epoch=epoch, metrics=metrics
+        return await self._validations.report(
+            round, accuracy, learner, epoch, val_size=val_size, rows_cap=rows_cap, metrics=metrics
         )
-        if self._validation_future is not None and not self._validation_future.done():
-            self._validation_future.set_result(decided.size)
-        return decided.size
 
     async def report_validation_share(
         self,
@@ -770,28 +631,9 @@ class ParameterAverager:
         reported as the round's validation (``report_validation``). Returns whether the share was taken
         (a share of a validation no longer due, e.g. already missed, is not). Answers at once: the
         learner goes on training, and the round after waits for nothing (``_await_validation``)."""
-        check_learner(learner)
-        check_number("round", round, 1)
-        check_number("world_size", world_size, 1)
-        share = self._gate.take_share(learner, round, tallies, world_size, due=self._book.validation_due)
-        if not share.taken:
-            logger.info(
-                "averager: learner %r's validation share of round %d not taken (not due)", learner, round
-            )
-            return False
-        if share.total is None:
-            return True
-        total = share.total
-        await self.report_validation(
-            round,
-            total.accuracy,
-            learner="learners",
-            epoch=epoch,
-            val_size=total.sequences,
-            rows_cap=rows_cap if rows_cap is not None else self._rows_cap,
-            metrics={"top5_accuracy": total.top5_accuracy, "mean_class_accuracy": total.mean_class_accuracy},
+        return await self._validations.report_share(
+            learner, round, tallies, world_size, epoch=epoch, rows_cap=rows_cap
         )
-        return True
 
     async def report_test(
         self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int
@@ -799,33 +641,16 @@ class ParameterAverager:
         """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
         of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
         most ``timeout_s``; then the sums of those that did, with ``learners`` saying how many)."""
-        check_learner(learner)
-        check_number("world_size", world_size, 1)
-        for key in ("correct", "sequences"):
-            check_number(f"tallies[{key!r}]", tallies.get(key), 0)
-        if self._test_done is None or (self._test_done.is_set() and learner in self._test.shares):
-            self._test.clear()  # a new test pass (e.g. a restarted group)
-            self._test_done = asyncio.Event()
-        if self._test.add(learner, tallies, world_size):
-            self._test_done.set()
-            self._tested.set()
-        try:
-            await asyncio.wait_for(self._test_done.wait(), self._book.timeout_s)
-        except asyncio.TimeoutError:
-            logger.warning(
-                "averager: %d of %d learners reported their test tallies in %g s: summing those",
-                len(self._test), world_size, self._book.timeout_s,
-            )  # fmt: skip
-        return self._test.totals()
+        return await self._test.report(learner, tallies, world_size)
 
     async def set_world_size(self, world_size: int) -> None:
         """Resize the group (learners must send the new size from now on)."""
-        self._end_channels(f"the group was resized to {world_size}")
+        self._channels.end(f"the group was resized to {world_size}")
         self._book.set_world_size(world_size)
 
     async def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good; an open round stops waiting for it."""
-        self._end_channels(f"learner {learner!r} left")
+        self._channels.end(f"learner {learner!r} left")
         self._book.leave(learner)
         if self._book.complete:
             self._start_close()
@@ -857,17 +682,8 @@ class ParameterAverager:
 
         settle: first wait (at most ``timeout_s``) for a validation still being scored. At the run's end
         no next round waits for the final round's accuracy, and the history should hold it."""
-        future = self._validation_future
-        if settle and self._validator is not None and future is not None and not future.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(future), self._book.timeout_s)
-            except asyncio.TimeoutError:
-                logger.warning("averager: round %s's validation not scored in %g s: the summary goes without it",
-                               self._book.validation_due, self._book.timeout_s)  # fmt: skip
-            except Exception as error:  # _validate logged the failure; this says what the summary lacks
-                logger.warning("averager: round %s's validation failed (%r): the summary goes without it",
-                               self._book.validation_due, error)  # fmt: skip
-        validator_error = getattr(self._validator, "error", None)
+        if settle:
+            await self._validations.settle()
         return AveragingReport(
             **self._history.summary(),
             next_round=self._book.round,
@@ -878,28 +694,12 @@ class ParameterAverager:
             membership=list(self._book.membership_log),
             position=self._state.position,
             shards=self._pool.count,
-            # Channel generations planned, whether the last is live, and how many ended early (a drop,
-            # a join, a shard restarted: their rounds went through the store).
-            channels={
-                "enabled": self._channels.enabled,
-                "generations": self._channels.generation,
-                "live": self._channels.live,
-                "ended": self._channels.failed,
-            },
-            hub_load=list(self._loads),
-            test=self._test.totals() if self._test else None,
+            channels=self._channels.report(),
+            hub_load=self._loads.as_list(),
+            test=self._test.totals(),
             # The driver raises it: no validation round was scored.
-            validator_error=validator_error() if validator_error is not None else None,
+            validator_error=self._validations.validator_error(),
         ).to_dict()
-
-
-def _tensor_bytes(tree: Any) -> int:
-    """Bytes of the tensors of a (nested) dict."""
-    if isinstance(tree, Tensor):
-        return tree.numel() * tree.element_size()
-    if isinstance(tree, Mapping):
-        return sum(_tensor_bytes(value) for value in tree.values())
-    return 0
 
 
 def _self_reader() -> tuple[Any, str]:
