@@ -364,6 +364,14 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
         self.learners = parse_learners(self.learners)
+        self._check_restarts_and_switches()
+        self._check_rounds_and_batch_size()
+        self._check_length_and_optimizer()
+        self._check_averager_and_devices()
+        self._check_lr_schedule()
+
+    def _check_restarts_and_switches(self) -> None:
+        """Restart limits, Ray Train's timeouts and the on/off switches."""
         for name in ("max_failures", "averager_max_restarts", "feed_max_restarts"):
             value = getattr(self, name)
             if not is_int(value) or value < -1:
@@ -385,6 +393,9 @@ class TrainConfig:
                     f"train.{name} must be True or False, got {getattr(self, name)!r}: "
                     f"pass --{name.replace('_', '-')} or --no-{name.replace('_', '-')}"
                 )
+
+    def _check_rounds_and_batch_size(self) -> None:
+        """K steps between rounds and AAVG's batch-size rule (start, cap, micro-batches, b1, b2, growth)."""
         if not is_int(self.k) or (self.k != -1 and self.k < 1):
             raise ValueError(
                 f"train.k must be -1 (average once per epoch) or an int >= 1 (steps between rounds), "
@@ -415,6 +426,9 @@ class TrainConfig:
             )
         number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
         choice("train.batch_growth", self.batch_growth, BATCH_GROWTH)
+
+    def _check_length_and_optimizer(self) -> None:
+        """The run's length (epochs, steps) and the optimizer (kind, rate, weight decay)."""
         int_at_least("train.epochs", self.epochs, 1, "train for at least 1 epoch")
         optional_int_at_least(
             "train.steps", self.steps, 1, "give the optimizer steps per learner, e.g. 200, or none for epochs"
@@ -428,6 +442,9 @@ class TrainConfig:
             lambda v: v >= 0,
             "use 0.0 for none",
         )
+
+    def _check_averager_and_devices(self) -> None:
+        """The averager's timeout, checkpoints and shards; GPUs, the validator and the precision."""
         number(
             "train.averager_timeout_s",
             self.averager_timeout_s,
@@ -456,6 +473,9 @@ class TrainConfig:
             )
         choice("train.validator", self.validator, VALIDATORS)
         choice("train.precision", self.precision, PRECISIONS)
+
+    def _check_lr_schedule(self) -> None:
+        """The learning-rate schedule and its warm-up, which must end before the run does."""
         choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         int_at_least("train.warmup_steps", self.warmup_steps, 0, "use 0 for no warm-up, e.g. 500")
         if self.steps is not None and self.warmup_steps >= self.steps:

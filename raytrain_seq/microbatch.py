@@ -47,7 +47,7 @@ import logging
 import numbers
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -477,19 +477,7 @@ def accumulate(
     for the default count when ``num_sequences`` is already on the GPU).
     The caller steps the optimizer.
     """
-    _check_micro_batch_size(micro_batch_size)
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model is a {type(model).__name__}; pass a torch.nn.Module")
-    if not callable(loss_fn):
-        raise TypeError(
-            "loss_fn is not callable; pass a function (model, micro_batch) -> (loss_sum, item_count)"
-        )
-    if count_items is not None and not callable(count_items):
-        raise TypeError(
-            "count_items is not callable; pass a function (batch) -> int, or None for the default"
-        )
-    if stage is not None and not callable(stage):
-        raise TypeError("stage is not callable; pass a function (micro_batch) -> micro_batch, or None")
+    _check_accumulate_args(model, loss_fn, micro_batch_size, count_items, stage)
     rows = num_samples(batch)
     device = _resolve_device(model, device)
     stage = device_stage(device) if stage is None else stage
@@ -513,15 +501,41 @@ def accumulate(
     if micro_batch_size != "auto":
         loss_total = attempt(min(int(micro_batch_size), rows))
     else:
-        # A failed attempt may already have run some micro-batches forward; put BatchNorm's running
-        # statistics back so the retry leaves the model as one successful pass would.
-        snapshot = _batchnorm_snapshot(model)
-
-        def undo() -> None:
-            model.zero_grad(set_to_none=True)
-            with torch.no_grad():
-                for live, saved in snapshot:
-                    live.copy_(saved)
-
-        loss_total = (sizer or _DEFAULT_SIZER).run(model, batch, attempt, on_oom=undo)
+        loss_total = _auto_sized(model, batch, attempt, sizer or _DEFAULT_SIZER)
     return loss_total / total
+
+
+def _check_accumulate_args(
+    model: Any, loss_fn: Any, micro_batch_size: Any, count_items: Any, stage: Any
+) -> None:
+    """TypeError/ValueError naming the argument of ``accumulate`` that is not what it takes, and the fix."""
+    _check_micro_batch_size(micro_batch_size)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model is a {type(model).__name__}; pass a torch.nn.Module")
+    if not callable(loss_fn):
+        raise TypeError(
+            "loss_fn is not callable; pass a function (model, micro_batch) -> (loss_sum, item_count)"
+        )
+    if count_items is not None and not callable(count_items):
+        raise TypeError(
+            "count_items is not callable; pass a function (batch) -> int, or None for the default"
+        )
+    if stage is not None and not callable(stage):
+        raise TypeError("stage is not callable; pass a function (micro_batch) -> micro_batch, or None")
+
+
+def _auto_sized(
+    model: nn.Module, batch: Batch, attempt: Callable[[int], float], sizer: MicroBatchSizer
+) -> float:
+    """``micro_batch_size="auto"``: ``sizer`` runs ``attempt`` at the largest size that fits. A failed
+    attempt may already have run some micro-batches forward; put BatchNorm's running statistics back so
+    the retry leaves the model as one successful pass would."""
+    snapshot = _batchnorm_snapshot(model)
+
+    def undo() -> None:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for live, saved in snapshot:
+                live.copy_(saved)
+
+    return sizer.run(model, batch, attempt, on_oom=undo)

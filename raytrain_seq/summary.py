@@ -227,11 +227,24 @@ _TIME_PARTS = (
 def format_table(summary: RunSummary) -> str:
     """A readable, aligned result table for the terminal: accuracy, frames, time split, packing, reuse."""
     s = summary
-    rows: list[tuple[str, str, str]] = []  # (label, value, note): three aligned columns
-
     title = s.config.get("run", {}).get("run_name") or (s.path.name if s.path else "run")
     fuse = s.extra.get("fuse") if isinstance(s.extra.get("fuse"), dict) else None
-    rows.append(("test accuracy", _acc(s.test_accuracy), "mean of the two softmax" if fuse else "top-1"))
+    rows = _test_rows(s, fuse)  # (label, value, note): three aligned columns
+    if fuse:
+        # Nothing was trained: the training rows (frames, packing, refurbishing, rounds) would all be 0.
+        rows.append(("test videos", f"{fuse.get('test_videos', 0):,}", "scored by both streams"))
+        rows.append(("time total", f"{float(s.seconds['total']):,.1f} s", "evaluation of both runs"))
+        return _table(f"{title}: {s.dataset}, two-stream fusion", rows)
+    rows += [*_training_rows(s), *_time_rows(s.seconds), *_technique_rows(s)]
+    epochs = f"{s.epochs:g}" if isinstance(s.epochs, float) else str(s.epochs)
+    steps = f", {s.steps} steps" if s.steps else ""
+    head = f"{title}: {s.dataset}, {s.learners} learners, {epochs} epochs{steps}, {s.rounds} averaging rounds"
+    return _table(head, rows)
+
+
+def _test_rows(s: RunSummary, fuse: dict | None) -> list[tuple[str, str, str]]:
+    """The test scores (each stream's too for a fused run), the stream and the videos per split."""
+    rows = [("test accuracy", _acc(s.test_accuracy), "mean of the two softmax" if fuse else "top-1")]
     if s.top5_accuracy is not None:
         rows.append(("  top-5", _acc(s.top5_accuracy), ""))
     if s.mean_class_accuracy is not None:
@@ -247,31 +260,30 @@ def format_table(summary: RunSummary) -> str:
         skipped = s.videos.get("skipped") or []
         note = f"train/val/test; {len(skipped)} skipped" + (f" (e.g. {skipped[0]})" if skipped else "")
         rows.append(("videos", counts, note))
-    if fuse:
-        # Nothing was trained: the training rows (frames, packing, refurbishing, rounds) would all be 0.
-        rows.append(("test videos", f"{fuse.get('test_videos', 0):,}", "scored by both streams"))
-        rows.append(("time total", f"{float(s.seconds['total']):,.1f} s", "evaluation of both runs"))
-        return _table(f"{title}: {s.dataset}, two-stream fusion", rows)
+    return rows
+
+
+def _training_rows(s: RunSummary) -> list[tuple[str, str, str]]:
+    """The last and best validation, the frames trained, deleted and padded, and the throughput."""
+    rows = []
     if s.val_accuracy_history:
         best = max(s.val_accuracy_history, key=lambda e: e["accuracy"])
         last = s.val_accuracy_history[-1]
-        rows.append(
-            (
-                "val accuracy",
-                _acc(last["accuracy"]),
-                f"last; best {_acc(best['accuracy'])} (round {best['round']})",
-            )
-        )
+        note = f"last; best {_acc(best['accuracy'])} (round {best['round']})"
+        rows.append(("val accuracy", _acc(last["accuracy"]), note))
     else:
         rows.append(("val accuracy", "n/a", "no validation rounds"))
     rows.append(("frames trained", f"{s.frames_total:,}", "real frames, all epochs"))
     rows.append(("frames deleted", f"{s.frames_deleted:,}", ""))
     rows.append(("padding", f"{s.padding_frames:,}", f"{100.0 * s.padding_fraction:.2f} % of block frames"))
     rows.append(("throughput", f"{s.frames_per_second:,.1f}", "useful frames/s"))
+    return rows
 
-    sec = s.seconds
+
+def _time_rows(sec: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The total time and its buckets, each with its share of the total."""
     total = float(sec["total"])
-    rows.append(("time total", f"{total:,.1f} s", ""))
+    rows = [("time total", f"{total:,.1f} s", "")]
     parts = [
         (label, sec[key])
         for key, label in _TIME_PARTS
@@ -284,35 +296,26 @@ def format_table(summary: RunSummary) -> str:
         parts.append(("other", other))
     for name, value in parts:
         rows.append((f"  {name}", f"{float(value):,.1f} s", f"{_pct(float(value), total):>7}"))
+    return rows
 
+
+def _technique_rows(s: RunSummary) -> list[tuple[str, str, str]]:
+    """What each technique did: the blocks against their lower bound (BLoad), the augmentations reused
+    (refurbishing), the batch sizes (AAVG) and the loss."""
     pk = s.packing
     over = pk["blocks"] - pk["lower_bound_blocks"]
-    rows.append(
-        (
-            "packing",
-            f"{pk['blocks']:,} blocks",
-            f"{pk['strategy']}; lower bound {pk['lower_bound_blocks']:,} (+{over})",
-        )
-    )
+    bound = f"{pk['strategy']}; lower bound {pk['lower_bound_blocks']:,} (+{over})"
+    rows = [("packing", f"{pk['blocks']:,} blocks", bound)]
     rf = s.refurbish
     done = rf["recomputed"] + rf["reused"]
-    rows.append(
-        (
-            "refurbish",
-            f"r = {rf['reuse']}",
-            f"recomputed {rf['recomputed']:,}, reused {rf['reused']:,} ({_pct(rf['reused'], done)} reused)",
-        )
-    )
+    reuse = f"recomputed {rf['recomputed']:,}, reused {rf['reused']:,} ({_pct(rf['reused'], done)} reused)"
+    rows.append(("refurbish", f"r = {rf['reuse']}", reuse))
     if s.batch_size_history:
         sizes = [e["batch_size"] for e in s.batch_size_history]
         rows.append(("batch size", f"{sizes[0]} -> {sizes[-1]}", f"max {max(sizes)}"))
     if s.loss_history:
         rows.append(("loss", f"{s.loss_history[-1]['loss']:.4f}", f"first {s.loss_history[0]['loss']:.4f}"))
-
-    epochs = f"{s.epochs:g}" if isinstance(s.epochs, float) else str(s.epochs)
-    steps = f", {s.steps} steps" if s.steps else ""
-    head = f"{title}: {s.dataset}, {s.learners} learners, {epochs} epochs{steps}, {s.rounds} averaging rounds"
-    return _table(head, rows)
+    return rows
 
 
 def _table(head: str, rows: list[tuple[str, str, str]]) -> str:
