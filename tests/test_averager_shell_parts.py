@@ -1,6 +1,6 @@
 """The averager's asyncio parts, without Ray: the test pass (``rounds.test_pass``), the validation schedule
 (``rounds.validation_schedule``), the channel session (``dataplane.channel_session``) and the hub load
-(``dataplane.hub_load``), each built with fakes through its constructor."""
+(``dataplane.hub_load``) and the round merge (``rounds.merging``), each built with fakes through its constructor."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import adam_learners
+from test_payload import same
 
+from raytrain_seq.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessShards, InProcessStore
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import RunHistory
+from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.settings import AveragerSettings
-from raytrain_seq.rounds.state import AveragedState, RoundResult
+from raytrain_seq.rounds.state import AveragedState, RoundResult, check_payload
 from raytrain_seq.rounds.test_pass import TestPass
 from raytrain_seq.rounds.validation import ValidationGate
 from raytrain_seq.rounds.validation_schedule import ValidationSchedule
@@ -253,3 +258,51 @@ def test_a_generation_that_cannot_open_or_is_short_of_a_member_ends_and_the_stor
 
     first, last, session = _run(failing())
     assert first is None and last is None and session.report()["ended"] == 1 and not session.report()["live"]
+
+
+# ------------------------------------------------------------------------------------------ round merge
+def _closed_round(params, moments, payload):
+    """A round of ``len(params)`` learners closed in a round book: what ``RoundMerge`` merges."""
+    n = len(params)
+    book = RoundBook(n, timeout_s=5.0, min_learners=1)
+    for j in range(n):
+        book.join(j, n, f"i{j}")
+    for j in range(n):
+        sent, moment = payload(params[j], moments[j])
+        book.arrive(j, 1, n, check_payload(sent, moment, {}, float(j + 1)), f"i{j}")
+    return book, book.close()
+
+
+def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
+    params, moments = adam_learners(2, width=6)
+    weights = [1.0, 2.0]
+    expected = average_states(params, weights)
+    expected_moments = merge_adam_states(moments, weights=weights)
+    settings = AveragerSettings(world_size=2, batch_size=4, shards=2)
+    store = InProcessStore()
+
+    def flat(p, m):
+        layout = FlatLayout.of(p, m)
+        buffers, extras = layout.pack(p, m)
+        return FlatPayload(layout, tuple(store.put(s) for s in layout.split(buffers, 2)), extras), None
+
+    async def both():
+        loads = HubLoad()
+        book, closed = _closed_round(params, moments, lambda p, m: (p, m))
+        merge = RoundMerge(
+            settings, pool=InProcessShards(2), book=book, channels=_session(_Pool()), loads=loads
+        )
+        arrivals = [arrival for _, arrival in closed.present]
+        tensors = merge.tensors(arrivals, [a.weight for a in arrivals])
+        book, closed = _closed_round(params, moments, flat)
+        merge = RoundMerge(
+            settings, pool=InProcessShards(2), book=book, channels=_session(_Pool()), loads=loads
+        )
+        _, merged = await merge.flat(closed)
+        return tensors, merged, loads
+
+    (mean, mean_moments), merged, loads = _run(both())
+    assert same(mean, expected) and same(mean_moments, expected_moments)
+    state = AveragedState(round=1, flat=merged, batch_size=4).materialise(store.get)
+    assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
+    assert {"shard0", "shard1"} <= set(loads.as_list()[-1]["actors"])  # each shard's bytes recorded

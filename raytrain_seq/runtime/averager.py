@@ -70,12 +70,11 @@ from typing import Any
 from torch import Tensor
 
 from raytrain_seq import checkpoint
-from raytrain_seq.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import part_nbytes
-from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
+from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool
 from raytrain_seq.reports import AveragingReport
 from raytrain_seq.rounds.book import (
     LearnerId,
@@ -87,6 +86,7 @@ from raytrain_seq.rounds.book import (
     check_number,
 )
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.position import settle_dict
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult, check_payload
@@ -163,6 +163,9 @@ class ParameterAverager:
         book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners}
         book["validate_every"] = settings.validate_every
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
+        self._merge = RoundMerge(
+            settings, pool=self._pool, book=self._book, channels=self._channels, loads=self._loads
+        )
         self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
         self._round_future: asyncio.Future | None = None
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py,
@@ -318,11 +321,11 @@ class ParameterAverager:
         returned with the result."""
         params = optimizer_state = flat = None
         if isinstance(closed.present[0][1].params, FlatPayload):
-            closed, flat = await self._merge_flat(closed)
+            closed, flat = await self._merge.flat(closed)
         arrivals = [arrival for _, arrival in closed.present]
         weights = [arrival.weight for arrival in arrivals]
         if flat is None:
-            params, optimizer_state = await asyncio.to_thread(self._merge_tensors, arrivals, weights)
+            params, optimizer_state = await asyncio.to_thread(self._merge.tensors, arrivals, weights)
             self._loads.record(closed.round, [], in_process=(arrivals, params, optimizer_state))
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
@@ -354,64 +357,6 @@ class ParameterAverager:
             weights=tuple(weights),
         )
         return closed, result
-
-    def _merge_tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
-        """The in-process arithmetic of payloads sent as tensors (the star's path)."""
-        params = average_states(
-            [a.params for a in arrivals], weights, merge_bn_stats=self.settings.merge_bn_stats
-        )
-        optimizer_state = None
-        if arrivals[0].adam and self.settings.merge_moments:
-            states = [a.optimizer_state for a in arrivals]
-            optimizer_state = merge_adam_states(
-                states, weights=weights, centred_pairs=self.settings.centred_pairs
-            )
-        return params, optimizer_state
-
-    async def _merge_flat(self, closed: RoundClose) -> tuple[RoundClose, FlatPayload]:
-        """The data plane: the shards merge the slices, read from the store or from the live channel
-        generation's channels (this actor passes references or ``Channelled`` markers only), and write
-        the result into the channels when every member sent through them. A learner whose slices a shard
-        cannot read within the round's timeout, or finds lost, is dropped, and the others' slices are
-        merged again (each try drops at least one learner, so this ends). A shard that lost the
-        generation's channels (restarted) fails the round: its learners rejoin and resend it through
-        the store."""
-        while True:
-            payloads = [arrival.params for _, arrival in closed.present]
-            weights = [arrival.weight for _, arrival in closed.present]
-            extras = merge_extras([p.extras for p in payloads])
-            marked = [p.parts[0] for p in payloads if isinstance(p.parts[0], Channelled)]
-            write = len(marked) == len(payloads) and self._channels.book.accepts(
-                marked[0].generation, [learner for learner, _ in closed.present]
-            )
-            timeout = self._book.timeout_s
-            merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
-            present = [learner for learner, _ in closed.present]
-            if self._channels.book.live and not self._channels.book.keeps(
-                present, len(marked), merged.channelled
-            ):
-                self._channels.end(f"round {closed.round}: a member is missing or left the channels")
-            if merged.lost_channels:
-                self._channels.end(f"round {closed.round}: a shard lost its channels (restarted)")
-                raise StaleRoundError(
-                    "group", closed.round, closed.round, "a shard lost the round's channels"
-                )
-            if not merged.unreadable:
-                break
-            unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
-            why = f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)"
-            closed = self._book.drop_unread(closed, unread, why)
-            if closed.error is not None:
-                raise closed.error
-        self._loads.record(closed.round, list(merged.loads))
-        if merged.channelled:
-            generation = self._channels.book.plan.generation
-            parts = tuple(Channelled(generation, i, closed.round) for i in range(self._pool.count))
-        else:
-            parts = tuple(merged.parts)
-            if write:  # a shard could not write: the learners read the store, and the generation ends
-                self._channels.end(f"round {closed.round}: a shard's channel write failed")
-        return closed, FlatPayload(payloads[0].layout, parts, extras)
 
     # -------------------------------------------------------------------------------- channels
     async def _plan_channels(self, result: RoundResult) -> RoundResult:

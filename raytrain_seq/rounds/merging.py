@@ -1,0 +1,100 @@
+"""``RoundMerge``: a closed round's mean, through the shard pool (flat payloads) or in process (tensors).
+
+AAVG (Cong et al.) Algorithm 1 line 12 and Algorithm 2: the learners' weights become their weighted mean
+(``averaging.average_states``) and their Adam moments are merged (``averaging.merge_adam_states``).
+Payloads sent as tensors (a re-seed, direct callers) are merged here, in the caller's worker thread
+(``tensors``); flat payloads (``dataplane.payload.FlatPayload``) are merged by the shard pool, slice i by
+shard i, read from the object store or from the live channel generation (``flat``), and a learner whose
+slices a shard cannot read is dropped from the round (``RoundBook.drop_unread``) and the others merged
+again. The hub load of each round is recorded. No Ray here: the pool is injected (``InProcessShards`` in
+tests, ``runtime.shards.RayShards`` in a cluster).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.dataplane.channel_session import ChannelSession
+from raytrain_seq.dataplane.generations import Channelled
+from raytrain_seq.dataplane.hub_load import HubLoad
+from raytrain_seq.dataplane.payload import FlatPayload, merge_extras
+from raytrain_seq.rounds.book import RoundBook, RoundClose, StaleRoundError
+from raytrain_seq.rounds.settings import AveragerSettings
+
+__all__ = ["RoundMerge"]
+
+
+class RoundMerge:
+    """Merges closed rounds for an averager: its ``settings`` (which statistics to merge), shard ``pool``,
+    round ``book`` (timeout, drops), channel session and hub load."""
+
+    def __init__(
+        self,
+        settings: AveragerSettings,
+        *,
+        pool: Any,
+        book: RoundBook,
+        channels: ChannelSession,
+        loads: HubLoad,
+    ) -> None:
+        self._settings, self._pool, self._book = settings, pool, book
+        self._channels, self._loads = channels, loads
+
+    def tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
+        """The in-process arithmetic of payloads sent as tensors (the star's path)."""
+        params = average_states(
+            [a.params for a in arrivals], weights, merge_bn_stats=self._settings.merge_bn_stats
+        )
+        optimizer_state = None
+        if arrivals[0].adam and self._settings.merge_moments:
+            states = [a.optimizer_state for a in arrivals]
+            optimizer_state = merge_adam_states(
+                states, weights=weights, centred_pairs=self._settings.centred_pairs
+            )
+        return params, optimizer_state
+
+    async def flat(self, closed: RoundClose) -> tuple[RoundClose, FlatPayload]:
+        """The data plane: the shards merge the slices, read from the store or from the live channel
+        generation's channels (this actor passes references or ``Channelled`` markers only), and write
+        the result into the channels when every member sent through them. A learner whose slices a shard
+        cannot read within the round's timeout, or finds lost, is dropped, and the others' slices are
+        merged again (each try drops at least one learner, so this ends). A shard that lost the
+        generation's channels (restarted) fails the round: its learners rejoin and resend it through
+        the store."""
+        while True:
+            payloads = [arrival.params for _, arrival in closed.present]
+            weights = [arrival.weight for _, arrival in closed.present]
+            extras = merge_extras([p.extras for p in payloads])
+            marked = [p.parts[0] for p in payloads if isinstance(p.parts[0], Channelled)]
+            write = len(marked) == len(payloads) and self._channels.book.accepts(
+                marked[0].generation, [learner for learner, _ in closed.present]
+            )
+            timeout = self._book.timeout_s
+            merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
+            present = [learner for learner, _ in closed.present]
+            if self._channels.book.live and not self._channels.book.keeps(
+                present, len(marked), merged.channelled
+            ):
+                self._channels.end(f"round {closed.round}: a member is missing or left the channels")
+            if merged.lost_channels:
+                self._channels.end(f"round {closed.round}: a shard lost its channels (restarted)")
+                raise StaleRoundError(
+                    "group", closed.round, closed.round, "a shard lost the round's channels"
+                )
+            if not merged.unreadable:
+                break
+            unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
+            why = f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)"
+            closed = self._book.drop_unread(closed, unread, why)
+            if closed.error is not None:
+                raise closed.error
+        self._loads.record(closed.round, list(merged.loads))
+        if merged.channelled:
+            generation = self._channels.book.plan.generation
+            parts = tuple(Channelled(generation, i, closed.round) for i in range(self._pool.count))
+        else:
+            parts = tuple(merged.parts)
+            if write:  # a shard could not write: the learners read the store, and the generation ends
+                self._channels.end(f"round {closed.round}: a shard's channel write failed")
+        return closed, FlatPayload(payloads[0].layout, parts, extras)
