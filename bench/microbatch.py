@@ -376,90 +376,120 @@ def table(res: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def verdicts(res: dict) -> tuple[list[str], dict]:
+    """The verdict lines (overhead, gradients, accuracy, memory) and the headline figures."""
     rows, micro = res["rows"], res["micro"]
-    out, head = [], {}
+    head: dict = {}
+    lines = [
+        _overhead_verdict(rows, micro, head),
+        _gradient_verdict(rows, res, head),
+        _accuracy_verdict(res, micro, head),
+        _memory_verdict(res, rows, head),
+    ]
+    return [line for line in lines if line is not None], head
+
+
+def _overhead_verdict(rows: list[dict], micro: int, head: dict) -> str | None:
+    """Streaming's time per sample against plain steps of the micro-batch that fits (the paper's
+    epoch-time comparison); None when no size above the micro-batch was timed both ways."""
     big = [r["vs_fit"] for r in rows if r["size"] > micro and r["vs_fit"] is not None]
-    if big:
-        med = statistics.median(big)
-        head["overhead_vs_fit_median"] = med
-        out.append(
-            f"Overhead: streaming a mini-batch of {rows[1]['size'] if len(rows) > 1 else micro}..{rows[-1]['size']} "
-            f"in micro-batches of {micro} costs {100 * med:+.1f} % per sample (median; range {100 * min(big):+.1f} to "
-            f"{100 * max(big):+.1f} %) against plain steps of the {micro} that fit; target <= 3 %: "
-            f"{'met' if med <= 0.03 else 'NOT met'}; the paper measured +0.3 to +5.1 % (ResNet-50 at 16/8: "
-            f"{100 * PAPER_OVERHEAD['resnet50_16']:+.1f} %), so this {'beats or matches' if med <= 0.011 else 'trails'} "
-            "its best figure."
-        )
-        plain = {r["size"]: r["plain_s"] for r in rows if r["plain_s"]}
-        if micro in plain and 2 * micro in plain:
-            # Twice the rows take about twice the time on a device that one micro-batch keeps busy; far
-            # less means the step is fixed costs (kernel launches), and so is each extra micro-batch.
-            scale = plain[2 * micro] / plain[micro]
-            head["plain_2x_over_1x"] = scale
-            if scale < 1.5:
-                out[-1] += (
-                    f" One micro-batch does not fill this device: a plain step of {2 * micro} took {scale:.2f}x "
-                    f"the time of one of {micro} (about 2x where it does), so this overhead is each "
-                    "micro-batch's fixed cost (its kernel launches); a larger --micro gives the paper's setting."
-                )
-    diffs = [r["grad_diff"] for r in rows if r["grad_diff"] is not None]
-    if diffs:
-        worst = max(r["grad_worst"] for r in rows if r["grad_worst"] is not None)
-        f64 = res["float64"]
-        head.update(grad_diff=max(diffs), grad_worst=worst, grad_float64=f64["diff"])
-        out.append(
-            f"Gradients: the streamed gradient equals the whole-batch gradient to {max(diffs):.1e} relative over all "
-            f"parameters (float32, largest over the sizes where plain ran; the worst single parameter tensor "
-            f"{worst:.1e}); bar 1e-5: {'met' if max(diffs) <= GRAD_TOLERANCE else 'NOT met'}. In float64 "
-            f"({f64['size']} rows) the difference is {f64['diff']:.1e} (bar 1e-9: "
-            f"{'met' if f64['diff'] <= 1e-9 else 'NOT met'}), so the float32 gap is summation order. The paper "
-            "checks accuracy curves, not gradients."
-        )
-    acc = res.get("accuracy", [])
-    if acc:
-        best = max(acc, key=lambda a: a["streamed"])
-        plain_sizes = [a["size"] for a in acc if a["plain"] is not None]
-        head.update(
-            accuracy_smallest=acc[0]["streamed"],
-            accuracy_largest=acc[-1]["streamed"],
-            accuracy_best_size=best["size"],
-        )
-        line = (
-            f"Accuracy (Table 4's column): after {res['train_steps']} steps at each size, plain training ran "
-            f"{', '.join(map(str, plain_sizes)) or 'no size'} (a device simulated to hold {micro} rows) and streaming "
-            f"ran all {len(acc)} sizes; test accuracy on {res['test_samples']} samples goes from "
-            f"{100 * acc[0]['streamed']:.1f} % at {acc[0]['size']} to {100 * acc[-1]['streamed']:.1f} % at "
-            f"{acc[-1]['size']} (best {100 * best['streamed']:.1f} % at {best['size']}; chance {100 / CLASSES:.0f} %)."
-        )
-        first = acc[0]
-        if first["plain"] is not None:
-            diff, se, word = compare_accuracy(first["streamed"], first["plain"], res["test_samples"])
+    if not big:
+        return None
+    med = statistics.median(big)
+    head["overhead_vs_fit_median"] = med
+    line = (
+        f"Overhead: streaming a mini-batch of {rows[1]['size'] if len(rows) > 1 else micro}..{rows[-1]['size']} "
+        f"in micro-batches of {micro} costs {100 * med:+.1f} % per sample (median; range {100 * min(big):+.1f} to "
+        f"{100 * max(big):+.1f} %) against plain steps of the {micro} that fit; target <= 3 %: "
+        f"{'met' if med <= 0.03 else 'NOT met'}; the paper measured +0.3 to +5.1 % (ResNet-50 at 16/8: "
+        f"{100 * PAPER_OVERHEAD['resnet50_16']:+.1f} %), so this {'beats or matches' if med <= 0.011 else 'trails'} "
+        "its best figure."
+    )
+    plain = {r["size"]: r["plain_s"] for r in rows if r["plain_s"]}
+    if micro in plain and 2 * micro in plain:
+        # Twice the rows take about twice the time on a device that one micro-batch keeps busy; far
+        # less means the step is fixed costs (kernel launches), and so is each extra micro-batch.
+        scale = plain[2 * micro] / plain[micro]
+        head["plain_2x_over_1x"] = scale
+        if scale < 1.5:
             line += (
-                f" At {first['size']}, streamed in micro-batches of {first['micro']}: {100 * first['streamed']:.1f} % vs "
-                f"plain {100 * first['plain']:.1f} % ({diff:+.1f} points, se {se:.1f}: streaming {word} plain; the "
-                "paper: ResNet-50 87.04 vs 87.16 at 16 streamed as 8)."
+                f" One micro-batch does not fill this device: a plain step of {2 * micro} took {scale:.2f}x "
+                f"the time of one of {micro} (about 2x where it does), so this overhead is each "
+                "micro-batch's fixed cost (its kernel launches); a larger --micro gives the paper's setting."
             )
+    return line
+
+
+def _gradient_verdict(rows: list[dict], res: dict, head: dict) -> str | None:
+    """The streamed gradient against the whole batch's, in float32 and float64; None: plain never ran."""
+    diffs = [r["grad_diff"] for r in rows if r["grad_diff"] is not None]
+    if not diffs:
+        return None
+    f64 = res["float64"]
+    worst = max(r["grad_worst"] for r in rows if r["grad_worst"] is not None)
+    head.update(grad_diff=max(diffs), grad_worst=worst, grad_float64=f64["diff"])
+    return (
+        f"Gradients: the streamed gradient equals the whole-batch gradient to {max(diffs):.1e} relative over all "
+        f"parameters (float32, largest over the sizes where plain ran; the worst single parameter tensor "
+        f"{worst:.1e}); bar 1e-5: {'met' if max(diffs) <= GRAD_TOLERANCE else 'NOT met'}. In float64 "
+        f"({f64['size']} rows) the difference is {f64['diff']:.1e} (bar 1e-9: "
+        f"{'met' if f64['diff'] <= 1e-9 else 'NOT met'}), so the float32 gap is summation order. The paper "
+        "checks accuracy curves, not gradients."
+    )
+
+
+def _accuracy_verdict(res: dict, micro: int, head: dict) -> str | None:
+    """Table 4's accuracy column: test accuracy after the same steps at each size, streamed and plain."""
+    acc = res.get("accuracy", [])
+    if not acc:
+        return None
+    best = max(acc, key=lambda a: a["streamed"])
+    plain_sizes = [a["size"] for a in acc if a["plain"] is not None]
+    head.update(
+        accuracy_smallest=acc[0]["streamed"],
+        accuracy_largest=acc[-1]["streamed"],
+        accuracy_best_size=best["size"],
+    )
+    line = (
+        f"Accuracy (Table 4's column): after {res['train_steps']} steps at each size, plain training ran "
+        f"{', '.join(map(str, plain_sizes)) or 'no size'} (a device simulated to hold {micro} rows) and streaming "
+        f"ran all {len(acc)} sizes; test accuracy on {res['test_samples']} samples goes from "
+        f"{100 * acc[0]['streamed']:.1f} % at {acc[0]['size']} to {100 * acc[-1]['streamed']:.1f} % at "
+        f"{acc[-1]['size']} (best {100 * best['streamed']:.1f} % at {best['size']}; chance {100 / CLASSES:.0f} %)."
+    )
+    first = acc[0]
+    if first["plain"] is not None:
+        diff, se, word = compare_accuracy(first["streamed"], first["plain"], res["test_samples"])
         line += (
-            " The paper trained equal epochs per size (larger batches took fewer steps; its accuracy peaks at 128 "
-            "and falls at 512-1024); here every size took the same steps, so a larger batch also saw more samples."
+            f" At {first['size']}, streamed in micro-batches of {first['micro']}: {100 * first['streamed']:.1f} % vs "
+            f"plain {100 * first['plain']:.1f} % ({diff:+.1f} points, se {se:.1f}: streaming {word} plain; the "
+            "paper: ResNet-50 87.04 vs 87.16 at 16 streamed as 8)."
         )
-        out.append(line)
+    line += (
+        " The paper trained equal epochs per size (larger batches took fewer steps; its accuracy peaks at 128 "
+        "and falls at 512-1024); here every size took the same steps, so a larger batch also saw more samples."
+    )
+    return line
+
+
+def _memory_verdict(res: dict, rows: list[dict], head: dict) -> str | None:
+    """Which sizes plain training and streaming ran under the GPU's memory cap (the paper's 'Failed'
+    cells); without a GPU, that it was not measured."""
     plain_ok = [r["size"] for r in rows if r["plain_s"] is not None]
     stream_ok = [r["size"] for r in rows if r["stream_s"] is not None]
     head.update(plain_ran=len(plain_ok), stream_ran=len(stream_ok), sizes=len(rows))
     if res["cuda"] and res["memory_fraction"] is not None:
         failed = [r["size"] for r in rows if r["plain_s"] is None]
-        out.append(
+        return (
             f"Memory: under a cap of {res['memory_fraction']:.4f} of the GPU, plain training ran {len(plain_ok)} of "
             f"{len(rows)} sizes (out of memory at {failed or 'none'}) and streaming ran {len(stream_ok)}"
             + (", the paper's Failed-vs-ran pattern." if failed and len(stream_ok) == len(rows) else ".")
         )
     elif not res["cuda"]:
-        out.append(
+        return (
             "Memory: this run had no GPU, so the part where plain training runs out of memory and streaming does "
             "not (the paper's 'Failed' cells) was not measured; run it on a GPU (the cap is automatic there)."
         )
-    return out, head
+    return None
 
 
 def plot(res: dict):
@@ -490,7 +520,8 @@ def plot(res: dict):
     return fig
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The bench's flags, checked (parser.error names the flag and its range); defaults by --size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -538,10 +569,12 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--device cuda but CUDA is not available: use --device cpu")
     if args.size == "tiny":
         args.repeats, args.warmup = min(args.repeats, 2), 0
-    res = run(args)
-    header, rows = table(res)
-    lines, head = verdicts(res)
-    notes = [
+    return args
+
+
+def notes(args: argparse.Namespace, res: dict) -> list[str]:
+    """What was measured and how: the model, the repeats, the two overhead columns, the accuracy setup."""
+    out = [
         f"Small CNN (width {args.width}) on 3x32x32, float32, {res['device_name']}; median of {args.repeats} interleaved "
         f"repeats after {args.warmup} warm-up; plain at the micro size ({args.micro}) took "
         f"{fmt(1e3 * statistics.median(t for t in res['t_fit'] if t), '.2f') if any(res['t_fit']) else '-'} ms a step "
@@ -550,7 +583,7 @@ def main(argv: list[str] | None = None) -> dict:
         "that fits): the paper's epoch-time comparison. 'stream vs plain': the same batch both ways, where plain runs.",
     ]
     if res["accuracy"]:
-        notes.append(
+        out.append(
             f"Accuracy columns: the same small CNN from the same weights, Adam lr {res['lr']:g}, {res['train_steps']} "
             f"steps at every size on a synthetic {CLASSES}-class task (smooth random templates x {SIGNAL} under unit "
             f"noise, fresh samples each step), test accuracy on {res['test_samples']} fixed samples. The memory cap is "
@@ -558,6 +591,14 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.micro} and is 'Failed (cap)' above. Training them took "
             f"{sum(a['seconds'] for a in res['accuracy']):.0f} s in this run."
         )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    res = run(args)
+    header, rows = table(res)
+    lines, head = verdicts(res)
     result = Result(
         name="microbatch",
         title="MBS Table 4: micro-batch streaming vs plain training (`bench/microbatch.py`)",
@@ -565,7 +606,7 @@ def main(argv: list[str] | None = None) -> dict:
         size=args.size,
         header=header,
         rows=rows,
-        notes=notes,
+        notes=notes(args, res),
         verdicts=lines,
         headline=head,
     )

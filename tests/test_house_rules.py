@@ -821,11 +821,9 @@ NOT_YET_SPLIT = {
     "bench/chaos.py:main": 115,
     "bench/averaging.py:main": 95,
     "raytrain_seq/models/resnet.py:load_imagenet_weights": 88,
-    "bench/microbatch.py:verdicts": 85,
     "bench/averaging.py:verdicts": 84,
     "bench/averaging.py:tables": 82,
     "bench/averaging.py:rounds_clause": 82,
-    "bench/microbatch.py:main": 81,
 }
 
 
