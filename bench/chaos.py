@@ -474,6 +474,17 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args, kinds = parse_args(argv)
+    runs = soak_both(args, kinds)
+    out, checks = outcome(args, runs)
+    print_outcome(out, checks, runs)
+    if args.json:
+        print(json.dumps(out))
+    return out
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The bench's flags, checked, and the fault kinds asked for."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=8, help="faults injected into the run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the schedule and of the run")
@@ -494,7 +505,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [k for k in kinds if k not in FAULTS]
     if unknown or args.events < 0:
         parser.error(f"--kinds {unknown} unknown (known: {sorted(FAULTS)}) or --events < 0")
+    return args, kinds
 
+
+def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
+    """On a private cluster of three nodes: the undisturbed run, then the chaos run with its faults
+    injected on the schedule; both summaries, their seconds and what was injected."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -534,14 +550,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+    return {
+        "calm": calm,
+        "calm_seconds": calm_seconds,
+        "summary": summary,
+        "seconds": seconds,
+        "injected": injected,
+        "config": config,
+        "epochs": epochs,
+        "stall_drops": soak.stall_drops,
+    }
 
-    checks = accounting(summary, config)
+
+def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the chaos run shows against the undisturbed one (every row once per epoch, contiguous rounds,
+    accuracy within 5 points), the problems found, and the accounting checks behind them."""
+    summary, calm, injected = runs["summary"], runs["calm"], runs["injected"]
+    seconds, calm_seconds, epochs = runs["seconds"], runs["calm_seconds"], runs["epochs"]
+    stall_drops = runs["stall_drops"]
+    checks = accounting(summary, runs["config"])
     by_kind = {k: sum(e["kind"] == k for e in injected) for k in FAULTS}
     scores = (summary.test_accuracy, calm.test_accuracy)
     within = None not in scores and abs(scores[0] - scores[1]) <= 0.05
     problems = [
         f"{len(injected)} of {args.events} events injected" if len(injected) < args.events else "",
-        f"{soak.stall_drops.count(False)} stalls not dropped" if not all(soak.stall_drops) else "",
+        f"{stall_drops.count(False)} stalls not dropped" if not all(stall_drops) else "",
         "" if summary.test_accuracy is not None else "not finished",
         "" if checks["every_row_once_per_epoch"] else f"rows short per epoch {checks['rows_short']}",
         "" if checks["rounds_contiguous"] else "rounds not contiguous",
@@ -565,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows_short": checks["rows_short"],
         "drops": checks["drops"],
         "missed_rows": checks["missed_rows"],
-        "stalls_dropped": soak.stall_drops,
+        "stalls_dropped": stall_drops,
         "epochs": epochs,
         "rounds": checks["rounds"],
         "rounds_redone": checks["rounds_redone"],
@@ -575,6 +608,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "notes": {k: f.note for k, f in FAULTS.items() if f.note},
         "seed": args.seed,
     }
+    return out, checks
+
+
+def print_outcome(out: dict[str, Any], checks: dict[str, Any], runs: dict[str, Any]) -> None:
+    """The events, recoveries, rows per epoch, accuracy and the verdict, for the terminal."""
+    summary, calm, seconds, calm_seconds = (
+        runs["summary"],
+        runs["calm"],
+        runs["seconds"],
+        runs["calm_seconds"],
+    )
+    by_kind, problems = out["by_kind"], out["problems"]
     print(f"events {out['events']} {by_kind}")
     print(f"recoveries: {out['recoveries']}")
     for epoch, v in checks["epochs"].items():
@@ -585,9 +630,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"every row once per epoch {checks['every_row_once_per_epoch']}"
     )
     print("verdict: " + ("ok" if not problems else "FAILED: " + "; ".join(problems)))
-    if args.json:
-        print(json.dumps(out))
-    return out
 
 
 if __name__ == "__main__":

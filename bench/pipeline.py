@@ -37,6 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -242,6 +243,19 @@ def _cpu_ms_per_1k(epochs: list[dict]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = make_config(args)
+    runs = measure(config, args)
+    rates = print_rates(config, args, runs)
+    print_waits(runs)
+    cpu = print_cpu(runs)
+    if args.json:
+        print(json.dumps(headline(rates, cpu)))
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The bench's flags, checked (parser.error names the flag and its range)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--videos", type=int, default=600, help="training videos (max_videos)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs for both pipelines")
@@ -265,8 +279,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.augment_cost < 0:
         parser.error(f"--augment-cost must be >= 0, got {args.augment_cost}")
-    config = make_config(args)
+    return args
 
+
+def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
+    """The runs, on a private Ray: the Ray pipeline drained, the model's rate, the pipeline paced at it
+    (and drained at reuse 1 with --vs-reuse-1); then, Ray shut down, the DataLoader baseline."""
     import ray
 
     ray.init(
@@ -291,7 +309,24 @@ def main(argv: list[str] | None = None) -> int:
     ray.shutdown()
     t_max = drained["stats"]["t_max"]
     loader = run_dataloader(config, t_max, args)
+    return {
+        "drained": drained,
+        "model": model,
+        "learner_rate": learner_rate,
+        "paced": paced,
+        "reuse_1": reuse_1,
+        "t_max": t_max,
+        "loader": loader,
+    }
 
+
+def print_rates(
+    config: Config, args: argparse.Namespace, runs: dict[str, Any]
+) -> dict[str, tuple[float, float]]:
+    """The useful frames per second of each source (whole run and warm epochs) against the DataLoader
+    and the model, and the padding of each; returns the rates by source."""
+    drained, loader, reuse_1 = runs["drained"], runs["loader"], runs["reuse_1"]
+    learner_rate, t_max, model = runs["learner_rate"], runs["t_max"], runs["model"]
     ray_frames = sum(e["frames"] for e in drained["epochs"])
     loader_frames = sum(e["frames"] for e in loader["epochs"])
     rates = {
@@ -321,7 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{loader_rows} padded videos ({1 - loader_frames / (loader_rows * t_max):.1%} padding); model: "
         f"{learner_rate:.0f} useful frames/s per learner (1 torch thread, {model['steps']} steps)"
     )
+    return rates
 
+
+def print_waits(runs: dict[str, Any]) -> None:
+    """Per epoch: the partial augmentations recomputed and their CPU, and the paced consumers' waits."""
+    drained, paced, learner_rate = runs["drained"], runs["paced"], runs["learner_rate"]
     stats = drained["stats"]["epochs"]
     print(
         f"\nwhere the learners wait: consumers paced at the model's rate ({learner_rate:.0f} frames/s each), "
@@ -344,21 +384,31 @@ def main(argv: list[str] | None = None) -> int:
         "persistent stream has run ahead into the epoch, so what remains is copying the cached arrays into\n"
         "rows and the CPUs that the background recompute and the two streams share."
     )
-    cpu = {"pipeline": _cpu_ms_per_1k(drained["epochs"]), "dataloader": _cpu_ms_per_1k(loader["epochs"])}
+
+
+def print_cpu(runs: dict[str, Any]) -> dict[str, float]:
+    """The CPU of every process per 1,000 useful frames in the warm epochs, pipeline against DataLoader."""
+    cpu = {
+        "pipeline": _cpu_ms_per_1k(runs["drained"]["epochs"]),
+        "dataloader": _cpu_ms_per_1k(runs["loader"]["epochs"]),
+    }
     print(
         f"\nCPU of every process per 1,000 useful frames, warm epochs: ray pipeline {cpu['pipeline']:.1f} ms, "
         f"DataLoader {cpu['dataloader']:.1f} ms ({cpu['pipeline'] / cpu['dataloader']:.2f}x)"
     )
-    if args.json:
-        headline = {
-            "pipeline_frames_s_warm": round(rates["ray pipeline, 2 consumers"][1], 1),
-            "model_frames_s": round(need[1], 1),
-            "pipeline_vs_model_warm": round(rates["ray pipeline, 2 consumers"][1] / need[1], 3),
-            "dataloader_frames_s_warm": round(base[1], 1),
-            "cpu_ms_per_1k_frames": {key: round(value, 2) for key, value in cpu.items()},
-        }
-        print(json.dumps(headline))
-    return 0
+    return cpu
+
+
+def headline(rates: dict[str, tuple[float, float]], cpu: dict[str, float]) -> dict[str, Any]:
+    """The --json last line's figures."""
+    base, need = rates["DataLoader, naive padding"], rates["model, 1 learner x 2"]
+    return {
+        "pipeline_frames_s_warm": round(rates["ray pipeline, 2 consumers"][1], 1),
+        "model_frames_s": round(need[1], 1),
+        "pipeline_vs_model_warm": round(rates["ray pipeline, 2 consumers"][1] / need[1], 3),
+        "dataloader_frames_s_warm": round(base[1], 1),
+        "cpu_ms_per_1k_frames": {key: round(value, 2) for key, value in cpu.items()},
+    }
 
 
 if __name__ == "__main__":

@@ -817,8 +817,6 @@ OWNED_BY_ISSUE_44 = {
 NOT_YET_SPLIT = {
     "bench/averager_cost.py:bandwidth": 189,
     "bench/averager_cost.py:learner_class": 131,
-    "bench/pipeline.py:main": 118,
-    "bench/chaos.py:main": 115,
     "bench/averaging.py:main": 95,
     "raytrain_seq/models/resnet.py:load_imagenet_weights": 88,
     "bench/averaging.py:verdicts": 84,
