@@ -106,9 +106,11 @@ class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
     A thin shell: each call hands its decisions to plain parts (the round book, ``rounds.book``; the
-    batch-size rule and the learners' validation shares, ``rounds.validation``; the test pass's shares,
-    ``rounds.tally``; the channel generations, ``dataplane.generations``; the run history,
-    ``rounds.events``) and does the waiting, the merging through its shard pool and the I/O itself.
+    batch-size rule, ``rounds.validation``, and when the due validation is scored,
+    ``rounds.validation_schedule``; the test pass, ``rounds.test_pass``; the round's mean,
+    ``rounds.merging``; the channel generations, ``dataplane.channel_session``; the hub load,
+    ``dataplane.hub_load``; the run history, ``rounds.events``) and keeps the round's futures, the
+    latest state and the run folder itself.
 
     settings: ``rounds.settings.AveragerSettings`` (from the config's ``train`` section). run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
