@@ -815,8 +815,6 @@ OWNED_BY_ISSUE_44 = {
 }
 # Not split yet (issue 43 left them; each is a gap to close, never a place to add lines).
 NOT_YET_SPLIT = {
-    "bench/averager_cost.py:bandwidth": 189,
-    "bench/averager_cost.py:learner_class": 131,
     "bench/averaging.py:main": 95,
     "raytrain_seq/models/resnet.py:load_imagenet_weights": 88,
     "bench/averaging.py:verdicts": 84,
