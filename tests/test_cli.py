@@ -122,6 +122,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.b1": (["0.9"], 0.9, []),
     "train.b2": (["1.5"], 1.5, []),
     "train.batch_growth": (["always"], "always", []),
+    "train.batch_rule": (["paper"], "paper", []),
     "train.epochs": (["3"], 3, []),
     "train.steps": (["200"], 200, []),
     "train.lr": (["0.01"], 0.01, []),
