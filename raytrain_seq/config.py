@@ -118,6 +118,8 @@ class DataConfig:
     """Views each test video is scored on, softmax averaged: center, center_flip, three_crop, three_crop_flip, ten_crop."""
     augment_cost: float = 0
     """Extra busy CPU seconds per partial augmentation of one video, to make augmentation the bottleneck."""
+    augment_cost_per_frame: float = 0
+    """Extra busy CPU seconds per frame of a training video's partial augmentation (a per-frame RandAugment's cost)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -195,13 +197,8 @@ class DataConfig:
         )
         int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
         choice("data.test_views", self.test_views, TEST_VIEWS)
-        number(
-            "data.augment_cost",
-            self.augment_cost,
-            ">= 0",
-            lambda v: v >= 0,
-            "use 0 for no extra cost",
-        )
+        for name in ("augment_cost", "augment_cost_per_frame"):
+            number(f"data.{name}", getattr(self, name), ">= 0", lambda v: v >= 0, "use 0 for no extra cost")
 
 
 @dataclass(kw_only=True)

@@ -94,6 +94,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "data.val_fraction": (["0.25"], 0.25, []),
     "data.seed": (["7"], 7, []),
     "data.augment_cost": (["0.5"], 0.5, []),
+    "data.augment_cost_per_frame": (["0.0004"], 0.0004, []),
     "model.backbone": (["resnet18"], "resnet18", []),
     "model.weights": (["/w.pth"], "/w.pth", ["--backbone", "resnet18"]),
     "model.init_from": (["/runs/rgb"], "/runs/rgb", []),

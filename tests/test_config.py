@@ -73,6 +73,7 @@ BAD_VALUES = [
     ("data.seed", 1.0, 1),
     ("data.augment_cost", -0.5, 0.5),
     ("data.augment_cost", math.inf, 0.5),
+    ("data.augment_cost_per_frame", -1e-3, 4e-4),
     ("model.backbone", "resnet34", "resnet50"),
     ("model.backbone", "ResNet18", "small"),
     ("model.weights", "", None),

@@ -27,7 +27,8 @@ Validation and test splits are packed once ("optimal", fixed seed; "chunk" only 
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
 centre-cropped. The video sources live in ``data/sources.py``: the synthetic set renders at
 ``cache_size`` already, so its partial augmentation is the photometric transform (+ ``augment_cost``
-busy seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too);
+busy CPU seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too,
+and ``augment_cost_per_frame`` per training frame, a per-frame transform such as RandAugment);
 UCF101 / HMDB51 are decoded with PyAV. The flow stream (2 channels) computes each video's whole-frame
 optical flow ONCE (a flow task; the feed keeps the ref of a training video's flow for the run, Ray
 spills it when the store is full), and every partial augmentation of it, evaluation's included, is a
@@ -261,7 +262,7 @@ class BlockFeed:
             bounds = self._bounds(ids)
             out = task.options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus).remote(
                 source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
-                bounds=bounds, after=None if wait is None else reports[wait],
+                data.augment_cost_per_frame, bounds=bounds, after=None if wait is None else reports[wait],
             )  # fmt: skip
             placed_at.update(placed(chunk, bounds, out[:-1]))
             reports.append(out[-1])
