@@ -59,6 +59,7 @@ from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.elastic.assembly import (
     BlockSpec,
     EpochShard,
+    cache_aware_plan,
     consumption_order,
     plan_seed,
     plan_specs,
@@ -228,6 +229,7 @@ class BlockFeed:
                 lengths, self.t_max, strategy=self._config.data.packing, seed=plan_seed(self._seed, epoch)
             )
             fresh = self._schedule.is_fresh(epoch)
+            plan = cache_aware_plan(plan, lengths, fresh)  # every block its share of fresh frames
             self._plans[key] = (
                 plan,
                 plan_specs(plan, world_size, self._train_ids, self._train_labels, fresh),
