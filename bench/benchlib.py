@@ -316,13 +316,50 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     return sum(cpu.get(pid, 0.0) for pid in tree)
 
 
-class CpuSampler:
-    """A thread that reads ``tree_cpu_seconds()`` every ``interval_s`` with the wall clock (time.time());
-    ``between(a, b)`` interpolates the CPU seconds spent between two wall times, so a run's phases (its
-    warm epochs, say) get their own CPU from stamps the run reports afterwards."""
+# Field 19 of /proc/PID/stat after the command: the process's start time, which tells a reused pid apart.
+STAT_STARTTIME = 19
 
-    def __init__(self, interval_s: float = 0.25, read: Callable[[], float] = tree_cpu_seconds) -> None:
-        self._interval, self._read = interval_s, read
+
+class TreeCpu:
+    """The CPU seconds (user + system) every process of a tree has spent, counting the ones that exited.
+
+    ``tree_cpu_seconds`` loses a process's CPU when it exits and its parent does not collect it (Ray's
+    workers, and Ray Train's when their placement group goes: the reading then drops). Called repeatedly,
+    this keeps each process's last reading, keyed by (pid, start time), so the sum only grows; a process
+    born and gone between two calls, and the CPU of one after its last reading, are not counted (the
+    interval bounds that loss)."""
+
+    def __init__(self, root: int | None = None) -> None:
+        self.root = os.getpid() if root is None else root
+        self._last: dict[tuple[int, str], float] = {}
+
+    def __call__(self) -> float:
+        tick = os.sysconf("SC_CLK_TCK")
+        procs = processes()
+        children: dict[int, list[int]] = {}
+        for pid, (fields, _) in procs.items():
+            children.setdefault(int(fields[STAT_PPID]), []).append(pid)
+        tree, frontier = {self.root}, [self.root]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if child not in tree:
+                    tree.add(child)
+                    frontier.append(child)
+        for pid in tree & procs.keys():
+            fields = procs[pid][0]
+            self._last[(pid, fields[STAT_STARTTIME])] = (
+                int(fields[STAT_UTIME]) + int(fields[STAT_STIME])
+            ) / tick
+        return sum(self._last.values())
+
+
+class CpuSampler:
+    """A thread that reads a process tree's CPU (``TreeCpu``) every ``interval_s`` with the wall clock
+    (time.time()); ``between(a, b)`` interpolates the CPU seconds spent between two wall times, so a run's
+    phases (its warm epochs, say) get their own CPU from stamps the run reports afterwards."""
+
+    def __init__(self, interval_s: float = 0.25, read: Callable[[], float] | None = None) -> None:
+        self._interval, self._read = interval_s, read if read is not None else TreeCpu()
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
