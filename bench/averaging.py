@@ -10,8 +10,9 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
 1. K in {1, 4, 16, -1 (epoch)} -> test accuracy, wall time of the learners, share of it spent averaging
    (``RunSummary.seconds``); m (validate every m rounds) is set so that every K validates once per epoch.
 2. The AAVG1..3 ablation lives in ``bench/ablation.py`` and runs alone (``--only ablation``, its own
-   result ``averaging_ablation``): every variant takes the same N steps (``--steps``) from one warm start,
-   over several seeds, plus AAVG4 and the two-stream fusion on a miniature real-video set.
+   result ``averaging_ablation``): every variant takes the same N steps (``--steps``) under both batch
+   rules (``--batch-rule paper|noise-aware``), from scratch and from one warm start, over several seeds,
+   plus AAVG4 and the two-stream fusion over seeds on a miniature real-video set.
 3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
    step, gloo on CPU): the same feed (``runtime.feed.create_feed``, rows through ``runtime.learner_feed.LearnerFeed``),
    model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
@@ -619,39 +620,26 @@ def only_bandwidth(args) -> dict:
 
 
 def only_ablation(args, argv: list[str] | None) -> dict:
-    """AAVG1..3 at equal N from one warm start over seeds, AAVG4 and the fusion (``bench/ablation.py``);
-    writes the ``averaging_ablation`` result and, with ``--json``, prints its headline as the last line."""
+    """AAVG1..3 under both batch rules from scratch and warm over seeds, AAVG4 and the fusion
+    (``bench/ablation.py``); writes the ``averaging_ablation`` result and, with ``--json``, prints its
+    headline as the last line."""
     import json
 
     res = ablation.run(args.size)
     head = ablation.headline(res)
     extra = ablation.tables(res)
     _, header, rows = extra[0]
-    s = res["size"]
-    notes = [
-        f"Synthetic set: {s['videos']} training videos (val and test up to as many), 2 learners of 1 CPU thread on a "
-        f"local Ray cluster (num_cpus=4), the demo model, B = 1 block at the start (at most {ablation.MAX_B}), "
-        f"K = {ablation.K}, validation every {ablation.M} rounds, b1 = {ablation.B1} (the paper's growth test); warm start: AAVG1 for {s['warm_epochs']} epochs from scratch (seed 0), then every "
-        f"variant --init-from it and --steps {s['steps']}; seeds {s['seeds']} (data.seed: the videos, plans and "
-        "augmentations). 'val acc' is each run's last validation (the evaluator's, every "
-        f"{ablation.M} rounds), 'test acc' its final model's; mean +- standard error over the seeds.",
-        f"Miniature UCF101 (tests/video_fixtures.py: {s['ucf'][0]} classes x {s['ucf'][1]} groups x {s['ucf'][2]} "
-        f"clips), preset mini-video, {s['video_epochs']} epochs, one seed; the fusion averages the softmax of the RGB "
-        f"and the AAVG4 flow run per test video. Whole section: {res['wall_s'] / 60:.1f} min.",
-    ]
-    verdicts = ablation.verdicts(res)
-    d21, _ = ablation.gap(res["variants"]["AAVG2"], res["variants"]["AAVG1"])
-    d32, _ = ablation.gap(res["variants"]["AAVG3"], res["variants"]["AAVG2"])
     result = Result(
         name="averaging_ablation",
-        title="AAVG ablation at equal steps: AAVG1..3 over seeds, AAVG4 and two streams (`bench/averaging.py --only ablation`)",
+        title="AAVG ablation at equal steps: AAVG1..3 under both batch rules, AAVG4 and two streams "
+        "(`bench/averaging.py --only ablation`)",
         command=command_line(argv, "averaging.py"),
         size=args.size,
         header=header,
         rows=rows,
-        notes=notes,
-        verdicts=verdicts,
-        headline={"aavg2_minus_1": d21, "aavg3_minus_2": d32, **head},
+        notes=ablation.notes(res),
+        verdicts=ablation.verdicts(res),
+        headline=ablation.report_headline(res),
         extra_tables=extra[1:],
     )
     write_results(result, args.results)
