@@ -377,6 +377,11 @@ def time_verdicts(r: dict, head: dict) -> list[str]:
     return out
 
 
+def _noise(diff: float, se: float) -> str:
+    """compare_accuracy's reading of a gap: within noise below two standard errors."""
+    return "within noise" if abs(diff) <= 2 * se else "above noise" if diff > 0 else "below noise"
+
+
 def accuracy_verdicts(r: dict, head: dict) -> list[str]:
     """Each packer's test accuracy against the cutting baselines, with the standard error of the gap."""
     out = []
@@ -398,6 +403,7 @@ def accuracy_verdicts(r: dict, head: dict) -> list[str]:
             head[f"accuracy_points_{name}_minus_{baseline}_se"] = se
             head[f"top{TOP_K}_points_{name}_minus_{baseline}"] = k_diff
             head[f"top{TOP_K}_points_{name}_minus_{baseline}_se"] = k_se
+            head[f"accuracy_{name}_minus_{baseline}_text"] = f"{diff:+.1f} +- {se:.1f} ({_noise(diff, se)})"
             pieces = r[baseline].get("piece_accuracy")
             out.append(
                 f"Accuracy against {label}: {name} {100 * r[name]['test_accuracy']:.1f} % vs {baseline} "

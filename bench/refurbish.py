@@ -318,6 +318,9 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         r3_accuracy_points_se=three.get("acc_points_se"),
         r3_step_cv_served=res["spread"].get(3, {}).get("served", {}).get("cv"),
         r3_step_cv_compose=res["spread"].get(3, {}).get("compose", {}).get("cv"),
+        r3_speedup_text=_pm(three.get("speedup"), three.get("speedup_se"), ".2f", "x"),
+        r3_accuracy_text=_pm(three.get("acc_points"), three.get("acc_points_se"), "+.1f")
+        + f" ({within_noise(three.get('acc_points'), three.get('acc_points_se'))})",
     )  # fmt: skip
     return lines, head
 

@@ -360,7 +360,7 @@ def test_report_assembles_sections_and_headlines(tmp_path):
     benchlib.write_results(result, tmp_path)
     (tmp_path / "pipeline.txt").write_text("rates here")
     text = report.build(tmp_path, "../results")
-    assert "| bload_table | padding, naive / optimal packing | 1,234x |" in text
+    assert "| bload_table | padding, naive / optimal (the job's default packer) | 1,234x |" in text
     assert "```\nrates here\n```" in text
     assert "Not run: no `bench/results/refurbish.md`" in text
     assert "](../results/bload_table.png)" in text and "\n## T\n" in text
