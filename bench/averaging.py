@@ -626,6 +626,9 @@ def only_ablation(args, argv: list[str] | None) -> dict:
     import json
 
     res = ablation.run(args.size)
+    kept = Path(tempfile.mkstemp(prefix="ablation-", suffix=".json")[1])
+    kept.write_text(json.dumps(res, default=str))  # the raw runs, should the tables below fail
+    print(f"raw ablation results: {kept}", flush=True)
     head = ablation.headline(res)
     extra = ablation.tables(res)
     _, header, rows = extra[0]
