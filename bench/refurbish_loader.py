@@ -5,7 +5,7 @@ balanced eviction evens the epochs, and its cache-aware shuffle gives every mini
 freshly recomputed samples. The job's feed (``runtime.feed.BlockFeed``) evicts the same way
 (``refurbish.RefurbishSchedule``) but its mini-batches are B packed BLoad blocks, fixed by the packer, so
 it cannot compose them sample by sample; it orders each learner's blocks with
-``elastic.assembly.spread_fresh`` instead. Which does better is measured here on the same videos:
+``rows.assembly.spread_fresh`` instead. Which does better is measured here on the same videos:
 
 - ``served_steps``: the job's own steps. ``BlockFeed`` itself (in this process, its tasks replaced by
   placeholders: the plans, shards and block orders are the actor's) serves each learner's shard of
@@ -37,16 +37,10 @@ import torch
 from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.config import Config
 from raytrain_seq.data.sources import augment_videos, source_kwargs
-from raytrain_seq.elastic.assembly import (
-    BlockSpec,
-    EpochShard,
-    assemble_rows,
-    plan_seed,
-    plan_specs,
-    shard_items,
-)
 from raytrain_seq.packing import pack
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, plan_specs, shard_items
+from raytrain_seq.seeds import plan_seed
 
 Step = tuple[int, tuple[BlockSpec, ...]]  # (epoch, the blocks of one learner's step)
 

@@ -25,9 +25,9 @@ computing and the next), so the device memory for inputs is O(micro-batch) whate
 Fit finder (``micro_batch_size="auto"``). ``MicroBatchSizer`` starts from the whole mini-batch; on
 ``torch.cuda.OutOfMemoryError`` (in the step, or while staging a micro-batch) it clears the gradients,
 restores BatchNorm running statistics, empties the CUDA cache, halves the size and restarts the
-mini-batch, so the final gradient is still exact. The
-size that worked is remembered per model and per-sample shape/dtype. CPU memory exhaustion is not a
-recoverable error, so on CPU "auto" means the whole batch.
+mini-batch, so the final gradient is still exact. The size that worked is remembered per model and
+per-sample shape/dtype. CPU memory exhaustion is not a recoverable error, so on CPU "auto" means the
+whole batch.
 
 BatchNorm. Batch statistics are computed per micro-batch (the paper's "ghost batch" effect), so a model
 with BatchNorm in training mode does not get the full-batch gradient; one warning per model suggests

@@ -10,13 +10,17 @@
 #   3. the plain PyTorch loop a user would otherwise write (bench/dataloader_loop.py: per-video padding,
 #      CPU augmentation in 8 DataLoader workers) over the same synthetic videos;
 #   4. the Ray job (jobs/ucf101.py, a local Ray of this node): the demo preset, then the ucf101-rgb model
-#      on the synthetic set in bf16 with 2 learners sharing the GPU (--gpus-per-learner 0.5);
+#      on the synthetic set in bf16 with 2 learners sharing the GPU (--gpus-per-learner 0.5), 6 epochs
+#      (epoch 0 computes every video's partial augmentation on the CPUs, the later ones a third of them:
+#      docs/LOG.md, 2026-11-27, evening);
 #   5. bench/gpu_report.py: the targets of issue 40 from 2-4, as a table (job.md).
 #
 # Results go to $OUT (default ./gpu_out), at most 8 files: pytest.txt, learner_device.txt,
 # memory_cap.txt, dataloader.txt, job_demo.json, job_ucf101.json (the runs' summary.json), jobs.txt
 # (their logs), job.md. Copy job.md and the .txt files to bench/results/gpu/ (bench/report.py puts them
-# in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more).
+# in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more);
+`STARTUP=1` also runs bench/startup.py on this node's CPUs with GPU learners (startup.txt, about 2 minutes
+more): where a GPU node's start-up goes, against a bare Ray Train trainer on the same node.
 #
 # Ray on a machine without network: a folder `.gpu-ray` beside this tree (git-ignored) with Ray's wheel
 # and an install.sh that unpacks it and defines `ray_stop` (the workplace's ray_for_gpu_box.sh tool makes
@@ -69,7 +73,7 @@ if [ "$RAY" = 1 ]; then
         | tee "$OUT/jobs.txt" | grep -E "training on|test accuracy|summary written|Error|error"
     cp "$RUNS/demo/summary.json" "$OUT/job_demo.json" 2>/dev/null
     ray_stop
-    timeout 240 python3 jobs/ucf101.py --preset ucf101-rgb "${SYNTH[@]}" --epochs 3 --precision bf16 \
+    timeout 240 python3 jobs/ucf101.py --preset ucf101-rgb "${SYNTH[@]}" --epochs 6 --precision bf16 \
         --run-name ucf101 "${COMMON[@]}" 2>&1 | tee -a "$OUT/jobs.txt" \
         | grep -E "training on|round|test accuracy|summary written|Error|error"
     cp "$RUNS/ucf101/summary.json" "$OUT/job_ucf101.json" 2>/dev/null
@@ -80,6 +84,12 @@ fi
 
 # 5. Issue 40's targets, from the files above.
 python3 bench/gpu_report.py --out "$OUT" --md "$OUT/job.md" --json
+
+if [ "${STARTUP:-0}" = 1 ] && [ "$RAY" = 1 ]; then
+    timeout 180 python3 bench/startup.py --epochs 1 --cpus "$(nproc)" --bare-runs 1 --gpus-per-learner 0.5 \
+        --json 2>&1 | tee "$OUT/startup.txt" | tail -n 1
+    ray_stop
+fi
 
 if [ "${MBS:-0}" = 1 ]; then
     # MBS Table 4 twice: micro-batches of 16 small images (launch-bound on a GPU), then micro-batches that

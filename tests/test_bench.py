@@ -629,7 +629,10 @@ def test_ablation_statistics_and_the_verdict_on_the_targets():
     assert not ablation.headline(uneven)["equal_steps"]
     assert [len(rows) for _, _, rows in ablation.tables(res)] == [10, 4, 6]
     report = ablation.report_headline(res)
-    assert report["paper_aavg2_minus_1"] == "+2.0 +- 5.8 (within noise)" and "noise_aware_aavg3_minus_2" in report
+    assert (
+        report["paper_aavg2_minus_1"] == "+2.0 +- 5.8 (within noise)"
+        and "noise_aware_aavg3_minus_2" in report
+    )
 
 
 def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split():

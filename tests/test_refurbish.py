@@ -316,7 +316,7 @@ def test_balance_fresh_keeps_lengths_and_evens_the_fresh_frames_of_blocks():
             block, used = [], 0
         block.append(int(i))
         used += lengths[i]
-    blocks.append(block + [0])  # id 0 now sits in two blocks, as a chunk video's pieces do
+    blocks.append([*block, 0])  # id 0 now sits in two blocks, as a chunk video's pieces do
     fresh = RefurbishSchedule(400, reuse=3, seed=1).is_fresh(1)
     perm = balance_fresh(blocks, lengths, fresh)
     assert sorted(perm.tolist()) == list(range(400)) and (lengths[perm] == lengths).all() and perm[0] == 0
