@@ -818,14 +818,10 @@ NOT_YET_SPLIT = {
     "bench/pipeline.py:main": 118,
     "bench/chaos.py:main": 115,
     "raytrain_seq/config.py:validate": 102,
-    "bench/averaging.py:main": 95,
     "raytrain_seq/summary.py:format_table": 89,
     "raytrain_seq/models/resnet.py:load_imagenet_weights": 88,
     "raytrain_seq/microbatch.py:accumulate": 86,
     "bench/microbatch.py:verdicts": 85,
-    "bench/averaging.py:verdicts": 84,
-    "bench/averaging.py:tables": 82,
-    "bench/averaging.py:rounds_clause": 82,
     "bench/microbatch.py:main": 81,
 }
 
