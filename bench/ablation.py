@@ -24,6 +24,9 @@ local Ray cluster, every run is ``raytrain_seq.runtime.driver.run``:
 Per variant: the mean over seeds of each run's last validation accuracy and test accuracy with their
 standard errors; each difference between variants is paired by seed (the same videos, plans and initial
 weights) and carries the standard error of the paired differences.
+
+    python bench/averaging.py --only ablation --json                # the default size
+    python bench/averaging.py --only ablation --seeds 0 1 --json    # fewer seeds (>= 2) on a busy box
 """
 
 from __future__ import annotations
@@ -424,8 +427,12 @@ def _points(pair: tuple[float | None, float | None]) -> dict:
     return {"diff": pair[0], "se": pair[1], "text": gap_text(*pair)}
 
 
-def run(size_name: str) -> dict:
-    size = SIZES[size_name]
+def run(size_name: str, seeds: list[int] | None = None) -> dict:
+    """Every run of the ablation at ``size_name``; ``seeds`` replaces the size's seeds (synthetic and video
+    runs alike) where a shared machine's time allows fewer."""
+    size = dict(SIZES[size_name])
+    if seeds is not None:
+        size.update(seeds=list(seeds), video_seeds=list(seeds))
     storage = tempfile.mkdtemp(prefix="bench-ablation-")
     began = time.perf_counter()
     try:

@@ -30,6 +30,7 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
     python bench/averaging.py --tiny     # one short run of each kind
     python bench/averaging.py --only bandwidth --json   # the data plane only; last line: one JSON object
     python bench/averaging.py --only ablation --json    # the ablation at equal N; last line: one JSON object
+    python bench/averaging.py --only ablation --tiny --json   # its tiny size (bench/ablation.py, SIZES)
 """
 
 from __future__ import annotations
@@ -699,7 +700,7 @@ def only_ablation(args, argv: list[str] | None) -> dict:
     headline as the last line."""
     import json
 
-    res = ablation.run(args.size)
+    res = ablation.run(args.size, args.seeds)
     kept = Path(tempfile.mkstemp(prefix="ablation-", suffix=".json")[1])
     kept.write_text(json.dumps(res, default=str))  # the raw runs, should the tables below fail
     print(f"raw ablation results: {kept}", flush=True)
@@ -731,6 +732,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.only == "bandwidth":
         return only_bandwidth(args)
     if args.only == "ablation":
+        if args.seeds is not None and len(set(args.seeds)) < 2:
+            parser.error(f"--seeds needs two distinct seeds or more (a standard error), got {args.seeds}")
         return only_ablation(args, argv)
     _check_sizes(parser, args)
     res = run(args)
@@ -747,6 +750,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=None, help="blocks per learner step")
     parser.add_argument("--ks", type=int, nargs="+", default=None, help="K values (must include -1)")
     parser.add_argument("--seed", type=int, default=0, help="data.seed of every run: the videos, plans, init")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="--only ablation: its seeds (>= 2; default: by size)",
+    )
     parser.add_argument("--cost-learners", type=int, default=16)
     parser.add_argument(
         "--cost-batch", type=int, default=32, help="per-learner batch of the DDP ring estimate"

@@ -46,6 +46,7 @@ score them; sampling's cut drops the test videos shorter than a piece).
     python bench/bload_table.py            # default size (the one make bench runs)
     python bench/bload_table.py --tiny     # seconds (tests)
     python bench/bload_table.py --full     # the demo's 3000 videos, 10 epochs
+    python bench/bload_table.py --videos 300 --epochs 3   # the default's table, fewer videos and epochs
 """
 
 from __future__ import annotations

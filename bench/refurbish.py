@@ -27,6 +27,8 @@ blocks in the plan's order and beside the paper's cache-aware composition (``Ref
 
     python bench/refurbish.py --json     # the default size (make bench), JSON headline as the last line
     python bench/refurbish.py --tiny     # a minute's check of the whole path
+    python bench/refurbish.py --videos 150 --epochs 5 --json   # fewer videos and epochs on a busy box
+                                         # (--seeds N ... picks the seeds; r = 1..4 as by default)
 """
 
 from __future__ import annotations
