@@ -258,7 +258,13 @@ def aavg4_verdicts(video: dict) -> list[str]:
     if within_noise(d, se) == "within noise":
         why = (
             f"the reversal of the earlier single run is within noise over {len(video['seeds'])} seeds on {n} test "
-            f"videos (one video is {100 / n:.1f} points): the finding is that this set cannot tell transfer from scratch"
+            f"videos (one video is {100 / n:.1f} points)"
+        )
+        why += (
+            "; at a tenth of the rate the transferred start is ahead beyond noise: the preset's rate after the "
+            "transfer is what erases the RGB start's lead"
+            if within_noise(low, low_se) == "above noise"
+            else ": the finding is that this set cannot tell transfer from scratch"
         )
     elif within_noise(low, low_se) != "below noise":
         why = "the transfer loses at the preset's learning rate and not at a tenth of it: the rate after transfer is the cause"

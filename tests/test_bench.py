@@ -618,6 +618,11 @@ def test_ablation_statistics_and_the_verdict_on_the_targets():
         in text
     )
     assert "the reversal of the earlier single run is within noise over 3 seeds on 12 test videos" in text
+    assert "cannot tell transfer from scratch" in text
+    low = _ablation_result({n: [0.5] * 3 for n in ablation.VARIANTS})
+    low["video"]["diffs"]["flow_low_lr-flow_scratch_low_lr"] = (45.8, 20.8)  # the transfer ahead at lr / 10
+    low_text = " ".join(ablation.aavg4_verdicts(low["video"]))
+    assert "erases the RGB start's lead" in low_text and "cannot tell" not in low_text
     head = ablation.headline(res)
     assert head["rule"] == "paper" and head["variants"]["AAVG1"]["steps"] == 40 and head["seeds"] == [0, 1, 2]
     assert {"val_mean", "val_se", "steps"} <= set(head["variants"]["AAVG3"]) and head["equal_steps"]
