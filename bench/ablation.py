@@ -1,83 +1,80 @@
-"""The AAVG ablation at equal N (``bench/averaging.py --only ablation``): AAVG1..3 from one warm start,
-several seeds, and AAVG4 with the two-stream fusion on a miniature real-video set.
+"""The AAVG ablation at equal N (``bench/averaging.py --only ablation``): AAVG1..3 under both batch-size
+rules, from scratch and from a warm start, over seeds; AAVG4 and the two-stream fusion over seeds on a
+miniature real-video set.
 
 The paper (Cong et al., "Accelerating deep neural network training for action recognition on a cluster
 of GPUs"; UCF101 RGB stream, ResNet-152 from ImageNet weights) fixes the number of steps N (Algorithm 1)
 and reports AAVG1 (constant batch) 81.6 % < AAVG2 (adaptive batch) 83.7 % < AAVG3 (adaptive batch +
 merged Adam moments and BatchNorm statistics, Algorithm 2) 85.6 % validation accuracy; AAVG4 initialises
-the flow stream from the RGB one, and the two streams are fused. Here, on the synthetic set with 2
-learners on a local Ray cluster, every run is ``raytrain_seq.runtime.driver.run``:
+the flow stream from the RGB one, and the two streams are fused. Its batch rule: grow B by b2 = 2 when
+validation falls below b1 = 1 times its best, up to 576. Here, on the synthetic set with 2 learners on a
+local Ray cluster, every run is ``raytrain_seq.runtime.driver.run``:
 
-1. warm start: one AAVG1 run from scratch for ``warm_epochs`` epochs; its run folder is the
-   ``--init-from`` of every variant (standing in for the paper's ImageNet start, so that the batch-size
-   rule does not act on the noise of a from-scratch plateau);
-2. AAVG1/2/3 x seeds, each ``--steps N`` from that warm start: the same N optimizer steps per learner
-   whatever the batch size, so a grown batch sees more data, as in the paper; the switches are
-   ``adaptive_batch``, ``merge_moments`` and ``merge_bn_stats`` (AAVG1 and AAVG2 merge neither moments
-   nor BatchNorm statistics);
-3. the miniature UCF101 of ``tests/video_fixtures.py``: an RGB run, a flow run ``--init-from`` the RGB
-   run (AAVG4: cross-modality initialisation), a flow run from scratch (its baseline) and the fusion of
-   RGB and AAVG4 flow on the test videos (``runtime.fuse.run_fuse``).
+1. the warm start: one AAVG1 run from scratch for ``warm_epochs`` epochs, the ``--init-from`` of every
+   warm variant (standing in for the paper's ImageNet start);
+2. per start (warm, scratch) and seed: AAVG1, then AAVG2 and AAVG3 under each rule (``train.batch_rule``
+   "paper": b1 = 1; "noise-aware": the job's default), each ``--steps N`` (the paper's budget, under which
+   ``train.batch_growth = "steps"`` lets B grow), B from 1 block up to the paper's 576, which the rows a
+   learner has per epoch cap first; the switches are ``adaptive_batch``, ``merge_moments`` and
+   ``merge_bn_stats`` (AAVG1 and AAVG2 merge neither);
+3. the miniature UCF101 of ``tests/video_fixtures.py``, per seed: an RGB run, a flow run ``--init-from``
+   it (AAVG4), a flow run from scratch, the same two at a tenth of the learning rate (does the transfer
+   fail at the preset's rate?) and the fusion of RGB and AAVG4 flow (``runtime.fuse.run_fuse``).
 
-Per variant: the mean over seeds of the last validation accuracy of each run and its standard error
-(sample standard deviation / sqrt(seeds)), the test accuracy of each run's final model the same way, and
-the steps each run took (from its summary).
+Per variant: the mean over seeds of each run's last validation accuracy and test accuracy with their
+standard errors; each difference between variants is paired by seed (the same videos, plans and initial
+weights) and carries the standard error of the paired differences.
+
+    python bench/averaging.py --only ablation --json                # the default size
+    python bench/averaging.py --only ablation --seeds 0 1 --json    # fewer seeds (>= 2) on a busy box
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# Per size: synthetic videos, warm-start epochs, N, seeds, the miniature UCF101 (classes, groups, clips)
-# and the epochs of its runs.
+from benchlib import local_ray, mean_se, within_noise
+
+ROOT = Path(__file__).resolve().parent
+
+# Per size: synthetic videos, warm-start epochs, N, seeds; the miniature UCF101 (classes, groups, clips),
+# the epochs and seeds of its runs.
 SIZES = {
-    "tiny": {"videos": 40, "warm_epochs": 1, "steps": 8, "seeds": [0, 1], "ucf": (3, 6, 2), "video_epochs": 1},
+    "tiny": {"videos": 40, "warm_epochs": 1, "steps": 8, "seeds": [0, 1], "ucf": (3, 6, 2), "video_epochs": 1,
+             "video_seeds": [0, 1]},
     "default": {"videos": 200, "warm_epochs": 6, "steps": 64, "seeds": [0, 1, 2], "ucf": (3, 6, 2),
-                "video_epochs": 4},
+                "video_epochs": 4, "video_seeds": [0, 1, 2]},
     "full": {"videos": 1000, "warm_epochs": 3, "steps": 400, "seeds": [0, 1, 2, 3, 4], "ucf": (5, 9, 2),
-             "video_epochs": 8},
+             "video_epochs": 8, "video_seeds": [0, 1, 2, 3, 4]},
 }  # fmt: skip
-# Averaging every K steps and validating every M rounds gives the batch-size rule chances to act. B1 is
-# the paper's growth test (grow when validation falls below its best at all): from a warm start there is no
-# chance-level plateau for it to fire on. MAX_B caps B so that a grown batch's N steps fit the time budget
-# (every run here starts its own Ray Train group, a fixed cost before its first step that the budget pays
-# per run: docs/LOG.md, 2026-11-24, figures moved out of comments).
+# Averaging every K steps and validating every M rounds gives the batch-size rule chances to act.
 K = 4
 M = 2
-B1 = 1.0
-MAX_B = 4
+MAX_B = (
+    576  # the paper's cap; the rows a learner has per epoch cap B first here (averaging.AdaptiveBatchSize)
+)
+RULES = ("paper", "noise-aware")
+HEADLINE_RULE, HEADLINE_START = "paper", "warm"  # the paper's setting: its rule, a pretrained start
+STARTS = ("warm", "scratch")
 VARIANTS = {
     "AAVG1": {"adaptive_batch": False, "merge_moments": False, "merge_bn_stats": False},
     "AAVG2": {"adaptive_batch": True, "merge_moments": False, "merge_bn_stats": False},
     "AAVG3": {"adaptive_batch": True, "merge_moments": True, "merge_bn_stats": True},
 }
 PAPER = {"AAVG1": 81.6, "AAVG2": 83.7, "AAVG3": 85.6}
+PAPER_GAPS = {("AAVG2", "AAVG1"): 2.1, ("AAVG3", "AAVG2"): 1.9}
+VIDEO_RUNS = ("rgb", "flow", "flow_scratch", "flow_low_lr", "flow_scratch_low_lr")
 
 
 # -------------------------------------------------------------------------------------- pure helpers
-def mean_se(values: list[float]) -> tuple[float | None, float | None]:
-    """(mean, standard error = sample std / sqrt(n)); se None below 2 values, both None for none.
-
-    [0.5, 0.7, 0.6] -> (0.6, 0.0577...).
-    """
-    if not values:
-        return None, None
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, statistics.stdev(values) / math.sqrt(len(values))
-
-
 def variant_stats(runs: list[dict]) -> dict:
-    """One variant's runs -> {val_mean, val_se, test_mean, test_se, steps, seeds, max_b}; ``steps`` is
-    the one step count every run took, or the sorted distinct counts when they differ."""
+    """One variant's runs -> {val_mean, val_se, test_mean, test_se, steps, seeds, max_b, epochs, by_seed};
+    ``steps`` is the one step count every run took, or the sorted distinct counts when they differ."""
     val = mean_se([r["val"] for r in runs if r["val"] is not None])
     test = mean_se([r["test"] for r in runs if r["test"] is not None])
     steps = sorted({r["steps"] for r in runs})
@@ -85,30 +82,65 @@ def variant_stats(runs: list[dict]) -> dict:
         "val_mean": val[0], "val_se": val[1], "test_mean": test[0], "test_se": test[1],
         "steps": steps[0] if len(steps) == 1 else steps, "seeds": [r["seed"] for r in runs],
         "max_b": max(r["max_b"] for r in runs), "epochs": [r["epochs"] for r in runs],
+        "by_seed": {r["seed"]: {"val": r["val"], "test": r["test"]} for r in runs},
     }  # fmt: skip
 
 
-def gap(a: dict, b: dict) -> tuple[float | None, float | None]:
-    """(a - b in validation points, its standard error sqrt(se_a^2 + se_b^2) in points)."""
-    if a["val_mean"] is None or b["val_mean"] is None:
-        return None, None
-    diff = 100 * (a["val_mean"] - b["val_mean"])
-    if a["val_se"] is None or b["val_se"] is None:
-        return diff, None
-    return diff, 100 * math.hypot(a["val_se"], b["val_se"])
+def gap(a: dict, b: dict, key: str = "val") -> tuple[float | None, float | None]:
+    """(a - b in points, the standard error of the differences paired by seed), over the seeds both ran.
+
+    a by seed {0: .70, 1: .60}, b {0: .65, 1: .62}: differences +5, -2 -> (+1.5, 3.5)."""
+    seeds = sorted(set(a["by_seed"]) & set(b["by_seed"]))
+    diffs = [
+        100 * (a["by_seed"][s][key] - b["by_seed"][s][key])
+        for s in seeds
+        if a["by_seed"][s][key] is not None and b["by_seed"][s][key] is not None
+    ]
+    return mean_se(diffs)
+
+
+def gap_text(diff: float | None, se: float | None) -> str:
+    """'+2.0 +- 2.7 (within noise)': a difference with its standard error and what it is worth."""
+    if diff is None:
+        return "n/a"
+    return f"{diff:+.1f}" + ("" if se is None else f" +- {se:.1f}") + f" ({within_noise(diff, se)})"
+
+
+def gaps(variants: dict) -> dict:
+    """The paper's two steps, AAVG2 - AAVG1 and AAVG3 - AAVG2, in validation and test points (paired)."""
+    out = {}
+    for hi, lo in PAPER_GAPS:
+        for key in ("val", "test"):
+            d, se = gap(variants[hi], variants[lo], key)
+            out[f"{hi.lower()}_minus_{lo[-1]}_{key}"] = {"diff": d, "se": se, "text": gap_text(d, se)}
+    return out
+
+
+def _public(stats: dict) -> dict:
+    keep = ("val_mean", "val_se", "test_mean", "test_se", "steps", "max_b")
+    return {k: stats[k] for k in keep}
 
 
 def headline(res: dict) -> dict:
-    """The JSON last line: {"steps", "seeds", "variants": {name: {val_mean, val_se, steps}}, "aavg4",
-    "two_stream"} (accuracies in [0, 1])."""
-    variants = {
-        name: {k: s[k] for k in ("val_mean", "val_se", "test_mean", "test_se", "steps", "max_b")}
-        for name, s in res["variants"].items()
-    }
+    """The JSON last line: {"rule", "start", "steps", "seeds", "variants": {name: {val_mean, val_se, steps,
+    ...}} (the paper's rule from the warm start), "by_rule": {rule: {start: {"variants", "gaps"}}}, "aavg4",
+    "two_stream", "equal_steps"} (accuracies in [0, 1], gaps in points)."""
+    grid = res["grid"]
+    by_rule = {
+        rule: {
+            start: {"variants": {n: _public(s) for n, s in grid[start][rule].items()}, "gaps": gaps(grid[start][rule])}
+            for start in grid
+        }
+        for rule in RULES
+    }  # fmt: skip
+    main = grid[HEADLINE_START][HEADLINE_RULE]
+    equal = all(
+        s["steps"] == res["steps"] for start in grid.values() for v in start.values() for s in v.values()
+    )
     return {
-        "steps": res["steps"], "seeds": res["seeds"], "variants": variants,
-        "aavg4": res.get("aavg4"), "two_stream": res.get("two_stream"),
-        "equal_steps": all(s["steps"] == res["steps"] for s in res["variants"].values()),
+        "rule": HEADLINE_RULE, "start": HEADLINE_START, "steps": res["steps"], "seeds": res["seeds"],
+        "variants": {n: _public(s) for n, s in main.items()}, "by_rule": by_rule,
+        "aavg4": res.get("aavg4"), "two_stream": res.get("two_stream"), "equal_steps": equal,
     }  # fmt: skip
 
 
@@ -122,110 +154,160 @@ def _pm(mean: float | None, se: float | None) -> str:
     return f"{100 * mean:.1f} %" + ("" if se is None else f" +- {100 * se:.1f}")
 
 
-def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
-    header = ["variant", "adaptive batch", "merge Adam", "merge BN stats", "steps", "epochs", "largest B",
-              "val acc (mean +- se)", "test acc (mean +- se)", "paper (UCF101 RGB val)"]  # fmt: skip
+def grid_rows(res: dict) -> list[list[str]]:
+    """One row per (start, rule, variant); AAVG1 (no batch rule) once per start."""
     rows = []
-    for name, s in res["variants"].items():
-        switch = VARIANTS[name]
-        epochs = ", ".join(f"{e:.2f}" for e in s["epochs"])
-        rows.append([
-            name, str(switch["adaptive_batch"]), str(switch["merge_moments"]), str(switch["merge_bn_stats"]),
-            str(s["steps"]), epochs, str(s["max_b"]), _pm(s["val_mean"], s["val_se"]),
-            _pm(s["test_mean"], s["test_se"]), f"{PAPER[name]:.1f} %",
-        ])  # fmt: skip
-    out = [(f"AAVG1..3 at N = {res['steps']} steps per learner from one warm start, seeds {res['seeds']}:",
-            header, rows)]  # fmt: skip
+    for start, rules in res["grid"].items():
+        for rule, variants in rules.items():
+            for name, s in variants.items():
+                if name == "AAVG1" and rule != RULES[0]:
+                    continue
+                switch = VARIANTS[name]
+                rows.append([
+                    start, "-" if name == "AAVG1" else rule, name, str(switch["merge_moments"]),
+                    str(switch["merge_bn_stats"]), str(s["steps"]), f"{sum(s['epochs']) / len(s['epochs']):.1f}",
+                    str(s["max_b"]), _pm(s["val_mean"], s["val_se"]), _pm(s["test_mean"], s["test_se"]),
+                    f"{PAPER[name]:.1f} %",
+                ])  # fmt: skip
+    return rows
+
+
+def video_rows(video: dict) -> list[list[str]]:
+    labels = {
+        "rgb": ("RGB", "scratch", "preset"), "flow": ("flow (AAVG4)", "RGB run", "preset"),
+        "flow_scratch": ("flow", "scratch", "preset"), "flow_low_lr": ("flow (AAVG4)", "RGB run", "preset / 10"),
+        "flow_scratch_low_lr": ("flow", "scratch", "preset / 10"),
+    }  # fmt: skip
+    rows = []
+    for key, (run, init, lr) in labels.items():
+        s = video["stats"][key]
+        rows.append(
+            [run, init, lr, _pm(s["first_val_mean"], s["first_val_se"]), _pm(s["test_mean"], s["test_se"])]
+        )
+    fused = video["fused"]
+    rows.append(["two-stream fusion (RGB + AAVG4 flow)", "-", "-", "-", _pm(fused["mean"], fused["se"])])
+    return rows
+
+
+def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    header = ["start", "rule", "variant", "merge Adam", "merge BN stats", "steps", "epochs (mean)", "largest B",
+              "val acc (mean +- se)", "test acc (mean +- se)", "paper (UCF101 RGB val)"]  # fmt: skip
+    out = [
+        (f"AAVG1..3 at N = {res['steps']} steps per learner, seeds {res['seeds']}:", header, grid_rows(res))
+    ]
+    gheader = [
+        "start",
+        "rule",
+        "AAVG2 - AAVG1 val",
+        "AAVG3 - AAVG2 val",
+        "AAVG2 - AAVG1 test",
+        "AAVG3 - AAVG2 test",
+    ]
+    grows = [
+        [start, rule] + [g[k]["text"] for k in ("aavg2_minus_1_val", "aavg3_minus_2_val", "aavg2_minus_1_test",
+                                                  "aavg3_minus_2_test")]
+        for start, rules in res["grid"].items()
+        for rule, variants in rules.items()
+        for g in [gaps(variants)]
+    ]  # fmt: skip
+    out.append(("Differences in points, paired by seed (+- the standard error of the paired differences; the "
+                "paper: +2.1 and +1.9):", gheader, grows))  # fmt: skip
     video = res.get("video")
     if video:
-        header = ["run", "init", "epochs", "last val", "test acc"]
-        rows = [
-            ["RGB", "scratch", str(video["rgb"]["epochs"]), _pct(video["rgb"]["val"]), _pct(video["rgb"]["test"])],
-            ["flow (AAVG4)", "RGB run (cross-modality)", str(video["flow"]["epochs"]), _pct(video["flow"]["val"]),
-             _pct(video["flow"]["test"])],
-            ["flow", "scratch", str(video["flow_scratch"]["epochs"]), _pct(video["flow_scratch"]["val"]),
-             _pct(video["flow_scratch"]["test"])],
-            ["two-stream fusion (RGB + AAVG4 flow)", "-", "-", "-", _pct(video["fused"]["fused"])],
-        ]  # fmt: skip
-        out.append((f"AAVG4 and the two streams on the miniature UCF101 ({video['test_videos']} test videos):",
-                    header, rows))  # fmt: skip
+        vheader = ["run", "init", "learning rate", "val after epoch 1", "test acc (mean +- se)"]
+        out.append((f"AAVG4 and the two streams on the miniature UCF101 ({video['test_videos']} test videos, "
+                    f"seeds {video['seeds']}):", vheader, video_rows(video)))  # fmt: skip
     return out
 
 
-def verdicts(res: dict) -> list[str]:
-    v = res["variants"]
-    lines = []
-    warm, chance = res.get("warm"), 1 / res.get("num_classes", 10)
-    if warm is not None:
-        at_chance = warm["val"] is None or warm["val"] < 1.5 * chance
-        lines.append(
-            f"Warm start: AAVG1 from scratch for {warm['epochs']} epochs reached {_pct(warm['val'])} validation and "
-            f"{_pct(warm['test'])} test accuracy (chance {_pct(chance)})"
-            + (
-                ": still on the from-scratch plateau, so the paper's pretrained start is not reproduced and the "
-                "batch-size rule may act on that plateau's noise."
-                if at_chance
-                else ", so every variant starts past the from-scratch plateau (the paper starts from ImageNet weights)."
+def gap_verdicts(res: dict) -> list[str]:
+    """Each start and rule: the paper's two steps, set beside the paper's gains only when beyond noise."""
+    out = []
+    for start, rules in res["grid"].items():
+        for rule, variants in rules.items():
+            g, parts = gaps(variants), []
+            for (hi, lo), paper in PAPER_GAPS.items():
+                cell = g[f"{hi.lower()}_minus_{lo[-1]}_val"]
+                word = within_noise(cell["diff"], cell["se"])
+                beside = f"; the paper {paper:+.1f}" if word == "above noise" else ": no gain is measured"
+                parts.append(f"{hi} - {lo} {cell['text'].split(' (')[0]} validation points, {word}{beside}")
+            grew = variants["AAVG2"]["max_b"]
+            out.append(
+                f"{start.capitalize()} start, {rule} rule (B grew to {grew}): " + "; ".join(parts) + "."
             )
+    return out
+
+
+def aavg4_verdicts(video: dict) -> list[str]:
+    """AAVG4 against the flow stream from scratch at the preset's and a tenth of its learning rate."""
+    s, n = video["stats"], video["test_videos"]
+    lines = []
+    for tag, flow, scratch in (
+        ("preset", "flow", "flow_scratch"),
+        ("preset / 10", "flow_low_lr", "flow_scratch_low_lr"),
+    ):
+        d, se = video["diffs"][f"{flow}-{scratch}"]
+        lines.append(
+            f"AAVG4 at the {tag} learning rate: the flow stream from the RGB run {_pm(s[flow]['test_mean'], s[flow]['test_se'])} "
+            f"test accuracy against {_pm(s[scratch]['test_mean'], s[scratch]['test_se'])} from scratch (paired "
+            f"{gap_text(d, se)} points; after epoch 1: {_pct(s[flow]['first_val_mean'])} against "
+            f"{_pct(s[scratch]['first_val_mean'])} validation)"
         )
-    equal = all(s["steps"] == res["steps"] for s in v.values())
+    d, se = video["diffs"]["flow-flow_scratch"]
+    low, low_se = video["diffs"]["flow_low_lr-flow_scratch_low_lr"]
+    if within_noise(d, se) == "within noise":
+        why = (
+            f"the reversal of the earlier single run is within noise over {len(video['seeds'])} seeds on {n} test "
+            f"videos (one video is {100 / n:.1f} points)"
+        )
+        why += (
+            "; at a tenth of the rate the transferred start is ahead beyond noise: the preset's rate after the "
+            "transfer is what erases the RGB start's lead"
+            if within_noise(low, low_se) == "above noise"
+            else ": the finding is that this set cannot tell transfer from scratch"
+        )
+    elif within_noise(low, low_se) != "below noise":
+        why = "the transfer loses at the preset's learning rate and not at a tenth of it: the rate after transfer is the cause"
+    else:
+        why = "the transfer loses at both learning rates: reported as the finding, not fixed"
+    return ["; ".join(lines) + f". So {why}."]
+
+
+def verdicts(res: dict) -> list[str]:
+    warm, chance = res.get("warm"), 1 / res.get("num_classes", 10)
+    lines = []
+    if warm is not None:
+        lines.append(
+            f"Warm start: AAVG1 from scratch for {warm['epochs']} epochs reached {_pct(warm['val'])} validation "
+            f"and {_pct(warm['test'])} test accuracy (chance {_pct(chance)}); 'scratch' rows start from a fresh "
+            "initialisation instead."
+        )
+    equal = headline(res)["equal_steps"]
     lines.append(
-        f"Steps: every run of every variant took {res['steps']} optimizer steps per learner."
+        f"Steps: every run took {res['steps']} optimizer steps per learner whatever its B."
         if equal
-        else f"Steps: the variants did NOT take equal steps ({ {n: s['steps'] for n, s in v.items()} })."
+        else "Steps: the runs did NOT all take the same steps (see the table)."
     )
-    for hi, lo, paper in (("AAVG2", "AAVG1", 2.1), ("AAVG3", "AAVG2", 1.9)):
-        d, se = gap(v[hi], v[lo])
-        if d is None:
-            continue
-        met = se is not None and d >= -se
-        lines.append(
-            f"{hi} - {lo}: {d:+.1f} validation points (se {_num(se)}; the paper +{paper}): the target "
-            f"(>= -1 se) is {'met' if met else 'missed'}."
-        )
-    grew = v["AAVG2"]["max_b"] > 1 or v["AAVG3"]["max_b"] > 1
+    lines += gap_verdicts(res)
     lines.append(
-        f"Batch size: the adaptive variants reached B = {v['AAVG2']['max_b']} (AAVG2) and {v['AAVG3']['max_b']} "
-        "(AAVG3) blocks from 1, so at equal N they saw more data than AAVG1."
-        if grew
-        else "Batch size: the adaptive rule never grew B in this run (no validation fell below the growth "
-        "threshold), so AAVG2 differs from AAVG1 only in its seeds' noise: the paper's condition that the "
-        "rule fires is absent at this size."
+        f"BatchNorm statistics: the model here (the demo model, GroupNorm) has {res['bn_pairs']} BatchNorm (mean, "
+        "var) pairs, so Algorithm 2's m^b/v^b merge (merge_bn_stats) is not exercised by these runs: AAVG3 "
+        "differs from AAVG2 by the merged Adam moments alone. The merge is checked by tests/test_averaging.py "
+        "(averaging.merge_mean_var), not measured here."
     )
-    lines.append(
-        "BatchNorm statistics: merge_bn_stats is off in AAVG1/AAVG2 and on in AAVG3, but the model here (the "
-        f"small CNN with GroupNorm) has {res['bn_pairs']} BatchNorm (mean, var) pairs, so the switch changes "
-        "nothing in these runs; AAVG3 differs from AAVG2 by the merged Adam moments alone. (ResNets here use "
-        "frozen BatchNorm, whose statistics never change, so the merge is an identity for them too.)"
-    )
-    video = res.get("video")
-    if video:
-        f, s, r, fu = (
-            video["flow"]["test"],
-            video["flow_scratch"]["test"],
-            video["rgb"]["test"],
-            video["fused"],
-        )
-        lines.append(
-            f"AAVG4: the flow stream initialised from the RGB run reaches {_pct(f)} test accuracy against "
-            f"{_pct(s)} from scratch in the same {video['flow']['epochs']} epochs; RGB {_pct(r)}, the fusion "
-            f"{_pct(fu['fused'])} on {video['test_videos']} test videos (one seed: a difference of one video "
-            f"is {100 / max(video['test_videos'], 1):.1f} points)."
-        )
+    if res.get("video"):
+        lines += aavg4_verdicts(res["video"])
     return lines
 
 
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1f}"
-
-
 # ------------------------------------------------------------------------------------------ the runs
-def _config(size: dict, storage: str, name: str, seed: int, **overrides):
+def _config(size: dict, storage: str, name: str, seed: int, rule: str, **overrides):
     from raytrain_seq.config import Config
 
     return Config.from_preset(
-        "demo", max_videos=size["videos"], batch_size=1, micro_batch_size=1, learners=2, k=K,
-        validate_every=M, b1=B1, max_batch_size=MAX_B, checkpoint_every=10**9, storage_path=storage, run_name=name, seed=seed, **overrides,
+        "demo", max_videos=size["videos"], batch_size=1, micro_batch_size=1, learners=2, k=K, validate_every=M,
+        batch_rule=rule, max_batch_size=MAX_B, checkpoint_every=10**9, keep_checkpoints=1, tracker="none",
+        storage_path=storage, run_name=name, seed=seed, **overrides,
     )  # fmt: skip
 
 
@@ -238,10 +320,15 @@ def _run(config) -> dict:
     sizes = [h["batch_size"] for h in summary.batch_size_history] or [config.train.batch_size]
     return {
         "name": config.run.run_name, "seed": config.data.seed, "val": history[-1]["accuracy"] if history else None,
-        "val_round": history[-1]["round"] if history else None, "rounds": summary.rounds,
+        "first_val": history[0]["accuracy"] if history else None, "rounds": summary.rounds,
         "test": summary.test_accuracy, "steps": summary.steps, "epochs": summary.epochs, "max_b": max(sizes),
-        "wall_s": time.perf_counter() - began,
+        "test_videos": int(summary.videos.get("test", 0)), "wall_s": time.perf_counter() - began,
     }  # fmt: skip
+
+
+def _say(label: str, out: dict) -> None:
+    print(f"{label}: {out['steps']} steps ({out['epochs']:.2f} epochs), val {_pct(out['val'])}, test "
+          f"{_pct(out['test'])}, B max {out['max_b']}, {out['wall_s']:.0f} s", flush=True)  # fmt: skip
 
 
 def bn_pair_count() -> int:
@@ -255,77 +342,156 @@ def bn_pair_count() -> int:
 
 
 def run_synthetic(size: dict, storage: str) -> dict:
-    warm = _config(size, storage, "warm", 0, epochs=size["warm_epochs"], **VARIANTS["AAVG1"])
-    warmed = _run(warm)
-    print(f"warm start (AAVG1, {size['warm_epochs']} epochs): val {_pct(warmed['val'])}, "
-          f"{warmed['wall_s']:.0f} s", flush=True)  # fmt: skip
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    """The warm start, then per seed and start AAVG1 and both rules' AAVG2 and AAVG3 (seeds outermost, so
+    that a shared machine's load falls on every variant alike)."""
+    warm = _run(
+        _config(size, storage, "warm", 0, "noise-aware", epochs=size["warm_epochs"], **VARIANTS["AAVG1"])
+    )
+    _say(f"warm start (AAVG1, {size['warm_epochs']} epochs)", warm)
+    runs: dict = {start: {rule: {n: [] for n in VARIANTS} for rule in RULES} for start in STARTS}
     for seed in size["seeds"]:
-        for name, switches in VARIANTS.items():
-            config = _config(size, storage, f"{name.lower()}-s{seed}", seed, steps=size["steps"],
-                             init_from=str(Path(storage) / "warm"), **switches)  # fmt: skip
-            out = _run(config)
-            runs[name].append(out)
-            print(f"{name} seed {seed}: {out['steps']} steps ({out['epochs']:.2f} epochs), val {_pct(out['val'])} "
-                  f"(round {out['val_round']} of {out['rounds']}), test {_pct(out['test'])}, B max {out['max_b']}, "
-                  f"{out['wall_s']:.0f} s", flush=True)  # fmt: skip
-    return {"warm": warmed, "runs": runs, "variants": {n: variant_stats(r) for n, r in runs.items()}}
+        for start in STARTS:
+            init = {"init_from": str(Path(storage) / "warm")} if start == "warm" else {}
+            common = {"steps": size["steps"], **init}
+            one = _run(_config(size, storage, f"{start}-aavg1-s{seed}", seed, "noise-aware", **common,
+                               **VARIANTS["AAVG1"]))  # fmt: skip
+            _say(f"{start} AAVG1 seed {seed}", one)
+            for rule in RULES:
+                runs[start][rule]["AAVG1"].append(one)
+                for name in ("AAVG2", "AAVG3"):
+                    tag = f"{start}-{rule}-{name.lower()}-s{seed}"
+                    out = _run(_config(size, storage, tag, seed, rule, **common, **VARIANTS[name]))
+                    _say(f"{start} {rule} {name} seed {seed}", out)
+                    runs[start][rule][name].append(out)
+    grid = {
+        s: {r: {n: variant_stats(v) for n, v in rules.items()} for r, rules in by.items()}
+        for s, by in runs.items()
+    }
+    return {"warm": warm, "runs": runs, "grid": grid}
 
 
-def run_video(size: dict, storage: str) -> dict:
-    """RGB, flow --init-from RGB (AAVG4), flow from scratch, fuse(RGB, AAVG4 flow) on a miniature UCF101."""
+def _video_seed(size: dict, storage: str, data: Path, seed: int) -> dict:
+    """One seed's RGB run, the flow runs from it and from scratch (at the preset's and a tenth of its
+    learning rate) and the fusion of RGB and the AAVG4 flow."""
     from raytrain_seq.config import Config
     from raytrain_seq.runtime.fuse import run_fuse
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from video_fixtures import make_mini_ucf101
-
-    classes, groups, clips = size["ucf"]
-    data = Path(tempfile.mkdtemp(prefix="mini-ucf-", dir=storage))
-    make_mini_ucf101(data, classes, groups, clips)
-
     def config(name: str, **overrides) -> Config:
         return Config.from_preset("mini-video", dataset="ucf101", data_root=str(data), storage_path=storage,
-                                  run_name=name, epochs=size["video_epochs"], **overrides)  # fmt: skip
+                                  run_name=f"{name}-s{seed}", epochs=size["video_epochs"], seed=seed,
+                                  tracker="none", **overrides)  # fmt: skip
 
+    rgb = str(Path(storage) / f"ucf-rgb-s{seed}")
+    low = Config.from_preset("mini-video").train.lr / 10
     out = {"rgb": _run(config("ucf-rgb"))}
-    out["flow"] = _run(config("ucf-flow", stream="flow", init_from=str(Path(storage) / "ucf-rgb")))
+    out["flow"] = _run(config("ucf-flow", stream="flow", init_from=rgb))
     out["flow_scratch"] = _run(config("ucf-flow-scratch", stream="flow"))
-    fused = run_fuse(config("ucf-fuse", stream="fuse", fuse=(str(Path(storage) / "ucf-rgb"),
-                                                               str(Path(storage) / "ucf-flow"))))  # fmt: skip
-    info = fused.extra["fuse"]
-    out["fused"] = {k: info[f"{k}_accuracy"] for k in ("rgb", "flow", "fused")}
-    out["test_videos"] = info["test_videos"]
-    for name in ("rgb", "flow", "flow_scratch"):
-        print(f"ucf {name}: val {_pct(out[name]['val'])}, test {_pct(out[name]['test'])}", flush=True)
-    print(f"ucf fused: {_pct(out['fused']['fused'])} on {out['test_videos']} test videos", flush=True)
+    out["flow_low_lr"] = _run(config("ucf-flow-low", stream="flow", init_from=rgb, lr=low))
+    out["flow_scratch_low_lr"] = _run(config("ucf-flow-scratch-low", stream="flow", lr=low))
+    for key in VIDEO_RUNS:
+        _say(f"ucf {key} seed {seed}", out[key])
+    fused = run_fuse(config("ucf-fuse", stream="fuse", fuse=(rgb, str(Path(storage) / f"ucf-flow-s{seed}"))))
+    out["fused"] = fused.extra["fuse"]["fused_accuracy"]
+    out["test_videos"] = fused.extra["fuse"]["test_videos"]
     return out
 
 
-def run(size_name: str) -> dict:
-    import logging
+def run_video(size: dict, storage: str) -> dict:
+    """Every seed's video runs on one miniature UCF101, with means, standard errors and paired gaps."""
+    sys.path.insert(0, str(ROOT.parent / "tests"))
+    from video_fixtures import make_mini_ucf101
 
-    import ray
+    data = Path(tempfile.mkdtemp(prefix="mini-ucf-", dir=storage))
+    make_mini_ucf101(data, *size["ucf"])
+    by_seed = {seed: _video_seed(size, storage, data, seed) for seed in size["video_seeds"]}
+    stats = {}
+    for key in VIDEO_RUNS:
+        test = mean_se([s[key]["test"] for s in by_seed.values()])
+        first = mean_se([s[key]["first_val"] for s in by_seed.values() if s[key]["first_val"] is not None])
+        stats[key] = {
+            "test_mean": test[0],
+            "test_se": test[1],
+            "first_val_mean": first[0],
+            "first_val_se": first[1],
+        }
+    diffs = {
+        f"{a}-{b}": mean_se([100 * (s[a]["test"] - s[b]["test"]) for s in by_seed.values()])
+        for a, b in (
+            ("flow", "flow_scratch"),
+            ("flow_low_lr", "flow_scratch_low_lr"),
+            ("flow", "flow_low_lr"),
+        )
+    }
+    fused = mean_se([s["fused"] for s in by_seed.values()])
+    test_videos = next(iter(by_seed.values()))["test_videos"]
+    return {"by_seed": by_seed, "stats": stats, "diffs": diffs, "fused": {"mean": fused[0], "se": fused[1]},
+            "test_videos": test_videos, "seeds": list(by_seed)}  # fmt: skip
 
-    from raytrain_seq.runtime.connect import WORKER_REUSE
 
-    size = SIZES[size_name]
+def _points(pair: tuple[float | None, float | None]) -> dict:
+    """A (difference, se) pair in points as the JSON keeps it, with its reading."""
+    return {"diff": pair[0], "se": pair[1], "text": gap_text(*pair)}
+
+
+def run(size_name: str, seeds: list[int] | None = None) -> dict:
+    """Every run of the ablation at ``size_name``; ``seeds`` replaces the size's seeds (synthetic and video
+    runs alike) where a shared machine's time allows fewer."""
+    size = dict(SIZES[size_name])
+    if seeds is not None:
+        size.update(seeds=list(seeds), video_seeds=list(seeds))
     storage = tempfile.mkdtemp(prefix="bench-ablation-")
-    ray.init(address="local", num_cpus=4, namespace="raytrain_seq", include_dashboard=False,
-             log_to_driver=False, _system_config=WORKER_REUSE)  # fmt: skip
-    logging.getLogger("ray").setLevel(logging.WARNING)
     began = time.perf_counter()
     try:
-        res = run_synthetic(size, storage)
-        video = run_video(size, storage)
+        with local_ray(4):
+            res = run_synthetic(size, storage)
+            video = run_video(size, storage)
     finally:
-        ray.shutdown()
         import shutil
 
         shutil.rmtree(storage, ignore_errors=True)  # the runs' checkpoints: the summaries are read
     res.update(size=size, steps=size["steps"], seeds=size["seeds"], video=video, bn_pairs=bn_pair_count())
-    res["aavg4"] = {"flow_val": video["flow"]["val"], "flow_test": video["flow"]["test"],
-                    "flow_scratch_test": video["flow_scratch"]["test"], "rgb_test": video["rgb"]["test"]}  # fmt: skip
-    res["two_stream"] = {**video["fused"], "test_videos": video["test_videos"]}
+    s = video["stats"]
+    res["aavg4"] = {
+        "flow_test": s["flow"]["test_mean"], "flow_test_se": s["flow"]["test_se"],
+        "flow_scratch_test": s["flow_scratch"]["test_mean"], "flow_scratch_test_se": s["flow_scratch"]["test_se"],
+        "rgb_test": s["rgb"]["test_mean"], "flow_minus_scratch": _points(video["diffs"]["flow-flow_scratch"]),
+        "flow_minus_scratch_low_lr": _points(video["diffs"]["flow_low_lr-flow_scratch_low_lr"]),
+        "test_videos": video["test_videos"], "seeds": video["seeds"],
+    }  # fmt: skip
+    res["two_stream"] = {"fused": video["fused"]["mean"], "fused_se": video["fused"]["se"],
+                         "rgb": s["rgb"]["test_mean"], "flow": s["flow"]["test_mean"],
+                         "test_videos": video["test_videos"]}  # fmt: skip
     res["wall_s"] = time.perf_counter() - began
     return res
+
+
+def notes(res: dict) -> list[str]:
+    s, video = res["size"], res["video"]
+    return [
+        f"Synthetic set: {s['videos']} training videos (val and test up to as many), 2 learners of 1 CPU thread on a "
+        f"local Ray cluster (num_cpus=4), the demo model, B = 1 block at the start (at most the paper's {MAX_B}, "
+        f"and at most the rows a learner has per epoch), K = {K}, validation every {M} rounds; rules: 'paper' "
+        "(train.batch_rule paper: grow when validation < 1.0 x its best, b2 = 2) and 'noise-aware' (the job's "
+        "default: grow when validation < its best - the binomial standard error); every variant --steps "
+        f"{s['steps']} (batch_growth 'steps', the default, lets B grow under a step budget); warm start: AAVG1 "
+        f"for {s['warm_epochs']} epochs from scratch (seed 0), the --init-from of every 'warm' run; seeds "
+        f"{s['seeds']} (data.seed: the videos, plans, augmentations and initial weights). 'val acc' is each "
+        f"run's last validation (every {M} rounds), 'test acc' its final model's.",
+        f"Miniature UCF101 (tests/video_fixtures.py: {s['ucf'][0]} classes x {s['ucf'][1]} groups x {s['ucf'][2]} "
+        f"clips, {video['test_videos']} test videos), preset mini-video (learning rate 1e-2; 'preset / 10' = "
+        f"1e-3), {s['video_epochs']} epochs, seeds {video['seeds']}; the fusion averages the softmax of the RGB "
+        f"and the AAVG4 flow run per test video. Whole section: {res['wall_s'] / 60:.1f} min.",
+    ]
+
+
+def report_headline(res: dict) -> dict:
+    """The headline keys docs/BENCHMARKS.md's table reads: each paper step with its se, per rule (warm)."""
+    head = headline(res)
+    out = {}
+    for rule in RULES:
+        g = head["by_rule"][rule][HEADLINE_START]["gaps"]
+        key = rule.replace("-", "_")
+        out[f"{key}_aavg2_minus_1"] = g["aavg2_minus_1_val"]["text"]
+        out[f"{key}_aavg3_minus_2"] = g["aavg3_minus_2_val"]["text"]
+    out["aavg4_minus_scratch"] = res["aavg4"]["flow_minus_scratch"]["text"]
+    return {**out, **head}

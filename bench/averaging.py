@@ -10,8 +10,9 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
 1. K in {1, 4, 16, -1 (epoch)} -> test accuracy, wall time of the learners, share of it spent averaging
    (``RunSummary.seconds``); m (validate every m rounds) is set so that every K validates once per epoch.
 2. The AAVG1..3 ablation lives in ``bench/ablation.py`` and runs alone (``--only ablation``, its own
-   result ``averaging_ablation``): every variant takes the same N steps (``--steps``) from one warm start,
-   over several seeds, plus AAVG4 and the two-stream fusion on a miniature real-video set.
+   result ``averaging_ablation``): every variant takes the same N steps (``--steps``) under both batch
+   rules (``--batch-rule paper|noise-aware``), from scratch and from one warm start, over several seeds,
+   plus AAVG4 and the two-stream fusion over seeds on a miniature real-video set.
 3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
    step, gloo on CPU): the same feed (``runtime.feed.create_feed``, rows through ``runtime.learner_feed.LearnerFeed``),
    model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
@@ -29,6 +30,7 @@ batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB s
     python bench/averaging.py --tiny     # one short run of each kind
     python bench/averaging.py --only bandwidth --json   # the data plane only; last line: one JSON object
     python bench/averaging.py --only ablation --json    # the ablation at equal N; last line: one JSON object
+    python bench/averaging.py --only ablation --tiny --json   # its tiny size (bench/ablation.py, SIZES)
 """
 
 from __future__ import annotations
@@ -244,8 +246,20 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
-    out = []
+Table = tuple[str, list[str], list[list[str]]]  # (title, header, rows)
+
+
+def tables(res: dict, args) -> list[Table]:
+    """The K table, AAVG against DDP (when run), the bandwidth and round tables and the cost model."""
+    out = [_k_table(res)]
+    if res["ddp"] is not None:
+        out.append(_ddp_table(res))
+    out += _bandwidth_tables(res["bandwidth"])
+    out.append(_cost_table(res, args))
+    return out
+
+
+def _k_table(res: dict) -> Table:
     header = [
         "K",
         "m",
@@ -262,18 +276,24 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
          fmt(r["learner_s"], ".1f"), fmt(r["averaging_s"], ".1f"), _pct(r["share"]), f"{res['size']['batch']}->{r['final_b']}"]
         for r in res["ks"]
     ]  # fmt: skip
-    out.append(("K (local steps between averaging rounds):", header, rows))
-    if res["ddp"] is not None:
-        target, t_a, t_d = res["target"], res["t_aavg"], res["t_ddp"]
-        header = ["run", "test acc", "best val", f"s to val >= {_pct(target)}", "learners s", "vs AAVG"]
-        rows = [
+    return "K (local steps between averaging rounds):", header, rows
+
+
+def _ddp_table(res: dict) -> Table:
+    target, t_a, t_d = res["target"], res["t_aavg"], res["t_ddp"]
+    header = ["run", "test acc", "best val", f"s to val >= {_pct(target)}", "learners s", "vs AAVG"]
+    rows = [
             ["AAVG (K = epoch, adaptive, merge)", _pct(res["aavg"]["test"]), _pct(res["aavg"]["best_val"]), fmt(t_a, ".1f"),
              fmt(res["aavg"]["learner_s"], ".1f"), "1.00x"],
             ["Ray Train TorchTrainer + DDP (all-reduce every step)", _pct(res["ddp"]["test"]), _pct(res["ddp"]["best_val"]),
              fmt(t_d, ".1f"), fmt(res["ddp"]["learner_s"], ".1f"), fmt(t_d / t_a if t_a and t_d else None, ".2f") + "x"],
         ]  # fmt: skip
-        out.append(("Time to the same validation accuracy, AAVG vs DDP:", header, rows))
-    b = res["bandwidth"]
+    return "Time to the same validation accuracy, AAVG vs DDP:", header, rows
+
+
+def _bandwidth_tables(b: dict) -> list[Table]:
+    """The paths' bandwidth, and the rounds by learners when --only bandwidth measured them."""
+    out = []
     header = ["path", "MB per round", "seconds", "MB/s", "vs numpy"]
     names = {"numpy": "numpy mean, one process", "library": "average_states + merge_adam_states, one process",
              "actor": "sharded data plane, one round of 2 learner processes"}  # fmt: skip
@@ -304,6 +324,10 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append(
             ("Averaging rounds by learners (100 MB per learner, one shard per learner):", header, rows)
         )
+    return out
+
+
+def _cost_table(res: dict, args) -> Table:
     header = [
         "NIC",
         "payload per learner",
@@ -318,20 +342,29 @@ def tables(res: dict, args) -> list[tuple[str, list[str], list[list[str]]]]:
          f"{c['sharded_round_s']:.2f}", f"{c['ring_epoch_s']:.2f}"]
         for c in res["cost"]
     ]  # fmt: skip
-    out.append(
-        (
-            f"Cost model, {args.cost_learners} learners of ResNet-152 size ({RESNET152_PARAMS / 1e6:.1f}M params):",
-            header,
-            rows,
-        )
+    return (
+        f"Cost model, {args.cost_learners} learners of ResNet-152 size ({RESNET152_PARAMS / 1e6:.1f}M params):",
+        header,
+        rows,
     )
-    return out
 
 
 def verdicts(res: dict) -> tuple[list[str], dict]:
+    """The verdict lines (K, DDP, bandwidth, cost model) and the headline numbers they quote."""
+    out, head = [], {}
+    out += _k_verdict(res, head)
+    out += _ddp_verdict(res, head)
+    b = res["bandwidth"]["mbps"]
+    head.update(actor_mbps=b["actor"], numpy_mbps=b["numpy"])
+    out.append(_bandwidth_verdict(res))
+    out.append(_cost_verdict(res))
+    return out, head
+
+
+def _k_verdict(res: dict, head: dict) -> list[str]:
     from benchlib import compare_accuracy
 
-    out, head = [], {}
+    out = []
     ks = {r["k"]: r for r in res["ks"]}
     head["share_k_epoch"] = ks[-1]["share"]
     if 1 in ks:
@@ -344,64 +377,82 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
             f"{word} K=1's ({_pct(a['test'])} vs {_pct(b['test'])}); the paper: K = -1 converges well with "
             "near-linear speed-up."
         )
+    return out
+
+
+def _ddp_verdict(res: dict, head: dict) -> list[str]:
+    """AAVG against DDP: near chance there is nothing to compare; else the speed and, when AAVG is slower,
+    where its time went (the epochs each needed, the learners' waiting in the rounds)."""
     chance = 1.0 / res.get("num_classes", 10)
     if res["ddp"] is not None and res["target"] is not None and res["target"] < 1.5 * chance:
-        out.append(
+        return [
             f"Against Ray Train + DDP: the lower of the two best validation accuracies is {_pct(res['target'])}, near "
             f"chance ({_pct(chance)}): too little training at this size for a time-to-accuracy comparison."
-        )
-    elif res["ddp"] is not None and res["t_aavg"] and res["t_ddp"]:
-        speed = res["t_ddp"] / res["t_aavg"]
-        head["ddp_over_aavg_time"] = speed
-        a = res["aavg"]
-        split = ""
-        epochs = {run: epoch_to_reach(res[run]["history"], res["target"]) for run in ("aavg", "ddp")}
-        if speed < 1 and all(epochs.values()):
-            # An illustration with made-up round numbers: AAVG there after epoch 5 in 12.5 s (2.5 s an
-            # epoch), DDP after epoch 4 in 8.0 s (2.0 s an epoch): one epoch more for one average per epoch,
-            # and epochs round(100 * (2.5 / 2.0 - 1)) = 25 % longer.
-            per = {run: res[f"t_{run}"] / epochs[run] for run in ("aavg", "ddp")}
-            more = epochs["aavg"] - epochs["ddp"]
-            longer = round(100 * (per["aavg"] / per["ddp"] - 1))
-            length = (
-                "as long as"
-                if longer == 0
-                else f"{abs(longer)} % {'longer' if longer > 0 else 'shorter'} than"
-            )
-            split = (
-                f" AAVG's averaged model first scored it after epoch {epochs['aavg']} ({per['aavg']:.2f} s of "
-                f"learner time an epoch), DDP after epoch {epochs['ddp']} ({per['ddp']:.2f} s an epoch): AAVG "
-                f"needed {more} epoch(s) more (one average per epoch against an all-reduce every step), and its "
-                f"epochs were {length} DDP's."
-            )
-        if speed < 1 and a.get("mean_averaging_s"):
-            waiting, plane = a["waiting_s"], a["mean_averaging_s"] - a["waiting_s"]
-            split += (
-                f" What stands in the way, measured: of the AAVG learners' {a['mean_averaging_s']:.1f} s (mean) inside "
-                f"averaging calls, {waiting:.1f} s is waiting for the round's last learner to arrive (the two "
-                f"learners' compute differs from epoch to epoch on the 2 shared cores) and {plane:.1f} s the rounds "
-                f"themselves (put, merge, read back, install); without the waiting AAVG would take "
-                f"{max(res['t_aavg'] - waiting, 1e-9):.1f} s ({res['t_ddp'] / max(res['t_aavg'] - waiting, 1e-9):.2f}x)."
-            )
-        out.append(
-            f"Against Ray Train + DDP: AAVG reaches {_pct(res['target'])} validation accuracy in {res['t_aavg']:.1f} s of "
-            f"learner time, DDP in {res['t_ddp']:.1f} s ({speed:.2f}x; above 1 means AAVG is faster).{split} The paper's "
-            f"{PAPER_SPEEDUP:.0f}x is over single-GPU SGD on 16 GPUs, not over DDP, and is not comparable at 2 CPU learners."
-        )
+        ]
+    if res["ddp"] is None or not (res["t_aavg"] and res["t_ddp"]):
+        return []
+    speed = res["t_ddp"] / res["t_aavg"]
+    head["ddp_over_aavg_time"] = speed
+    split = _epochs_clause(res) + _waiting_clause(res) if speed < 1 else ""
+    return [
+        f"Against Ray Train + DDP: AAVG reaches {_pct(res['target'])} validation accuracy in {res['t_aavg']:.1f} s of "
+        f"learner time, DDP in {res['t_ddp']:.1f} s ({speed:.2f}x; above 1 means AAVG is faster).{split} The paper's "
+        f"{PAPER_SPEEDUP:.0f}x is over single-GPU SGD on 16 GPUs, not over DDP, and is not comparable at 2 CPU learners."
+    ]
+
+
+def _epochs_clause(res: dict) -> str:
+    """When AAVG was slower: the epochs each run needed to reach the target and their lengths."""
+    epochs = {run: epoch_to_reach(res[run]["history"], res["target"]) for run in ("aavg", "ddp")}
+    if not all(epochs.values()):
+        return ""
+    # An illustration with made-up round numbers: AAVG there after epoch 5 in 12.5 s (2.5 s an
+    # epoch), DDP after epoch 4 in 8.0 s (2.0 s an epoch): one epoch more for one average per epoch,
+    # and epochs round(100 * (2.5 / 2.0 - 1)) = 25 % longer.
+    per = {run: res[f"t_{run}"] / epochs[run] for run in ("aavg", "ddp")}
+    more = epochs["aavg"] - epochs["ddp"]
+    longer = round(100 * (per["aavg"] / per["ddp"] - 1))
+    length = "as long as" if longer == 0 else f"{abs(longer)} % {'longer' if longer > 0 else 'shorter'} than"
+    return (
+        f" AAVG's averaged model first scored it after epoch {epochs['aavg']} ({per['aavg']:.2f} s of "
+        f"learner time an epoch), DDP after epoch {epochs['ddp']} ({per['ddp']:.2f} s an epoch): AAVG "
+        f"needed {more} epoch(s) more (one average per epoch against an all-reduce every step), and its "
+        f"epochs were {length} DDP's."
+    )
+
+
+def _waiting_clause(res: dict) -> str:
+    """When AAVG was slower: its learners' time in averaging calls, waiting against the rounds proper."""
+    a = res["aavg"]
+    if not a.get("mean_averaging_s"):
+        return ""
+    waiting, plane = a["waiting_s"], a["mean_averaging_s"] - a["waiting_s"]
+    return (
+        f" What stands in the way, measured: of the AAVG learners' {a['mean_averaging_s']:.1f} s (mean) inside "
+        f"averaging calls, {waiting:.1f} s is waiting for the round's last learner to arrive (the two "
+        f"learners' compute differs from epoch to epoch on the 2 shared cores) and {plane:.1f} s the rounds "
+        f"themselves (put, merge, read back, install); without the waiting AAVG would take "
+        f"{max(res['t_aavg'] - waiting, 1e-9):.1f} s ({res['t_ddp'] / max(res['t_aavg'] - waiting, 1e-9):.2f}x)."
+    )
+
+
+def _bandwidth_verdict(res: dict) -> str:
     b = res["bandwidth"]["mbps"]
-    head.update(actor_mbps=b["actor"], numpy_mbps=b["numpy"])
     job_mb = res.get("job_payload_mb", 0.0)
-    out.append(
+    return (
         f"Bandwidth: a round of 2 learners through the sharded data plane averages {b['actor']:,.0f} MB/s "
         f"({b['actor'] / b['numpy']:.2f}x a one-process numpy mean at {b['numpy']:,.0f} MB/s; the library arithmetic "
         f"alone {b['library']:,.0f} MB/s). This job's model sends {job_mb:.2f} MB per learner per round, i.e. "
         f"{2 * job_mb / b['actor'] * 1e3:.1f} ms of averaging per round at that rate."
         + rounds_clause(res["bandwidth"])
     )
+
+
+def _cost_verdict(res: dict) -> str:
     c = next((c for c in res["cost"] if c["nic"] == 100), res["cost"][0])
     bigger = "arithmetic" if c["mean_s"] > c["wire_s"] else "the wire"
     more = "more" if c["wire_s"] > c["ring_epoch_s"] else "fewer"
-    out.append(
+    return (
         f"Cost model (formula in the notes): at {c['nic']:g} Gbit/s one round for {res['cost_learners']} ResNet-152 "
         f"learners takes about {c['round_s']:.1f} s at the averager: {c['wire_s']:.1f} s on its NIC (the star's hot "
         f"spot) + {c['mean_s']:.1f} s of arithmetic at this machine's single-actor speed, so {bigger} dominates. DDP's "
@@ -411,7 +462,6 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         f"learner), the same round costs about {c['sharded_round_s']:.2f} s: each node moves 2 payloads and each shard "
         "averages one, whatever the number of learners."
     )
-    return out, head
 
 
 def rounds_clause(band: dict) -> str:
@@ -435,66 +485,92 @@ def rounds_clause(band: dict) -> str:
         )
     split = band.get("split_s", {}).get("2")
     if split:
-        channels = band.get("transport") == "channels"
-        send, merge, rest = (
-            ("writing its slices into its channels", "read + merge + write into its channel", "and the reads of the merged slices")
-            if channels
-            else ("putting its slices in the object store", "read + merge", "and the merged slices' copy into the object store")
-        )  # fmt: skip
+        text += _split_clause(band, split) + _floor_clause(band) + _transport_clause(band)
+        text += _after_round_clause(split)
+    return text
+
+
+def _split_clause(band: dict, split: dict) -> str:
+    """Where a learner's time in a round of 2 goes: packing, sending, waiting for the merged state."""
+    channels = band.get("transport") == "channels"
+    text = ""
+    send, merge, rest = (
+        ("writing its slices into its channels", "read + merge + write into its channel", "and the reads of the merged slices")
+        if channels
+        else ("putting its slices in the object store", "read + merge", "and the merged slices' copy into the object store")
+    )  # fmt: skip
+    text += (
+        f" At 2 learners a learner spends {1e3 * split['pack_s']:.0f} ms packing, {1e3 * split['put_s']:.0f} ms "
+        f"{send} and {1e3 * split['average_s']:.0f} ms from sending to holding the "
+        f"merged state, of which the slowest shard's {merge} is {1e3 * split.get('shard_merge_s', 0):.0f} ms; "
+        f"the other {1e3 * (split['average_s'] - split.get('shard_merge_s', 0)):.0f} ms are the round's actor "
+        f"calls (learner to control plane to shards and back) {rest}."
+    )
+    if "driver_round_s" in split:
         text += (
-            f" At 2 learners a learner spends {1e3 * split['pack_s']:.0f} ms packing, {1e3 * split['put_s']:.0f} ms "
-            f"{send} and {1e3 * split['average_s']:.0f} ms from sending to holding the "
-            f"merged state, of which the slowest shard's {merge} is {1e3 * split.get('shard_merge_s', 0):.0f} ms; "
-            f"the other {1e3 * (split['average_s'] - split.get('shard_merge_s', 0)):.0f} ms are the round's actor "
-            f"calls (learner to control plane to shards and back) {rest}."
+            f" (These are the learners' clocks; timed by the driver, which dispatches each round to the "
+            f"learners and collects their replies, a round of 2 takes {1e3 * split['driver_round_s']:.0f} ms.)"
         )
-        if "driver_round_s" in split:
-            text += (
-                f" (These are the learners' clocks; timed by the driver, which dispatches each round to the "
-                f"learners and collects their replies, a round of 2 takes {1e3 * split['driver_round_s']:.0f} ms.)"
+    return text
+
+
+def _floor_clause(band: dict) -> str:
+    """The same round's copies and merge without Ray, beside numpy's mean."""
+    text = ""
+    floor = band.get("floor_s") or {}
+    numpy_s = band.get("seconds", {}).get("numpy")
+    if floor and numpy_s:
+        text += (
+            f" Without Ray, the same two processes do the round's copies and merge in {1e3 * floor['total']:.0f} ms "
+            f"(the puts' copy {1e3 * floor['put']:.0f}, the shards' merge {1e3 * floor['merge']:.0f}, their "
+            f"return {1e3 * floor['return']:.0f}), {floor['total'] / numpy_s:.2f}x the numpy mean's "
+            f"{1e3 * numpy_s:.0f} ms: the round's other {1e3 * (band['round_s']['2'] - floor['total']):.0f} ms "
+            + (
+                "are Ray's part (the channel writes and reads beyond their copies, the actor calls)."
+                if band.get("transport") == "channels"
+                else "are Ray's part (the puts and reads beyond their copies, the actor calls, the return's "
+                "serialisation)."
             )
-        floor = band.get("floor_s") or {}
-        numpy_s = band.get("seconds", {}).get("numpy")
-        if floor and numpy_s:
-            text += (
-                f" Without Ray, the same two processes do the round's copies and merge in {1e3 * floor['total']:.0f} ms "
-                f"(the puts' copy {1e3 * floor['put']:.0f}, the shards' merge {1e3 * floor['merge']:.0f}, their "
-                f"return {1e3 * floor['return']:.0f}), {floor['total'] / numpy_s:.2f}x the numpy mean's "
-                f"{1e3 * numpy_s:.0f} ms: the round's other {1e3 * (band['round_s']['2'] - floor['total']):.0f} ms "
-                + (
-                    "are Ray's part (the channel writes and reads beyond their copies, the actor calls)."
-                    if band.get("transport") == "channels"
-                    else "are Ray's part (the puts and reads beyond their copies, the actor calls, the return's "
-                    "serialisation)."
-                )
+        )
+    return text
+
+
+def _transport_clause(band: dict) -> str:
+    """The transport the rounds went through, and the other one's round for comparison."""
+    text = ""
+    other_s = band.get("other_round_s")
+    if other_s:
+        channels = band.get("transport") == "channels"
+        text += (
+            f" These rounds go through {band.get('transport', 'the object store')}"
+            + (
+                " (Ray's shared-memory channels, written in place every round: no new objects, and no "
+                "object reference in any message; raytrain_seq/dataplane/generations.py)"
+                if channels
+                else ""
             )
-        other_s = band.get("other_round_s")
-        if other_s:
-            channels = band.get("transport") == "channels"
-            text += (
-                f" These rounds go through {band.get('transport', 'the object store')}"
-                + (
-                    " (Ray's shared-memory channels, written in place every round: no new objects, and no "
-                    "object reference in any message; raytrain_seq/dataplane/generations.py)"
-                    if channels
-                    else ""
-                )
-                + f"; through {'the object store' if channels else 'the channels'} instead, the same learners "
-                f"take {1e3 * other_s:.0f} ms a round, {other_vs_numpy(band):.2f}x numpy's bandwidth."
-            )
-        if "install_s" in split:
-            text += (
-                f" After the round a learner writes the merged state into its flat buffers in "
-                f"{1e3 * split['install_s']:.0f} ms (not part of the round)."
-            )
-        if "populate_s" in split:
-            text += (
-                f" Each learner mapped the object store's memory once before the rounds measured "
-                f"({split['populate_s']:.2f} s; in training, in the K steps after its first round), each shard after "
-                f"its first merge ({split.get('shard_populate_s', float('nan')):.2f} s): without it, every "
-                "round of a run's first ones pays a page fault per 4 KiB it puts or reads "
-                "(raytrain_seq/runtime/store_memory.py)."
-            )
+            + f"; through {'the object store' if channels else 'the channels'} instead, the same learners "
+            f"take {1e3 * other_s:.0f} ms a round, {other_vs_numpy(band):.2f}x numpy's bandwidth."
+        )
+    return text
+
+
+def _after_round_clause(split: dict) -> str:
+    """What a learner does once per run or after each round, outside the round's own time."""
+    text = ""
+    if "install_s" in split:
+        text += (
+            f" After the round a learner writes the merged state into its flat buffers in "
+            f"{1e3 * split['install_s']:.0f} ms (not part of the round)."
+        )
+    if "populate_s" in split:
+        text += (
+            f" Each learner mapped the object store's memory once before the rounds measured "
+            f"({split['populate_s']:.2f} s; in training, in the K steps after its first round), each shard after "
+            f"its first merge ({split.get('shard_populate_s', float('nan')):.2f} s): without it, every "
+            "round of a run's first ones pays a page fault per 4 KiB it puts or reads "
+            "(raytrain_seq/runtime/store_memory.py)."
+        )
     return text
 
 
@@ -619,39 +695,29 @@ def only_bandwidth(args) -> dict:
 
 
 def only_ablation(args, argv: list[str] | None) -> dict:
-    """AAVG1..3 at equal N from one warm start over seeds, AAVG4 and the fusion (``bench/ablation.py``);
-    writes the ``averaging_ablation`` result and, with ``--json``, prints its headline as the last line."""
+    """AAVG1..3 under both batch rules from scratch and warm over seeds, AAVG4 and the fusion
+    (``bench/ablation.py``); writes the ``averaging_ablation`` result and, with ``--json``, prints its
+    headline as the last line."""
     import json
 
-    res = ablation.run(args.size)
+    res = ablation.run(args.size, args.seeds)
+    kept = Path(tempfile.mkstemp(prefix="ablation-", suffix=".json")[1])
+    kept.write_text(json.dumps(res, default=str))  # the raw runs, should the tables below fail
+    print(f"raw ablation results: {kept}", flush=True)
     head = ablation.headline(res)
     extra = ablation.tables(res)
     _, header, rows = extra[0]
-    s = res["size"]
-    notes = [
-        f"Synthetic set: {s['videos']} training videos (val and test up to as many), 2 learners of 1 CPU thread on a "
-        f"local Ray cluster (num_cpus=4), the demo model, B = 1 block at the start (at most {ablation.MAX_B}), "
-        f"K = {ablation.K}, validation every {ablation.M} rounds, b1 = {ablation.B1} (the paper's growth test); warm start: AAVG1 for {s['warm_epochs']} epochs from scratch (seed 0), then every "
-        f"variant --init-from it and --steps {s['steps']}; seeds {s['seeds']} (data.seed: the videos, plans and "
-        "augmentations). 'val acc' is each run's last validation (the evaluator's, every "
-        f"{ablation.M} rounds), 'test acc' its final model's; mean +- standard error over the seeds.",
-        f"Miniature UCF101 (tests/video_fixtures.py: {s['ucf'][0]} classes x {s['ucf'][1]} groups x {s['ucf'][2]} "
-        f"clips), preset mini-video, {s['video_epochs']} epochs, one seed; the fusion averages the softmax of the RGB "
-        f"and the AAVG4 flow run per test video. Whole section: {res['wall_s'] / 60:.1f} min.",
-    ]
-    verdicts = ablation.verdicts(res)
-    d21, _ = ablation.gap(res["variants"]["AAVG2"], res["variants"]["AAVG1"])
-    d32, _ = ablation.gap(res["variants"]["AAVG3"], res["variants"]["AAVG2"])
     result = Result(
         name="averaging_ablation",
-        title="AAVG ablation at equal steps: AAVG1..3 over seeds, AAVG4 and two streams (`bench/averaging.py --only ablation`)",
+        title="AAVG ablation at equal steps: AAVG1..3 under both batch rules, AAVG4 and two streams "
+        "(`bench/averaging.py --only ablation`)",
         command=command_line(argv, "averaging.py"),
         size=args.size,
         header=header,
         rows=rows,
-        notes=notes,
-        verdicts=verdicts,
-        headline={"aavg2_minus_1": d21, "aavg3_minus_2": d32, **head},
+        notes=ablation.notes(res),
+        verdicts=ablation.verdicts(res),
+        headline=ablation.report_headline(res),
         extra_tables=extra[1:],
     )
     write_results(result, args.results)
@@ -661,6 +727,22 @@ def only_ablation(args, argv: list[str] | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.only == "bandwidth":
+        return only_bandwidth(args)
+    if args.only == "ablation":
+        if args.seeds is not None and len(set(args.seeds)) < 2:
+            parser.error(f"--seeds needs two distinct seeds or more (a standard error), got {args.seeds}")
+        return only_ablation(args, argv)
+    _check_sizes(parser, args)
+    res = run(args)
+    _derive(res, args)
+    _write(res, args, argv)
+    return res
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_size_flags(parser)
     parser.add_argument("--videos", type=int, default=None)
@@ -668,6 +750,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=None, help="blocks per learner step")
     parser.add_argument("--ks", type=int, nargs="+", default=None, help="K values (must include -1)")
     parser.add_argument("--seed", type=int, default=0, help="data.seed of every run: the videos, plans, init")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="--only ablation: its seeds (>= 2; default: by size)",
+    )
     parser.add_argument("--cost-learners", type=int, default=16)
     parser.add_argument(
         "--cost-batch", type=int, default=32, help="per-learner batch of the DDP ring estimate"
@@ -681,11 +770,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--json", action="store_true", help="print the headline numbers as one JSON last line"
     )
-    args = parser.parse_args(argv)
-    if args.only == "bandwidth":
-        return only_bandwidth(args)
-    if args.only == "ablation":
-        return only_ablation(args, argv)
+    return parser
+
+
+def _check_sizes(parser: argparse.ArgumentParser, args) -> None:
+    """Bad sizes stop here, before any run (parser.error exits with the flag and its bound)."""
     if args.ks is not None and (-1 not in args.ks or any(k < 1 and k != -1 for k in args.ks)):
         parser.error(
             f"--ks must be -1 or ints >= 1 and include -1 (AAVG3 and the DDP reference), got {args.ks}"
@@ -696,7 +785,11 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(
                 f"--{name} must be >= {10 if name == 'videos' else 1} (videos: one per class), got {value}"
             )
-    res = run(args)
+
+
+def _derive(res: dict, args) -> None:
+    """What the tables and verdicts read beside the runs: the test set's size, the cost model, the target
+    accuracy and each run's time to it, the job's payload."""
     res["test_videos"] = len(
         LocalData(
             Config.from_preset("demo", max_videos=res["size"]["videos"], seed=res["size"]["seed"])
@@ -723,6 +816,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     model = build_model_for(config, num_classes=10, in_channels=3)
     res["job_payload_mb"] = 3 * sum(p.numel() for p in model.parameters()) * 4 / 1e6
+
+
+def _write(res: dict, args, argv: list[str] | None) -> None:
+    """The averaging result: its tables, notes and verdicts, in bench/results (or --results)."""
+    mean_gbps = res["bandwidth"]["mbps"]["library"] / 1e3
+    steps = res["cost_steps"]
     extra = tables(res, args)
     _, header, rows = extra[0]
     lines, head = verdicts(res)
@@ -754,7 +853,6 @@ def main(argv: list[str] | None = None) -> dict:
         extra_tables=extra[1:],
     )
     write_results(result, args.results, try_plot(plot, res))
-    return res
 
 
 if __name__ == "__main__":

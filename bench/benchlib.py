@@ -11,16 +11,22 @@ the synthetic catalogs (``raytrain_seq.data.synthetic``), the partial and final 
 ``raytrain_seq.rows.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
 learner receives for the same seed, epoch and plan.
 
-Nothing here imports ray; matplotlib is imported inside ``new_figure`` only.
+Nothing here imports ray at import time (``local_ray`` imports it when called); matplotlib is imported
+inside ``new_figure`` only. The run-level helpers (``mean_se``, ``tree_cpu_seconds``, ``CpuSampler``,
+``local_ray``) serve the benchmarks that run the whole job (``raytrain_seq.runtime.driver.run``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import platform
+import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.packing import PackPlan, pack
+from raytrain_seq.packing import Block, PackPlan, pack
 from raytrain_seq.rows.assembly import EpochShard, assemble_rows, max_sequences_bound, plan_specs, shard_items
 from raytrain_seq.seeds import partial_rng, plan_seed
 from raytrain_seq.step import collate_rows
@@ -255,6 +261,152 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------------------- whole runs
+def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """(mean, standard error = sample std / sqrt(n)); se None below 2 values, both None for none.
+
+    [0.5, 0.7, 0.6] -> (0.6, 0.0577...).
+    """
+    values = list(values)
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, statistics.stdev(values) / math.sqrt(len(values))
+
+
+def within_noise(diff: float | None, se: float | None) -> str:
+    """How a difference stands against its standard error: "within noise" (|diff| <= 2 se), "above" or
+    "below" noise, or "no standard error" (fewer than 2 runs). +2.0 with se 2.7 -> "within noise"."""
+    if diff is None or se is None:
+        return "no standard error"
+    if abs(diff) <= 2 * se:
+        return "within noise"
+    return "above noise" if diff > 0 else "below noise"
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``root`` (default: this one) and every live descendant,
+    plus the children they already reaped (``cutime``/``cstime``), read from /proc: Ray's raylet, GCS and
+    workers are descendants of the driver that ``ray.init`` started them from. CPU time is what the work
+    costs whatever else runs on the box."""
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for pid, (fields, _) in processes().items():
+        parent[pid] = int(fields[STAT_PPID])
+        cpu[pid] = sum(int(fields[k]) for k in (STAT_UTIME, STAT_STIME, STAT_CUTIME, STAT_CSTIME)) / tick
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, frontier = {root}, [root]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(cpu.get(pid, 0.0) for pid in tree)
+
+
+# Field 19 of /proc/PID/stat after the command: the process's start time, which tells a reused pid apart.
+STAT_STARTTIME = 19
+
+
+class TreeCpu:
+    """The CPU seconds (user + system) every process of a tree has spent, counting the ones that exited.
+
+    ``tree_cpu_seconds`` loses a process's CPU when it exits and its parent does not collect it (Ray's
+    workers, and Ray Train's when their placement group goes: the reading then drops). Called repeatedly,
+    this keeps each process's last reading, keyed by (pid, start time), so the sum only grows; a process
+    born and gone between two calls, and the CPU of one after its last reading, are not counted (the
+    interval bounds that loss)."""
+
+    def __init__(self, root: int | None = None) -> None:
+        self.root = os.getpid() if root is None else root
+        self._last: dict[tuple[int, str], float] = {}
+
+    def __call__(self) -> float:
+        tick = os.sysconf("SC_CLK_TCK")
+        procs = processes()
+        children: dict[int, list[int]] = {}
+        for pid, (fields, _) in procs.items():
+            children.setdefault(int(fields[STAT_PPID]), []).append(pid)
+        tree, frontier = {self.root}, [self.root]
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if child not in tree:
+                    tree.add(child)
+                    frontier.append(child)
+        for pid in tree & procs.keys():
+            fields = procs[pid][0]
+            self._last[(pid, fields[STAT_STARTTIME])] = (
+                int(fields[STAT_UTIME]) + int(fields[STAT_STIME])
+            ) / tick
+        return sum(self._last.values())
+
+
+class CpuSampler:
+    """A thread that reads a process tree's CPU (``TreeCpu``) every ``interval_s`` with the wall clock
+    (time.time()); ``between(a, b)`` interpolates the CPU seconds spent between two wall times, so a run's
+    phases (its warm epochs, say) get their own CPU from stamps the run reports afterwards."""
+
+    def __init__(self, interval_s: float = 0.25, read: Callable[[], float] | None = None) -> None:
+        self._interval, self._read = interval_s, read if read is not None else TreeCpu()
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append((time.time(), self._read()))
+            if self._stop.wait(self._interval):
+                self.samples.append((time.time(), self._read()))
+                return
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, when: float) -> float:
+        """The CPU reading at wall time ``when``, linear between the samples around it (clamped)."""
+        times = [t for t, _ in self.samples]
+        values = [c for _, c in self.samples]
+        return float(np.interp(when, times, values))
+
+    def between(self, start: float, end: float) -> float:
+        return self.at(end) - self.at(start)
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 4) -> Iterator[None]:
+    """A private in-process Ray cluster for a benchmark's runs (never someone else's: address "local"),
+    shut down on the way out; ``raytrain_seq.runtime.connect`` then uses it."""
+    import ray
+
+    from raytrain_seq.runtime.connect import WORKER_REUSE
+
+    ray.init(address="local", num_cpus=num_cpus, namespace="raytrain_seq", include_dashboard=False,
+             log_to_driver=False, _system_config=WORKER_REUSE)  # fmt: skip
+    logging.getLogger("ray").setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average (how shared it was while a run took its wall-clock time)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
 # ------------------------------------------------------------------------------------------ baselines
 SAMPLING_SENTENCE = (
     "Sampling solution, where each sequence is trimmed to match a smaller size, usually the "
@@ -284,6 +436,27 @@ def sampling_plan(lengths, t_max: int, *, seed: int = 0) -> PackPlan:
         plan.sequences,
         deleted=plan.deleted + sum(block.frames for block in short),
         cut=plan.cut,
+    )
+
+
+def mix_pad_plan(lengths, t_max: int, *, seed: int = 0) -> PackPlan:
+    """The BLoad paper's "mix pad" baseline as its Table I's numbers pin it: every sequence padded or trimmed
+    to one sample of exactly ``t_max`` frames (the mean length), one sample per sequence.
+
+    The text never describes "mix pad", but Table I does: on Action Genome's 7,464 training videos (166,785
+    frames) it deletes 40,289 frames and pads 37,712; 166,785 - 40,289 + 37,712 = 164,208 = 7,464 x 22
+    exactly, and 22 is the mean length (166,785 / 7,464 = 22.3). So each video becomes one sample of 22
+    frames: a longer one keeps its first 22 (the rest deleted), a shorter one is padded. (Sampling's
+    166,785 - 92,271 = 74,514 = 3,387 x 22 frames fit the pieces of ``sampling_plan`` the same way.)
+    Lengths [50, 30, 10] at t_max 22: samples of 22, 22 and 10 (+12 padding), deleted 28 + 8 = 36.
+    ``seed`` only shuffles the sample order.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    blocks = [Block(ids=(int(i),), starts=(0,), lengths=(int(min(lengths[i], t_max)),)) for i in order]
+    over = np.clip(lengths - t_max, 0, None)
+    return PackPlan(
+        blocks, t_max, "mix", seed, len(lengths), deleted=int(over.sum()), cut=int((over > 0).sum())
     )
 
 
@@ -337,9 +510,12 @@ class LocalData:
         return resize_video(self.videos.render(int(video)), self.config.data.cache_size)
 
     def plan(self, split: str, strategy: str, t_max: int, seed: int) -> PackPlan:
-        """``pack``'s plan, or ``sampling_plan``'s for ``strategy="sampling"`` (a baseline outside ``pack``)."""
+        """``pack``'s plan, or the baselines outside ``pack``: ``sampling_plan`` ("sampling") and
+        ``mix_pad_plan`` ("mix")."""
         if strategy == "sampling":
             return sampling_plan(self.catalogs[split].lengths, t_max, seed=seed)
+        if strategy == "mix":
+            return mix_pad_plan(self.catalogs[split].lengths, t_max, seed=seed)
         return pack(self.catalogs[split].lengths, t_max, strategy=strategy, seed=seed)
 
     def epoch_plan(self, strategy: str, epoch: int, t_max: int | None = None) -> PackPlan:

@@ -1,44 +1,43 @@
-"""Revamper's table on the synthetic set: standard vs data echoing vs refurbishing r = 2, 3, 4.
+"""Revamper on the job's own feed: refurbishing r = 1, 2, 3, 4 through the shipped pipeline, over seeds.
 
-The paper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21; ResNet-50 on ImageNet with
-RandAugment) reports that refurbishing raises training throughput 1.03x-2.04x over the standard pipeline
-at comparable accuracy, that data echoing (caching the FULLY augmented sample) gains throughput but
-loses accuracy, and that balanced eviction + cache-aware shuffle keep every step's CPU cost the same.
+The paper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21; ResNet-50 on ImageNet with two
+RandAugment layers as the partial augmentation) reports that refurbishing raises training throughput
+1.03x-2.04x over the standard pipeline (r = 1) at comparable accuracy, and that balanced eviction and its
+cache-aware shuffle keep every step's CPU cost the same.
 
-Setup, one process pair (no Ray): a ``torch.utils.data.DataLoader`` worker (1 process, it holds the
-cache) prepares mini-batches of ``--batch`` videos while the main process trains the job's model
-(``step.InnerStep``, one torch thread) on them, so the two overlap like a loader and an accelerator.
-Each video is decoded (rendered), partially augmented (``augment.partial_augment`` with two
-RandAugment-like warps and the photometric transform, then busy CPU time up to the calibrated cost
-below), cached or not as the setting says, final-augmented (one random crop + flip,
-``augment.final_augment``) and the mini-batch is packed into block rows (``packing.pack``, "optimal").
-Which ids are recomputed in which epoch, and how they are batched, is ``refurbish.RefurbishSchedule``
-(balanced eviction; ``compose``: cache-aware composition). Data echoing uses the same schedule but
-caches the sample after the final augmentation, so a reused sample is the identical array.
+What runs. Every run is the job itself, ``raytrain_seq.runtime.driver.run`` on a private local Ray
+cluster: the ``BlockFeed`` actor with its refurbishing cache in the object store, its partial-augmentation
+tasks an epoch ahead, the learners' row streams, AAVG with one round per epoch. The partial augmentation
+is made as costly as the paper's: a 2-layer RandAugment (magnitude 9, PIL) is timed on a 112x112 image
+(the frame size of 3D video CNNs) on this machine (``randaugment.calibrate``) and every frame of a
+training video's partial augmentation burns that much CPU (``data.augment_cost_per_frame``) beside the
+render and the photometric transform the synthetic set does anyway (its decode). Per seed, r = 1..4 run
+back to back, so that the load of a shared machine falls on them alike; a seed fixes the videos, the
+plans, the augmentations and the initial weights, so the r's of one seed differ by the refurbishing alone.
 
-Calibration ("as costly as RandAugment on the CPU"). At start the script times a 2-layer RandAugment
-(magnitude 9; the 14 PIL operations of Cubuk et al.: identity, autocontrast, equalize, rotate, solarize,
-colour, posterize, contrast, brightness, sharpness, shear x/y, translate x/y) on 112x112 RGB images,
-the frame size of 3D video CNNs (C3D, R(2+1)D; ``--calibrate-size 224`` for ImageNet's), and takes the
-median CPU seconds per image ``c``. A video of T frames then costs
-``T * c * --cost-scale`` CPU seconds in its partial augmentation: the real work above, padded with busy
-CPU time (thread CPU time, so a loaded machine does not shorten it). ``--cost-scale 1`` (default) means
-every frame costs what RandAugment costs on one 112x112 frame.
+Per run: useful samples/s over the warm epochs (>= 1: epoch 0 computes every partial augmentation
+whatever r; from the averager's round clock), the CPU seconds per sample of every process of the
+cluster over the same epochs (``benchlib.CpuSampler``: user + system time from /proc, which another
+engineer's load cannot inflate, where it can slow the wall clock), and the final model's test accuracy;
+per r the mean and standard error over seeds, and the differences to r = 1 paired by seed.
 
-Second table: the per-step CPU time of the loader (thread CPU seconds per mini-batch, loader only, no
-model) for r=3 with balanced eviction + ``compose`` (Revamper) against balanced eviction + a plain
-shuffle, random eviction (a random N/r subset each epoch) + plain shuffle, and the reference-count
-eviction the paper calls naive (every sample recomputed after r uses, i.e. all of them in epochs r, 2r).
+Per-step CPU (the spread table): ``refurbish_loader`` measures what each step's rows cost on the job's
+feed, in the order the feed serves them (``spread_fresh`` over each learner's blocks), beside the same
+blocks in the plan's order and beside the paper's cache-aware composition (``RefurbishSchedule.compose``).
 
-    python bench/refurbish.py            # default size (the one make bench runs)
-    python bench/refurbish.py --tiny     # seconds (tests)
+    python bench/refurbish.py --json     # the default size (make bench), JSON headline as the last line
+    python bench/refurbish.py --tiny     # a minute's check of the whole path
+    python bench/refurbish.py --videos 150 --epochs 5 --json   # fewer videos and epochs on a busy box
+                                         # (--seeds N ... picks the seeds; r = 1..4 as by default)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,286 +47,373 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import (
-    LocalData,
+    CpuSampler,
     Result,
     add_size_flags,
     command_line,
-    compare_accuracy,
     fmt,
+    load_average,
+    local_ray,
+    mean_se,
     new_figure,
     try_plot,
+    within_noise,
     write_results,
 )
 from randaugment import calibrate
-from refurbish_loader import RefurbishingLoader, StepSampler, computing_epochs, identity_collate
+from refurbish_loader import (
+    RowCost,
+    composed_steps,
+    job_feed,
+    partial_costs,
+    served_steps,
+    spread,
+    step_costs,
+    unbalanced_steps,
+)
 
 from raytrain_seq.config import Config
-from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import InnerStep, build_optimizer, collate_rows, evaluate
+from raytrain_seq.refurbish import RefurbishSchedule
 
 logger = logging.getLogger(__name__)
 
 SIZES = {
-    "tiny": {"videos": 24, "epochs": 2, "batch": 8, "spread_videos": 24, "spread_epochs": 4, "cost": 0.02},
-    "default": {"videos": 500, "epochs": 5, "batch": 16, "spread_videos": 180, "spread_epochs": 6, "cost": 1.0},
-    "full": {"videos": 3000, "epochs": 20, "batch": 32, "spread_videos": 1200, "spread_epochs": 10, "cost": 1.0},
+    "tiny": {"videos": 40, "epochs": 3, "seeds": [0, 1], "reuse": [1, 3], "cost": 0.05},
+    "default": {"videos": 500, "epochs": 8, "seeds": [0, 1, 2], "reuse": [1, 2, 3, 4], "cost": 1.0},
+    "full": {"videos": 3000, "epochs": 10, "seeds": [0, 1, 2, 3, 4], "reuse": [1, 2, 3, 4], "cost": 1.0},
 }  # fmt: skip
-# The paper's headline: 1.03x-2.04x training throughput at comparable accuracy.
-PAPER_SPEEDUP = (1.03, 2.04)
+PAPER_SPEEDUP = (1.03, 2.04)  # the paper's throughput gain over the standard pipeline
+TARGET_SPEEDUP = 1.5  # issue 44: r = 3 at >= 1.5x the useful samples/s of r = 1
 
 
-# --------------------------------------------------------------------------------------------- runs
-def train_setting(
-    name: str, mode: str, reuse: int, args, size: dict, frame_cost: float, data: LocalData, test
-) -> dict:
-    """Train one setting end to end; samples/s over all epochs and over epochs >= 1 (warm cache)."""
-    epochs, n = size["epochs"], len(data.catalogs["train"])
-    computing = computing_epochs("balanced", n, reuse, epochs, args.seed)
-    sampler = StepSampler(computing, size["batch"], compose=True, reuse=reuse, seed=args.seed)
-    dataset = RefurbishingLoader(
-        data.config.to_dict(), mode, frame_cost=frame_cost, t_max=data.t_max, max_sequences=data.max_sequences
-    )
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=args.workers, collate_fn=identity_collate,
-        **({"prefetch_factor": 4} if args.workers else {}),
+def job_config(size: dict, reuse: int, seed: int, frame_cost: float, storage: str) -> Config:
+    """The demo preset at this size: 2 learners, B = 4 blocks, one averaging round per epoch."""
+    return Config.from_preset(
+        "demo", max_videos=size["videos"], epochs=size["epochs"], reuse=reuse, seed=seed,
+        augment_cost_per_frame=frame_cost, storage_path=storage, run_name=f"r{reuse}-s{seed}",
+        tracker="none", checkpoint_every=10**9, keep_checkpoints=1,
     )  # fmt: skip
-    torch.manual_seed(args.seed)
-    model = build_model_for(data.config, num_classes=data.num_classes, in_channels=3)
-    step = InnerStep(
-        model, build_optimizer("adam", model.parameters(), lr=data.config.train.lr), micro_batch_size=4
-    )
-    ends, samples, partials, cpu = {}, dict.fromkeys(range(epochs), 0), 0, dict.fromkeys(range(epochs), 0.0)
-    model_s = dict.fromkeys(range(epochs), 0.0)  # wall seconds inside the training step: the model's own rate
-    began = time.perf_counter()
-    for rows in loader:
-        epoch = int(rows.pop("epoch"))
-        partials += int(rows.pop("partials"))
-        cpu[epoch] += float(rows.pop("cpu_seconds"))
-        stepped = time.perf_counter()
-        out = step(collate_rows(rows))
-        model_s[epoch] += time.perf_counter() - stepped
-        samples[epoch] += out.sequences
-        ends[epoch] = time.perf_counter()
-    total = time.perf_counter() - began
-    warm_s = ends[epochs - 1] - ends[0] if epochs > 1 else total
-    warm = range(1, epochs) if epochs > 1 else range(1)
-    warm_n = sum(samples[e] for e in warm)
-    acc = evaluate(model, test, micro_batch_size=16)
-    print(f"{name}: {sum(samples.values()) / total:.1f} samples/s, test {acc.accuracy:.3f}", flush=True)
-    return {
-        "name": name, "mode": mode, "reuse": reuse, "samples": sum(samples.values()), "seconds": total,
-        "rate_all": sum(samples.values()) / total, "rate_warm": warm_n / warm_s, "partials": partials,
-        "loader_cpu_s": sum(cpu.values()), "accuracy": acc.accuracy, "test_sequences": acc.sequences,
-        # Loader thread CPU per sample (warm): what the loader costs whatever else loads the machine.
-        "cpu_per_sample_warm": sum(cpu[e] for e in warm) / max(warm_n, 1),
-        # What the model alone trains (no loader wait): no loader can make this setting faster.
-        "model_rate_warm": warm_n / max(sum(model_s[e] for e in warm), 1e-9),
+
+
+def warm_window(summary, began: float) -> tuple[float, float, int]:
+    """Wall times of the end of epoch 0 and of the last epoch, and the epochs between. One averaging round
+    closes each epoch (train.k = -1); the rounds' times are on the averager's clock, which starts at the
+    first learner's join, so they are anchored at rank 0's end of training (``timeline["trained"]``
+    after ``began``, its last round's result): the window is the last round's time minus the first's,
+    ending there."""
+    rounds = sorted(summary.loss_history, key=lambda h: h["round"])
+    if len(rounds) < 2:
+        raise RuntimeError(f"run {summary.path}: {len(rounds)} averaging round(s), need one per epoch (>= 2)")
+    end = began + summary.extra["timeline"]["trained"]
+    return end - (rounds[-1]["time_s"] - rounds[0]["time_s"]), end, len(rounds) - 1
+
+
+def run_job(config: Config, sampler: CpuSampler) -> dict:
+    """One job; its warm-epoch rate and CPU per sample, test accuracy and the machine's load."""
+    from raytrain_seq.runtime.driver import run
+
+    load_before, began = load_average(), time.time()
+    summary = run(config)
+    start, end, epochs = warm_window(summary, began)
+    samples = int(summary.videos["train"]) * epochs
+    cpu = sampler.between(start, end)
+    out = {
+        "reuse": config.data.reuse, "seed": config.data.seed, "samples_s": samples / (end - start),
+        "cpu_ms_per_sample": 1e3 * cpu / samples, "accuracy": summary.test_accuracy,
+        "test_videos": int(summary.videos["test"]), "recomputed": summary.refurbish["recomputed"],
+        "epochs": summary.epochs, "wall_s": time.time() - began, "load": [load_before, load_average()],
     }  # fmt: skip
+    print(f"r={out['reuse']} seed {out['seed']}: {out['samples_s']:.1f} samples/s, {out['cpu_ms_per_sample']:.1f} "
+          f"CPU ms/sample, test {100 * out['accuracy']:.1f} %, {out['wall_s']:.0f} s, load {out['load']}",
+          flush=True)  # fmt: skip
+    return out
 
 
-def spread_variant(policy: str, compose: bool, args, size: dict, frame_cost: float, config: Config) -> dict:
-    """Loader only (in this process), r=3: thread CPU seconds and fresh samples of every mini-batch."""
-    reuse = 3
-    cfg = Config.from_dict(
-        {**config.to_dict(), "data": {**config.to_dict()["data"], "max_videos": size["spread_videos"]}}
-    )
-    data = LocalData(cfg)
-    n, epochs = len(data.catalogs["train"]), size["spread_epochs"]
-    computing = computing_epochs(policy, n, reuse, epochs, args.seed)
-    sampler = StepSampler(computing, size["batch"], compose=compose, reuse=reuse, seed=args.seed)
-    dataset = RefurbishingLoader(
-        cfg.to_dict(), "refurbish", frame_cost=frame_cost, t_max=data.t_max, max_sequences=data.max_sequences
-    )
-    steps, per_epoch = [], [0.0] * epochs
-    for tasks in sampler:
-        rows = dataset.__getitems__(tasks)
-        fresh = sum(t.computed_in == t.epoch for t in tasks) if tasks[0].epoch else len(tasks)
-        steps.append((tasks[0].epoch, rows["cpu_seconds"], fresh, len(tasks)))
-        per_epoch[tasks[0].epoch] += rows["cpu_seconds"]
-    return {"policy": policy, "compose": compose, **spread_stats(steps, per_epoch, computing)}
+def run_jobs(size: dict, frame_cost: float) -> list[dict]:
+    """Every (seed, r) job, r back to back within a seed, on one private Ray cluster."""
+    storage = tempfile.mkdtemp(prefix="bench-refurbish-")
+    runs = []
+    try:
+        with local_ray(4), CpuSampler(0.25) as sampler:
+            for seed in size["seeds"]:
+                for reuse in size["reuse"]:
+                    runs.append(run_job(job_config(size, reuse, seed, frame_cost, storage), sampler))
+    finally:
+        import shutil
+
+        shutil.rmtree(storage, ignore_errors=True)  # the runs' checkpoints: their summaries were read
+    return runs
 
 
-def spread_stats(
-    steps: list[tuple[int, float, int, int]], per_epoch: list[float], computing: np.ndarray
-) -> dict:
-    """Spread of per-step CPU seconds over epochs >= 1 (full batches), per-epoch spread, staleness."""
-    full = max(s[3] for s in steps)
-    warm = [s for s in steps if s[0] >= 1 and s[3] == full]
-    cpu = np.array([s[1] for s in warm]) if warm else np.zeros(1)
-    fresh = np.array([s[2] for s in warm]) if warm else np.zeros(1)
-    epoch_cpu = np.array(per_epoch[1:]) if len(per_epoch) > 1 else np.array(per_epoch)
-    ages = np.arange(computing.shape[0])[:, None] - computing
-    return {
-        "steps": len(warm),
-        "cpu_cv": float(cpu.std() / cpu.mean()) if cpu.mean() else 0.0,
-        "cpu_p95_median": float(np.percentile(cpu, 95) / np.median(cpu)) if np.median(cpu) else 0.0,
-        "cpu_max_median": float(cpu.max() / np.median(cpu)) if np.median(cpu) else 0.0,
-        "fresh_mean": float(fresh.mean()),
-        "fresh_max": int(fresh.max()),
-        "fresh_min": int(fresh.min()),
-        "epoch_cv": float(epoch_cpu.std() / epoch_cpu.mean()) if epoch_cpu.mean() else 0.0,
-        "max_age": int(ages.max()),
-        "step_cpu": cpu.tolist(),
-    }
+def spread_table(size: dict, frame_cost: float) -> dict[int, dict]:
+    """Per r: each step's CPU in the job's served order, without the cache-aware plan (spread_fresh alone,
+    and the plan's order) and with Revamper's sample-level composition."""
+    base = job_config(size, 1, size["seeds"][0], frame_cost, tempfile.gettempdir())
+    _, geometry = job_feed(base)
+    ids = geometry["catalogs"]["train"].ids.tolist()
+    torch.set_num_threads(1)  # what a learner's process has
+    partial, arrays = partial_costs(base, ids)
+    row_cost = RowCost(base, arrays, geometry["t_max"], geometry["max_sequences"])
+
+    world, batch, epochs = base.train.min_learners, base.train.batch_size, size["epochs"]
+    out = {}
+    for reuse in size["reuse"]:
+        config = job_config(size, reuse, base.data.seed, frame_cost, tempfile.gettempdir())
+        feed, _ = job_feed(config, geometry)
+        schedule = RefurbishSchedule(len(ids), reuse=reuse, seed=config.data.seed)
+
+        def fresh_of(epoch, schedule=schedule):
+            return {ids[k] for k in np.flatnonzero(schedule.is_fresh(epoch))}
+
+        orders = {"served": served_steps(feed, epochs, world, batch)}
+        for name, ordered in (("spread_only", True), ("plan", False)):
+            orders[name] = unbalanced_steps(config, geometry, epochs, world, batch, spread=ordered)
+        per_step = round(float(np.mean([sum(len(b.ids) for b in blocks) for _, blocks in orders["served"]])))
+        orders["compose"] = composed_steps(config, geometry, epochs, per_step)
+        out[reuse] = {
+            name: _spread_entry(step_costs(steps, partial, row_cost, fresh_of))
+            for name, steps in orders.items()
+        }
+    return out
 
 
-def run(args) -> dict:
-    size = dict(SIZES[args.size])
-    for key in ("videos", "epochs", "batch"):
-        if getattr(args, key) is not None:
-            size[key] = getattr(args, key)
-    cost_scale = args.cost_scale if args.cost_scale is not None else size["cost"]
-    torch.set_num_threads(1)
-    per_image = calibrate(args.calibrate_size)
-    frame_cost = per_image * cost_scale
-    print(f"calibration: 2-layer RandAugment on {args.calibrate_size}px = {1e3 * per_image:.2f} ms CPU per image; "
-          f"partial augmentation set to {1e3 * frame_cost:.2f} ms per frame", flush=True)  # fmt: skip
-    config = Config.from_preset("demo", max_videos=size["videos"], epochs=size["epochs"], seed=args.seed)
-    data = LocalData(config)
-    test = data.eval_batches("test")
-    settings = [
-        ("standard (r=1)", "standard", 1),
-        (f"echoing (r={args.echo_reuse})", "echo", args.echo_reuse),
+def _spread_entry(c: dict) -> dict:
+    return {**spread(c["cpu"]), "steps": len(c["cpu"]), "fresh_min": int(c["fresh"].min()),
+            "fresh_max": int(c["fresh"].max()), "videos_per_step": float(c["videos"].mean()),
+            "step_cpu": c["cpu"].tolist()}  # fmt: skip
+
+
+def by_reuse(runs: list[dict], spreads: dict[int, dict]) -> dict[int, dict]:
+    """Per r: mean and se over seeds of rate, CPU and accuracy; rate, CPU and accuracy against r = 1
+    paired by seed (ratios and points, each with its se); the served order's step CPU spread."""
+    base = {r["seed"]: r for r in runs if r["reuse"] == 1}
+    out = {}
+    for reuse in sorted({r["reuse"] for r in runs}):
+        mine = [r for r in runs if r["reuse"] == reuse]
+        paired = [(r, base[r["seed"]]) for r in mine if r["seed"] in base]
+        entry = {}
+        for key in ("samples_s", "cpu_ms_per_sample", "accuracy"):
+            entry[key], entry[f"{key}_se"] = mean_se([r[key] for r in mine])
+        entry["speedup"], entry["speedup_se"] = mean_se([a["samples_s"] / b["samples_s"] for a, b in paired])
+        entry["cpu_saving"], entry["cpu_saving_se"] = mean_se(
+            [b["cpu_ms_per_sample"] / a["cpu_ms_per_sample"] for a, b in paired]
+        )
+        points = [100 * (a["accuracy"] - b["accuracy"]) for a, b in paired]
+        entry["acc_points"], entry["acc_points_se"] = mean_se(points)
+        entry["step_cpu_cv"] = spreads.get(reuse, {}).get("served", {}).get("cv")
+        entry["seeds"] = [r["seed"] for r in mine]
+        out[reuse] = entry
+    return out
+
+
+def headline(stats: dict[int, dict]) -> dict:
+    """The JSON last line: {"feed": "job", "by_r": {"1": {samples_s, cpu_ms_per_sample, step_cpu_cv,
+    acc_mean, acc_se, ...}, ...}} (accuracies in [0, 1], speedups and differences against r = 1)."""
+    by_r = {}
+    for reuse, s in stats.items():
+        by_r[str(reuse)] = {
+            "samples_s": s["samples_s"], "cpu_ms_per_sample": s["cpu_ms_per_sample"],
+            "step_cpu_cv": s["step_cpu_cv"], "acc_mean": s["accuracy"], "acc_se": s["accuracy_se"],
+            "speedup": s["speedup"], "speedup_se": s["speedup_se"], "acc_points": s["acc_points"],
+            "acc_points_se": s["acc_points_se"],
+        }  # fmt: skip
+    return {"feed": "job", "by_r": by_r}
+
+
+def _pm(mean: float | None, se: float | None, spec: str = ".1f", unit: str = "") -> str:
+    if mean is None:
+        return "n/a"
+    return f"{mean:{spec}}{unit}" + ("" if se is None else f" +- {se:{spec.replace('+', '')}}{unit}")
+
+
+def throughput_verdicts(stats: dict[int, dict]) -> list[str]:
+    """Rate and CPU of each r against r = 1 (paired by seed), r = 3 against the target and the paper."""
+    out = []
+    three = stats.get(3)
+    if three is not None and three["speedup"] is not None:
+        lo, hi = PAPER_SPEEDUP
+        speed, se = three["speedup"], three["speedup_se"]
+        place = "above" if speed > hi else "within" if speed >= lo else "below"
+        out.append(
+            f"Throughput: on the job's feed r = 3 trains {_pm(speed, se, '.2f')}x the useful samples/s of r = 1 "
+            f"over the warm epochs (mean over seeds of the paired ratio, +- its standard error); target >= "
+            f"{TARGET_SPEEDUP}x: {'met' if speed >= TARGET_SPEEDUP else 'NOT met'}; {place} the paper's {lo}-{hi}x. "
+            f"Its cluster spends {_pm(three['cpu_saving'], three['cpu_saving_se'], '.2f')}x less CPU per sample "
+            "(every process of the job, from /proc: what another engineer's load on this machine cannot inflate)."
+        )
+    others = [
+        f"r = {r}: {_pm(s['speedup'], s['speedup_se'], '.2f')}x the samples/s, "
+        f"{_pm(s['cpu_saving'], s['cpu_saving_se'], '.2f')}x less CPU per sample"
+        for r, s in stats.items()
+        if r not in (1, 3) and s["speedup"] is not None
     ]
-    settings += [(f"refurbish r={r}", "refurbish", r) for r in args.reuse]
-    runs = [train_setting(n, m, r, args, size, frame_cost, data, test) for n, m, r in settings]
-    spread = [
-        spread_variant(p, c, args, size, frame_cost, config)
-        for p, c in (("balanced", True), ("balanced", False), ("random", False), ("refcount", False))
+    if others:
+        out.append("Against r = 1 likewise: " + "; ".join(others) + ".")
+    return out
+
+
+def accuracy_verdicts(stats: dict[int, dict]) -> list[str]:
+    """Each r's test accuracy beside r = 1's: the paired difference, its se and whether it is noise."""
+    one = stats.get(1)
+    if one is None or one["accuracy"] is None:
+        return []
+    out = []
+    for reuse, s in stats.items():
+        if reuse == 1 or s["acc_points"] is None:
+            continue
+        gap = 100 * abs(s["accuracy"] - one["accuracy"])
+        within_one = one["accuracy_se"] is not None and gap <= 100 * one["accuracy_se"]
+        line = (
+            f"Accuracy r = {reuse}: {_pm(100 * s['accuracy'], _scaled(s['accuracy_se']), unit=' %')} against r = 1's "
+            f"{_pm(100 * one['accuracy'], _scaled(one['accuracy_se']), unit=' %')} (mean +- se over seeds); paired "
+            f"by seed {_pm(s['acc_points'], s['acc_points_se'], '+.1f')} points, "
+            f"{within_noise(s['acc_points'], s['acc_points_se'])}"
+        )
+        if reuse == 3:
+            line += f"; target (within one standard error of r = 1's): {'met' if within_one else 'NOT met'}"
+        out.append(line + ".")
+    return out
+
+
+def _scaled(se: float | None) -> float | None:
+    return None if se is None else 100 * se
+
+
+def spread_verdicts(spreads: dict[int, dict]) -> list[str]:
+    """The served order's step CPU spread against the feed without its composition and Revamper's compose."""
+    parts, better = [], []
+    for reuse, s in spreads.items():
+        cv = {k: s[k].get("cv") for k in ("served", "spread_only", "plan", "compose")}
+        if None in cv.values():
+            continue
+        parts.append(
+            f"r = {reuse}: {100 * cv['served']:.0f} % served, {100 * cv['spread_only']:.0f} % with spread_fresh "
+            f"alone, {100 * cv['plan']:.0f} % in the plan's order, {100 * cv['compose']:.0f} % composed by samples"
+        )
+        if reuse > 1:
+            better.append(cv["served"] <= cv["compose"])
+    if not parts:
+        return []
+    word = "as even as or more even than" if better and all(better) else "NOT as even as"
+    return [
+        "Each step's CPU, std/mean over the steps of epochs >= 1 (a step's cost: the measured CPU of its fresh "
+        "videos' partial augmentations and of its rows' assembly, crop and flip): " + "; ".join(parts) + ". "
+        f"The served order (cache-aware plan + spread_fresh) is {word} Revamper's cache-aware composition at every "
+        "r > 1 (docs/ARCHITECTURE.md, 'Data refurbishing', says why the feed composes blocks, not samples)."
     ]
-    return {"runs": runs, "spread": spread, "per_image": per_image, "calibrate_size": args.calibrate_size, "frame_cost": frame_cost,
-            "cost_scale": cost_scale, "size": size, "mean_length": float(data.catalogs["train"].lengths.mean()),
-            "test_videos": len(data.catalogs["test"])}  # fmt: skip
 
 
 def verdicts(res: dict) -> tuple[list[str], dict]:
-    base = next(r for r in res["runs"] if r["mode"] == "standard")
-    out, head = [], {}
-    r3 = next((r for r in res["runs"] if r["mode"] == "refurbish" and r["reuse"] == 3), None)
-    echo = next((r for r in res["runs"] if r["mode"] == "echo"), None)
-    n = base["test_sequences"]
-    if r3 is not None:
-        speed = r3["rate_warm"] / base["rate_warm"]
-        diff = 100 * (r3["accuracy"] - base["accuracy"])
-        head.update(r3_speedup=speed, r3_accuracy_points=diff)
-        lo, hi = PAPER_SPEEDUP
-        place = "above" if speed > hi else "within" if speed >= lo else "below"
-        cpu_speed = base["cpu_per_sample_warm"] / r3["cpu_per_sample_warm"]
-        head["r3_cpu_speedup"] = cpu_speed
-        ceiling = r3["model_rate_warm"] / base["rate_warm"]
-        head["r3_ceiling"] = ceiling
-        capped = speed < 1.5 and speed >= 0.9 * ceiling
-        out.append(
-            f"Throughput: refurbishing r=3 trains {speed:.2f}x the samples/s of the standard pipeline once the "
-            f"cache is warm ({r3['rate_all'] / base['rate_all']:.2f}x over the whole run, cold epoch 0 included); "
-            f"target >= 1.5x: {'met' if speed >= 1.5 else 'NOT met'}; {place} the paper's {lo}-{hi}x range. Its "
-            f"loader spends {cpu_speed:.2f}x less CPU per sample (thread CPU time, which other load on the machine "
-            f"cannot distort; wall-clock samples/s can be). The model alone trains {r3['model_rate_warm']:.1f} "
-            f"samples/s, {ceiling:.2f}x standard: the most any loader could give in this setting"
-            + (
-                f"; r=3 runs at {100 * speed / ceiling:.0f} % of it, so the model, not the augmentation, bounds it "
-                f"here (on an accelerator faster than this CPU the bound is the loader's {cpu_speed:.2f}x)."
-                if capped
-                else "."
-            )
-        )
-        _, se_r3, word = compare_accuracy(r3["accuracy"], base["accuracy"], n)
-        out.append(
-            f"Accuracy: r=3 {100 * r3['accuracy']:.1f} % vs standard {100 * base['accuracy']:.1f} % ({diff:+.1f} "
-            f"points, standard error of the difference {se_r3:.1f} over {n} test videos: r=3 {word} standard; "
-            f"target within 1 point: {'met' if abs(diff) <= 1 else 'not met at face value'})."
-        )
-    if echo is not None and r3 is not None:
-        d_echo = 100 * (echo["accuracy"] - base["accuracy"])
-        d_r3 = 100 * (r3["accuracy"] - base["accuracy"])
-        head["echo_accuracy_points"] = d_echo
-        relation = compare_accuracy(echo["accuracy"], r3["accuracy"], n)[2]
-        word = {
-            "trails": "loses more accuracy than refurbishing r=3 (beyond two standard errors), as the paper reports",
-            "beats": "loses less accuracy than refurbishing r=3, unlike the paper",
-        }.get(relation, "is within noise of refurbishing r=3 in accuracy (the paper: echoing loses more)")
-        out.append(
-            f"Data echoing (r={echo['reuse']}) runs {echo['rate_warm'] / base['rate_warm']:.2f}x standard with "
-            f"{d_echo:+.1f} points against r=3's {d_r3:+.1f}: it {word}."
-        )
-    sp = {(s["policy"], s["compose"]): s for s in res["spread"]}
-    best, naive = sp.get(("balanced", True)), sp.get(("balanced", False))
-    if best and naive:
-        head.update(step_cv_compose=best["cpu_cv"], step_cv_shuffle=naive["cpu_cv"])
-        ref = sp.get(("refcount", False))
-        out.append(
-            f"Constant step cost: with balanced eviction + cache-aware composition the per-step loader CPU time "
-            f"varies by {100 * best['cpu_cv']:.0f} % (std/mean; p95/median {best['cpu_p95_median']:.2f}) against "
-            f"{100 * naive['cpu_cv']:.0f} % ({naive['cpu_p95_median']:.2f}) with a plain shuffle"
-            + (
-                f"; the naive reference-count eviction makes whole epochs cost {100 * ref['epoch_cv']:.0f} % "
-                f"std/mean against {100 * best['epoch_cv']:.0f} % with balanced eviction."
-                if ref
-                else "."
-            )
-        )
-    return out, head
+    stats = res["stats"]
+    lines = throughput_verdicts(stats) + accuracy_verdicts(stats) + spread_verdicts(res["spread"])
+    loads = [x for r in res["runs"] for x in r["load"]]
+    lines.append(
+        f"Machine load: the 1-minute load average read before and after each run ranged {min(loads):.1f}-"
+        f"{max(loads):.1f} on {res['cores']} cores: wall-clock rates are noisy where it is high; CPU per sample "
+        "is not."
+    )
+    head = headline(stats)
+    three = stats.get(3, {})
+    head.update(
+        r3_speedup=three.get("speedup"), r3_speedup_se=three.get("speedup_se"),
+        r3_cpu_saving=three.get("cpu_saving"), r3_accuracy_points=three.get("acc_points"),
+        r3_accuracy_points_se=three.get("acc_points_se"),
+        r3_step_cv_served=res["spread"].get(3, {}).get("served", {}).get("cv"),
+        r3_step_cv_compose=res["spread"].get(3, {}).get("compose", {}).get("cv"),
+        r3_speedup_text=_pm(three.get("speedup"), three.get("speedup_se"), ".2f", "x"),
+        r3_accuracy_text=_pm(three.get("acc_points"), three.get("acc_points_se"), "+.1f")
+        + f" ({within_noise(three.get('acc_points'), three.get('acc_points_se'))})",
+    )  # fmt: skip
+    return lines, head
 
 
-def tables(res: dict):
-    base = next(r for r in res["runs"] if r["mode"] == "standard")
-    header = [
-        "setting",
-        "samples/s (warm)",
-        "vs standard",
-        "samples/s (all)",
-        "vs standard ",
-        "partial augs",
-        "loader CPU ms/sample (warm)",
-        "standard / this",
-        "model alone samples/s",
-        "test accuracy",
-        "vs standard  ",
-    ]
-    rows = [
-        [r["name"], fmt(r["rate_warm"], ".1f"), f"{r['rate_warm'] / base['rate_warm']:.2f}x", fmt(r["rate_all"], ".1f"),
-         f"{r['rate_all'] / base['rate_all']:.2f}x", f"{r['partials']:,}", f"{1e3 * r['cpu_per_sample_warm']:.1f}",
-         f"{base['cpu_per_sample_warm'] / r['cpu_per_sample_warm']:.2f}x", fmt(r["model_rate_warm"], ".1f"), f"{100 * r['accuracy']:.1f} %",
-         f"{100 * (r['accuracy'] - base['accuracy']):+.1f} pts"]
-        for r in res["runs"]
-    ]  # fmt: skip
-    names = {("balanced", True): "balanced eviction + compose (Revamper)", ("balanced", False): "balanced eviction + plain shuffle",
-             ("random", False): "random eviction + plain shuffle", ("refcount", False): "reference-count eviction + plain shuffle"}  # fmt: skip
-    sheader = [
-        "r=3 loader, per step",
-        "CPU std/mean",
-        "CPU p95/median",
-        "CPU max/median",
-        "fresh per step min-max",
-        "epoch CPU std/mean",
-        "max age",
-    ]
+def tables(res: dict) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    header = ["r", "partial augs (warm epochs)", "samples/s (warm)", "vs r = 1 (paired)", "CPU ms/sample",
+              "r = 1 / this", "step CPU std/mean", "test accuracy", "vs r = 1, points (paired)"]  # fmt: skip
+    rows = []
+    for reuse, s in res["stats"].items():
+        recomputed = [r["recomputed"] for r in res["runs"] if r["reuse"] == reuse]
+        rows.append([
+            str(reuse), f"{np.mean(recomputed):,.0f}", _pm(s["samples_s"], s["samples_s_se"]),
+            _pm(s["speedup"], s["speedup_se"], ".2f", "x"), _pm(s["cpu_ms_per_sample"], s["cpu_ms_per_sample_se"]),
+            _pm(s["cpu_saving"], s["cpu_saving_se"], ".2f", "x"), fmt(_scaled(s["step_cpu_cv"]), ".0f") + " %",
+            _pm(100 * s["accuracy"], _scaled(s["accuracy_se"]), unit=" %"),
+            _pm(s["acc_points"], s["acc_points_se"], "+.1f"),
+        ])  # fmt: skip
+    sheader = ["r", "order", "steps", "videos/step", "fresh/step min-max", "CPU std/mean", "p95/median",
+               "max/median"]  # fmt: skip
+    names = {"served": "served: cache-aware plan + spread_fresh", "spread_only": "spread_fresh alone (before)",
+             "plan": "plan order", "compose": "Revamper compose (samples)"}  # fmt: skip
     srows = [
-        [names[(s["policy"], s["compose"])], f"{100 * s['cpu_cv']:.0f} %", fmt(s["cpu_p95_median"]), fmt(s["cpu_max_median"]),
-         f"{s['fresh_min']}-{s['fresh_max']} (mean {s['fresh_mean']:.1f})", f"{100 * s['epoch_cv']:.0f} %", str(s["max_age"])]
-        for s in res["spread"]
+        [str(reuse), names[k], str(v["steps"]), f"{v['videos_per_step']:.1f}", f"{v['fresh_min']}-{v['fresh_max']}",
+         f"{100 * v.get('cv', 0):.0f} %", fmt(v.get("p95_median")), fmt(v.get("max_median"))]
+        for reuse, s in res["spread"].items()
+        for k, v in s.items()
     ]  # fmt: skip
     return header, rows, sheader, srows
 
 
 def plot(res: dict):
     fig, (a1, a2, a3) = new_figure(3, width=4.4)
-    base = next(r for r in res["runs"] if r["mode"] == "standard")
-    names = [r["name"].replace(" (", "\n(").replace("refurbish ", "refurb\n") for r in res["runs"]]
-    colours = ["#999999" if r["mode"] != "refurbish" else "#1f77b4" for r in res["runs"]]
-    a1.bar(names, [r["rate_warm"] / base["rate_warm"] for r in res["runs"]], color=colours)
-    a1.axhline(1.5, color="red", lw=0.8, ls="--")
-    a1.set_title("samples/s vs standard (warm)")
-    a2.bar(names, [100 * r["accuracy"] for r in res["runs"]], color=colours)
-    a2.set_title("test accuracy (%)")
-    for s in res["spread"]:
-        label = f"{s['policy']}{' + compose' if s['compose'] else ''}"
-        a3.plot(1e3 * np.asarray(s["step_cpu"]), lw=0.8, label=label)
-    a3.set_title("loader CPU ms per step (r=3, epochs >= 1)")
+    stats = res["stats"]
+    rs = list(stats)
+    a1.errorbar(
+        rs, [stats[r]["speedup"] for r in rs], yerr=[stats[r]["speedup_se"] or 0 for r in rs], marker="o"
+    )
+    a1.axhline(TARGET_SPEEDUP, color="red", lw=0.8, ls="--")
+    a1.set(title="samples/s vs r = 1 (warm, paired)", xlabel="r")
+    a2.errorbar(rs, [100 * stats[r]["accuracy"] for r in rs], yerr=[_scaled(stats[r]["accuracy_se"]) or 0 for r in rs],
+                marker="o")  # fmt: skip
+    a2.set(title="test accuracy (%), mean +- se", xlabel="r")
+    three = res["spread"].get(3) or next(iter(res["spread"].values()))
+    for name, values in three.items():
+        a3.plot(1e3 * np.asarray(values["step_cpu"]), lw=0.8, label=name)
+    a3.set(title="CPU ms per step (r = 3, epochs >= 1)", xlabel="step")
     a3.legend(fontsize=7)
-    for ax in (a1, a2):
-        ax.tick_params(axis="x", labelsize=7)
     return fig
+
+
+def run(args) -> dict:
+    size = dict(SIZES[args.size])
+    for key in ("videos", "epochs"):
+        if getattr(args, key) is not None:
+            size[key] = getattr(args, key)
+    if args.seeds is not None:
+        size["seeds"] = args.seeds
+    per_image = calibrate(args.calibrate_size)
+    frame_cost = per_image * (args.cost_scale if args.cost_scale is not None else size["cost"])
+    print(f"calibration: 2-layer RandAugment on {args.calibrate_size}px = {1e3 * per_image:.2f} ms CPU per image; "
+          f"partial augmentation + {1e3 * frame_cost:.2f} ms per frame", flush=True)  # fmt: skip
+    began = time.perf_counter()
+    spreads = spread_table(size, frame_cost)
+    runs = run_jobs(size, frame_cost)
+    import os
+
+    return {"runs": runs, "spread": spreads, "stats": by_reuse(runs, spreads), "size": size, "per_image": per_image,
+            "frame_cost": frame_cost, "calibrate_size": args.calibrate_size, "cores": os.cpu_count(),
+            "wall_s": time.perf_counter() - began}  # fmt: skip
+
+
+def notes(res: dict) -> list[str]:
+    size, runs = res["size"], res["runs"]
+    return [
+        f"Calibration: a 2-layer RandAugment (magnitude 9, PIL) on a {res['calibrate_size']}px image took "
+        f"{1e3 * res['per_image']:.2f} ms of CPU (median of 96) on this machine; each frame of a training video's "
+        f"partial augmentation burns {1e3 * res['frame_cost']:.2f} ms of thread CPU (data.augment_cost_per_frame) "
+        "on top of the synthetic set's render and photometric transform.",
+        f"The job: the demo preset with {size['videos']} training videos (test up to as many: "
+        f"{runs[0]['test_videos']}), {size['epochs']} epochs, 2 learners of 1 CPU thread, B = 4 blocks, one "
+        f"averaging round per epoch, on a local Ray cluster (num_cpus=4); seeds {size['seeds']}; r in "
+        f"{size['reuse']}. Whole benchmark: {res['wall_s'] / 60:.1f} min.",
+        "'warm' = epochs >= 1, timed by the averager's round clock (end of epoch 0 to the last round); samples "
+        "= training videos x warm epochs; CPU = user + system seconds of this process and every descendant "
+        "(Ray's GCS, raylet, the feed, its tasks, the learners, the averager and its evaluator) over the same "
+        "window, per sample. 'paired' = the mean over seeds of each seed's ratio or difference to r = 1.",
+        "Spread table: the job's feed for seed 0 (its own BlockFeed class in this process, its tasks replaced by "
+        "placeholders), every learner's full steps of B = 4 blocks in epochs >= 1; 'compose' cuts "
+        "RefurbishSchedule.compose mini-batches of the served steps' mean video count; per-video CPU: the "
+        "feed task's body (partial) and the row assembly, crop and flip (final), each timed on its own.",
+    ]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -335,46 +421,28 @@ def main(argv: list[str] | None = None) -> dict:
     add_size_flags(parser)
     parser.add_argument("--videos", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--batch", type=int, default=None, help="videos per mini-batch")
-    parser.add_argument("--reuse", type=int, nargs="+", default=[2, 3, 4], help="refurbishing reuse factors")
-    parser.add_argument("--echo-reuse", type=int, default=3)
-    parser.add_argument("--cost-scale", type=float, default=None, help="partial cost in RandAugment units")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument(
-        "--calibrate-size", type=int, default=112, help="side of the RandAugment calibration image (px)"
+        "--cost-scale", type=float, default=None, help="partial cost per frame in RandAugment units"
     )
-    parser.add_argument("--workers", type=int, default=1, help="loader processes (0: in the main process)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calibrate-size", type=int, default=112, help="side of the RandAugment image (px)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the headline numbers as one JSON last line"
+    )
     args = parser.parse_args(argv)
-    if any(r < 1 for r in [*args.reuse, args.echo_reuse]) or args.workers not in (0, 1):
-        parser.error("reuse factors must be >= 1 and --workers 0 or 1 (the cache lives in one worker)")
+    if (args.epochs is not None and args.epochs < 2) or (args.videos is not None and args.videos < 10):
+        parser.error("--epochs must be >= 2 (epoch 0 is cold) and --videos >= 10 (one per class)")
     res = run(args)
     header, rows, sheader, srows = tables(res)
     lines, head = verdicts(res)
-    size = res["size"]
-    notes = [
-        f"Calibration: a 2-layer RandAugment (magnitude 9, PIL) on a {res['calibrate_size']}px square image took {1e3 * res['per_image']:.2f} ms "
-        f"of CPU (median of 96) on this machine; each partial augmentation costs T x {1e3 * res['frame_cost']:.2f} ms "
-        f"(cost scale {res['cost_scale']:g}; mean T = {res['mean_length']:.1f} frames): real work (render, resize, "
-        "2 random warps, photometric) padded with busy CPU time.",
-        f"{size['videos']} training videos, {res['test_videos']} test videos, {size['epochs']} epochs, {size['batch']} "
-        f"videos a step, 1 loader worker + 1 torch thread, the demo model; 'warm' = epochs >= 1, 'all' includes the "
-        "cold epoch 0 that computes every partial augmentation.",
-        f"Spread table: loader only, {size['spread_videos']} videos, {size['spread_epochs']} epochs, r=3, full "
-        "mini-batches of epochs >= 1; 'fresh' = samples whose partial augmentation the step computes.",
-    ]
     result = Result(
-        name="refurbish",
-        title="Revamper: data refurbishing vs standard and data echoing (`bench/refurbish.py`)",
-        command=command_line(argv, "refurbish.py"),
-        size=args.size,
-        header=header,
-        rows=rows,
-        notes=notes,
-        verdicts=lines,
-        headline=head,
-        extra_tables=[("Per-step CPU cost of the loader (r=3):", sheader, srows)],
-    )
+        name="refurbish", title="Revamper on the job's feed: refurbishing r = 1..4 (`bench/refurbish.py`)",
+        command=command_line(argv, "refurbish.py"), size=args.size, header=header, rows=rows, notes=notes(res),
+        verdicts=lines, headline=head, extra_tables=[("Each step's CPU on the job's feed (seed 0):", sheader, srows)],
+    )  # fmt: skip
     write_results(result, args.results, try_plot(plot, res))
+    if args.json:
+        print(json.dumps(headline(res["stats"])), flush=True)
     return res
 
 

@@ -1,209 +1,190 @@
-"""The refurbishing benchmark's loader: eviction policies, step sampler, cache and block rows of a step.
+"""Each step's CPU cost on the job's feed (``bench/refurbish.py``'s spread table), and two orders to set it beside.
 
-Revamper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21) in the shape of a PyTorch loader:
-``StepSampler`` (main process) says, for every step of the run, which samples it holds and from which
-epoch each one's partial augmentation must come (``computing_epochs``: balanced eviction of
-``refurbish.RefurbishSchedule``, or a random / reference-count eviction for comparison) and batches
-them with ``RefurbishSchedule.compose`` (cache-aware) or a plain shuffle; ``RefurbishingLoader`` (the
-worker, which holds the cache) computes or reuses the partial augmentation, applies the final one and
-packs the step's sequences into block rows, and reports the thread CPU seconds it took.
+Revamper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21) keeps every step's CPU cost equal:
+balanced eviction evens the epochs, and its cache-aware shuffle gives every mini-batch the same share of
+freshly recomputed samples. The job's feed (``runtime.feed.BlockFeed``) evicts the same way
+(``refurbish.RefurbishSchedule``) but its mini-batches are B packed BLoad blocks, fixed by the packer, so
+it cannot compose them sample by sample; it orders each learner's blocks with
+``rows.assembly.spread_fresh`` instead. Which does better is measured here on the same videos:
 
-Data echoing (Choi et al.) is the same loader caching AFTER the final augmentation (``mode="echo"``).
+- ``served_steps``: the job's own steps. ``BlockFeed`` itself (in this process, its tasks replaced by
+  placeholders: the plans, shards and block orders are the actor's) serves each learner's shard of
+  every epoch >= 1, cut into steps of ``batch`` blocks (a short last step is left out); its plan is
+  composed cache-aware (``assembly.cache_aware_plan``: equal-length videos exchanged between blocks so
+  each block carries its share of fresh frames) and each learner's blocks ordered by ``spread_fresh``;
+- ``unbalanced_steps``: the same plan without that composition, ordered by ``spread_fresh`` alone (the
+  feed before issue 44) or in the plan's order (no cache awareness at all);
+- ``composed_steps``: the paper's way, ``RefurbishSchedule.compose`` mini-batches of as many videos as a
+  served step holds on average (each would then be packed on its own).
+
+A step's CPU cost is the measured CPU of the work its rows need: the partial augmentation of each of its
+fresh videos (the feed task's own body, ``data.sources.augment_videos``, timed in this thread's CPU) plus
+the assembly of each of its blocks into a row (``assembly.assemble_rows``, as a learner's row stream runs
+it) and the learner's crop and flip (``augment.final_augment_batch``), timed block by block (``RowCost``). The feed runs the partial
+augmentations in tasks ahead of the learners, so this is the work each step puts on the cluster's CPUs,
+the quantity the paper keeps constant, not a wait the learner sees.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
-from benchlib import LocalData
-from randaugment import burn_cpu
 
-from raytrain_seq.augment import final_augment
+from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.config import Config
+from raytrain_seq.data.sources import augment_videos, source_kwargs
 from raytrain_seq.packing import pack
 from raytrain_seq.refurbish import RefurbishSchedule
-from raytrain_seq.seeds import FINAL_STREAM
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, plan_specs, shard_items
+from raytrain_seq.seeds import plan_seed
+
+Step = tuple[int, tuple[BlockSpec, ...]]  # (epoch, the blocks of one learner's step)
 
 
-def computing_epochs(policy: str, num: int, reuse: int, epochs: int, seed: int) -> np.ndarray:
-    """``[epochs, num]``: the epoch whose partial augmentation each id uses in each epoch.
+def job_feed(config: Config, geometry: dict | None = None):
+    """The job's ``BlockFeed`` in this process, its partial-augmentation tasks replaced by placeholders,
+    and its geometry (``feed_geometry``: catalogs, t_max, max_sequences), which it was built from."""
+    from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
 
-    "balanced": ``RefurbishSchedule`` (epoch - age). "random": every epoch >= 1 recomputes a random N/r
-    subset (some ids wait longer than r epochs, others come back sooner). "refcount": the naive
-    reference count, every id recomputed after r uses, so all of them at once in epochs r, 2r, ...
-    With num 4, r 2, 4 epochs, refcount gives rows [0,0,0,0], [0,0,0,0], [2,2,2,2], [2,2,2,2].
-    """
-    out = np.zeros((epochs, num), dtype=np.int64)
-    if policy == "balanced":
-        schedule = RefurbishSchedule(num, reuse=reuse, seed=seed)
-        for e in range(epochs):
-            out[e] = e - schedule.age(e)
-    elif policy == "random":
-        rng = np.random.default_rng([seed, 0x52414E44])
-        count = num // reuse
-        for e in range(1, epochs):
-            out[e] = out[e - 1]
-            out[e, rng.choice(num, size=count, replace=False)] = e
-    elif policy == "refcount":
-        for e in range(epochs):
-            out[e] = (e // reuse) * reuse
-    else:
-        raise ValueError(f"unknown eviction policy {policy!r}: use balanced, random or refcount")
+    geometry = geometry if geometry is not None else feed_geometry(config, warn=False)
+    placeholders = lambda videos, epochs, renewal=None: [None for _ in videos]  # noqa: E731
+    return BlockFeed(config, geometry=geometry, launch=placeholders), geometry
+
+
+def _cut(epoch: int, blocks: Sequence[BlockSpec], batch: int) -> list[Step]:
+    """Full steps of ``batch`` blocks: 10 blocks at batch 4 -> blocks 0-3 and 4-7 (8-9 left out)."""
+    return [(epoch, tuple(blocks[lo : lo + batch])) for lo in range(0, len(blocks) - batch + 1, batch)]
+
+
+def served_steps(feed, epochs: int, world_size: int, batch: int) -> list[Step]:
+    """Every learner's steps of epochs 1 .. epochs - 1 in the order the job's feed serves its blocks."""
+    return [
+        step
+        for epoch in range(1, epochs)
+        for rank in range(world_size)
+        for step in _cut(epoch, feed.epoch_shard(epoch, rank, world_size).blocks, batch)
+    ]
+
+
+def unbalanced_steps(
+    config: Config, geometry: dict, epochs: int, world_size: int, batch: int, *, spread: bool
+) -> list[Step]:
+    """The same epochs' steps from the feed's plan (``pack`` with the epoch's ``plan_seed``) WITHOUT the
+    cache-aware composition (``assembly.cache_aware_plan``): each learner's blocks ordered by
+    ``spread_fresh`` (``spread``: the job's feed before issue 44) or in the plan's order (no cache
+    awareness at all)."""
+    train = geometry["catalogs"]["train"]
+    schedule = RefurbishSchedule(len(train), reuse=config.data.reuse, seed=config.data.seed)
+    out = []
+    for epoch in range(1, epochs):
+        seed = plan_seed(config.data.seed, epoch)
+        plan = pack(train.lengths, geometry["t_max"], strategy=config.data.packing, seed=seed)
+        fresh = schedule.is_fresh(epoch) if spread else None
+        for blocks in plan_specs(plan, world_size, train.ids.tolist(), train.labels.tolist(), fresh):
+            out += _cut(epoch, blocks, batch)
     return out
 
 
-def epoch_batches(
-    computing: np.ndarray, epoch: int, batch: int, *, compose: bool, reuse: int, seed: int
-) -> list[np.ndarray]:
-    """Mini-batches of catalog positions for ``epoch``: ``RefurbishSchedule.compose`` or a plain shuffle.
-
-    compose applies to the balanced schedule only (its fresh ids are the schedule's); a plain shuffle
-    is ``default_rng([seed, epoch]).permutation`` cut into ``batch``-sized pieces.
-    """
-    num = computing.shape[1]
-    if compose:
-        return RefurbishSchedule(num, reuse=reuse, seed=seed).compose(epoch, batch)
-    order = np.random.default_rng([seed, 0x53485546, epoch]).permutation(num)
-    return [order[lo : lo + batch] for lo in range(0, num, batch)]
-
-
-@dataclass(frozen=True)
-class Task:
-    """One sample of one step, as the batch sampler hands it to the loader worker."""
-
-    epoch: int
-    position: int  # index into the train catalog
-    computed_in: int  # the epoch whose partial augmentation this use needs
+def composed_steps(config: Config, geometry: dict, epochs: int, videos_per_step: int) -> list[Step]:
+    """Revamper's cache-aware mini-batches of ``videos_per_step`` videos (full ones) for epochs >= 1, each
+    then packed on its own ("optimal", the run's t_max) into the blocks a learner would assemble."""
+    train = geometry["catalogs"]["train"]
+    ids, lengths = train.ids.tolist(), train.lengths.tolist()
+    schedule = RefurbishSchedule(len(ids), reuse=config.data.reuse, seed=config.data.seed)
+    out = []
+    for epoch in range(1, epochs):
+        for batch in schedule.compose(epoch, videos_per_step):
+            if len(batch) < videos_per_step:
+                continue
+            plan = pack([lengths[i] for i in batch], geometry["t_max"], strategy="optimal", seed=epoch)
+            blocks = tuple(
+                BlockSpec(ids=tuple(ids[batch[i]] for i in b.ids), starts=b.starts, lengths=b.lengths,
+                          offsets=b.offsets, labels=(0,) * len(b.ids), plan_index=k)
+                for k, b in enumerate(plan.blocks)
+            )  # fmt: skip
+            out.append((epoch, blocks))
+    return out
 
 
-class StepSampler:
-    """Batch sampler over the whole run: every epoch's mini-batches as lists of Tasks, epoch by epoch."""
-
-    def __init__(self, computing: np.ndarray, batch: int, *, compose: bool, reuse: int, seed: int) -> None:
-        self.computing, self.batch, self.compose, self.reuse, self.seed = (
-            computing,
-            batch,
-            compose,
-            reuse,
-            seed,
-        )
-        self.plans = [
-            epoch_batches(computing, e, batch, compose=compose, reuse=reuse, seed=seed)
-            for e in range(computing.shape[0])
-        ]
-
-    def __iter__(self) -> Iterator[list[Task]]:
-        for epoch, batches in enumerate(self.plans):
-            for ids in batches:
-                yield [Task(epoch, int(i), int(self.computing[epoch, i])) for i in ids]
-
-    def __len__(self) -> int:
-        return sum(len(b) for b in self.plans)
-
-
-class RefurbishingLoader(torch.utils.data.Dataset):
-    """The loader worker's side: the cache, the augmentations, the block rows of each mini-batch.
-
-    ``mode``: "standard" (no cache), "refurbish" (cache the partial augmentation) or "echo" (cache
-    the final augmentation). ``__getitems__`` returns one mini-batch: block rows (numpy) plus its
-    thread CPU seconds and how many partial augmentations it computed.
-    """
-
-    def __init__(
-        self,
-        config: dict,
-        mode: str,
-        *,
-        frame_cost: float,
-        extra_ops: int = 2,
-        t_max: int,
-        max_sequences: int,
-    ) -> None:
-        if mode not in ("standard", "refurbish", "echo"):
-            raise ValueError(f"mode must be standard, refurbish or echo, got {mode!r}")
-        self.config, self.mode, self.frame_cost, self.extra_ops = config, mode, frame_cost, extra_ops
-        self.t_max, self.max_sequences = t_max, max_sequences
-        self._data: LocalData | None = None
-        self.cache: dict[int, tuple[int, np.ndarray]] = {}
-        self.partials = 0
-
-    @property
-    def data(self) -> LocalData:
-        if self._data is None:  # built in the worker process, on first use
-            self._data = LocalData(Config.from_dict(self.config))
-        return self._data
-
-    def __len__(self) -> int:
-        return len(self.data.catalogs["train"])
-
-    def __getitem__(self, index):
-        raise TypeError("RefurbishingLoader serves whole mini-batches: use it with a batch_sampler")
-
-    def _partial(self, video: int, epoch: int) -> np.ndarray:
+def partial_costs(config: Config, ids: Sequence[int]) -> tuple[dict[int, float], dict[int, np.ndarray]]:
+    """Per video, the CPU seconds of its partial augmentation (the feed task's body, epoch 1's draw,
+    timed in this thread) and the array it made (what the cache holds and the rows are assembled from)."""
+    data, source = config.data, source_kwargs(config)
+    seconds, arrays = {}, {}
+    for video in ids:
         began = time.thread_time()
-        frames = self.data.partial(video, epoch, extra_ops=self.extra_ops)
-        burn_cpu(len(frames) * self.frame_cost - (time.thread_time() - began))
-        self.partials += 1
-        return frames
-
-    def _final(self, frames: np.ndarray, video: int, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng([self.data.config.data.seed, FINAL_STREAM, epoch, video])
-        return final_augment(frames, crop=self.data.config.data.crop, rng=rng)
-
-    def sample(self, task: Task) -> np.ndarray:
-        catalog = self.data.catalogs["train"]
-        video = int(catalog.ids[task.position])
-        if self.mode == "standard":
-            return self._final(self._partial(video, task.epoch), video, task.epoch)
-        cached = self.cache.get(video)
-        if cached is not None and cached[0] == task.computed_in:
-            frames = cached[1]
-        else:
-            frames = self._partial(video, task.computed_in)
-            if self.mode == "echo":
-                frames = self._final(frames, video, task.computed_in)
-            self.cache[video] = (task.computed_in, frames)
-        return frames if self.mode == "echo" else self._final(frames, video, task.epoch)
-
-    def __getitems__(self, tasks: Sequence[Task]) -> dict:
-        began, partials = time.thread_time(), self.partials
-        sequences = [self.sample(t) for t in tasks]
-        labels = self.data.catalogs["train"].labels
-        rows = pack_rows(sequences, [int(labels[t.position]) for t in tasks], self.t_max, self.max_sequences)
-        rows["cpu_seconds"] = time.thread_time() - began
-        rows["partials"] = self.partials - partials
-        rows["epoch"] = tasks[0].epoch
-        return rows
+        arrays[video] = augment_videos(
+            source, [video], [1], data.seed, data.cache_size, data.augment_cost, data.augment_cost_per_frame
+        )[0]
+        seconds[video] = time.thread_time() - began
+    return seconds, arrays
 
 
-def pack_rows(sequences: list[np.ndarray], labels: list[int], t_max: int, max_sequences: int) -> dict:
-    """Pack one mini-batch's sequences into block rows ("optimal"): the row layout of the job.
+class RowCost:
+    """CPU seconds of one block's row: ``assemble_rows`` as a learner's row stream runs it (uncropped, the
+    crop drawn per sequence), then the learner's crop and flip (``final_augment_batch``); the least of
+    ``repeats`` timings (other work on a shared machine only ever adds to one), kept per block layout
+    (its lengths, starts and offsets: the videos in it do not change the work)."""
 
-    Lengths [5, 3, 4] at t_max 8 -> two rows, e.g. starts [0, 5] (5 + 3) and [0] (4), -1 padded.
-    """
-    plan = pack([len(s) for s in sequences], t_max, strategy="optimal", seed=0)
-    n = len(plan.blocks)
-    frames = np.zeros((n, t_max, *sequences[0].shape[1:]), dtype=np.uint8)
-    starts = np.full((n, max_sequences), -1, dtype=np.int64)
-    lengths, row_labels = starts.copy(), starts.copy()
-    for row, block in enumerate(plan.blocks):
-        for slot, (i, start, length) in enumerate(zip(block.ids, block.starts, block.lengths, strict=True)):
-            frames[row, start : start + length] = sequences[i]
-            starts[row, slot], lengths[row, slot], row_labels[row, slot] = start, length, labels[i]
-    counts = np.array([len(b.ids) for b in plan.blocks], dtype=np.int64)
+    def __init__(self, config: Config, arrays: dict, t_max: int, bound: int, repeats: int = 3) -> None:
+        self._config, self._arrays, self._t_max, self._bound, self._repeats = (
+            config,
+            arrays,
+            t_max,
+            bound,
+            repeats,
+        )
+        self._seconds: dict[tuple, float] = {}
+
+    def __call__(self, block: BlockSpec) -> float:
+        key = (block.lengths, block.starts, block.offsets)
+        if key not in self._seconds:
+            self._seconds[key] = min(self._time(block) for _ in range(self._repeats))
+        return self._seconds[key]
+
+    def _time(self, block: BlockSpec) -> float:
+        c = self._config
+        shard = EpochShard(
+            split="train", epoch=1, rank=0, world_size=1, blocks=(block,), t_max=self._t_max,
+            max_sequences=self._bound, crop=c.data.crop, channels=3, seed=c.data.seed, center=False,
+            recomputed=0, reused=0, size=c.data.cache_size,
+        )  # fmt: skip
+        items = shard_items(shard)
+        fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
+        began = time.thread_time()
+        batch = {key: np.stack([item[key] for item in items]) for key in items[0]}
+        rows = assemble_rows(batch, self._arrays, fmt)
+        final_augment_batch(
+            torch.from_numpy(rows["frames"]), starts=rows["starts"], lengths=rows["lengths"], tops=rows["tops"],
+            lefts=rows["lefts"], flips=rows["flips"], crop=c.data.crop, flow=False,
+        )  # fmt: skip
+        return time.thread_time() - began
+
+
+def step_costs(steps: Sequence[Step], partial: dict[int, float], row_cost, fresh_of) -> dict[str, np.ndarray]:
+    """Per step: CPU seconds (its fresh videos' partial augmentations + ``row_cost`` of each of its blocks),
+    fresh videos and videos. ``fresh_of(epoch)`` is the set of video ids recomputed in that epoch."""
+    cpu, fresh, videos = [], [], []
+    for epoch, blocks in steps:
+        new = fresh_of(epoch)
+        ids = [v for block in blocks for v in block.ids]
+        cpu.append(sum(partial[v] for v in ids if v in new) + sum(row_cost(block) for block in blocks))
+        fresh.append(sum(v in new for v in ids))
+        videos.append(len(ids))
+    return {"cpu": np.array(cpu), "fresh": np.array(fresh), "videos": np.array(videos)}
+
+
+def spread(values: np.ndarray) -> dict[str, float]:
+    """std/mean, p95/median and max/median of per-step CPU seconds ({} without steps)."""
+    if values.size == 0 or values.mean() <= 0:
+        return {}
+    median = float(np.median(values))
     return {
-        "frames": frames,
-        "starts": starts,
-        "lengths": lengths,
-        "labels": row_labels,
-        "num_sequences": counts,
+        "cv": float(values.std() / values.mean()),
+        "p95_median": float(np.percentile(values, 95) / median),
+        "max_median": float(values.max() / median),
     }
-
-
-def identity_collate(batch):
-    """DataLoader collate_fn: ``__getitems__`` already returns the finished mini-batch."""
-    return batch

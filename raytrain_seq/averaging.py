@@ -456,6 +456,10 @@ def unflatten_state(flat: Tensor, spec: FlatSpec) -> dict[str, Tensor]:
 # ------------------------------------------------------------------------------------ adaptive batch size
 BATCH_GROWTH: tuple[str, ...] = ("steps", "always")
 """When Algorithm 1 may grow B: "steps" (only under a budget of N optimizer steps), or "always"."""
+BATCH_RULES: tuple[str, ...] = ("noise-aware", "paper")
+"""Which test grows B (``train.batch_rule``): "noise-aware" (``AdaptiveBatchSize(b1=None)``) or "paper"
+(a < a* x b1, b1 = 1). The test says WHETHER a validation grows B; ``BATCH_GROWTH`` says WHEN growth is
+allowed at all: under "steps" (the default) neither rule grows B unless the run has a step budget."""
 
 
 def batch_may_grow(growth: str, steps: int | None) -> bool:

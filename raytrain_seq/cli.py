@@ -89,6 +89,7 @@ _SHORT = {"verbose": "-v"}
 ADVANCED: frozenset[str] = frozenset(
     {
         "data.augment_cost",
+        "data.augment_cost_per_frame",
         "train.max_failures",
         "train.worker_start_timeout_s",
         "train.resize_interval_s",

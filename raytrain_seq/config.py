@@ -67,6 +67,8 @@ LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 VALIDATORS: tuple[str, ...] = ("auto", "learners", "evaluator")
 PACKINGS: tuple[str, ...] = STRATEGIES
 BATCH_GROWTH: tuple[str, ...] = ("steps", "always")  # averaging.BATCH_GROWTH (config imports no torch)
+BATCH_RULES: tuple[str, ...] = ("noise-aware", "paper")  # averaging.BATCH_RULES
+PAPER_B1 = 1.0  # AAVG's b1 (Cong et al.: "we simply use b1=1 and b2=2", B up to 576)
 # Classes of the synthetic set: ordered pairs of its 12 motions, 12 x 11 (data/synthetic.py, class_motions;
 # tests/test_synthetic.py holds the two equal).
 SYNTHETIC_CLASSES = 132
@@ -116,6 +118,8 @@ class DataConfig:
     """Views each test video is scored on, softmax averaged: center, center_flip, three_crop, three_crop_flip, ten_crop."""
     augment_cost: float = 0
     """Extra busy CPU seconds per partial augmentation of one video, to make augmentation the bottleneck."""
+    augment_cost_per_frame: float = 0
+    """Extra busy CPU seconds per frame of a training video's partial augmentation (a per-frame RandAugment's cost)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -193,13 +197,8 @@ class DataConfig:
         )
         int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
         choice("data.test_views", self.test_views, TEST_VIEWS)
-        number(
-            "data.augment_cost",
-            self.augment_cost,
-            ">= 0",
-            lambda v: v >= 0,
-            "use 0 for no extra cost",
-        )
+        for name in ("augment_cost", "augment_cost_per_frame"):
+            number(f"data.{name}", getattr(self, name), ">= 0", lambda v: v >= 0, "use 0 for no extra cost")
 
 
 @dataclass(kw_only=True)
@@ -321,8 +320,10 @@ class TrainConfig:
     """Blocks streamed to the device at once (gradients accumulate exactly); "auto" = largest that fits."""
     validate_every: int = 1
     """m in the paper: validate (and maybe grow the batch size) every m averaging rounds."""
+    batch_rule: str | None = None
+    """B's growth test: "noise-aware" (val < best - its std error) or "paper" (val < b1 x best); none: from b1."""
     b1: float | None = None
-    """Batch growth: none = val accuracy < best - its binomial std error; a number: < b1 x best (paper)."""
+    """The paper rule's margin: grow when val accuracy < b1 x best (1.0 under --batch-rule paper); none: noise-aware."""
     b2: float = 2
     """AAVG growth factor: a growing batch size is multiplied by b2, up to max_batch_size (>= 1)."""
     batch_growth: str = "steps"
@@ -416,14 +417,7 @@ class TrainConfig:
                 "give the blocks that fit on the device at once, or 'auto' to find it"
             )
         int_at_least("train.validate_every", self.validate_every, 1, "use 1 to validate every round")
-        if self.b1 is not None:
-            number(
-                "train.b1",
-                self.b1,
-                "> 0",
-                lambda v: v > 0,
-                "use 1.0 as in the AAVG paper, or none (noise-aware)",
-            )
+        self._resolve_batch_rule()
         number("train.b2", self.b2, ">= 1", lambda v: v >= 1, "use 2 as in the AAVG paper")
         choice("train.batch_growth", self.batch_growth, BATCH_GROWTH)
 
@@ -483,6 +477,22 @@ class TrainConfig:
                 f"train.warmup_steps={self.warmup_steps} is not below train.steps={self.steps}: the learning "
                 f"rate would still be warming up when the run ends; lower it, e.g. to {max(1, self.steps // 10)}"
             )
+
+    def _resolve_batch_rule(self) -> None:
+        """batch_rule none follows b1 (a number: the paper's test, as before the field existed); "paper"
+        without b1 takes the paper's 1.0; "noise-aware" has no margin, so a b1 beside it is refused."""
+        if self.batch_rule is None:
+            self.batch_rule = "noise-aware" if self.b1 is None else "paper"
+        choice("train.batch_rule", self.batch_rule, BATCH_RULES)
+        if self.batch_rule == "paper" and self.b1 is None:
+            self.b1 = PAPER_B1
+        if self.batch_rule == "noise-aware" and self.b1 is not None:
+            raise ValueError(
+                f"train.b1={self.b1!r} is the paper rule's margin, but train.batch_rule='noise-aware' has none: "
+                "pass --batch-rule paper to use it, or drop --b1"
+            )
+        if self.b1 is not None:
+            number("train.b1", self.b1, "> 0", lambda v: v > 0, "use 1.0 as in the AAVG paper")
 
     @property
     def max_epochs(self) -> int:

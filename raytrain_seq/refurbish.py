@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -252,3 +253,89 @@ class RefurbishSchedule:
         order = np.argsort(labels * n + rng.permutation(n))
         # Split points: sizes [4, 4, 2] -> cumsum [4, 8, 10] -> split at [4, 8].
         return np.split(ids[order], np.cumsum(sizes)[:-1])
+
+
+def balance_fresh(blocks: Sequence[Sequence[int]], lengths: Sequence[int], fresh: np.ndarray) -> np.ndarray:
+    """Cache-aware composition of packed blocks: which id goes where, so every block carries its share of
+    fresh frames.
+
+    A packing plan fixes each block's LENGTHS, not which ids of a length fill them: ids of equal length are
+    interchangeable without changing the padding. This picks, length by length (longest first), which of a
+    length's slots receive its fresh ids: each fresh id goes to the slot whose block lags furthest behind
+    its target ``share x block frames`` (``share`` = fresh frames / frames over every id; ties: the earlier
+    slot), the cached ids fill the rest; ids and slots keep their order within a length, so the result is
+    a pure function of its inputs. An id that sits in more than one block (a "chunk" video cut into pieces)
+    keeps its place. Returns ``perm`` over ids: the plan's slot of id ``i`` now holds ``perm[i]`` (a
+    permutation with ``lengths[perm[i]] == lengths[i]``; the identity when every id is fresh or none is).
+
+    Worked example: blocks [[0, 1], [2, 3]], lengths [5, 5, 5, 5], fresh [T, T, F, F] (share 1/2, target
+    5 fresh frames a block): slot 0 (block 0) gets fresh id 0; block 1 now lags most, so slot 2 gets fresh
+    id 1; the cached ids 2, 3 take slots 1, 3. perm = [0, 2, 1, 3]: blocks [[0, 2], [1, 3]], 5 fresh each.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    fresh = np.asarray(fresh, dtype=bool)
+    if fresh.shape != lengths.shape:
+        raise ValueError(f"fresh has {fresh.shape[0]} entries for {lengths.shape[0]} ids: pass one per id")
+    perm = np.arange(len(lengths), dtype=np.int64)
+    where: dict[int, list[int]] = {}
+    for b, ids in enumerate(blocks):
+        for i in ids:
+            where.setdefault(int(i), []).append(b)
+    total = int(lengths.sum())
+    share = float(lengths[fresh].sum()) / total if total else 0.0
+    frames = [int(lengths[list(ids)].sum()) if len(ids) else 0 for ids in blocks]
+    lag = [share * f for f in frames]  # target fresh frames still missing per block
+    movable: dict[int, list[int]] = {}
+    for i, at in sorted(where.items()):
+        if len(at) == 1:
+            movable.setdefault(int(lengths[i]), []).append(i)
+        elif fresh[i]:
+            for b in at:  # a piece's frames are not known here: its whole length counts once per block
+                lag[b] -= lengths[i] / len(at)
+    marked: dict[int, set[int]] = {}  # length -> the slots (positions in movable[length]) marked fresh
+    for length in sorted(movable, reverse=True):
+        slots = movable[length]  # ids in increasing order: their blocks are the slots
+        new = [i for i in slots if fresh[i]]
+        free = list(range(len(slots)))
+        chosen = []
+        for _ in new:
+            # The free slot whose block lags most (max keeps the first of equals: the earlier slot).
+            k = max(free, key=lambda j: lag[where[slots[j]][0]])
+            free.remove(k)
+            chosen.append(k)
+            lag[where[slots[k]][0]] -= length
+        marked[length] = set(chosen)
+    _exchange(movable, marked, where, lag)
+    for length, slots in movable.items():
+        chosen = sorted(marked[length])
+        free = [k for k in range(len(slots)) if k not in marked[length]]
+        for k, i in zip(chosen, [i for i in slots if fresh[i]], strict=True):
+            perm[slots[k]] = i
+        for k, i in zip(free, [i for i in slots if not fresh[i]], strict=True):
+            perm[slots[k]] = i
+    return perm
+
+
+def _exchange(
+    movable: dict[int, list[int]], marked: dict[int, set[int]], where: dict[int, list[int]], lag: list[float]
+) -> None:
+    """After the greedy pass, move a length's fresh mark from the block furthest past its target to the
+    free slot of that length whose block lags most, while that narrows the two blocks' gap (lags g_over <
+    g_under - length: the sum of squared lags drops by 2 length (g_under - g_over - length) > 0), until
+    no length can move one (each move lowers that sum, so it ends)."""
+    moved = True
+    while moved:
+        moved = False
+        for length, slots in movable.items():
+            fresh_slots, free = marked[length], set(range(len(slots))) - marked[length]
+            if not fresh_slots or not free:
+                continue
+            over = min(fresh_slots, key=lambda k: (lag[where[slots[k]][0]], k))
+            under = max(free, key=lambda k: (lag[where[slots[k]][0]], -k))
+            g_over, g_under = lag[where[slots[over]][0]], lag[where[slots[under]][0]]
+            if g_under - g_over > length + 1e-9:
+                lag[where[slots[over]][0]] += length
+                lag[where[slots[under]][0]] -= length
+                fresh_slots.discard(over)
+                fresh_slots.add(under)
+                moved = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -27,11 +28,13 @@ import gpu_report  # noqa: E402
 import learner_device  # noqa: E402
 import microbatch  # noqa: E402
 import randaugment  # noqa: E402
+import refurbish as rb  # noqa: E402
 import refurbish_loader as rl  # noqa: E402
 import report  # noqa: E402
 import startup  # noqa: E402
 
 from raytrain_seq.config import Config  # noqa: E402
+from raytrain_seq.models.factory import build_model_for  # noqa: E402
 from raytrain_seq.packing import pack, shard  # noqa: E402
 from raytrain_seq.step import stage_rows  # noqa: E402
 
@@ -148,82 +151,97 @@ def test_bload_table_tiny_run_writes_a_consistent_table(tmp_path):
     assert f"{r['pad']['stats']['padding']:,}" in text
     assert "Accuracy against the paper's sampling baseline" in text and "test top-5" in text
     assert "accuracy_points_bload_minus_sampling" in data["headline"]
+    assert r["mix"]["stats"]["deleted"] > 0 and r["mix"]["stats"]["padding"] > 0  # the paper's mix pad
+    assert r["mix"]["stats"]["blocks"] == res["videos"]  # one sample per video
+    assert all(e["epoch_s_every_frame"] > 0 for e in r.values())
+    assert "epoch_speedup_bload_vs_pad_every_frame" in data["headline"]
+
+
+def test_mix_pad_is_one_sample_of_the_mean_length_per_video():
+    """mix_pad_plan: the docstring's example; Table I's counts (deleted + padding = videos x 22) hold."""
+    plan = benchlib.mix_pad_plan([50, 30, 10], 22, seed=0)
+    stats = plan.stats()
+    assert sorted(b.lengths[0] for b in plan.blocks) == [10, 22, 22] and stats["padding"] == 12
+    assert (stats["deleted"], stats["cut"], stats["blocks"]) == (36, 2, 3)
+    assert 166_785 - 40_289 + 37_712 == 7_464 * 22  # the paper's mix pad column, as the docstring says
+
+
+def test_encode_every_frame_gives_the_same_logits_and_encodes_the_padding():
+    """EncodeEveryFrame: the job's model's logits (same weights) while its encoder sees rows x t_max frames."""
+    torch.manual_seed(0)
+    config = Config.from_preset("smoke")
+    plain = build_model_for(config, num_classes=4, in_channels=3).double()
+    dense = bload_table.EncodeEveryFrame(copy.deepcopy(plain))
+    frames = torch.randint(0, 255, (2, 12, 16, 16, 3), dtype=torch.uint8)
+    starts = torch.tensor([[0, 5], [0, -1]])
+    lengths = torch.tensor([[5, 4], [7, -1]])
+    counts = torch.tensor([2, 1])
+    seen = []
+    dense.model.encoder.inner.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    assert torch.allclose(dense(frames, starts, lengths, counts), plain(frames, starts, lengths, counts))
+    assert seen == [2 * 12]  # 16 real frames and 8 padding frames, in one call
 
 
 # ------------------------------------------------------------------------------------------ refurbish
-def test_balanced_eviction_recomputes_each_id_once_every_r_epochs():
-    """computing_epochs("balanced"): ages below r, N/r fresh per epoch, each id recomputed every r epochs."""
-    num, r, epochs = 10, 3, 7
-    comp = rl.computing_epochs("balanced", num, r, epochs, seed=0)
-    ages = np.arange(epochs)[:, None] - comp
-    assert ages.max() == r - 1 and ages.min() == 0
-    fresh = comp == np.arange(epochs)[:, None]
-    assert fresh[0].all() and all(fresh[e].sum() in (3, 4) for e in range(1, epochs))
-    assert (fresh[1:4].sum(axis=0) == 1).all()
+def _refurbish_size() -> dict:
+    return {"videos": 60, "epochs": 4, "seeds": [0], "reuse": [1, 3], "cost": 0.0}
 
 
-def test_naive_evictions_differ_from_balanced_as_documented():
-    """random: N//r fresh per epoch but some ids wait longer than r; refcount: everything at r, 2r."""
-    rand = rl.computing_epochs("random", 30, 3, 8, seed=0)
-    assert all((rand[e] == e).sum() == 10 for e in range(1, 8))
-    assert (np.arange(8)[:, None] - rand).max() > 2, "random eviction must show staleness beyond r-1"
-    ref = rl.computing_epochs("refcount", 4, 2, 4, seed=0)
-    assert ref.tolist() == [[0] * 4, [0] * 4, [2] * 4, [2] * 4]
-    with pytest.raises(ValueError, match="unknown eviction"):
-        rl.computing_epochs("lru", 4, 2, 4, seed=0)
+def test_the_spread_table_steps_are_the_job_feeds_and_cover_each_epoch():
+    """served_steps are BlockFeed's shards cut into full steps of B blocks (every video at most once an
+    epoch, most of them once); the unbalanced orders hold the same videos; compose's steps hold exactly the
+    asked videos with their fresh share within one."""
+    config = rb.job_config(_refurbish_size(), 3, 0, 0.0, "/tmp")
+    feed, geometry = rl.job_feed(config)
+    ids = geometry["catalogs"]["train"].ids.tolist()
+    served = rl.served_steps(feed, 4, 2, 4)
+    spread_only = rl.unbalanced_steps(config, geometry, 4, 2, 4, spread=True)
+    for epoch in (1, 2, 3):
+        mine = [v for e, blocks in served if e == epoch for b in blocks for v in b.ids]
+        assert len(mine) == len(set(mine)) > 0.6 * len(ids)
+        other = [v for e, blocks in spread_only if e == epoch for b in blocks for v in b.ids]
+        assert len(other) == len(set(other)) > 0.6 * len(ids)
+    composed = rl.composed_steps(config, geometry, 4, 8)
+    schedule = rl.RefurbishSchedule(len(ids), reuse=3, seed=0)
+    fresh = [sum(schedule.is_fresh(e)[ids.index(v)] for b in blocks for v in b.ids) for e, blocks in composed]
+    assert all(sum(len(b.ids) for b in blocks) == 8 for _, blocks in composed)
+    assert max(fresh) - min(fresh) <= 1
 
 
-def test_step_sampler_covers_every_id_each_epoch_and_compose_balances_fresh():
-    """StepSampler: every id once per epoch; compose keeps fresh per full batch within one, shuffle does not."""
-    comp = rl.computing_epochs("balanced", 60, 3, 3, seed=0)
-    spreads = {}
-    for compose in (True, False):
-        sampler = rl.StepSampler(comp, 6, compose=compose, reuse=3, seed=0)
-        steps = list(sampler)
-        for epoch in range(3):
-            ids = sorted(t.position for s in steps for t in s if t.epoch == epoch)
-            assert ids == list(range(60))
-        fresh = [sum(t.computed_in == t.epoch for t in s) for s in steps if s[0].epoch == 1]
-        spreads[compose] = max(fresh) - min(fresh)
-    assert spreads[True] <= 1 < spreads[False]
+def test_step_costs_add_the_fresh_partials_and_the_rows():
+    """A step costs its fresh videos' partial CPU plus each of its blocks' row CPU; spread() is std/mean."""
+    block = rl.BlockSpec(
+        ids=(1, 2), starts=(0, 3), lengths=(3, 4), offsets=(0, 0), labels=(0, 0), plan_index=0
+    )
+    steps = [(1, (block,)), (2, (block, block))]
+    costs = rl.step_costs(
+        steps, {1: 0.5, 2: 0.25}, lambda b: 0.125, lambda epoch: {1} if epoch == 1 else {1, 2}
+    )
+    assert costs["cpu"].tolist() == [0.625, 1.75] and costs["fresh"].tolist() == [1, 4]
+    assert rl.spread(np.array([1.0, 3.0]))["cv"] == pytest.approx(0.5)
 
 
-def test_loader_modes_cache_what_they_should(small_data):
-    """standard recomputes every use; refurbish reuses the partial (new crops); echo reuses the final array."""
-    config = small_data.config.to_dict()
-    comp = rl.computing_epochs("balanced", len(small_data.catalogs["train"]), 3, 3, seed=0)
-    tasks = [rl.Task(e, p, int(comp[e, p])) for e in range(3) for p in range(4)]
-    reused = [t for t in tasks if t.epoch and t.computed_in < t.epoch]
-    assert reused, "the case must reuse some cached samples"
-    outs = {}
-    for mode in ("standard", "refurbish", "echo"):
-        loader = rl.RefurbishingLoader(config, mode, frame_cost=0.0, t_max=small_data.t_max, max_sequences=12)
-        outs[mode] = {(t.epoch, t.position): loader.sample(t) for t in tasks}
-        expected = len(tasks) if mode == "standard" else len({(t.position, t.computed_in) for t in tasks})
-        assert loader.partials == expected
-    for t in reused:
-        first = (t.computed_in, t.position)
-        assert np.array_equal(outs["echo"][(t.epoch, t.position)], outs["echo"][first])
-    assert any(
-        not np.array_equal(
-            outs["refurbish"][(t.epoch, t.position)], outs["refurbish"][(t.computed_in, t.position)]
-        )
-        for t in reused
-    ), "refurbishing must give a reused sample a fresh final augmentation"
-
-
-def test_pack_rows_places_each_sequence_at_its_start():
-    """pack_rows: every sequence once, at its start in its row, labels beside it, -1 padding."""
-    seqs = [np.full((n, 2, 2, 3), i + 1, dtype=np.uint8) for i, n in enumerate([5, 3, 4])]
-    rows = rl.pack_rows(seqs, [7, 8, 9], 8, 3)
-    assert rows["num_sequences"].sum() == 3 and rows["frames"].shape == (2, 8, 2, 2, 3)
-    for row in range(2):
-        for slot in range(int(rows["num_sequences"][row])):
-            start, length = rows["starts"][row, slot], rows["lengths"][row, slot]
-            value = int(rows["frames"][row, start, 0, 0, 0])
-            assert (rows["frames"][row, start : start + length] == value).all()
-            assert [5, 3, 4][value - 1] == length and rows["labels"][row, slot] == [7, 8, 9][value - 1]
-    assert (rows["starts"][rows["starts"] < 0] == -1).all()
+def test_refurbish_headline_pairs_by_seed_and_carries_standard_errors():
+    """by_reuse: per r the means over seeds, the speedup and accuracy gap to r = 1 paired by seed with
+    their se; headline() is the JSON last line the issue fixes; the verdicts judge the target."""
+    runs = [
+        {"reuse": r, "seed": s, "samples_s": 100.0 * (1 + 0.5 * (r == 3)) + s, "cpu_ms_per_sample": 20.0 / (1 + (r == 3)),
+         "accuracy": 0.6 + 0.01 * s - 0.005 * (r == 3), "recomputed": 10, "load": [1.0, 2.0], "test_videos": 50}
+        for r in (1, 3) for s in (0, 1, 2)
+    ]  # fmt: skip
+    spreads = {r: {k: {"cv": 0.1 * r} for k in ("served", "spread_only", "plan", "compose")} for r in (1, 3)}
+    stats = rb.by_reuse(runs, spreads)
+    assert stats[3]["speedup"] == pytest.approx(np.mean([151 / 101, 152 / 102, 150 / 100]))
+    assert stats[3]["acc_points"] == pytest.approx(-0.5) and stats[3]["acc_points_se"] == pytest.approx(
+        0.0, abs=1e-9
+    )
+    head = rb.headline(stats)
+    assert head["feed"] == "job" and set(head["by_r"]) == {"1", "3"}
+    assert {"samples_s", "cpu_ms_per_sample", "step_cpu_cv", "acc_mean", "acc_se"} <= set(head["by_r"]["3"])
+    lines, _ = rb.verdicts({"stats": stats, "spread": spreads, "runs": runs, "cores": 2})
+    text = " ".join(lines)
+    assert "target >= 1.5x: NOT met" in text  # 1.49x: the verdict follows the number
+    assert "target (within one standard error of r = 1's): met" in text
 
 
 def test_randaugment_changes_images_and_calibration_is_positive():
@@ -342,7 +360,7 @@ def test_report_assembles_sections_and_headlines(tmp_path):
     benchlib.write_results(result, tmp_path)
     (tmp_path / "pipeline.txt").write_text("rates here")
     text = report.build(tmp_path, "../results")
-    assert "| bload_table | padding, naive / optimal packing | 1,234x |" in text
+    assert "| bload_table | padding, naive / optimal (the job's default packer) | 1,234x |" in text
     assert "```\nrates here\n```" in text
     assert "Not run: no `bench/results/refurbish.md`" in text
     assert "](../results/bload_table.png)" in text and "\n## T\n" in text
@@ -542,88 +560,84 @@ def test_batch_growth_and_the_cost_terms_come_from_the_data():
 
 
 def _ablation_result(vals: dict[str, list[float]], steps: dict[str, list[int]] | None = None) -> dict:
-    runs = {
-        name: [
+    """A result with the same runs under every (start, rule); AAVG4 numbers per seed (test on 12 videos)."""
+
+    def runs(name: str, values: list[float]) -> list[dict]:
+        return [
             {"seed": seed, "val": v, "test": v - 0.01, "steps": (steps or {}).get(name, [40] * 3)[seed],
              "epochs": 1.5, "max_b": 1 if name == "AAVG1" else 4}
             for seed, v in enumerate(values)
-        ]
-        for name, values in vals.items()
+        ]  # fmt: skip
+
+    variants = {n: ablation.variant_stats(runs(n, v)) for n, v in vals.items()}
+    grid = {start: {rule: dict(variants) for rule in ablation.RULES} for start in ablation.STARTS}
+    tests = {"rgb": [1.0] * 3, "flow": [0.33, 0.75, 0.67], "flow_scratch": [0.75, 0.67, 0.58],
+             "flow_low_lr": [0.5] * 3, "flow_scratch_low_lr": [0.5] * 3}  # fmt: skip
+    by_seed = {
+        seed: {k: {"test": v[seed], "first_val": v[seed] / 2} for k, v in tests.items()} | {"fused": 0.9}
+        for seed in range(3)
+    }
+    stats = {
+        k: dict(zip(("test_mean", "test_se"), ablation.mean_se(v), strict=True)) | {"first_val_mean": 0.3,
+                                                                                     "first_val_se": 0.01}
+        for k, v in tests.items()
     }  # fmt: skip
-    video = {"rgb": {"val": 0.5, "test": 0.5, "epochs": 4}, "flow": {"val": 0.6, "test": 0.6, "epochs": 4},
-             "flow_scratch": {"val": 0.4, "test": 0.4, "epochs": 4}, "test_videos": 12,
-             "fused": {"rgb": 0.5, "flow": 0.6, "fused": 0.7}}  # fmt: skip
-    return {"variants": {n: ablation.variant_stats(r) for n, r in runs.items()}, "steps": 40, "seeds": [0, 1, 2],
-            "video": video, "bn_pairs": 0, "aavg4": {"flow_test": 0.6}, "two_stream": video["fused"],
-            "warm": {"epochs": 6, "val": 0.3, "test": 0.32}}  # fmt: skip
+    diffs = {
+        f"{a}-{b}": ablation.mean_se([100 * (x - y) for x, y in zip(tests[a], tests[b], strict=True)])
+        for a, b in (
+            ("flow", "flow_scratch"),
+            ("flow_low_lr", "flow_scratch_low_lr"),
+            ("flow", "flow_low_lr"),
+        )
+    }
+    video = {"by_seed": by_seed, "stats": stats, "diffs": diffs, "fused": {"mean": 0.9, "se": 0.0},
+             "test_videos": 12, "seeds": [0, 1, 2]}  # fmt: skip
+    return {"grid": grid, "steps": 40, "seeds": [0, 1, 2], "video": video, "bn_pairs": 0,
+            "aavg4": {"flow_test": 0.58, "flow_minus_scratch": ablation._points(diffs["flow-flow_scratch"])},
+            "two_stream": {"fused": 0.9}, "warm": {"epochs": 6, "val": 0.3, "test": 0.32}}  # fmt: skip
 
 
 def test_ablation_statistics_and_the_verdict_on_the_targets():
-    """mean_se is the mean and sample std / sqrt(n); gaps combine the two se; the verdict states each target
-    (>= -1 se) from the numbers, the equal step counts, the BatchNorm pair count and AAVG4's comparison."""
+    """Gaps are paired by seed with the se of the paired differences; a gap within noise is called that and
+    not set beside the paper's; the JSON headline keeps the issue's keys and adds the rule; AAVG4's verdict
+    follows its numbers; the BatchNorm merge is said not to be exercised."""
     mean, se = ablation.mean_se([0.5, 0.7, 0.6])
     assert mean == pytest.approx(0.6) and se == pytest.approx(0.1 / math.sqrt(3))
     assert ablation.mean_se([0.5]) == (0.5, None) and ablation.mean_se([]) == (None, None)
     res = _ablation_result(
-        {"AAVG1": [0.5, 0.6, 0.7], "AAVG2": [0.62, 0.62, 0.62], "AAVG3": [0.5, 0.51, 0.52]}
+        {"AAVG1": [0.5, 0.6, 0.7], "AAVG2": [0.62, 0.62, 0.62], "AAVG3": [0.72, 0.73, 0.74]}
     )
-    d, se = ablation.gap(res["variants"]["AAVG2"], res["variants"]["AAVG1"])
+    d, se = ablation.gap(res["grid"]["warm"]["paper"]["AAVG2"], res["grid"]["warm"]["paper"]["AAVG1"])
     assert d == pytest.approx(2.0) and se == pytest.approx(10 / math.sqrt(3))
     text = " ".join(ablation.verdicts(res))
-    assert "every run of every variant took 40 optimizer steps" in text
-    assert "for 6 epochs reached 30.0 % validation and 32.0 % test accuracy (chance 10.0 %), so every" in text
-    cold = {**res, "warm": {"epochs": 1, "val": 0.1, "test": 0.1}}
-    assert "still on the from-scratch plateau" in " ".join(ablation.verdicts(cold))
+    assert "every run took 40 optimizer steps" in text
+    assert "AAVG2 - AAVG1 +2.0 +- 5.8 validation points, within noise: no gain is measured" in text
+    assert "AAVG3 - AAVG2 +11.0 +- 0.6 validation points, above noise; the paper +1.9" in text
     assert (
-        "AAVG2 - AAVG1: +2.0 validation points (se 5.8; the paper +2.1): the target (>= -1 se) is met" in text
-    )
-    assert (
-        "AAVG3 - AAVG2: -11.0 validation points (se 0.6; the paper +1.9): the target (>= -1 se) is missed"
+        "has 0 BatchNorm (mean, var) pairs, so Algorithm 2's m^b/v^b merge (merge_bn_stats) is not exercised"
         in text
     )
-    assert "has 0 BatchNorm (mean, var) pairs, so the switch changes nothing" in text
-    assert "reached B = 4 (AAVG2)" in text and "60.0 % test accuracy against 40.0 % from scratch" in text
+    assert "the reversal of the earlier single run is within noise over 3 seeds on 12 test videos" in text
+    assert "cannot tell transfer from scratch" in text
+    low = _ablation_result({n: [0.5] * 3 for n in ablation.VARIANTS})
+    low["video"]["diffs"]["flow_low_lr-flow_scratch_low_lr"] = (45.8, 20.8)  # the transfer ahead at lr / 10
+    low_text = " ".join(ablation.aavg4_verdicts(low["video"]))
+    assert "erases the RGB start's lead" in low_text and "cannot tell" not in low_text
     head = ablation.headline(res)
-    assert head["variants"]["AAVG1"]["steps"] == 40 and head["equal_steps"] and head["seeds"] == [0, 1, 2]
+    assert head["rule"] == "paper" and head["variants"]["AAVG1"]["steps"] == 40 and head["seeds"] == [0, 1, 2]
+    assert {"val_mean", "val_se", "steps"} <= set(head["variants"]["AAVG3"]) and head["equal_steps"]
+    assert set(head["by_rule"]) == {"paper", "noise-aware"} and "aavg4" in head and "two_stream" in head
     assert json.loads(json.dumps(head)) == head
     uneven = _ablation_result({n: [0.5] * 3 for n in ablation.VARIANTS}, steps={"AAVG2": [40, 40, 39]})
-    assert uneven["variants"]["AAVG2"]["steps"] == [39, 40]
-    assert "did NOT take equal steps" in " ".join(ablation.verdicts(uneven))
+    assert uneven["grid"]["warm"]["paper"]["AAVG2"]["steps"] == [39, 40]
+    assert "did NOT all take the same steps" in " ".join(ablation.verdicts(uneven))
     assert not ablation.headline(uneven)["equal_steps"]
-    assert [len(rows) for _, _, rows in ablation.tables(res)] == [3, 4]
-
-
-def test_refurbish_verdicts_follow_the_numbers():
-    """refurbish.verdicts: speed-up vs the 1.5x target, and echoing judged against r=3 at two standard errors."""
-    import refurbish
-
-    def run(name, mode, reuse, rate, acc, model_rate=100.0):
-        return {"name": name, "mode": mode, "reuse": reuse, "rate_warm": rate, "rate_all": rate, "accuracy": acc,
-                "test_sequences": 1000, "partials": 1, "cpu_per_sample_warm": 1.0 / rate,
-                "model_rate_warm": model_rate}  # fmt: skip
-
-    spread = [
-        {"policy": p, "compose": c, "cpu_cv": cv, "cpu_p95_median": 1.2, "epoch_cv": ecv}
-        for p, c, cv, ecv in (
-            ("balanced", True, 0.1, 0.05),
-            ("balanced", False, 0.4, 0.05),
-            ("refcount", False, 1.5, 1.8),
-        )
-    ]
-    res = {"runs": [run("standard", "standard", 1, 20.0, 0.60), run("echo", "echo", 3, 50.0, 0.45),
-                    run("r3", "refurbish", 3, 40.0, 0.595)], "spread": spread}  # fmt: skip
-    lines, head = refurbish.verdicts(res)
-    text = " ".join(lines)
-    assert head["r3_speedup"] == pytest.approx(2.0) and "target >= 1.5x: met" in text
-    assert head["r3_cpu_speedup"] == pytest.approx(2.0) and "2.00x less CPU per sample" in text
-    assert "within the paper's 1.03-2.04x range" in text and "target within 1 point: met" in text
-    assert "loses more accuracy than refurbishing r=3" in text
-    assert "varies by 10 %" in text and "180 % std/mean" in text
-    assert "The model alone trains 100.0 samples/s, 5.00x standard" in text and "bounds it" not in text
-    # The same speed-up against a model only 1.3x standard's rate: the model caps it, and the verdict says so.
-    capped = {**res, "runs": [res["runs"][0], res["runs"][1], run("r3", "refurbish", 3, 25.0, 0.595, 26.0)]}
-    text = " ".join(refurbish.verdicts(capped)[0])
-    assert "target >= 1.5x: NOT met" in text and "r=3 runs at 96 % of it, so the model" in text
+    assert [len(rows) for _, _, rows in ablation.tables(res)] == [10, 4, 6]
+    report = ablation.report_headline(res)
+    assert (
+        report["paper_aavg2_minus_1"] == "+2.0 +- 5.8 (within noise)"
+        and "noise_aware_aavg3_minus_2" in report
+    )
 
 
 def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split():

@@ -73,6 +73,7 @@ BAD_VALUES = [
     ("data.seed", 1.0, 1),
     ("data.augment_cost", -0.5, 0.5),
     ("data.augment_cost", math.inf, 0.5),
+    ("data.augment_cost_per_frame", -1e-3, 4e-4),
     ("model.backbone", "resnet34", "resnet50"),
     ("model.backbone", "ResNet18", "small"),
     ("model.weights", "", None),
@@ -116,6 +117,7 @@ BAD_VALUES = [
     ("train.b1", 0, 0.5),
     ("train.b2", 0.5, 1),
     ("train.batch_growth", "epochs", "always"),
+    ("train.batch_rule", "strict", "paper"),
     ("train.epochs", 0, 1),
     ("train.steps", 0, 100),
     ("train.steps", 2.5, 3),
@@ -332,3 +334,25 @@ def test_batch_growth_choices_are_the_rules():
 
     assert CONFIG_BATCH_GROWTH == BATCH_GROWTH
     assert Config().train.batch_growth == "steps"
+
+
+def test_batch_rule_puts_the_papers_numbers_one_flag_away():
+    """train.batch_rule "paper" is AAVG's test with the paper's b1 = 1, b2 = 2, B up to 576; the default is
+    noise-aware (b1 none); an older config that set only b1 keeps the paper's test it meant; a margin
+    beside the noise-aware rule is refused naming the fix; the choices are averaging.BATCH_RULES."""
+    from raytrain_seq.averaging import BATCH_RULES
+    from raytrain_seq.config import BATCH_RULES as CONFIG_BATCH_RULES
+
+    assert CONFIG_BATCH_RULES == BATCH_RULES
+    default = Config().train
+    assert (default.batch_rule, default.b1) == ("noise-aware", None)
+    paper = Config.from_dict({"train": {"batch_rule": "paper"}}).train
+    assert (paper.batch_rule, paper.b1, paper.b2, paper.max_batch_size) == ("paper", 1.0, 2, 576)
+    assert Config.from_dict({"train": {"b1": 0.9}}).train.batch_rule == "paper"  # as before the field
+    assert Config.from_dict({"train": {"batch_rule": "paper", "b1": 0.95}}).train.b1 == 0.95
+    with pytest.raises(ValueError, match=r"train\.b1=1\.0 .*--batch-rule paper"):
+        Config.from_dict({"train": {"batch_rule": "noise-aware", "b1": 1.0}})
+    with pytest.raises(ValueError, match=r"train\.batch_rule"):
+        Config.from_dict({"train": {"batch_rule": "strict"}})
+    again = Config.from_dict(Config.from_dict({"train": {"batch_rule": "paper"}}).to_dict()).train
+    assert (again.batch_rule, again.b1) == ("paper", 1.0)

@@ -20,6 +20,7 @@ from raytrain_seq.rows.assembly import (
     BlockSpec,
     EpochShard,
     assemble_rows,
+    cache_aware_plan,
     consumption_order,
     max_sequences_bound,
     plan_specs,
@@ -77,6 +78,27 @@ def test_spread_fresh_evens_windows_on_ucf101_blocks():
         # Every prefix stays within one block's worth of fresh frames of the proportional line.
         line = np.arange(1, len(spread) + 1) * sum(spread) / len(spread)
         assert np.abs(np.cumsum(spread) - line).max() <= max(counts)
+
+
+def test_cache_aware_plan_keeps_the_packing_and_evens_fresh_frames_beyond_spread_fresh():
+    """cache_aware_plan on UCF101 blocks (stride 8, r=3, epoch 1): the same blocks' lengths, starts and
+    padding with every video once; the learners' 4-block windows then carry their share of fresh frames
+    more evenly than spread_fresh alone gives the raw plan, and epoch 0 (all fresh) is left as it is."""
+    lengths = strided(ucf101_lengths("train")[0], 8)
+    fresh = RefurbishSchedule(len(lengths), reuse=3, seed=SEED).is_fresh(1)
+    plan = pack(lengths, seed=plan_seed(SEED, 1))
+    aware = cache_aware_plan(plan, lengths, fresh)
+    assert [(b.lengths, b.starts) for b in aware.blocks] == [(b.lengths, b.starts) for b in plan.blocks]
+    assert sorted(i for b in aware.blocks for i in b.ids) == list(range(len(lengths)))
+    assert aware.stats() == plan.stats()
+    every = np.ones(len(lengths), bool)
+    assert cache_aware_plan(plan, lengths, every).blocks == plan.blocks
+    ids, labels = list(range(len(lengths))), [0] * len(lengths)
+    spreads = {}
+    for name, p in (("raw", plan), ("aware", aware)):
+        counts = [[s.fresh_frames for s in rank] for rank in plan_specs(p, 2, ids, labels, fresh)]
+        spreads[name] = max(_window_spread(c, 4)[0] for c in counts)
+    assert spreads["aware"] < 0.8 * spreads["raw"], spreads
 
 
 def test_max_sequences_bound_is_tight_and_never_exceeded():

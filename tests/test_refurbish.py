@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from raytrain_seq.refurbish import RefurbishSchedule, even_split
+from raytrain_seq.refurbish import RefurbishSchedule, balance_fresh, even_split
 
 # (N, r): r=1, r=N, r>N, N not divisible by r, N divisible by r, a single sample.
 CASES = [(10, 3), (12, 1), (7, 7), (5, 9), (100, 7), (12, 4), (1, 1), (1, 4), (37, 2)]
@@ -291,3 +291,39 @@ def test_numpy_integers_are_accepted():
     assert s.num_samples == 20 and s.reuse == 3 and s.seed == 1
     _check_composition(s, int(np.int64(2)), 6)
     assert np.array_equal(s.evicted(np.int64(2)), s.evicted(2))
+
+
+def test_balance_fresh_worked_example_and_identities():
+    """The docstring's example; every id fresh (epoch 0, r = 1) or none leaves the plan as it is."""
+    fresh = np.array([True, True, False, False])
+    assert balance_fresh([[0, 1], [2, 3]], [5, 5, 5, 5], fresh).tolist() == [0, 2, 1, 3]
+    for mask in (np.ones(4, bool), np.zeros(4, bool)):
+        assert balance_fresh([[0, 1], [2, 3]], [5, 5, 5, 5], mask).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="one per id"):
+        balance_fresh([[0, 1]], [5, 5], np.array([True]))
+
+
+def test_balance_fresh_keeps_lengths_and_evens_the_fresh_frames_of_blocks():
+    """On real packed blocks (UCF101-like lengths, the schedule's fresh ids): a permutation within equal
+    lengths (so the padding is the plan's), a chunk id in two blocks keeps its place, and the spread of the
+    blocks' fresh frames drops below the plan's own (not vacuous: the plan's spread is large)."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 60, size=400)
+    blocks, block, used = [], [], 0
+    for i in rng.permutation(400):  # first fit in a random order: blocks of up to 100 frames
+        if used + lengths[i] > 100:
+            blocks.append(block)
+            block, used = [], 0
+        block.append(int(i))
+        used += lengths[i]
+    blocks.append([*block, 0])  # id 0 now sits in two blocks, as a chunk video's pieces do
+    fresh = RefurbishSchedule(400, reuse=3, seed=1).is_fresh(1)
+    perm = balance_fresh(blocks, lengths, fresh)
+    assert sorted(perm.tolist()) == list(range(400)) and (lengths[perm] == lengths).all() and perm[0] == 0
+
+    def spread(assign):
+        per_block = [sum(lengths[assign[i]] for i in b if fresh[assign[i]]) for b in blocks[:-1]]
+        return np.std(per_block)
+
+    before, after = spread(np.arange(400)), spread(perm)
+    assert before > 10 and after < 0.8 * before, (before, after)

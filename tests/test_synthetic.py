@@ -340,3 +340,26 @@ def test_rendering_is_well_under_two_ms_per_frame():
             sv.render(i)
         best = min(best, time.perf_counter() - start)
     assert best / frames < 2e-3, f"{1e3 * best / frames:.3f} ms per frame"
+
+
+def test_partial_augmentation_costs_its_per_frame_cpu_in_training_only():
+    """data.augment_cost_per_frame: the task body burns that much of its thread's CPU per frame of a training
+    video (a per-frame RandAugment's cost, so a longer video costs more) and none on an evaluation resize."""
+    import time
+
+    from raytrain_seq.config import Config
+    from raytrain_seq.data.sources import augment_videos, source_kwargs
+
+    config = Config.from_preset("smoke", max_videos=8)
+    source = source_kwargs(config)
+    per_frame = 2e-3
+
+    def cpu(epoch):
+        began = time.thread_time()
+        *arrays, _info = augment_videos(source, [0], [epoch], 0, config.data.cache_size, 0.0, per_frame)
+        return time.thread_time() - began, len(arrays[0])
+
+    trained, frames = cpu(1)
+    evaluated, _ = cpu(None)
+    assert frames >= 2 and trained >= per_frame * frames  # the burn is CPU time, whatever the load
+    assert evaluated < per_frame * frames  # not vacuous: the evaluation resize pays none of it

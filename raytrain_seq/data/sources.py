@@ -121,20 +121,30 @@ def get_source(kwargs: tuple[tuple[str, Any], ...]) -> SyntheticSource | RealVid
 
 
 def busy(seconds: float) -> None:
-    """Burn CPU for ``seconds`` (``data.augment_cost``: makes augmentation the bottleneck on purpose)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    """Burn ``seconds`` of this thread's CPU time (``data.augment_cost``: makes augmentation the
+    bottleneck on purpose). CPU time, not wall time: on a loaded machine a wall-clock spin would get
+    only its share of a core, and the cost it stands for would shrink with the load."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 
 def augment_videos(
-    source: tuple, video_ids: list[int], epochs: list[int | None], seed: int, size: int, cost: float
+    source: tuple,
+    video_ids: list[int],
+    epochs: list[int | None],
+    seed: int,
+    size: int,
+    cost: float,
+    frame_cost: float = 0.0,
 ) -> tuple:
     """Task body: decode + partial augmentation of each video; epoch None = evaluation resize.
 
-    Returns one uint8 array per video, then ``{"ids", "epochs", "seconds", "failed", "refit",
-    "flow_method"}`` (one extra return): ``failed`` lists ``[path, reason]`` of videos served as zero
-    clips, ``refit`` ``[path, decoded, catalog]`` of lengths fixed to the catalog's.
+    ``cost`` busy CPU seconds per video (``data.augment_cost``), and ``frame_cost`` per frame of a
+    training video (``data.augment_cost_per_frame``: a per-frame transform such as RandAugment; the
+    evaluation resize has none). Returns one uint8 array per video, then ``{"ids", "epochs", "seconds",
+    "failed", "refit", "flow_method"}`` (one extra return): ``failed`` lists ``[path, reason]`` of videos
+    served as zero clips, ``refit`` ``[path, decoded, catalog]`` of lengths fixed to the catalog's.
     """
     videos = get_source(source)
     began = time.perf_counter()
@@ -144,7 +154,7 @@ def augment_videos(
         out.append(frames)
         failed += report.get("failed", [])
         refit += report.get("refit", [])
-        busy(cost)
+        busy(cost + (frame_cost * len(frames) if epoch is not None else 0.0))
     info = {
         "ids": list(video_ids),
         "epochs": list(epochs),

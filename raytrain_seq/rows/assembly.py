@@ -27,6 +27,7 @@ learner group changes size. Nothing here imports ray: the Ray glue is ``raytrain
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -37,6 +38,7 @@ import numpy as np
 
 from raytrain_seq.augment import center_crop, final_augment, final_params
 from raytrain_seq.packing import PackPlan, shard
+from raytrain_seq.refurbish import balance_fresh
 from raytrain_seq.seeds import final_rng
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ __all__ = [
     "EpochShard",
     "RowFormat",
     "assemble_rows",
+    "cache_aware_plan",
     "consumption_order",
     "max_sequences_bound",
     "plan_specs",
@@ -217,6 +220,16 @@ def plan_specs(
             specs = [specs[i] for i in spread_fresh([s.fresh_frames for s in specs])]
         out.append(specs)
     return out
+
+
+def cache_aware_plan(plan: PackPlan, lengths: Sequence[int], fresh: np.ndarray) -> PackPlan:
+    """``plan`` with equal-length sequences exchanged between blocks so that every block carries its share
+    of the epoch's fresh frames (``refurbish.balance_fresh``: Revamper's cache-aware composition for
+    packed blocks). Lengths, starts, offsets and so the padding are the plan's; every id still appears
+    exactly as often. ``lengths`` and ``fresh`` are over the plan's positions (the catalog's order)."""
+    perm = balance_fresh([block.ids for block in plan.blocks], lengths, fresh)
+    blocks = [dataclasses.replace(block, ids=tuple(int(perm[i]) for i in block.ids)) for block in plan.blocks]
+    return dataclasses.replace(plan, blocks=blocks)
 
 
 def consumption_order(specs: Sequence[Sequence[BlockSpec]]) -> list[int]:

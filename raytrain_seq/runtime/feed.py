@@ -27,7 +27,8 @@ Validation and test splits are packed once ("optimal", fixed seed; "chunk" only 
 and a video is longer than t_max), resized deterministically (``augment.resize_video``), cached once and
 centre-cropped. The video sources live in ``data/sources.py``: the synthetic set renders at
 ``cache_size`` already, so its partial augmentation is the photometric transform (+ ``augment_cost``
-busy seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too);
+busy CPU seconds, which stand for decoding and optical flow and so are spent on the evaluation videos too,
+and ``augment_cost_per_frame`` per training frame, a per-frame transform such as RandAugment);
 UCF101 / HMDB51 are decoded with PyAV. The flow stream (2 channels) computes each video's whole-frame
 optical flow ONCE (a flow task; the feed keeps the ref of a training video's flow for the run, Ray
 spills it when the store is full), and every partial augmentation of it, evaluation's included, is a
@@ -59,7 +60,7 @@ from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.reports import FeedReport
 from raytrain_seq.rounds.position import layout_specs, parse_history
-from raytrain_seq.rows.assembly import BlockSpec, EpochShard, consumption_order, plan_specs
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, cache_aware_plan, consumption_order, plan_specs
 from raytrain_seq.runtime.partial_tasks import (
     OBJECT_BYTES,
     CachedArray,
@@ -223,6 +224,7 @@ class BlockFeed:
                 lengths, self.t_max, strategy=self._config.data.packing, seed=plan_seed(self._seed, epoch)
             )
             fresh = self._schedule.is_fresh(epoch)
+            plan = cache_aware_plan(plan, lengths, fresh)  # every block its share of fresh frames
             self._plans[key] = (
                 plan,
                 plan_specs(plan, world_size, self._train_ids, self._train_labels, fresh),
@@ -257,7 +259,7 @@ class BlockFeed:
             bounds = self._bounds(ids)
             out = task.options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus).remote(
                 source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
-                bounds=bounds, after=None if wait is None else reports[wait],
+                data.augment_cost_per_frame, bounds=bounds, after=None if wait is None else reports[wait],
             )  # fmt: skip
             placed_at.update(placed(chunk, bounds, out[:-1]))
             reports.append(out[-1])

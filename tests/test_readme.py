@@ -1,0 +1,107 @@
+"""The README's headline table quotes the committed benchmark results, and nothing else that was measured.
+
+Each row of the table "measured here" names its numbers in ``CLAIMS``: the result file under
+``bench/results/``, the headline key and how the README writes it. A rerun that changes a committed result
+therefore fails here until the README says the new number; a number in a row that is neither a claim nor
+one of the row's ``FIXED`` figures (the papers' own, the settings) fails too, so no measured figure can be
+typed into the table by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+# The command that writes each result (what to rerun when one is missing).
+SCRIPTS = {"averaging_ablation": "bench/averaging.py --only ablation"}
+
+
+def _points(value: str) -> str:
+    """A headline text such as '+2.0 +- 2.7 (within noise)' as the README writes it: '+2.0 +- 2.7'."""
+    return value.split(" (")[0]
+
+
+# technique (bold in the README's first column) -> [(result, headline key, how the README writes it)]
+CLAIMS: dict[str, list[tuple[str, str, Callable]]] = {
+    "BLoad": [
+        ("bload_table", "padding_cut_optimal", lambda v: f"{v:,.0f}x less padding"),
+        ("bload_table", "padding_cut_bload", lambda v: f"random fill: {v:,.0f}x"),
+        ("bload_table", "epoch_speedup_bload_vs_pad_every_frame", lambda v: f"{v:.2f}x"),
+        ("bload_table", "accuracy_bload_minus_sampling_text", lambda v: f"{_points(v)} test points"),
+    ],
+    "AAVG": [
+        ("averaging", "share_k_epoch", lambda v: f"{100 * v:.1f} % of learner time"),
+        ("averaging", "share_k1", lambda v: f"({100 * v:.1f} % at K = 1)"),
+        ("averaging_ablation", "paper_aavg2_minus_1", lambda v: f"AAVG2 - AAVG1 {_points(v)}"),
+        ("averaging_ablation", "paper_aavg3_minus_2", lambda v: f"AAVG3 - AAVG2 {_points(v)}"),
+    ],
+    "Refurbishing": [
+        ("refurbish", "r3_speedup_text", lambda v: f"{v} the useful samples/s"),
+        ("refurbish", "r3_accuracy_text", lambda v: f"{_points(v)} test points"),
+    ],
+    "Micro-batch streaming": [
+        ("microbatch", "overhead_vs_fit_median", lambda v: f"{100 * v:+.1f} % time per sample"),
+        ("microbatch", "grad_diff", lambda v: f"{v:.1e}".replace("e-0", "e-")),
+    ],
+}
+# Figures a row may hold besides its claims: the papers' own and the settings it names.
+FIXED: dict[str, set[str]] = {
+    "BLoad": {"145", "4.1", "2.1"},
+    "AAVG": {"1", "2.1", "1.9"},
+    "Refurbishing": {"3", "1", "1.03", "2.04"},
+    "Micro-batch streaming": set(),
+}
+NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
+
+
+def _row(technique: str) -> str:
+    """The table row whose first cell names ``technique`` in bold, its last cell (what was measured)."""
+    lines = [
+        line
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith(f"| **{technique}**")
+    ]
+    assert len(lines) == 1, f"README.md needs one headline row for **{technique}**, found {len(lines)}"
+    return lines[0].rstrip(" |").rsplit(" | ", 1)[1]
+
+
+@pytest.mark.parametrize("technique", list(CLAIMS))
+def test_readme_headline_quotes_the_committed_results(technique):
+    """Every claim of the row is the committed result as the README writes it, and every other number in
+    the row is one of the papers' figures or a setting (not vacuous: each row makes two claims or more)."""
+    row = _row(technique)
+    quoted = []
+    for name, key, write in CLAIMS[technique]:
+        headline = json.loads((RESULTS / f"{name}.json").read_text())["headline"]
+        script = SCRIPTS.get(name, f"bench/{name}.py")
+        assert key in headline, f"bench/results/{name}.json has no headline {key!r}: rerun {script}"
+        text = write(headline[key])
+        assert text in row, f"README's {technique} row should say {text!r} (bench/results/{name}.json, {key})"
+        quoted.append(text)
+    assert len(quoted) >= 2
+    strays = unbacked(row, quoted, FIXED[technique])
+    assert not strays, (
+        f"README's {technique} row has numbers no result backs: {strays} (add a claim or drop them)"
+    )
+
+
+def unbacked(row: str, quoted: list[str], fixed: set[str]) -> list[str]:
+    """The numbers of ``row`` outside its quoted claims that are not among the ``fixed`` figures."""
+    for text in quoted:
+        row = row.replace(text, " ")
+    return [n for n in NUMBER.findall(row) if n.lstrip("+-") not in fixed]
+
+
+def test_a_figure_typed_beside_the_claims_is_caught():
+    """The stray check is not vacuous: a number beside the claims that no result backs is reported, a
+    paper's figure and the claims' own numbers are not."""
+    row = "r = 3 trains 1.62x the useful samples/s (the paper: 1.03-2.04x), 2.5x less CPU, +0.4 +- 1.1 points"
+    quoted = ["1.62x the useful samples/s", "+0.4 +- 1.1 points"]
+    assert unbacked(row, quoted, FIXED["Refurbishing"]) == ["2.5"]
+    assert unbacked(row.replace(", 2.5x less CPU", ""), quoted, FIXED["Refurbishing"]) == []
