@@ -171,6 +171,13 @@ class DataConfig:
                 "or lower num_classes"
             )
         int_at_least("data.stride", self.stride, 1, "use 1 to keep every frame")
+        if self.stride > 2**40:
+            # Past the longest sequence a length file may hold, every video keeps one frame either way, and
+            # the strided lengths' int64 arithmetic would overflow.
+            raise ValueError(
+                f"data.stride={self.stride} is longer than any video (at most 2**40 frames): "
+                "use e.g. 8 to keep every 8th frame"
+            )
         if self.fps is not None:
             number("data.fps", self.fps, "> 0", lambda v: v > 0, "use e.g. 25, or None to stride instead")
             if self.stride != 1:

@@ -55,6 +55,7 @@ BAD_VALUES = [
     ("data.max_videos", 12.5, 12),
     ("data.stride", 0, 1),
     ("data.stride", 2.0, 2),
+    ("data.stride", 2**64, 8),  # past any video: the strided lengths would overflow int64
     ("data.t_max", 0, 1),
     ("data.t_max", "auto", None),
     ("data.cache_size", 0, 36),
