@@ -11,8 +11,10 @@ times). Two layers:
 * ``check(config)``: the paths, then what the data and the model say. The data geometry
   (``data.sources.data_geometry``: the catalogs, so the class count and every video's strided length,
   against ``--t-max``), ``--warmup-steps`` against the most optimizer steps the run can take, and, when a
-  model starts from ``--weights`` or ``--init-from``, the model built once on the CPU exactly as each
-  learner builds it (the weights file's keys and shapes, the source run's architecture and class count).
+  model starts from ``--weights`` or ``--init-from`` or comes from a ``--model-factory``, the model built
+  once on the CPU exactly as each learner builds it (the weights file's keys and shapes against the
+  backbone, ResNet or video; the source run's architecture and class count; the factory's import and
+  module).
 
 Each problem is a ``RunSetupError`` naming the input and the fix, which the jobs print as one line and
 exit 2 with. ``check`` returns the geometry, and remembers the last config it passed (in this process), so
@@ -102,8 +104,8 @@ def check_paths(config: Config) -> None:
         path = Path(weights).expanduser()
         if not path.is_file() or not os.access(path, os.R_OK):
             raise RunSetupError(
-                f"--weights {path}: no readable file there: pass a local torchvision ImageNet state_dict "
-                "(.pth) for the resnet backbone"
+                f"--weights {path}: no readable file there: pass a local torchvision state_dict (.pth): "
+                "ImageNet for a resnet backbone, Kinetics-400 for a video backbone"
             )
     if config.model.init_from is not None:
         _run_folder("--init-from", config.model.init_from, "pass the folder of a finished run")
@@ -138,8 +140,10 @@ def _warmup(config: Config, geometry: dict[str, Any]) -> None:
 
 
 def _model(config: Config, geometry: dict[str, Any]) -> None:
-    """Build the model on the CPU as each learner does when it starts from a file (weights, init_from)."""
-    if config.model.weights is None and config.model.init_from is None:
+    """Build the model on the CPU as each learner does when it starts from a file (weights, init_from) or
+    from the user's code (model_factory)."""
+    m = config.model
+    if m.weights is None and m.init_from is None and m.model_factory is None:
         return
     import torch
 

@@ -198,6 +198,12 @@ CASES = [
     ("job", ["--dataset", "ucf101", "--data-root", "{ucf}", "--num-classes", "500"], 2, "--num-classes 500"),
     ("job", ["--backbone", "resnet18", "--weights", _p("garbage.pth")], 2, "garbage.pth"),  # 42.9
     ("job", ["--backbone", "resnet18", "--weights", "{foreign_weights}"], 2, "foreign.pth: key"),  # 42.9
+    ("job", ["--backbone", "mc3_18", "--weights", "{foreign_weights}"], 2, "torchvision mc3_18"),  # 41
+    ("job", ["--model-factory", "no_such_module_here:build"], 2, "cannot import no_such_module_here"),
+    ("job", ["--model-factory", "mymodels"], 2, "package.module:function"),
+    ("job", ["--model-factory", "m:f", "--backbone", "r3d_18", "--weights", "w.pth"], 2, "drop --weights"),
+    ("job", ["--dataset", "list", "--data-root", "{root}"], 2, "--train-list FILE"),
+    ("job", ["--train-list", "train.txt"], 2, "--dataset list"),
     (  # 42.10: the trained run has width 8
         "job",
         [
