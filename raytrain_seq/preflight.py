@@ -72,16 +72,14 @@ def _data(config: Config) -> None:
         return
     root = Path(data.data_root).expanduser()
     if not root.is_dir():
-        raise RunSetupError(
-            f"--data-root {root}: no such folder: pass the folder the official {data.dataset.upper()} archives "
-            "were extracted to (README, 'Real video')"
+        what = (
+            "the folder your lists' paths are relative to (README, 'Your own videos')"
+            if data.dataset == "list"
+            else f"the folder the official {data.dataset.upper()} archives were extracted to (README, 'Real video')"
         )
-    if data.dataset == "ucf101":
-        from raytrain_seq.data.ucf101 import ucf101_entries as entries
-    else:
-        from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
+        raise RunSetupError(f"--data-root {root}: no such folder: pass {what}")
     try:
-        class_names, _ = entries(str(root), data.split)  # reads and checks the split files; opens no video
+        class_names = _class_names(config, str(root))  # reads and checks the list files; opens no video
     except ValueError as exc:
         raise RunSetupError(str(exc)) from exc
     if data.num_classes is not None and data.num_classes > len(class_names):
@@ -89,6 +87,21 @@ def _data(config: Config) -> None:
             f"--num-classes {data.num_classes} but {data.dataset} under {root} has {len(class_names)} classes: "
             f"pass --num-classes 2..{len(class_names)}, or leave it out to train on every class"
         )
+
+
+def _class_names(config: Config, root: str) -> tuple[str, ...]:
+    """The classes the data set's list files name (ValueError naming a file and line)."""
+    data = config.data
+    if data.dataset == "list":
+        from raytrain_seq.data.video_list import list_entries
+
+        lists = {"train": data.train_list, "val": data.val_list, "test": data.test_list}
+        return list_entries(root, lists, data.class_names)[0]
+    if data.dataset == "ucf101":
+        from raytrain_seq.data.ucf101 import ucf101_entries as entries
+    else:
+        from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
+    return entries(root, data.split)[0]
 
 
 def check_paths(config: Config) -> None:

@@ -257,3 +257,21 @@ def test_a_bad_factory_is_a_value_error_naming_it(spec, message):
         build_from_factory(spec, 3)
     with pytest.raises(ValueError, match=r"package\.module:function"):
         Config.from_preset(None, model_factory="just_a_module", run_name="x")
+
+
+def test_the_architecture_example_factory_builds_and_trains(tmp_path, monkeypatch):
+    """docs/ARCHITECTURE.md's 20-line --model-factory example, written to a module and used by name."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    section = text[text.index("### Your own videos and your own model") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert len(code.strip().splitlines()) <= 20
+    (tmp_path / "mymodels_example.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = Config.from_preset(None, model_factory="mymodels_example:build", run_name="x")
+    model = build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
+    loss, count = sequence_loss(model, _batch([CONTEXTS[2][0], CONTEXTS[0][0]], t_max=12))
+    loss.backward()
+    assert count == 5 and model.encoder.conv.weight.grad.abs().sum().item() > 0
