@@ -7,7 +7,7 @@ MB/s of fp32 weights + moments one round of 2 learners pushes through the actor 
 arrays and the library arithmetic (``averaging.average_states`` + ``merge_adam_states``) in one
 process, and how a round's wall time and the busiest actor's bytes grow with the learners (the sharded
 data plane, ``runtime/shards.py``), through the transport a run uses by default
-(``train.averager_channels``: shared-memory channels once a group is linked, ``elastic.channels``) and,
+(``train.averager_channels``: shared-memory channels once a group is linked, ``dataplane.generations``) and,
 for 2 learners, through the other one beside it. ``cost_model`` extrapolates a round to P learners of a given size over a NIC of a given speed
 and compares it with DDP's ring all-reduce of the gradients per epoch.
 """
@@ -91,9 +91,9 @@ def learner_class():
     does, outside the timed round."""
     import uuid
 
-    from raytrain_seq.elastic.client import AveragerClient
-    from raytrain_seq.elastic.flat_storage import FlatStorage
-    from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
+    from raytrain_seq.dataplane.flat_storage import FlatStorage
+    from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
+    from raytrain_seq.rounds.client import AveragerClient
     from raytrain_seq.runtime.shards import RayStore
     from raytrain_seq.runtime.transport import RayTransport
 
@@ -169,7 +169,7 @@ def learner_class():
 
         def payload_slices(self, count: int) -> list[int]:
             """The bytes of each of ``count`` slices of this learner's buffers."""
-            from raytrain_seq.elastic.merge import part_nbytes
+            from raytrain_seq.dataplane.merge import part_nbytes
 
             return [part_nbytes(part) for part in self.storage.slices(count)]
 
@@ -179,7 +179,7 @@ def learner_class():
             "merge" merges two 50 MB slices as a shard does (``merge_parts``), "return" copies
             the 50 MB merged slice into other memory (the shard's return value). Its seconds. The memory
             is written once beforehand, as the store's is (populated), so no pass faults."""
-            from raytrain_seq.elastic.merge import merge_parts
+            from raytrain_seq.dataplane.merge import merge_parts
 
             if self._floor is None:
                 (key, buffer), *_ = self.storage.buffers.items()  # fp32 weights and moments: one buffer
@@ -326,7 +326,7 @@ def bandwidth(
     those rounds (``BenchLearner.floor``: "put", "merge", "return", each the slower learner's, and their
     "total"), medians: what the round costs without Ray's part. ``channels``: whether the rounds go
     through the shared-memory channels once the learners are linked (the first, warm-up round goes
-    through the object store and plans them; ``elastic.channels``), None: as a run does by default
+    through the object store and plans them; ``dataplane.generations``), None: as a run does by default
     (``TrainConfig.averager_channels``); ``transport`` says which. ``other_round_s``: with ``other``,
     the median of ``rounds`` rounds of the same 2 learners through the other transport, and
     ``other_numpy_s`` the median of numpy passes timed one before each of those rounds, else None.
@@ -334,6 +334,7 @@ def bandwidth(
     import ray
 
     from raytrain_seq.config import TrainConfig
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
 
     if channels is None:
@@ -362,9 +363,8 @@ def bandwidth(
     ) -> tuple[list[float], float, dict]:
         extra = {} if shards is None else {"shards": shards}
         name = f"bandwidth-{os.getpid()}-{n}-{shards}-{len(actors)}-{channels}"
-        averager = create_averager(
-            name, namespace=NAMESPACE, world_size=n, timeout_s=600.0, channels=channels, **extra
-        )
+        settings = AveragerSettings(world_size=n, timeout_s=600.0, channels=channels, **extra)
+        averager = create_averager(name, settings, namespace=NAMESPACE)
         try:
             joined = ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(actors[:n])])
             payload = joined[0]["payload"]
@@ -407,7 +407,7 @@ def bandwidth(
             ray.kill(averager)
             if channels:
                 # A channel's buffer stays in the object store until the process that made it exits
-                # (elastic.channels): fresh learner processes for the next measure, so that the store
+                # (dataplane.generations): fresh learner processes for the next measure, so that the store
                 # does not fill with this one's channels.
                 for j, actor in enumerate(actors[:n]):
                     ray.kill(actor)

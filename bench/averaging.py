@@ -475,7 +475,7 @@ def rounds_clause(band: dict) -> str:
                 f" These rounds go through {band.get('transport', 'the object store')}"
                 + (
                     " (Ray's shared-memory channels, written in place every round: no new objects, and no "
-                    "object reference in any message; raytrain_seq/elastic/channels.py)"
+                    "object reference in any message; raytrain_seq/dataplane/generations.py)"
                     if channels
                     else ""
                 )

@@ -8,7 +8,7 @@ Every table script (``bload_table.py``, ``refurbish.py``, ``microbatch.py``, ``a
 The single-process data helpers (``LocalData``) give the benchmarks the job's data path without Ray:
 the synthetic catalogs (``raytrain_seq.data.synthetic``), the partial and final augmentations
 (``raytrain_seq.augment``), the packing plan (``raytrain_seq.packing``) and the row assembly of
-``raytrain_seq.elastic.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
+``raytrain_seq.rows.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
 learner receives for the same seed, epoch and plan.
 
 Nothing here imports ray; matplotlib is imported inside ``new_figure`` only.
@@ -38,16 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.elastic.assembly import (
-    EpochShard,
-    assemble_rows,
-    max_sequences_bound,
-    partial_rng,
-    plan_seed,
-    plan_specs,
-    shard_items,
-)
 from raytrain_seq.packing import PackPlan, pack
+from raytrain_seq.rows.assembly import EpochShard, assemble_rows, max_sequences_bound, plan_specs, shard_items
+from raytrain_seq.seeds import partial_rng, plan_seed
 from raytrain_seq.step import collate_rows
 
 logger = logging.getLogger(__name__)

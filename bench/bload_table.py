@@ -20,7 +20,7 @@ accuracy verdict that mirrors the paper's (+2.1 recall@20 for block pad over sam
 Single process, no Ray: per epoch every video's partial augmentation is computed once (the job's
 ``partial_rng`` stream, shared by all strategies and outside the timed region), then each strategy
 packs the epoch (the job's per-epoch plan seed), assembles its block rows with
-``elastic.assembly.assemble_rows`` (the Ray pipeline's own row assembly, final crop + flip included) and
+``rows.assembly.assemble_rows`` (the Ray pipeline's own row assembly, final crop + flip included) and
 trains with ``step.InnerStep`` (micro-batch streaming); ``step.evaluate`` scores the test split. The
 strategies are trained round-robin within each epoch so that load on a shared machine hits them alike.
 Time per epoch = row assembly + training steps of that strategy.

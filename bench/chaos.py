@@ -28,7 +28,7 @@ compares, per epoch, the {count, sum, sum of squares} of the video ids of the ro
 (``summary.json`` ``trained_ids``, from the learners' round stats: ``raytrain_seq/accounting.py``) with
 the same checksum of the epoch's BLoad plan (``rows_short``, the plan's count less the trained one, is a
 diagnostic that must be 0: the rows of a learner dropped from rounds are made up by the group,
-``raytrain_seq/elastic/position.py``); ``rounds_contiguous`` reads the averager's round log
+``raytrain_seq/rounds/position.py``); ``rounds_contiguous`` reads the averager's round log
 (``events.jsonl``): rounds 1..N, each once, in order (a round the averager logged and then died before
 any learner took its result is averaged again; the log marks that record ``redo`` and it replaces the
 first, which ``rounds_redone`` counts). ``events`` counts the faults actually injected; ``ok`` is false
@@ -327,9 +327,10 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
 def plan_checksums(config) -> dict[int, dict[str, int]]:
     """Per epoch, the checksum of the video ids of the epoch's BLoad plan (what the feed serves)."""
     from raytrain_seq.accounting import checksum
-    from raytrain_seq.elastic.assembly import plan_seed, plan_specs
     from raytrain_seq.packing import pack
+    from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
+    from raytrain_seq.seeds import plan_seed
 
     geometry = feed_geometry(config, warn=False)
     train = geometry["catalogs"]["train"]
@@ -348,9 +349,10 @@ def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
     count of rounds an epoch. Each of the ``stalls`` adds an epoch at one learner (twice the rounds): the
     survivor trains on alone until the dropped learner rejoins, and a run that used those rounds up ended
     before the next events (seen once in the 4-event soak of tests/test_chaos.py, docs/LOG.md)."""
-    from raytrain_seq.elastic.assembly import plan_seed, plan_specs
     from raytrain_seq.packing import pack
+    from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
+    from raytrain_seq.seeds import plan_seed
 
     geometry = feed_geometry(config, warn=False)
     train = geometry["catalogs"]["train"]
@@ -367,7 +369,7 @@ def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
 
 def accounting(summary, config) -> dict[str, Any]:
     """The run's per-epoch trained-ids checksums against the plan's, and the round log's order."""
-    from raytrain_seq.elastic.events import EVENTS_FILE
+    from raytrain_seq.rounds.events import EVENTS_FILE
 
     plan = plan_checksums(config)
     trained = {int(e): c for e, c in summary.extra.get("trained_ids", {}).items()}

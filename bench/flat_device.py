@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from averager_cost import adam_payload
 
-from raytrain_seq.elastic.flat_storage import FlatStorage
-from raytrain_seq.elastic.payload import FlatLayout
+from raytrain_seq.dataplane.flat_storage import FlatStorage
+from raytrain_seq.dataplane.payload import FlatLayout
 from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register, cuda_host_unregister
 
 WAYS = ("flat out", "per tensor out", "pinned out", "flat in", "one copy in", "per tensor in", "pinned in")

@@ -48,8 +48,8 @@ from benchlib import STAT_CSTIME, STAT_CUTIME, STAT_PPID, STAT_STIME, STAT_UTIME
 from raytrain_seq.augment import final_augment, partial_augment
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.elastic.assembly import partial_rng
 from raytrain_seq.models import build_model
+from raytrain_seq.seeds import partial_rng
 from raytrain_seq.step import InnerStep, build_optimizer, stage_rows
 
 CONSUMERS = 2

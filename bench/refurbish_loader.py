@@ -24,9 +24,9 @@ from randaugment import burn_cpu
 
 from raytrain_seq.augment import final_augment
 from raytrain_seq.config import Config
-from raytrain_seq.elastic.assembly import FINAL_STREAM
 from raytrain_seq.packing import pack
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.seeds import FINAL_STREAM
 
 
 def computing_epochs(policy: str, num: int, reuse: int, epochs: int, seed: int) -> np.ndarray:

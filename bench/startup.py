@@ -28,6 +28,7 @@ there is no job supervisor and no working-dir package: the driver's own imports 
 
     python bench/startup.py --json
     python bench/startup.py --epochs 1 --cpus 4
+    python bench/startup.py --epochs 1 --cpus 16 --gpus-per-learner 0.5   # a GPU node, 2 learners a GPU
 """
 
 from __future__ import annotations
@@ -157,11 +158,15 @@ def _bare_function(config: dict) -> None:
     import time
 
     started = time.time()
-    import ray.train  # noqa: F401 (the job's learners import it: its import is part of the floor)
+    import ray.train
+    import ray.train.torch
     import torch
 
     torch.set_num_threads(1)
-    model = torch.nn.Linear(8, 8)
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # as a GPU learner does: its CUDA context is part of the floor
+    model = torch.nn.Linear(8, 8).to(device)
     torch.optim.Adam(model.parameters())  # a process's first optimizer imports torch._dynamo
     ready = time.time()
     # Rank 0's return value is the Result's return_value (the job's learners end the same way).
@@ -176,9 +181,13 @@ def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str,
 
     from raytrain_seq.runtime.driver import train_env
 
+    gpu = bool(config.train.use_gpu)
+    resources = {"CPU": 1, **({"GPU": config.train.gpus_per_learner} if gpu else {})}
     trainer = DataParallelTrainer(
         _bare_function,
-        scaling_config=ScalingConfig(num_workers=config.train.max_learners, resources_per_worker={"CPU": 1}),
+        scaling_config=ScalingConfig(
+            num_workers=config.train.max_learners, use_gpu=gpu, resources_per_worker=resources
+        ),
         run_config=RunConfig(name=f"bare-{time.time_ns()}", storage_path=str(storage)),
     )
     with ProcSampler() as sampler, train_env(config):
@@ -222,7 +231,7 @@ def _cluster(cpus: int) -> None:
     logging.getLogger("ray").setLevel(logging.WARNING)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=2, help="epochs of the demo preset's job")
     parser.add_argument(
@@ -231,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--bare-runs", type=int, default=3, help="bare trainers (each on a fresh cluster); the median counts"
     )
+    parser.add_argument(
+        "--gpus-per-learner", type=float, default=None,
+        help="learners on GPUs, this share of one each (the job's --use-gpu --gpus-per-learner); default: CPUs",
+    )  # fmt: skip
     parser.add_argument(
         "--json", action="store_true", help="print the headline figures as one JSON last line"
     )
@@ -241,12 +254,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--bare-runs must be >= 1, got {args.bare_runs}")
     if args.cpus < 3:
         parser.error(f"--cpus must be >= 3 (2 learners and the data tasks), got {args.cpus}")
+    if args.gpus_per_learner is not None and not 0 < args.gpus_per_learner <= 1:
+        parser.error(f"--gpus-per-learner must be in (0, 1], got {args.gpus_per_learner}")
+    return args
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list], list]:
+    """The bare trainers, then the job, each on a fresh local cluster: (the job, its CPU by role, the
+    bare runs)."""
     import ray
 
+    gpu = (
+        {} if args.gpus_per_learner is None else {"use_gpu": True, "gpus_per_learner": args.gpus_per_learner}
+    )
     bares = []
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as storage:
         config = Config.from_preset(
-            "demo", epochs=args.epochs, storage_path=storage, run_name="job", tracker="none"
+            "demo", epochs=args.epochs, storage_path=storage, run_name="job", tracker="none", **gpu
         )
         for _ in range(args.bare_runs):
             _cluster(args.cpus)
@@ -259,13 +283,20 @@ def main(argv: list[str] | None = None) -> int:
             job, by_role = run_job(config)
         finally:
             ray.shutdown()
-    bare, bare_roles = sorted(bares, key=lambda run: run[0]["ready"])[(len(bares) - 1) // 2]
+    return job, by_role, bares
 
+
+def report(args: argparse.Namespace, job: dict[str, Any], by_role: dict[str, list], bares: list) -> dict:
+    """Prints the timelines, the CPU by role and the processes started; returns the headline figures."""
+    bare, bare_roles = sorted(bares, key=lambda run: run[0]["ready"])[(len(bares) - 1) // 2]
     line = job["timeline"]
     window = line["first_step"] - line["fit"]
     cores = os.cpu_count() or 1
     marks = ("fit", "loop_entered", "learner_built", "joined", "first_step")
-    print(f"\ndemo preset, {args.epochs} epochs, {args.cpus} logical CPUs, {cores} cores")
+    where = (
+        "CPU learners" if args.gpus_per_learner is None else f"GPU learners at {args.gpus_per_learner:g} GPU"
+    )
+    print(f"\ndemo preset, {args.epochs} epochs, {args.cpus} logical CPUs, {cores} cores, {where}")
     print("job timeline (s from the driver's start): " + ", ".join(f"{k} {line[k]:.1f}" for k in marks))
     print(f"job seconds.startup {job['seconds']['startup']:.1f} s; fit() to the first step {window:.1f} s")
     readies = ", ".join(f"{run['ready']:.1f}" for run, _ in bares)
@@ -283,34 +314,50 @@ def main(argv: list[str] | None = None) -> int:
         f"fit() returning {bare['end']:.2f} s (runs: {ends})\n"
     )
     total, bare_total = (sum(cpu for cpu, _ in roles.values()) for roles in (by_role, bare_roles))
+    print_roles(by_role, bare_roles, total, bare_total, window * cores, bare["ready"] * cores, cores)
+    print_births(job["births"], {k: line[k] - line["fit"] for k in marks[1:]})
+    return {
+        "startup_s": round(job["seconds"]["startup"], 2),
+        "fit_to_first_step_s": round(window, 2),
+        "bare_fit_to_ready_s": round(bare["ready"], 2),
+        "bare_fit_to_function_s": round(bare["function_started"], 2),
+        "fit_to_first_step_vs_bare": round(window / bare["ready"], 3),
+        "end_s": round(job_end, 2),
+        "bare_end_s": round(bare["end"], 2),
+        "cpu_s": {name: round(cpu, 2) for name, (cpu, _) in sorted(by_role.items())},
+        "cpu_s_all": round(total, 2),
+        "bare_cpu_s_all": round(bare_total, 2),
+        "cores": cores,
+        "gpus_per_learner": args.gpus_per_learner,
+    }
+
+
+def print_roles(by_role: dict, bare_roles: dict, total: float, bare_total: float, window_cores: float,
+                bare_cores: float, cores: int) -> None:  # fmt: skip
+    """The CPU seconds of each role between fit() and the first step (the job) or ready (the bare)."""
     print(f"CPU seconds from fit() to the first step (job) and to ready (bare trainer); {cores} cores")
     print(f"{'role':<44}{'job':>8}{'share':>8}{'procs':>7}{'bare':>8}")
     for name in sorted(by_role.keys() | bare_roles.keys(), key=lambda k: -by_role.get(k, [0.0])[0]):
         cpu, procs = by_role.get(name, (0.0, 0))
         print(f"{name:<44}{cpu:>8.2f}{cpu / total:>8.1%}{procs:>7}{bare_roles.get(name, (0.0,))[0]:>8.2f}")
     print(f"{'all':<44}{total:>8.2f}{'':>15}{bare_total:>8.2f}")
-    print(f"{'window x cores':<44}{window * cores:>8.2f}{'':>15}{bare['ready'] * cores:>8.2f}")
+    print(f"{'window x cores':<44}{window_cores:>8.2f}{'':>15}{bare_cores:>8.2f}")
+
+
+def print_births(births: list, marks_from_fit: dict[str, float]) -> None:
+    """The Ray processes started between fit() and the first step, each after the last mark it follows."""
     print(
         "\nRay processes started between fit() and the first step, in order (s from fit(); CPU to the first step)"
     )
-    marks_from_fit = {k: line[k] - line["fit"] for k in marks[1:]}
-    for at, name, cpu in job["births"]:
+    for at, name, cpu in births:
         passed = [k for k, t in marks_from_fit.items() if t <= at]
         print(f"{at:>6.1f}  {name:<44}{cpu:>6.2f}" + (f"   (after {passed[-1]})" if passed else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    headline = report(args, *measure(args))
     if args.json:
-        headline = {
-            "startup_s": round(job["seconds"]["startup"], 2),
-            "fit_to_first_step_s": round(window, 2),
-            "bare_fit_to_ready_s": round(bare["ready"], 2),
-            "bare_fit_to_function_s": round(bare["function_started"], 2),
-            "fit_to_first_step_vs_bare": round(window / bare["ready"], 3),
-            "end_s": round(job_end, 2),
-            "bare_end_s": round(bare["end"], 2),
-            "cpu_s": {name: round(cpu, 2) for name, (cpu, _) in sorted(by_role.items())},
-            "cpu_s_all": round(total, 2),
-            "bare_cpu_s_all": round(bare_total, 2),
-            "cores": cores,
-        }
         print(json.dumps(headline))
     return 0
 

@@ -20,7 +20,7 @@ anti-aliased when shrinking. Short side to ``size``, the long side cropped (at r
 Trade-off: the partial half costs several times the final half, and more with every ``extra_ops`` warp,
 so reusing it r times cuts the augmentation CPU per use to ``partial / r + final``, close to 1/r of the
 standard pipeline's when the partial half dominates (the per-video timings are in
-docs/LOG.md, 2026-11-22; the end-to-end claim is ``bench/refurbish.py``'s).
+docs/ARCHITECTURE.md, "Measurements behind the code"; the end-to-end claim is ``bench/refurbish.py``'s).
 
 ``stride_frames`` keeps every ``stride``-th frame for decoded real videos. The built-in synthetic set
 (``raytrain_seq.data.synthetic``) is rendered at its strided length already: do not stride it again.
@@ -215,7 +215,7 @@ def partial_augment(
     to every frame, so the motion in the video is intact. Contrast pivots on the mean luma of the whole
     video (not of each frame) for the same reason; that pivot is a whole-video statistic, so each output
     frame carries a faint second-order trace of the video (on the synthetic set a nearest-centroid on
-    single augmented frames stayed within noise of chance: docs/LOG.md, 2026-11-24,
+    single augmented frames stayed within noise of chance: docs/ARCHITECTURE.md, "Measurements behind the code",
     figures moved out of comments).
     """
     frames = _check_video(frames)
@@ -317,7 +317,7 @@ def final_augment_batch(
     A sequence is a contiguous run of its row's frames and all of them share one cut, so each sequence is
     one strided slice copied at memory speed: a loop over the mini-batch's sequences (tens), never over
     frames or pixels. On a CPU it beat one gather with a per-pixel index and an ``unfold`` window gather
-    (timed by hand: docs/LOG.md, 2026-11-23); on a GPU it is tens of copy kernels.
+    (timed by hand: docs/ARCHITECTURE.md, "Measurements behind the code"); on a GPU it is tens of copy kernels.
     """
     b, t, h, w, c = frames.shape
     if crop > h or crop > w:

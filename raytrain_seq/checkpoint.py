@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from raytrain_seq.elastic.state import AveragedState
+    from raytrain_seq.rounds.state import AveragedState
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ def load(folder: str | Path) -> Checkpoint:
     """The checkpoint in ``folder``; CheckpointError naming it when it is missing or does not load."""
     import torch
 
-    from raytrain_seq.elastic.state import AveragedState
+    from raytrain_seq.rounds.state import AveragedState
 
     folder = Path(folder)
     path = folder / STATE_FILE

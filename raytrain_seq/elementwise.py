@@ -3,7 +3,7 @@
 Every rule of the averaging arithmetic is elementwise: the weighted mean (floating weights, Adam's
 moments), the law-of-total-variance merge of a (mean, variance) pair (BatchNorm's running statistics,
 AAVG Algorithm 2) and AMSGrad's elementwise max. So a shard merges any slice of the learners' flat
-buffers alone (``elastic.merge``). Here that arithmetic runs on numpy arrays, so that a shard's process
+buffers alone (``dataplane.merge``). Here that arithmetic runs on numpy arrays, so that a shard's process
 imports no torch; ``averaging`` applies the same arithmetic to tensors on any device, for whole state
 dicts. Both accumulate in ``accumulation_dtype`` (float32 for float32 and narrower buffers, float64 for
 float64 ones), round each weight and each weighted term before adding it (no fused multiply-add), and
@@ -54,7 +54,7 @@ def accumulation_dtype(dtype: Any) -> np.dtype:
     """The dtype a weighted sum of ``dtype`` values is accumulated in: float64 for float64 and integers,
     float32 for float32 and narrower floats (float16; bfloat16 travels as float32). Why not float64 for
     all: a shard's merge of float32 slices is then compute-bound, the widening and the float64 passes
-    making it markedly slower than the same merge in float32 (docs/LOG.md, 2026-11-27). What float32 costs: the sum is
+    making it markedly slower than the same merge in float32 (docs/ARCHITECTURE.md, "Measurements behind the code"). What float32 costs: the sum is
     written as x_k + sum_j w_j (x_j - x_k), so its rounding errors scale with the learners' differences;
     against the float64 mean it stays within (learners + 1) ulps of the largest learner's value, the
     bound of any float32 sum such as DDP's all-reduce (``tests/test_elementwise.py`` measures it)."""

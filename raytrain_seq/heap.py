@@ -19,7 +19,7 @@ exist already and to later ones):
 
 The cost: a process holds on to up to its peak heap plus ``top_pad`` per arena rather than returning it.
 Off glibc (no ``mallopt`` in the C library) nothing changes and the call says so. Plain Python: no
-ray, no torch; the measured effect is in docs/LOG.md (2026-11-24, morning).
+ray, no torch; the measured effect is in docs/ARCHITECTURE.md ("Measurements behind the code").
 """
 
 from __future__ import annotations

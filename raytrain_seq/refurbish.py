@@ -45,7 +45,7 @@ ImageNet/ResNet-50 at comparable accuracy, the gain largest when CPUs are scarce
 for one cached copy of every sample. On that UCF101 size with r=3 and batch size 32 (epoch 1: 3179
 fresh, 10.7 a batch on average), ``compose`` keeps every full batch at 10 or 11 fresh ids, by
 construction; a plain shuffle's count is binomial and its extremes reach about twice the mean
-(docs/LOG.md, 2026-11-22). ``bench/refurbish.py`` measures the end-to-end effect (docs/BENCHMARKS.md,
+(docs/ARCHITECTURE.md, "Measurements behind the code"). ``bench/refurbish.py`` measures the end-to-end effect (docs/BENCHMARKS.md,
 "Revamper").
 """
 

@@ -524,7 +524,7 @@ def eval_micro_batch_size(micro_batch_size: int | str, device: torch.device | st
 
     Why not larger on a CPU, though a forward pass without autograd would fit several times the rows: the
     frame encoder's activations of a bigger micro-batch fall out of the caches, and the demo model scored
-    slower per row at 16 rows a micro-batch than at 4 (timed by hand: docs/LOG.md, 2026-11-23, issue 13).
+    slower per row at 16 rows a micro-batch than at 4 (timed by hand: docs/ARCHITECTURE.md, "Measurements behind the code").
     The training size is the one known to fit on the learner's device and to run at training's rate. A
     GPU needs the rows to fill it, and a forward pass without autograd holds one layer's activations at
     a time, far less than the training step that "auto" sized.

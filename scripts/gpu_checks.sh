@@ -18,7 +18,9 @@
 # Results go to $OUT (default ./gpu_out), at most 8 files: pytest.txt, learner_device.txt,
 # memory_cap.txt, dataloader.txt, job_demo.json, job_ucf101.json (the runs' summary.json), jobs.txt
 # (their logs), job.md. Copy job.md and the .txt files to bench/results/gpu/ (bench/report.py puts them
-# in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more).
+# in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more);
+`STARTUP=1` also runs bench/startup.py on this node's CPUs with GPU learners (startup.txt, about 2 minutes
+more): where a GPU node's start-up goes, against a bare Ray Train trainer on the same node.
 #
 # Ray on a machine without network: a folder `.gpu-ray` beside this tree (git-ignored) with Ray's wheel
 # and an install.sh that unpacks it and defines `ray_stop` (the workplace's ray_for_gpu_box.sh tool makes
@@ -82,6 +84,12 @@ fi
 
 # 5. Issue 40's targets, from the files above.
 python3 bench/gpu_report.py --out "$OUT" --md "$OUT/job.md" --json
+
+if [ "${STARTUP:-0}" = 1 ] && [ "$RAY" = 1 ]; then
+    timeout 180 python3 bench/startup.py --epochs 1 --cpus "$(nproc)" --bare-runs 1 --gpus-per-learner 0.5 \
+        --json 2>&1 | tee "$OUT/startup.txt" | tail -n 1
+    ray_stop
+fi
 
 if [ "${MBS:-0}" = 1 ]; then
     # MBS Table 4 twice: micro-batches of 16 small images (launch-bound on a GPU), then micro-batches that

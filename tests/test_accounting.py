@@ -38,7 +38,7 @@ def test_a_round_redone_after_an_averager_restart_counts_once(tmp_path):
     reloaded checkpoint 2, and the learners sent round 3 again. Totals (frames, the trained-ids checksum),
     the round count and the loss history count round 3 once, live and after a later restart's replay of
     a log holding both records; the log marks the second record ``redo``."""
-    from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory
+    from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 
     log = tmp_path / EVENTS_FILE
 

@@ -11,12 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 from conftest import adam_learners
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.elastic.rounds import AveragingTimeoutError, MembershipError, RoundBook, StaleRoundError
-from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.rounds.book import (
+    AveragingTimeoutError,
+    MembershipError,
+    RoundBook,
+    RoundPhase,
+    StaleRoundError,
+)
 
 LEARNERS = ["a", "b", "c"]
 
@@ -56,7 +62,7 @@ def test_book_round_completes_when_all_arrive():
     # Averaged in sorted order whatever the arrival order, with each learner's own payload.
     assert closed.present == (("a", "pa"), ("b", "pb"), ("c", "pc")) and closed.dropped == ()
     book.finish()
-    assert (book.round, book.phase, book.dropped_log) == (2, "idle", [])
+    assert (book.round, book.phase, book.dropped_log) == (2, RoundPhase.IDLE, [])
 
 
 def test_book_deadline_drops_the_missing_with_a_reason(caplog):
@@ -90,12 +96,12 @@ def test_book_drop_unread_leaves_the_readable_and_refuses_outside_closing():
         book.drop_unread(closed.__class__(2, (), (), 0.0), ["a"], "why")
     kept = book.drop_unread(closed, ["b"], "unreadable")
     assert kept.present == (("a", "pa"), ("c", "pc")) and kept.dropped == ("b",) and kept.error is None
-    assert book.phase == "closing" and book.dropped == {"b": "unreadable"}
+    assert book.phase == RoundPhase.CLOSING and book.dropped == {"b": "unreadable"}
     failed = book.drop_unread(kept, ["c"], "unreadable too")
     assert failed.present == () and failed.dropped == ("b", "c")
     assert isinstance(failed.error, AveragingTimeoutError) and failed.error.arrived == ("a",)
     book.finish(ok=False)
-    assert (book.round, book.phase, book.quorum) == (1, "idle", 1)
+    assert (book.round, book.phase, book.quorum) == (1, RoundPhase.IDLE, 1)
     with pytest.raises(RuntimeError, match="not the one closing"):
         book.drop_unread(failed, ["a"], "idle now")
 
@@ -130,7 +136,7 @@ def test_book_world_size_and_membership():
         book.arrive("zed", 1, 3)
     with pytest.raises(MembershipError, match="group is full"):
         book.join("d")
-    assert book.phase == "idle"  # nothing opened a round
+    assert book.phase == RoundPhase.IDLE  # nothing opened a round
     book.set_world_size(4)
     assert book.join("d") == 1
     with pytest.raises(MembershipError):
@@ -172,7 +178,7 @@ def test_book_new_incarnation_starts_a_new_group():
     book.arrive(2, 1, 3, "p2", incarnation="old-2")
     # Ray Train restarted the group with 2 learners: rank 1's new process joins first.
     assert book.join(1, 2, incarnation="new-1") == 1  # the abandoned round is sent again
-    assert (book.generation, book.world_size, book.phase, book.arrived) == (2, 2, "idle", [])
+    assert (book.generation, book.world_size, book.phase, book.arrived) == (2, 2, RoundPhase.IDLE, [])
     [group] = [e for e in book.membership_log if e["event"] == "group" and e["generation"] == 2]
     assert "(3 -> 2)" in group["detail"] and "[0, 2] abandoned" in group["detail"] and group["learners"] == 2
     with pytest.raises(MembershipError, match="replaced by a newer one"):
@@ -207,7 +213,7 @@ def test_book_too_few_learners_fail_the_round_and_keep_its_number():
     closed = book.close()
     assert isinstance(closed.error, AveragingTimeoutError) and closed.present == ()
     assert (closed.error.missing, closed.error.arrived) == (("a", "c"), ("b",))
-    assert (book.round, book.phase) == (1, "idle")
+    assert (book.round, book.phase) == (1, RoundPhase.IDLE)
     book.join("a")
     book.arrive("b", 1, 3)
     assert book.arrive("a", 1, 3)  # c is dropped, so a and b complete round 1
@@ -253,7 +259,7 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
     """When Ray Train restarts the group, the old round's senders get StaleRoundError; joiners the latest."""
 
     async def scenario():
-        averager = ParameterAverager(3, timeout_s=30.0)
+        averager = local_averager(3, timeout_s=30.0)
         for k, name in enumerate(LEARNERS):
             await averager.join(name, 3, incarnation=f"old-{k}")
         position = {"epoch": 0, "history": [], "world_size": 3, "rows_done": 4}
@@ -287,7 +293,7 @@ def test_actor_counts_the_wait_for_the_last_arrival_apart_from_the_rest_of_the_r
     last one waited for nobody. Both spent the whole call in averaging (waiting included)."""
 
     async def scenario():
-        averager = ParameterAverager(2, timeout_s=30.0)
+        averager = local_averager(2, timeout_s=30.0)
         for name in ("a", "b"):
             await averager.join(name, 2)
         early = asyncio.create_task(averager.average("a", 1, 2, _tiny(1), None))
@@ -308,7 +314,7 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
         return "actor-1"  # Ray keeps an actor's id over its restarts
 
     async def scenario():
-        first = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)
+        first = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)
         for name in "ab":
             await first.join(name, 2, incarnation=name)
         results = []
@@ -321,7 +327,7 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
             if r == 1:  # the checkpoint Ray Train keeps after round 1
                 state, history = await first.checkpoint_contents()
                 checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
-        second = ParameterAverager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)  # Ray's restart
+        second = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)  # Ray's restart
         reloaded = await second.latest()
         seed = results[-1].state  # what each learner holds: round 2's averaged state
         joins = [await second.join(n, 2, incarnation=n, seed=seed) for n in "ab"]
@@ -354,7 +360,7 @@ def test_actor_ablations_keep_the_batch_size_and_the_moments():
     ]
 
     async def scenario(**flags):
-        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4, **flags)
+        averager = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4, **flags)
         for name in "ab":
             await averager.join(name)
         sizes = []
@@ -387,7 +393,7 @@ def test_default_rule_on_10_validation_videos_keeps_the_fixed_batch_under_an_epo
 
     async def sizes(train: TrainConfig) -> list[int]:
         # The driver's arguments, from the same TrainConfig fields.
-        averager = ParameterAverager(
+        averager = local_averager(
             1, timeout_s=30.0, validate_every=1, batch_size=train.batch_size, b1=train.b1, b2=train.b2,
             max_batch_size=train.max_batch_size, adaptive_batch=train.adaptive_batch,
             batch_growth=train.batch_growth, epochs=train.epochs, steps=train.steps,
@@ -422,7 +428,7 @@ def test_actor_rejects_a_bad_payload_without_spoiling_the_round():
     ]
 
     async def scenario():
-        averager = ParameterAverager(2, timeout_s=30.0)
+        averager = local_averager(2, timeout_s=30.0)
         for learner in "ab":
             await averager.join(learner)
         first = asyncio.create_task(averager.average("a", 1, 2, _tiny(1), None))
@@ -444,7 +450,7 @@ def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
     plain tensors and numbers) and a restored averager resumes from it, histories included."""
 
     async def scenario():
-        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
+        averager = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4)
         for learner in "ab":
             await averager.join(learner)
         await asyncio.gather(*(averager.average(n, 1, 2, _tiny(k + 1), None) for k, n in enumerate("ab")))
@@ -452,7 +458,7 @@ def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
         state, history = await averager.checkpoint_contents()
         folder = checkpoint.save(tmp_path / checkpoint.folder_name(state.round), state=state, history=history)
         torch.load(folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
-        restarted = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
+        restarted = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4)
         await restarted.restore(checkpoint.load(folder))
         return await restarted.join("b"), await restarted.summary()
 
@@ -475,7 +481,7 @@ def test_learners_validation_shares_sum_exactly_and_a_missing_one_costs_no_wait(
     next round close at once (timeout 30 s) with the validation recorded as missed."""
 
     async def scenario():
-        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4, b1=1.0)
+        averager = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4, b1=1.0)
         for name in "ab":
             await averager.join(name, 2, incarnation=name)
         first = await asyncio.gather(*(averager.average(n, 1, 2, _tiny(1), None) for n in "ab"))
@@ -522,14 +528,14 @@ def test_a_restored_due_validation_is_scored_or_missed_but_never_waited_for(tmp_
         options["actor_id"] = lambda: "actor-1"  # Ray keeps an actor's id over its restarts
 
     async def scenario():
-        first = ParameterAverager(2, **options)
+        first = local_averager(2, **options)
         for name in "ab":
             await first.join(name, 2, incarnation=name)
         await asyncio.gather(*(first.average(n, 1, 2, _tiny(1), None) for n in "ab"))
         state, history = await first.checkpoint_contents()
         assert history["validation_due"] == 1  # nobody reported it before the stop
         checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
-        again = ParameterAverager(2, **options, validator=evaluator)
+        again = local_averager(2, **options, validator=evaluator)
         joins = [await again.join(n, 2, incarnation=f"{n}2") for n in "ab"]
         began = time.monotonic()
         second = await asyncio.gather(*(again.average(n, 2, 2, _tiny(2), None) for n in "ab"))
@@ -554,6 +560,7 @@ RAY_CLUSTER = {"log_to_driver": False}
 @pytest.fixture(scope="module")
 def averagers(ray_cluster):
     """One fresh actor per test (timeout 1 s, learners a, b, c joined), all started at once to save time."""
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
 
     configs = {
@@ -564,7 +571,7 @@ def averagers(ray_cluster):
         "validation": {"validate_every": 1, "batch_size": 4, "steps": 1000},
     }
     actors = {
-        name: create_averager(f"avg-{name}", world_size=3, timeout_s=1.0, **kw)
+        name: create_averager(f"avg-{name}", AveragerSettings(world_size=3, timeout_s=1.0, **kw))
         for name, kw in configs.items()
     }
     ray_cluster.get([actor.join.remote(learner) for actor in actors.values() for learner in LEARNERS])
@@ -639,12 +646,13 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
     """3 learners' flat payloads through the object store and 3 shard actors: every learner reads the
     reference state; each shard moves about one payload in and one out; a shard killed between rounds is
     restarted by Ray and the next round is again the reference (shards hold no state to re-seed)."""
-    from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
+    from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.shards import RayStore
 
     ray = ray_cluster
-    actor = create_averager("avg-sharded", world_size=3, timeout_s=30.0)
+    actor = create_averager("avg-sharded", AveragerSettings(world_size=3, timeout_s=30.0))
     store = RayStore(timeout_s=60)
     try:
         replies = ray.get(
@@ -692,7 +700,7 @@ def test_ray_a_shards_next_merge_leaves_its_last_result_as_it_was(ray_cluster):
     """A shard writes each merge into the arrays of its last one (``merge_parts(reuse=...)``): the last
     round's merged slice, an object in the store (1.2 MB: not inlined in the reply), must still read as
     that round's merge once the next round, of other weights, has been merged."""
-    from raytrain_seq.elastic.merge import merge_parts
+    from raytrain_seq.dataplane.merge import merge_parts
     from raytrain_seq.runtime.shards import AveragingShard
 
     ray = ray_cluster

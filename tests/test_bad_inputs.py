@@ -297,8 +297,8 @@ def trained_run(world):
 
     from raytrain_seq import checkpoint
     from raytrain_seq.config import Config
-    from raytrain_seq.elastic.state import AveragedState
     from raytrain_seq.models.factory import build_model_for
+    from raytrain_seq.rounds.state import AveragedState
 
     config = Config.from_preset("mini-video", dataset="ucf101", data_root=world["ucf"], run_name="trained")
     torch.manual_seed(0)

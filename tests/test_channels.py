@@ -1,4 +1,4 @@
-"""Channel generations (elastic.channels, runtime.channels): the policy without Ray, and rounds of real
+"""Channel generations (dataplane.generations, runtime.channels): the policy without Ray, and rounds of real
 learner actors through a real averager and its shards, checked against the mean of what they sent."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import adam_learners
 
-from raytrain_seq.elastic.channels import ChannelBook, ChannelPlan, Link
+from raytrain_seq.dataplane.generations import ChannelBook, ChannelPlan, Link
 
 RAY_CLUSTER = {"log_to_driver": False}
 
@@ -114,7 +114,7 @@ def _learner_class():
         def join(self, averager, rank: int, world_size: int, channels: bool) -> int:
             import uuid
 
-            from raytrain_seq.elastic.client import AveragerClient
+            from raytrain_seq.rounds.client import AveragerClient
             from raytrain_seq.runtime.channels import RayChannelEnds
             from raytrain_seq.runtime.shards import RayStore
             from raytrain_seq.runtime.transport import RayTransport
@@ -133,8 +133,8 @@ def _learner_class():
             the result; what was sent (numpy copies), how, and what came back."""
             import torch
 
-            from raytrain_seq.elastic.client import Averaged
-            from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
+            from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
+            from raytrain_seq.rounds.client import Averaged
 
             self.client.wait_linked(60.0)  # a generation planned by the last round (linked meanwhile)
             with torch.no_grad():
@@ -218,14 +218,14 @@ def _check_mean(results: list[dict]) -> None:
 
 
 def _group(ray, n: int, channels: bool, name: str, timeout_s: float = 20.0):
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
 
     params, moments = adam_learners(n)
     cls = _learner_class()
     learners = [cls.remote(params[j], moments[j]) for j in range(n)]
-    averager = create_averager(
-        name, namespace="channels-test", world_size=n, timeout_s=timeout_s, channels=channels
-    )
+    settings = AveragerSettings(world_size=n, timeout_s=timeout_s, channels=channels)
+    averager = create_averager(name, settings, namespace="channels-test")
     assert ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(learners)]) == [n] * n
     return averager, learners
 
@@ -313,7 +313,7 @@ def test_a_member_that_misses_a_round_is_dropped_and_the_others_round_goes_throu
         for key, value in alone["got"].items():  # the mean of learner 0 alone: what it sent
             np.testing.assert_allclose(value, alone["sent"][key], rtol=1e-6, atol=1e-6)
         late = ray.get(learners[1].round.remote(0.75), timeout=60)
-        # Its write went into the ended generation's channel (left open, unread: elastic.channels says
+        # Its write went into the ended generation's channel (left open, unread: dataplane.generations says
         # why), its round was refused, and it took the group's round 3.
         assert late["via"] == "Channelled" and not late["averaged"] and late["round"] == 3
         for key, value in late["got"].items():  # realigned to the group's round 3

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from raytrain_seq import checkpoint
-from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.rounds.state import AveragedState
 
 
 def _state(round_: int, value: float = 1.0) -> AveragedState:

@@ -18,14 +18,14 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.elastic.assembly import plan_specs
-from raytrain_seq.elastic.events import membership_entries, recovery_entries
-from raytrain_seq.elastic.position import EpochPosition, layout_specs, resplit
-from raytrain_seq.elastic.rounds import Backoff, RoundBook
 from raytrain_seq.packing import pack
-from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.rounds.book import Backoff, RoundBook
+from raytrain_seq.rounds.events import membership_entries, recovery_entries
+from raytrain_seq.rounds.position import EpochPosition, layout_specs, resplit
+from raytrain_seq.rows.assembly import plan_specs
 
 
 def _plan(n: int = 53, seed: int = 3):
@@ -181,7 +181,7 @@ def test_summary_fills_elastic_and_video_fields():
     from raytrain_seq.runtime.driver import build_summary
 
     async def averaged():
-        averager = ParameterAverager(2, timeout_s=30.0, validate_every=1, batch_size=4)
+        averager = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4)
         for rank in (0, 1):
             await averager.join(rank, 2, incarnation=f"a{rank}")
         await averager.join(0, 1, incarnation="b0")  # the group shrank to one learner

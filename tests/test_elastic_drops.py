@@ -21,11 +21,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 
-from raytrain_seq.elastic.assembly import plan_specs
-from raytrain_seq.elastic.position import EpochPosition, layout_specs, parse_history, resplit, settle
 from raytrain_seq.packing import pack
-from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.rounds.position import EpochPosition, layout_specs, parse_history, resplit, settle
+from raytrain_seq.rows.assembly import plan_specs
 
 
 def _plan(n: int = 61, seed: int = 7):
@@ -144,7 +144,7 @@ def test_averager_settles_a_round_that_dropped_a_learner_and_starts_the_make_up_
     layout's last round (rows 8 of 8) answers with the make-up layout, whose shards deal those rows."""
 
     async def scenario():
-        averager = ParameterAverager(2, timeout_s=0.3, batch_size=2, adaptive_batch=False)
+        averager = local_averager(2, timeout_s=0.3, batch_size=2, adaptive_batch=False)
         for rank in range(2):
             await averager.join(rank, 2, incarnation=f"p{rank}")
 

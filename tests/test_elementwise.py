@@ -137,7 +137,7 @@ def test_a_shard_process_loads_no_torch():
     code = (
         "import sys, numpy as np\n"
         "import raytrain_seq.runtime.shards\n"
-        "from raytrain_seq.elastic.merge import merge_parts\n"
+        "from raytrain_seq.dataplane.merge import merge_parts\n"
         "merge_parts([{'mean/float32': np.ones(8, np.float32)}] * 2, [1.0, 1.0])\n"
         "print('torch' in sys.modules)\n"
     )

@@ -166,7 +166,7 @@ def _train_frames(config: Config) -> int:
 
 def _group_starts(run_dir) -> list[dict[str, Any]]:
     """The event log's records of learner groups started (one per Ray Train (re)start of the group)."""
-    from raytrain_seq.elastic.events import EVENTS_FILE, EventLog
+    from raytrain_seq.rounds.events import EVENTS_FILE, EventLog
 
     return [
         r
@@ -295,7 +295,7 @@ def test_a_final_checkpoint_that_cannot_be_written_stops_the_run_with_the_same_c
     raise one CheckpointError naming that folder and the fix, from rank 0's message in the run folder,
     without Ray Train restarting the group (one group in the event log) and without a summary."""
     from raytrain_seq import checkpoint
-    from raytrain_seq.elastic.events import EVENTS_FILE
+    from raytrain_seq.rounds.events import EVENTS_FILE
 
     cluster.ensure_slots(2)
     config = _config(tmp_path, "final-locked", learners=2, k=-1, checkpoint_every=100)

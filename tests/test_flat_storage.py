@@ -1,4 +1,4 @@
-"""A learner's state held in the data plane's flat buffers (raytrain_seq.elastic.flat_storage), without Ray.
+"""A learner's state held in the data plane's flat buffers (raytrain_seq.dataplane.flat_storage), without Ray.
 
 Contracts pinned: binding moves every parameter, floating buffer and Adam moment into a view of its
 buffer without changing a value, once (a second bind moves nothing, a replaced tensor is moved again);
@@ -19,16 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 from conftest import InProcess
 from torch import nn
 
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.elastic.client import AveragerClient
-from raytrain_seq.elastic.flat_storage import FlatStorage
-from raytrain_seq.elastic.payload import FlatLayout, InProcessStore
-from raytrain_seq.elastic.position import EpochPosition
-from raytrain_seq.elastic.sync import LocalRounds
-from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.dataplane.flat_storage import FlatStorage
+from raytrain_seq.dataplane.payload import FlatLayout, InProcessStore
+from raytrain_seq.rounds.client import AveragerClient
+from raytrain_seq.rounds.position import EpochPosition
+from raytrain_seq.rounds.sync import LocalRounds
 from raytrain_seq.step import load_averaged
 
 DEVICES = [
@@ -343,7 +343,7 @@ def test_two_learners_rounds_give_the_single_process_mean_bound_or_piece_by_piec
         return original(params, moments, **kwargs)
 
     monkeypatch.setattr(FlatLayout, "of", staticmethod(counted))
-    averager = ParameterAverager(2, timeout_s=30.0, shards=2)
+    averager = local_averager(2, timeout_s=30.0, shards=2)
     transport = InProcess(averager)
     learners = []
     for j in range(2):

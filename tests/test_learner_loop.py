@@ -21,19 +21,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 from conftest import InProcess
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
-from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned, Unreachable
-from raytrain_seq.elastic.payload import FlatLayout, FlatPayload, InProcessStore
-from raytrain_seq.elastic.position import EpochPosition
-from raytrain_seq.elastic.rounds import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
-from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
-from raytrain_seq.elastic.sync import missed_checkpoint_rounds
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessStore
 from raytrain_seq.models import is_compact
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.rounds.book import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
+from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned, Unreachable
+from raytrain_seq.rounds.position import EpochPosition
+from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
+from raytrain_seq.rounds.sync import missed_checkpoint_rounds
 from raytrain_seq.runtime.learner import Learner
 from raytrain_seq.step import InnerStep, build_optimizer, collate_rows
 
@@ -106,14 +106,14 @@ class Feed:
         return _rows(100 + epoch, self.ROWS)
 
     def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
-        from raytrain_seq.elastic.assembly import BlockRowStream
+        from raytrain_seq.rows.assembly import BlockRowStream
 
         self.epoch_calls.append((epoch, skip))
         rows = self.epoch(epoch)[skip:]
         return (BlockRowStream(Rows(rows)) if rows else None), self.ROWS
 
     def eval_rows(self, split, rank=0, world_size=1, *, uncropped=False):
-        from raytrain_seq.elastic.assembly import BlockRowStream
+        from raytrain_seq.rows.assembly import BlockRowStream
 
         return BlockRowStream(Rows(_rows(7, 6)[rank::world_size]))
 
@@ -284,7 +284,7 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     reorder a step. Checkpoints are reported at the due rounds and load back."""
     config = _config()
     feed = Feed()
-    averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+    averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
     reports: list[tuple[dict, list[str]]] = []
 
@@ -348,7 +348,7 @@ def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restar
     feed = Feed()
 
     def train(seed=lambda: None) -> tuple[Learner, list[tuple[dict, object]], list[str]]:
-        averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+        averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
         transport = InProcess(averager)
         reports: list[tuple[dict, object]] = []
 
@@ -459,7 +459,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     history holds the Evaluator's accuracy of exactly those rounds; the last round's is scored only once
     the test pass is over (it would take CPU from it). The final test pass: each of two learners scores its
     share and the averager's sums equal one model scoring the whole split."""
-    from raytrain_seq.elastic.payload import InProcessStore
+    from raytrain_seq.dataplane.payload import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
     from raytrain_seq.step import evaluate
 
@@ -477,7 +477,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     # The run's validator: the averager starts it (an unstarted one refuses to score), and it scores on a
     # thread of the averager's process.
     validator = ThreadValidator(config, feed_name="unused", namespace="unused", build=lambda: evaluator)
-    averager = ParameterAverager(
+    averager = local_averager(
         1, timeout_s=30.0, validate_every=2, batch_size=2, adaptive_batch=False, validator=validator,
         epochs=config.train.epochs,
     )  # fmt: skip
@@ -504,7 +504,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     model = learner.model
     whole = evaluate(model, [collate_rows(_rows(7, 6))], micro_batch_size=4)
     shares = [evaluate(model, [collate_rows(_rows(7, 6)[r::2])], micro_batch_size=4) for r in (0, 1)]
-    two = ParameterAverager(2, timeout_s=30.0)
+    two = local_averager(2, timeout_s=30.0)
 
     async def report_both():
         return await asyncio.gather(*(
@@ -529,7 +529,7 @@ class WideValFeed(Feed):
     """Validation rows enough for three batches of 16 (the evaluator's assembly size)."""
 
     def eval_rows(self, split, rank=0, world_size=1, *, uncropped=False):
-        from raytrain_seq.elastic.assembly import BlockRowStream
+        from raytrain_seq.rows.assembly import BlockRowStream
 
         return BlockRowStream(Rows(_rows(11, 40)[rank::world_size]))
 
@@ -541,7 +541,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
     which the averager's summary carries for the driver to raise."""
     import pickle
 
-    from raytrain_seq.elastic.payload import InProcessStore
+    from raytrain_seq.dataplane.payload import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
 
     config = _config()
@@ -563,7 +563,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
         raise OSError("the validation videos are gone")
 
     failing = ThreadValidator(config, feed_name="f", namespace="n", build=broken)
-    averager = ParameterAverager(1, timeout_s=30.0, validate_every=2, batch_size=2, validator=failing)
+    averager = local_averager(1, timeout_s=30.0, validate_every=2, batch_size=2, validator=failing)
     with pytest.raises(OSError, match="videos are gone"):
         asyncio.run(failing(state))
     assert "videos are gone" in failing.error()
@@ -573,7 +573,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
 def test_evaluator_threads_score_exactly_what_one_thread_scores():
     """Three scoring threads over disjoint parts of the rows give one thread's counts, per class and
     confusion; the model stays in eval mode (concurrent scorers never toggle it)."""
-    from raytrain_seq.elastic.payload import InProcessStore
+    from raytrain_seq.dataplane.payload import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator
 
     torch.manual_seed(0)
@@ -611,7 +611,7 @@ class TestRowsFeed(Feed):
 
 def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
     """Rank 0 alone; the reports end with the final one (``keep_final``), which ``run`` also returns."""
-    averager = ParameterAverager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+    averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
     reports: list[dict] = []
     finals: list[tuple[dict, list[str]]] = []

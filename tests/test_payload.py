@@ -1,4 +1,4 @@
-"""The flat data plane (raytrain_seq.elastic.payload) without Ray, and the control plane over it in process.
+"""The flat data plane (raytrain_seq.dataplane.payload) without Ray, and the control plane over it in process.
 
 Contracts pinned: a state packed into flat buffers and cut into S slices comes back exactly (keys, order,
 dtypes, shapes, integer buffers, Adam steps); merging the slices shard by shard equals
@@ -17,12 +17,13 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from averager_fixtures import local_averager
 from conftest import adam_learners
 
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.elastic import merge
-from raytrain_seq.elastic.merge import ShardMerge, merge_parts
-from raytrain_seq.elastic.payload import (
+from raytrain_seq.dataplane import merge
+from raytrain_seq.dataplane.merge import ShardMerge, merge_parts
+from raytrain_seq.dataplane.payload import (
     FlatLayout,
     FlatPayload,
     InProcessShards,
@@ -31,9 +32,8 @@ from raytrain_seq.elastic.payload import (
     Slot,
     merge_extras,
 )
-from raytrain_seq.elastic.rounds import AveragingTimeoutError, StaleRoundError
-from raytrain_seq.elastic.state import AveragedState
-from raytrain_seq.runtime.averager import ParameterAverager
+from raytrain_seq.rounds.book import AveragingTimeoutError, StaleRoundError
+from raytrain_seq.rounds.state import AveragedState
 
 
 def learners(count: int = 3, *, amsgrad: bool = False, steps: int = 3) -> tuple[list[dict], list[dict]]:
@@ -361,7 +361,7 @@ def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_
     params, moments = learners(3)
     weights = [1.0, 2.0, 1.0]
     store = InProcessStore()
-    averager = ParameterAverager(3, timeout_s=30.0, shards=3)
+    averager = local_averager(3, timeout_s=30.0, shards=3)
 
     async def round_():
         replies = [await averager.join(j, 3) for j in range(3)]
@@ -414,7 +414,7 @@ def test_a_learner_whose_slices_cannot_be_read_is_dropped_and_the_others_are_mer
         pools.append(UnreadableOnce(count, index=1))  # learner 1: the second of the round, in id order
         return pools[-1]
 
-    averager = ParameterAverager(3, timeout_s=7.0, shards=2, shard_pool=pool)
+    averager = local_averager(3, timeout_s=7.0, shards=2, shard_pool=pool)
 
     async def round_():
         for j in range(3):
@@ -444,7 +444,7 @@ def test_a_learner_whose_slices_cannot_be_read_is_dropped_and_the_others_are_mer
 
 def test_a_round_left_below_min_learners_by_unreadable_slices_fails_for_the_others():
     params, moments = learners(2)
-    averager = ParameterAverager(
+    averager = local_averager(
         2, timeout_s=5.0, min_learners=2, shards=1, shard_pool=lambda n: UnreadableOnce(n, 0)
     )
     store = InProcessStore()
@@ -466,7 +466,7 @@ def test_a_round_left_below_min_learners_by_unreadable_slices_fails_for_the_othe
 def test_star_hub_load_is_about_two_payloads_per_learner():
     """The tensor path (one actor) counts 2 P payloads: the star the shards replace."""
     params, moments = learners(3)
-    averager = ParameterAverager(3, timeout_s=30.0)
+    averager = local_averager(3, timeout_s=30.0)
 
     async def round_():
         for j in range(3):
@@ -482,7 +482,7 @@ def test_star_hub_load_is_about_two_payloads_per_learner():
 
 def test_wrong_number_of_parts_is_refused_for_that_learner_only():
     params, moments = learners(1)
-    averager = ParameterAverager(1, timeout_s=30.0, shards=2)
+    averager = local_averager(1, timeout_s=30.0, shards=2)
     layout = FlatLayout.of(params[0], moments[0])
     buffers, extras = layout.pack(params[0], moments[0])
     payload = FlatPayload(layout, tuple(layout.split(buffers, 3)), extras)

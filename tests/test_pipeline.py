@@ -12,10 +12,9 @@ from raytrain_seq.augment import center_crop, final_augment, partial_augment, re
 from raytrain_seq.config import Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.elastic.assembly import (
-    FINAL_STREAM,
-    PARTIAL_STREAM,
-    PLAN_STREAM,
+from raytrain_seq.packing import pack, shard
+from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.rows.assembly import (
     ROW_KEYS,
     BlockRowStream,
     BlockSpec,
@@ -23,15 +22,13 @@ from raytrain_seq.elastic.assembly import (
     assemble_rows,
     consumption_order,
     max_sequences_bound,
-    plan_seed,
     plan_specs,
     shard_items,
     spread_fresh,
 )
-from raytrain_seq.packing import pack, shard
-from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.runtime.feed import create_feed, feed_geometry
 from raytrain_seq.runtime.partial_tasks import OBJECT_BYTES, lane_waits, object_bounds
+from raytrain_seq.seeds import FINAL_STREAM, PARTIAL_STREAM, PLAN_STREAM, plan_seed
 
 SEED = 0
 
@@ -572,7 +569,7 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
     retries, re-borrows refs from it, and the restarted feed recomputes the lost partial augmentations
     with the same seeds: every id comes once per epoch and every frame equals the independent
     recomputation, as without the kill; the feed's stats list the restart."""
-    from raytrain_seq.elastic.rounds import Backoff
+    from raytrain_seq.rounds.book import Backoff
     from raytrain_seq.runtime.feed import RESTARTS_FILE
     from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.step import stage_rows

@@ -44,10 +44,11 @@ from raytrain_seq.data.sources import (
     window_videos,
 )
 from raytrain_seq.data.video import decode, decode_pairs
-from raytrain_seq.elastic.assembly import RowFormat, assemble_rows, final_rng, partial_rng
-from raytrain_seq.elastic.state import AveragedState
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state
+from raytrain_seq.rounds.state import AveragedState
+from raytrain_seq.rows.assembly import RowFormat, assemble_rows
+from raytrain_seq.seeds import final_rng, partial_rng
 from raytrain_seq.summary import RunSummary, format_table
 
 ROOT = Path(__file__).resolve().parents[1]

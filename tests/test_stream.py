@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from raytrain_seq.augment import final_augment_batch
-from raytrain_seq.elastic.assembly import BlockSpec, EpochShard, assemble_rows, shard_items
-from raytrain_seq.elastic.stream import RowStream
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, shard_items
+from raytrain_seq.rows.stream import RowStream
 from raytrain_seq.step import RowPrefetcher, host_rows, stage_rows
 
 

@@ -14,7 +14,7 @@ import struct
 import pytest
 from tensorboardX.proto import event_pb2
 
-from raytrain_seq.elastic.events import RunHistory
+from raytrain_seq.rounds.events import RunHistory
 from raytrain_seq.tracking import NullTracker, TensorBoardTracker, make_tracker, tracker_available
 
 

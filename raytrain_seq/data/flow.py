@@ -31,7 +31,7 @@ The flow stream computes a video's flow once at full frame (short side ``size``)
 random window from it (``data/sources.py``).
 
 Trade-off: flow costs several times what ``partial_augment`` costs on the same frames, roughly linear in
-pixels (Farneback timings: docs/LOG.md, 2026-11-22), which is why flow belongs in the cached (refurbished)
+pixels (Farneback timings: docs/ARCHITECTURE.md, "Measurements behind the code"), which is why flow belongs in the cached (refurbished)
 half and never in the per-use final one.
 """
 

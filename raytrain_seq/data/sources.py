@@ -4,7 +4,7 @@ Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et a
 Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
 (``raytrain_seq.runtime.feed.BlockFeed``) submits for a batch of video ids: it decodes each video (PyAV, one
 decoder thread since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
-augmentation seeded by ``assembly.partial_rng(seed, video, computing epoch)``, so a recompute after a resume
+augmentation seeded by ``seeds.partial_rng(seed, video, computing epoch)``, so a recompute after a resume
 or on another worker gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
 
 * RGB: ``decode`` at short side ``cache_size`` then ``augment.partial_augment`` (random window along the
@@ -65,7 +65,8 @@ import numpy as np
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import flow_window
-from raytrain_seq.elastic.assembly import max_sequences_bound, partial_rng
+from raytrain_seq.rows.assembly import max_sequences_bound
+from raytrain_seq.seeds import partial_rng
 
 logger = logging.getLogger(__name__)
 

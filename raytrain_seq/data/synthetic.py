@@ -49,7 +49,7 @@ stored up front, the catalog holds ids, labels and lengths and frames are render
 decoded. Lengths are the real UCF101 split-1 frame counts (train list for ``train`` and ``val``, test
 list for ``test``) divided by ``stride`` with ``ceil``, so the set is ALREADY strided: do not apply
 ``augment.stride_frames`` to it. Rendering is numpy, vectorised over frames, and cheap next to decoding
-a real video (timings: docs/LOG.md, 2026-11-22).
+a real video (timings: docs/ARCHITECTURE.md, "Measurements behind the code").
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Resize: ``size=k`` scales the short side to ``k`` and keeps the aspect ratio (32
 pass per frame with the GIL released, no full-size RGB copy, no OpenCV thread pool competing with Ray's
 workers (this module needs only numpy and av), and AREA averages the source pixels so a downscale does
 not alias. Scaling the YUV planes first and converting after is faster but smears chroma at sharp
-edges (measured against cv2 INTER_AREA on the full RGB frame: docs/LOG.md, 2026-11-22), so it is not
+edges (measured against cv2 INTER_AREA on the full RGB frame: docs/ARCHITECTURE.md, "Measurements behind the code"), so it is not
 used. Sample aspect ratios are ignored (UCF101 and HMDB51 use square
 pixels).
 
@@ -40,7 +40,7 @@ Trade-off: the RGB conversion and scaling, not the decoding, dominate ``decode``
 saves most of it (every frame is decoded, only the kept ones converted). Probing reads headers only
 (``workers`` threads overlap the reads of a catalog on slow disks); ``verify=True`` decodes every video,
 which costs a full decoding pass over the data set, and is for data sets whose headers are suspect. The
-decode, probe and verify rates are in docs/LOG.md, 2026-11-22.
+decode, probe and verify rates are in docs/ARCHITECTURE.md, "Measurements behind the code".
 
 Bad files raise ``VideoError(path, reason)`` (picklable, so it crosses Ray task boundaries): missing,
 unreadable, no video stream, a decode error, zero frames. The catalogs skip such files with one warning

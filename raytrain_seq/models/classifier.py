@@ -9,8 +9,7 @@ equal (float64: to 1e-9) the logits of the same sequence alone in a block, at an
 neighbours and any padding content: the tests pin this.
 
 Trade-off: the model at width 16, depth 4, hidden 128 and 101 classes has 209,781 parameters with the
-GRU and 275,061 with the TCN, and the frame encoder takes most of a forward+backward (timings: docs/LOG.md,
-2026-11-22). Padding costs no compute because it is never encoded, where a model that reset by masking a
+GRU and 275,061 with the TCN, and the frame encoder takes most of a forward+backward (timings: docs/ARCHITECTURE.md, "Measurements behind the code"). Padding costs no compute because it is never encoded, where a model that reset by masking a
 full ``[B, t_max]`` scan would spend CNN time on every padding frame; the price is one host sync per
 forward to size the gather.
 """

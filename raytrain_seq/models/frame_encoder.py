@@ -7,7 +7,7 @@ and a global spatial mean. GroupNorm, never BatchNorm: batch statistics would co
 different sequences (and of different micro-batches, breaking the exact micro-batch gradient).
 
 Trade-off: the width 16 / depth 4 encoder has 97,680 parameters and still takes most of the classifier's
-forward+backward on CPU (docs/LOG.md, 2026-11-22); it is deliberately tiny so the whole pipeline trains on
+forward+backward on CPU (docs/ARCHITECTURE.md, "Measurements behind the code"); it is deliberately tiny so the whole pipeline trains on
 a laptop, and larger backbones plug into ``build_frame_encoder`` (see ``FRAME_ENCODERS``).
 """
 

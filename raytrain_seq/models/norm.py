@@ -9,7 +9,7 @@ accumulates each group's mean and variance in float32 and writes its output in t
 the affine weight and bias cast to it, as autocast does for a convolution's weights. Everywhere else
 (float32, no autocast, or the CPU, whose autocast already keeps group_norm in the input's precision) it
 is ``nn.GroupNorm`` exactly: same parameters, same state_dict, same bits. Measured on a GPU learner in
-docs/LOG.md (2026-11-26, after 22:00 UTC).
+docs/ARCHITECTURE.md ("Measurements behind the code").
 
 ``FrozenBatchNorm`` is ``torchvision.ops.FrozenBatchNorm2d`` (fixed statistics and affine, all four
 buffers with BatchNorm's state_dict keys, a file's ``num_batches_tracked`` dropped on load) made to

@@ -2,7 +2,7 @@
 
 cuDNN runs an RNN from one weight buffer. ``nn.RNNBase.flatten_parameters`` copies a module's weights into
 such a buffer and makes each parameter a view of it; a weight that is anywhere else (a view of the
-averaging round's flat buffers, ``elastic.flat_storage``) makes every forward copy the weights into a
+averaging round's flat buffers, ``dataplane.flat_storage``) makes every forward copy the weights into a
 fresh buffer and warn ("RNN module weights are not part of single contiguous chunk of memory").
 ``recurrent_keys`` names the state-dict keys of a model's recurrent weights, which the flat storage
 therefore mirrors instead of binding; ``compact_recurrent`` puts each module's weights back into one

@@ -18,8 +18,8 @@ statistics, so ImageNet BatchNorm files do not load into it (a clear error says 
 is exact and free but only normalises when pretrained statistics are loaded (from scratch it is the
 identity, and deep stacks of unnormalised residual blocks blow up); GroupNorm trains from scratch but
 costs a reduction per layer and cannot reuse ImageNet BatchNorm weights; on CPU the two cost about the
-same (docs/LOG.md, 2026-11-22, with the feature scale at initialisation: with frozen BN from scratch it
-grows by orders of magnitude with depth, with GroupNorm it stays near 1).
+same (docs/ARCHITECTURE.md, "Measurements behind the code", with the feature scale at initialisation:
+with frozen BN from scratch it grows by orders of magnitude with depth, with GroupNorm it stays near 1).
 
 Cross-modality initialisation (Wang et al., "Temporal Segment Networks", ECCV 2016, Sec. 3.2): a network
 for inputs with C channels (flow, or frames plus differences) starts from an RGB one by averaging the

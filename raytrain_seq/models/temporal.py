@@ -16,7 +16,7 @@ Both give, up to float rounding, the same output as running the sequence alone (
 1e-9). Trade-off: the GRU is sequential in time (L_max steps) while the TCN is parallel but has a finite
 receptive field, ``1 + (kernel_size - 1) * (2**layers - 1)`` frames (15 by default); on small frames
 either is a minor share of a forward+backward next to the frame encoder (99k GRU / 164k TCN parameters
-at hidden 128; timings: docs/LOG.md, 2026-11-22).
+at hidden 128; timings: docs/ARCHITECTURE.md, "Measurements behind the code").
 """
 
 from __future__ import annotations

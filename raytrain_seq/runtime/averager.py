@@ -11,11 +11,11 @@ missing ones are dropped with a logged reason and the round finishes with those 
 the same result; the latest averaged state is kept so that a learner that (re)joins starts from it.
 
 Control plane and data plane. This actor decides (membership, B, position, checkpoints, drop and
-rejoin) but moves no weights when learners send ``FlatPayload``s (``elastic.payload``): it passes the
+rejoin) but moves no weights when learners send ``FlatPayload``s (``dataplane.payload``): it passes the
 object references of every learner's slice i to shard i of its ``ShardPool`` (``runtime.shards.RayShards``
 in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out the references of the
 merged slices, owned by it, which every learner reads from the object store; once a group is linked
-(``channels``, ``elastic.channels``) the same round's parts and merged slices go through shared-memory
+(``channels``, ``dataplane.generations``) the same round's parts and merged slices go through shared-memory
 channels instead, and this actor reads the merged ones in place as its copy. Payloads of tensors (a
 re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
 the bytes each averaging actor moved per round.
@@ -47,12 +47,12 @@ rejoin re-seeds the actor with it (``join(seed=state)``), so no finished round i
 the round they were in. Membership changes and recoveries go to ``run_dir/events.jsonl`` as they
 happen, so a restarted actor (and a resumed run) keeps the whole story for the summary.
 
-What it hands out is one type, ``elastic.state.AveragedState`` (inside a ``RoundResult`` or a
+What it hands out is one type, ``rounds.state.AveragedState`` (inside a ``RoundResult`` or a
 ``JoinReply``); its run history (clock, totals, histories, recoveries, ``events.jsonl``) is an
-``elastic.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
+``rounds.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
 (``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``) is
 asyncio and becomes a Ray actor in ``create_averager``. Learners reach it through
-``elastic.client.AveragerClient`` over a ``runtime.transport.RayTransport``. ray is imported only inside the functions
+``rounds.client.AveragerClient`` over a ``runtime.transport.RayTransport``. ray is imported only inside the functions
 that talk to a cluster, and nothing happens at import time.
 """
 
@@ -71,23 +71,26 @@ from typing import Any
 from torch import Tensor
 
 from raytrain_seq import checkpoint
-from raytrain_seq.averaging import AdaptiveBatchSize, average_states, batch_may_grow, merge_adam_states
-from raytrain_seq.elastic.channels import ChannelBook, Channelled, Link
-from raytrain_seq.elastic.events import EVENTS_FILE, RunHistory, describe_position
-from raytrain_seq.elastic.merge import part_nbytes
-from raytrain_seq.elastic.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
-from raytrain_seq.elastic.position import EpochPosition, settle_dict
-from raytrain_seq.elastic.rounds import (
-    Learner,
+from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
+from raytrain_seq.dataplane.merge import part_nbytes
+from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool, merge_extras
+from raytrain_seq.rounds.book import (
+    LearnerId,
     RoundBook,
     RoundClose,
+    RoundPhase,
     StaleRoundError,
     check_learner,
     check_number,
 )
-from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.rounds.position import EpochPosition, settle_dict
+from raytrain_seq.rounds.settings import AveragerSettings
+from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.rounds.tally import ShareTally
+from raytrain_seq.rounds.validation import ValidationGate
 from raytrain_seq.runtime.channels import read_round
-from raytrain_seq.step import EvalResult
 from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
@@ -99,94 +102,68 @@ __all__ = ["ParameterAverager", "create_averager", "get_averager"]
 class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
-    adaptive_batch False keeps the batch size whatever validation says; merge_moments False averages
-    the weights only (each learner keeps its own Adam moments); batch_growth "steps" grows B only when
-    ``steps`` is the budget (``averaging.batch_may_grow``), "always" under epochs too; merge_bn_stats False averages BatchNorm
-    (mean, var) pairs as plain means (flat payloads: the learner's layout says so, see
-    ``FlatLayout.of``): the AAVG ablations. run_dir: the run
+    A thin shell: each call hands its decisions to plain parts (the round book, ``rounds.book``; the
+    batch-size rule and the learners' validation shares, ``rounds.validation``; the test pass's shares,
+    ``rounds.tally``; the channel generations, ``dataplane.generations``; the run history,
+    ``rounds.events``) and does the waiting, the merging through its shard pool and the I/O itself.
+
+    settings: ``rounds.settings.AveragerSettings`` (from the config's ``train`` section). run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
-    epochs, steps: where training ends (``train.epochs``, ``train.steps``; ``EpochPosition.ends_training``
-    of a round's settled position); None: unknown, every validation starts when its round closes.
-    actor_id: returns this actor's id, which tells a restart by Ray from a first start (None: Ray's).
-    channels: move a linked group's bytes through shared-memory channels (``elastic.channels``; only a
-    pool of shard actors has them).
+    shard_pool: who merges flat payloads (``runtime.shards.RayShards`` in a cluster; in process by
+    default). validator: scores validation rounds off the learners' path (None: the learners score
+    their shares). actor_id: returns this actor's id, which tells a restart by Ray from a first start
+    (None: Ray's).
     """
 
     def __init__(
         self,
-        world_size: int,
+        settings: AveragerSettings,
         *,
-        timeout_s: float = 300.0,
-        min_learners: int = 1,
-        validate_every: int = 0,
-        batch_size: int = 32,
-        b1: float = 1.0,
-        b2: float = 2,
-        max_batch_size: int = 576,
-        centred_pairs: tuple = (),
-        adaptive_batch: bool = True,
-        batch_growth: str = "steps",
-        merge_moments: bool = True,
-        merge_bn_stats: bool = True,
         run_dir: str | Path | None = None,
-        shards: int = 1,
         shard_pool: Callable[[int], ShardPool] | None = None,
         validator: Callable[[AveragedState], Awaitable[Mapping[str, float]]] | None = None,
-        epochs: int | None = None,
-        steps: int | None = None,
-        tracker: str = "none",
         actor_id: Callable[[], str | None] | None = None,
-        channels: bool = False,
     ) -> None:
-        flags = (("adaptive_batch", adaptive_batch), ("merge_moments", merge_moments))
-        for name, flag in (*flags, ("merge_bn_stats", merge_bn_stats)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
-        check_number("shards", shards, 1)
-        if epochs is not None:
-            check_number("epochs", epochs, 1)
-        if steps is not None:
-            check_number("steps", steps, 1)
+        if not isinstance(settings, AveragerSettings):
+            raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
+        self.settings = settings
+        epochs, steps = settings.epochs, settings.steps
         self._end = None if epochs is None else {"epochs": epochs, "steps": steps}
         # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
-        self._pool = (shard_pool or InProcessShards)(shards)
+        self._pool = (shard_pool or InProcessShards)(settings.shard_count)
         self._loads: list[dict[str, Any]] = []  # per round: the bytes each averaging actor moved
         self._closed_at: dict[int, float] = {}  # round -> when it closed (its last arrival or deadline)
-        self._nodes: dict[Learner, str] = {}
+        self._nodes: dict[LearnerId, str] = {}
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py);
         # None: the learners score their shares of it (report_validation_share).
         self._validator = validator
-        self._val_shares: dict[Learner, EvalResult] = {}  # the due validation's shares, by learner
-        self._val_shares_world: int | None = None  # the group size those shares split the split by
+        # The batch-size rule and, without a validator, the learners' shares of the due validation.
+        self._gate = ValidationGate(settings, by_learners=validator is None)
         start = getattr(validator, "start", None)
         if start is not None:
             start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
-        self._test: dict[Learner, EvalResult] = {}  # the final test pass: each learner's share
+        self._test = ShareTally()  # the final test pass: each learner's share
         self._test_done: asyncio.Event | None = None
         self._tested = asyncio.Event()  # every learner's test share is in: training is over
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
-        # Channel generations (elastic.channels): the bytes of a stable group's rounds go through
+        # Channel generations (dataplane.generations): the bytes of a stable group's rounds go through
         # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
         # pool of shard actors has channels.
-        self._channels = ChannelBook(enabled=channels and self._pool.supports_channels)
+        self._channels = ChannelBook(enabled=settings.channels and self._pool.supports_channels)
         self._linked: asyncio.Event = asyncio.Event()
         self._channel_reads = asyncio.Lock()  # a channel's values are read in order, once each
         actor = (actor_id or _actor_id)() if run_dir is not None else None
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
-        live = make_tracker(tracker, run_dir)
+        live = make_tracker(settings.tracker, run_dir)
         self._history = RunHistory(
             None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor, tracker=live
         )
-        book = {"timeout_s": timeout_s, "min_learners": min_learners, "validate_every": validate_every}
-        self._book = RoundBook(world_size, **book, sink=self._history.on_member)
-        hold = not batch_may_grow(batch_growth, steps)  # the default holds B under an epoch budget
-        self._batch = AdaptiveBatchSize(batch_size, b1=b1, b2=b2, max_size=max_batch_size, hold=hold)
-        self._centred_pairs = tuple(centred_pairs)
-        self._adaptive, self._merge_moments = adaptive_batch, merge_moments
-        self._merge_bn_stats = merge_bn_stats
-        self._state = AveragedState(batch_size=batch_size)  # round 0: nothing averaged yet
+        book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners}
+        book["validate_every"] = settings.validate_every
+        self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
+        self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
         self._round_future: asyncio.Future | None = None
         self._validation_future: asyncio.Future | None = None
         self._timer: asyncio.Task | None = None
@@ -222,20 +199,19 @@ class ParameterAverager:
 
     def _restore(self, found: checkpoint.Checkpoint) -> None:
         history = found.history
-        batch = AdaptiveBatchSize(1)
-        batch.load_state_dict(found.state.adaptive_state)
+        self._gate.load_state_dict(found.state.adaptive_state)
         # Drops since the checkpoint are in the events log when there is one: keep those.
         drops = None if self._events_loaded else history.get("dropped_log", ())
         self._book.restore(found.state.round, history.get("validation_due"), drops)
-        self._batch, self._state = batch, found.state.replace(source="checkpoint")
+        self._state = found.state.replace(source="checkpoint")
         self._validation_future = None  # made when a round waits for the due validation
         self._history.restore_checkpoint_part(history, found.state.elapsed_s)
 
     def _current(self) -> AveragedState:
         """The latest averaged state with the batch size decided since and the clock's reading now."""
         return self._state.replace(
-            batch_size=self._batch.size,
-            adaptive_state=self._batch.state_dict(),
+            batch_size=self._gate.size,
+            adaptive_state=self._gate.state_dict(),
             elapsed_s=self._history.elapsed(),
         )
 
@@ -248,7 +224,7 @@ class ParameterAverager:
 
     async def _expire(self, opening: int, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        if self._book.phase == "open" and self._book.opening == opening:
+        if self._book.phase is RoundPhase.OPEN and self._book.opening == opening:
             self._start_close()
 
     def _start_close(self) -> None:
@@ -284,12 +260,12 @@ class ParameterAverager:
                     if self._validator is not None:
                         self._spawn(self._validate(result.state))
                     else:  # the learners score it, each its share, before they send the next round
-                        self._val_shares, self._val_shares_world = {}, None
+                        self._gate.new_pass()
                         result = dataclasses.replace(result, validate=True)
             future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
-            if self._book.phase == "closing":
+            if self._book.phase is RoundPhase.CLOSING:
                 self._book.finish(ok=False)
             self._history.record_failed_round(closed.round, exc)
             future.set_exception(exc)
@@ -301,8 +277,7 @@ class ParameterAverager:
         """Read a round's merged slices into this process (a secondary copy on the control plane's node);
         counted in the round's hub load as bytes this actor received. The state and its parts: they
         become tensors only when a join or a checkpoint needs them (``_held_state``), not every round,
-        since a layout of many tensors takes milliseconds to unpack (docs/LOG.md, 2026-11-25, after
-        03:30 UTC) and most rounds' states are never asked for."""
+        since a layout of many tensors takes milliseconds to unpack (docs/ARCHITECTURE.md, "Measurements behind the code") and most rounds' states are never asked for."""
         if isinstance(state.flat.parts[0], Channelled):
             async with self._channel_reads:
                 inputs, timeout = self._channels.inputs, self._book.timeout_s
@@ -332,8 +307,8 @@ class ParameterAverager:
             else:
                 if local.round == self._state.round:
                     return local.replace(
-                        batch_size=self._batch.size,
-                        adaptive_state=self._batch.state_dict(),
+                        batch_size=self._gate.size,
+                        adaptive_state=self._gate.state_dict(),
                         elapsed_s=self._history.elapsed(),
                     )
         return self._current()
@@ -383,8 +358,7 @@ class ParameterAverager:
         if due is None:
             return
         if self._validator is None:
-            shares, world = len(self._val_shares), self._val_shares_world or self._book.world_size
-            self._miss_validation(due, f"{shares} of {world} learners' shares came")
+            self._miss_validation(due, self._gate.missing(self._book.world_size))
             return
         if self._validation_future is None and not self._start_restored_validation():
             self._miss_validation(due, "nobody scores it (the averager restarted or the run resumed)")
@@ -399,7 +373,7 @@ class ParameterAverager:
     def _miss_validation(self, due: int, why: str) -> None:
         """Give the due validation up: B stays, and the history records the miss."""
         self._book.miss_validation()
-        size = self._batch.size
+        size = self._gate.size
         self._history.record_missed_validation(due, size)
         logger.warning("averager: validation of round %d missed (%s); B stays %d", due, why, size)
 
@@ -435,7 +409,7 @@ class ParameterAverager:
         position = None if arrivals[0].position is None else dict(arrivals[0].position)
         if position is not None:
             # The rows of the layout's ranks absent from this round never reach an averaged state: the
-            # position records them as missed, and the layout's end deals them again (elastic.position).
+            # position records them as missed, and the layout's end deals them again (rounds.position).
             present = [learner for learner, _ in closed.present]
             position = settle_dict(position, self._state.position, present, self._rows_cap)
         state = AveragedState(
@@ -443,8 +417,8 @@ class ParameterAverager:
             params=params,
             optimizer_state=optimizer_state,
             flat=flat,
-            batch_size=self._batch.size,
-            adaptive_state=self._batch.state_dict(),
+            batch_size=self._gate.size,
+            adaptive_state=self._gate.state_dict(),
             position=position,
             elapsed_s=self._history.elapsed(),
             source="live",
@@ -460,11 +434,15 @@ class ParameterAverager:
 
     def _merge_tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""
-        params = average_states([a.params for a in arrivals], weights, merge_bn_stats=self._merge_bn_stats)
+        params = average_states(
+            [a.params for a in arrivals], weights, merge_bn_stats=self.settings.merge_bn_stats
+        )
         optimizer_state = None
-        if arrivals[0].adam and self._merge_moments:
+        if arrivals[0].adam and self.settings.merge_moments:
             states = [a.optimizer_state for a in arrivals]
-            optimizer_state = merge_adam_states(states, weights=weights, centred_pairs=self._centred_pairs)
+            optimizer_state = merge_adam_states(
+                states, weights=weights, centred_pairs=self.settings.centred_pairs
+            )
         return params, optimizer_state
 
     async def _merge_flat(self, closed: RoundClose) -> tuple[RoundClose, FlatPayload]:
@@ -513,7 +491,7 @@ class ParameterAverager:
     # -------------------------------------------------------------------------------- channels
     async def _plan_channels(self, result: RoundResult) -> RoundResult:
         """A round that every member took part in, through the store, plans a channel generation for
-        them (``elastic.channels``): the result tells them to link."""
+        them (``dataplane.generations``): the result tells them to link."""
         flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
         book = self._book
         if not self._channels.propose(result.learners, book.expected, result.dropped, flat, book.world_size):
@@ -522,7 +500,7 @@ class ParameterAverager:
         self._linked = asyncio.Event()
         return dataclasses.replace(result, channels=plan)
 
-    async def link(self, generation: int, learner: Learner, link: Link) -> list[Any] | None:
+    async def link(self, generation: int, learner: LearnerId, link: Link) -> list[Any] | None:
         """A member's channels for ``generation``; once every member has linked, the shards open theirs:
         returns shard i's channel of merged slices at i, or None when the generation ended (or not every
         member linked within the timeout): the learner's rounds go through the store."""
@@ -554,7 +532,7 @@ class ParameterAverager:
 
     def _end_channels(self, why: str) -> None:
         """End the planned or live generation: the rounds go through the store until the next full round
-        plans another (its channels are not closed: ``elastic.channels`` says why)."""
+        plans another (its channels are not closed: ``dataplane.generations`` says why)."""
         generation = self._channels.end()
         self._linked.set()
         if generation is None:
@@ -595,7 +573,7 @@ class ParameterAverager:
     # ------------------------------------------------------------------------------ learner-facing
     async def join(
         self,
-        learner: Learner,
+        learner: LearnerId,
         world_size: int | None = None,
         incarnation: str | None = None,
         seed: AveragedState | None = None,
@@ -621,7 +599,7 @@ class ParameterAverager:
             if len(self._nodes) >= min(self._pool.count, self._book.world_size or 1):
                 self._pool.prepare()  # start the shards while the first round trains
         self._history.start_clock()
-        while self._book.phase == "closing" and self._round_future is not None:
+        while self._book.phase is RoundPhase.CLOSING and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
         self._end_channels(f"learner {learner!r} (re)joined")
         generation = self._book.generation
@@ -646,7 +624,7 @@ class ParameterAverager:
 
     def _on_new_group(self) -> None:
         """A restarted or resized group: record where its learners' state comes from."""
-        self._val_shares, self._val_shares_world = {}, None  # the new group scores its own shares
+        self._gate.new_pass()  # the new group scores its own shares
         if self._book.generation < 2:
             return  # the run's first group (or the learners rejoining a restarted averager)
         last, size, source = self._state.round, self._book.world_size, self._state.source
@@ -662,7 +640,7 @@ class ParameterAverager:
                 kind, f"the new group of {size} starts from round {last}'s state {how} ({where})"
             )
 
-    def _adopt(self, learner: Learner, seed: AveragedState) -> None:
+    def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours."""
         held = self._state.round
         if seed.round <= held:
@@ -673,7 +651,7 @@ class ParameterAverager:
         from_checkpoint = seed.source == "checkpoint"
         self._state = seed.replace(source="checkpoint" if from_checkpoint else "seed")
         if seed.adaptive_state:
-            self._batch.load_state_dict(seed.adaptive_state)
+            self._gate.load_state_dict(seed.adaptive_state)
         self._book.restore(seed.round, None)
         kind = "checkpoint_recovery" if from_checkpoint else "reseeded"
         where = "the run's latest checkpoint" if from_checkpoint else "the state it held"
@@ -683,7 +661,7 @@ class ParameterAverager:
 
     async def average(
         self,
-        learner: Learner,
+        learner: LearnerId,
         round: int,
         world_size: int,
         params: Mapping[str, Tensor],
@@ -699,7 +677,7 @@ class ParameterAverager:
         weight: the learner's share in the mean (e.g. samples seen); stats: numeric totals for summary();
         position: ``EpochPosition.as_dict()`` after this round's rows; incarnation: as in join(); rows: the
         rows each learner has in its current layout (every learner has as many), the batch-size rule's
-        cap and where the layout ends (``elastic.position.settle``).
+        cap and where the layout ends (``rounds.position.settle``).
         """
         check_learner(learner)
         if rows is not None:
@@ -717,7 +695,7 @@ class ParameterAverager:
                     f"learner {learner!r} sent {len(params.parts)} parts for {self._pool.count} shards: "
                     "split the buffers into JoinReply.shards slices"
                 )
-            if isinstance(params, FlatPayload) and params.layout.moments and not self._merge_moments:
+            if isinstance(params, FlatPayload) and params.layout.moments and not self.settings.merge_moments:
                 raise ValueError(
                     f"learner {learner!r} sent Adam moments but merge_moments=False: send the weights only "
                     "(the AAVG2 ablation keeps each learner's own moments)"
@@ -730,7 +708,7 @@ class ParameterAverager:
                     f"learner {learner!r} sent params (keys, shapes, dtypes) or an optimizer kind that differ "
                     "from the round's first learner's: every learner must run the same model and optimizer"
                 )
-            opening = self._book.phase == "idle"
+            opening = self._book.phase is RoundPhase.IDLE
             complete = self._book.arrive(learner, round, world_size, arrival, incarnation)
             if opening:
                 self._round_future = asyncio.get_running_loop().create_future()
@@ -754,7 +732,7 @@ class ParameterAverager:
         self,
         round: int,
         accuracy: float,
-        learner: Learner = "validator",
+        learner: LearnerId = "validator",
         epoch: int | None = None,
         *,
         val_size: int | None = None,
@@ -768,20 +746,17 @@ class ParameterAverager:
         """
         check_number("accuracy", accuracy, -math.inf, int | float)
         self._book.report_validation(round, learner)
-        before = self._batch.size
-        size = (
-            self._batch.update(accuracy, val_size=val_size, rows_cap=rows_cap) if self._adaptive else before
-        )
+        decided = self._gate.decide(accuracy, val_size=val_size, rows_cap=rows_cap)
         self._history.record_validation(
-            round, accuracy, batch_size=size, grew=size > before, epoch=epoch, metrics=metrics
+            round, accuracy, batch_size=decided.size, grew=decided.grew, epoch=epoch, metrics=metrics
         )
         if self._validation_future is not None and not self._validation_future.done():
-            self._validation_future.set_result(size)
-        return size
+            self._validation_future.set_result(decided.size)
+        return decided.size
 
     async def report_validation_share(
         self,
-        learner: Learner,
+        learner: LearnerId,
         round: int,
         tallies: Mapping[str, Any],
         world_size: int,
@@ -797,19 +772,15 @@ class ParameterAverager:
         check_learner(learner)
         check_number("round", round, 1)
         check_number("world_size", world_size, 1)
-        share = EvalResult.from_tallies(tallies)
-        if self._validator is not None or self._book.validation_due != round:
+        share = self._gate.take_share(learner, round, tallies, world_size, due=self._book.validation_due)
+        if not share.taken:
             logger.info(
                 "averager: learner %r's validation share of round %d not taken (not due)", learner, round
             )
             return False
-        if self._val_shares_world != world_size:
-            self._val_shares, self._val_shares_world = {}, world_size  # a new group's split of the split
-        self._val_shares[learner] = share
-        if len(self._val_shares) < world_size:
+        if share.total is None:
             return True
-        total = EvalResult.combine(self._val_shares.values())
-        self._val_shares = {}
+        total = share.total
         await self.report_validation(
             round,
             total.accuracy,
@@ -822,7 +793,7 @@ class ParameterAverager:
         return True
 
     async def report_test(
-        self, learner: Learner, tallies: Mapping[str, Any], world_size: int
+        self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int
     ) -> dict[str, Any]:
         """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
         of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
@@ -831,11 +802,10 @@ class ParameterAverager:
         check_number("world_size", world_size, 1)
         for key in ("correct", "sequences"):
             check_number(f"tallies[{key!r}]", tallies.get(key), 0)
-        if self._test_done is None or (self._test_done.is_set() and learner in self._test):
-            self._test, self._test_done = {}, asyncio.Event()  # a new test pass (e.g. a restarted group)
-        # The project's one way to add up scores of disjoint shards: step.EvalResult.combine.
-        self._test[learner] = EvalResult.from_tallies(tallies)
-        if len(self._test) >= world_size:
+        if self._test_done is None or (self._test_done.is_set() and learner in self._test.shares):
+            self._test.clear()  # a new test pass (e.g. a restarted group)
+            self._test_done = asyncio.Event()
+        if self._test.add(learner, tallies, world_size):
             self._test_done.set()
             self._tested.set()
         try:
@@ -845,27 +815,14 @@ class ParameterAverager:
                 "averager: %d of %d learners reported their test tallies in %g s: summing those",
                 len(self._test), world_size, self._book.timeout_s,
             )  # fmt: skip
-        return self._test_totals()
-
-    def _test_totals(self) -> dict[str, Any]:
-        total = EvalResult.combine(self._test.values())
-        return {
-            "correct": sum(c for c, _ in total.per_class.values()),
-            "sequences": total.sequences,
-            "accuracy": total.accuracy,
-            "top5_accuracy": total.top5_accuracy,
-            "mean_class_accuracy": total.mean_class_accuracy,
-            "per_class": {str(k): [c, t] for k, (c, t) in total.per_class.items()},
-            "confusion": {f"{t},{p}": n for (t, p), n in total.confusion.items()},
-            "learners": len(self._test),
-        }
+        return self._test.totals()
 
     async def set_world_size(self, world_size: int) -> None:
         """Resize the group (learners must send the new size from now on)."""
         self._end_channels(f"the group was resized to {world_size}")
         self._book.set_world_size(world_size)
 
-    async def leave(self, learner: Learner) -> None:
+    async def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good; an open round stops waiting for it."""
         self._end_channels(f"learner {learner!r} left")
         self._book.leave(learner)
@@ -911,7 +868,7 @@ class ParameterAverager:
         out = self._history.summary()
         out.update(
             next_round=self._book.round,
-            open_round={"phase": self._book.phase, "arrived": self._book.arrived},
+            open_round={"phase": self._book.phase.value, "arrived": self._book.arrived},
             world_size=self._book.world_size,
             generation=self._book.generation,
             dropped=list(self._book.dropped_log),
@@ -927,7 +884,7 @@ class ParameterAverager:
                 "ended": self._channels.failed,
             },
             hub_load=list(self._loads),
-            test=self._test_totals() if self._test else None,
+            test=self._test.totals() if self._test else None,
         )
         error = getattr(self._validator, "error", None)
         message = error() if error is not None else None
@@ -965,37 +922,42 @@ def _actor_id() -> str | None:
 # --------------------------------------------------------------------------------------------- ray glue
 def create_averager(
     name: str,
+    settings: AveragerSettings,
     *,
     namespace: str | None = None,
     max_concurrency: int | None = None,
     max_restarts: int = 0,
-    **kwargs: Any,
+    run_dir: str | Path | None = None,
+    validator: Callable[[AveragedState], Awaitable[Mapping[str, float]]] | None = None,
 ):
     """Start the named ParameterAverager actor on the driver's node, with 0 CPUs and 0 GPUs.
 
-    kwargs go to ParameterAverager (world_size=..., timeout_s=..., run_dir=..., shards=S: one per learner
-    unless given) and are checked here
-    first (without loading the run folder), so that a bad value fails in the driver. Each waiting
-    average()/join() call holds a concurrency slot, so the default leaves room for several per learner.
-    max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls in flight are not
-    retried by Ray (max_task_retries=0): the learners retry, since a round must be resent after a rejoin.
+    settings are checked here first (without loading the run folder), so that a bad value fails in the
+    driver. Each waiting average()/join() call holds a concurrency slot, so the default leaves room for
+    several per learner. max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls
+    in flight are not retried by Ray (max_task_retries=0): the learners retry, since a round must be
+    resent after a rejoin.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raytrain_seq.runtime.shards import RayShards
 
-    kwargs.setdefault("shards", kwargs["world_size"])  # one shard per learner by default
-    ParameterAverager(**{**kwargs, "run_dir": None, "validator": None})  # the actor starts the validator
-    kwargs["shard_pool"] = RayShards  # the data plane: shard actors, created by the averager when needed
+    ParameterAverager(settings)  # the checks, here; the actor starts the validator and loads the run
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    concurrency = max_concurrency or max(64, 4 * kwargs["world_size"] + 16)
+    concurrency = max_concurrency or max(64, 4 * settings.world_size + 16)
     options = {"name": name, "namespace": namespace, "get_if_exists": False, "num_cpus": 0, "num_gpus": 0}
     options.update(scheduling_strategy=driver_node, max_concurrency=concurrency)
     options.update(max_restarts=check_number("max_restarts", max_restarts, -1), max_task_retries=0)
-    return ray.remote(num_cpus=0)(ParameterAverager).options(**options).remote(**kwargs)
+    # The data plane: shard actors, created by the averager when needed.
+    wiring = {
+        "run_dir": None if run_dir is None else str(run_dir),
+        "validator": validator,
+        "shard_pool": RayShards,
+    }
+    return ray.remote(num_cpus=0)(ParameterAverager).options(**options).remote(settings, **wiring)
 
 
 def get_averager(name: str, *, namespace: str | None = None):

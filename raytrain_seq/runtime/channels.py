@@ -1,4 +1,4 @@
-"""A learner's ends of a channel generation on Ray (``elastic.channels`` says when and why).
+"""A learner's ends of a channel generation on Ray (``dataplane.generations`` says when and why).
 
 ``RayChannelEnds`` makes the learner's channel to each shard (a channel is made by its writer), keeps the
 shards' channels of merged slices once the generation is live, writes a round's slices and reads the
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from raytrain_seq.elastic.channels import Channelled, ChannelLost, ChannelPlan, Link
-from raytrain_seq.elastic.merge import part_nbytes
+from raytrain_seq.dataplane.generations import Channelled, ChannelLost, ChannelPlan, Link
+from raytrain_seq.dataplane.merge import part_nbytes
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,8 @@ def channel_slack(nbytes: int) -> int:
 def for_readers(channel: Any) -> Any:
     """A copy of a ``BufferedSharedMemoryChannel`` this process writes, for its readers, without this
     process's actor handle in it. Why: a process that unpickles an actor handle loads that actor's class,
-    and a learner's class loads torch: a shard that read its members' channels loaded torch, 1-4 s of one
-    CPU with the GIL held, stalling the merge of the round beside it (docs/LOG.md, 2026-11-27, after
-    05:35 UTC). A reader never uses the writer's handle (Ray's ``Channel`` keeps it for the writer's own
+    and a learner's class loads torch: a shard that read its members' channels loaded torch, seconds of one
+    CPU with the GIL held, stalling the merge of the round beside it (docs/ARCHITECTURE.md, "Measurements behind the code"). A reader never uses the writer's handle (Ray's ``Channel`` keeps it for the writer's own
     registration), so the copy leaves it out. Ray's private fields: pinned by tests/test_channels.py."""
     import copy
 

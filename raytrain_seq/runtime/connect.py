@@ -30,7 +30,7 @@ NAMESPACE = "raytrain_seq"
 WORKER_REUSE = {"idle_worker_killing_time_threshold_ms": 60_000}
 # Without preallocation the object store maps (and page-faults) fresh shared memory for every large
 # object and unmaps it when the object is freed, so each averaging round's puts pay the kernel's page
-# faults again: several times a memcpy (docs/LOG.md, 2026-11-23). Preallocated, the store maps its
+# faults again: several times a memcpy (docs/ARCHITECTURE.md, "Measurements behind the code"). Preallocated, the store maps its
 # whole size once at start (seconds per GB on a small machine) and the puts are plain copies.
 # On a cluster started with `ray start` the same is RAY_preallocate_plasma_memory=1 (cluster.yaml).
 PREALLOCATE = {"preallocate_plasma_memory": True}

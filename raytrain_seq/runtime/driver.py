@@ -7,7 +7,7 @@ the AAVG learners (``raytrain_seq.runtime.learner``), then joins rank 0's final 
 actors' statistics into ``summary.json`` and ``curves.png`` in the run folder. Not a ``TorchTrainer``:
 the learners average through the averager's actors and never call torch.distributed, and a
 ``TorchTrainer`` sets up a process group (gloo or NCCL, a rendezvous) at every start of the worker group,
-elastic restarts included, that nothing would use (docs/LOG.md, 2026-11-24).
+elastic restarts included, that nothing would use (docs/ARCHITECTURE.md, "Measurements behind the code").
 
 Elastic learners: ``train.learners`` = (min, max) becomes Ray Train V2's ``ScalingConfig(num_workers=
 (min, max))``, whose controller restarts the whole worker group with as many learners as the cluster
@@ -25,6 +25,8 @@ the learners start from its averaged state and skip the rows already trained.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import logging
 import math
 import os
@@ -32,11 +34,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.elastic.events import membership_entries, recovery_entries
+from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.runtime.logs import quiet_driver, train_logging
@@ -66,13 +69,12 @@ def train_env(config: Config) -> Iterator[None]:
     this fit only.
 
     The poll: Ray Train's controller learns that the learners returned (or that one died) only at its
-    next poll of them, so its default of 2 s left the job waiting after the last report (docs/LOG.md,
-    2026-11-24, night).
-    A poll is one small actor call per learner (docs/LOG.md, 2026-11-24: no measurable CPU at 0.5 s).
+    next poll of them, so its default of 2 s left the job waiting after the last report (docs/ARCHITECTURE.md, "Measurements behind the code").
+    A poll is one small actor call per learner (docs/ARCHITECTURE.md, "Measurements behind the code").
     The watcher: Ray Train starts one actor per worker group that polls for draining nodes and logs them
     and offers them to ``ray.train.get_preemption_info``, which the learners do not call (a drained
     node's learners are lost learners like any other). Off by default: on a busy node its process start
-    competes with the learners' own (docs/LOG.md, 2026-11-24, afternoon)."""
+    competes with the learners' own (docs/ARCHITECTURE.md, "Measurements behind the code")."""
     values = {
         WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}",
         POLL_INTERVAL_ENV: f"{config.train.poll_interval_s:g}",
@@ -90,6 +92,24 @@ def train_env(config: Config) -> Iterator[None]:
                 os.environ[name] = value
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the phases of one run hand each other: its folder, names and start-up marks, then its actors."""
+
+    config: Config
+    began: float  # perf_counter at the job's start: the summary's total
+    began_wall: float  # time.time at the job's start: the timeline's zero
+    run_dir: Path
+    resumed: checkpoint.Checkpoint | None
+    learner_resources: dict[str, float]
+    geometry: Any
+    use_gpu: bool = False
+    names: dict[str, Any] = dataclasses.field(default_factory=dict)
+    marks: dict[str, float] = dataclasses.field(default_factory=dict)
+    feed: Any = None
+    averager: Any = None
+
+
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
     """Train as ``config`` says; returns the summary, already written to ``run_dir/summary.json``.
 
@@ -98,21 +118,29 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     ``{"learner_slot": 1}`` so that learners run only on nodes that advertise ``learner_slot`` (the
     fault tests put the learners on the nodes they kill this way; a cluster can keep learners off
     some nodes). Elastic ranges count the learners those resources can hold.
+
+    Four phases, in the order docs/ARCHITECTURE.md ("Start-up order") gives the reasons for: prepare
+    (preflight, resume, connect), start the driver-side actors, fit the learners, finish (the summary).
     """
     # The job's clock starts before the imports (ray, Ray Train, torch): the user waits for them too.
     began, began_wall = time.perf_counter(), time.time()
-    import ray
+    state = _prepare(config, learner_resources, began, began_wall)
+    _start_actors(state)
+    metrics = _fit(state)
+    return _finish(state, metrics)
 
-    from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
 
+def _prepare(
+    config: Config, learner_resources: Mapping[str, float] | None, began: float, began_wall: float
+) -> _Run:
+    """Everything knowable before the actors start: the checks, the run folder, a resume, Ray, the device."""
     if config.data.stream == "fuse":
         raise RunSetupError(
             "data.stream='fuse' evaluates two finished runs and trains nothing: run jobs/fuse.py "
             "RGB_RUN FLOW_RUN (or raytrain_seq.runtime.fuse.run_fuse) instead"
         )
     quiet_driver(config.run.verbose)
-    # Everything knowable before Ray starts (paths, classes, t_max, a model's starting weights); the job's
-    # own check of this config already ran, so this one only takes its result (the catalogs).
+    # The job's own check of this config already ran, so this one only takes its result (the catalogs).
     checked = preflight.check(config, reuse=True)
     run_dir = check_storage(config)
     (run_dir / checkpoint.STOPPED_FILE).unlink(missing_ok=True)  # a stop of an earlier attempt
@@ -121,6 +149,20 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
         raise RunSetupError(
             f"--resume: {run_dir} holds no checkpoint that loads: start it again without --resume"
         )
+    extra = _check_learner_resources(learner_resources)
+    state = _Run(config, began, began_wall, run_dir, resumed, extra, checked.geometry)
+    own_cluster = connect(config)
+    check_cpus(config)
+    # A GPU count that cannot hold the learners fails here, not in Ray Train's endless wait for them.
+    state.use_gpu = choose_device(config, own_cluster=own_cluster)
+    state.marks["connected"] = time.time()
+    suffix = uuid.uuid4().hex[:8]
+    state.names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
+    state.names["fresh"] = resumed is None  # rank 0 then starts epoch 0 as soon as it runs (BlockFeed.start)
+    return state
+
+
+def _check_learner_resources(learner_resources: Mapping[str, float] | None) -> dict[str, float]:
     extra = dict(learner_resources or {})
     if any(not isinstance(v, int | float) or isinstance(v, bool) or v <= 0 for v in extra.values()):
         raise ValueError(
@@ -131,110 +173,111 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             f"learner_resources {extra} names CPU or GPU: a learner holds one CPU, and its GPU share is "
             "train.gpus_per_learner (--gpus-per-learner 0.5: two learners per GPU) with train.use_gpu"
         )
-    own_cluster = connect(config)
-    check_cpus(config)
-    # A GPU count that cannot hold the learners fails here, not in Ray Train's endless wait for them.
-    use_gpu = choose_device(config, own_cluster=own_cluster)
-    marks = {"connected": time.time()}
-    train = config.train
-    suffix = uuid.uuid4().hex[:8]
-    names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
-    names["fresh"] = resumed is None  # rank 0 then starts epoch 0 as soon as it runs (BlockFeed.start)
-    # Epoch 0's partial augmentation starts when rank 0's process runs (BlockFeed.start), not here: its
-    # tasks would take every CPU before Ray Train placed the learners, and Ray gives a freed CPU to the
-    # next queued task, so the learners started only once that queue had drained (docs/LOG.md,
-    # 2026-11-24). A GPU node is no different: its learners need a CPU each too.
+    return extra
+
+
+def _start_actors(state: _Run) -> None:
+    """The feed, then (its process starting) Ray Train's and torch's imports, then the averager."""
+    from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
+
+    config, train, names = state.config, state.config.train, state.names
     feed = create_feed(
-        config, name=names["feed"], namespace=NAMESPACE, prefetch=False, geometry=checked.geometry
+        config, name=names["feed"], namespace=NAMESPACE, prefetch=False, geometry=state.geometry
     )
     if train.validate_every:
-        # The validation rows (one lane of tasks, a CPU that Ray Train's placement leaves free) start on
-        # the core left idle while this process imports Ray Train and torch, not once the averager's
-        # process has imported torch (docs/LOG.md, 2026-11-24, late). A failure to launch them is raised
-        # again by the evaluator's own eval_shard call, which repeats the launch.
+        # A failure to launch them is raised again by the evaluator's own eval_shard call.
         feed.prefetch_eval.remote("val")
-    # Imported once the feed's process is starting: Ray Train and torch (about 2 CPU-s) load here while
-    # the feed loads its catalog on the other core, instead of before it with that core idle.
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
+    # Ray Train and torch load now, while the feed's process loads its catalog (the reasons for this
+    # order: docs/ARCHITECTURE.md, "Start-up order").
+    for module in ("ray.train.v2.api.data_parallel_trainer", "raytrain_seq.runtime.learner"):
+        importlib.import_module(module)
+    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.evaluator import ThreadValidator
-    from raytrain_seq.runtime.learner import train_loop_per_worker
-    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
-    # Validation rounds: on a CPU cluster an evaluator on a thread of the averager scores them off the
-    # learners' path (runtime/evaluator.py); GPU learners score their shares on their GPUs, where a CPU
-    # evaluator of a GPU-sized model would hold every next round (docs/ARCHITECTURE.md, "Validation").
+    # Validation rounds: a CPU cluster's evaluator on a thread of the averager, or the GPU learners
+    # (docs/ARCHITECTURE.md, "Validation").
     validator = None
-    by_evaluator = train.validator == "evaluator" or (train.validator == "auto" and not use_gpu)
+    by_evaluator = train.validator == "evaluator" or (train.validator == "auto" and not state.use_gpu)
     if train.validate_every and by_evaluator:
         validator = ThreadValidator(config, feed_name=names["feed"], namespace=NAMESPACE)
         names["evaluator"] = "on"
-    averager = create_averager(
+    state.averager = create_averager(
         names["averager"],
+        AveragerSettings.from_config(config),
         namespace=NAMESPACE,
         max_restarts=train.averager_max_restarts,
-        world_size=train.max_learners,  # each group's first learner sets its own size
-        timeout_s=train.averager_timeout_s,
-        validate_every=train.validate_every,
-        batch_size=train.batch_size,
-        b1=train.b1,
-        b2=train.b2,
-        max_batch_size=train.max_batch_size,
-        adaptive_batch=train.adaptive_batch,
-        batch_growth=train.batch_growth,
-        merge_moments=train.merge_moments,
-        merge_bn_stats=train.merge_bn_stats,
-        run_dir=str(run_dir),  # the averager reloads the latest checkpoint (resume, or its own restart)
-        shards=train.shards,
-        channels=train.averager_channels,
+        run_dir=state.run_dir,  # the averager reloads the latest checkpoint (resume, or its own restart)
         validator=validator,
-        epochs=train.epochs,  # the last round's validation waits for the test pass
-        steps=train.steps,
-        tracker=config.run.tracker,
     )
-    marks["actors_started"] = time.time()
-    if resumed is not None:
-        logger.info("resuming %s from %s", config.run.run_name, resumed.folder.name)
-    trainer = DataParallelTrainer(
-        train_loop_per_worker,
-        train_loop_config={"config": config.to_dict(), "names": names, "torch_threads": 1},
-        scaling_config=ScalingConfig(
-            num_workers=train.learners,
-            use_gpu=use_gpu,
-            resources_per_worker={"CPU": 1, **({"GPU": train.gpus_per_learner} if use_gpu else {}), **extra},
-            elastic_resize_monitor_interval_s=train.resize_interval_s,
-        ),
-        run_config=RunConfig(
-            name=config.run.run_name,
-            storage_path=str(run_dir.parent),
-            failure_config=FailureConfig(max_failures=train.max_failures),
-            logging_config=train_logging(config.run.verbose),
-        ),
-    )
+    state.feed = feed
+    state.marks["actors_started"] = time.time()
+    if state.resumed is not None:
+        logger.info("resuming %s from %s", config.run.run_name, state.resumed.folder.name)
+
+
+def _fit(state: _Run) -> dict[str, Any]:
+    """Ray Train fits the learners; rank 0's final metrics (``learner.Learner.finish``'s return)."""
+    from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
+
+    train = state.config.train
+    trainer = _trainer(state)
     progress = RunProgress(
         train.epochs,
-        position=averager_position_reader(averager),
-        rows=feed_rows_reader(feed),
+        position=averager_position_reader(state.averager),
+        rows=feed_rows_reader(state.feed),
         steps=train.steps,
     ).start()
     # matplotlib loads while the learners train (the driver only waits), not after them.
     threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
-    marks["fit"] = time.time()
+    state.marks["fit"] = time.time()
     try:
-        with train_env(config):
+        with train_env(state.config):
             result = trainer.fit()
     finally:
         progress.close()
-    marks["fit_returned"] = time.time()
+    state.marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
-    # Rank 0's final metrics are the train function's return value (learner.Learner.finish).
     metrics = result.return_value if isinstance(result.return_value, dict) else {}
     if "final_report_wall" not in metrics:  # the learners stopped on a checkpoint write
-        _release(averager, feed)
-        raise checkpoint.stopped_error(run_dir)
+        _release(state.averager, state.feed)
+        raise checkpoint.stopped_error(state.run_dir)
+    return metrics
+
+
+def _trainer(state: _Run) -> Any:
+    """Ray Train V2's DataParallelTrainer over the learners (not a TorchTrainer: the module docstring)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from raytrain_seq.runtime.learner import train_loop_per_worker
+
+    config, train = state.config, state.config.train
+    gpu = {"GPU": train.gpus_per_learner} if state.use_gpu else {}
+    return DataParallelTrainer(
+        train_loop_per_worker,
+        train_loop_config={"config": config.to_dict(), "names": state.names, "torch_threads": 1},
+        scaling_config=ScalingConfig(
+            num_workers=train.learners,
+            use_gpu=state.use_gpu,
+            resources_per_worker={"CPU": 1, **gpu, **state.learner_resources},
+            elastic_resize_monitor_interval_s=train.resize_interval_s,
+        ),
+        run_config=RunConfig(
+            name=config.run.run_name,
+            storage_path=str(state.run_dir.parent),
+            failure_config=FailureConfig(max_failures=train.max_failures),
+            logging_config=train_logging(config.run.verbose),
+        ),
+    )
+
+
+def _finish(state: _Run, metrics: dict[str, Any]) -> RunSummary:
+    """The summary from rank 0's metrics and the actors' statistics, its plots, then the actors' end."""
+    import ray
+
+    config, averager, feed = state.config, state.averager, state.feed
     averaging = ray.get(averager.summary.remote(settle=True))  # with the final round's validation
     if averaging.get("validator_error"):  # every validation failed; the checkpoints are in the run folder
         _release(averager, feed)
@@ -242,29 +285,28 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
             "the evaluator could not be built or its validation rows assembled: "
             f"{averaging['validator_error']} (the averager's log says more)"
         )
+    stats = ray.get(feed.stats.remote(wait=True))
     summary = build_summary(
-        config,
-        metrics,
-        averaging,
-        ray.get(feed.stats.remote(wait=True)),
-        ray.get(feed.model_spec.remote())["class_names"],
+        config, metrics, averaging, stats, ray.get(feed.model_spec.remote())["class_names"]
     )
     # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
     # its first step, "write" runs from its final metrics (checkpoint, Ray Train's shutdown, summary).
     if metrics.get("first_step_wall") is not None:
-        summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - began_wall)
+        summary.seconds["startup"] = max(0.0, metrics["first_step_wall"] - state.began_wall)
+    marks = state.marks
     marks.update(metrics.get("timeline") or {})
     marks["summarised"] = time.time()
-    plot_curves(summary, run_dir / "curves.png")
-    plot_confusion(summary, metrics.get("confusion"), run_dir / "confusion.png")
+    plot_curves(summary, state.run_dir / "curves.png")
+    plot_confusion(summary, metrics.get("confusion"), state.run_dir / "confusion.png")
     _track_test(config, summary)
     marks["plotted"] = time.time()
     # When each step of start-up, the test pass and the write ended, in seconds from the job's start.
+    began_wall = state.began_wall
     summary.extra["timeline"] = {k: round(v - began_wall, 3) for k, v in sorted(marks.items(), key=_second)}
     if metrics.get("final_report_wall") is not None:
         summary.seconds["write"] = max(0.0, time.time() - metrics["final_report_wall"])
-    summary.seconds["total"] = time.perf_counter() - began  # the summary's own write is all that follows
-    summary.write(run_dir)
+    summary.seconds["total"] = time.perf_counter() - state.began  # only the summary's own write follows
+    summary.write(state.run_dir)
     _release(averager, feed)
     return summary
 
@@ -308,11 +350,7 @@ def build_summary(
     names the learners' summed test tallies {class index: [correct, total]} with ``class_names``.
     """
     learners = averaging.get("learners", {})
-    n = max(len(learners), 1)
-    compute = sum(t.get("compute_s", 0.0) for t in learners.values()) / n
-    data_wait = sum(t.get("data_wait_s", 0.0) for t in learners.values()) / n
-    averaging_s = sum(t.get("averaging_s", 0.0) for t in learners.values()) / n
-    waiting_s = sum(t.get("waiting_s", 0.0) for t in learners.values()) / n
+    means = _learner_means(learners)
     frames = int(sum(t.get("frames", 0.0) for t in learners.values()))
     epochs = feed.get("epochs", {})
     packing_epochs = [e["packing"] for e in epochs.values() if "packing" in e]
@@ -320,11 +358,6 @@ def build_summary(
     blocks = sum(p.get("blocks", 0) for p in packing_epochs)
     t_max = feed.get("t_max", 0)
     names = class_names or []
-    per_class = {
-        (names[int(k)] if int(k) < len(names) else str(k)): correct / total
-        for k, (correct, total) in metrics.get("per_class", {}).items()
-        if total
-    }
     return RunSummary(
         test_views=config.data.test_views,
         dataset=config.data.dataset,
@@ -335,7 +368,53 @@ def build_summary(
         test_accuracy=metrics.get("test_accuracy"),
         top5_accuracy=metrics.get("top5_accuracy"),
         mean_class_accuracy=metrics.get("mean_class_accuracy"),
-        val_accuracy_history=[
+        **_histories(averaging),
+        rounds=int(averaging.get("rounds_completed", 0)),
+        frames_total=frames,
+        frames_deleted=sum(p.get("deleted", 0) for p in packing_epochs),
+        padding_frames=padding,
+        padding_fraction=padding / (blocks * t_max) if blocks and t_max else 0.0,
+        # Useful frames per second of the whole run's training loop (all learners together).
+        frames_per_second=frames / metrics["learner_seconds"] if metrics.get("learner_seconds") else 0.0,
+        seconds=_seconds(metrics, means),
+        packing={
+            "strategy": config.data.packing,
+            "blocks": packing_epochs[0]["blocks"] if packing_epochs else 0,
+            "lower_bound_blocks": packing_epochs[0]["lower_bound_blocks"] if packing_epochs else 0,
+        },
+        refurbish=_refurbish(config, feed),
+        config=config.to_dict(),
+        membership=membership_entries(averaging),
+        recoveries=[*recovery_entries(averaging), *feed_restarts(feed, metrics.get("first_step_wall"))],
+        videos=dict(feed.get("videos", {})),
+        stream=config.data.stream,
+        flow_method=feed.get("flow_method"),
+        per_class_accuracy=_per_class_accuracy(metrics, names),
+        extra={
+            "per_class_test": metrics.get("per_class", {}),
+            "class_names": names,
+            "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds", "channels")},
+            "learner_seconds": metrics.get("learner_seconds"),
+            # averaging_wait: the part of averaging spent waiting for the round's last learner to arrive.
+            "learners_mean_s": means,
+            # Per epoch, {count, sum, sumsq} of the video ids in the averaged rounds (accounting.py).
+            "trained_ids": {str(e): c for e, c in accounting.per_epoch(learners).items()},
+        },
+    )
+
+
+def _learner_means(learners: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Each time bucket's mean over the learners (the whole run, every group)."""
+    n = max(len(learners), 1)
+    keys = {"compute": "compute_s", "averaging": "averaging_s", "averaging_wait": "waiting_s"}
+    keys["data_wait"] = "data_wait_s"
+    return {name: sum(t.get(key, 0.0) for t in learners.values()) / n for name, key in keys.items()}
+
+
+def _histories(averaging: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The validations scored (missed ones left out), the batch sizes and the finite losses, per round."""
+    return {
+        "val_accuracy_history": [
             {
                 "round": v["round"],
                 "epoch": v.get("epoch"),
@@ -346,65 +425,45 @@ def build_summary(
             for v in averaging.get("validation_history", [])
             if not v.get("missed")
         ],
-        batch_size_history=[
+        "batch_size_history": [
             {"round": b["round"], "batch_size": b["batch_size"], "time_s": b.get("time_s", 0.0)}
             for b in averaging.get("batch_size_history", [])
         ],
-        loss_history=[h for h in averaging.get("loss_history", []) if not math.isnan(h["loss"])],
-        rounds=int(averaging.get("rounds_completed", 0)),
-        frames_total=frames,
-        frames_deleted=sum(p.get("deleted", 0) for p in packing_epochs),
-        padding_frames=padding,
-        padding_fraction=padding / (blocks * t_max) if blocks and t_max else 0.0,
-        # Useful frames per second of the whole run's training loop (all learners together).
-        frames_per_second=frames / metrics["learner_seconds"] if metrics.get("learner_seconds") else 0.0,
-        # One timeline, rank 0's, so the buckets add up to the total: rank 0 validates while the others
-        # train and then wait for it in the round, so their means would count that time twice. The
-        # means over the learners (the whole run, every group) are kept in extra["learners_mean_s"].
-        seconds={
-            "total": 0.0,
-            "compute": float(metrics.get("compute_s", compute)),
-            "averaging": float(metrics.get("averaging_s", averaging_s)),
-            "data_wait": float(metrics.get("data_wait_s", data_wait)),
-            # Rank 0's own clock: it waits for epoch 0's partial augmentations, validates and tests.
-            **{key: float(metrics.get(f"{key}_s") or 0.0) for key in ("cold_epoch", "validation", "test")},
+        "loss_history": [h for h in averaging.get("loss_history", []) if not math.isnan(h["loss"])],
+    }
+
+
+def _seconds(metrics: Mapping[str, Any], means: Mapping[str, float]) -> dict[str, float]:
+    """One timeline, rank 0's, so the buckets add up to the total: rank 0 validates while the others
+    train and then wait for it in the round, so their means would count that time twice (the means over
+    the learners are kept in extra["learners_mean_s"])."""
+    return {
+        "total": 0.0,
+        "compute": float(metrics.get("compute_s", means["compute"])),
+        "averaging": float(metrics.get("averaging_s", means["averaging"])),
+        "data_wait": float(metrics.get("data_wait_s", means["data_wait"])),
+        # Rank 0's own clock: it waits for epoch 0's partial augmentations, validates and tests.
+        **{key: float(metrics.get(f"{key}_s") or 0.0) for key in ("cold_epoch", "validation", "test")},
+    }
+
+
+def _refurbish(config: Config, feed: Mapping[str, Any]) -> dict[str, Any]:
+    """Partial augmentations recomputed and reused; a flow stream's flow computed once per video."""
+    totals = feed.get("totals", {})
+    return {
+        "reuse": config.data.reuse,
+        "recomputed": int(totals.get("recomputed", 0)),
+        "reused": int(totals.get("reused", 0)),
+        **{
+            key: totals[key] for key in ("flow_videos", "flow_seconds", "flow_seconds_saved") if key in totals
         },
-        packing={
-            "strategy": config.data.packing,
-            "blocks": packing_epochs[0]["blocks"] if packing_epochs else 0,
-            "lower_bound_blocks": packing_epochs[0]["lower_bound_blocks"] if packing_epochs else 0,
-        },
-        refurbish={
-            "reuse": config.data.reuse,
-            "recomputed": int(feed.get("totals", {}).get("recomputed", 0)),
-            "reused": int(feed.get("totals", {}).get("reused", 0)),
-            # The flow stream computes each video's flow once; a refurbish then cuts a window out of it.
-            **{
-                key: feed["totals"][key]
-                for key in ("flow_videos", "flow_seconds", "flow_seconds_saved")
-                if key in feed.get("totals", {})
-            },
-        },
-        config=config.to_dict(),
-        membership=membership_entries(averaging),
-        recoveries=[*recovery_entries(averaging), *feed_restarts(feed, metrics.get("first_step_wall"))],
-        videos=dict(feed.get("videos", {})),
-        stream=config.data.stream,
-        flow_method=feed.get("flow_method"),
-        per_class_accuracy=per_class,
-        extra={
-            "per_class_test": metrics.get("per_class", {}),
-            "class_names": names,
-            "averager": {k: averaging.get(k) for k in ("dropped", "membership", "failed_rounds", "channels")},
-            "learner_seconds": metrics.get("learner_seconds"),
-            # averaging_wait: the part of averaging spent waiting for the round's last learner to arrive.
-            "learners_mean_s": {
-                "compute": compute,
-                "averaging": averaging_s,
-                "averaging_wait": waiting_s,
-                "data_wait": data_wait,
-            },
-            # Per epoch, {count, sum, sumsq} of the video ids in the averaged rounds (accounting.py).
-            "trained_ids": {str(e): c for e, c in accounting.per_epoch(learners).items()},
-        },
-    )
+    }
+
+
+def _per_class_accuracy(metrics: Mapping[str, Any], names: list[str]) -> dict[str, float]:
+    """Each tested class's accuracy, keyed by its name (its index when the names do not cover it)."""
+    return {
+        (names[int(k)] if int(k) < len(names) else str(k)): correct / total
+        for k, (correct, total) in metrics.get("per_class", {}).items()
+        if total
+    }

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from raytrain_seq.config import Config
-from raytrain_seq.elastic.payload import ObjectStore
-from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.dataplane.payload import ObjectStore
 from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
 
 logger = logging.getLogger(__name__)
@@ -119,8 +119,7 @@ class ThreadValidator:
 
     Why not an actor of its own: a process that imports torch and builds the model at the job's start
     competes with Ray Train's start on a busy node, and the averager has torch loaded already. Interleaved
-    demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/LOG.md,
-    2026-11-24, evening). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
+    demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/ARCHITECTURE.md, "Measurements behind the code"). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
     validation maps its activations afresh and the learners beside it slow down (the same LOG entry).
 
     ``start()`` (the averager calls it when it starts) builds the evaluator and assembles the validation
@@ -158,10 +157,13 @@ class ThreadValidator:
     def _evaluator_of_the_run(self) -> Evaluator:
         from raytrain_seq.runtime.feed import get_feed
         from raytrain_seq.runtime.learner_feed import LearnerFeed
+        from raytrain_seq.runtime.off_loop import off_loop_get
         from raytrain_seq.runtime.shards import RayStore
 
-        feed = LearnerFeed(get_feed(self.feed_name, namespace=self.namespace))
-        return Evaluator(self.config, feed=feed, store=RayStore())
+        # This thread is in the averager, an asyncio actor: its reads wait on the objects' futures, off the
+        # event loop, where ray.get would log that it blocks the loop (runtime.off_loop).
+        feed = LearnerFeed(get_feed(self.feed_name, namespace=self.namespace), get=off_loop_get)
+        return Evaluator(self.config, feed=feed, store=RayStore(get=off_loop_get))
 
     def error(self) -> str | None:
         """Why the evaluator could not be built (its validation rows assembled), once that is known."""

@@ -18,7 +18,7 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
    (equal blocks per learner, zero-weight fillers); each learner's blocks are ordered by
    ``assembly.spread_fresh`` so the fresh frames spread evenly over consecutive mini-batches.
 3. A learner's ``LearnerFeed`` (``runtime.learner_feed``) runs one persistent
-   ``elastic.stream.RowStream`` across its epochs: a thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
+   ``rows.stream.RowStream`` across its epochs: a thread in the learner asks ``feed.epoch_shard(e, rank, world_size)`` for the block specs, borrows
    the refs of the whole shard in one ``feed.refs(ids, e)`` call, copies the cached arrays into uint8
    rows at the cache size with each sequence's seeded crop draws (``assembly.assemble_rows``), in
    order, and runs ahead into epoch e+1; the learner crops and flips on its device.
@@ -55,16 +55,10 @@ import numpy as np
 from raytrain_seq.config import Config
 from raytrain_seq.data.sources import data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
-from raytrain_seq.elastic.assembly import (
-    BlockSpec,
-    EpochShard,
-    consumption_order,
-    plan_seed,
-    plan_specs,
-)
-from raytrain_seq.elastic.position import layout_specs, parse_history
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.rounds.position import layout_specs, parse_history
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, consumption_order, plan_specs
 from raytrain_seq.runtime.partial_tasks import (
     OBJECT_BYTES,
     CachedArray,
@@ -77,6 +71,7 @@ from raytrain_seq.runtime.partial_tasks import (
     task_chunks,
     window_task,
 )
+from raytrain_seq.seeds import plan_seed
 
 logger = logging.getLogger(__name__)
 
@@ -274,8 +269,7 @@ class BlockFeed:
         learner when launched before the learners run (``prefetch_eval``); an epoch's run as CPUs come
         free. The validation rows are launched as the feed starts, before Ray Train places the learners:
         all at once, their tasks took every free CPU, each in a worker process of its own (most of them
-        then stayed idle for the run), and slowed the learners' start (docs/LOG.md, 2026-11-24,
-        afternoon). In lanes of the CPUs beyond the learners, a node with more logical CPUs started more
+        then stayed idle for the run), and slowed the learners' start (docs/ARCHITECTURE.md, "Measurements behind the code"). In lanes of the CPUs beyond the learners, a node with more logical CPUs started more
         of those processes: Ray starts a bounded number of worker processes at once, so Ray Train's
         controller, helpers and learners queued behind them (bench/startup.py at 16 logical CPUs, "Start-up"
         in docs/ARCHITECTURE.md). Nobody needs the validation rows before the first round, so a lane per

@@ -2,7 +2,7 @@
 
 Per epoch the learner takes its shard of the epoch's BLoad plan (``LearnerFeed.epoch_rows``: every
 learner gets the same number of rows), steps on mini-batches of B rows (``step.InnerStep``: micro-batch
-streaming, its own Adam) and lets ``elastic.sync.LocalRounds`` average every K steps (K = -1: at the end
+streaming, its own Adam) and lets ``rounds.sync.LocalRounds`` average every K steps (K = -1: at the end
 of the epoch) through the ``AveragerClient``. Every m rounds the averaged model is validated: by the
 averager's evaluator (``runtime/evaluator.py``, a CPU cluster's: no learner waits for it) or, when the
 round's result asks (``RoundResult.validate``: GPU learners), by the learners, each scoring its share of
@@ -15,7 +15,7 @@ starts or restarts (a failure, an elastic resize) begins from the averager's lat
 the rest of the epoch re-split over the new group; only when the averager holds nothing is it seeded from
 the run's newest checkpoint that loads. At a layout's end a learner sends its last row and goes on from the
 position the averager settles: the next epoch, or a make-up layout dealing the rows a dropped learner
-trained for rounds it missed (``elastic.position.settle``), so every row reaches one averaged round. A
+trained for rounds it missed (``rounds.position.settle``), so every row reaches one averaged round. A
 learner the others went on without (``Realigned``: it stalled past the timeout) takes their latest state
 and position and makes the ``ray.train.report`` calls of the checkpoint rounds it missed (Ray Train's
 report is a barrier, so the others wait for them). Checkpoints follow ``checkpoint.is_due`` right after a
@@ -46,13 +46,13 @@ import torch
 from raytrain_seq import accounting, checkpoint
 from raytrain_seq.augment import test_views
 from raytrain_seq.config import Config
-from raytrain_seq.elastic.client import AveragerClient, Realigned
-from raytrain_seq.elastic.position import EpochPosition
-from raytrain_seq.elastic.rounds import Backoff
-from raytrain_seq.elastic.state import AveragedState
-from raytrain_seq.elastic.sync import LocalRounds, Tally, missed_checkpoint_rounds
 from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.rounds.book import Backoff
+from raytrain_seq.rounds.client import AveragerClient, Realigned
+from raytrain_seq.rounds.position import EpochPosition
+from raytrain_seq.rounds.state import AveragedState
+from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
 from raytrain_seq.step import (
     InnerStep,
     LearningRate,
@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 # The test rows' assembly starts this many epochs before training ends. With one, a busy node (the 2-core
 # box: the split's augmentation tasks and the copy into rows share the learners' cores) finished it after
-# the last step, with the learners idle meanwhile (docs/LOG.md, 2026-11-24, morning).
+# the last step, with the learners idle meanwhile (docs/ARCHITECTURE.md, "Measurements behind the code").
 TEST_LEAD_EPOCHS = 2
 
 __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
@@ -338,7 +338,7 @@ class Learner:
 
     def _settled(self, state: AveragedState, sent: EpochPosition) -> EpochPosition:
         """Where training goes on after an averaged round: the averaged state's position (the averager
-        settles it: ``elastic.position.settle``), and a layout still at its end (a caller that did not
+        settles it: ``rounds.position.settle``), and a layout still at its end (a caller that did not
         settle it) closed here."""
         after = sent if state.position is None else EpochPosition.from_dict(state.position)
         if after.layout == sent.layout and self.shard_rows and after.rows_done >= self.shard_rows:
@@ -473,8 +473,7 @@ class Learner:
         train function's return value, Ray Train's ``Result.return_value``); the other ranks return None.
 
         No ``ray.train.report`` at the end: Ray Train's controller would take one poll to collect it and
-        another to see the function return, where a return alone takes one (docs/LOG.md, 2026-11-24,
-        evening). Every learner holds the same final averaged model, so the shares add up to the whole
+        another to see the function return, where a return alone takes one (docs/ARCHITECTURE.md, "Measurements behind the code"). Every learner holds the same final averaged model, so the shares add up to the whole
         split scored by that one model. ``position``: where training ended (the final checkpoint's
         position; by default the end of ``train.epochs``).
         """

@@ -1,7 +1,7 @@
 """A learner's view of the feed actor: its model spec, its epochs' block rows, an evaluation split's rows.
 
 ``LearnerFeed`` runs in the learner's process (and in the evaluator and fusion): a persistent
-``elastic.stream.RowStream`` per learner borrows each epoch's cached arrays from the ``BlockFeed`` actor
+``rows.stream.RowStream`` per learner borrows each epoch's cached arrays from the ``BlockFeed`` actor
 (``runtime.feed``) in one call and assembles uint8 rows at the cache size, leaving the crop and flip to
 the learner's device. While the feed actor restarts, calls are retried with bounded backoff, and rows
 whose arrays the dead feed owned are borrowed again from the restarted one (it recomputes them with
@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.elastic.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
-from raytrain_seq.elastic.position import parse_history
-from raytrain_seq.elastic.rounds import Backoff, check_number
-from raytrain_seq.elastic.stream import EpochRows, RowStream
+from raytrain_seq.rounds.book import Backoff, check_number
+from raytrain_seq.rounds.position import parse_history
+from raytrain_seq.rows.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
+from raytrain_seq.rows.stream import EpochRows, RowStream
 from raytrain_seq.runtime.feed import FeedUnavailableError
 from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
@@ -56,8 +56,11 @@ class LearnerFeed:
         depth: int = 4,
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        get: Callable[..., Any] | None = None,
     ) -> None:
         self.handle = handle
+        # How objects are read: ray.get; an asyncio actor's thread passes runtime.off_loop.off_loop_get.
+        self._get = get
         self._epochs = epochs
         if (
             isinstance(blocks_per_batch, bool)
@@ -99,17 +102,21 @@ class LearnerFeed:
             return result
         raise AssertionError("unreachable: the loop returns or raises")
 
-    def model_spec(self) -> dict[str, Any]:
+    def get(self, refs: Any) -> Any:
+        """The objects of ``refs`` through the getter this feed was given (``ray.get`` by default)."""
+        if self._get is not None:
+            return self._get(refs)
         import ray
 
-        return self._retry("model_spec", lambda: ray.get(self.handle.model_spec.remote()))
+        return ray.get(refs)
+
+    def model_spec(self) -> dict[str, Any]:
+        return self._retry("model_spec", lambda: self.get(self.handle.model_spec.remote()))
 
     def _source(self, rank: int, world_size: int):
-        import ray
-
         def source(epoch: int, history: tuple, skip: int):
             def activate():
-                return ray.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
+                return self.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
 
             full = self._retry(f"epoch_shard({epoch})", activate)
             # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
@@ -121,15 +128,13 @@ class LearnerFeed:
     def _batches(self, shard: EpochShard, activate: Callable[[], Any]) -> Iterator[dict[str, np.ndarray]]:
         """The shard's rows; ``activate()`` makes the feed serve the shard's epoch (or split) again, which a
         restarted feed needs before it can lend refs: it then recomputes the arrays the dead one owned."""
-        import ray
-
         fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
         items = shard_items(shard)
 
         def borrow(ids: list[int], again: bool) -> dict[int, Any]:
             if again:
                 activate()
-            return dict(zip(ids, ray.get(self.handle.refs.remote(ids, shard.epoch)), strict=True))
+            return dict(zip(ids, self.get(self.handle.refs.remote(ids, shard.epoch)), strict=True))
 
         # One actor call per epoch: the refs are borrowed for the whole shard, so a later epoch's cache
         # swap in the feed cannot take the arrays away from under this epoch.
@@ -152,7 +157,7 @@ class LearnerFeed:
                 if tries[0]:
                     refs.update(borrow(left, True))
                 tries[0] += 1
-                return dict(zip(need, fetch_arrays([refs[i] for i in need]), strict=True))
+                return dict(zip(need, fetch_arrays([refs[i] for i in need], get=self.get), strict=True))
 
             arrays = self._retry(f"the arrays of epoch {shard.epoch}", read) if need else {}
             yield assemble_rows(batch, arrays, fmt)
@@ -189,19 +194,17 @@ class LearnerFeed:
         them by default), centre-cropped, assembled here like the training rows (a Ray Data dataset would
         pay its start-up for a copy and a crop). ``uncropped``: the cached frames whole, for multi-view
         testing (``step.evaluate(views=...)`` cuts the views on the learner's device)."""
-        import ray
 
         def activate():
-            return ray.get(self.handle.eval_shard.remote(split, rank, world_size))
+            return self.get(self.handle.eval_shard.remote(split, rank, world_size))
 
         return self.rows_of(self._retry(f"eval_shard({split!r})", activate), uncropped=uncropped)
 
     def rows_of(self, shard: EpochShard, *, uncropped: bool = False) -> BlockRowStream:
         """The rows of an evaluation ``shard`` (``feed.eval_shard``), centre-cropped or ``uncropped``."""
-        import ray
 
         def activate():  # a restarted feed serves the split again before it lends refs
-            return ray.get(self.handle.eval_shard.remote(shard.split, shard.rank, shard.world_size))
+            return self.get(self.handle.eval_shard.remote(shard.split, shard.rank, shard.world_size))
 
         if uncropped:
             shard = dataclasses.replace(shard, center=False)

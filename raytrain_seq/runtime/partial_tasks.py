@@ -10,7 +10,7 @@ videos share a key (the epoch that recomputes them), so an object leaves the cac
 
 Why objects are shared: with one object per video, a video under Ray's 100 KiB inline limit (the demo's
 21 x 36 x 36 x 3 bytes) lived in the feed's own memory and reached a learner through the feed's RPCs,
-which cost the feed and the learners CPU every epoch (docs/LOG.md, 2026-11-24). Why a large video stays
+which cost the feed and the learners CPU every epoch (docs/ARCHITECTURE.md, "Measurements behind the code"). Why a large video stays
 alone: a learner on another node then pulls only the videos it reads.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,12 +48,17 @@ class CachedArray:
     index: int
 
 
-def fetch_arrays(cached: Sequence[CachedArray]) -> list[np.ndarray]:
-    """The arrays of ``cached``, in order: one ``ray.get`` of their distinct task outputs."""
-    import ray
+def fetch_arrays(
+    cached: Sequence[CachedArray], get: Callable[[list[Any]], list[Any]] | None = None
+) -> list[np.ndarray]:
+    """The arrays of ``cached``, in order: one ``get`` (``ray.get`` unless given) of their distinct task
+    outputs."""
+    if get is None:
+        import ray
 
+        get = ray.get
     refs = list(dict.fromkeys(c.ref for c in cached))
-    outputs = dict(zip(refs, ray.get(refs), strict=True))
+    outputs = dict(zip(refs, get(refs), strict=True))
     return [outputs[c.ref][c.index] for c in cached]
 
 

@@ -10,7 +10,7 @@ the caller (the control plane): it survives the shard actor, and every learner r
 (``RayStore.get``). With S = number of learners each shard handles about one learner's bytes in and out
 per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
 
-Channels (``elastic.channels``): once a group's generation is live, a learner's part is a ``Channelled``
+Channels (``dataplane.generations``): once a group's generation is live, a learner's part is a ``Channelled``
 marker and shard i reads it from that member's channel (``open_channels`` gave it them), and, when every
 member sent through the channels, writes the merged slice into its own channel instead of returning
 it; ``result`` returns a round's merged slice again when only some shards could write theirs. A restarted shard has no
@@ -53,16 +53,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-# Numpy only: a shard's process loads no torch (elastic.merge says why); FlatPayload is a type here.
-from raytrain_seq.elastic.merge import ShardMerge, merge_parts, part_nbytes
-from raytrain_seq.elastic.rounds import Learner, check_number
+# Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
+from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
+from raytrain_seq.rounds.book import LearnerId, check_number
 from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register
 
 if TYPE_CHECKING:
-    from raytrain_seq.elastic.payload import FlatPayload
+    from raytrain_seq.dataplane.payload import FlatPayload
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class AveragingShard:
         # written into the channels copies them there, and ``result`` returns them (a copy) on request.
         self._result: dict[str, Any] | None = None
         self._result_round: int | None = None
-        # The live channel generation (elastic.channels): its number, every member's channel to this
+        # The live channel generation (dataplane.generations): its number, every member's channel to this
         # shard (member order), this shard's channel to the members, and the parts read this round (a
         # merge run again without an unreadable learner must not read a channel twice).
         self._generation: int | None = None
@@ -135,7 +135,7 @@ class AveragingShard:
         ``write``: put the merged slice into this shard's channel (every member reads it) and return
         None in its place, ``load["channelled"]`` saying so (False when the write failed: then it is
         returned)."""
-        from raytrain_seq.elastic.channels import Channelled
+        from raytrain_seq.dataplane.generations import Channelled
 
         began = time.perf_counter()
         load: dict[str, Any] = {"shard": self.index, "round": round, "received": 0, "sent": 0}
@@ -169,7 +169,7 @@ class AveragingShard:
         import ray
         from ray.exceptions import RayChannelError, RayChannelTimeoutError
 
-        from raytrain_seq.elastic.channels import ChannelLost
+        from raytrain_seq.dataplane.generations import ChannelLost
         from raytrain_seq.runtime.channels import read_round
 
         refs = [part for j, part in enumerate(parts) if j not in marked]
@@ -251,7 +251,7 @@ class RayShards:
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
 
-    def place(self, learner: Learner, node: str | None) -> None:
+    def place(self, learner: LearnerId, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
             self._nodes[learner] = node
 
@@ -317,7 +317,7 @@ class RayShards:
             ]
         return ShardMerge(tuple(merged for merged, _ in calls), tuple(loads))
 
-    # Channels (elastic.channels): what the control plane needs from the shards for a generation.
+    # Channels (dataplane.generations): what the control plane needs from the shards for a generation.
     supports_channels = True
 
     async def targets(self) -> list[tuple[Any, str]]:
@@ -351,10 +351,13 @@ class RayStore:
     (``store_memory.StoreMemory``) and, with ``cuda`` (a learner training on a GPU), registers it with
     CUDA, so that installing a merged state on the device copies at the link's speed."""
 
-    def __init__(self, timeout_s: float | None = None, *, cuda: bool = False) -> None:
+    def __init__(
+        self, timeout_s: float | None = None, *, cuda: bool = False, get: Callable[..., Any] | None = None
+    ) -> None:
         import ray
 
         self.timeout_s = timeout_s
+        self._get = get or ray.get  # an asyncio actor's thread passes runtime.off_loop.off_loop_get
         # Only in an actor's process (a Ray Train worker is one), whose mapping of the store lasts as long
         # as the process. A driver that shut Ray down and started it again could map a new store where a
         # registered one was: CUDA keeps the old registration of those addresses, for pages no longer
@@ -371,6 +374,4 @@ class RayStore:
         return ray.put(value)
 
     def get(self, refs: Sequence[Any]) -> list[Any]:
-        import ray
-
-        return ray.get(list(refs), timeout=self.timeout_s)
+        return self._get(list(refs), timeout=self.timeout_s)

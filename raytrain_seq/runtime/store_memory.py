@@ -4,7 +4,7 @@ Ray's object store is one shared-memory file that every worker maps whole. The f
 touches a page of it, the page costs that process a fault (one per 4 KiB). The store gives new objects
 fresh addresses until it has gone once round the whole file, so each of a run's first rounds faults in
 every byte it puts or reads: a cold ``ray.put`` of 100 MB runs at a fraction of a plain copy's speed,
-and the same put once the pages are mapped runs at it (the timings are in docs/LOG.md, 2026-11-24).
+and the same put once the pages are mapped runs at it (the timings are in docs/ARCHITECTURE.md, "Measurements behind the code").
 Each page faults once per process either way. ``StoreMemory.expect`` pays for all of them ahead of the
 rounds, in a background thread, with ``madvise(MADV_POPULATE_WRITE)`` over the mapping (Linux 5.14 or
 later), 64 MiB a call. That call maps the pages and leaves their bytes as they are. It runs while the
@@ -22,7 +22,7 @@ A CUDA learner also registers the populated mapping with CUDA (``cuda_host_regis
 for every device), in the same thread. Its install of the merged state copies store memory to the device
 (``FlatStorage.load_slices``); from pageable memory the driver stages such a copy through a pinned buffer
 of its own and it runs at a fraction of the link's speed, from registered memory it runs as a DMA at
-the link's speed (the figures are in docs/LOG.md, 2026-11-27). The rule is the same: registering pins
+the link's speed (the figures are in docs/ARCHITECTURE.md, "Measurements behind the code"). The rule is the same: registering pins
 the whole store in RAM, which populating has already committed. A refused registration leaves the
 copies pageable: slower, the same bytes. Each mapping is registered whole, in one call: a copy whose
 source spans two registrations fails (CUDA's "invalid argument"), although one call holds up the

@@ -1,6 +1,6 @@
 """The learner's side of the wire to the averager actor: ``AveragerClient``'s transport over Ray.
 
-``elastic.client.AveragerClient`` holds the retry and rejoin policy and takes its transport through its
+``rounds.client.AveragerClient`` holds the retry and rejoin policy and takes its transport through its
 constructor (a fake in tests). ``RayTransport`` is the one for a Ray Train worker: each call is one actor
 method call, and the failures the client retries become ``Unreachable``. ray is imported only inside the
 call.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytrain_seq.elastic.client import Unreachable
+from raytrain_seq.rounds.client import Unreachable
 
 __all__ = ["RayTransport"]
 

@@ -26,7 +26,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from raytrain_seq.elastic.assembly import BlockSpec, spread_fresh
+from raytrain_seq.rows.assembly import BlockSpec, spread_fresh
 
 __all__ = ["EpochPosition", "layout_specs", "parse_history", "resplit", "settle", "settle_dict"]
 

@@ -6,9 +6,9 @@ mean (K = -1: one round at the end of every epoch). ``LocalRounds`` counts the l
 (``step()`` says when K are done; ``pending`` whether an epoch's last steps still need a round), sends
 the round through an ``AveragerClient`` and installs what comes back: the round's averaged state, or,
 when the others went on without this learner, their latest state. The round travels as flat buffers
-(``elastic.payload``): one contiguous buffer per merge rule and dtype, cut into the client's S slices;
+(``dataplane.payload``): one contiguous buffer per merge rule and dtype, cut into the client's S slices;
 slice i is put in the object store once, and the control plane gets their references. The learner's
-tensors live in those buffers (``elastic.flat_storage``, bound at the first round), so slice i is one
+tensors live in those buffers (``dataplane.flat_storage``, bound at the first round), so slice i is one
 contiguous array (on CUDA, a pinned host copy of it) and the round's mean is written back into them
 in place; a state the buffers cannot hold (bfloat16, tied weights) is put piece by piece instead. It
 mirrors the shape of torchft's ``LocalSGD`` (a step counter and a ``sync``); the weights travel through
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 from raytrain_seq.checkpoint import is_due
-from raytrain_seq.elastic.client import Averaged, AveragerClient, Realigned
-from raytrain_seq.elastic.flat_storage import FlatStorage
-from raytrain_seq.elastic.payload import FlatLayout, FlatPayload
-from raytrain_seq.elastic.position import EpochPosition
-from raytrain_seq.elastic.state import AveragedState
+from raytrain_seq.dataplane.flat_storage import FlatStorage
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
 from raytrain_seq.models.recurrent import compact_recurrent, recurrent_keys
+from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned
+from raytrain_seq.rounds.position import EpochPosition
+from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.step import load_averaged
 
 __all__ = ["LocalRounds", "Tally", "missed_checkpoint_rounds"]

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.elastic.assembly import RowBuffer
+from raytrain_seq.rows.assembly import RowBuffer
 
 logger = logging.getLogger(__name__)
 

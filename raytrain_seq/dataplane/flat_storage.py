@@ -1,6 +1,6 @@
 """A learner's weights and Adam moments kept in the data plane's flat buffers: one contiguous copy a slice.
 
-``FlatLayout`` (``elastic.payload``) says where every floating tensor of a learner's state lies in one
+``FlatLayout`` (``dataplane.payload``) says where every floating tensor of a learner's state lies in one
 buffer per merge rule and dtype. ``FlatStorage`` allocates those buffers on the learner's device and moves
 the live tensors into them (``bind``): every parameter, floating buffer and Adam moment becomes a view of
 its buffer (``tensor.data = view``, as flat-parameter optimizers do), so training updates the buffers in
@@ -8,7 +8,7 @@ place (the optimizers' and BatchNorm's updates are in-place). A round then
 
 * puts slice i of each buffer as it is (``slices``): one contiguous array, one copy into the object
   store. Put as the tuple of the tensors' pieces, a slice costs one copy per piece, and Ray copies every
-  piece of 1 MiB or more with a handful of threads of its own (docs/LOG.md, 2026-11-26);
+  piece of 1 MiB or more with a handful of threads of its own (docs/ARCHITECTURE.md, "Measurements behind the code");
 * writes the merged state back in place: from the merged slices, one copy per slice and buffer
   (``load_slices``), or from a state in tensors, one copy per tensor into its view (``load``); where
   ``Optimizer.load_state_dict`` would replace the optimizer's tensors by new ones (unbinding them).
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from raytrain_seq.elastic.payload import FlatLayout
+from raytrain_seq.dataplane.payload import FlatLayout
 
 __all__ = ["FlatStorage"]
 
@@ -238,7 +238,7 @@ class FlatStorage:
     ) -> None:
         """``_load_unaveraged`` from a round's ``extras`` (``FlatLayout.extras``) themselves: one copy a
         value, no tensor built for it first (a model of many tensors paid that per tensor in every round,
-        docs/LOG.md, 2026-11-26, after 20:20 UTC)."""
+        docs/ARCHITECTURE.md, "Measurements behind the code")."""
         model = extras["model"]
         for key, tensor in into_params.items():
             if ("model", key) not in self._slotted:
@@ -254,8 +254,7 @@ class FlatStorage:
         """Whether the live ``params`` and ``moments`` are still this storage's: the layout's keys, and every
         tensor of a slot its own view. Then ``FlatLayout.of`` of them would give ``self.layout`` and ``bind``
         would move nothing, so a round takes the layout from here at a pointer comparison a tensor instead
-        of building a slot per tensor again and comparing the two (docs/LOG.md, 2026-11-26, after 20:20
-        UTC)."""
+        of building a slot per tensor again and comparing the two (docs/ARCHITECTURE.md, "Measurements behind the code")."""
         layout = self.layout
         if tuple(params) != layout.model_keys:
             return False

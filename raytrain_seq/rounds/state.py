@@ -6,7 +6,7 @@ keyword; ``to_dict``/``from_dict`` give plain tensors, numbers and strings, whic
 ``torch.load(weights_only=True)`` reads back. Round 0 (``params`` None) means nothing averaged yet.
 
 A state can live in the object store: ``flat`` then holds its layout and the object references of its
-merged slices (``elastic.payload.FlatPayload``) and ``params``/``optimizer_state`` are None.
+merged slices (``dataplane.payload.FlatPayload``) and ``params``/``optimizer_state`` are None.
 ``fetched(get)`` reads the slices (``get``: the store's, e.g. ``ray.get``) into local arrays and keeps the
 state flat: what a learner holds and installs. ``materialise(get)`` gives the same state with plain
 tensors, which is what is checkpointed and what re-seeds a restarted averager. The control plane never
@@ -29,8 +29,8 @@ from typing import Any
 
 from torch import Tensor
 
-from raytrain_seq.elastic.payload import FlatPayload
-from raytrain_seq.elastic.rounds import Learner, check_number
+from raytrain_seq.dataplane.payload import FlatPayload
+from raytrain_seq.rounds.book import LearnerId, check_number
 
 __all__ = ["SOURCES", "Arrival", "AveragedState", "JoinReply", "RoundResult", "check_payload"]
 
@@ -122,16 +122,16 @@ class RoundResult:
 
     state: AveragedState
     """The averaged state after this round; ``state.round`` is the round."""
-    learners: tuple[Learner, ...]
+    learners: tuple[LearnerId, ...]
     """The learners averaged, in this order."""
-    dropped: tuple[Learner, ...] = ()
+    dropped: tuple[LearnerId, ...] = ()
     """The learners dropped from this round (they did not send it in time)."""
     seconds: float = 0.0
     """From the round's first arrival to its result."""
     weights: tuple[float, ...] = ()
     """Each averaged learner's weight in the mean."""
     channels: Any = None
-    """A channel generation for this round's learners to link (``elastic.channels.ChannelPlan``), or None."""
+    """A channel generation for this round's learners to link (``dataplane.generations.ChannelPlan``), or None."""
     validate: bool = False
     """The learners score this state's validation: each its share, reported before its next round."""
 

@@ -23,7 +23,7 @@ arrays, which the learner installs with one copy a slice) or in plain tensors: a
 whose objects died with it, is re-seeded from bytes the learner has (materialised into tensors for the
 seed). ``shards`` is S from the latest join: how many slices the learner cuts its buffers into.
 
-Channels (``elastic.channels``): once a round's result plans a generation, the client links it in a
+Channels (``dataplane.generations``): once a round's result plans a generation, the client links it in a
 background thread (``channels``, injected: ``runtime.channels.RayChannelEnds``); from then on ``send``
 writes a round's slices into the channels and the merged ones are read from them, and any refusal, join
 or failed write sends the round through the store instead.
@@ -41,10 +41,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from raytrain_seq.elastic.channels import ChannelEnds, Channelled, ChannelLost
-from raytrain_seq.elastic.payload import FlatPayload, InProcessStore, ObjectStore
-from raytrain_seq.elastic.rounds import AveragerError, AveragerUnavailableError, Backoff, Learner
-from raytrain_seq.elastic.state import AveragedState, JoinReply, RoundResult
+from raytrain_seq.dataplane.generations import ChannelEnds, Channelled, ChannelLost
+from raytrain_seq.dataplane.payload import FlatPayload, InProcessStore, ObjectStore
+from raytrain_seq.rounds.book import AveragerError, AveragerUnavailableError, Backoff, LearnerId
+from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class AveragerClient:
         self,
         transport: Transport,
         *,
-        learner: Learner,
+        learner: LearnerId,
         world_size: int,
         incarnation: str,
         round_timeout_s: float,
@@ -107,7 +107,7 @@ class AveragerClient:
         self._sleep = sleep
         self.store = store or InProcessStore()
         self.node = node  # where this learner runs: the averager places its shard there
-        # This learner's ends of a channel generation (elastic.channels), or None: always the store.
+        # This learner's ends of a channel generation (dataplane.generations), or None: always the store.
         self.channels = channels
         self._sent: list[Any] = []  # the last round's slices: put in the store if it must be resent
         self._linking: threading.Thread | None = None  # links a planned generation in the background

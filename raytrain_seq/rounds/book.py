@@ -28,11 +28,23 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Learner = str | int
+
+class RoundPhase(Enum):
+    """Where the current round stands in a ``RoundBook``: nobody sent it yet (IDLE), learners are
+    arriving (OPEN), or close() accepted it and the caller averages it (CLOSING)."""
+
+    IDLE = "idle"
+    OPEN = "open"
+    CLOSING = "closing"
+
+
+# A learner's id: its rank in the group (an int), or a name for a reporter that is not a rank ("evaluator").
+LearnerId = str | int
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -68,7 +80,7 @@ class AveragingTimeoutError(AveragerError):
 class StaleRoundError(AveragerError):
     """A learner sent a closed round (or one it was dropped from), repeated one, or skipped ahead."""
 
-    def __init__(self, learner: Learner, sent_round: int, expected_round: int, detail: str = "") -> None:
+    def __init__(self, learner: LearnerId, sent_round: int, expected_round: int, detail: str = "") -> None:
         super().__init__(learner=learner, sent_round=sent_round, expected_round=expected_round, detail=detail)
 
     def _message(self) -> str:
@@ -82,7 +94,7 @@ class StaleRoundError(AveragerError):
 class MembershipError(AveragerError):
     """A caller disagrees on the world size, or it is not a registered learner."""
 
-    def __init__(self, learner: Learner, sent_world_size: int, world_size: int, detail: str = "") -> None:
+    def __init__(self, learner: LearnerId, sent_world_size: int, world_size: int, detail: str = "") -> None:
         super().__init__(
             learner=learner, sent_world_size=sent_world_size, world_size=world_size, detail=detail
         )
@@ -141,7 +153,7 @@ def check_number(name: str, value: Any, low: float, kind: Any = int) -> Any:
     return value
 
 
-def _order(learners: Any) -> list[Learner]:
+def _order(learners: Any) -> list[LearnerId]:
     """Sorted ids (ints before strs): a round's result never depends on the order of arrival."""
     return sorted(learners, key=lambda x: (isinstance(x, str), x))
 
@@ -152,8 +164,8 @@ class RoundClose:
     """What closing a round decided: who is averaged (with payloads), who was dropped, or the error."""
 
     round: int
-    present: tuple[tuple[Learner, Any], ...]
-    dropped: tuple[Learner, ...]
+    present: tuple[tuple[LearnerId, Any], ...]
+    dropped: tuple[LearnerId, ...]
     opened_at: float
     error: AveragingTimeoutError | None = None
 
@@ -186,36 +198,36 @@ class RoundBook:
             raise ValueError(f"min_learners {min_learners} > world_size {world_size}: lower min_learners")
         self.validate_every = check_number("validate_every", validate_every, 0)
         self._clock, self._sink = clock, sink
-        self.round, self.phase, self.opening, self.generation = 1, "idle", 0, 0
+        self.round, self.phase, self.opening, self.generation = 1, RoundPhase.IDLE, 0, 0
         self.restarted = False  # set by an averager that came back from a crash: its first group rejoins
         self.opened_at: float | None = None
         self.deadline: float | None = None
         self.validation_due: int | None = None
-        self._active: set[Learner] = set()
-        self._pending: set[Learner] = set()
-        self._gone: set[Learner] = set()
-        self._expected: frozenset[Learner] = frozenset()
-        self._arrivals: dict[Learner, Any] = {}
-        self._dropped: dict[Learner, dict[str, Any]] = {}
-        self._incarnations: dict[Learner, str] = {}
+        self._active: set[LearnerId] = set()
+        self._pending: set[LearnerId] = set()
+        self._gone: set[LearnerId] = set()
+        self._expected: frozenset[LearnerId] = frozenset()
+        self._arrivals: dict[LearnerId, Any] = {}
+        self._dropped: dict[LearnerId, dict[str, Any]] = {}
+        self._incarnations: dict[LearnerId, str] = {}
         self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
 
     @property
-    def expected(self) -> list[Learner]:
+    def expected(self) -> list[LearnerId]:
         return _order(self._expected)
 
     @property
-    def arrived(self) -> list[Learner]:
+    def arrived(self) -> list[LearnerId]:
         return _order(self._arrivals)
 
     @property
-    def missing(self) -> list[Learner]:
+    def missing(self) -> list[LearnerId]:
         return _order(self._expected - set(self._arrivals))
 
     @property
-    def dropped(self) -> dict[Learner, str]:
+    def dropped(self) -> dict[LearnerId, str]:
         """Learners dropped and not rejoined -> the reason."""
         return {learner: record["reason"] for learner, record in self._dropped.items()}
 
@@ -231,17 +243,17 @@ class RoundBook:
 
     @property
     def complete(self) -> bool:
-        return self.phase == "open" and not self.missing and len(self._arrivals) >= self.quorum
+        return self.phase == RoundPhase.OPEN and not self.missing and len(self._arrivals) >= self.quorum
 
     def expired(self) -> bool:
-        return self.phase == "open" and self._clock() >= self.deadline
+        return self.phase == RoundPhase.OPEN and self._clock() >= self.deadline
 
-    def next_round_for(self, learner: Learner) -> int:
+    def next_round_for(self, learner: LearnerId) -> int:
         """The round this learner sends next: the open (or idle) one, or the one after a closing one."""
-        return self.round + 1 if self.phase == "closing" else self.round
+        return self.round + 1 if self.phase == RoundPhase.CLOSING else self.round
 
     def _log_member(
-        self, event: str, learner: Learner | None, detail: str = "", change: bool = False
+        self, event: str, learner: LearnerId | None, detail: str = "", change: bool = False
     ) -> None:
         """Record a membership event; ``change`` marks one that changes how many learners train."""
         record = {"time": time.time(), "round": self.round, "event": event, "learner": learner}
@@ -250,7 +262,7 @@ class RoundBook:
         if self._sink is not None:
             self._sink(record)
 
-    def starts_group(self, learner: Learner, world_size: int | None, incarnation: str | None) -> bool:
+    def starts_group(self, learner: LearnerId, world_size: int | None, incarnation: str | None) -> bool:
         """Whether this join is the first of a new learner group (Ray Train started or restarted one)."""
         if incarnation is None:
             return False
@@ -258,13 +270,13 @@ class RoundBook:
         resized = world_size is not None and world_size != self.world_size
         return self.generation == 0 or resized or (known is not None and known != incarnation)
 
-    def regroup(self, world_size: int) -> list[Learner]:
+    def regroup(self, world_size: int) -> list[LearnerId]:
         """Start a new generation of ``world_size`` learners; returns the open round's abandoned senders.
 
         The round number stays (the new group sends the round the old one could not finish); the old
         members, drops and incarnations are forgotten, and the old incarnations refused from now on.
         """
-        if self.phase == "closing":
+        if self.phase == RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is being averaged: regroup after finish()")
         check_number("world_size", world_size, max(1, self.min_learners))
         abandoned = self.abandon()
@@ -291,15 +303,15 @@ class RoundBook:
         self._log_member("group", None, why, change=True)
         return abandoned
 
-    def abandon(self) -> list[Learner]:
+    def abandon(self) -> list[LearnerId]:
         """Give up the open round (its senders are gone or its base was superseded); keeps its number."""
-        if self.phase == "closing":
+        if self.phase == RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is being averaged: it cannot be abandoned")
-        abandoned = self.arrived if self.phase == "open" else []
+        abandoned = self.arrived if self.phase == RoundPhase.OPEN else []
         self._settle()
         return abandoned
 
-    def join(self, learner: Learner, world_size: int | None = None, incarnation: str | None = None) -> int:
+    def join(self, learner: LearnerId, world_size: int | None = None, incarnation: str | None = None) -> int:
         """Register (or re-register) a learner; returns the round it must send next.
 
         With an ``incarnation`` (one id per learner process) the first join of a new group regroups.
@@ -322,16 +334,16 @@ class RoundBook:
         self._gone.discard(learner)
         if incarnation is not None:
             self._incarnations[learner] = incarnation
-        if self.phase == "closing" and learner not in self._arrivals:
+        if self.phase == RoundPhase.CLOSING and learner not in self._arrivals:
             self._pending.add(learner)  # the round is being averaged without it: it takes part in the next
         else:
             self._active.add(learner)
-            if self.phase == "open":
+            if self.phase == RoundPhase.OPEN:
                 self._expected |= {learner}  # it starts from round n-1's state, so it can send round n
         self._log_member(event, learner, change=returning)
         return self.next_round_for(learner)
 
-    def leave(self, learner: Learner) -> None:
+    def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good (scale-down); an open round stops waiting for it."""
         if learner not in self._active | self._pending | set(self._dropped):
             raise ValueError(f"learner {learner!r} is not registered: there is nothing to remove")
@@ -355,7 +367,7 @@ class RoundBook:
         old, self.world_size, self._gone = self.world_size, world_size, set()
         self._log_member("world_size", None, f"{old} -> {world_size}", change=True)
 
-    def check(self, learner: Learner, round: int, world_size: int, incarnation: str | None = None) -> None:
+    def check(self, learner: LearnerId, round: int, world_size: int, incarnation: str | None = None) -> None:
         """Raise the typed error that arrive() would raise, changing nothing."""
         check_learner(learner)
         check_number("round", round, 1)
@@ -372,7 +384,7 @@ class RoundBook:
             raise MembershipError(
                 learner, world_size, self.world_size, "it is not registered: call join() first"
             )
-        if self.phase == "closing" or learner in self._pending:
+        if self.phase == RoundPhase.CLOSING or learner in self._pending:
             why = f"round {self.round} is still being averaged and this learner takes part from the next one"
             raise StaleRoundError(learner, round, self.round + 1, why)
         if round != self.round:
@@ -383,7 +395,7 @@ class RoundBook:
 
     def arrive(
         self,
-        learner: Learner,
+        learner: LearnerId,
         round: int,
         world_size: int,
         payload: Any = None,
@@ -391,15 +403,15 @@ class RoundBook:
     ) -> bool:
         """Record that a learner sent round `round`; returns True when the round may close (complete)."""
         self.check(learner, round, world_size, incarnation)
-        if self.phase == "idle":
-            self.phase, self.opening = "open", self.opening + 1
+        if self.phase == RoundPhase.IDLE:
+            self.phase, self.opening = RoundPhase.OPEN, self.opening + 1
             self._expected = frozenset(self._active)
             self.opened_at = self._clock()
             self.deadline = self.opened_at + self.timeout_s
         self._arrivals[learner] = payload
         return self.complete
 
-    def _drop(self, learner: Learner, reason: str) -> None:
+    def _drop(self, learner: LearnerId, reason: str) -> None:
         record = {"round": self.round, "learner": learner, "reason": reason, "time": time.time()}
         self._dropped[learner] = record
         self._active.discard(learner)
@@ -413,8 +425,10 @@ class RoundBook:
         On success the book is "closing" until finish(); on failure it is idle again at the same round,
         with the missing dropped, so those present can resend it once enough learners are back.
         """
-        if self.phase != "open":
-            raise RuntimeError(f"round {self.round} is {self.phase}, not open: there is nothing to close")
+        if self.phase != RoundPhase.OPEN:
+            raise RuntimeError(
+                f"round {self.round} is {self.phase.value}, not open: there is nothing to close"
+            )
         if not self.complete and not self.expired():
             raise RuntimeError(f"round {self.round} is waiting for {self.missing} until its deadline")
         missing = self.missing
@@ -435,7 +449,7 @@ class RoundBook:
             closed = RoundClose(self.round, (), tuple(missing), self.opened_at, error)
             self._settle()
             return closed
-        self.phase = "closing"
+        self.phase = RoundPhase.CLOSING
         pairs = tuple((learner, self._arrivals[learner]) for learner in present)
         return RoundClose(self.round, pairs, tuple(missing), self.opened_at)
 
@@ -443,9 +457,9 @@ class RoundBook:
         """While closing: drop ``learners``, whose payloads arrived but could not be read, and return the
         round's close without them (an error, as close() gives one, when fewer than min_learners remain).
         The book stays "closing" either way: finish() follows, not ok on an error."""
-        if self.phase != "closing" or closed.round != self.round:
+        if self.phase != RoundPhase.CLOSING or closed.round != self.round:
             raise RuntimeError(
-                f"round {closed.round} is not the one closing (round {self.round} is {self.phase})"
+                f"round {closed.round} is not the one closing (round {self.round} is {self.phase.value})"
             )
         gone = set(learners)
         for learner in _order(gone):
@@ -461,8 +475,8 @@ class RoundBook:
 
     def finish(self, ok: bool = True) -> None:
         """After close(): ok advances to the next round (and marks a validation due); not ok keeps it."""
-        if self.phase != "closing":
-            raise RuntimeError(f"round {self.round} is {self.phase}: call close() first")
+        if self.phase != RoundPhase.CLOSING:
+            raise RuntimeError(f"round {self.round} is {self.phase.value}: call close() first")
         if ok:
             if self.validate_every and self.round % self.validate_every == 0:
                 self.validation_due = self.round
@@ -470,12 +484,12 @@ class RoundBook:
         self._settle()
 
     def _settle(self) -> None:
-        self.phase, self.opened_at, self.deadline = "idle", None, None
+        self.phase, self.opened_at, self.deadline = RoundPhase.IDLE, None, None
         self._arrivals, self._expected = {}, frozenset()
         self._active |= self._pending
         self._pending = set()
 
-    def report_validation(self, round: int, learner: Learner = "validator") -> None:
+    def report_validation(self, round: int, learner: LearnerId = "validator") -> None:
         """Accept the validation of `round`, which must be the one due (Algorithm 1 line 13: n % m == 0)."""
         check_number("round", round, 1)
         if not self.validate_every or round % self.validate_every:
@@ -502,8 +516,8 @@ class RoundBook:
 
     def restore(self, last_round: int, validation_due: int | None, dropped_log: Any = None) -> None:
         """Continue after `last_round` (a checkpoint's, or a re-seeding learner's); members are kept."""
-        if self.phase != "idle":
-            raise RuntimeError(f"round {self.round} is {self.phase}: restore only an idle averager")
+        if self.phase != RoundPhase.IDLE:
+            raise RuntimeError(f"round {self.round} is {self.phase.value}: restore only an idle averager")
         self.round = check_number("round", last_round, 0) + 1
         self.validation_due = validation_due
         if dropped_log is not None:

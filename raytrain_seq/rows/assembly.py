@@ -20,7 +20,7 @@ Trade-off: the row costs one ``t_max`` frame buffer per block and one ``final_au
 ``spread_fresh`` is O(n log n) per shard. How much it evens the fresh frames of consecutive windows on
 UCF101 (and the orders that were tried and gave larger spreads) is in docs/LOG.md.
 
-Elastic groups: ``raytrain_seq.elastic.position`` re-splits an epoch's unreached blocks when the
+Elastic groups: ``raytrain_seq.rounds.position`` re-splits an epoch's unreached blocks when the
 learner group changes size. Nothing here imports ray: the Ray glue is ``raytrain_seq.runtime.feed``.
 """
 
@@ -37,13 +37,11 @@ import numpy as np
 
 from raytrain_seq.augment import center_crop, final_augment, final_params
 from raytrain_seq.packing import PackPlan, shard
+from raytrain_seq.seeds import final_rng
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "FINAL_STREAM",
-    "PARTIAL_STREAM",
-    "PLAN_STREAM",
     "ROW_KEYS",
     "BlockRowStream",
     "BlockSpec",
@@ -51,43 +49,13 @@ __all__ = [
     "RowFormat",
     "assemble_rows",
     "consumption_order",
-    "final_rng",
     "max_sequences_bound",
-    "partial_rng",
-    "plan_seed",
     "plan_specs",
     "shard_items",
     "spread_fresh",
 ]
 
-# Stream tags of the run's random streams. Nonzero because numpy's SeedSequence drops trailing zeros:
-# default_rng([seed, 0]) IS default_rng(seed), so a zero tag would alias another stream of the run.
-PARTIAL_STREAM = 0x50415254  # "PART": partial augmentation of (video id, computing epoch)
-FINAL_STREAM = 0x46494E4C  # "FINL": final augmentation of (epoch, plan block, slot)
-PLAN_STREAM = 0x504C414E  # "PLAN": packing seed of an epoch (or of an evaluation split)
-
 ROW_KEYS = ("frames", "starts", "lengths", "labels", "num_sequences", "weight", "block", "ids")
-
-
-def partial_rng(seed: int, video_id: int, epoch: int) -> np.random.Generator:
-    """Generator of the partial augmentation of ``video_id`` computed in ``epoch`` (its computing epoch)."""
-    return np.random.default_rng([seed, PARTIAL_STREAM, video_id, epoch])
-
-
-def final_rng(seed: int, epoch: int, plan_index: int, slot: int) -> np.random.Generator:
-    """Generator of the final augmentation of sequence ``slot`` of block ``plan_index`` of ``epoch``.
-
-    ``plan_index`` is the block's position in the epoch's plan (before sharding), so a sequence gets
-    the same crop whatever the world size.
-    """
-    return np.random.default_rng([seed, FINAL_STREAM, epoch, plan_index, slot])
-
-
-def plan_seed(seed: int, key: int) -> int:
-    """A packing seed (int in [0, 2**62)) for epoch ``key``; evaluation splits use negative keys."""
-    # SeedSequence entropy must be >= 0: key -1 (val) -> 2**32 - 1 keeps it distinct from every epoch.
-    state = np.random.SeedSequence([seed, PLAN_STREAM, key % 2**32]).generate_state(1, np.uint64)
-    return int(state[0] >> np.uint64(2))
 
 
 def max_sequences_bound(lengths: Sequence[int] | np.ndarray, t_max: int) -> int:

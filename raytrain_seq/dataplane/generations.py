@@ -24,7 +24,7 @@ A learner whose channel write fails puts its slices instead, in the same round: 
 kind of part.
 
 What a generation costs beyond its rounds: Ray frees a channel's buffer only when the process that made
-it exits (closing it does not; ``docs/LOG.md``, 2026-11-27, after 05:35 UTC), so each generation leaves a
+it exits (closing it does not; docs/ARCHITECTURE.md, "Measurements behind the code"), so each generation leaves a
 payload per learner (its channels to the shards) and two per group (the shards') in the object store
 until those processes end. Generations are planned again after an early end at most ``max_ended`` times
 a run; after that the rounds stay in the object store, and the store holds at most that many
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from raytrain_seq.elastic.rounds import Learner
+from raytrain_seq.rounds.book import LearnerId
 
 __all__ = ["ChannelBook", "ChannelEnds", "ChannelLost", "ChannelPlan", "Channelled", "Link"]
 
@@ -64,11 +64,11 @@ class ChannelPlan:
     """A generation to link: its members in order and the shards every member writes to."""
 
     generation: int
-    members: tuple[Learner, ...]
+    members: tuple[LearnerId, ...]
     shards: tuple[tuple[Any, str], ...]
     """Per shard, (its actor handle, its node id): the reader of each member's channel to it."""
 
-    def index(self, learner: Learner) -> int:
+    def index(self, learner: LearnerId) -> int:
         """``learner``'s member index (its channels' position in every shard's inputs)."""
         return self.members.index(learner)
 
@@ -92,7 +92,7 @@ class ChannelBook:
     enabled: bool
     generation: int = 0
     plan: ChannelPlan | None = None
-    links: dict[Learner, Link] = field(default_factory=dict)
+    links: dict[LearnerId, Link] = field(default_factory=dict)
     inputs: tuple[Any, ...] | None = None
     """Once live: shard i's channel of merged slices at i."""
     failed: int = 0
@@ -108,9 +108,9 @@ class ChannelBook:
 
     def propose(
         self,
-        members: Sequence[Learner],
-        expected: Sequence[Learner],
-        dropped: Sequence[Learner],
+        members: Sequence[LearnerId],
+        expected: Sequence[LearnerId],
+        dropped: Sequence[LearnerId],
         flat: bool,
         world_size: int,
     ) -> bool:
@@ -128,14 +128,14 @@ class ChannelBook:
             and sorted(map(repr, members)) == sorted(map(repr, expected))
         )
 
-    def start(self, members: Sequence[Learner], shards: Sequence[tuple[Any, str]]) -> ChannelPlan:
+    def start(self, members: Sequence[LearnerId], shards: Sequence[tuple[Any, str]]) -> ChannelPlan:
         """Plan the next generation for ``members`` (in the round's order)."""
         self.generation += 1
         self.plan = ChannelPlan(self.generation, tuple(members), tuple(shards))
         self.links, self.inputs = {}, None
         return self.plan
 
-    def link(self, generation: int, learner: Learner, link: Link) -> str:
+    def link(self, generation: int, learner: LearnerId, link: Link) -> str:
         """Record a member's link: "refused" (not this generation's member, or the generation ended),
         "waiting" (others still to link) or "complete" (the last one: the control plane opens the shards'
         channels now)."""
@@ -166,7 +166,7 @@ class ChannelBook:
         self.inputs = tuple(inputs)
         return True
 
-    def accepts(self, generation: int, present: Sequence[Learner]) -> bool:
+    def accepts(self, generation: int, present: Sequence[LearnerId]) -> bool:
         """Whether a round whose ``present`` learners sent channelled parts of ``generation`` may have its
         merged slices written into the channels: the generation is live and every member is present
         (a member left out would never read them, and the shards' next write would wait for it)."""
@@ -176,7 +176,7 @@ class ChannelBook:
             and sorted(map(repr, present)) == sorted(map(repr, self.plan.members))
         )
 
-    def keeps(self, present: Sequence[Learner], channelled: int, written: bool) -> bool:
+    def keeps(self, present: Sequence[LearnerId], channelled: int, written: bool) -> bool:
         """Whether the live generation survives a round that closed with ``present`` (``channelled`` of
         them sent through its channels; ``written``: its merged slices went into them). It ends when a
         member is missing, or when a member that used the channels sends through the store (its write

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from raytrain_seq.elastic.rounds import Learner
+from raytrain_seq.rounds.book import LearnerId
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class RunHistory:
         # Live tracking (raytrain_seq.tracking): anything with scalars(values, step) and text(tag, value, step).
         self.tracker = tracker
         self._last_round_at = 0.0
-        self.totals: dict[Learner, dict[str, float]] = {}
+        self.totals: dict[LearnerId, dict[str, float]] = {}
         self.batch_history: list[dict[str, Any]] = []
         self.validation_history: list[dict[str, Any]] = []
         self.loss_history: list[dict[str, Any]] = []
@@ -139,10 +139,10 @@ class RunHistory:
             self.tracker.scalars({"recoveries/count": len(self.recoveries)}, step)
             self.tracker.text("recoveries", f"{kind}: {detail}", step)
 
-    def _learner(self, learner: Learner) -> dict[str, float]:
+    def _learner(self, learner: LearnerId) -> dict[str, float]:
         return self.totals.setdefault(learner, {"rounds": 0, "averaging_s": 0.0})
 
-    def add_averaging_time(self, learner: Learner, seconds: float, waiting: float = 0.0) -> None:
+    def add_averaging_time(self, learner: LearnerId, seconds: float, waiting: float = 0.0) -> None:
         """Time a learner spent inside an averaging call (waiting included); ``waiting``: the part of it
         between its arrival and the round's last arrival (or its deadline), i.e. waiting for the others."""
         totals = self._learner(learner)
@@ -156,7 +156,7 @@ class RunHistory:
         seconds: float,
         batch_size: int,
         position: Mapping | None,
-        stats: Iterable[tuple[Learner, Mapping[str, float]]],
+        stats: Iterable[tuple[LearnerId, Mapping[str, float]]],
     ) -> None:
         """A finished round: add each learner's stats to its totals, log the sequence-weighted mean loss.
 

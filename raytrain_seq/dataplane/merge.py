@@ -1,13 +1,12 @@
 """One averaging shard's merge: slice i of every learner's flat buffers, merged buffer by buffer by its rule.
 
-A learner's flat payload (``elastic.payload``) holds one buffer per merge rule and dtype, keyed
+A learner's flat payload (``dataplane.payload``) holds one buffer per merge rule and dtype, keyed
 ``"RULE/DTYPE"`` with RULE in ``RULES``: ``mean`` (the weighted mean), ``pmean`` and ``pvar`` (a
 BatchNorm-style (mean, variance) pair at the same offsets of two buffers, merged by the law of total
 variance) and ``max`` (AMSGrad's max). ``merge_parts`` merges one shard's slice of every learner with
 ``elementwise``'s numpy arithmetic, chunk by chunk, so that the merged slice equals that slice of
 ``averaging.average_states`` bit for bit. It imports numpy and the core's ``elementwise`` only: a shard's
-process (``runtime.shards``) loads no torch, and starts about a CPU-second sooner (docs/LOG.md,
-2026-11-24, afternoon): at a run's start the shards start beside the learners' first steps, and a shard
+process (``runtime.shards``) loads no torch, and starts about a CPU-second sooner (docs/ARCHITECTURE.md, "Measurements behind the code"): at a run's start the shards start beside the learners' first steps, and a shard
 that Ray restarts mid-run does so on a round's critical path.
 
 ``ShardMerge`` is what a pool of shards returns for a round (``payload.ShardPool``).
@@ -31,7 +30,7 @@ RULES = ("mean", "pmean", "pvar", "max")
 # Elements merged per step: the temporaries of a chunk (at most 3 x 1 MiB for float32 buffers, 3 x 2 MiB
 # for float64 ones, allocated once per merge) stay in the last-level cache, and a 50 MB slice takes ~50
 # steps, so the per-call overhead of the numpy ops is negligible (smaller chunks were slower:
-# docs/LOG.md, 2026-11-23 and 2026-11-27).
+# docs/ARCHITECTURE.md, "Measurements behind the code").
 CHUNK = 1 << 18
 
 
@@ -41,14 +40,14 @@ class ShardMerge:
     it received and sent and the seconds it took to read and merge; or, when some shard could not read
     them in time, the indices of those payloads (``unreadable``), and no parts: the caller drops those
     learners and merges the others again (a learner frozen after it sent its round owns slices that a
-    reader on another node waits for). With channels (``elastic.channels``) the merged slices may be
+    reader on another node waits for). With channels (``dataplane.generations``) the merged slices may be
     in the channels instead (``channelled``), or a shard may have lost them (``lost_channels``)."""
 
     parts: tuple[Any, ...] = ()
     loads: tuple[dict[str, float], ...] = ()
     unreadable: frozenset[int] = frozenset()
     channelled: bool = False
-    """The merged slices were written into the generation's channels (``elastic.channels``), not returned:
+    """The merged slices were written into the generation's channels (``dataplane.generations``), not returned:
     ``parts`` is then empty."""
     lost_channels: bool = False
     """A shard no longer has the channels its parts name (Ray restarted it): no parts, nothing merged."""

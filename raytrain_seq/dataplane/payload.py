@@ -5,7 +5,7 @@ The data plane of an averaging round (docs/ARCHITECTURE.md, "The averaging round
 and dtype (``FlatLayout.pack``; on CUDA through a reused pinned host buffer), cuts every buffer into S
 near-equal slices (``FlatLayout.split``), puts slice i in the object store once and sends the S object
 references, the layout and the few values that are not averaged (``FlatPayload``) to the control plane.
-Shard i reads slice i of every learner and merges it (``elastic.merge``); every learner reads the S merged
+Shard i reads slice i of every learner and merges it (``dataplane.merge``); every learner reads the S merged
 slices back (``FlatLayout.unpack``: a tensor that lies inside one slice is a zero-copy view of it, only a
 tensor cut by a slice boundary is copied once).
 
@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from raytrain_seq.averaging import bn_pairs
-from raytrain_seq.elastic.merge import ShardMerge, merge_parts, part_nbytes
+from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 
 __all__ = [
     "FlatLayout",
@@ -180,7 +180,7 @@ class FlatLayout:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Every message of a round carries the layout (each learner's payload in, every reply out), and
         # a model has a slot per tensor and moment: pickled as one tuple of plain values per field, not
-        # one dataclass per slot, it costs a fraction (docs/LOG.md, 2026-11-25, after 03:30 UTC).
+        # one dataclass per slot, it costs a fraction (docs/ARCHITECTURE.md, "Measurements behind the code").
         return _layout_from_columns, self.fields()
 
     def bounds(self, shards: int) -> list[dict[str, tuple[int, int]]]:
@@ -399,7 +399,7 @@ def _build_layout(
 # The layouts built (``FlatLayout.of``) or unpickled in this process, by their fields. Every message of a
 # round carries one (each learner's payload to the control plane, each reply back), almost always the
 # same: hashing and comparing its columns costs a fraction of building a Slot per tensor again
-# (docs/LOG.md, 2026-11-26, after 20:20 UTC), and the learners' layouts then are one object, whose
+# (docs/ARCHITECTURE.md, "Measurements behind the code"), and the learners' layouts then are one object, whose
 # signatures the control plane compares by identity, as a learner compares a reply's with its own. A
 # FlatLayout is immutable, so sharing it is safe.
 _LAYOUTS: dict[tuple[Any, ...], FlatLayout] = {}
@@ -411,7 +411,7 @@ def _by_value(tensor: Tensor) -> np.ndarray | Tensor:
     has its dtype, else a tensor copy. Why: every message of a round carries one Adam step per parameter
     tensor (and the integer buffers), and Ray pickles a torch tensor through ``torch.save``, a fixed cost
     per tensor that the control plane pays for every learner's message in and every reply out, where a
-    numpy array pickles as its bytes (docs/LOG.md, 2026-11-25, after 03:30 UTC)."""
+    numpy array pickles as its bytes (docs/ARCHITECTURE.md, "Measurements behind the code")."""
     tensor = tensor.detach().cpu()
     if tensor.dtype in _NUMPY_EXACT:
         return np.array(tensor.numpy(), copy=True)
@@ -443,7 +443,7 @@ class OptimizerExtras:
     entry that is not a moment), as they travel in every message of a round.
 
     A one-value tensor per parameter (the step) pickled on its own costs a pickle per parameter in every
-    learner's message and every reply, most of a large model's message cost (docs/LOG.md, 2026-11-26).
+    learner's message and every reply, most of a large model's message cost (docs/ARCHITECTURE.md, "Measurements behind the code").
     So such values travel as one numpy column per name and dtype, and anything else as a copy. E.g.
     Adam over 3 parameters at step 10: ``columns = {"step/float32": ("step", (0, 1, 2), array([10., 10.,
     10.], dtype=float32))}``, ``other = {}``.
@@ -579,7 +579,7 @@ class InProcessStore:
 
 class ShardPool(Protocol):
     """Merges a round's flat payloads, one shard per slice; ``count`` shards. A pool whose
-    ``supports_channels`` is True also opens channel generations (``elastic.channels``; ``RayShards``):
+    ``supports_channels`` is True also opens channel generations (``dataplane.generations``; ``RayShards``):
     ``targets`` and ``open_channels``."""
 
     count: int

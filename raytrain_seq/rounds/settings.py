@@ -1,0 +1,101 @@
+"""``AveragerSettings``: everything the parameter-averaging actor is told, in one frozen value.
+
+Built from the config's ``train`` section (``AveragerSettings.from_config``) and passed whole to the
+actor, so the driver copies no field by hand and a test states only what it changes from the defaults.
+The checks run at construction, in the driver, before any actor starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raytrain_seq.averaging import batch_may_grow
+from raytrain_seq.rounds.book import check_number
+
+if TYPE_CHECKING:
+    from raytrain_seq.config import Config
+
+__all__ = ["AveragerSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AveragerSettings:
+    """The averager's settings (AAVG rounds, the batch-size rule, the data plane, where training ends)."""
+
+    world_size: int
+    """Learners the first group starts with (each group's first learner sets its own size)."""
+    timeout_s: float = 300.0
+    """A round closes this long after its first arrival without the missing learners."""
+    min_learners: int = 1
+    """Fewest learners a round may close with (fewer: AveragingTimeoutError to those present)."""
+    validate_every: int = 0
+    """m: every m-th round's averaged model is validated (0: never)."""
+    batch_size: int = 32
+    """B at the start (blocks per mini-batch)."""
+    b1: float = 1.0
+    """AAVG's b1: the accuracy gain below which B grows."""
+    b2: float = 2
+    """AAVG's b2: the factor B grows by."""
+    max_batch_size: int = 576
+    """B never grows past it."""
+    centred_pairs: tuple = ()
+    """(mean, var) pairs of centred optimizer statistics merged as a pooled variance."""
+    adaptive_batch: bool = True
+    """False keeps B whatever validation says (an AAVG ablation)."""
+    batch_growth: str = "steps"
+    """"steps": B grows only under a step budget (``averaging.batch_may_grow``); "always": under epochs too."""
+    merge_moments: bool = True
+    """False averages the weights only; each learner keeps its own Adam moments (AAVG2)."""
+    merge_bn_stats: bool = True
+    """False averages BatchNorm (mean, var) pairs as plain means (an AAVG ablation)."""
+    shards: int | None = None
+    """S, the averaging shards; None: one per learner of the first group."""
+    channels: bool = False
+    """Move a linked group's bytes through shared-memory channels (``dataplane.generations``)."""
+    epochs: int | None = None
+    """Where training ends (``train.epochs``); None: unknown, every validation starts when its round closes."""
+    steps: int | None = None
+    """The step budget (``train.steps``); None: epochs end the run."""
+    tracker: str = "none"
+    """Live tracking of the run history (``tracking.make_tracker``)."""
+
+    def __post_init__(self) -> None:
+        # The round settings are checked by RoundBook, the batch rule's by AdaptiveBatchSize, where the
+        # averager builds them; these are the ones only the averager reads.
+        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats", "channels"):
+            flag = getattr(self, name)
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        batch_may_grow(self.batch_growth, self.steps)  # raises for a growth it does not know
+        for name in ("shards", "epochs", "steps"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 1)
+
+    @property
+    def shard_count(self) -> int:
+        """S: ``shards``, or one per learner of the first group."""
+        return self.shards if self.shards is not None else self.world_size
+
+    @classmethod
+    def from_config(cls, config: Config) -> AveragerSettings:
+        """The settings of a run: its ``train`` section (and ``run.tracker``)."""
+        train = config.train
+        return cls(
+            world_size=train.max_learners,
+            timeout_s=train.averager_timeout_s,
+            validate_every=train.validate_every,
+            batch_size=train.batch_size,
+            b1=train.b1,
+            b2=train.b2,
+            max_batch_size=train.max_batch_size,
+            adaptive_batch=train.adaptive_batch,
+            batch_growth=train.batch_growth,
+            merge_moments=train.merge_moments,
+            merge_bn_stats=train.merge_bn_stats,
+            shards=train.shards,
+            channels=train.averager_channels,
+            epochs=train.epochs,  # the last round's validation waits for the test pass
+            steps=train.steps,
+            tracker=config.run.tracker,
+        )

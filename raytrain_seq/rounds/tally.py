@@ -1,0 +1,63 @@
+"""``ShareTally``: the learners' shares of one evaluation pass (validation or test), summed once all are in.
+
+Each learner scores its own share of a split and sends its tallies (``step.EvalResult.tallies``); the
+tally keeps one share per learner and says when the ``world_size`` learners of the latest share's group
+are in. The sum is ``EvalResult.combine``, the project's one way to
+add up scores of disjoint shards. Plain Python, no asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from raytrain_seq.rounds.book import LearnerId, check_learner, check_number
+from raytrain_seq.step import EvalResult
+
+__all__ = ["ShareTally"]
+
+
+class ShareTally:
+    """One pass's shares by learner, for a group of ``world`` learners (None: no share yet)."""
+
+    def __init__(self) -> None:
+        self.shares: dict[LearnerId, EvalResult] = {}
+        self.world: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.shares)
+
+    def clear(self) -> None:
+        """Forget every share (a new pass, or a new group that scores its own)."""
+        self.shares, self.world = {}, None
+
+    def add(self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int) -> bool:
+        """Take ``learner``'s share of a group of ``world_size``; whether that many shares are in."""
+        check_learner(learner)
+        check_number("world_size", world_size, 1)
+        self.shares[learner] = EvalResult.from_tallies(tallies)
+        self.world = world_size
+        return self.complete
+
+    @property
+    def complete(self) -> bool:
+        return self.world is not None and len(self.shares) >= self.world
+
+    def total(self) -> EvalResult:
+        """The sum of the shares held (``EvalResult.combine``)."""
+        return EvalResult.combine(self.shares.values())
+
+    def totals(self) -> dict[str, Any]:
+        """The sum as the plain dict a test pass reports: counts, accuracies, per class, the confusion
+        cells ("true,pred") and how many learners' shares it holds."""
+        total = self.total()
+        return {
+            "correct": sum(c for c, _ in total.per_class.values()),
+            "sequences": total.sequences,
+            "accuracy": total.accuracy,
+            "top5_accuracy": total.top5_accuracy,
+            "mean_class_accuracy": total.mean_class_accuracy,
+            "per_class": {str(k): [c, t] for k, (c, t) in total.per_class.items()},
+            "confusion": {f"{t},{p}": n for (t, p), n in total.confusion.items()},
+            "learners": len(self.shares),
+        }

@@ -1,0 +1,117 @@
+"""The averager's plain parts, without Ray or asyncio: its settings (``rounds.settings``), the
+validation gate with the batch-size rule (``rounds.validation``), the shares of an evaluation pass
+(``rounds.tally``) and the round's phase (``rounds.book.RoundPhase``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from raytrain_seq.config import Config
+from raytrain_seq.rounds.book import RoundBook, RoundPhase
+from raytrain_seq.rounds.settings import AveragerSettings
+from raytrain_seq.rounds.tally import ShareTally
+from raytrain_seq.rounds.validation import ValidationGate
+from raytrain_seq.step import EvalResult
+
+
+def _tallies(correct: int, sequences: int, label: int = 0) -> dict:
+    wrong = sequences - correct
+    return EvalResult(
+        accuracy=correct / sequences,
+        loss=0.0,
+        sequences=sequences,
+        per_class={label: (correct, sequences)},
+        top5_correct=sequences,
+        confusion={(label, label): correct, **({(label, label + 1): wrong} if wrong else {})},
+    ).tallies()
+
+
+def test_settings_come_from_the_train_section_whole():
+    config = Config.from_preset("demo", storage_path="/tmp/unused")
+    settings = AveragerSettings.from_config(config)
+    train = config.train
+    assert (settings.world_size, settings.timeout_s) == (train.max_learners, train.averager_timeout_s)
+    assert (settings.batch_size, settings.b1, settings.b2) == (train.batch_size, train.b1, train.b2)
+    assert (settings.shard_count, settings.channels) == (train.shards, train.averager_channels)
+    assert (settings.epochs, settings.steps, settings.tracker) == (
+        train.epochs,
+        train.steps,
+        config.run.tracker,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.batch_size = 8  # passed whole, never edited on the way
+
+
+def test_settings_refuse_what_only_the_averager_reads():
+    with pytest.raises(TypeError, match="merge_moments must be True or False"):
+        AveragerSettings(world_size=2, merge_moments=1)
+    with pytest.raises(ValueError, match="shards must be an int >= 1"):
+        AveragerSettings(world_size=2, shards=0)
+    with pytest.raises(ValueError, match="batch growth must be one of"):
+        AveragerSettings(world_size=2, batch_growth="sometimes")
+    assert AveragerSettings(world_size=3).shard_count == 3  # one shard per learner unless given
+
+
+def test_the_gate_grows_b_only_when_the_rule_and_the_budget_say_so():
+    """An accuracy that falls short of the best grows B by b2 (AAVG Algorithm 1, lines 14-20) under a step
+    budget; under epochs (batch_growth "steps") or with adaptive_batch off B stays."""
+    falling = (0.9, 0.5, 0.4)
+    grows = ValidationGate(AveragerSettings(world_size=1, batch_size=4, steps=100), by_learners=False)
+    decided = [grows.decide(a, val_size=None, rows_cap=None) for a in falling]
+    assert [(d.size, d.grew) for d in decided] == [(4, False), (8, True), (16, True)]
+    assert grows.size == grows.state_dict()["size"] == 16
+    held = ValidationGate(AveragerSettings(world_size=1, batch_size=4), by_learners=False)
+    fixed = ValidationGate(
+        AveragerSettings(world_size=1, batch_size=4, steps=100, adaptive_batch=False), by_learners=False
+    )
+    for gate in (held, fixed):
+        decided = [gate.decide(a, val_size=None, rows_cap=None) for a in falling]
+        assert [(d.size, d.grew) for d in decided] == [(4, False)] * 3
+    restored = ValidationGate(AveragerSettings(world_size=1, batch_size=4), by_learners=False)
+    restored.load_state_dict(grows.state_dict())  # a checkpoint's rule comes back whole
+    assert restored.size == 16
+
+
+def test_the_gate_takes_shares_of_the_due_validation_only_and_sums_a_whole_group():
+    gate = ValidationGate(AveragerSettings(world_size=2), by_learners=True)
+    assert not gate.take_share(0, 3, _tallies(1, 2), 2, due=None).taken  # nothing due
+    assert not gate.take_share(0, 3, _tallies(1, 2), 2, due=4).taken  # another round is due
+    first = gate.take_share(0, 4, _tallies(1, 2), 2, due=4)
+    assert first.taken and first.total is None
+    assert gate.missing(2) == "1 of 2 learners' shares came"
+    done = gate.take_share(1, 4, _tallies(3, 4), 2, due=4)
+    assert done.taken and (done.total.sequences, done.total.accuracy) == (6, 4 / 6)
+    assert len(gate.shares) == 0  # summed once: the next validation starts from no shares
+    # A share of a group of another size starts the tally again.
+    gate.take_share(0, 6, _tallies(1, 2), 2, due=6)
+    assert gate.take_share(0, 6, _tallies(2, 2), 1, due=6).total.accuracy == 1.0
+    by_evaluator = ValidationGate(AveragerSettings(world_size=2), by_learners=False)
+    assert not by_evaluator.take_share(0, 4, _tallies(1, 2), 2, due=4).taken
+    with pytest.raises((TypeError, ValueError, KeyError)):
+        gate.take_share(0, 4, {"nonsense": 1}, 2, due=4)
+
+
+def test_a_tally_sums_shares_as_evalresult_combine_does():
+    tally = ShareTally()
+    assert not tally.add(0, _tallies(1, 2, label=0), 2)
+    assert tally.add(1, _tallies(2, 2, label=1), 2)
+    totals = tally.totals()
+    assert (totals["correct"], totals["sequences"], totals["learners"]) == (3, 4, 2)
+    assert totals["per_class"] == {"0": [1, 2], "1": [2, 2]}
+    assert totals["confusion"] == {"0,0": 1, "0,1": 1, "1,1": 2}
+    tally.clear()
+    assert (len(tally), tally.world, tally.complete) == (0, None, False)
+
+
+def test_the_round_phase_is_an_enum_through_a_round():
+    book = RoundBook(1, timeout_s=30.0)
+    book.join("a")
+    assert book.phase is RoundPhase.IDLE
+    book.arrive("a", 1, 1, object())
+    assert book.phase is RoundPhase.OPEN
+    closed = book.close()
+    assert book.phase is RoundPhase.CLOSING and closed.round == 1
+    book.finish(ok=True)
+    assert (book.phase, book.round) == (RoundPhase.IDLE, 2)
