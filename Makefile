@@ -1,4 +1,5 @@
-# The README's commands. Each target makes .venv itself: torch 2.13.0 first, then this project.
+# The README's commands. Each target makes .venv itself: torch 2.14.1 and torchvision 0.29.1 first (the
+# torchvision release built for that torch), then this project.
 # torch comes from the pip index configured here (PyPI serves the CUDA build on Linux, several GB of
 # NVIDIA packages); TORCH_INDEX=https://download.pytorch.org/whl/cpu takes PyTorch's CPU wheel instead.
 PYTHON ?= python3
@@ -12,7 +13,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

@@ -33,6 +33,11 @@ Imports no ray, so it runs on a bare GPU machine:
     python bench/learner_device.py --preset demo --json
     python bench/learner_device.py --precision bf16          # autocast, as a GPU user would train
     python bench/learner_device.py --precision bf16 --batch-size 576 --memory-cap-gib 8 --json
+    python bench/learner_device.py --preset ucf101-rgb --backbone r2plus1d_18 --precision bf16
+
+``--backbone`` swaps the preset's encoder for another of ``config.BACKBONES`` (torchvision's video
+networks included: ``r2plus1d_18`` runs on each whole sequence of a row, ``models.sequence``), built
+from scratch by ``models.factory.build_model_for`` as a learner builds it.
 """
 
 from __future__ import annotations
@@ -51,9 +56,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raytrain_seq.augment import final_augment_batch
-from raytrain_seq.config import PRECISIONS, Config
+from raytrain_seq.config import BACKBONES, PRECISIONS, Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
-from raytrain_seq.models import build_model
+from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.packing import pack
 from raytrain_seq.step import InnerStep, MicroBatchStage, RowPrefetcher, build_optimizer, stage_rows
 
@@ -135,9 +140,9 @@ def run_way(step: InnerStep, batches: list[dict], prefetcher: RowPrefetcher | No
 def build_steps(config: Config, device: torch.device, micro_batch_size: int | str) -> dict[str, InnerStep]:
     """One model and optimizer, two steps over them: streamed (``MicroBatchStage``: the micro-batches'
     input copied and cropped on the device) and plain (the batch's tensors moved as they are)."""
-    m, t, d = config.model, config.train, config.data
+    t, d = config.train, config.data
     torch.manual_seed(0)
-    model = build_model(101, 3, m.width, m.depth, m.hidden, m.temporal, m.backbone).to(device)
+    model = build_model_for(config, num_classes=101, in_channels=3).to(device)
     optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr)
     common = {"micro_batch_size": micro_batch_size, "device": device, "precision": t.precision}
     stage = MicroBatchStage(device, crop=d.crop, flow=False)
@@ -202,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "--precision", choices=PRECISIONS, default=None, help="train.precision (default: the preset's)"
     )
     parser.add_argument("--batch-size", type=int, default=None, help="rows a step (default: the preset's)")
+    parser.add_argument("--backbone", choices=BACKBONES, default=None, help="encoder (default: the preset's)")
     parser.add_argument(
         "--memory-cap-gib", type=float, default=None, nargs="?", const=0.0,
         help="the streaming check under a CUDA memory cap (0 or no value: 0.8 x the whole batch's input)",
@@ -222,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("raytrain_seq.microbatch").setLevel(logging.INFO)  # what "auto" settled on
     overrides = {"precision": args.precision} if args.precision else {}
+    if args.backbone is not None:
+        overrides["backbone"] = args.backbone
     if args.batch_size is not None:
         overrides.update(batch_size=args.batch_size, max_batch_size=max(args.batch_size, 576))
     config = Config.from_preset(args.preset, **overrides)
@@ -289,6 +297,7 @@ def interleaved(config: Config, args: argparse.Namespace, device: torch.device) 
     if args.json:
         headline = {
             "preset": args.preset,
+            "backbone": m.backbone,
             "precision": t.precision,
             "device": name,
             "learner_frames_s": round(rate["learner"], 1),

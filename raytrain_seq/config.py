@@ -22,6 +22,7 @@ import difflib
 import itertools
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -55,10 +56,17 @@ class RunSetupError(ValueError):
     """
 
 
-DATASETS: tuple[str, ...] = ("synthetic", "ucf101", "hmdb51")
-REAL_DATASETS: tuple[str, ...] = ("ucf101", "hmdb51")
+DATASETS: tuple[str, ...] = ("synthetic", "ucf101", "hmdb51", "list")
+REAL_DATASETS: tuple[str, ...] = ("ucf101", "hmdb51", "list")
+LIST_FIELDS: tuple[str, ...] = ("train_list", "test_list", "val_list", "class_names")
 STREAMS: tuple[str, ...] = ("rgb", "flow", "fuse")
-BACKBONES: tuple[str, ...] = ("small", "resnet18", "resnet50", "resnet152")
+FRAME_BACKBONES: tuple[str, ...] = ("small", "resnet18", "resnet50", "resnet152")
+# torchvision's video ResNets (models/video.py, VIDEO_ARCHS; tests/test_video_backbones.py holds the two
+# equal: config imports no torch).
+VIDEO_BACKBONES: tuple[str, ...] = ("r2plus1d_18", "r3d_18", "mc3_18")
+BACKBONES: tuple[str, ...] = FRAME_BACKBONES + VIDEO_BACKBONES
+# package.module:function (models/hook.py, FACTORY_PATTERN, the same pattern).
+FACTORY_FORMAT = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
 TEMPORALS: tuple[str, ...] = ("gru", "tcn")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "none")
@@ -85,9 +93,17 @@ class DataConfig:
     section: ClassVar[str] = "data"
 
     dataset: str = "synthetic"
-    """Video source: "synthetic" (built in), "ucf101" or "hmdb51" (official archives under data_root)."""
+    """Video source: "synthetic" (built in), "ucf101" or "hmdb51" (official archives), "list" (your own lists)."""
     data_root: str | None = None
-    """Folder the official archives were extracted to (ucf101, hmdb51; the synthetic set reads no files)."""
+    """Folder of the videos: the official archives extracted (ucf101, hmdb51), or the list's paths' root."""
+    train_list: str | None = None
+    """dataset list: the training annotation file, one "relative/path.ext label" per line (label from 0)."""
+    test_list: str | None = None
+    """dataset list: the test annotation file, same format."""
+    val_list: str | None = None
+    """dataset list: a validation annotation file; None = held out of the training list."""
+    class_names: str | None = None
+    """dataset list: a file of class names, one per line in label order; None = the labels as names."""
     split: int = 1
     """Official train/test split of ucf101 and hmdb51: 1, 2 or 3."""
     stream: str = "rgb"
@@ -124,20 +140,64 @@ class DataConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def _validate_lists(self) -> None:
+        """The list dataset's files: train and test lists needed with it, none of them without it."""
+        for name in LIST_FIELDS:
+            optional_path(f"data.{name}", getattr(self, name), "give the path of the file")
+        if self.dataset != "list":
+            given = [name for name in LIST_FIELDS if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"data.{given[0]}={getattr(self, given[0])!r} is given but data.dataset={self.dataset!r}: "
+                    "annotation lists are read "
+                    "only with --dataset list; pass --dataset list or drop --" + given[0].replace("_", "-")
+                )
+            return
+        for name in ("train_list", "test_list"):
+            if getattr(self, name) is None:
+                raise ValueError(
+                    f"data.{name} is needed for dataset 'list': pass --{name.replace('_', '-')} FILE, one "
+                    "'relative/path.ext label' per line (README, 'Your own videos')"
+                )
+
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
+        self._check_source()
+        self._check_classes()
+        self._check_frames()
+        choice("data.packing", self.packing, PACKINGS)
+        int_at_least("data.reuse", self.reuse, 1, "use 1 to recompute every epoch, 3 to reuse three times")
+        number(
+            "data.val_fraction",
+            self.val_fraction,
+            "strictly between 0 and 1",
+            lambda v: 0 < v < 1,
+            "use e.g. 0.1 to hold out 10 % of the videos",
+        )
+        int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
+        choice("data.test_views", self.test_views, TEST_VIEWS)
+        for name in ("augment_cost", "augment_cost_per_frame"):
+            number(f"data.{name}", getattr(self, name), ">= 0", lambda v: v >= 0, "use 0 for no extra cost")
+
+    def _check_source(self) -> None:
+        """Where the videos come from: the dataset, its root and lists, the split and the stream."""
         choice("data.dataset", self.dataset, DATASETS)
         if self.dataset in REAL_DATASETS and self.data_root is None:
+            what = (
+                "the folder the list's paths are relative to (README, 'Your own videos')"
+                if self.dataset == "list"
+                else "the folder the official archives were extracted to (see README, 'Real video')"
+            )
             raise ValueError(
-                f"data.data_root is needed for dataset {self.dataset!r}: pass --data-root DIR, the folder the "
-                "official archives were extracted to (see README, 'Real video')"
+                f"data.data_root is needed for dataset {self.dataset!r}: pass --data-root DIR, {what}"
             )
         optional_path("data.data_root", self.data_root, "give the folder the official archives extracted to")
+        self._validate_lists()
         if self.dataset == "synthetic" and self.data_root is not None and self.stream != "fuse":
             # Fusion is the exception: there --data-root says where the two runs' videos are now.
             raise ValueError(
                 f"data.data_root={self.data_root!r} is given but data.dataset='synthetic' renders its videos "
-                "and reads no files: pass --dataset ucf101 or hmdb51 to train on that folder, or drop --data-root"
+                "and reads no files: pass --dataset ucf101, hmdb51 or list to train on that folder, or drop --data-root"
             )
         if not is_int(self.split) or self.split not in (1, 2, 3):
             raise ValueError(
@@ -146,9 +206,12 @@ class DataConfig:
         choice("data.stream", self.stream, STREAMS)
         if self.stream == "flow" and self.dataset == "synthetic":
             raise ValueError(
-                "data.stream='flow' needs real video (dataset ucf101 or hmdb51): the synthetic set has no "
+                "data.stream='flow' needs real video (dataset ucf101, hmdb51 or list): the synthetic set has no "
                 "optical flow stream; use stream='rgb' or pick a real dataset"
             )
+
+    def _check_classes(self) -> None:
+        """How many classes, and enough training videos for each."""
         if self.num_classes is None and self.dataset == "synthetic":
             self.num_classes = 10
         optional_int_at_least(
@@ -170,6 +233,9 @@ class DataConfig:
                 f"every class needs a training video; raise max_videos to >= {self.num_classes} "
                 "or lower num_classes"
             )
+
+    def _check_frames(self) -> None:
+        """Which frames are kept (stride or fps), the block length, and the cached and cropped sizes."""
         int_at_least("data.stride", self.stride, 1, "use 1 to keep every frame")
         if self.stride > 2**40:
             # Past the longest sequence a length file may hold, every video keeps one frame either way, and
@@ -193,19 +259,6 @@ class DataConfig:
                 f"data.crop={self.crop} is larger than data.cache_size={self.cache_size}: the crop is cut "
                 f"from the cached frame; lower crop to <= {self.cache_size} or raise cache_size"
             )
-        choice("data.packing", self.packing, PACKINGS)
-        int_at_least("data.reuse", self.reuse, 1, "use 1 to recompute every epoch, 3 to reuse three times")
-        number(
-            "data.val_fraction",
-            self.val_fraction,
-            "strictly between 0 and 1",
-            lambda v: 0 < v < 1,
-            "use e.g. 0.1 to hold out 10 % of the videos",
-        )
-        int_at_least("data.seed", self.seed, 0, "use a non-negative int, e.g. 0")
-        choice("data.test_views", self.test_views, TEST_VIEWS)
-        for name in ("augment_cost", "augment_cost_per_frame"):
-            number(f"data.{name}", getattr(self, name), ">= 0", lambda v: v >= 0, "use 0 for no extra cost")
 
 
 @dataclass(kw_only=True)
@@ -215,9 +268,11 @@ class ModelConfig:
     section: ClassVar[str] = "model"
 
     backbone: str = "small"
-    """Frame encoder: "small" (CPU-sized CNN) or "resnet18", "resnet50", "resnet152" (for GPUs)."""
+    """Encoder: per frame "small" (CPU-sized), "resnet18|50|152"; per sequence "r2plus1d_18", "r3d_18", "mc3_18"."""
     weights: str | None = None
-    """Local ImageNet weights file (torchvision layout) for a resnet backbone; None = random init."""
+    """Local torchvision state_dict: ImageNet for a resnet, Kinetics-400 for a video backbone; None = random init."""
+    model_factory: str | None = None
+    """"package.module:function" returning your per-sequence encoder module (docs/ARCHITECTURE.md); None = --backbone."""
     init_from: str | None = None
     """Run folder whose final model starts this one (an RGB run for a flow model: cross-modality init)."""
     fuse: tuple[str, str] | None = None
@@ -237,11 +292,12 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field, its value and the fix."""
         choice("model.backbone", self.backbone, BACKBONES)
-        optional_path("model.weights", self.weights, "give the path of a local ImageNet weights file")
+        optional_path("model.weights", self.weights, "give the path of a local torchvision weights file")
+        self._validate_factory()
         if self.weights is not None and self.backbone == "small":
             raise ValueError(
-                "model.weights are ImageNet weights for a resnet backbone, but model.backbone='small': "
-                "pick --backbone resnet18|resnet50|resnet152 or drop --weights"
+                "model.weights are torchvision weights for a resnet or video backbone, but model.backbone="
+                "'small': pick --backbone resnet18|resnet50|resnet152|r2plus1d_18|r3d_18|mc3_18 or drop --weights"
             )
         optional_path("model.init_from", self.init_from, "give the folder of a finished run")
         if isinstance(self.fuse, list):
@@ -269,10 +325,27 @@ class ModelConfig:
                 "depth 3-5 suits it), or pick --backbone resnet18|resnet50|resnet152"
             )
 
+    def _validate_factory(self) -> None:
+        if self.model_factory is None:
+            return
+        if not isinstance(self.model_factory, str) or not re.match(FACTORY_FORMAT, self.model_factory):
+            raise ValueError(
+                f"model.model_factory={self.model_factory!r}: expected 'package.module:function' "
+                "(e.g. mymodels.video:build), a function that returns the per-sequence encoder"
+            )
+        if self.weights is not None:
+            raise ValueError(
+                "model.weights is loaded into a --backbone, but model.model_factory builds the encoder: load "
+                "your weights inside the factory function and drop --weights"
+            )
+
     def parameters_estimate(self, in_channels: int = 3) -> int:
         """About how many parameters the classifier has (what the config controls; a resnet backbone's
-        own weights, at most 60 M, are left out). The small backbone's conv3x3 stages dominate: width 16,
-        depth 12 -> 9 x 16384 x 32768 weights in the last stage alone, about 4.8e9."""
+        own weights, at most 60 M, are left out; a video backbone or a factory's encoder is fixed by its
+        code, so 0). The small backbone's conv3x3 stages dominate: width 16, depth 12 -> 9 x 16384 x 32768
+        weights in the last stage alone, about 4.8e9."""
+        if self.model_factory is not None or self.backbone in VIDEO_BACKBONES:
+            return 0
         if self.backbone == "small":
             if self.depth > 40:  # past the bound at any width (2**39 channels): no need to count
                 return 2**80

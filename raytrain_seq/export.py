@@ -32,7 +32,7 @@ from raytrain_seq.config import Config, RunSetupError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["export", "load_exported", "load_run", "main", "model_spec"]
+__all__ = ["export", "input_spec", "load_exported", "load_run", "main", "model_spec"]
 
 
 def load_run(run_dir: str | Path) -> tuple[checkpoint.Checkpoint, Config]:
@@ -60,7 +60,8 @@ def model_spec(found: checkpoint.Checkpoint, config: Config) -> dict[str, Any]:
     return {"num_classes": classes, "in_channels": channels, "class_names": [str(i) for i in range(classes)]}
 
 
-def _input_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
+def input_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
+    """What the model of ``config`` expects: the stream, channels, stride or rate, resize and crop."""
     data = config.data
     return {
         "stream": data.stream,
@@ -70,7 +71,7 @@ def _input_spec(config: Config, spec: dict[str, Any]) -> dict[str, Any]:
         "fps": data.fps,
         "resize_short_side": data.cache_size,
         "center_crop": data.crop,
-        "normalisation": "inside the model (ImageNet mean/std when built with --weights)",
+        "normalisation": "inside the model (ImageNet or Kinetics mean/std when built with --weights)",
     }
 
 
@@ -142,7 +143,7 @@ def export(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
     meta = {
         "class_names": spec["class_names"],
         "num_classes": spec["num_classes"],
-        "input": _input_spec(config, spec),
+        "input": input_spec(config, spec),
         "model": {**config.to_dict()["model"], "init_from": None, "fuse": None},
         "source": {
             "run": str(Path(run_dir).expanduser()),
@@ -162,14 +163,24 @@ def export(run_dir: str | Path, out: str | Path) -> tuple[Path, Path]:
 
 
 def load_exported(path: str | Path):
-    """(the model, its spec dict) from the files ``export`` wrote; the model is in eval mode on the CPU."""
+    """(the model, its spec dict) from the files ``export`` wrote; the model is in eval mode on the CPU.
+    RunSetupError naming the file when either is missing or unreadable."""
     import torch
 
     from raytrain_seq.models.factory import model_from_state
 
     path = Path(path).expanduser()
-    meta = json.loads(path.with_suffix(".json").read_text())
-    params = torch.load(path, map_location="cpu", weights_only=True)
+    meta_path = path.with_suffix(".json")
+    try:
+        meta = json.loads(meta_path.read_text())
+        params = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch.load raises pickle's, OSError, RuntimeError...: each named, re-raised
+        raise RunSetupError(
+            f"{path}: not an export that loads ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}): pass "
+            f"the model.pt that python -m raytrain_seq.export wrote, with its {meta_path.name} beside it"
+        ) from exc
+    if not isinstance(meta, dict) or not set(meta) >= _META_KEYS:
+        raise RunSetupError(f"{meta_path}: not the metadata of an export: export the run again")
     config = Config.from_preset(None, model=meta["model"], run_name="exported")
     model = model_from_state(
         config, params, num_classes=meta["num_classes"], in_channels=meta["input"]["channels"]

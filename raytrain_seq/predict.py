@@ -1,13 +1,18 @@
-"""Classify video files with a trained run: the top-5 classes of each, through the run's own transforms.
+"""Classify video files with a trained model: the top-5 classes of each, through the run's own transforms.
 
-    python -m raytrain_seq.predict RUN_DIR VIDEO [VIDEO ...]
+    python -m raytrain_seq.predict RUN_DIR_OR_MODEL_PT VIDEO [VIDEO ...] [--test-views ten_crop] [--device cpu]
 
-Each video is decoded with PyAV at the run's stride (or frame rate), resized to its cache size (short
-side), centre-cropped to its crop, as the run's evaluation does (``data.sources``: the RGB frames, or for
-a flow run the optical flow of each kept frame and the source frame after it), and given to the run's
-final averaged model as one whole sequence. Prints, per video, its top-5 classes with their softmax
-probabilities. A file that cannot be decoded is reported on stderr and the others go on; the exit code
-is 1 if any failed, 2 if the run folder is unusable.
+The model is a finished run's final averaged model (its folder) or an export (``model.pt`` with its
+``model.json`` beside it, ``raytrain_seq.export``); any backbone, a ``--model-factory`` one included
+(its module must be importable here). Each video, in any container PyAV decodes (``.mp4``, ``.avi``,
+``.mkv``, ``.webm``, ``.mov``), is decoded at the run's stride (or frame rate), resized to its cache
+size (short side) and cut to its crop as the run's evaluation does (``data.sources``: the RGB frames, or
+for a flow run the optical flow of each kept frame and the source frame after it), and given to the
+model as one whole sequence. ``--test-views`` scores several crops (``augment.test_views``: the centre,
+its mirror, three or ten crops) and averages their softmax, as the run's test split does. The model
+runs on the GPU when there is one (``--device cpu`` to stay off it). Prints, per video, its top-5
+classes with their probabilities. A file that cannot be decoded is reported on stderr and the others go
+on; the exit code is 1 if any failed, 2 if the run folder or export is unusable.
 """
 
 from __future__ import annotations
@@ -16,55 +21,97 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from raytrain_seq.augment import TEST_VIEWS
 from raytrain_seq.config import RunSetupError
-from raytrain_seq.export import load_run, model_spec
+from raytrain_seq.export import input_spec, load_exported, load_run, model_spec
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Predictor", "main"]
 
 
-class Predictor:
-    """A run's final model and transforms; ``top(path, k)`` -> [(class name, probability), ...]."""
+def _device(name: str | None):
+    import torch
 
-    def __init__(self, run_dir: str | Path) -> None:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RunSetupError("--device cuda: torch sees no GPU here: pass --device cpu (or auto)")
+    return torch.device(name)
+
+
+class Predictor:
+    """A trained model and its input transforms; ``top(path, k)`` -> [(class name, probability), ...].
+
+    ``source``: a run folder or an exported ``model.pt``. ``device``: "auto" (the GPU when there is
+    one), "cpu" or "cuda". ``test_views``: the views each video is scored on (``augment.TEST_VIEWS``).
+    ``config`` is the run's Config for a run folder, None for an export.
+    """
+
+    def __init__(
+        self, source: str | Path, *, device: str | None = "auto", test_views: str = "center"
+    ) -> None:
         from raytrain_seq.models.factory import model_from_state
 
-        found, self.config = load_run(run_dir)
-        spec = model_spec(found, self.config)
-        self.class_names = list(spec["class_names"])
-        self.model = model_from_state(
-            self.config, found.state.params, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
-        ).eval()
-        if self.config.data.dataset == "synthetic":
-            logger.warning("%s trained on the synthetic set: its classes are not real actions", run_dir)
+        if test_views not in TEST_VIEWS:
+            raise RunSetupError(f"--test-views {test_views!r}: choose one of {', '.join(TEST_VIEWS)}")
+        self.test_views, self.device = test_views, _device(device)
+        path = Path(source).expanduser()
+        self.config = None
+        if path.is_file():
+            model, meta = load_exported(path)
+            self.class_names, self.input = list(meta["class_names"]), dict(meta["input"])
+        else:
+            found, self.config = load_run(path)
+            spec = model_spec(found, self.config)
+            self.class_names, self.input = list(spec["class_names"]), input_spec(self.config, spec)
+            model = model_from_state(
+                self.config,
+                found.state.params,
+                num_classes=spec["num_classes"],
+                in_channels=spec["in_channels"],
+            )
+            if self.config.data.dataset == "synthetic":
+                logger.warning("%s trained on the synthetic set: its classes are not real actions", source)
+        self.model = model.to(self.device).eval()
 
-    def frames(self, path: str | Path) -> np.ndarray:
-        """uint8 ``[T, crop, crop, C]`` of ``path`` as the run's evaluation sees it (VideoError if unreadable)."""
-        from raytrain_seq.augment import center_crop, resize_video
+    def uncropped(self, path: str | Path) -> np.ndarray:
+        """uint8 ``[T, size, size, C]`` of ``path`` before the crop (VideoError if unreadable): the frames
+        the run's evaluation caches, decoded, resized and centred at the cache size."""
+        from raytrain_seq.augment import resize_video
         from raytrain_seq.data.video import decode, decode_pairs
 
-        data = self.config.data
-        if data.stream == "flow":
+        spec: dict[str, Any] = self.input
+        stride, fps, size = spec["stride"], spec["fps"], spec["resize_short_side"]
+        if spec["stream"] == "flow":
             from raytrain_seq.data.flow import flow_window, pair_flow
 
             # The run's evaluation: the flow of the whole frames, then the centred window (flow once).
-            first, second, last = decode_pairs(path, stride=data.stride, fps=data.fps, size=data.cache_size)
-            frames = flow_window(pair_flow(first, second, last=last), data.cache_size)
-        else:
-            frames = resize_video(
-                decode(path, stride=data.stride, fps=data.fps, size=data.cache_size), data.cache_size
-            )
-        return center_crop(frames, data.crop)
+            first, second, last = decode_pairs(path, stride=stride, fps=fps, size=size)
+            return flow_window(pair_flow(first, second, last=last), size)
+        return resize_video(decode(path, stride=stride, fps=fps, size=size), size)
+
+    def frames(self, path: str | Path) -> np.ndarray:
+        """uint8 ``[T, crop, crop, C]`` of ``path`` as the run's evaluation sees it (the centre view)."""
+        from raytrain_seq.augment import center_crop
+
+        return center_crop(self.uncropped(path), self.input["center_crop"])
 
     def probabilities(self, frames: np.ndarray) -> np.ndarray:
-        """Softmax over the classes for one sequence of frames (one block row holding one sequence)."""
+        """Softmax over the classes for one sequence of cropped frames (one block row, one sequence)."""
+        return self._scores(frames, None)
+
+    def _scores(self, frames: np.ndarray, views: list[tuple[int, int, bool]] | None) -> np.ndarray:
+        """The softmax of cropped ``frames`` (``views`` None), or the mean softmax of the ``views`` cut
+        from uncropped ones (``step.view_probabilities``, the test split's multi-view scoring)."""
         import torch
 
         from raytrain_seq.models import predict
+        from raytrain_seq.step import view_probabilities
 
         t = frames.shape[0]
         batch = {
@@ -74,11 +121,23 @@ class Predictor:
             "labels": torch.tensor([[0]]),  # unused: predict returns the logits we read
             "num_sequences": torch.tensor([1]),
         }
-        logits, _ = predict(self.model, batch)
-        return torch.softmax(logits.float(), dim=1)[0].numpy()
+        if views is None:
+            logits, _ = predict(self.model, batch)
+            return torch.softmax(logits.float(), dim=1)[0].cpu().numpy()
+        crop, flow = self.input["center_crop"], self.input["stream"] == "flow"
+        with torch.no_grad():
+            probs, _ = view_probabilities(self.model, batch, views, crop=crop, flow=flow)
+        return probs[0].cpu().numpy()
 
     def top(self, path: str | Path, k: int = 5) -> list[tuple[str, float]]:
-        p = self.probabilities(self.frames(path))
+        """The ``k`` most probable classes of the video file ``path`` under ``test_views``."""
+        from raytrain_seq.augment import test_views
+
+        if self.test_views == "center":
+            p = self.probabilities(self.frames(path))
+        else:
+            views = test_views(self.test_views, self.input["resize_short_side"], self.input["center_crop"])
+            p = self._scores(self.uncropped(path), views)
         order = np.argsort(-p)[:k]
         return [(self.class_names[i], float(p[i])) for i in order]
 
@@ -93,21 +152,33 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m raytrain_seq.predict", description=__doc__.splitlines()[0], allow_abbrev=False
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (STORAGE_PATH/RUN_NAME)")
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR|MODEL_PT", help="a finished run's folder, or an exported model.pt"
+    )
     parser.add_argument("videos", nargs="+", metavar="VIDEO", help="video files to classify")
     parser.add_argument(
         "--top", type=_at_least_one, default=5, metavar="K", help="classes to print per video [default 5]"
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--test-views", default="center", choices=TEST_VIEWS, help="views averaged per video [default center]"
+    )
+    parser.add_argument(
+        "--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: the GPU when there is one"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        predictor = Predictor(args.run_dir)
-    except RunSetupError as err:
-        print(f"error: {err}", file=sys.stderr)
+        predictor = Predictor(args.run_dir, device=args.device, test_views=args.test_views)
+    except ValueError as err:  # RunSetupError, or a model factory that does not import here
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     from raytrain_seq.data.video import VideoError
 

@@ -11,8 +11,10 @@ times). Two layers:
 * ``check(config)``: the paths, then what the data and the model say. The data geometry
   (``data.sources.data_geometry``: the catalogs, so the class count and every video's strided length,
   against ``--t-max``), ``--warmup-steps`` against the most optimizer steps the run can take, and, when a
-  model starts from ``--weights`` or ``--init-from``, the model built once on the CPU exactly as each
-  learner builds it (the weights file's keys and shapes, the source run's architecture and class count).
+  model starts from ``--weights`` or ``--init-from`` or comes from a ``--model-factory``, the model built
+  once on the CPU exactly as each learner builds it (the weights file's keys and shapes against the
+  backbone, ResNet or video; the source run's architecture and class count; the factory's import and
+  module).
 
 Each problem is a ``RunSetupError`` naming the input and the fix, which the jobs print as one line and
 exit 2 with. ``check`` returns the geometry, and remembers the last config it passed (in this process), so
@@ -70,16 +72,14 @@ def _data(config: Config) -> None:
         return
     root = Path(data.data_root).expanduser()
     if not root.is_dir():
-        raise RunSetupError(
-            f"--data-root {root}: no such folder: pass the folder the official {data.dataset.upper()} archives "
-            "were extracted to (README, 'Real video')"
+        what = (
+            "the folder your lists' paths are relative to (README, 'Your own videos')"
+            if data.dataset == "list"
+            else f"the folder the official {data.dataset.upper()} archives were extracted to (README, 'Real video')"
         )
-    if data.dataset == "ucf101":
-        from raytrain_seq.data.ucf101 import ucf101_entries as entries
-    else:
-        from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
+        raise RunSetupError(f"--data-root {root}: no such folder: pass {what}")
     try:
-        class_names, _ = entries(str(root), data.split)  # reads and checks the split files; opens no video
+        class_names = _class_names(config, str(root))  # reads and checks the list files; opens no video
     except ValueError as exc:
         raise RunSetupError(str(exc)) from exc
     if data.num_classes is not None and data.num_classes > len(class_names):
@@ -87,6 +87,21 @@ def _data(config: Config) -> None:
             f"--num-classes {data.num_classes} but {data.dataset} under {root} has {len(class_names)} classes: "
             f"pass --num-classes 2..{len(class_names)}, or leave it out to train on every class"
         )
+
+
+def _class_names(config: Config, root: str) -> tuple[str, ...]:
+    """The classes the data set's list files name (ValueError naming a file and line)."""
+    data = config.data
+    if data.dataset == "list":
+        from raytrain_seq.data.video_list import list_entries
+
+        lists = {"train": data.train_list, "val": data.val_list, "test": data.test_list}
+        return list_entries(root, lists, data.class_names)[0]
+    if data.dataset == "ucf101":
+        from raytrain_seq.data.ucf101 import ucf101_entries as entries
+    else:
+        from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
+    return entries(root, data.split)[0]
 
 
 def check_paths(config: Config) -> None:
@@ -102,8 +117,8 @@ def check_paths(config: Config) -> None:
         path = Path(weights).expanduser()
         if not path.is_file() or not os.access(path, os.R_OK):
             raise RunSetupError(
-                f"--weights {path}: no readable file there: pass a local torchvision ImageNet state_dict "
-                "(.pth) for the resnet backbone"
+                f"--weights {path}: no readable file there: pass a local torchvision state_dict (.pth): "
+                "ImageNet for a resnet backbone, Kinetics-400 for a video backbone"
             )
     if config.model.init_from is not None:
         _run_folder("--init-from", config.model.init_from, "pass the folder of a finished run")
@@ -138,8 +153,10 @@ def _warmup(config: Config, geometry: dict[str, Any]) -> None:
 
 
 def _model(config: Config, geometry: dict[str, Any]) -> None:
-    """Build the model on the CPU as each learner does when it starts from a file (weights, init_from)."""
-    if config.model.weights is None and config.model.init_from is None:
+    """Build the model on the CPU as each learner does when it starts from a file (weights, init_from) or
+    from the user's code (model_factory)."""
+    m = config.model
+    if m.weights is None and m.init_from is None and m.model_factory is None:
         return
     import torch
 

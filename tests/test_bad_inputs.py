@@ -77,6 +77,17 @@ def world(tmp_path_factory):
     w["locked_lists"] = broken_lists("locked_lists", lambda d: (d / "trainlist01.txt").chmod(0))
     w["locked_hmdb"] = str(make_mini_hmdb51(root / "hmdb").root)
     Path(w["locked_hmdb"]).chmod(0)
+    lists = root / "lists"  # issue 41: annotation lists (no video is opened before they are checked)
+    lists.mkdir()
+    for name, text in {
+        "malformed.txt": "# path label\na.mp4\n",
+        "range.txt": "a.mp4 5\n",
+        "dup.txt": "a.mp4 0\nb.mp4 1\na.mp4 1\n",
+        "test.txt": "c.mp4 0\n",
+        "classes.txt": "jump\nrun\n",
+    }.items():
+        (lists / name).write_text(text)
+    w["lists"] = str(lists)
     for name, text in {
         "negative.txt": "12\n-3\n",
         "words.txt": "12\nlong\n",
@@ -110,6 +121,11 @@ def world(tmp_path_factory):
 
 def _p(path: str) -> str:
     return f"{{root}}/{path}"
+
+
+def _list(train: str) -> list[str]:
+    """The flags of --dataset list with the training list ``train`` of the world's broken lists."""
+    return ["--dataset", "list", "--data-root", "{lists}", "--train-list", train, "--test-list", "test.txt"]
 
 
 # (entry, argv with {root}/{ucf}/... placeholders, expected exit code, text the message must contain)
@@ -198,6 +214,17 @@ CASES = [
     ("job", ["--dataset", "ucf101", "--data-root", "{ucf}", "--num-classes", "500"], 2, "--num-classes 500"),
     ("job", ["--backbone", "resnet18", "--weights", _p("garbage.pth")], 2, "garbage.pth"),  # 42.9
     ("job", ["--backbone", "resnet18", "--weights", "{foreign_weights}"], 2, "foreign.pth: key"),  # 42.9
+    ("job", ["--backbone", "mc3_18", "--weights", "{foreign_weights}"], 2, "torchvision mc3_18"),  # 41
+    ("job", ["--model-factory", "no_such_module_here:build"], 2, "cannot import no_such_module_here"),
+    ("job", ["--model-factory", "mymodels"], 2, "package.module:function"),
+    ("job", ["--model-factory", "m:f", "--backbone", "r3d_18", "--weights", "w.pth"], 2, "drop --weights"),
+    ("job", ["--dataset", "list", "--data-root", "{root}"], 2, "--train-list FILE"),
+    ("job", ["--train-list", "train.txt"], 2, "--dataset list"),
+    ("job", [*_list("malformed.txt")], 2, "malformed.txt:2: expected 'relative/path.ext label'"),
+    ("check", [*_list("malformed.txt")], 2, "malformed.txt:2: expected 'relative/path.ext label'"),
+    ("job", [*_list("range.txt"), "--class-names", "classes.txt"], 2, "range.txt:1: label 5 is out of range"),
+    ("job", [*_list("dup.txt")], 2, "dup.txt:3: a.mp4 is already listed on line 1"),
+    ("check", [*_list("dup.txt")], 2, "dup.txt:3: a.mp4 is already listed on line 1"),
     (  # 42.10: the trained run has width 8
         "job",
         [

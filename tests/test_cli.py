@@ -77,9 +77,22 @@ def _docstrings() -> dict[str, str]:
 
 # field -> (values after the flag, the value it must give, flags the value needs beside it). A bool's
 # value picks the switch: True -> --name, False -> --no-name.
+LIST_FLAGS = ["--dataset", "list", "--data-root", "/v", "--train-list", "a.txt", "--test-list", "b.txt"]
 CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "data.dataset": (["ucf101"], "ucf101", ["--data-root", "/v"]),
     "data.data_root": (["/v"], "/v", ["--dataset", "ucf101"]),
+    "data.train_list": (
+        ["/v/train.txt"],
+        "/v/train.txt",
+        ["--dataset", "list", "--data-root", "/v", "--test-list", "t"],
+    ),
+    "data.test_list": (
+        ["/v/test.txt"],
+        "/v/test.txt",
+        ["--dataset", "list", "--data-root", "/v", "--train-list", "t"],
+    ),
+    "data.val_list": (["/v/val.txt"], "/v/val.txt", [*LIST_FLAGS]),
+    "data.class_names": (["/v/classes.txt"], "/v/classes.txt", [*LIST_FLAGS]),
     "data.split": (["2"], 2, []),
     "data.stream": (["flow"], "flow", ["--dataset", "hmdb51", "--data-root", "/v"]),
     "data.num_classes": (["4"], 4, []),
@@ -97,6 +110,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "data.augment_cost_per_frame": (["0.0004"], 0.0004, []),
     "model.backbone": (["resnet18"], "resnet18", []),
     "model.weights": (["/w.pth"], "/w.pth", ["--backbone", "resnet18"]),
+    "model.model_factory": (["mymodels.video:build"], "mymodels.video:build", []),
     "model.init_from": (["/runs/rgb"], "/runs/rgb", []),
     "model.fuse": (["/r/rgb", "/r/flow"], ("/r/rgb", "/r/flow"), ["--stream", "fuse"]),
     "model.width": (["8"], 8, []),

@@ -807,12 +807,6 @@ def test_checker_finds_a_copied_ray_fixture(tmp_path):
 # ------------------------------------------------------------------- rule 9: functions of one sitting
 MAX_FUNCTION_LINES = 80
 
-# Functions allowed past MAX_FUNCTION_LINES, each with the most lines it may have (so none grows); each
-# is a gap to close, never a place to add lines.
-NOT_YET_SPLIT = {
-    "raytrain_seq/models/resnet.py:load_imagenet_weights": 88,
-}
-
 
 def long_functions(root: Path, folders: tuple[str, ...], limit: int) -> dict[str, int]:
     """``"path:name": lines`` of every function (nested ones too) under ``folders`` longer than ``limit``."""
@@ -829,12 +823,8 @@ def long_functions(root: Path, folders: tuple[str, ...], limit: int) -> dict[str
 
 
 def test_no_function_is_longer_than_one_sitting():
-    """No function of raytrain_seq/ or bench/ is over 80 lines, but the listed ones, none past its count;
-    a listed one that was split (or shrank under the limit) leaves the list."""
-    found = long_functions(ROOT, ("raytrain_seq", "bench"), MAX_FUNCTION_LINES)
-    allowed = dict(NOT_YET_SPLIT)
-    assert {k: v for k, v in found.items() if k not in allowed or v > allowed[k]} == {}
-    assert sorted(set(allowed) - set(found)) == [], "split: take it off the list"
+    """No function of raytrain_seq/ or bench/ is over 80 lines."""
+    assert long_functions(ROOT, ("raytrain_seq", "bench"), MAX_FUNCTION_LINES) == {}
 
 
 def test_checker_finds_a_long_function_nested_or_async(tmp_path):

@@ -105,3 +105,13 @@ def test_a_figure_typed_beside_the_claims_is_caught():
     quoted = ["1.62x the useful samples/s", "+0.4 +- 1.1 points"]
     assert unbacked(row, quoted, FIXED["Refurbishing"]) == ["2.5"]
     assert unbacked(row.replace(", 2.5x less CPU", ""), quoted, FIXED["Refurbishing"]) == []
+
+
+def test_the_readme_is_read_in_one_sitting():
+    """A newcomer's page: at most 200 lines, and the sections a first user needs, in the order they need
+    them (real video and their own videos before the cluster)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, "README.md is over 200 lines: move detail to docs/"
+    order = ["## Two commands", "## What a run writes", "## Real video", "## Your own videos", "## Scale out"]
+    at = [text.find(heading) for heading in order]
+    assert -1 not in at and at == sorted(at), dict(zip(order, at, strict=True))

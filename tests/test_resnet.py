@@ -1,4 +1,5 @@
-"""ResNet frame encoders: torchvision sizes and names, ImageNet file loading, frozen/group norm, TSN init."""
+"""ResNet frame encoders (torchvision's ResNets): sizes and names, ImageNet file loading, frozen/group norm,
+TSN init; the blocks are torchvision's, checked against a hand-written reference with our norm layers."""
 
 from __future__ import annotations
 
@@ -240,14 +241,14 @@ def test_blocks_match_a_hand_written_reference(norm):
     torch.manual_seed(0)
     make = FrozenBatchNorm2d if norm == "frozen" else (lambda c: nn.GroupNorm(32, c))
     down = nn.Sequential(nn.Conv2d(64, 128, 1, stride=2, bias=False), make(128))
-    bottleneck = _randomise_frozen(Bottleneck(64, 32, 2, down, norm).double())
+    bottleneck = _randomise_frozen(Bottleneck(64, 32, 2, down, norm_layer=make).double())
     assert bottleneck.conv2.stride == (2, 2) and bottleneck.conv1.stride == (1, 1)  # v1.5: stride on 3x3
     out = bottleneck(x)
     assert out.shape == (2, 128, 4, 4)
     assert (out - _reference_block(bottleneck, x)).abs().max().item() < 1e-12
     out.sum().backward()  # in-place ReLUs must not break autograd
     assert bottleneck.conv1.weight.grad.abs().sum().item() > 0
-    basic = _randomise_frozen(BasicBlock(64, 64, 1, None, norm).double())
+    basic = _randomise_frozen(BasicBlock(64, 64, 1, None, norm_layer=make).double())
     assert (basic(x) - _reference_block(basic, x)).abs().max().item() < 1e-12
 
 

@@ -62,6 +62,20 @@ def test_device_crop_and_flip_equal_the_cpu_rows(channels, device):
     assert torch.equal(stage_rows(cpu, "cpu", crop=5, flow=False)["frames"], torch.from_numpy(cpu["frames"]))
 
 
+def test_uncropped_evaluation_rows_hold_the_whole_cached_frames_and_no_draws():
+    """Multi-view testing's rows (an evaluation shard, epoch None, not centre-cropped, left to the learner):
+    each sequence's cached frames whole at its start, no crop draws (the learner cuts its own views)."""
+    rng = np.random.default_rng(2)
+    arrays = {v: rng.integers(1, 256, (n, 8, 8, 3), dtype=np.uint8) for v, n in [(10, 6), (11, 9), (12, 7)]}
+    shard = dataclasses.replace(_shard(BLOCKS, channels=3, epoch=None), split="test")
+    items = shard_items(shard)
+    batch = {key: np.stack([item[key] for item in items]) for key in items[0]}
+    rows = assemble_rows(batch, arrays, dataclasses.replace(shard.row_format, final_on_learner=True))
+    assert rows["frames"].shape == (4, 12, 8, 8, 3) and "tops" not in rows
+    assert np.array_equal(rows["frames"][0, 5:8], arrays[11][:3])  # block 0: video 11 at start 5, uncropped
+    assert np.array_equal(rows["frames"][3, :7], arrays[12])
+
+
 @pytest.mark.parametrize(
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))],

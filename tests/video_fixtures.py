@@ -168,6 +168,7 @@ class MiniDataset:
     train: dict[int, list[str]] = field(default_factory=dict)
     test: dict[int, list[str]] = field(default_factory=dict)
     video_dir: str = ""
+    val: list[str] = field(default_factory=list)  # make_mini_list's val.txt
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, self.video_dir, *rel.split("/"))
@@ -258,4 +259,42 @@ def make_mini_hmdb51(
                 if flag:
                     (ds.train if flag == 1 else ds.test)[fold].append(f"{name}/{video}")
             (splits / f"{name}_test_split{fold}.txt").write_text("".join(lines))
+    return ds
+
+
+# ------------------------------------------------------------------------------ annotation-list set
+# (extension, PyAV encoder) of each container the list dataset reads: H.264 in .mp4, .mkv and .mov,
+# MPEG-4 Part 2 in .avi, VP8 in .webm.
+CONTAINERS = {"mp4": "libx264", "avi": "mpeg4", "mkv": "libx264", "webm": "libvpx", "mov": "libx264"}
+LIST_CLASSES = ("jump", "run", "wave")
+
+
+def make_mini_list(
+    root: str | os.PathLike[str], *, train: int = 4, val: int = 1, test: int = 2, ext: str = "mp4"
+) -> MiniDataset:
+    """``videos/<class>/clip<NN>.<ext>`` (H.264 .mp4 by default) and MMAction2-style annotation lists
+    ``train.txt``, ``val.txt``, ``test.txt`` (``"videos/<class>/clipNN.<ext> <label>"``, with a comment
+    line and a blank line) and ``classes.txt`` under ``root``; ``train``/``val``/``test`` clips per class.
+    ``ds.train[1]``, ``ds.test[1]`` and ``ds.val`` hold the relative paths of each list."""
+    root = Path(root)
+    ds = MiniDataset(root, LIST_CLASSES)
+    sides: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    for label, name in enumerate(LIST_CLASSES):
+        counts = (("train", train), ("val", val), ("test", test))
+        numbers = iter(range(train + val + test))
+        for side, count in counts:
+            for _ in range(count):
+                k = next(numbers)
+                rel = f"videos/{name}/clip{k:02d}.{ext}"
+                n = _length(label, k, 1)
+                write_video(root / rel, clip_frames(label, n), codec=CONTAINERS[ext])
+                ds.videos[rel] = (label, n)
+                sides[side].append(rel)
+    for side, rels in sides.items():
+        lines = ["# path label", *(f"{rel} {ds.videos[rel][0]}" for rel in rels[:1]), "", *(
+            f"{rel} {ds.videos[rel][0]}" for rel in rels[1:]
+        )]  # fmt: skip
+        (root / f"{side}.txt").write_text("\n".join(lines) + "\n")
+    (root / "classes.txt").write_text("\n".join(LIST_CLASSES) + "\n")
+    ds.train[1], ds.test[1], ds.val = sides["train"], sides["test"], sides["val"]
     return ds

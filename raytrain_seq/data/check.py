@@ -1,10 +1,13 @@
 """Check a data root before anyone spends GPU hours: every listed video probed, counts and the plan's padding.
 
     python -m raytrain_seq.data.check --dataset ucf101 --data-root DIR --split 1 [--stride 8] [--workers 8]
+    python -m raytrain_seq.data.check --dataset list --data-root DIR --train-list F --test-list F \
+        [--val-list F] [--class-names F]
 
-Reads the split's lists (``ucf101_entries`` / ``hmdb51_entries``: errors name the file and line), then
+Reads the split's lists (``ucf101_entries`` / ``hmdb51_entries`` / ``video_list.list_entries``: errors
+name the file and line), then
 probes every listed video's header in parallel threads (``data.video.probe``: no decoding) with a progress
-bar, and prints, per side of the split: the videos listed, missing (no file) and unreadable (the file does
+bar, and prints, per side of the split (train, test, and val for a ``--val-list``): the videos listed, missing (no file) and unreadable (the file does
 not open or has no frames), the frame counts (min, median, mean, max) before and after the stride, and
 what packing the training side costs: blocks and padding of the ``optimal`` plan at ``t_max`` = its
 longest strided video, against padding every video to that length. Exit code: 0 when every listed video
@@ -38,6 +41,22 @@ def _probe(path: str) -> tuple[str, Any]:
         return "unreadable", exc.reason
 
 
+def _entries(
+    dataset: str, data_root: str, split: int, lists: dict[str, str | None] | None, class_names: str | None
+) -> tuple[tuple[str, ...], dict[str, list[tuple[int, int, str]]]]:
+    if dataset == "list":
+        from raytrain_seq.data.video_list import list_entries
+
+        return list_entries(data_root, lists or {}, class_names)
+    if dataset == "ucf101":
+        from raytrain_seq.data.ucf101 import ucf101_entries as entries
+    elif dataset == "hmdb51":
+        from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
+    else:
+        raise ValueError(f"--dataset must be ucf101, hmdb51 or list, got {dataset!r}")
+    return entries(data_root, split)
+
+
 def check(
     dataset: str,
     data_root: str,
@@ -46,25 +65,23 @@ def check(
     stride: int = 1,
     workers: int = 8,
     progress: Callable[[int, int], Any] | None = None,
+    lists: dict[str, str | None] | None = None,
+    class_names: str | None = None,
 ) -> dict[str, Any]:
-    """The report as a dict: per side (train, test) the counts, problems, frame statistics; the packing.
+    """The report as a dict: per side (train, test, val) the counts, problems, frame statistics; the packing.
 
+    ``lists`` (side -> file) and ``class_names`` are the annotation lists of ``dataset="list"``.
     ``progress(done, total)`` is called after each probed video. ValueError when the lists cannot be read
     (it names the file and line).
     """
     from raytrain_seq.data.video import strided_length
     from raytrain_seq.packing import pack
 
-    if dataset == "ucf101":
-        from raytrain_seq.data.ucf101 import ucf101_entries as entries
-    elif dataset == "hmdb51":
-        from raytrain_seq.data.hmdb51 import hmdb51_entries as entries
-    else:
-        raise ValueError(f"--dataset must be ucf101 or hmdb51, got {dataset!r}")
-    class_names, sides = entries(data_root, split)
+    class_names, sides = _entries(dataset, data_root, split, lists, class_names)
     report: dict[str, Any] = {
         "dataset": dataset,
         "split": split,
+        "sides": list(sides),
         "classes": len(class_names),
         "stride": stride,
     }
@@ -115,10 +132,9 @@ def _stats(values: np.ndarray) -> dict[str, float] | None:
 
 
 def _print(report: dict[str, Any]) -> None:
-    print(
-        f"{report['dataset']} split {report['split']}: {report['classes']} classes, stride {report['stride']}"
-    )
-    for side in ("train", "test"):
+    which = "lists" if report["dataset"] == "list" else f"split {report['split']}"
+    print(f"{report['dataset']} {which}: {report['classes']} classes, stride {report['stride']}")
+    for side in report["sides"]:
         r = report[side]
         print(f"  {side}: {r['listed']} listed, {r['readable']} readable, {len(r['missing'])} missing, "
               f"{len(r['unreadable'])} unreadable")  # fmt: skip
@@ -153,10 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m raytrain_seq.data.check", description=__doc__.splitlines()[0], allow_abbrev=False
     )
-    parser.add_argument("--dataset", required=True, choices=("ucf101", "hmdb51"))
+    parser.add_argument("--dataset", required=True, choices=("ucf101", "hmdb51", "list"))
     parser.add_argument(
-        "--data-root", required=True, metavar="DIR", help="where the official archives unpack"
+        "--data-root",
+        required=True,
+        metavar="DIR",
+        help="where the official archives unpack (list: the videos' root)",
     )
+    for side in ("train", "test", "val"):
+        parser.add_argument(
+            f"--{side}-list", metavar="FILE", help=f"--dataset list: the {side} annotation list"
+        )
+    parser.add_argument("--class-names", metavar="FILE", help="--dataset list: class names, one per line")
     parser.add_argument("--split", type=int, default=1, choices=(1, 2, 3), help="official split [default 1]")
     parser.add_argument(
         "--stride", type=int, default=1, metavar="S", help="temporal stride for lengths [default 1]"
@@ -181,12 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                 stride=args.stride,
                 workers=args.workers,
                 progress=advance,
+                lists={"train": args.train_list, "test": args.test_list, "val": args.val_list},
+                class_names=args.class_names,
             )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     _print(report)
-    bad = sum(len(report[s]["missing"]) + len(report[s]["unreadable"]) for s in ("train", "test"))
+    bad = sum(len(report[s]["missing"]) + len(report[s]["unreadable"]) for s in report["sides"])
     return 1 if bad else 0
 
 

@@ -102,4 +102,7 @@ def strided(lengths: np.ndarray | list[int], stride: int) -> np.ndarray:
             f"lengths must all be >= 1, got minimum {int(arr.min())}; drop empty sequences first"
         )
     arr = arr.astype(np.int64)
+    # A stride past the longest video keeps one frame of each, as the longest length does: clamping to it
+    # keeps the int64 arithmetic from overflowing (stride 2**64 on [37, 8] -> stride 37 -> [1, 1]).
+    stride = min(int(stride), int(arr.max())) if arr.size else int(stride)
     return (arr + stride - 1) // stride

@@ -1,4 +1,4 @@
-"""Video sources of the refurbishing pipeline: the synthetic set and real UCF101 / HMDB51 videos.
+"""Video sources of the refurbishing pipeline: the synthetic set and real videos (UCF101, HMDB51, lists).
 
 Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et al., "Refurbish Your Training
 Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
@@ -25,9 +25,10 @@ or on another worker gives the same bytes. ``epoch=None`` is the deterministic e
   not the old ones: the new ones see real pixels beyond the window's edge instead of its border.
 
 Catalogs (``load_catalogs``): the first ``data.num_classes`` classes (all when None) of the official
-split ``data.split``; a validation split held out from the training list, class by class and WHOLE
-UCF101 groups at a time (the clips of one group are cut from one long video, so a clip-level split
-would score near-duplicates; ``holdout``); then at most ``data.max_videos`` per split, class-balanced
+split ``data.split`` (or of the annotation lists of ``--dataset list``, ``data.video_list``); a
+validation split read from ``--val-list``, else held out from the training list, class by class and
+WHOLE UCF101 groups at a time (the clips of one group are cut from one long video, so a clip-level
+split would score near-duplicates; ``holdout``); then at most ``data.max_videos`` per split, class-balanced
 (``balanced_subset``). Lengths are strided (or fps-resampled) frame counts from the container headers.
 A reader error (missing split file, unknown class, label out of range: each names file and line) is a
 ``RunSetupError``, so the job stops before training with one line.
@@ -83,8 +84,9 @@ _SUBSET_SALT = 0x53554253  # "SUBS": the max_videos subset of class c
 _GROUP = re.compile(r"_g(\d+)_c\d+\.[^.]+$")  # UCF101: v_<Class>_g08_c01.avi -> group "08"
 _REAL_FIELDS = (
     "dataset", "data_root", "split", "stream", "num_classes", "max_videos", "stride", "fps", "seed",
-    "val_fraction",
+    "val_fraction", "train_list", "test_list", "val_list", "class_names",
 )  # fmt: skip
+_LIST_FILES = ("train_list", "test_list", "val_list", "class_names")
 _LOGGED_FIRST = 5  # per worker process: the first few length fixes are logged, then every 100th
 
 
@@ -108,6 +110,12 @@ def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
     # "~" is expanded here, in the driver, so every worker opens the same absolute path.
     values = {name: getattr(data, name) for name in _REAL_FIELDS}
     values["data_root"] = os.path.abspath(os.path.expanduser(values["data_root"]))
+    if data.dataset == "list":
+        from raytrain_seq.data.video_list import resolve_list
+
+        for name in _LIST_FILES:
+            if values[name] is not None:
+                values[name] = resolve_list(values[name], values["data_root"])
     return tuple(values.items())
 
 
@@ -346,7 +354,8 @@ def _group(path: str) -> str:
 
 
 class RealVideos:
-    """UCF101 or HMDB51 under ``data_root``: catalogs for the feed, ``load`` for the task workers."""
+    """UCF101, HMDB51 or annotation lists under ``data_root``: catalogs for the feed, ``load`` for the
+    task workers."""
 
     def __init__(
         self,
@@ -361,14 +370,20 @@ class RealVideos:
         fps: float | None,
         seed: int,
         val_fraction: float,
+        train_list: str | None = None,
+        test_list: str | None = None,
+        val_list: str | None = None,
+        class_names: str | None = None,
     ) -> None:
-        if dataset not in ("ucf101", "hmdb51"):
-            raise ValueError(f"dataset must be 'ucf101' or 'hmdb51' for real videos, got {dataset!r}")
+        if dataset not in ("ucf101", "hmdb51", "list"):
+            raise ValueError(f"dataset must be 'ucf101', 'hmdb51' or 'list' for real videos, got {dataset!r}")
         if stream not in CHANNELS:
             raise ValueError(f"stream must be one of {sorted(CHANNELS)} for a video source, got {stream!r}")
         self.dataset, self.data_root, self.fold, self.stream = dataset, data_root, split, stream
         self.num_classes, self.max_videos = num_classes, max_videos
         self.stride, self.fps, self.seed, self.val_fraction = stride, fps, seed, val_fraction
+        self.lists = {"train": train_list, "val": val_list, "test": test_list}
+        self.class_names_file = class_names
         self.channels = CHANNELS[stream]
         self._refits = 0  # length fixes in this process, for the rate limit of their warnings
 
@@ -384,6 +399,10 @@ class RealVideos:
     @functools.cached_property
     def _lists(self) -> tuple[tuple[str, ...], dict[str, list[tuple[int, int, str]]]]:
         """Class names and the fold's entries from the list files (no video is opened)."""
+        if self.dataset == "list":
+            from raytrain_seq.data.video_list import list_entries
+
+            return list_entries(self.data_root, self.lists, self.class_names_file)
         if self.dataset == "ucf101":
             from raytrain_seq.data.ucf101 import ucf101_entries as entries
         else:
@@ -416,20 +435,10 @@ class RealVideos:
                 warn=warn,
                 **options,
             )
-            for side in ("train", "test")
+            for side in lists  # "train", "test", and "val" for a --val-list
         }
+        parts = self._with_validation(built)
         train = built["train"]
-        val_mask = holdout(train.labels, [_group(p) for p in train.paths], self.val_fraction, self.seed)
-        parts = {
-            "train": _subset(train, np.flatnonzero(~val_mask), "train"),
-            "val": _subset(train, np.flatnonzero(val_mask), "val"),
-            "test": built["test"],
-        }
-        if not val_mask.any():
-            raise ValueError(
-                f"{self.dataset}: no validation video could be held out of {len(train)} training videos "
-                "(every class has a single group or video): raise data.val_fraction or use more videos"
-            )
         catalogs = {
             split: _subset(c, balanced_subset(c.labels, self.max_videos, self.seed), split)
             for split, c in parts.items()
@@ -443,6 +452,24 @@ class RealVideos:
             )
         skipped = [path for side in built.values() for path, _ in side.skipped]
         return {"catalogs": catalogs, "class_names": list(names[:k]), "skipped": skipped}
+
+    def _with_validation(self, built: dict[str, Any]) -> dict[str, Any]:
+        """train/val/test: the val list's catalog when there is one, else whole groups held out of train."""
+        if "val" in built:
+            return {split: built[split] for split in SPLITS}
+        train = built["train"]
+        val_mask = holdout(train.labels, [_group(p) for p in train.paths], self.val_fraction, self.seed)
+        if not val_mask.any():
+            raise ValueError(
+                f"{self.dataset}: no validation video could be held out of {len(train)} training videos "
+                "(every class has a single group or video): raise data.val_fraction or use more videos"
+                + (", or pass --val-list FILE" if self.dataset == "list" else "")
+            )
+        return {
+            "train": _subset(train, np.flatnonzero(~val_mask), "train"),
+            "val": _subset(train, np.flatnonzero(val_mask), "val"),
+            "test": built["test"],
+        }
 
     def load(self, video: int, epoch: int | None, seed: int, size: int) -> tuple[np.ndarray, dict]:
         """uint8 ``[catalog length, size, size, C]`` of ``video`` and a report (``failed``/``refit``).

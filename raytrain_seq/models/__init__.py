@@ -5,7 +5,10 @@ num_sequences)`` -> logits ``[K, num_classes]`` for the K real sequences in row-
 ``sequence_labels`` gives the matching targets; ``sequence_loss`` / ``predict`` take a block-row dict.
 Backbones register in ``FRAME_ENCODERS`` ("small", "resnet18", "resnet50", "resnet152"; ImageNet files
 load with ``load_imagenet_weights``, RGB -> flow starts with ``cross_modality_init``), temporal modules in
-``TEMPORAL_MODULES``. torch only; importing this package builds nothing.
+``TEMPORAL_MODULES``. Per-sequence encoders (a whole sequence in, one feature vector out) sit under a
+``SequenceClassifier``: torchvision's video ResNets (``VideoBackbone``, ``VIDEO_ARCHS``; Kinetics files
+load with ``load_video_weights``) and the module a ``--model-factory`` names (``build_from_factory``).
+torch and torchvision only; importing this package builds nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from raytrain_seq.models.frame_encoder import (
     SmallFrameEncoder,
     build_frame_encoder,
 )
+from raytrain_seq.models.hook import build_from_factory, resolve_factory
 from raytrain_seq.models.loss import BLOCK_KEYS, predict, sequence_loss
-from raytrain_seq.models.norm import GroupNorm
+from raytrain_seq.models.norm import FrozenBatchNorm, GroupNorm
 from raytrain_seq.models.recurrent import compact_recurrent, is_compact, recurrent_keys
 from raytrain_seq.models.resnet import (
     IMAGENET_MEAN,
@@ -28,33 +32,48 @@ from raytrain_seq.models.resnet import (
     ResNetEncoder,
     build_resnet,
     cross_modality_init,
-    cross_modality_weight,
     load_imagenet_weights,
 )
+from raytrain_seq.models.sequence import SequenceClassifier
 from raytrain_seq.models.temporal import (
     TEMPORAL_MODULES,
     CausalConvTemporal,
     GRUTemporal,
     build_temporal,
 )
+from raytrain_seq.models.video import (
+    KINETICS_MEAN,
+    KINETICS_STD,
+    VIDEO_ARCHS,
+    VideoBackbone,
+    load_video_weights,
+)
+from raytrain_seq.models.weights import cross_modality_weight, load_backbone_weights
 
 __all__ = [
     "BLOCK_KEYS",
     "FRAME_ENCODERS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "KINETICS_MEAN",
+    "KINETICS_STD",
     "TEMPORAL_MODULES",
+    "VIDEO_ARCHS",
     "CausalConvTemporal",
     "FrameNormalizer",
+    "FrozenBatchNorm",
     "FrozenBatchNorm2d",
     "GRUTemporal",
     "GroupNorm",
     "ResNetEncoder",
+    "SequenceClassifier",
     "SequenceIndex",
     "SmallFrameEncoder",
     "TemporalClassifier",
+    "VideoBackbone",
     "block_sequence_index",
     "build_frame_encoder",
+    "build_from_factory",
     "build_model",
     "build_resnet",
     "build_temporal",
@@ -62,9 +81,12 @@ __all__ = [
     "cross_modality_init",
     "cross_modality_weight",
     "is_compact",
+    "load_backbone_weights",
     "load_imagenet_weights",
+    "load_video_weights",
     "predict",
     "recurrent_keys",
+    "resolve_factory",
     "sequence_labels",
     "sequence_loss",
 ]

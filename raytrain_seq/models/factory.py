@@ -1,9 +1,12 @@
 """The run's model from its config: ``build_model_for(config, num_classes=..., in_channels=...)``.
 
-One place turns ``ModelConfig`` into a ``TemporalClassifier`` so every process (learners, the fusion
+One place turns ``ModelConfig`` into a model so every process (learners, the fusion
 evaluator, benchmarks) builds the same network for the same config. The class count and input channels
 come from the data (the feed's ``model_spec()``: a real dataset knows its classes only after its split
-files are read; the flow stream has 2 channels per frame), not from the config alone.
+files are read; the flow stream has 2 channels per frame), not from the config alone. The model is a
+``TemporalClassifier`` for a per-frame backbone ("small", the ResNets) and a ``SequenceClassifier`` for a
+per-sequence encoder: torchvision's video ResNets (``--backbone r2plus1d_18|r3d_18|mc3_18``) or the module
+``model.model_factory`` returns (``models.hook``).
 
 Where the starting weights come from, in order:
 
@@ -18,7 +21,9 @@ Where the starting weights come from, in order:
   ValueError naming the field.
 * ``model.weights`` (a local torchvision ImageNet file, resnet backbones): loaded into the encoder with
   frozen BatchNorm; the RGB input's conv1 gets the ImageNet filters tiled over [frames, differences]
-  and a flow input's the TSN average; RGB frames are then normalised with ImageNet's mean and std.
+  and a flow input's the TSN average; RGB frames are then normalised with ImageNet's mean and std. For a
+  video backbone, a torchvision Kinetics-400 file, its classifier replaced by the run's head, the stem's
+  first conv averaged for flow, RGB normalised with Kinetics' mean and std.
 * otherwise a fresh initialisation (seeded by the caller), GroupNorm for a resnet trained from scratch.
 
 Trade-off: every learner reads the source run's checkpoint itself (no broadcast), so ``init_from`` must
@@ -34,15 +39,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from raytrain_seq import checkpoint
-from raytrain_seq.models.classifier import TemporalClassifier, build_model
+from raytrain_seq.models.classifier import build_model
+from raytrain_seq.models.hook import build_from_factory
 from raytrain_seq.models.resnet import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     ResNetEncoder,
     cross_modality_init,
     load_imagenet_weights,
+)
+from raytrain_seq.models.sequence import SequenceClassifier
+from raytrain_seq.models.video import (
+    FIRST_CONV,
+    KINETICS_MEAN,
+    KINETICS_STD,
+    VIDEO_ARCHS,
+    VideoBackbone,
+    load_video_weights,
 )
 
 if TYPE_CHECKING:
@@ -53,7 +69,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_model_for", "load_run_state", "model_from_state"]
 
 # Fields that fix the shapes of a TemporalClassifier's tensors: a source run must agree on all of them.
-_ARCHITECTURE = ("backbone", "width", "depth", "hidden", "temporal")
+_ARCHITECTURE = ("backbone", "model_factory", "width", "depth", "hidden", "temporal")
 
 
 def load_run_state(run_dir: str | Path) -> checkpoint.Checkpoint:
@@ -82,10 +98,31 @@ def _uses_frozen_norm(params: Mapping[str, torch.Tensor]) -> bool:
     return any(key.startswith("encoder.") and key.endswith("running_mean") for key in params)
 
 
-def _build(
-    config: Config, num_classes: int, in_channels: int, *, frozen: bool, imagenet: bool
-) -> TemporalClassifier:
+def _build_sequence(
+    config: Config, num_classes: int, in_channels: int, *, frozen: bool, pretrained: bool
+) -> SequenceClassifier:
+    """A per-sequence encoder (the factory's, else the video backbone) under a linear head."""
     m = config.model
+    if m.model_factory is not None:
+        encoder = build_from_factory(m.model_factory, in_channels)
+        return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.model_factory))
+    encoder = VideoBackbone(m.backbone, in_channels, norm="frozen" if frozen else "group")
+    stats = {"mean": KINETICS_MEAN, "std": KINETICS_STD} if pretrained and in_channels == 3 else {}
+    return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.backbone, **stats))
+
+
+def _logged(model: SequenceClassifier) -> SequenceClassifier:
+    logger.info(
+        "SequenceClassifier encoder=%s in_channels=%d classes=%d: %d parameters", model.backbone,
+        model.in_channels, model.num_classes, sum(p.numel() for p in model.parameters()),
+    )  # fmt: skip
+    return model
+
+
+def _build(config: Config, num_classes: int, in_channels: int, *, frozen: bool, imagenet: bool) -> nn.Module:
+    m = config.model
+    if m.model_factory is not None or m.backbone in VIDEO_ARCHS:
+        return _build_sequence(config, num_classes, in_channels, frozen=frozen, pretrained=imagenet)
     options: dict[str, Any] = {}
     if m.backbone != "small":
         options["encoder_options"] = {"norm": "frozen" if frozen else "group"}
@@ -120,13 +157,18 @@ def _check_architecture(config: Config, source: checkpoint.Checkpoint, num_class
         )
 
 
-def _first_conv(model: TemporalClassifier) -> str:
+def _first_conv(model: nn.Module) -> str | None:
+    """The first conv's key (None: a factory's encoder, where the first 4-D or 5-D weight is taken)."""
+    if isinstance(model, SequenceClassifier):
+        return f"encoder.net.{FIRST_CONV}" if isinstance(model.encoder, VideoBackbone) else None
     return "encoder.conv1.weight" if isinstance(model.encoder, ResNetEncoder) else "encoder.features.0.weight"
 
 
-def _initialise(model: TemporalClassifier, source: checkpoint.Checkpoint) -> None:
+def _initialise(model: nn.Module, source: checkpoint.Checkpoint) -> None:
     params, target = source.state.params, model.state_dict()
     key = _first_conv(model)
+    if key is None:
+        key = next((k for k, v in target.items() if k.endswith("weight") and v.dim() in (4, 5)), "")
     if key in params and params[key].shape[1] != target[key].shape[1]:
         # The classifier feeds [frames, differences] to its encoder, so the halves stay apart.
         state = cross_modality_init(target, params, key=key, groups=2 if model.motion else 1)
@@ -146,7 +188,7 @@ def _initialise(model: TemporalClassifier, source: checkpoint.Checkpoint) -> Non
     model.load_state_dict(state, strict=True)
 
 
-def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> TemporalClassifier:
+def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> nn.Module:
     """The classifier ``config.model`` describes, for ``num_classes`` classes and ``in_channels`` inputs.
 
     Starting weights: ``model.init_from`` (with cross-modality init when the channels differ), else
@@ -167,7 +209,9 @@ def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> Te
     model = _build(
         config, num_classes, in_channels, frozen=m.weights is not None, imagenet=m.weights is not None
     )
-    if m.weights is not None:
+    if m.weights is not None and isinstance(model.encoder, VideoBackbone):
+        load_video_weights(model.encoder, m.weights)  # the stem sees in_channels: flow 2 -> TSN average
+    elif m.weights is not None:
         # The encoder sees 2 * in_channels (frames + differences): RGB 6 -> tile, flow 4 -> TSN average.
         load_imagenet_weights(model.encoder, m.weights, conv1="tile" if in_channels == 3 else "average")
     return model
@@ -175,7 +219,7 @@ def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> Te
 
 def model_from_state(
     config: Config, params: Mapping[str, torch.Tensor], *, num_classes: int, in_channels: int
-) -> TemporalClassifier:
+) -> nn.Module:
     """A finished run's model: ``config`` (the run's) gives the architecture, ``params`` every tensor.
 
     Neither ``init_from`` nor ``weights`` is read (the params already hold the trained values); the

@@ -297,8 +297,11 @@ def assemble_rows(
         )
     side = fmt.size if deferred else fmt.crop
     frames = np.zeros((n, fmt.t_max, side, side, fmt.channels), dtype=np.uint8)
-    # The learner's crop draws, one per sequence: (top, left, flip), 0 for the padded slots.
-    params = np.zeros((3, n, fmt.max_sequences), dtype=np.int64) if deferred else None
+    # The learner's crop draws, one per sequence: (top, left, flip), 0 for the padded slots. Evaluation's
+    # uncropped rows (epoch None: multi-view testing) draw nothing; the learner cuts its test views.
+    params = (
+        np.zeros((3, n, fmt.max_sequences), dtype=np.int64) if deferred and fmt.epoch is not None else None
+    )
     for row in range(n):
         plan_index = int(batch["plan_index"][row])
         for slot in range(int(batch["num_sequences"][row])):
@@ -320,8 +323,9 @@ def assemble_rows(
                         f"video {video}: cached frames are {cached.shape[1]}x{cached.shape[2]}, the rows "
                         f"{side}x{side}: RowFormat.size must be the run's data.cache_size"
                     )
-                rng = final_rng(fmt.seed, fmt.epoch, plan_index, slot)
-                params[:, row, slot] = final_params(rng, side, side, fmt.crop)
+                if params is not None:
+                    rng = final_rng(fmt.seed, fmt.epoch, plan_index, slot)
+                    params[:, row, slot] = final_params(rng, side, side, fmt.crop)
             else:
                 piece = final_augment(
                     piece, crop=fmt.crop, rng=final_rng(fmt.seed, fmt.epoch, plan_index, slot)
