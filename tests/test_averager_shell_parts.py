@@ -1,6 +1,8 @@
-"""The averager's asyncio parts, without Ray: the test pass (``rounds.test_pass``), the validation schedule
-(``rounds.validation_schedule``), the channel session (``dataplane.channel_session``) and the hub load
-(``dataplane.hub_load``) and the round merge (``rounds.merging``), each built with fakes through its constructor."""
+"""The averager's parts, without Ray: the test pass (``rounds.test_pass``), the validation schedule
+(``rounds.validation_schedule``), the channel session (``dataplane.channel_session``), the hub load
+(``dataplane.hub_load``), the round merge (``rounds.merging``), the arrival checks (``rounds.arrivals``),
+the group recovery (``rounds.recovery``), the shard placement (``dataplane.placement``) and the run folder
+(``rounds.run_folder``), each built with fakes through its constructor."""
 
 from __future__ import annotations
 
@@ -12,14 +14,19 @@ import torch
 from conftest import adam_learners
 from test_payload import same
 
+from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessShards, InProcessStore
+from raytrain_seq.dataplane.placement import ShardPlacement
+from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.book import RoundBook
-from raytrain_seq.rounds.events import RunHistory
+from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.merging import RoundMerge
+from raytrain_seq.rounds.recovery import GroupRecovery
+from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, RoundResult, check_payload
 from raytrain_seq.rounds.test_pass import TestPass
@@ -273,6 +280,20 @@ def _closed_round(params, moments, payload):
     return book, book.close()
 
 
+def _merge(settings, book, loads, *, latest=None, rows_cap=None) -> RoundMerge:
+    return RoundMerge(
+        settings,
+        pool=InProcessShards(2),
+        book=book,
+        channels=_session(_Pool()),
+        loads=loads,
+        gate=ValidationGate(settings, by_learners=True),
+        elapsed=lambda: 7.5,
+        latest=lambda: latest or AveragedState(batch_size=4),
+        rows_cap=lambda: rows_cap,
+    )
+
+
 def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
     params, moments = adam_learners(2, width=6)
     weights = [1.0, 2.0]
@@ -289,15 +310,11 @@ def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
     async def both():
         loads = HubLoad()
         book, closed = _closed_round(params, moments, lambda p, m: (p, m))
-        merge = RoundMerge(
-            settings, pool=InProcessShards(2), book=book, channels=_session(_Pool()), loads=loads
-        )
+        merge = _merge(settings, book, loads)
         arrivals = [arrival for _, arrival in closed.present]
         tensors = merge.tensors(arrivals, [a.weight for a in arrivals])
         book, closed = _closed_round(params, moments, flat)
-        merge = RoundMerge(
-            settings, pool=InProcessShards(2), book=book, channels=_session(_Pool()), loads=loads
-        )
+        merge = _merge(settings, book, loads)
         _, merged = await merge.flat(closed)
         return tensors, merged, loads
 
@@ -306,3 +323,199 @@ def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
     state = AveragedState(round=1, flat=merged, batch_size=4).materialise(store.get)
     assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
     assert {"shard0", "shard1"} <= set(loads.as_list()[-1]["actors"])  # each shard's bytes recorded
+
+
+def test_round_merge_result_carries_the_gates_batch_size_the_clock_and_the_settled_position():
+    params, moments = adam_learners(2, width=6)
+    settings = AveragerSettings(world_size=2, batch_size=4, shards=2)
+
+    async def close():
+        book, closed = _closed_round(params, moments, lambda p, m: (p, m))
+        return await _merge(settings, book, HubLoad()).result(closed)
+
+    _, result = _run(close())
+    assert result.learners == (0, 1) and result.weights == (1.0, 2.0) and result.dropped == ()
+    state = result.state
+    assert state.round == 1 and state.batch_size == 4 and state.elapsed_s == 7.5 and state.source == "live"
+    assert state.position is None and same(state.params, average_states(params, [1.0, 2.0]))
+
+
+# -------------------------------------------------------------------------------------------- arrivals
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _arrivals(n: int = 2, *, shards: int = 1, merge_moments: bool = True):
+    book = RoundBook(n, timeout_s=5.0, min_learners=1)
+    for j in range(n):
+        book.join(j, n, f"i{j}")
+    clock = _Clock()
+    return Arrivals(book, shards=shards, merge_moments=merge_moments, clock=clock), book, clock
+
+
+def _send(arrivals, learner, params, optimizer_state=None, *, round_=1, world=2, rows=None):
+    return arrivals.admit(learner, round_, world, params, optimizer_state, {}, 1.0, None, f"i{learner}", rows)
+
+
+def test_arrivals_refuse_a_bad_sender_and_one_unlike_the_rounds_first_without_failing_the_round():
+    arrivals, book, _ = _arrivals()
+    with pytest.raises(ValueError, match="rows"):
+        Arrivals.check_sender(0, 0)
+    with pytest.raises(TypeError):
+        Arrivals.check_sender(0.5, None)
+    first = _send(arrivals, 0, {"w": torch.zeros(2)}, rows=12)
+    assert arrivals.rows_cap == 12
+    book.arrive(0, 1, 2, first, "i0")
+    with pytest.raises(ValueError, match="differ from the round's first"):
+        _send(arrivals, 1, {"w": torch.zeros(3)})
+    assert book.arrived == [0] and arrivals.rows_cap == 12  # the round goes on without the odd one
+    with pytest.raises(Exception, match="round"):
+        _send(arrivals, 1, {"w": torch.zeros(2)}, round_=5, rows=99)  # a stale round is refused
+    assert arrivals.rows_cap == 12  # a refused sender's rows are not taken
+
+
+def test_arrivals_check_a_flat_payloads_parts_and_moments():
+    params, moments = adam_learners(1, width=6)
+    layout = FlatLayout.of(params[0], moments[0])
+    buffers, extras = layout.pack(params[0], moments[0])
+    store = InProcessStore()
+    payload = FlatPayload(layout, tuple(store.put(s) for s in layout.split(buffers, 2)), extras)
+    with pytest.raises(ValueError, match="2 parts for 3 shards"):
+        _send(_arrivals(shards=3)[0], 0, payload)
+    with pytest.raises(ValueError, match="merge_moments=False"):
+        _send(_arrivals(shards=2, merge_moments=False)[0], 0, payload)
+    assert _send(_arrivals(shards=2)[0], 0, payload).adam
+
+
+def test_arrivals_time_a_senders_wait_for_the_others_until_the_round_closed():
+    arrivals, _, clock = _arrivals()
+    clock.now = 2.0
+    start = arrivals.now()
+    clock.now = 5.0
+    arrivals.mark_closed(1)
+    clock.now = 6.0
+    assert arrivals.timed(1, start) == (4.0, 3.0)  # 4 s in the call, 3 of them waiting
+    assert arrivals.timed(2, start) == (4.0, 0.0)  # a round that never closed: no waiting
+    for r in range(3, 20):
+        arrivals.mark_closed(r)
+    arrivals.timed(19, start)
+    assert arrivals.timed(1, start) == (4.0, 0.0)  # only recent rounds' closes are kept
+
+
+# ------------------------------------------------------------------------------- recovery, run folder
+def _parts(tmp_path=None, *, world: int = 2):
+    settings = AveragerSettings(world_size=world, batch_size=4, adaptive_batch=True)
+    book = RoundBook(world, timeout_s=5.0, min_learners=1)
+    history = RunHistory(None if tmp_path is None else tmp_path / EVENTS_FILE, actor="actor-1")
+    book.sink = history.on_member
+    return settings, book, ValidationGate(settings, by_learners=True), history
+
+
+def _state(round_: int, source: str = "live", batch: int = 8) -> AveragedState:
+    rule = ValidationGate(AveragerSettings(world_size=1, batch_size=batch), by_learners=True).state_dict()
+    params = {"w": torch.full((2,), float(round_))}
+    return AveragedState(round=round_, params=params, batch_size=batch, adaptive_state=rule, source=source)
+
+
+def _kinds(history: RunHistory) -> list[str]:
+    return [r["kind"] for r in history.recoveries]
+
+
+def test_a_new_group_records_whether_it_starts_over_from_a_checkpoint_or_live():
+    _, book, gate, history = _parts()
+    recovery = GroupRecovery(book=book, gate=gate, history=history)
+    for generation, state in [
+        (1, _state(2)),
+        (2, AveragedState(batch_size=4)),
+        (2, _state(3)),
+        (3, _state(5, "checkpoint")),
+    ]:
+        book.generation = generation
+        recovery.on_new_group(state)
+    assert _kinds(history) == ["restart_from_scratch", "live_recovery", "checkpoint_recovery"]
+    assert "group of 2 starts from round 3's state held by the averager" in history.recoveries[1]["detail"]
+
+
+def test_a_newer_seed_is_adopted_and_an_older_or_bad_one_is_not():
+    _, book, gate, history = _parts()
+    recovery = GroupRecovery(book=book, gate=gate, history=history)
+    held = _state(4)
+    assert not recovery.newer(_state(4), held) and not recovery.newer(_state(2), held)
+    with pytest.raises(TypeError, match="AveragedState"):
+        recovery.check_seed({"w": torch.zeros(2)})
+    recovery.check_seed(None)
+    assert recovery.newer(_state(6, "checkpoint", batch=8), held)
+    state = recovery.adopt(1, _state(6, "checkpoint", batch=8), held=4)
+    assert state.round == 6 and state.source == "checkpoint" and gate.size == 8 and book.round == 7
+    assert recovery.adopt(0, _state(9), held=6).source == "seed"
+    assert _kinds(history) == ["checkpoint_recovery", "reseeded"] and "(the averager had 4)" in str(
+        history.recoveries[0]["detail"]
+    )
+
+
+def test_shard_placement_starts_the_pool_once_enough_learners_nodes_are_known():
+    class Pool:
+        count = 2
+
+        def __init__(self) -> None:
+            self.placed, self.prepared = [], 0
+
+        def place(self, learner, node):
+            self.placed.append((learner, node))
+
+        def prepare(self):
+            self.prepared += 1
+
+    pool = Pool()
+    placement = ShardPlacement(pool)
+    placement.place(0, "a", 4)
+    assert pool.prepared == 0  # 1 node known of the 2 shards' worth
+    placement.place(1, "b", 4)
+    assert pool.placed == [(0, "a"), (1, "b")] and pool.prepared == 1
+    alone = Pool()
+    ShardPlacement(alone).place(0, "a", 1)  # a group of one: its one node is enough
+    assert alone.prepared == 1
+
+
+def _folder(tmp_path, found):
+    _, book, gate, history = _parts(tmp_path)
+    forgotten = []
+    folder = RunFolder(
+        book=book,
+        gate=gate,
+        history=history,
+        forget_validation=lambda: forgotten.append(True),
+        load_latest=lambda run_dir: found,
+    )
+    return folder, book, gate, history, forgotten
+
+
+def test_a_run_folder_resumes_from_its_latest_checkpoint(tmp_path):
+    found = checkpoint.Checkpoint(
+        folder=tmp_path / "checkpoint_round_000003",
+        state=_state(3, batch=8),
+        history={"validation_due": 3, "dropped_log": [], "loss_history": [{"round": 3, "loss": 1.0}]},
+    )
+    folder, book, gate, history, forgotten = _folder(tmp_path, found)
+    state = folder.load(tmp_path, restarted_by_ray=False, state=AveragedState(batch_size=4))
+    assert state.round == 3 and state.source == "checkpoint" and gate.size == 8 and forgotten == [True]
+    assert book.round == 4 and book.validation_due == 3 and not book.restarted
+    assert _kinds(history) == ["resumed"] and history.loss_history == [{"round": 3, "loss": 1.0}]
+
+
+def test_a_run_folder_tells_a_restart_by_ray_from_a_new_run(tmp_path):
+    empty = AveragedState(batch_size=4)
+    folder, book, _, history, _ = _folder(tmp_path, None)
+    assert folder.load(tmp_path, restarted_by_ray=True, state=empty) is empty  # a new run: nothing to say
+    assert not book.restarted and history.recoveries == []
+    history.record_round(
+        1, seconds=0.5, batch_size=4, position=None, stats=[(0, {"loss": 2.0, "sequences": 2})]
+    )
+    folder, book, _, history, _ = _folder(tmp_path, None)  # the same actor id, started again
+    assert folder.load(tmp_path, restarted_by_ray=True, state=empty) is empty
+    assert book.restarted and _kinds(history) == ["averager_restart"]
+    assert [h["round"] for h in history.loss_history] == [1]  # its round since the checkpoint, replayed

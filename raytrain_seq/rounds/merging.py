@@ -6,12 +6,20 @@ Payloads sent as tensors (a re-seed, direct callers) are merged here, in the cal
 (``tensors``); flat payloads (``dataplane.payload.FlatPayload``) are merged by the shard pool, slice i by
 shard i, read from the object store or from the live channel generation (``flat``), and a learner whose
 slices a shard cannot read is dropped from the round (``RoundBook.drop_unread``) and the others merged
-again. The hub load of each round is recorded. No Ray here: the pool is injected (``InProcessShards`` in
-tests, ``runtime.shards.RayShards`` in a cluster).
+again. The hub load of each round is recorded. ``result`` turns a closed round into its ``RoundResult``:
+the mean, the batch size decided so far (the validation gate's), the run's clock, and the learners'
+position settled against the latest state's (``rounds.position.settle_dict``: the rows of the layout's
+ranks absent from the round are recorded as missed). No Ray here: the pool is injected
+(``InProcessShards`` in tests, ``runtime.shards.RayShards`` in a cluster).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from raytrain_seq.averaging import average_states, merge_adam_states
@@ -20,14 +28,20 @@ from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.payload import FlatPayload, merge_extras
 from raytrain_seq.rounds.book import RoundBook, RoundClose, StaleRoundError
+from raytrain_seq.rounds.position import settle_dict
 from raytrain_seq.rounds.settings import AveragerSettings
+from raytrain_seq.rounds.state import AveragedState, RoundResult
+from raytrain_seq.rounds.validation import ValidationGate
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RoundMerge"]
 
 
 class RoundMerge:
     """Merges closed rounds for an averager: its ``settings`` (which statistics to merge), shard ``pool``,
-    round ``book`` (timeout, drops), channel session and hub load."""
+    round ``book`` (timeout, drops), channel session and hub load; for the round's result, the validation
+    ``gate`` (B), the run's clock ``elapsed``, the ``latest`` averaged state and the learners' ``rows_cap``."""
 
     def __init__(
         self,
@@ -37,9 +51,59 @@ class RoundMerge:
         book: RoundBook,
         channels: ChannelSession,
         loads: HubLoad,
+        gate: ValidationGate,
+        elapsed: Callable[[], float],
+        latest: Callable[[], AveragedState],
+        rows_cap: Callable[[], int | None],
     ) -> None:
         self._settings, self._pool, self._book = settings, pool, book
         self._channels, self._loads = channels, loads
+        self._gate, self._elapsed, self._latest, self._rows_cap = gate, elapsed, latest, rows_cap
+
+    async def result(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
+        """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
+        thread; either way the event loop keeps answering. Learners whose slices a shard could not read
+        within the timeout are dropped and the others merged again: the close that was averaged is
+        returned with the result."""
+        params = optimizer_state = flat = None
+        if isinstance(closed.present[0][1].params, FlatPayload):
+            closed, flat = await self.flat(closed)
+        arrivals = [arrival for _, arrival in closed.present]
+        weights = [arrival.weight for arrival in arrivals]
+        if flat is None:
+            params, optimizer_state = await asyncio.to_thread(self.tensors, arrivals, weights)
+            self._loads.record(closed.round, [], in_process=(arrivals, params, optimizer_state))
+        present = [learner for learner, _ in closed.present]
+        state = AveragedState(
+            round=closed.round,
+            params=params,
+            optimizer_state=optimizer_state,
+            flat=flat,
+            batch_size=self._gate.size,
+            adaptive_state=self._gate.state_dict(),
+            position=self._position(closed.round, arrivals, present),
+            elapsed_s=self._elapsed(),
+            source="live",
+        )
+        result = RoundResult(
+            state=state,
+            learners=tuple(present),
+            dropped=closed.dropped,
+            seconds=time.monotonic() - closed.opened_at,
+            weights=tuple(weights),
+        )
+        return closed, result
+
+    def _position(self, round: int, arrivals: list, present: list) -> dict | None:
+        """The round's position: the first arrival's, settled (a disagreement is logged)."""
+        positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
+        if len(positions) > 1:
+            logger.warning("averager: round %d learners disagree on the position: %s", round, positions)
+        if arrivals[0].position is None:
+            return None
+        # The rows of the layout's ranks absent from this round never reach an averaged state: the
+        # position records them as missed, and the layout's end deals them again (rounds.position).
+        return settle_dict(dict(arrivals[0].position), self._latest().position, present, self._rows_cap())
 
     def tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -74,8 +73,10 @@ from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import part_nbytes
-from raytrain_seq.dataplane.payload import FlatPayload, InProcessShards, ShardPool
+from raytrain_seq.dataplane.payload import InProcessShards, ShardPool
+from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.reports import AveragingReport
+from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.book import (
     LearnerId,
     RoundBook,
@@ -85,11 +86,12 @@ from raytrain_seq.rounds.book import (
     check_learner,
     check_number,
 )
-from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory, describe_position
+from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.merging import RoundMerge
-from raytrain_seq.rounds.position import settle_dict
+from raytrain_seq.rounds.recovery import GroupRecovery
+from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
-from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult, check_payload
+from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
 from raytrain_seq.rounds.test_pass import TestPass
 from raytrain_seq.rounds.validation import ValidationGate
 from raytrain_seq.rounds.validation_schedule import ValidationSchedule
@@ -106,11 +108,13 @@ class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
     A thin shell: each call hands its decisions to plain parts (the round book, ``rounds.book``; the
-    batch-size rule, ``rounds.validation``, and when the due validation is scored,
-    ``rounds.validation_schedule``; the test pass, ``rounds.test_pass``; the round's mean,
-    ``rounds.merging``; the channel generations, ``dataplane.channel_session``; the hub load,
-    ``dataplane.hub_load``; the run history, ``rounds.events``) and keeps the round's futures, the
-    latest state and the run folder itself.
+    checks of a round's senders, ``rounds.arrivals``; the batch-size rule, ``rounds.validation``, and
+    when the due validation is scored, ``rounds.validation_schedule``; the test pass,
+    ``rounds.test_pass``; the round's mean and result, ``rounds.merging``; a new group's or a re-seed's
+    recovery, ``rounds.recovery``; the run folder, ``rounds.run_folder``; the channel generations,
+    ``dataplane.channel_session``; the shards' placement, ``dataplane.placement``; the hub load,
+    ``dataplane.hub_load``; the run history, ``rounds.events``) and keeps the round's futures, its
+    tasks and the latest state itself.
 
     settings: ``rounds.settings.AveragerSettings`` (from the config's ``train`` section). run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
@@ -132,20 +136,28 @@ class ParameterAverager:
         if not isinstance(settings, AveragerSettings):
             raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
         self.settings = settings
-        # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
-        self._pool = (shard_pool or InProcessShards)(settings.shard_count)
-        self._loads = HubLoad()  # per round: the bytes each averaging actor moved
-        self._closed_at: dict[int, float] = {}  # round -> when it closed (its last arrival or deadline)
-        self._nodes: dict[LearnerId, str] = {}
-        # The batch-size rule and, without a validator, the learners' shares of the due validation.
-        self._gate = ValidationGate(settings, by_learners=validator is None)
-        start = getattr(validator, "start", None)
-        if start is not None:
-            start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
-        self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
+        self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
+        self._round_future: asyncio.Future | None = None
+        self._timer: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
+        self._build_data_plane(shard_pool)
+        actor = (actor_id or _actor_id)() if run_dir is not None else None
+        self._build_rounds(validator, run_dir, actor)
+        if run_dir is not None:
+            self._state = self._folder.load(
+                Path(run_dir), restarted_by_ray=actor is not None, state=self._state
+            )
+
+    def _build_data_plane(self, shard_pool: Callable[[int], ShardPool] | None) -> None:
+        """The parts that move bytes: the shard pool, its placement, the channels and the hub load."""
+        settings = self.settings
+        # Who merges flat payloads: shard actors in a cluster (runtime.shards.RayShards), else this process.
+        self._pool = (shard_pool or InProcessShards)(settings.shard_count)
+        self._loads = HubLoad()  # per round: the bytes each averaging actor moved
+        self._placement = ShardPlacement(self._pool)  # the learners' nodes: where the shards go
         # Channel generations (dataplane.generations): the bytes of a stable group's rounds go through
         # shared-memory channels, which this actor reads too (its copy of each round, in place). Only a
         # pool of shard actors has channels.
@@ -156,74 +168,55 @@ class ParameterAverager:
             self_reader=_self_reader,
             read_round=read_round,
         )
-        actor = (actor_id or _actor_id)() if run_dir is not None else None
+
+    def _build_rounds(self, validator: Any, run_dir: str | Path | None, actor: str | None) -> None:
+        """The parts that decide: the gate and the test pass, the history, the round book and its
+        arrivals, the merge, the validation schedule, the run folder and the group recovery."""
+        settings = self.settings
+        # The batch-size rule and, without a validator, the learners' shares of the due validation.
+        self._gate = ValidationGate(settings, by_learners=validator is None)
+        start = getattr(validator, "start", None)
+        if start is not None:
+            start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
+        self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
         live = make_tracker(settings.tracker, run_dir)
-        self._history = RunHistory(
-            None if run_dir is None else Path(run_dir) / EVENTS_FILE, actor=actor, tracker=live
-        )
+        events = None if run_dir is None else Path(run_dir) / EVENTS_FILE
+        self._history = RunHistory(events, actor=actor, tracker=live)
         book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners}
         book["validate_every"] = settings.validate_every
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
+        # Who may send a round, the rows cap they send, and how long each waited for the others.
+        self._arrivals = Arrivals(self._book, shards=self._pool.count, merge_moments=settings.merge_moments)
+        parts = {"book": self._book, "gate": self._gate, "history": self._history}
+        rows_cap, latest = (lambda: self._arrivals.rows_cap), (lambda: self._state)
         self._merge = RoundMerge(
-            settings, pool=self._pool, book=self._book, channels=self._channels, loads=self._loads
+            settings,
+            pool=self._pool,
+            book=self._book,
+            channels=self._channels,
+            loads=self._loads,
+            gate=self._gate,
+            elapsed=self._history.elapsed,
+            latest=latest,
+            rows_cap=rows_cap,
         )
-        self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
-        self._round_future: asyncio.Future | None = None
         # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py,
         # the validator), or has the learners score their shares of it (report_validation_share).
+        end = None if settings.epochs is None else {"epochs": settings.epochs, "steps": settings.steps}
         self._validations = ValidationSchedule(
             validator,
-            book=self._book,
-            gate=self._gate,
-            history=self._history,
-            end=None if settings.epochs is None else {"epochs": settings.epochs, "steps": settings.steps},
+            **parts,
+            end=end,
             tested=self._test.tested,
             spawn=self._spawn,
-            latest=lambda: self._state,
+            latest=latest,
             local_copy=lambda: self._local,
-            rows_cap=lambda: self._rows_cap,
+            rows_cap=rows_cap,
         )
-        self._timer: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._rows_cap: int | None = None  # the rows a learner has per epoch, sent with the rounds
-        self._events_loaded = False
-        if run_dir is not None:
-            self._load_run(Path(run_dir), restarted_by_ray=actor is not None)
-
-    # ------------------------------------------------------------------------------ the run folder
-    def _load_run(self, run_dir: Path, *, restarted_by_ray: bool) -> None:
-        """Reload the events log and the latest checkpoint; tell a restart by Ray (this actor id wrote
-        the log before) from a first start (a new run, or a --resume)."""
-        past = self._history.log.replay()
-        self._events_loaded = bool(past["records"])
-        self._book.membership_log, self._book.dropped_log = past["membership"], past["dropped"]
-        self._history.adopt_log(past)
-        restarted = restarted_by_ray and self._history.actor in past["actors"]
-        self._history.mark_start()
-        self._book.restarted = restarted
-        found = checkpoint.load_latest(run_dir)
-        if found is not None:
-            self._restore(found)
-        if restarted:
-            self._history.start_clock()  # the run is under way: its clock keeps going
-            self._history.replay_rounds(past, after=self._state.round)
-            what = f"reloaded {found.folder.name}" if found else "no checkpoint yet"
-            self._history.recover(
-                "averager_restart", f"Ray restarted the averager; {what}: learners ahead of it re-seed it"
-            )
-        elif found is not None:
-            self._history.recover("resumed", f"run resumed from {found.folder.name} (round {found.round})")
-
-    def _restore(self, found: checkpoint.Checkpoint) -> None:
-        history = found.history
-        self._gate.load_state_dict(found.state.adaptive_state)
-        # Drops since the checkpoint are in the events log when there is one: keep those.
-        drops = None if self._events_loaded else history.get("dropped_log", ())
-        self._book.restore(found.state.round, history.get("validation_due"), drops)
-        self._state = found.state.replace(source="checkpoint")
-        self._validations.forget()  # its future is made when a round waits for the due validation
-        self._history.restore_checkpoint_part(history, found.state.elapsed_s)
+        # What a start reloads from the run folder (the events log, the latest checkpoint), and restores.
+        self._folder = RunFolder(**parts, forget_validation=self._validations.forget)
+        self._recovery = GroupRecovery(**parts)
 
     def _current(self) -> AveragedState:
         """The latest averaged state with the batch size decided since and the clock's reading now."""
@@ -246,7 +239,7 @@ class ParameterAverager:
             self._start_close()
 
     def _start_close(self) -> None:
-        self._closed_at[self._book.round] = time.monotonic()  # the end of its senders' wait for the others
+        self._arrivals.mark_closed(self._book.round)
         if self._timer is not None and self._timer is not asyncio.current_task():
             self._timer.cancel()
         self._timer = None
@@ -266,7 +259,7 @@ class ParameterAverager:
             if closed.error is not None:
                 raise closed.error
             await self._validations.await_due()
-            closed, result = await self._compute(closed)
+            closed, result = await self._merge.result(closed)
             result = await self._plan_channels(result)
             self._publish(closed, result)
             if result.state.flat is not None:
@@ -316,50 +309,6 @@ class ParameterAverager:
                     )
         return self._current()
 
-    async def _compute(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
-        """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
-        thread; either way the event loop keeps answering. Learners whose slices a shard could not read
-        within the timeout are dropped and the others merged again: the close that was averaged is
-        returned with the result."""
-        params = optimizer_state = flat = None
-        if isinstance(closed.present[0][1].params, FlatPayload):
-            closed, flat = await self._merge.flat(closed)
-        arrivals = [arrival for _, arrival in closed.present]
-        weights = [arrival.weight for arrival in arrivals]
-        if flat is None:
-            params, optimizer_state = await asyncio.to_thread(self._merge.tensors, arrivals, weights)
-            self._loads.record(closed.round, [], in_process=(arrivals, params, optimizer_state))
-        positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
-        if len(positions) > 1:
-            logger.warning(
-                "averager: round %d learners disagree on the position: %s", closed.round, positions
-            )
-        position = None if arrivals[0].position is None else dict(arrivals[0].position)
-        if position is not None:
-            # The rows of the layout's ranks absent from this round never reach an averaged state: the
-            # position records them as missed, and the layout's end deals them again (rounds.position).
-            present = [learner for learner, _ in closed.present]
-            position = settle_dict(position, self._state.position, present, self._rows_cap)
-        state = AveragedState(
-            round=closed.round,
-            params=params,
-            optimizer_state=optimizer_state,
-            flat=flat,
-            batch_size=self._gate.size,
-            adaptive_state=self._gate.state_dict(),
-            position=position,
-            elapsed_s=self._history.elapsed(),
-            source="live",
-        )
-        result = RoundResult(
-            state=state,
-            learners=tuple(learner for learner, _ in closed.present),
-            dropped=closed.dropped,
-            seconds=time.monotonic() - closed.opened_at,
-            weights=tuple(weights),
-        )
-        return closed, result
-
     # -------------------------------------------------------------------------------- channels
     async def _plan_channels(self, result: RoundResult) -> RoundResult:
         """A round that every member took part in, through the store, plans a channel generation for
@@ -404,17 +353,9 @@ class ParameterAverager:
         learner's node id, where shard ``learner`` is placed (a hint).
         """
         check_learner(learner)
-        if seed is not None and not isinstance(seed, AveragedState):
-            raise TypeError(
-                f"seed must be an AveragedState (the learner's held state), not {type(seed).__name__}"
-            )
-        if seed is not None and seed.flat is not None:
-            raise TypeError("seed lives in the object store: send seed.materialise(get), its tensors")
+        self._recovery.check_seed(seed)
         if node is not None:
-            self._nodes[learner] = node
-            self._pool.place(learner, node)
-            if len(self._nodes) >= min(self._pool.count, self._book.world_size or 1):
-                self._pool.prepare()  # start the shards while the first round trains
+            self._placement.place(learner, node, self._book.world_size)
         self._history.start_clock()
         while self._book.phase is RoundPhase.CLOSING and self._round_future is not None:
             await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
@@ -423,7 +364,7 @@ class ParameterAverager:
         self._book.join(learner, world_size, incarnation)
         if self._book.generation != generation:
             self._fail_round("the learner group was restarted")
-            self._on_new_group()
+            self._recovery.on_new_group(self._state)
         if seed is not None:
             self._adopt(learner, seed)
         state = await self._held_state()
@@ -437,42 +378,11 @@ class ParameterAverager:
             validate=validate,
         )
 
-    def _on_new_group(self) -> None:
-        """A restarted or resized group: record where its learners' state comes from."""
-        self._gate.new_pass()  # the new group scores its own shares
-        if self._book.generation < 2:
-            return  # the run's first group (or the learners rejoining a restarted averager)
-        last, size, source = self._state.round, self._book.world_size, self._state.source
-        where = describe_position(self._state.position)
-        if last == 0:
-            self._history.recover(
-                "restart_from_scratch", f"the new group of {size} starts over: no round averaged yet"
-            )
-        else:
-            kind = "checkpoint_recovery" if source == "checkpoint" else "live_recovery"
-            how = "reloaded from a checkpoint" if source == "checkpoint" else "held by the averager"
-            self._history.recover(
-                kind, f"the new group of {size} starts from round {last}'s state {how} ({where})"
-            )
-
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours."""
-        held = self._state.round
-        if seed.round <= held:
-            return
-        check_payload(seed.params, seed.optimizer_state, None, 1.0, seed.position)
-        self._fail_round(f"learner {learner!r} re-seeded round {seed.round}")
-        self._book.abandon()
-        from_checkpoint = seed.source == "checkpoint"
-        self._state = seed.replace(source="checkpoint" if from_checkpoint else "seed")
-        if seed.adaptive_state:
-            self._gate.load_state_dict(seed.adaptive_state)
-        self._book.restore(seed.round, None)
-        kind = "checkpoint_recovery" if from_checkpoint else "reseeded"
-        where = "the run's latest checkpoint" if from_checkpoint else "the state it held"
-        self._history.recover(
-            kind, f"learner {learner!r} re-seeded round {seed.round} from {where} (the averager had {held})"
-        )
+        if self._recovery.newer(seed, self._state):
+            self._fail_round(f"learner {learner!r} re-seeded round {seed.round}")
+            self._state = self._recovery.adopt(learner, seed, held=self._state.round)
 
     async def average(
         self,
@@ -494,35 +404,21 @@ class ParameterAverager:
         rows each learner has in its current layout (every learner has as many), the batch-size rule's
         cap and where the layout ends (``rounds.position.settle``).
         """
-        check_learner(learner)
-        if rows is not None:
-            check_number("rows", rows, 1)
-        start = time.monotonic()
+        self._arrivals.check_sender(learner, rows)
+        start = self._arrivals.now()
         try:
-            self._book.check(learner, round, world_size, incarnation)
-            if rows is not None:
-                # Taken from a sender of the open round only: a refused (stale) sender's rows may be those
-                # of another layout, and the round's settled position ends its layout at these rows.
-                self._rows_cap = int(rows)
-            arrival = check_payload(params, optimizer_state, stats, weight, position)
-            if isinstance(params, FlatPayload) and len(params.parts) != self._pool.count:
-                raise ValueError(
-                    f"learner {learner!r} sent {len(params.parts)} parts for {self._pool.count} shards: "
-                    "split the buffers into JoinReply.shards slices"
-                )
-            if isinstance(params, FlatPayload) and params.layout.moments and not self.settings.merge_moments:
-                raise ValueError(
-                    f"learner {learner!r} sent Adam moments but merge_moments=False: send the weights only "
-                    "(the AAVG2 ablation keeps each learner's own moments)"
-                )
-            first = self._book.first_payload
-            # Checked against the round's first arrival, so that a mismatch fails only the learner that
-            # sent it (the round goes on without it) rather than the arithmetic failing the whole round.
-            if first is not None and (arrival.signature, arrival.adam) != (first.signature, first.adam):
-                raise ValueError(
-                    f"learner {learner!r} sent params (keys, shapes, dtypes) or an optimizer kind that differ "
-                    "from the round's first learner's: every learner must run the same model and optimizer"
-                )
+            arrival = self._arrivals.admit(
+                learner,
+                round,
+                world_size,
+                params,
+                optimizer_state,
+                stats,
+                weight,
+                position,
+                incarnation,
+                rows,
+            )
             opening = self._book.phase is RoundPhase.IDLE
             complete = self._book.arrive(learner, round, world_size, arrival, incarnation)
             if opening:
@@ -537,11 +433,7 @@ class ParameterAverager:
                 raise StaleRoundError(learner, round, result.state.round + 1, "its round was not readable")
             return result
         finally:
-            end = time.monotonic()
-            waiting = min(max(0.0, self._closed_at.get(round, start) - start), end - start)
-            self._history.add_averaging_time(learner, end - start, waiting)
-            while len(self._closed_at) > 8:  # a few recent rounds: a late sender of one may still be here
-                del self._closed_at[min(self._closed_at)]
+            self._history.add_averaging_time(learner, *self._arrivals.timed(round, start))
 
     async def report_validation(
         self,
@@ -617,7 +509,7 @@ class ParameterAverager:
         """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""
         if not isinstance(found, checkpoint.Checkpoint):
             raise TypeError(f"restore takes a checkpoint.Checkpoint, not {type(found).__name__}")
-        self._restore(found)
+        self._state = self._folder.restore(found)
 
     async def shard_actors(self) -> list[Any]:
         """The averaging shard actors (created now if not yet); empty when this process merges."""

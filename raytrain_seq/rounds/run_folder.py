@@ -1,0 +1,80 @@
+"""``RunFolder``: what an averager reloads from its run folder when it starts, and a checkpoint's restore.
+
+At construction an averager given a run folder replays its events log (``rounds.events.EventLog``:
+membership, drops, recoveries and the clock) and restores the latest checkpoint. It tells a restart by
+Ray (its actor id wrote the log before) from a first start (a new run, or a --resume): a restarted
+averager keeps the run's clock going, takes back its own rounds since the checkpoint from the log
+(``RunHistory.replay_rounds``) and records the restart, since the learners ahead of the checkpoint will
+re-seed it; a resumed run records the resume. ``restore`` puts a checkpoint's state into the round book,
+the validation gate and the history, keeping the log's drops when the log was read (it has the drops
+since the checkpoint too), and returns the state to hold. Plain Python and files: the checkpoint loader
+and the due validation's forgetting are injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from raytrain_seq import checkpoint
+from raytrain_seq.rounds.book import RoundBook
+from raytrain_seq.rounds.events import RunHistory
+from raytrain_seq.rounds.state import AveragedState
+from raytrain_seq.rounds.validation import ValidationGate
+
+__all__ = ["RunFolder"]
+
+
+class RunFolder:
+    """Loads a run folder into an averager's ``book``, ``gate`` and ``history``; ``forget_validation``
+    drops the validation schedule's pending future (a restored due validation makes its own);
+    ``load_latest``: the latest checkpoint of a folder or None (``checkpoint.load_latest``)."""
+
+    def __init__(
+        self,
+        *,
+        book: RoundBook,
+        gate: ValidationGate,
+        history: RunHistory,
+        forget_validation: Callable[[], None],
+        load_latest: Callable[[Path], checkpoint.Checkpoint | None] = checkpoint.load_latest,
+    ) -> None:
+        self._book, self._gate, self._history = book, gate, history
+        self._forget_validation, self._load_latest = forget_validation, load_latest
+        self._events_loaded = False
+
+    def load(self, run_dir: Path, *, restarted_by_ray: bool, state: AveragedState) -> AveragedState:
+        """Reload the events log and the latest checkpoint of ``run_dir``; returns the state to hold
+        (the checkpoint's, or ``state`` when there is none)."""
+        past = self._history.log.replay()
+        self._events_loaded = bool(past["records"])
+        self._book.membership_log, self._book.dropped_log = past["membership"], past["dropped"]
+        self._history.adopt_log(past)
+        restarted = restarted_by_ray and self._history.actor in past["actors"]
+        self._history.mark_start()
+        self._book.restarted = restarted
+        found = self._load_latest(run_dir)
+        if found is not None:
+            state = self.restore(found)
+        if restarted:
+            self._history.start_clock()  # the run is under way: its clock keeps going
+            self._history.replay_rounds(past, after=state.round)
+            what = f"reloaded {found.folder.name}" if found else "no checkpoint yet"
+            self._history.recover(
+                "averager_restart", f"Ray restarted the averager; {what}: learners ahead of it re-seed it"
+            )
+        elif found is not None:
+            self._history.recover("resumed", f"run resumed from {found.folder.name} (round {found.round})")
+        return state
+
+    def restore(self, found: checkpoint.Checkpoint) -> AveragedState:
+        """Put a loaded checkpoint into the book, the gate and the history; returns its state to hold."""
+        history = found.history
+        self._gate.load_state_dict(found.state.adaptive_state)
+        # Drops since the checkpoint are in the events log when there is one: keep those.
+        drops = None if self._events_loaded else history.get("dropped_log", ())
+        self._book.restore(found.state.round, history.get("validation_due"), drops)
+        state = found.state.replace(source="checkpoint")
+        self._forget_validation()  # its future is made when a round waits for the due validation
+        self._history.restore_checkpoint_part(history, found.state.elapsed_s)
+        return state
