@@ -433,16 +433,16 @@ def _histories(averaging: AveragingReport) -> dict[str, list[dict[str, Any]]]:
         "val_accuracy_history": [
             {
                 "round": v["round"],
-                "epoch": v.get("epoch"),
+                "epoch": v["epoch"],
                 "accuracy": v["accuracy"],
-                "time_s": v.get("time_s", 0.0),
+                "time_s": v["time_s"],
                 **{k: v[k] for k in ("top5_accuracy", "mean_class_accuracy") if k in v},
             }
             for v in averaging.validation_history
-            if not v.get("missed")
+            if not v["missed"]
         ],
         "batch_size_history": [
-            {"round": b["round"], "batch_size": b["batch_size"], "time_s": b.get("time_s", 0.0)}
+            {"round": b["round"], "batch_size": b["batch_size"], "time_s": b["time_s"]}
             for b in averaging.batch_size_history
         ],
         "loss_history": [h for h in averaging.loss_history if not math.isnan(h["loss"])],
