@@ -21,7 +21,7 @@
 # in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more);
 `STARTUP=1` also runs bench/startup.py on this node's CPUs with GPU learners (startup.txt, about 2 minutes
 more): where a GPU node's start-up goes, against a bare Ray Train trainer on the same node; `BACKBONES=1`
-also times torchvision's r2plus1d_18 as a learner (fp32 and bf16, appended to learner_device.txt, about a
+also times torchvision's r2plus1d_18 as a learner (fp32 and bf16, in backbones.txt, about a
 minute more).
 #
 # Ray on a machine without network: a folder `.gpu-ray` beside this tree (git-ignored) with Ray's wheel
@@ -96,7 +96,7 @@ fi
 if [ "${BACKBONES:-0}" = 1 ]; then
     for precision in fp32 bf16; do
         timeout 90 python3 bench/learner_device.py --preset ucf101-rgb --backbone r2plus1d_18 \
-            --precision "$precision" --steps 3 --rounds 1 --json 2>&1 | tee -a "$OUT/learner_device.txt" | tail -n 1
+            --precision "$precision" --steps 3 --rounds 1 --json 2>&1 | tee -a "$OUT/backbones.txt" | tail -n 1
     done
 fi
 
