@@ -18,11 +18,12 @@
 # Results go to $OUT (default ./gpu_out), at most 8 files: pytest.txt, learner_device.txt,
 # memory_cap.txt, dataloader.txt, job_demo.json, job_ucf101.json (the runs' summary.json), jobs.txt
 # (their logs), job.md. Copy job.md and the .txt files to bench/results/gpu/ (bench/report.py puts them
-# in docs/BENCHMARKS.md). `MBS=1` also reruns MBS Table 4 with a real memory cap (about 8 minutes more);
-`STARTUP=1` also runs bench/startup.py on this node's CPUs with GPU learners (startup.txt, about 2 minutes
-more): where a GPU node's start-up goes, against a bare Ray Train trainer on the same node; `BACKBONES=1`
-also times torchvision's r2plus1d_18 as a learner (fp32 and bf16, in backbones.txt, about a
-minute more).
+# in docs/BENCHMARKS.md). Optional steps, each set to 1 to run it:
+#   MBS=1        MBS Table 4 again with a real memory cap (about 8 minutes more);
+#   STARTUP=1    bench/startup.py on this node's CPUs with GPU learners (startup.txt, about 2 minutes
+#                more): where a GPU node's start-up goes, against a bare Ray Train trainer on the node;
+#   BACKBONES=1  torchvision's r2plus1d_18 timed as a learner in fp32 and bf16 (backbones.txt, about a
+#                minute more).
 #
 # Ray on a machine without network: a folder `.gpu-ray` beside this tree (git-ignored) with Ray's wheel
 # and an install.sh that unpacks it and defines `ray_stop` (the workplace's ray_for_gpu_box.sh tool makes
