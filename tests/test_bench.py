@@ -464,6 +464,41 @@ def test_gpu_report_checks_each_target_from_the_runs_files_and_says_what_did_not
     )
 
 
+def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_path):
+    """scripts/gpu_checks.sh as bash reads it, every optional step on: with stand-ins for python3,
+    nvidia-smi and timeout on PATH (each logs its arguments), it reaches its last line, runs nothing but
+    those commands (a header line that lost its '#' would run as a command), and calls the benches in
+    the order its header gives."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.txt"
+    for name, body in {
+        "python3": f'echo "python3 $*" >> {log}; echo "{{}}"',
+        "nvidia-smi": 'echo "GPU 0: a stand-in"',
+        "timeout": 'shift; "$@"',
+    }.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+    env.update(STARTUP="1", BACKBONES="1", MBS="1")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_checks.sh"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "command not found" not in done.stderr, done.stderr
+    assert "gpu checks done" in done.stdout
+    calls = log.read_text().splitlines()
+    benches = [c.split()[1] for c in calls if c.split()[1].startswith("bench/")]
+    assert benches[:4] == [
+        "bench/learner_device.py",
+        "bench/learner_device.py",
+        "bench/dataloader_loop.py",
+        "bench/gpu_report.py",
+    ], calls
+    assert benches.count("bench/microbatch.py") == 2 and "--backbone r2plus1d_18" in " ".join(calls)
+
+
 # ---------------------------------------------------------------------------------------- flat_device
 def test_flat_device_moves_the_bound_state_both_ways_and_prints_its_figures(capsys):
     """Its learner's state is bound to the flat buffers; "flat out" slices them, "flat in" writes the
