@@ -17,7 +17,9 @@ Every test that uses ``ray_cluster``, directly or through another fixture, is ma
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +37,17 @@ def ray_init_options(module_options: dict[str, Any] | None) -> dict[str, Any]:
             "cluster (address='local'); attach to another cluster in the test itself"
         )
     return {"address": "local", **options}
+
+
+@pytest.fixture(scope="session")
+def ucf101_job():
+    """``jobs/ucf101.py`` as a module (it is a script, not a package module): ``ucf101_job.main(argv)``
+    runs the command line the README gives, in this process."""
+    path = Path(__file__).resolve().parents[1] / "jobs" / "ucf101.py"
+    spec = importlib.util.spec_from_file_location("ucf101_job", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import packed_rows
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,30 +30,16 @@ TEMPORALS = ["gru", "tcn"]
 
 
 def _seq(seed: int, length: int, channels: int = C) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (length, HW, HW, channels), dtype=torch.uint8, generator=g)
+    return packed_rows.sequence(seed, length, channels=channels, hw=HW)
 
 
 def _batch(rows, t_max, max_sequences=4, garbage_seed=None, channels=C):
-    """Block-row dict from rows of (start, frames, label); padding frames are zero or random garbage."""
-    b = len(rows)
-    if garbage_seed is None:
-        frames = torch.zeros(b, t_max, HW, HW, channels, dtype=torch.uint8)
-    else:
-        g = torch.Generator().manual_seed(garbage_seed)
-        frames = torch.randint(0, 256, (b, t_max, HW, HW, channels), dtype=torch.uint8, generator=g)
-    starts, lengths, labels = (torch.full((b, max_sequences), -1, dtype=torch.long) for _ in range(3))
-    num = torch.zeros(b, dtype=torch.long)
-    for i, row in enumerate(rows):
-        for j, (start, seq, label) in enumerate(row):
-            frames[i, start : start + len(seq)] = seq
-            starts[i, j], lengths[i, j], labels[i, j] = start, len(seq), label
-        num[i] = len(row)
-    return {"frames": frames, "starts": starts, "lengths": lengths, "labels": labels, "num_sequences": num}
+    return packed_rows.packed_batch(
+        rows, t_max, max_sequences=max_sequences, garbage_seed=garbage_seed, channels=channels, hw=HW
+    )
 
 
-def _logits(model, batch):
-    return model(batch["frames"], batch["starts"], batch["lengths"], batch["num_sequences"])
+_logits = packed_rows.logits
 
 
 def _model(temporal, **kwargs):

@@ -9,7 +9,6 @@ miniature set, as the README tells a user to: rgb -> flow with --init-from -> fu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -398,22 +397,15 @@ def test_fuse_table_shows_both_streams():
 
 
 # ------------------------------------------------------------------------------------------------ Ray
-def _load_job():
-    spec = importlib.util.spec_from_file_location("ucf101_job", ROOT / "jobs" / "ucf101.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # tests/conftest.py's ray_cluster (a private local cluster even when another one runs on this machine).
 RAY_CLUSTER = {"num_cpus": 4, "namespace": "raytrain_seq"}
 
 
 @pytest.fixture(scope="module")
-def runs(ray_cluster, mini, tmp_path_factory):
+def runs(ray_cluster, mini, tmp_path_factory, ucf101_job):
     """The README's three commands on the miniature set: rgb, flow --init-from rgb, fuse, swapped fuse."""
     storage = tmp_path_factory.mktemp("runs")
-    job = _load_job()
+    job = ucf101_job
     # The README's commands with one epoch instead of the preset's 4: this checks plumbing, not learning.
     common = ["--preset", "mini-video", "--dataset", "ucf101", "--data-root", str(mini.root), "--epochs", "1"]
     common += ["--storage-path", str(storage)]

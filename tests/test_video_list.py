@@ -10,7 +10,6 @@ end to end, the corrupt file listed in the summary, the model exported and predi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -149,25 +148,18 @@ def test_the_flow_stream_reads_a_list(mini):
 
 
 # ------------------------------------------------------------------------- the job, end to end on Ray
-def _load_job():
-    spec = importlib.util.spec_from_file_location("ucf101_job", ROOT / "jobs" / "ucf101.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 RAY_CLUSTER = {"num_cpus": 4, "namespace": "raytrain_seq"}
 
 
 @pytest.fixture(scope="module")
-def run_dir(ray_cluster, mini, tmp_path_factory):
+def run_dir(ray_cluster, mini, tmp_path_factory, ucf101_job):
     """The README's "Your own videos" training command on the list: mc3_18 (the smallest torchvision
     video backbone) at 16 px for one epoch, through jobs/ucf101.py on the module's local cluster."""
     storage = tmp_path_factory.mktemp("runs")
     argv = ["--preset", "mini-video", "--dataset", "list", "--data-root", str(mini.root), "--epochs", "1"]
     argv += ["--train-list", "train.txt", "--val-list", "val.txt", "--test-list", "test.txt"]
     argv += ["--class-names", "classes.txt", "--storage-path", str(storage), "--run-name", "mc3_18"]
-    assert _load_job().main([*argv, "--backbone", "mc3_18"]) == 0
+    assert ucf101_job.main([*argv, "--backbone", "mc3_18"]) == 0
     return storage / "mc3_18"
 
 
