@@ -34,8 +34,8 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-## bench: the four papers' tables re-measured beside their baselines (bench/*.py, about 75 minutes on
-## 2 cores, 35 of them bench/batch_rule.py's; each script has --full for a GPU cluster), then
+## bench: the four papers' tables re-measured beside their baselines (bench/*.py, two hours or more on
+## 2 cores, docs/LOG.md times each script; each script has --full for a GPU cluster), then
 ## docs/BENCHMARKS.md from bench/results/
 bench: $(STAMP)
 	mkdir -p bench/results
