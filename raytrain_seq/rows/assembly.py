@@ -10,11 +10,13 @@ a zero ``[t_max, crop, crop, C]`` uint8 row. Padding stays zero; reset tables ar
 run-wide ``max_sequences`` so every row of the run collates.
 
 Cache-aware composition at the block level (the paper's "cache-aware shuffle", which gives every
-mini-batch the same share of freshly recomputed samples). A block is fixed by the packer, so the only
-freedom is the ORDER of a learner's blocks: ``spread_fresh`` orders them so that the running sum of
-fresh frames tracks the straight line ``total * k / n``. Any window of consecutive blocks (whatever the
-adaptive batch size is at that point) then carries about its proportional share of fresh frames,
-instead of the runs of fresh-heavy and fresh-free blocks that a random order makes.
+mini-batch the same share of freshly recomputed samples). A block's lengths and starts are fixed by the
+packer, so the freedom is twofold. ``cache_aware_plan`` exchanges sequences of equal length between
+blocks (the padding stays the plan's) so that each block carries its share of fresh frames; then
+``spread_fresh`` orders a learner's blocks so that the running sum of fresh frames tracks the straight
+line ``total * k / n``. Any window of consecutive blocks (whatever the adaptive batch size is at that
+point) then carries about its proportional share of fresh frames, instead of the runs of fresh-heavy
+and fresh-free blocks that a random order makes.
 
 Trade-off: the row costs one ``t_max`` frame buffer per block and one ``final_augment`` per sequence;
 ``spread_fresh`` is O(n log n) per shard. How much it evens the fresh frames of consecutive windows on
