@@ -107,6 +107,17 @@ def _resize_weights(in_size: int, out_size: int) -> np.ndarray:
     return (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
+def _window(h: int, w: int, size: int, offset: float | None) -> tuple[int, int, int, int]:
+    """``(out_h, out_w, top, left)``: the short side scaled to ``size``, and where the ``size`` window
+    starts along the long side (``offset`` in [0, 1], None = 0.5). 240x320 to 128: 128x171, left
+    ``round(offset * 43)``."""
+    out_h, out_w = (
+        (size, max(size, round(w * size / h))) if h <= w else (max(size, round(h * size / w)), size)
+    )
+    pos = 0.5 if offset is None else offset
+    return out_h, out_w, round(pos * (out_h - size)), round(pos * (out_w - size))
+
+
 def _resize_float(frames: np.ndarray, size: int, offset: float | None) -> np.ndarray:
     """Short side to ``size``, then a ``size`` window of the long side; float32 ``[T, size, size, C]``.
 
@@ -114,11 +125,7 @@ def _resize_float(frames: np.ndarray, size: int, offset: float | None) -> np.nda
     means 0.5. A 240x320 frame to 36 scales to 36x48 and keeps columns ``[k, k + 36)``, k in 0..12.
     """
     t, h, w, c = frames.shape
-    out_h, out_w = (
-        (size, max(size, round(w * size / h))) if h <= w else (max(size, round(h * size / w)), size)
-    )
-    pos = 0.5 if offset is None else offset
-    top, left = round(pos * (out_h - size)), round(pos * (out_w - size))
+    out_h, out_w, top, left = _window(h, w, size, offset)
     out = frames.astype(np.float32)
     # An axis already at its output size has identity weights (1 on the diagonal, 0 elsewhere), so it is
     # sliced instead of multiplied: the same values exactly. Real videos decoded at short side ``size``
@@ -228,7 +235,15 @@ def partial_augment(
             f"partial_augment needs RGB (C=3) or gray (C=1) frames, got C={channels}; optical-flow stacks "
             "must not get colour jitter: use resize_video for them"
         )
-    out = _resize_float(frames, size, float(rng.uniform(0.0, 1.0)))
+    offset = float(rng.uniform(0.0, 1.0))
+    _, h, w, _ = frames.shape
+    out_h, out_w, top, left = _window(h, w, size, offset)
+    if extra_ops == 0 and (h, w) == (out_h, out_w):
+        # Frames already at the cache size's short side (a decode at ``size``, the synthetic render): the
+        # window is a slice, and the colour transform is one affine map on uint8, so no float copy.
+        window = frames[:, top : top + size, left : left + size]
+        return _colour_uint8(window, *_photometric_matrix(rng, channels))
+    out = _resize_float(frames, size, offset)
     for _ in range(extra_ops):
         out = _random_warp(out, rng, 1.0 / math.sqrt(extra_ops))
     matrix, brightness, contrast = _photometric_matrix(rng, channels)
@@ -239,6 +254,25 @@ def partial_augment(
     gain = (brightness * contrast * matrix).astype(np.float32)
     offset = np.float32(brightness * mean_luma * (1.0 - contrast))
     return _to_uint8((pixels @ gain.T + offset).reshape(out.shape))
+
+
+def _colour_uint8(window: np.ndarray, matrix: np.ndarray, brightness: float, contrast: float) -> np.ndarray:
+    """``partial_augment``'s colour transform on uint8 frames, rounded once: OpenCV's ``transform`` (RGB)
+    or a lookup table (gray), the same affine map as the float path. The pivot is the window's mean luma,
+    from per-channel means (a 3-vector dot product instead of a pass of float pixels)."""
+    import cv2
+
+    channels = window.shape[-1]
+    flat = window.reshape(-1, window.shape[2], channels)  # [T * H, W, C]: a view of the strided slice
+    means = np.array([float(np.mean(flat[..., k], dtype=np.float64)) for k in range(channels)])
+    mean_luma = float(means[0]) if channels == 1 else float(means @ _LUMA)
+    gain = brightness * contrast * matrix
+    offset = brightness * mean_luma * (1.0 - contrast)
+    if channels == 1:
+        table = _to_uint8(np.arange(256, dtype=np.float64) * gain[0, 0] + offset)
+        return table[window]
+    affine = np.concatenate([gain, np.full((3, 1), offset)], axis=1).astype(np.float32)
+    return cv2.transform(np.ascontiguousarray(flat), affine).reshape(window.shape)
 
 
 def final_augment(

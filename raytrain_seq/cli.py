@@ -90,6 +90,7 @@ ADVANCED: frozenset[str] = frozenset(
     {
         "data.augment_cost",
         "data.augment_cost_per_frame",
+        "data.frame_cache_dir",
         "train.max_failures",
         "train.worker_start_timeout_s",
         "train.resize_interval_s",

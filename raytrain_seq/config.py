@@ -136,6 +136,10 @@ class DataConfig:
     """Extra busy CPU seconds per partial augmentation of one video, to make augmentation the bottleneck."""
     augment_cost_per_frame: float = 0
     """Extra busy CPU seconds per frame of a training video's partial augmentation (a per-frame RandAugment's cost)."""
+    frame_cache_gib: float = 16
+    """Real video: GiB of decoded frames each node keeps on disk so a video is decoded once; 0 = decode every time."""
+    frame_cache_dir: str | None = None
+    """Real video: the node-local folder of the frame cache; None = <temp folder>/raytrain_seq/frames."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -178,6 +182,14 @@ class DataConfig:
         choice("data.test_views", self.test_views, TEST_VIEWS)
         for name in ("augment_cost", "augment_cost_per_frame"):
             number(f"data.{name}", getattr(self, name), ">= 0", lambda v: v >= 0, "use 0 for no extra cost")
+        number(
+            "data.frame_cache_gib",
+            self.frame_cache_gib,
+            ">= 0 and < 2**40",
+            lambda v: 0 <= v < 2**40,
+            "give the GiB of disk each node may fill with decoded frames, or 0 to decode every time",
+        )
+        optional_path("data.frame_cache_dir", self.frame_cache_dir, "give a writable node-local folder")
 
     def _check_source(self) -> None:
         """Where the videos come from: the dataset, its root and lists, the split and the stream."""

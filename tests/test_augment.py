@@ -221,3 +221,33 @@ def test_stride_frames_matches_strided_lengths():
             assert out[:, 0, 0, 0].tolist() == list(range(0, t, s))
     with pytest.raises(ValueError, match="stride must be >= 1"):
         stride_frames(np.zeros((4, 2, 2, 3), np.uint8), 0)
+
+
+def _float_partial_reference(frames: np.ndarray, size: int, seed: int) -> np.ndarray:
+    """The colour transform of partial_augment computed in float64 from the same draws, rounded once."""
+    from raytrain_seq.augment import _LUMA, _photometric_matrix, _window
+
+    rng = np.random.default_rng(seed)
+    offset = float(rng.uniform(0.0, 1.0))
+    _, h, w, c = frames.shape
+    _, _, top, left = _window(h, w, size, offset)
+    window = frames[:, top : top + size, left : left + size].astype(np.float64)
+    matrix, brightness, contrast = _photometric_matrix(rng, c)
+    pixels = window.reshape(-1, c)
+    mean = float(pixels.mean()) if c == 1 else float((pixels @ _LUMA).mean())
+    out = pixels @ (brightness * contrast * matrix).T + brightness * mean * (1.0 - contrast)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8).reshape(window.shape)
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_partial_augment_at_the_cache_size_is_the_float_transform_within_one_level(channels):
+    """Frames whose short side is already the cache size (a decode at that size, the synthetic render)
+    take the uint8 path (a window slice and one affine colour map): it equals the float64 arithmetic of
+    the same draws to within one grey level (OpenCV rounds its float32 sums), and most pixels exactly."""
+    rng = np.random.default_rng(7)
+    frames = rng.integers(0, 256, (5, 20, 27, channels), dtype=np.uint8)
+    for seed in range(4):
+        got = partial_augment(frames, size=20, rng=np.random.default_rng(seed)).astype(int)
+        expect = _float_partial_reference(frames, 20, seed).astype(int)
+        assert got.shape == (5, 20, 20, channels)
+        assert np.abs(got - expect).max() <= 1 and (got == expect).mean() > 0.9

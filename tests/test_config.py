@@ -75,6 +75,10 @@ BAD_VALUES = [
     ("data.augment_cost", -0.5, 0.5),
     ("data.augment_cost", math.inf, 0.5),
     ("data.augment_cost_per_frame", -1e-3, 4e-4),
+    ("data.frame_cache_gib", -1, 16),
+    ("data.frame_cache_gib", math.nan, 0),
+    ("data.frame_cache_gib", 2.0**41, 16),
+    ("data.frame_cache_dir", "", "/mnt/local/frames"),
     ("data.train_list", "", None),
     ("data.train_list", "train.txt", None),  # a list file without --dataset list
     ("data.test_list", "  ", None),

@@ -32,6 +32,7 @@ from raytrain_seq.augment import resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import FLOW_BOUND, compute_flow, dequantize, flow_method, pair_flow
 from raytrain_seq.data.sources import (
+    RealVideos,
     balanced_subset,
     fit_length,
     flow_offset,
@@ -309,6 +310,26 @@ def test_whole_frame_flow_differs_from_window_first_flow_only_near_the_borders(m
     assert edges.mean() > inner.mean()  # the difference sits at the window's edge
 
 
+def test_the_frame_cache_serves_the_bytes_of_a_decode_to_every_process(mini, tmp_path):
+    """An RGB source with a frame cache gives the bytes of one without, for training (any epoch) and
+    evaluation; it decodes each video once, and another process on the folder (a restarted feed's
+    task, a --resume) reads it without decoding."""
+    options = dict(source_kwargs(_config(mini, frame_cache_dir=str(tmp_path), frame_cache_gib=1)))
+    cached, plain = RealVideos(**options), RealVideos(**{**options, "frame_cache_gib": 0})
+    ids = cached.catalogs()["catalogs"]["train"].ids.tolist()[:4]
+    for epoch in (None, 0, 3):
+        for video in ids:
+            got, report = cached.load(video, epoch, 0, SIZE)
+            assert np.array_equal(got, plain.load(video, epoch, 0, SIZE)[0]), (video, epoch)
+            assert set(report["stages"]) == {"decode", "cache_read", "partial_augment"}
+    assert (cached.frame_cache.stats.misses, cached.frame_cache.stats.hits) == (4, 8)
+    assert plain.frame_cache.stats.hits == 0 and plain.frame_cache.stats.unwritten == 12
+    again = RealVideos(**options)
+    for video in ids:
+        assert np.array_equal(again.load(video, 1, 0, SIZE)[0], plain.load(video, 1, 0, SIZE)[0])
+    assert (again.frame_cache.stats.misses, again.frame_cache.stats.hits) == (0, 4)
+
+
 def test_hmdb51_with_fps_resampling_through_the_source(tmp_path):
     """HMDB51 catalogs (each clip its own group) and --fps 10: every loaded clip has its catalog length."""
     ds = make_mini_hmdb51(tmp_path / "hmdb")
@@ -327,7 +348,7 @@ def test_hmdb51_with_fps_resampling_through_the_source(tmp_path):
             frames = ds.videos[os.path.relpath(path, ds.root).replace(os.sep, "/")][1]
             assert length == (frames - 1) * 10 // 25 + 1  # floor((n - 1) * f / F) + 1 at F = 25
             out, report = source.load(int(video), 0, 0, SIZE)
-            assert out.shape == (length, SIZE, SIZE, 3) and report == {}, path
+            assert out.shape == (length, SIZE, SIZE, 3) and not {"failed", "refit"} & set(report), path
 
 
 # ----------------------------------------------------------------------------------- model factory
@@ -471,6 +492,49 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     assert saved == pytest.approx(epochs[0]["flow_seconds"]) and totals["flow_videos"] == len(train)
     # The video that fails to decode (a zero clip) is reported once, by its flow task.
     assert stats["eval"]["videos"] == len(held) and mini.bad["truncated"] in stats["videos"]["skipped"]
+
+
+@pytest.mark.ray
+def test_rgb_feed_reads_the_frame_cache_within_its_budget_and_after_a_restart(ray_cluster, mini, tmp_path):
+    """An RGB feed over 3 epochs, r = 1, with a frame cache that holds about half the training videos:
+    every epoch serves load(video, epoch)'s bytes for every video, the cache stays within its budget,
+    the videos past it are decoded again (never a failure), and a new feed on the same folder (a
+    restarted feed, a --resume) reads every cached video and decodes exactly the others."""
+    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.partial_tasks import fetch_arrays
+
+    ray = ray_cluster
+    probe = _config(mini, reuse=1, epochs=3, learners=1)
+    train = load_catalogs(probe)["catalogs"]["train"]
+    plain = RealVideos(**{**dict(source_kwargs(probe)), "frame_cache_gib": 0})
+    files = [decode(plain.paths[v], stride=2, size=SIZE).nbytes + 128 for v in train.ids]
+    budget = sum(sorted(files)[: len(files) // 2]) + 64
+    config = _config(
+        mini, reuse=1, epochs=3, learners=1, frame_cache_dir=str(tmp_path), frame_cache_gib=budget / 2**30
+    )
+    ids = train.ids.tolist()
+
+    def served_by(feed, epochs) -> list[dict]:
+        for epoch in epochs:
+            ray.get(feed.epoch_shard.remote(epoch, 0, 1))
+            for video, got in zip(ids, fetch_arrays(ray.get(feed.refs.remote(ids, epoch))), strict=True):
+                assert np.array_equal(got, plain.load(video, epoch, config.data.seed, SIZE)[0]), (
+                    epoch,
+                    video,
+                )
+        stats = ray.get(feed.stats.remote(wait=True))
+        ray.kill(feed)
+        return [stats["epochs"][e]["frame_cache"] for e in epochs]
+
+    first = served_by(create_feed(config, videos_per_task=3), range(3))
+    cached = sum(1 for _ in tmp_path.glob("*.npy"))
+    assert 0 < cached < len(ids) and sum(_.stat().st_size for _ in tmp_path.glob("*.npy")) <= budget
+    # Each epoch computes every video (r = 1), from the cache or by a decode; epoch e + 1's tasks start
+    # while epoch e is served, so an epoch may already read what the next one wrote.
+    assert all(counts["hits"] + counts["misses"] == len(ids) for counts in first)
+    assert first[0]["misses"] >= len(ids) - cached and first[2]["hits"] >= 1
+    (restarted,) = served_by(create_feed(config, videos_per_task=3), [0])
+    assert restarted == {"hits": cached, "misses": len(ids) - cached}
 
 
 @pytest.mark.ray

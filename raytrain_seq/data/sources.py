@@ -65,6 +65,7 @@ import numpy as np
 from raytrain_seq.augment import partial_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import flow_window
+from raytrain_seq.data.frame_cache import FrameCache, default_folder
 from raytrain_seq.rows.assembly import max_sequences_bound
 from raytrain_seq.seeds import partial_rng
 
@@ -84,7 +85,7 @@ _SUBSET_SALT = 0x53554253  # "SUBS": the max_videos subset of class c
 _GROUP = re.compile(r"_g(\d+)_c\d+\.[^.]+$")  # UCF101: v_<Class>_g08_c01.avi -> group "08"
 _REAL_FIELDS = (
     "dataset", "data_root", "split", "stream", "num_classes", "max_videos", "stride", "fps", "seed",
-    "val_fraction", "train_list", "test_list", "val_list", "class_names",
+    "val_fraction", "train_list", "test_list", "val_list", "class_names", "frame_cache_gib", "frame_cache_dir",
 )  # fmt: skip
 _LIST_FILES = ("train_list", "test_list", "val_list", "class_names")
 _LOGGED_FIRST = 5  # per worker process: the first few length fixes are logged, then every 100th
@@ -155,18 +156,30 @@ def augment_videos(
     served as zero clips, ``refit`` ``[path, decoded, catalog]`` of lengths fixed to the catalog's.
     """
     videos = get_source(source)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     out, failed, refit = [], [], []
+    stages: dict[str, float] = {}
+    cache = {"hits": 0, "misses": 0}
     for video, epoch in zip(video_ids, epochs, strict=True):
         frames, report = videos.load(video, epoch, seed, size)
         out.append(frames)
         failed += report.get("failed", [])
         refit += report.get("refit", [])
+        for key, value in report.get("stages", {}).items():
+            stages[key] = stages.get(key, 0.0) + value
+        for key, value in report.get("frame_cache", {}).items():
+            cache[key] += value
         busy(cost + (frame_cost * len(frames) if epoch is not None else 0.0))
     info = {
         "ids": list(video_ids),
         "epochs": list(epochs),
         "seconds": time.perf_counter() - began,
+        # CPU of the whole process (decoder threads included) while it ran the body: a task worker runs
+        # one task at a time, so this is the task's cost in CPU-seconds, which holds on a busy machine.
+        "cpu_s": time.process_time() - cpu,
+        "frames": [len(frames) for frames in out],
+        "stages": stages,
+        "frame_cache": cache,
         "failed": failed,
         "refit": refit,
         "flow_method": videos.flow_method,
@@ -374,6 +387,8 @@ class RealVideos:
         test_list: str | None = None,
         val_list: str | None = None,
         class_names: str | None = None,
+        frame_cache_gib: float = 0,
+        frame_cache_dir: str | None = None,
     ) -> None:
         if dataset not in ("ucf101", "hmdb51", "list"):
             raise ValueError(f"dataset must be 'ucf101', 'hmdb51' or 'list' for real videos, got {dataset!r}")
@@ -386,6 +401,12 @@ class RealVideos:
         self.class_names_file = class_names
         self.channels = CHANNELS[stream]
         self._refits = 0  # length fixes in this process, for the rate limit of their warnings
+        # The RGB stream's decoded frames, kept on this node's disk (data/frame_cache.py); the flow stream
+        # keeps each video's flow for the run instead (runtime/feed.py, flow once).
+        self.frame_cache = FrameCache(
+            frame_cache_dir if frame_cache_dir is not None else default_folder(),
+            int(frame_cache_gib * 2**30) if stream == "rgb" else 0,
+        )
 
     @property
     def flow_method(self) -> str | None:
@@ -480,13 +501,26 @@ class RealVideos:
         if self.stream == "flow":
             flow, report = self.flow(video, size)
             return flow_window(flow, size, flow_offset(seed, video, epoch)), report
+        cache = dataclasses.replace(self.frame_cache.stats)
+        began = time.process_time()
         frames, _, length, report = self._decoded(video, size)
         if frames is None:
             return np.zeros((length, size, size, self.channels), np.uint8), report
+        decoded = time.process_time()
         rgb = fit_length(frames[0], length)
         if epoch is None:
-            return resize_video(rgb, size), report
-        return partial_augment(rgb, size=size, rng=partial_rng(seed, video, epoch)), report
+            out = resize_video(rgb, size)
+        else:
+            out = partial_augment(rgb, size=size, rng=partial_rng(seed, video, epoch))
+        now, stats = time.process_time(), self.frame_cache.stats
+        read = stats.read_cpu_s - cache.read_cpu_s
+        report["stages"] = {
+            "cache_read": read,
+            "decode": decoded - began - read,  # the probe, and the decode of a miss
+            "partial_augment": now - decoded,
+        }
+        report["frame_cache"] = {"hits": stats.hits - cache.hits, "misses": stats.misses - cache.misses}
+        return out, report
 
     def flow(self, video: int, size: int) -> tuple[np.ndarray, dict]:
         """uint8 ``[catalog length, H, W, 2]``: the flow of ``video``'s whole frames at short side ``size``.
@@ -541,7 +575,12 @@ class RealVideos:
         if self.stream == "flow":
             first, second, last = decode_pairs(path, stride=self.stride, fps=self.fps, size=size, threads=1)
             return (first, second), last
-        return (decode(path, stride=self.stride, fps=self.fps, size=size, threads=1),), True
+        frames = self.frame_cache.frames(
+            path,
+            f"stride={self.stride} fps={self.fps} size={size}",
+            lambda: decode(path, stride=self.stride, fps=self.fps, size=size, threads=1),
+        )
+        return (frames,), True
 
     def _log_refit(self, path: str, decoded: int, length: int) -> None:
         self._refits += 1

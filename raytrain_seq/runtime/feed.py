@@ -205,6 +205,7 @@ class BlockFeed:
         # are gone. Each epoch a learner asks for is recomputed from the source with the same seeds (the
         # resume path), and the restart is written down, since this process lost its predecessor's totals.
         self._restarted = _reconstructed(config.run.verbose)
+        self._cpu_began = time.process_time()  # the actor's own CPU (planning, serving) counts as the feed's
         if self._restarted:
             self._log_restart()
 
@@ -419,6 +420,8 @@ class BlockFeed:
         return {
             "recomputed": recomputed,
             "reused": videos - recomputed,
+            # Every training frame is served once an epoch, whether its partial augmentation is fresh or reused.
+            "kept_frames": int(self._catalogs["train"].lengths.sum()),
             "packing": {k: stats[k] for k in ("blocks", "lower_bound_blocks", "padding", "deleted", "cut", "filler_blocks")},
         }  # fmt: skip
 
@@ -583,27 +586,25 @@ class BlockFeed:
         with self._lock:
             self._infos.extend(infos)
             self._info_refs.extend(not_ready)
-            ran: dict[int | None, list[int]] = {}  # computing epoch (None: evaluation) -> video ids
-            seconds: dict[int | None, float] = {}
-            flowed: dict[int | None, list[int]] = {}  # flow stream: epoch -> ids whose flow it computed
-            flow_cpu: dict[int, float] = {}  # flow stream: video id -> CPU seconds of its decode + flow
-            for info in self._infos:
-                flow = info.get("kind") == "flow"
-                for k, (video, epoch) in enumerate(zip(info["ids"], info["epochs"], strict=True)):
-                    (flowed if flow else ran).setdefault(epoch, []).append(video)
-                    seconds[epoch] = seconds.get(epoch, 0.0) + info["seconds"] / len(info["ids"])
-                    if flow:
-                        flow_cpu[video] = info["flow_seconds"][k]
+            ran, seconds, flowed, flow_cpu, costs = task_tallies(self._infos)
             per_epoch = {}
             for epoch in sorted(set(self._epoch_stats) | {e for e in (*ran, *flowed) if e is not None}):
                 entry = dict(self._epoch_stats.get(epoch, {}))
                 entry.update(partial_videos=len(ran.get(epoch, [])), partial_seconds=seconds.get(epoch, 0.0))
+                entry.update(costs.get(epoch, {}))
                 if self._flow_once:
                     entry.update(self._flow_counts(ran.get(epoch, []), flowed.get(epoch, []), flow_cpu))
                 if ids:
                     entry["partial_ids"] = sorted(ran.get(epoch, []))
                 per_epoch[epoch] = entry
-            keys = ("recomputed", "reused", "partial_videos", "partial_seconds")
+            keys = (
+                "recomputed",
+                "reused",
+                "partial_videos",
+                "partial_seconds",
+                "kept_frames",
+                "partial_cpu_s",
+            )
             if self._flow_once:
                 keys += ("flow_videos", "flow_seconds", "flow_seconds_saved")
             totals = {key: sum(entry.get(key, 0) for entry in per_epoch.values()) for key in keys}
@@ -620,14 +621,63 @@ class BlockFeed:
                 flow_method="+".join(methods) if methods else self._flow_method,
                 flow_once=self._flow_once,
                 epochs=per_epoch,
-                eval={"videos": len(ran.get(None, [])), "seconds": seconds.get(None, 0.0)},
-                totals=dict(totals, tasks_pending=len(self._info_refs)),
+                eval={
+                    "videos": len(ran.get(None, [])),
+                    "seconds": seconds.get(None, 0.0),
+                    **costs.get(None, {}),
+                },
+                totals=dict(
+                    totals,
+                    tasks_pending=len(self._info_refs),
+                    actor_cpu_s=time.process_time() - self._cpu_began,
+                ),
                 t_max=self.t_max,
                 max_sequences=self.max_sequences,
                 reuse=self._config.data.reuse,
                 # Per-epoch counts and totals cover this process only: a restart loses the dead one's.
                 restarts=self._restarts(),
             ).to_dict()
+
+
+def task_tallies(infos: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, dict]:
+    """The tasks' reports by computing epoch (None: evaluation): the video ids each ran, their seconds,
+    the flow stream's flows and each flow's CPU seconds, and ``partial_cost``'s CPU, frames and stages."""
+    ran: dict[int | None, list[int]] = {}  # computing epoch (None: evaluation) -> video ids
+    seconds: dict[int | None, float] = {}
+    flowed: dict[int | None, list[int]] = {}  # flow stream: epoch -> ids whose flow it computed
+    flow_cpu: dict[int, float] = {}  # flow stream: video id -> CPU seconds of its decode + flow
+    costs: dict[int | None, dict[str, Any]] = {}  # epoch -> partial_cost's CPU, frames and stages
+    for info in infos:
+        flow = info.get("kind") == "flow"
+        if "cpu_s" in info:
+            partial_cost(costs, info)
+        for k, (video, epoch) in enumerate(zip(info["ids"], info["epochs"], strict=True)):
+            (flowed if flow else ran).setdefault(epoch, []).append(video)
+            seconds[epoch] = seconds.get(epoch, 0.0) + info["seconds"] / len(info["ids"])
+            if flow:
+                flow_cpu[video] = info["flow_seconds"][k]
+    return ran, seconds, flowed, flow_cpu, costs
+
+
+def partial_cost(costs: dict[int | None, dict[str, Any]], info: dict[str, Any]) -> None:
+    """Add one augment task's report to ``costs[epoch]``: ``partial_cpu_s`` (its process CPU, shared out
+    over its videos by frames), ``partial_frames``, ``stages`` (CPU seconds by stage) and ``frame_cache``
+    (hits, misses). A task of 2 videos of 30 and 10 frames and 4 CPU-seconds gives 3 s to the first's
+    epoch and 1 s to the second's."""
+    frames = info["frames"]
+    total = sum(frames) or 1
+    stages, cache = info.get("stages", {}), info.get("frame_cache", {})
+    for epoch, count in zip(info["epochs"], frames, strict=True):
+        entry = costs.setdefault(
+            epoch, {"partial_cpu_s": 0.0, "partial_frames": 0, "stages": {}, "frame_cache": {}}
+        )
+        share = count / total
+        entry["partial_cpu_s"] += info["cpu_s"] * share
+        entry["partial_frames"] += count
+        for key, value in stages.items():
+            entry["stages"][key] = entry["stages"].get(key, 0.0) + value * share
+        for key, value in cache.items():
+            entry["frame_cache"][key] = entry["frame_cache"].get(key, 0) + value * share
 
 
 def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[dict[str, Any]]:

@@ -1,0 +1,310 @@
+"""Kept frames per CPU-second of the job's feed on real footage, beside a plain DataLoader, in one run.
+
+The feed is drained without a model, by the job's own code path (the way DALI and FFCV report loader
+throughput): ``create_feed`` (the feed actor and its partial-augmentation tasks, the frame cache on) and
+one ``LearnerFeed`` row stream per learner, across every epoch, on the real-footage set of
+``raytrain_seq.data.footage`` (``--footage DIR``, or one made here). Per codec (MPEG-4 ``.avi``, H.264
+``.mp4``), stride (1, 8) and reuse r (1, 3), crop 112 from frames cached at short side 128:
+
+* **whole**: CPU-seconds of every process of the run (this driver, whose threads run the learners' row
+  streams, and Ray's raylet, GCS, the feed actor and the task workers; from /proc) per kept frame
+  served. Task CPU counts in the epoch it computed for (epoch 0 cold: every video decoded; later epochs
+  warm: frames read from the frame cache, 1/r of the videos augmented again); the rest (Ray's daemons,
+  the actor, the row streams' fetch and assembly, the tasks' object writes) is shared over the epochs
+  by frames served.
+* **stages** (CPU-seconds per kept frame): ``decode`` (and probe), ``cache_read``, ``partial_augment``
+  (the tasks' own clocks), ``task_other`` (the rest of the tasks' bodies), ``row_streams`` (this
+  process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes).
+
+The plain path, measured in the same run: a ``torch.utils.data.DataLoader`` whose dataset decodes each
+clip with PyAV (``to_ndarray`` at 171x128 on the kept frames) and applies ``torchvision.transforms.v2``
+RandomCrop 112, RandomHorizontalFlip and ColorJitter to the whole clip, ``--cpus`` workers with BLAS
+and OpenMP at one thread each; its CPU is the loader's process tree. Decoder backends, each alone on
+one thread, are timed by ``bench/decoder_rates.py`` when it is there. Results: ``--out`` (JSON) and,
+with ``--json``, the JSON as the last line. docs/BENCHMARKS.md has the table; "The frame cache" in
+docs/ARCHITECTURE.md says how it works.
+
+    python bench/video_feed.py --json                        # the default size
+    python bench/video_feed.py --clips-per-class 2 --codecs avi --strides 8 --reuse 1  # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline import tree_cpu_seconds
+
+from raytrain_seq.config import Config
+
+LEARNERS = 2
+CACHE_SIZE, CROP = 128, 112
+STAGES = ("decode", "cache_read", "partial_augment", "task_other", "row_streams", "ray")
+logger = logging.getLogger(__name__)
+
+
+def one_thread_env() -> None:
+    """BLAS and OpenMP at one thread in this process and the processes it starts (as a Ray task runs)."""
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = "1"
+
+
+def feed_config(footage: Any, codec: str, stride: int, reuse: int, epochs: int, cache_dir: str) -> Config:
+    """The job's configuration for the footage set of ``codec``: the list dataset, crop 112 of 128."""
+    root = footage.roots[codec]
+    return Config.from_preset(
+        None,
+        dataset="list",
+        data_root=str(root),
+        train_list=str(footage.train_lists[codec]),
+        test_list=str(footage.test_lists[codec]),
+        stride=stride,
+        reuse=reuse,
+        cache_size=CACHE_SIZE,
+        crop=CROP,
+        epochs=epochs,
+        learners=LEARNERS,
+        batch_size=4,
+        micro_batch_size=4,
+        frame_cache_dir=cache_dir,
+    )
+
+
+def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
+    """Every epoch's rows through ``LEARNERS`` row streams; the run's CPU and the feed's report."""
+    import ray
+
+    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
+
+    tree0, own0 = tree_cpu_seconds(), time.process_time()
+    feed = create_feed(config, videos_per_task=videos_per_task)
+    streams = [LearnerFeed(feed, epochs=config.train.epochs) for _ in range(LEARNERS)]
+    served = []
+    for epoch in range(config.train.epochs):
+        views: list = [None] * LEARNERS
+
+        def drain(rank: int, epoch: int = epoch, views: list = views) -> None:
+            view, _ = streams[rank].epoch_rows(epoch, rank, LEARNERS)
+            views[rank] = view
+            while view.take(config.train.batch_size) is not None:
+                pass
+
+        threads = [threading.Thread(target=drain, args=(rank,)) for rank in range(LEARNERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        served.append(sum(v.frames for v in views))
+    for stream in streams:
+        stream.close()
+    stats = ray.get(feed.stats.remote(wait=True))
+    own = time.process_time() - own0
+    tree = tree_cpu_seconds() - tree0
+    ray.kill(feed)
+    return {"served": served, "stats": stats, "tree_cpu_s": tree, "own_cpu_s": own}
+
+
+def feed_rows(run: dict[str, Any], codec: str, stride: int, reuse: int) -> list[dict[str, Any]]:
+    """The cold and warm rows of one drained run (module docstring: how CPU is attributed)."""
+    epochs = {int(e): entry for e, entry in run["stats"]["epochs"].items()}
+    served = run["served"]
+    total_frames = sum(served)
+    tasks = {e: float(entry.get("partial_cpu_s", 0.0)) for e, entry in epochs.items()}
+    rest = run["tree_cpu_s"] - sum(tasks.values())
+    rows = []
+    for name, which in (("cold", [0]), ("warm", list(range(1, len(served))))):
+        frames = sum(served[e] for e in which)
+        if not frames:
+            continue
+        share = frames / total_frames
+        stage = {key: 0.0 for key in STAGES}
+        for e in which:
+            for key, value in epochs.get(e, {}).get("stages", {}).items():
+                stage[key] += value
+        task_cpu = sum(tasks.get(e, 0.0) for e in which)
+        stage["task_other"] = task_cpu - sum(stage[k] for k in ("decode", "cache_read", "partial_augment"))
+        stage["row_streams"] = run["own_cpu_s"] * share
+        stage["ray"] = rest * share - stage["row_streams"]
+        cpu = task_cpu + rest * share
+        rows.append(
+            {
+                "codec": codec,
+                "stride": stride,
+                "r": reuse,
+                "epoch": name,
+                "kept_frames": frames,
+                "cpu_s": round(cpu, 4),
+                "frames_per_cpu_s": round(frames / cpu, 1),
+                "stages": {key: round(value / frames * 1e3, 5) for key, value in stage.items()},
+            }
+        )
+    return rows
+
+
+class PlainClips:
+    """The plain path's dataset: PyAV decode of the kept frames at 171x128, then torchvision v2's crop,
+    flip and colour jitter on the whole clip (one draw per clip)."""
+
+    def __init__(self, paths: list[str], stride: int) -> None:
+        self.paths, self.stride = paths, stride
+        self._transform = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        import av
+        import numpy as np
+        import torch
+        from torchvision import tv_tensors
+        from torchvision.transforms import v2
+
+        if self._transform is None:
+            self._transform = v2.Compose(
+                [v2.RandomCrop(CROP), v2.RandomHorizontalFlip(), v2.ColorJitter(0.3, 0.3, 0.4, 0.08)]
+            )
+        with av.open(self.paths[index]) as container:
+            stream = container.streams.video[0]
+            stream.thread_count = 1
+            frames = [
+                frame.to_ndarray(format="rgb24", width=171, height=128)
+                for k, frame in enumerate(container.decode(stream))
+                if k % self.stride == 0
+            ]
+        clip = tv_tensors.Video(torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2))
+        return self._transform(clip)
+
+
+def _one_thread_worker(_: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def drain_loader(paths: list[str], stride: int, workers: int) -> dict[str, Any]:
+    """One epoch of the plain path: its kept frames and the loader's process tree's CPU."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(
+        PlainClips(paths, stride),
+        batch_size=None,
+        shuffle=True,
+        num_workers=workers,
+        worker_init_fn=_one_thread_worker,
+        persistent_workers=False,
+    )
+    cpu0 = tree_cpu_seconds()
+    frames = sum(int(clip.shape[0]) for clip in loader)
+    cpu = tree_cpu_seconds() - cpu0
+    return {"kept_frames": frames, "cpu_s": round(cpu, 4), "frames_per_cpu_s": round(frames / cpu, 1)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--footage", type=Path, help="a set made by python -m raytrain_seq.data.footage")
+    parser.add_argument(
+        "--clips-per-class", type=int, default=4, help="size of the set made when no --footage"
+    )
+    parser.add_argument("--codecs", nargs="+", default=["avi", "mp4"], choices=["avi", "mp4"])
+    parser.add_argument("--strides", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--reuse", nargs="+", type=int, default=[1, 3])
+    parser.add_argument("--epochs", type=int, default=4, help="epoch 0 is cold, the rest warm")
+    parser.add_argument("--cpus", type=int, default=2, help="Ray's CPUs, and the DataLoader's workers")
+    parser.add_argument("--videos-per-task", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/video_feed.json"))
+    parser.add_argument("--json", action="store_true", help="print the results as the last line")
+    return parser.parse_args(argv)
+
+
+def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
+    import ray
+
+    rows, loader = [], []
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        for codec in args.codecs:
+            for stride in args.strides:
+                for reuse in args.reuse:
+                    with tempfile.TemporaryDirectory(prefix="frame-cache-") as cache_dir:
+                        config = feed_config(footage, codec, stride, reuse, args.epochs, cache_dir)
+                        run = drain_feed(config, args.videos_per_task)
+                    rows += feed_rows(run, codec, stride, reuse)
+                    print_rows(rows[-2:])
+    finally:
+        ray.shutdown()
+    for codec in args.codecs:
+        paths = [str(p) for p in footage.train_paths(codec)]
+        for stride in args.strides:
+            loader.append({"codec": codec, "stride": stride, **drain_loader(paths, stride, args.cpus)})
+            print(f"dataloader {codec} stride {stride}: {loader[-1]['frames_per_cpu_s']:,.0f} frames/CPU-s")
+    return {"feed": "real", "rows": rows, "dataloader": loader, "decoders": decoder_rows(footage, args)}
+
+
+def decoder_rows(footage: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each installed decoder backend alone on one thread (bench/decoder_rates.py), on one clip a codec."""
+    try:
+        from decoder_rates import measure as decoder_measure
+    except ImportError:
+        return []
+    paths = [str(footage.train_paths(codec)[0]) for codec in args.codecs]
+    return decoder_measure(paths, None, args.strides, size=CACHE_SIZE)
+
+
+def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each feed row over the plain path of the same codec and stride."""
+    plain = {(d["codec"], d["stride"]): d["frames_per_cpu_s"] for d in results["dataloader"]}
+    return [
+        {k: row[k] for k in ("codec", "stride", "r", "epoch")}
+        | {
+            "frames_per_cpu_s": row["frames_per_cpu_s"],
+            "x_dataloader": round(row["frames_per_cpu_s"] / base, 2),
+        }
+        for row in results["rows"]
+        if (base := plain.get((row["codec"], row["stride"])))
+    ]
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        stages = ", ".join(f"{k} {v:.3f}" for k, v in row["stages"].items())
+        print(
+            f"feed {row['codec']} stride {row['stride']} r {row['r']} {row['epoch']}: "
+            f"{row['frames_per_cpu_s']:,.0f} kept frames/CPU-s ({row['kept_frames']} frames); ms a frame: {stages}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    one_thread_env()
+    logging.basicConfig(level=logging.WARNING)
+    from raytrain_seq.data.footage import make_footage
+
+    with tempfile.TemporaryDirectory(prefix="footage-") as scratch:
+        footage = make_footage(args.footage or Path(scratch), clips_per_class=args.clips_per_class)
+        results = measure(args, footage)
+    results["vs_dataloader"] = ratios(results)
+    for row in results["vs_dataloader"]:
+        print(
+            f"{row['codec']} stride {row['stride']} r {row['r']} {row['epoch']}: "
+            f"{row['frames_per_cpu_s']:,.0f} kept frames/CPU-s, {row['x_dataloader']:.2f}x the DataLoader"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
