@@ -8,13 +8,12 @@ one ``LearnerFeed`` row stream per learner, across every epoch, on the real-foot
 
 * **whole**: CPU-seconds of every process of the run (this driver, whose threads run the learners' row
   streams, and Ray's raylet, GCS, the feed actor and the task workers; from /proc) per kept frame
-  served. Task CPU counts in the epoch it computed for (epoch 0 cold: every video decoded; later epochs
-  warm: frames read from the frame cache, 1/r of the videos augmented again); the rest (Ray's daemons,
-  the actor, the row streams' fetch and assembly, the tasks' object writes) is shared over the epochs
-  by frames served.
+  served, epoch by epoch (``feed_rows``): epoch 0 is cold (every video decoded; the feed's start-up
+  included), later epochs warm (frames read from the frame cache, 1/r of the videos augmented again).
 * **stages** (CPU-seconds per kept frame): ``decode`` (and probe), ``cache_read``, ``partial_augment``
   (the tasks' own clocks), ``task_other`` (the rest of the tasks' bodies), ``row_streams`` (this
-  process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes).
+  process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes,
+  and in the cold epoch the start of the actor and the task workers).
 
 The plain path, measured in the same run: a ``torch.utils.data.DataLoader`` whose dataset decodes each
 clip with PyAV (``to_ndarray`` at 171x128 on the kept frames) and applies ``torchvision.transforms.v2``
@@ -61,13 +60,13 @@ def one_thread_env() -> None:
 
 def feed_config(footage: Any, codec: str, stride: int, reuse: int, epochs: int, cache_dir: str) -> Config:
     """The job's configuration for the footage set of ``codec``: the list dataset, crop 112 of 128."""
-    root = footage.roots[codec]
     return Config.from_preset(
         None,
         dataset="list",
-        data_root=str(root),
-        train_list=str(footage.train_lists[codec]),
-        test_list=str(footage.test_lists[codec]),
+        data_root=str(footage.roots[codec]),
+        train_list=str(footage.list_file(codec, "train")),
+        test_list=str(footage.list_file(codec, "test")),
+        class_names=str(footage.class_file(codec)),
         stride=stride,
         reuse=reuse,
         cache_size=CACHE_SIZE,
@@ -81,16 +80,18 @@ def feed_config(footage: Any, codec: str, stride: int, reuse: int, epochs: int, 
 
 
 def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
-    """Every epoch's rows through ``LEARNERS`` row streams; the run's CPU and the feed's report."""
+    """Every epoch's rows through ``LEARNERS`` row streams, epoch by epoch: each epoch's window of CPU
+    (every process, and this one's), ending once every task launched so far has finished (so epoch
+    e + 1's tasks, launched as epoch e is served, fall in window e), and the feed's report."""
     import ray
 
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
 
-    tree0, own0 = tree_cpu_seconds(), time.process_time()
+    tree, own = tree_cpu_seconds(), time.process_time()
     feed = create_feed(config, videos_per_task=videos_per_task)
     streams = [LearnerFeed(feed, epochs=config.train.epochs) for _ in range(LEARNERS)]
-    served = []
+    windows = []
     for epoch in range(config.train.epochs):
         views: list = [None] * LEARNERS
 
@@ -105,38 +106,42 @@ def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
             t.start()
         for t in threads:
             t.join()
-        served.append(sum(v.frames for v in views))
+        stats = ray.get(feed.stats.remote(wait=True))
+        now_tree, now_own = tree_cpu_seconds(), time.process_time()
+        served = sum(v.frames for v in views)
+        windows.append({"served": served, "tree_cpu_s": now_tree - tree, "own_cpu_s": now_own - own})
+        tree, own = now_tree, now_own
     for stream in streams:
         stream.close()
-    stats = ray.get(feed.stats.remote(wait=True))
-    own = time.process_time() - own0
-    tree = tree_cpu_seconds() - tree0
     ray.kill(feed)
-    return {"served": served, "stats": stats, "tree_cpu_s": tree, "own_cpu_s": own}
+    return {"windows": windows, "stats": stats}
 
 
 def feed_rows(run: dict[str, Any], codec: str, stride: int, reuse: int) -> list[dict[str, Any]]:
-    """The cold and warm rows of one drained run (module docstring: how CPU is attributed)."""
+    """The cold and warm rows of one drained run.
+
+    Window 0 (start-up included) holds epoch 0's tasks and epoch 1's, which are warm: cold = window 0
+    less epoch 1's task CPU; warm = windows 1.. plus epoch 1's task CPU. ``row_streams`` is this
+    process's CPU in the windows, ``ray`` the rest beyond the tasks (daemons, the actor, object writes).
+    """
     epochs = {int(e): entry for e, entry in run["stats"]["epochs"].items()}
-    served = run["served"]
-    total_frames = sum(served)
     tasks = {e: float(entry.get("partial_cpu_s", 0.0)) for e, entry in epochs.items()}
-    rest = run["tree_cpu_s"] - sum(tasks.values())
+    windows = run["windows"]
     rows = []
-    for name, which in (("cold", [0]), ("warm", list(range(1, len(served))))):
-        frames = sum(served[e] for e in which)
+    for name, which in (("cold", [0]), ("warm", list(range(1, len(windows))))):
+        frames = sum(windows[e]["served"] for e in which)
         if not frames:
             continue
-        share = frames / total_frames
+        moved = tasks.get(1, 0.0) * (1 if name == "warm" else -1)
+        cpu = sum(windows[e]["tree_cpu_s"] for e in which) + moved
+        task_cpu = sum(tasks.get(e, 0.0) for e in which)
         stage = {key: 0.0 for key in STAGES}
         for e in which:
             for key, value in epochs.get(e, {}).get("stages", {}).items():
                 stage[key] += value
-        task_cpu = sum(tasks.get(e, 0.0) for e in which)
         stage["task_other"] = task_cpu - sum(stage[k] for k in ("decode", "cache_read", "partial_augment"))
-        stage["row_streams"] = run["own_cpu_s"] * share
-        stage["ray"] = rest * share - stage["row_streams"]
-        cpu = task_cpu + rest * share
+        stage["row_streams"] = sum(windows[e]["own_cpu_s"] for e in which)
+        stage["ray"] = cpu - task_cpu - stage["row_streams"]
         rows.append(
             {
                 "codec": codec,
@@ -212,7 +217,7 @@ def drain_loader(paths: list[str], stride: int, workers: int) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--footage", type=Path, help="a set made by python -m raytrain_seq.data.footage")
+    parser.add_argument("--footage", type=Path, help="where to make the set (default: a temporary folder)")
     parser.add_argument(
         "--clips-per-class", type=int, default=4, help="size of the set made when no --footage"
     )
@@ -244,7 +249,7 @@ def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
     finally:
         ray.shutdown()
     for codec in args.codecs:
-        paths = [str(p) for p in footage.train_paths(codec)]
+        paths = train_paths(footage, codec)
         for stride in args.strides:
             loader.append({"codec": codec, "stride": stride, **drain_loader(paths, stride, args.cpus)})
             print(f"dataloader {codec} stride {stride}: {loader[-1]['frames_per_cpu_s']:,.0f} frames/CPU-s")
@@ -257,8 +262,16 @@ def decoder_rows(footage: Any, args: argparse.Namespace) -> list[dict[str, Any]]
         from decoder_rates import measure as decoder_measure
     except ImportError:
         return []
-    paths = [str(footage.train_paths(codec)[0]) for codec in args.codecs]
+    paths = [train_paths(footage, codec)[0] for codec in args.codecs]
     return decoder_measure(paths, None, args.strides, size=CACHE_SIZE)
+
+
+def train_paths(footage: Any, codec: str) -> list[str]:
+    """The training clips of the ``codec`` set, in the order of its list."""
+    root = footage.roots[codec]
+    return [
+        str(root / line.split()[0]) for line in footage.list_file(codec, "train").read_text().splitlines()
+    ]
 
 
 def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ from raytrain_seq.checks import (
     optional_path,
     parse_learners,
 )
+from raytrain_seq.data.decoders import DECODERS
 from raytrain_seq.packing import STRATEGIES
 from raytrain_seq.presets import PRESETS
 
@@ -116,6 +117,8 @@ class DataConfig:
     """Temporal stride: keep every stride-th frame, so a video of n frames gives ceil(n / stride)."""
     fps: float | None = None
     """Resample real videos to this frame rate instead of striding (stride must then be 1); None = stride."""
+    decoder: str = "auto"
+    """Video decoder of real videos: pyav, opencv, decord, or auto (the fastest installed: data/decoders.py)."""
     t_max: int | None = None
     """Block length in (strided) frames; None = the longest strided video, so every video fits whole."""
     cache_size: int = 36
@@ -216,6 +219,9 @@ class DataConfig:
                 f"data.split must be 1, 2 or 3, got {self.split!r}: pick one of the official splits (--split 1)"
             )
         choice("data.stream", self.stream, STREAMS)
+        choice(
+            "data.decoder", self.decoder, DECODERS, " (--decoder auto takes the fastest one installed here)"
+        )
         if self.stream == "flow" and self.dataset == "synthetic":
             raise ValueError(
                 "data.stream='flow' needs real video (dataset ucf101, hmdb51 or list): the synthetic set has no "

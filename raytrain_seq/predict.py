@@ -27,6 +27,7 @@ import numpy as np
 
 from raytrain_seq.augment import TEST_VIEWS
 from raytrain_seq.config import RunSetupError
+from raytrain_seq.data.decoders import DECODERS
 from raytrain_seq.export import input_spec, load_exported, load_run, model_spec
 
 logger = logging.getLogger(__name__)
@@ -44,22 +45,38 @@ def _device(name: str | None):
     return torch.device(name)
 
 
+def _decoder(name: str) -> str:
+    from raytrain_seq.data.decoders import resolve
+
+    try:
+        return resolve(name)
+    except (ImportError, ValueError) as exc:
+        raise RunSetupError(str(exc)) from exc
+
+
 class Predictor:
     """A trained model and its input transforms; ``top(path, k)`` -> [(class name, probability), ...].
 
     ``source``: a run folder or an exported ``model.pt``. ``device``: "auto" (the GPU when there is
     one), "cpu" or "cuda". ``test_views``: the views each video is scored on (``augment.TEST_VIEWS``).
+    ``decoder``: the video decoder (``data.decoders``; "auto", the fastest installed).
     ``config`` is the run's Config for a run folder, None for an export.
     """
 
     def __init__(
-        self, source: str | Path, *, device: str | None = "auto", test_views: str = "center"
+        self,
+        source: str | Path,
+        *,
+        device: str | None = "auto",
+        test_views: str = "center",
+        decoder: str = "auto",
     ) -> None:
         from raytrain_seq.models.factory import model_from_state
 
         if test_views not in TEST_VIEWS:
             raise RunSetupError(f"--test-views {test_views!r}: choose one of {', '.join(TEST_VIEWS)}")
         self.test_views, self.device = test_views, _device(device)
+        self.decoder = _decoder(decoder)
         path = Path(source).expanduser()
         self.config = None
         if path.is_file():
@@ -91,9 +108,9 @@ class Predictor:
             from raytrain_seq.data.flow import flow_window, pair_flow
 
             # The run's evaluation: the flow of the whole frames, then the centred window (flow once).
-            first, second, last = decode_pairs(path, stride=stride, fps=fps, size=size)
+            first, second, last = decode_pairs(path, stride=stride, fps=fps, size=size, decoder=self.decoder)
             return flow_window(pair_flow(first, second, last=last), size)
-        return resize_video(decode(path, stride=stride, fps=fps, size=size), size)
+        return resize_video(decode(path, stride=stride, fps=fps, size=size, decoder=self.decoder), size)
 
     def frames(self, path: str | Path) -> np.ndarray:
         """uint8 ``[T, crop, crop, C]`` of ``path`` as the run's evaluation sees it (the centre view)."""
@@ -169,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: the GPU when there is one"
     )
+    parser.add_argument(
+        "--decoder", default="auto", choices=DECODERS, help="video decoder (auto: the fastest installed)"
+    )
     return parser
 
 
@@ -176,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        predictor = Predictor(args.run_dir, device=args.device, test_views=args.test_views)
+        predictor = Predictor(
+            args.run_dir, device=args.device, test_views=args.test_views, decoder=args.decoder
+        )
     except ValueError as err:  # RunSetupError, or a model factory that does not import here
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
@@ -189,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         except VideoError as err:
             # Not the catalog's advice (delete it from the split lists): this file was given on its own.
             print(
-                f"error: {err.path}: {err.reason}: pass a video file that PyAV can decode (re-encode it, e.g. "
+                f"error: {err.path}: {err.reason}: pass a video file that {predictor.decoder} can decode (re-encode it, e.g. "
                 "ffmpeg -i IN -c:v mpeg4 -q:v 2 OUT.avi); the other videos go on",
                 file=sys.stderr,
             )

@@ -5,7 +5,7 @@ whatever Ray runs on the machine) or inside a learner (where Ray Train may retry
 times). Two layers:
 
 * ``check_paths(config)``: the paths (no torch, no video opened): the data root and its split files (read
-  and checked line by line; unreadable ones named), ``--num-classes`` against the classes the lists name,
+  and checked line by line; unreadable ones named), the video decoder of ``--decoder`` (installed here), ``--num-classes`` against the classes the lists name,
   ``--weights`` readable, ``--init-from``, the two ``--fuse`` runs and the ``--resume`` run (each must hold
   a checkpoint folder), and the tracker's package.
 * ``check(config)``: the paths, then what the data and the model say. The data geometry
@@ -106,12 +106,19 @@ def _class_names(config: Config, root: str) -> tuple[str, ...]:
 
 def check_paths(config: Config) -> None:
     """Raise RunSetupError for the first path ``config`` would read that is missing or unusable (and
-    for a tracker whose package is not installed)."""
+    for a tracker or a video decoder whose package is not installed)."""
     problem = tracker_available(config.run.tracker)
     if problem is not None:
         raise RunSetupError(problem)
     if config.data.stream != "fuse":
         _data(config)
+    if config.data.dataset != "synthetic":
+        from raytrain_seq.data.decoders import resolve
+
+        try:
+            resolve(config.data.decoder)
+        except ImportError as exc:
+            raise RunSetupError(str(exc)) from exc
     weights = config.model.weights
     if weights is not None:
         path = Path(weights).expanduser()

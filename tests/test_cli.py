@@ -99,6 +99,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "data.max_videos": (["50"], 50, []),
     "data.stride": (["2"], 2, []),
     "data.fps": (["12.5"], 12.5, ["--stride", "1"]),
+    "data.decoder": (["opencv"], "opencv", ["--dataset", "ucf101", "--data-root", "/v"]),
     "data.t_max": (["40"], 40, []),
     "data.cache_size": (["40"], 40, []),
     "data.crop": (["24"], 24, []),

@@ -42,6 +42,8 @@ BAD_VALUES = [
     ("data.split", 4, 3),
     ("data.split", "1", 1),
     ("data.stream", "depth", "rgb"),
+    ("data.decoder", "ffmpeg", "opencv"),
+    ("data.decoder", None, "auto"),
     ("data.fps", 0, 25.0),
     ("data.fps", -5.0, 12.5),
     ("data.fps", "25", 25),

@@ -1,13 +1,14 @@
 """Check a data root before anyone spends GPU hours: every listed video probed, counts and the plan's padding.
 
-    python -m raytrain_seq.data.check --dataset ucf101 --data-root DIR --split 1 [--stride 8] [--workers 8]
+    python -m raytrain_seq.data.check --dataset ucf101 --data-root DIR --split 1 [--stride 8] [--workers 8] \
+        [--decoder auto]
     python -m raytrain_seq.data.check --dataset list --data-root DIR --train-list F --test-list F \
         [--val-list F] [--class-names F]
 
 Reads the split's lists (``ucf101_entries`` / ``hmdb51_entries`` / ``video_list.list_entries``: errors
 name the file and line), then
-probes every listed video's header in parallel threads (``data.video.probe``: no decoding) with a progress
-bar, and prints, per side of the split (train, test, and val for a ``--val-list``): the videos listed, missing (no file) and unreadable (the file does
+probes every listed video's header in parallel threads (``data.video.probe`` with ``--decoder``, the
+backend the job will decode with: no decoding) with a progress bar, and prints, per side of the split (train, test, and val for a ``--val-list``): the videos listed, missing (no file) and unreadable (the file does
 not open or has no frames), the frame counts (min, median, mean, max) before and after the stride, and
 what packing the training side costs: blocks and padding of the ``optimal`` plan at ``t_max`` = its
 longest strided video, against padding every video to that length. Exit code: 0 when every listed video
@@ -26,17 +27,19 @@ from typing import Any
 
 import numpy as np
 
+from raytrain_seq.data.decoders import DECODERS
+
 __all__ = ["check", "main"]
 
 
-def _probe(path: str) -> tuple[str, Any]:
+def _probe(path: str, decoder: str) -> tuple[str, Any]:
     """("ok", frames) / ("missing", None) / ("unreadable", reason) for one listed video."""
     from raytrain_seq.data.video import VideoError, probe
 
     if not os.path.exists(path):
         return "missing", None
     try:
-        return "ok", probe(path).frames
+        return "ok", probe(path, decoder=decoder).frames
     except VideoError as exc:
         return "unreadable", exc.reason
 
@@ -67,16 +70,20 @@ def check(
     progress: Callable[[int, int], Any] | None = None,
     lists: dict[str, str | None] | None = None,
     class_names: str | None = None,
+    decoder: str = "auto",
 ) -> dict[str, Any]:
     """The report as a dict: per side (train, test, val) the counts, problems, frame statistics; the packing.
 
     ``lists`` (side -> file) and ``class_names`` are the annotation lists of ``dataset="list"``.
-    ``progress(done, total)`` is called after each probed video. ValueError when the lists cannot be read
-    (it names the file and line).
+    ``progress(done, total)`` is called after each probed video. ``decoder`` probes (``data.decoders``; the
+    report's ``"decoder"`` is the backend it resolved to). ValueError when the lists cannot be read (it
+    names the file and line); ImportError naming the ``pip install`` when the decoder is not installed.
     """
+    from raytrain_seq.data.decoders import resolve
     from raytrain_seq.data.video import strided_length
     from raytrain_seq.packing import pack
 
+    decoder = resolve(decoder)
     class_names, sides = _entries(dataset, data_root, split, lists, class_names)
     report: dict[str, Any] = {
         "dataset": dataset,
@@ -84,13 +91,14 @@ def check(
         "sides": list(sides),
         "classes": len(class_names),
         "stride": stride,
+        "decoder": decoder,
     }
     total, done = sum(len(rows) for rows in sides.values()), 0
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for side, rows in sides.items():
             paths = [path for _, _, path in rows]
             results = []
-            for result in pool.map(_probe, paths):
+            for result in pool.map(lambda p: _probe(p, decoder), paths):
                 results.append(result)
                 done += 1
                 if progress is not None:
@@ -133,7 +141,10 @@ def _stats(values: np.ndarray) -> dict[str, float] | None:
 
 def _print(report: dict[str, Any]) -> None:
     which = "lists" if report["dataset"] == "list" else f"split {report['split']}"
-    print(f"{report['dataset']} {which}: {report['classes']} classes, stride {report['stride']}")
+    print(
+        f"{report['dataset']} {which}: {report['classes']} classes, stride {report['stride']}, "
+        f"decoder {report['decoder']}"
+    )
     for side in report["sides"]:
         r = report[side]
         print(f"  {side}: {r['listed']} listed, {r['readable']} readable, {len(r['missing'])} missing, "
@@ -186,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         "--stride", type=int, default=1, metavar="S", help="temporal stride for lengths [default 1]"
     )
     parser.add_argument("--workers", type=int, default=8, metavar="N", help="probing threads [default 8]")
+    parser.add_argument(
+        "--decoder", default="auto", choices=DECODERS, help="video decoder (auto: the fastest installed)"
+    )
     args = parser.parse_args(argv)
     if args.stride < 1 or args.workers < 1:
         print("error: --stride and --workers must be >= 1", file=sys.stderr)
@@ -207,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                 progress=advance,
                 lists={"train": args.train_list, "test": args.test_list, "val": args.val_list},
                 class_names=args.class_names,
+                decoder=args.decoder,
             )
-    except ValueError as err:
+    except (ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     _print(report)

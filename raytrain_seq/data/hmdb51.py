@@ -148,11 +148,12 @@ def hmdb51_catalog(
     fps: float | None = None,
     verify: bool = False,
     workers: int = 4,
+    decoder: str = "auto",
 ) -> VideoCatalog:
     """The ``split`` (``"train"``/``"test"``) of HMDB51 fold ``fold`` (1, 2 or 3) under ``data_root``.
 
     ``stride``/``fps`` set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True``
-    counts frames by decoding (slow); ``workers`` threads probe headers.
+    counts frames by decoding (slow); ``workers`` threads probe headers, with ``decoder`` (``data.decoders``).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -173,4 +174,5 @@ def hmdb51_catalog(
         fps=fps,
         verify=verify,
         workers=workers,
+        decoder=decoder,
     )

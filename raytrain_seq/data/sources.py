@@ -2,8 +2,9 @@
 
 Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et al., "Refurbish Your Training
 Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
-(``raytrain_seq.runtime.feed.BlockFeed``) submits for a batch of video ids: it decodes each video (PyAV, one
-decoder thread since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
+(``raytrain_seq.runtime.feed.BlockFeed``) submits for a batch of video ids: it decodes each video (the
+backend of ``data.decoder``, resolved once by ``source_kwargs``: ``data.decoders``; one decoder thread
+and one OpenCV thread, since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
 augmentation seeded by ``seeds.partial_rng(seed, video, computing epoch)``, so a recompute after a resume
 or on another worker gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
 
@@ -85,7 +86,8 @@ _SUBSET_SALT = 0x53554253  # "SUBS": the max_videos subset of class c
 _GROUP = re.compile(r"_g(\d+)_c\d+\.[^.]+$")  # UCF101: v_<Class>_g08_c01.avi -> group "08"
 _REAL_FIELDS = (
     "dataset", "data_root", "split", "stream", "num_classes", "max_videos", "stride", "fps", "seed",
-    "val_fraction", "train_list", "test_list", "val_list", "class_names", "frame_cache_gib", "frame_cache_dir",
+    "val_fraction", "train_list", "test_list", "val_list", "class_names", "decoder", "frame_cache_gib",
+    "frame_cache_dir",
 )  # fmt: skip
 _LIST_FILES = ("train_list", "test_list", "val_list", "class_names")
 _LOGGED_FIRST = 5  # per worker process: the first few length fixes are logged, then every 100th
@@ -111,6 +113,7 @@ def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
     # "~" is expanded here, in the driver, so every worker opens the same absolute path.
     values = {name: getattr(data, name) for name in _REAL_FIELDS}
     values["data_root"] = os.path.abspath(os.path.expanduser(values["data_root"]))
+    values["decoder"] = _decoder(data.decoder)
     if data.dataset == "list":
         from raytrain_seq.data.video_list import resolve_list
 
@@ -118,6 +121,17 @@ def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
             if values[name] is not None:
                 values[name] = resolve_list(values[name], values["data_root"])
     return tuple(values.items())
+
+
+def _decoder(name: str) -> str:
+    """``data.decoder`` resolved here ("auto": the fastest installed), so the catalog's probes and every
+    task's decodes use one backend; a backend that is not installed stops the run with the fix."""
+    from raytrain_seq.data.decoders import resolve
+
+    try:
+        return resolve(name)
+    except ImportError as exc:
+        raise RunSetupError(str(exc)) from exc
 
 
 @functools.lru_cache(maxsize=4)
@@ -387,6 +401,7 @@ class RealVideos:
         test_list: str | None = None,
         val_list: str | None = None,
         class_names: str | None = None,
+        decoder: str = "auto",
         frame_cache_gib: float = 0,
         frame_cache_dir: str | None = None,
     ) -> None:
@@ -399,6 +414,7 @@ class RealVideos:
         self.stride, self.fps, self.seed, self.val_fraction = stride, fps, seed, val_fraction
         self.lists = {"train": train_list, "val": val_list, "test": test_list}
         self.class_names_file = class_names
+        self.decoder = _decoder(decoder)
         self.channels = CHANNELS[stream]
         self._refits = 0  # length fixes in this process, for the rate limit of their warnings
         # The RGB stream's decoded frames, kept on this node's disk (data/frame_cache.py); the flow stream
@@ -446,7 +462,10 @@ class RealVideos:
                 f"data.num_classes={k} but {self.dataset} under {self.data_root} has {len(names)} classes: "
                 f"pass --num-classes <= {len(names)} (or leave it out for all of them)"
             )
-        options = {"dataset": self.dataset, "fold": self.fold, "stride": self.stride, "fps": self.fps}
+        options = {
+            "dataset": self.dataset, "fold": self.fold, "stride": self.stride, "fps": self.fps,
+            "decoder": self.decoder,
+        }  # fmt: skip
         built = {
             side: build_catalog(
                 [e for e in lists[side] if e[1] < k],
@@ -547,7 +566,7 @@ class RealVideos:
             raise ValueError(f"video id {video} is not in {self.dataset} fold {self.fold}: use catalog ids")
         path = self.paths[video]
         try:
-            info = probe(path)
+            info = probe(path, decoder=self.decoder)
         except VideoError as exc:
             raise VideoError(
                 path, f"it was readable when the catalog was built but not now ({exc.reason})"
@@ -570,15 +589,25 @@ class RealVideos:
 
     def _decode(self, path: str, size: int) -> tuple[tuple[np.ndarray, ...], bool]:
         """Frames at short side ``size`` (RGB: ``(frames,)``; flow: ``(first, second)``), and ``last``."""
+        from raytrain_seq.data.decoders import uses_opencv
         from raytrain_seq.data.video import decode, decode_pairs
 
+        if uses_opencv(self.decoder):
+            _one_opencv_thread()
+        options = {
+            "stride": self.stride,
+            "fps": self.fps,
+            "size": size,
+            "threads": 1,
+            "decoder": self.decoder,
+        }
         if self.stream == "flow":
-            first, second, last = decode_pairs(path, stride=self.stride, fps=self.fps, size=size, threads=1)
+            first, second, last = decode_pairs(path, **options)
             return (first, second), last
         frames = self.frame_cache.frames(
             path,
-            f"stride={self.stride} fps={self.fps} size={size}",
-            lambda: decode(path, stride=self.stride, fps=self.fps, size=size, threads=1),
+            f"stride={self.stride} fps={self.fps} size={size} decoder={self.decoder}",
+            lambda: decode(path, **options),
         )
         return (frames,), True
 

@@ -179,12 +179,13 @@ def ucf101_catalog(
     fps: float | None = None,
     verify: bool = False,
     workers: int = 4,
+    decoder: str = "auto",
 ) -> VideoCatalog:
     """The ``split`` (``"train"``/``"test"``) of UCF101 fold ``fold`` (1, 2 or 3) under ``data_root``.
 
     Both lists of the fold are read (ids span both, and a video in both is an error). ``stride``/``fps``
     set ``lengths`` and are recorded on the catalog for ``decode``; ``verify=True`` counts frames by
-    decoding (slow); ``workers`` threads probe headers.
+    decoding (slow); ``workers`` threads probe headers, with ``decoder`` (``data.decoders``).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -203,4 +204,5 @@ def ucf101_catalog(
         fps=fps,
         verify=verify,
         workers=workers,
+        decoder=decoder,
     )

@@ -1,4 +1,4 @@
-"""Real-video decoding with PyAV, and the catalog type shared by the UCF101 and HMDB51 readers.
+"""Real-video decoding (PyAV, OpenCV or decord: ``data.decoders``), and the catalog type shared by the readers.
 
 ``probe(path)`` reads the frame count, frame rate and size from the container header (cheap: no
 decoding); when the header has no frame count (0, e.g. Matroska) or ``verify=True``, it
@@ -20,11 +20,18 @@ variable-frame-rate file is treated as constant rate at its average rate):
   30000/1001 given as a float is recovered exactly), and ``decode`` and ``output_length`` share it, so
   the length a catalog predicts from the header is the count ``decode`` returns.
 
+Decoder: every function takes ``decoder`` (``data.decoder``): ``"pyav"``, ``"opencv"``, ``"decord"``, or
+``"auto"`` (the default), the fastest of them installed here (``decoders.resolve``). All give the same
+kept frames and counts by the rules below, and pixels within a small tolerance of each other
+(``data.decoders``); a catalog and the decodes of its videos should use one backend, as the job does
+(``data.sources`` carries it to the tasks). No library is imported at module level: ``import av``
+happens only when the PyAV backend runs.
+
 Resize: ``size=k`` scales the short side to ``k`` and keeps the aspect ratio (320x240 at 128 gives
-171x128); ``size=(h, w)`` gives exactly that. The scaling runs in libswscale through
+171x128); ``size=(h, w)`` gives exactly that. With PyAV the scaling runs in libswscale through
 ``frame.to_ndarray(width=, height=, interpolation="AREA")``, fused with the YUV->RGB conversion: one C
 pass per frame with the GIL released, no full-size RGB copy, no OpenCV thread pool competing with Ray's
-workers (this module needs only numpy and av), and AREA averages the source pixels so a downscale does
+workers, and AREA averages the source pixels so a downscale does
 not alias. Scaling the YUV planes first and converting after is faster but smears chroma at sharp
 edges (measured against cv2 INTER_AREA on the full RGB frame: docs/ARCHITECTURE.md, "Measurements behind the code"), so it is not
 used. Sample aspect ratios are ignored (UCF101 and HMDB51 use square
@@ -33,8 +40,9 @@ pixels).
 ``decode_pairs`` returns the same kept frames plus, for each, the decoded frame right after it in the
 source (the optical-flow stream's pairs: flow between consecutive frames, whatever the stride).
 
-Threads: ``stream.thread_type = "AUTO"`` (frame and slice threading) with ``threads`` decoder threads (0
-lets FFmpeg take one per core; use 1 in a Ray task that reserves one CPU).
+Threads: ``threads`` decoder threads (PyAV: ``stream.thread_type = "AUTO"``, frame and slice threading;
+OpenCV: ``CAP_PROP_N_THREADS``; decord: ``num_threads``); 0 lets FFmpeg take one per core; use 1 in a
+Ray task that reserves one CPU.
 
 Trade-off: the RGB conversion and scaling, not the decoding, dominate ``decode``'s cost, so a stride
 saves most of it (every frame is decoded, only the kept ones converted). Probing reads headers only
@@ -52,13 +60,22 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 
-import av
 import numpy as np
+
+from raytrain_seq.data.decoders import (
+    VideoError,
+    VideoInfo,
+    exact_rate,
+    frames_of,
+    header,
+    pairs_of,
+    resolve,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,44 +95,6 @@ __all__ = [
     "unreadable",
 ]
 
-# Enough for any NTSC-style rate (30000/1001) while absorbing float noise in a rate given as a float.
-_MAX_RATE_DENOMINATOR = 1_000_000
-
-_FIX = (
-    "re-download or re-encode it (e.g. ffmpeg -i BAD.avi -c:v mpeg4 -q:v 2 FIXED.avi), or delete it "
-    "from the split lists; the catalogs skip such files with a warning"
-)
-
-
-class VideoError(ValueError):
-    """A video that cannot be used: missing, unreadable, corrupt or without frames.
-
-    ``path`` and ``reason`` are attributes; the message names the file and the fix. Pickles by
-    ``(path, reason)``, so it survives a trip through Ray.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
-        self.path = os.fspath(path)
-        self.reason = str(reason)
-        super().__init__(self.path, self.reason)
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}; {_FIX}"
-
-    def __reduce__(self) -> tuple[type[VideoError], tuple[str, str]]:
-        return (type(self), (self.path, self.reason))
-
-
-@dataclass(frozen=True)
-class VideoInfo:
-    """Header facts of one video. ``source`` is ``"container"`` or ``"decode"`` (frames were counted)."""
-
-    frames: int
-    fps: float  # average frame rate; 0.0 when the container gives none
-    width: int
-    height: int
-    source: str = "container"
-
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -130,7 +109,7 @@ def _rate(name: str, value: object) -> Fraction:
         raise TypeError(f"{name} must be a positive number of frames per second, got {value!r}")
     if not (math.isfinite(float(value)) and float(value) > 0):
         raise ValueError(f"{name} must be a positive, finite number of frames per second, got {value}")
-    return Fraction(float(value)).limit_denominator(_MAX_RATE_DENOMINATOR)
+    return exact_rate(float(value))
 
 
 def strided_length(frames: int, stride: int) -> int:
@@ -169,47 +148,10 @@ def _check_selection(stride: int, fps: float | None) -> None:
             raise ValueError(f"give stride or fps, not both (got stride={stride}, fps={fps}); set stride=1")
 
 
-def _selector(stride: int, fps: float | None, src_fps: float, path: str) -> Callable[[int], bool]:
-    """``keep(i)`` for decoded frame ``i``; matches ``output_length`` by construction."""
-    if fps is None:
-        return lambda i: i % stride == 0
-    if src_fps <= 0:
-        raise VideoError(path, "the container gives no frame rate, so it cannot be resampled to --fps")
-    ratio = _rate("fps", fps) / _rate("src_fps", src_fps)
-    if ratio >= 1:
-        return lambda i: True
-    num, den = ratio.numerator, ratio.denominator
-    # floor(i * r) exactly: r = 2/5 gives (i * 2) // 5 = 0,0,0,1,1,2,... for i = 0,1,2,3,4,5,...
-    return lambda i: i == 0 or (i * num) // den > ((i - 1) * num) // den
-
-
-def _video_stream(container: av.container.InputContainer, path: str) -> av.VideoStream:
-    if not container.streams.video:
-        raise VideoError(path, "the file has no video stream (not a video, or its header is corrupt)")
-    return container.streams.video[0]
-
-
-def _stream_fps(stream: av.VideoStream) -> float:
-    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-    return float(rate) if rate else 0.0
-
-
-def _open_error(path: str, exc: BaseException) -> VideoError:
-    if isinstance(exc, FileNotFoundError):
-        return VideoError(path, "file not found")
-    return VideoError(path, f"cannot read it ({type(exc).__name__}: {exc})")
-
-
-def _count_frames(container: av.container.InputContainer, stream: av.VideoStream) -> int:
-    # Decode without converting to RGB: the count is what decode() would see, at a fraction of its cost.
-    count = 0
-    for _ in container.decode(stream):
-        count += 1
-    return count
-
-
-def probe(path: str | os.PathLike[str], *, verify: bool = False, threads: int = 0) -> VideoInfo:
-    """Frame count, frame rate and size of the first video stream.
+def probe(
+    path: str | os.PathLike[str], *, verify: bool = False, threads: int = 0, decoder: str = "auto"
+) -> VideoInfo:
+    """Frame count, frame rate and size of the first video stream, read with ``decoder``.
 
     Frames come from the container header; when it has none (0) or ``verify=True``, they are counted by
     decoding (a header that disagrees with the decode is logged as a warning and the decode wins).
@@ -217,39 +159,18 @@ def probe(path: str | os.PathLike[str], *, verify: bool = False, threads: int = 
     """
     path = os.fspath(path)
     threads = _check_int("threads", threads, 0)
-    try:
-        with av.open(path) as container:
-            stream = _video_stream(container, path)
-            header = max(int(stream.frames or 0), 0)
-            fps = _stream_fps(stream)
-            width, height = int(stream.codec_context.width), int(stream.codec_context.height)
-            frames, source = header, "container"
-            if header == 0 or verify:
-                stream.thread_type = "AUTO"
-                stream.codec_context.thread_count = threads
-                frames, source = _count_frames(container, stream), "decode"
-    except (av.FFmpegError, OSError) as exc:
-        raise _open_error(path, exc) from exc
-    if header and frames != header:
+    info, frames_in_header = header(decoder, path, count=verify, threads=threads)
+    frames = info.frames
+    if frames_in_header and frames != frames_in_header:
         logger.warning(
-            "%s: the container says %d frames, decoding gives %d; using %d", path, header, frames, frames
-        )
+            "%s: the container says %d frames, decoding gives %d; using %d",
+            path, frames_in_header, frames, frames,
+        )  # fmt: skip
     if frames == 0:
         raise VideoError(path, "zero frames (the container holds a video stream with nothing decodable)")
-    if width <= 0 or height <= 0:
-        raise VideoError(path, f"the container gives no frame size ({width}x{height})")
-    return VideoInfo(frames=frames, fps=fps, width=width, height=height, source=source)
-
-
-def _target_size(width: int, height: int, size: int | tuple[int, int] | None) -> tuple[int, int]:
-    """(width, height) to decode to. Short side 128 of 320x240: round(320 * 128 / 240) = 171 -> (171, 128)."""
-    if size is None:
-        return width, height
-    if isinstance(size, tuple):
-        return size[1], size[0]
-    if width <= height:
-        return size, max(1, round(height * size / width))
-    return max(1, round(width * size / height)), size
+    if info.width <= 0 or info.height <= 0:
+        raise VideoError(path, f"the container gives no frame size ({info.width}x{info.height})")
+    return info
 
 
 def _check_size(size: object) -> int | tuple[int, int] | None:
@@ -270,8 +191,9 @@ def decode(
     size: int | tuple[int, int] | None = None,
     max_frames: int | None = None,
     threads: int = 0,
+    decoder: str = "auto",
 ) -> np.ndarray:
-    """Decode the first video stream to uint8 RGB ``[T, H, W, 3]``.
+    """Decode the first video stream to uint8 RGB ``[T, H, W, 3]`` with ``decoder``.
 
     ``stride`` or ``fps`` selects frames (module docstring), ``size`` resizes (short side, or exact
     ``(height, width)``), ``max_frames`` stops after that many KEPT frames. Every frame gets the first
@@ -284,35 +206,10 @@ def decode(
         max_frames = _check_int("max_frames", max_frames, 1)
     threads = _check_int("threads", threads, 0)
     path = os.fspath(path)
-    out: list[np.ndarray] = []
-    try:
-        with av.open(path) as container:
-            stream = _video_stream(container, path)
-            stream.thread_type = "AUTO"
-            stream.codec_context.thread_count = threads
-            keep = _selector(stride, fps, _stream_fps(stream), path)
-            convert: dict[str, object] = {}
-            for index, frame in enumerate(container.decode(stream)):
-                if not keep(index):
-                    continue
-                convert = convert or _conversion(frame, size)
-                out.append(frame.to_ndarray(**convert))
-                if max_frames is not None and len(out) >= max_frames:
-                    break
-    except (av.FFmpegError, OSError) as exc:
-        raise _open_error(path, exc) from exc
+    out = frames_of(decoder, path, stride=stride, fps=fps, size=size, max_frames=max_frames, threads=threads)
     if not out:
         raise VideoError(path, "zero frames decoded")
     return np.stack(out)
-
-
-def _conversion(frame: av.VideoFrame, size: int | tuple[int, int] | None) -> dict[str, object]:
-    """``to_ndarray`` options for every frame of a stream, fixed by its first kept frame."""
-    width, height = _target_size(frame.width, frame.height, size)
-    convert: dict[str, object] = {"format": "rgb24", "width": width, "height": height}
-    if (width, height) != (frame.width, frame.height):
-        convert["interpolation"] = "AREA"
-    return convert
 
 
 def decode_pairs(
@@ -322,6 +219,7 @@ def decode_pairs(
     fps: float | None = None,
     size: int | tuple[int, int] | None = None,
     threads: int = 0,
+    decoder: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """The frames ``decode`` keeps, each with the decoded frame right after it: ``(first, second, last)``.
 
@@ -337,29 +235,7 @@ def decode_pairs(
     size = _check_size(size)
     threads = _check_int("threads", threads, 0)
     path = os.fspath(path)
-    first: list[np.ndarray] = []
-    second: list[np.ndarray] = []
-    try:
-        with av.open(path) as container:
-            stream = _video_stream(container, path)
-            stream.thread_type = "AUTO"
-            stream.codec_context.thread_count = threads
-            keep = _selector(stride, fps, _stream_fps(stream), path)
-            convert: dict[str, object] = {}
-            waiting = False  # the last kept frame still needs its successor
-            for index, frame in enumerate(container.decode(stream)):
-                kept = keep(index)
-                if not (kept or waiting):
-                    continue
-                convert = convert or _conversion(frame, size)
-                image = frame.to_ndarray(**convert)
-                if waiting:
-                    second.append(image)
-                if kept:
-                    first.append(image)
-                waiting = kept
-    except (av.FFmpegError, OSError) as exc:
-        raise _open_error(path, exc) from exc
+    first, second, waiting = pairs_of(decoder, path, stride=stride, fps=fps, size=size, threads=threads)
     if not first:
         raise VideoError(path, "zero frames decoded")
     if waiting:
@@ -451,9 +327,9 @@ def read_lines(path: str, what: str, fix: str) -> list[tuple[int, str]]:
     return [(n, line.strip()) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
 
 
-def _probe_or_error(path: str, verify: bool) -> VideoInfo | VideoError:
+def _probe_or_error(path: str, verify: bool, decoder: str) -> VideoInfo | VideoError:
     try:
-        return probe(path, verify=verify)
+        return probe(path, verify=verify, decoder=decoder)
     except VideoError as exc:  # the caller logs it once and records it in `skipped`
         return exc
 
@@ -470,19 +346,23 @@ def build_catalog(
     verify: bool = False,
     workers: int = 4,
     warn: bool = True,
+    decoder: str = "auto",
 ) -> VideoCatalog:
     """Probe ``(video_id, label, path)`` entries (ids ascending) into a catalog, skipping bad videos.
 
     Each bad video (VideoError from ``probe``, or no frame rate when ``fps`` is set) gets exactly one
     warning naming the file and an entry in ``skipped``. ValueError if no video is left. ``warn=False``
     logs the skips at DEBUG, for a process that rebuilds a catalog another one already warned about.
+    ``decoder`` reads the headers (``"auto"``: the fastest installed backend; use the backend that will
+    decode the videos, so the lengths are the counts it returns).
     """
     _check_selection(stride, fps)
     workers = _check_int("workers", workers, 1)
+    decoder = resolve(decoder)  # a missing backend fails here, once, not per video
     paths = [path for _, _, path in entries]
-    # Threads overlap the header reads (av.open releases the GIL); results come back in list order.
+    # Threads overlap the header reads (the decoders release the GIL); results come back in list order.
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        infos = list(pool.map(lambda p: _probe_or_error(p, verify), paths))
+        infos = list(pool.map(lambda p: _probe_or_error(p, verify, decoder), paths))
     kept: list[tuple[int, int, str, int, int]] = []
     skipped: list[tuple[str, str]] = []
     for (video_id, label, path), info in zip(entries, infos, strict=True):

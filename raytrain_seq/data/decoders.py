@@ -1,0 +1,420 @@
+"""Decoder backends of real video, as MMAction2 offers them: PyAV, OpenCV and decord, behind one interface.
+
+``data.decoder`` (``--decoder``) names one; ``"auto"`` takes the first of ``PREFERENCE`` that imports here,
+an order measured on real footage in kept frames per CPU-second with one thread, at stride 1 and 8,
+MPEG-4 ``.avi`` and H.264 ``.mp4``, short side 128, RGB (docs/ARCHITECTURE.md, "Measurements behind the
+code"; ``bench/decoder_rates.py`` measures it again). Each library is imported inside the functions that
+use it, so this module, and ``data.video`` above it, import where PyAV is not installed (the GPU image
+has OpenCV and torchvision only): a job with ``--decoder opencv`` never imports ``av``.
+
+Every backend gives the same frames by the same rules (``data.video`` states them; ``selector`` and
+``target_size`` are those rules): frame ``i`` counts decoded frames in presentation order, a frame is
+kept by ``stride`` or ``fps``, and kept frames are scaled to the short side ``size`` by area averaging
+and returned as uint8 RGB ``[T, H, W, 3]``. The pixels differ slightly between backends (each converts
+YUV to RGB and scales in its own code; tests/test_decoders.py bounds the difference against PyAV).
+
+* ``pyav``: libswscale scales and converts in one pass (``frame.to_ndarray(..., interpolation="AREA")``);
+  frames that are not kept are decoded and never converted.
+* ``opencv``: ``cv2.VideoCapture`` (its bundled FFmpeg) ``grab()``s every frame (decoded, no colour
+  conversion) and ``retrieve()``s the kept ones (BGR at full size), then ``cv2.resize(INTER_AREA)`` and
+  ``cvtColor``. In a Ray task call ``cv2.setNumThreads(1)`` (``data.sources`` does), since the task holds
+  one CPU.
+* ``decord``: ``VideoReader.next()`` for every frame (decord converts every frame it decodes to RGB,
+  so a stride saves it little), ``cv2.resize(INTER_AREA)`` for the kept ones: decord's own scaler is
+  not an area average.
+
+Frame counts (``header``): the container's count where the container stores one (AVI, MP4/MOV) and 0
+elsewhere, so that ``video.probe`` counts by decoding, the policy it has for PyAV: OpenCV and decord
+replace a missing count by duration x rate, an estimate. A backend that is not installed is an
+ImportError naming the ``pip install`` that fixes it (``resolve``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BACKENDS", "DECODERS", "PREFERENCE", "VideoError", "VideoInfo", "available", "exact_rate", "frames_of",
+    "header", "installed", "pairs_of", "resolve", "selector", "target_size", "uses_opencv", "version",
+]  # fmt: skip
+
+BACKENDS: tuple[str, ...] = ("pyav", "opencv", "decord")
+# Fastest first, as measured (docs/ARCHITECTURE.md, "Measurements behind the code").
+PREFERENCE: tuple[str, ...] = ("opencv", "pyav", "decord")
+DECODERS: tuple[str, ...] = ("auto", *BACKENDS)
+_MODULES = {"pyav": "av", "opencv": "cv2", "decord": "decord"}
+_INSTALL = {
+    "pyav": "pip install av",
+    "opencv": "pip install opencv-python-headless",
+    "decord": "pip install decord==0.6.0 (or pip install 'raytrain_seq[decord]')",
+}
+# Enough for any NTSC-style rate (30000/1001) while absorbing float noise in a rate given as a float.
+_MAX_RATE_DENOMINATOR = 1_000_000
+_FIX = (
+    "re-download or re-encode it (e.g. ffmpeg -i BAD.avi -c:v mpeg4 -q:v 2 FIXED.avi), or delete it "
+    "from the split lists; the catalogs skip such files with a warning"
+)
+
+
+class VideoError(ValueError):
+    """A video that cannot be used: missing, unreadable, corrupt or without frames.
+
+    ``path`` and ``reason`` are attributes; the message names the file and the fix. Pickles by
+    ``(path, reason)``, so it survives a trip through Ray.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        self.reason = str(reason)
+        super().__init__(self.path, self.reason)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}; {_FIX}"
+
+    def __reduce__(self) -> tuple[type[VideoError], tuple[str, str]]:
+        return (type(self), (self.path, self.reason))
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """Header facts of one video. ``source`` is ``"container"`` or ``"decode"`` (frames were counted)."""
+
+    frames: int
+    fps: float  # average frame rate; 0.0 when the container gives none
+    width: int
+    height: int
+    source: str = "container"
+
+
+# ------------------------------------------------------------------------------------- shared rules
+def exact_rate(value: float) -> Fraction:
+    """A frame rate as an exact fraction: 29.97002997 -> 30000/1001 (denominators up to 10^6)."""
+    return Fraction(float(value)).limit_denominator(_MAX_RATE_DENOMINATOR)
+
+
+def selector(stride: int, fps: float | None, src_fps: float, path: str) -> Callable[[int], bool]:
+    """``keep(i)`` for decoded frame ``i`` (``data.video``'s rule); matches ``video.output_length``."""
+    if fps is None:
+        return lambda i: i % stride == 0
+    if src_fps <= 0:
+        raise VideoError(path, "the container gives no frame rate, so it cannot be resampled to --fps")
+    ratio = exact_rate(fps) / exact_rate(src_fps)
+    if ratio >= 1:
+        return lambda i: True
+    num, den = ratio.numerator, ratio.denominator
+    # floor(i * r) exactly: r = 2/5 gives (i * 2) // 5 = 0,0,0,1,1,2,... for i = 0,1,2,3,4,5,...
+    return lambda i: i == 0 or (i * num) // den > ((i - 1) * num) // den
+
+
+def target_size(width: int, height: int, size: int | tuple[int, int] | None) -> tuple[int, int]:
+    """(width, height) to decode to. Short side 128 of 320x240: round(320 * 128 / 240) = 171 -> (171, 128)."""
+    if size is None:
+        return width, height
+    if isinstance(size, tuple):
+        return size[1], size[0]
+    if width <= height:
+        return size, max(1, round(height * size / width))
+    return max(1, round(width * size / height)), size
+
+
+# ----------------------------------------------------------------------------------- which backend
+@functools.cache
+def available(name: str) -> bool:
+    """Whether backend ``name``'s library imports in this process."""
+    if name not in BACKENDS:
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {name!r}")
+    try:
+        importlib.import_module(_MODULES[name])
+    except (ImportError, OSError):  # OSError: a wheel whose shared libraries do not load here
+        return False
+    return True
+
+
+def installed() -> tuple[str, ...]:
+    """The backends that import here, fastest first (``PREFERENCE``)."""
+    return tuple(name for name in PREFERENCE if available(name))
+
+
+def resolve(name: str) -> str:
+    """The backend ``name`` stands for here: ``"auto"`` -> the fastest installed one; an explicit name is
+    checked. ImportError naming the ``pip install`` when it (or, for auto, every backend) is missing."""
+    if name == "auto":
+        found = installed()
+        if not found:
+            raise ImportError(
+                "data.decoder='auto' found no video decoder here: install one, e.g. "
+                f"{_INSTALL['opencv']} (or {_INSTALL['pyav']})"
+            )
+        return found[0]
+    if not available(name):
+        others = ", ".join(installed()) or "none"
+        raise ImportError(
+            f"data.decoder={name!r} but {_MODULES[name]} does not import here: {_INSTALL[name]}, or pass "
+            f"--decoder auto (installed here: {others})"
+        )
+    return name
+
+
+def version(name: str) -> str:
+    """The version of backend ``name``'s library (``resolve`` first: it must be installed)."""
+    return str(getattr(importlib.import_module(_MODULES[resolve(name)]), "__version__", "unknown"))
+
+
+def uses_opencv(name: str) -> bool:
+    """Whether backend ``name`` runs OpenCV code (its thread pool should be one thread in a task)."""
+    return resolve(name) in ("opencv", "decord")
+
+
+# ----------------------------------------------------------------------------------------- readers
+def _counted_container(path: str) -> bool:
+    """AVI (RIFF....AVI) and ISO media (....ftyp: MP4, MOV) headers store a frame count."""
+    with open(path, "rb") as handle:
+        head = handle.read(12)
+    return (head[:4] == b"RIFF" and head[8:11] == b"AVI") or head[4:8] == b"ftyp"
+
+
+def _resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    import cv2
+
+    if (image.shape[1], image.shape[0]) == (width, height):
+        return image
+    return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+
+
+class _PyAVReader:
+    """PyAV: every frame decoded, kept ones converted and scaled by libswscale in one pass."""
+
+    def __init__(self, path: str, size: Any, threads: int) -> None:
+        import av
+
+        self.container = av.open(path)
+        if not self.container.streams.video:
+            self.container.close()
+            raise VideoError(path, "the file has no video stream (not a video, or its header is corrupt)")
+        stream = self.container.streams.video[0]
+        stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = threads
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        self.fps = float(rate) if rate else 0.0
+        self.stream, self.size = stream, size
+        self.frames = self.container.decode(stream)
+        self.convert: dict[str, Any] = {}
+
+    def header(self) -> tuple[int, int, int]:
+        context = self.stream.codec_context
+        return max(int(self.stream.frames or 0), 0), int(context.width), int(context.height)
+
+    def skip(self) -> bool:
+        return next(self.frames, None) is not None
+
+    def read(self) -> np.ndarray | None:
+        frame = next(self.frames, None)
+        if frame is None:
+            return None
+        if not self.convert:
+            width, height = target_size(frame.width, frame.height, self.size)
+            self.convert = {"format": "rgb24", "width": width, "height": height}
+            if (width, height) != (frame.width, frame.height):
+                self.convert["interpolation"] = "AREA"
+        return frame.to_ndarray(**self.convert)
+
+    def close(self) -> None:
+        self.container.close()
+
+
+class _OpenCVReader:
+    """OpenCV: ``grab()`` decodes without converting, ``retrieve()`` converts a kept frame to BGR."""
+
+    def __init__(self, path: str, size: Any, threads: int) -> None:
+        import cv2
+
+        self.cv2 = cv2
+        params = [cv2.CAP_PROP_N_THREADS, threads] if threads else []
+        self.capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG, params)
+        if not self.capture.isOpened():
+            raise VideoError(path, "cannot read it (OpenCV cannot open it: not a video, or a corrupt header)")
+        self.fps = max(float(self.capture.get(cv2.CAP_PROP_FPS) or 0.0), 0.0)
+        self.path, self.size, self.shape = path, size, None
+
+    def header(self) -> tuple[int, int, int]:
+        get, cv2 = self.capture.get, self.cv2
+        frames = max(int(get(cv2.CAP_PROP_FRAME_COUNT) or 0), 0) if _counted_container(self.path) else 0
+        return frames, int(get(cv2.CAP_PROP_FRAME_WIDTH)), int(get(cv2.CAP_PROP_FRAME_HEIGHT))
+
+    def skip(self) -> bool:
+        return bool(self.capture.grab())
+
+    def read(self) -> np.ndarray | None:
+        if not self.capture.grab():
+            return None
+        ok, image = self.capture.retrieve()
+        if not ok or image is None:
+            return None
+        self.shape = self.shape or target_size(image.shape[1], image.shape[0], self.size)
+        return self.cv2.cvtColor(_resize(image, *self.shape), self.cv2.COLOR_BGR2RGB)
+
+    def close(self) -> None:
+        self.capture.release()
+
+
+class _DecordReader:
+    """decord: ``next()`` decodes and converts every frame to RGB; kept ones are scaled by OpenCV."""
+
+    def __init__(self, path: str, size: Any, threads: int) -> None:
+        import decord
+
+        self.reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=threads)
+        self.fps = max(float(self.reader.get_avg_fps() or 0.0), 0.0)
+        self.path, self.size, self.shape = path, size, None
+
+    def header(self) -> tuple[int, int, int]:
+        height, width = self.reader[0].shape[:2] if len(self.reader) else (0, 0)
+        self.reader.seek(0)
+        return (len(self.reader) if _counted_container(self.path) else 0), int(width), int(height)
+
+    def skip(self) -> bool:
+        return self.read_raw() is not None
+
+    def read_raw(self) -> np.ndarray | None:
+        try:
+            return self.reader.next().asnumpy()
+        except StopIteration:
+            return None
+
+    def read(self) -> np.ndarray | None:
+        image = self.read_raw()
+        if image is None:
+            return None
+        self.shape = self.shape or target_size(image.shape[1], image.shape[0], self.size)
+        return _resize(image, *self.shape)
+
+    def close(self) -> None:
+        del self.reader
+
+
+_READERS = {"pyav": _PyAVReader, "opencv": _OpenCVReader, "decord": _DecordReader}
+
+
+def _library_errors(name: str) -> tuple[type[BaseException], ...]:
+    """The exceptions backend ``name`` raises for a file it cannot read (mapped to VideoError)."""
+    if name == "pyav":
+        import av
+
+        return (av.FFmpegError, OSError)
+    if name == "decord":
+        import decord
+
+        return (decord.DECORDError, OSError, RuntimeError)
+    import cv2
+
+    return (cv2.error, OSError)
+
+
+@contextlib.contextmanager
+def _reading(name: str, path: str, size: Any, threads: int) -> Iterator[Any]:
+    """A reader of ``path`` with backend ``name``; its library's errors become VideoError naming the file."""
+    name = resolve(name)
+    errors = _library_errors(name)
+    if not os.path.exists(path):
+        raise VideoError(path, "file not found")
+    try:
+        reader = _READERS[name](path, size, threads)
+    except errors as exc:
+        raise _open_error(path, exc) from exc
+    try:
+        yield reader
+    except errors as exc:
+        raise _open_error(path, exc) from exc
+    finally:
+        reader.close()
+
+
+def _open_error(path: str, exc: BaseException) -> VideoError:
+    if isinstance(exc, FileNotFoundError):
+        return VideoError(path, "file not found")
+    first = " ".join(str(exc).split())[:300]  # decord's messages carry a C++ trace over several lines
+    return VideoError(path, f"cannot read it ({type(exc).__name__}: {first})")
+
+
+# ------------------------------------------------------------------------------------ the decoders
+def header(name: str, path: str, *, count: bool = False, threads: int = 0) -> tuple[VideoInfo, int]:
+    """``(info, header_frames)`` of ``path`` with backend ``name``: ``info.frames`` is the header's count,
+    or, when ``count`` or the header has none (0), the frames counted by decoding (no conversion)."""
+    with _reading(name, path, None, threads) as reader:
+        frames, width, height = reader.header()
+        info = VideoInfo(frames=frames, fps=reader.fps, width=width, height=height)
+        if not (count or frames == 0):
+            return info, frames
+        counted = 0
+        while reader.skip():
+            counted += 1
+    return VideoInfo(frames=counted, fps=info.fps, width=width, height=height, source="decode"), frames
+
+
+def frames_of(
+    name: str,
+    path: str,
+    *,
+    stride: int,
+    fps: float | None,
+    size: int | tuple[int, int] | None,
+    max_frames: int | None,
+    threads: int,
+) -> list[np.ndarray]:
+    """The kept frames of ``path`` (validated arguments; ``video.decode`` is the public entry)."""
+    out: list[np.ndarray] = []
+    with _reading(name, path, size, threads) as reader:
+        keep = selector(stride, fps, reader.fps, path)
+        index = 0
+        while True:
+            if keep(index):
+                image = reader.read()
+                if image is None:
+                    break
+                out.append(image)
+                if max_frames is not None and len(out) >= max_frames:
+                    break
+            elif not reader.skip():
+                break
+            index += 1
+    return out
+
+
+def pairs_of(
+    name: str, path: str, *, stride: int, fps: float | None, size: int | tuple[int, int] | None, threads: int
+) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
+    """``(first, second, waiting)`` of ``video.decode_pairs``: each kept frame and its source successor;
+    ``waiting`` when the last kept frame had none. Every frame is decoded once, converted at most once."""
+    first: list[np.ndarray] = []
+    second: list[np.ndarray] = []
+    waiting = False  # the last kept frame still needs its successor
+    with _reading(name, path, size, threads) as reader:
+        keep = selector(stride, fps, reader.fps, path)
+        index = 0
+        while True:
+            kept = keep(index)
+            if kept or waiting:
+                image = reader.read()
+                if image is None:
+                    break
+                if waiting:
+                    second.append(image)
+                if kept:
+                    first.append(image)
+                waiting = kept
+            elif not reader.skip():
+                break
+            index += 1
+    return first, second, waiting
