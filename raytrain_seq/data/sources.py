@@ -205,14 +205,14 @@ def flow_videos(source: tuple, video_ids: list[int], epochs: list[int | None], s
     """Task body of the flow stream's once-per-video half: ``RealVideos.flow`` of each video.
 
     Returns one uint8 ``[T, H, W, 2]`` whole-frame flow per video (short side ``size``), then ``{"kind":
-    "flow", "ids", "epochs", "seconds", "flow_seconds", "failed", "refit", "flow_method"}``:
+    "flow", "ids", "epochs", "seconds", "cpu_s", "frames", "flow_seconds", "failed", "refit", "flow_method"}``:
     ``flow_seconds`` is each video's CPU seconds of decoding and flow (this thread's CPU time, so a busy
     machine does not inflate it): what a recompute of that video would pay again. ``epochs`` are the
     computing epochs that first needed each flow (None: evaluation), echoed for the feed's statistics;
     the flow does not depend on them.
     """
     videos = get_source(source)
-    began = time.perf_counter()
+    began, process = time.perf_counter(), time.process_time()
     out, each, failed, refit = [], [], [], []
     for video in video_ids:
         cpu = time.thread_time()
@@ -226,6 +226,8 @@ def flow_videos(source: tuple, video_ids: list[int], epochs: list[int | None], s
         "ids": list(video_ids),
         "epochs": list(epochs),
         "seconds": time.perf_counter() - began,
+        "cpu_s": time.process_time() - process,  # as augment_videos': the feed's cost in CPU-seconds
+        "frames": [len(flow) for flow in out],
         "flow_seconds": each,
         "failed": failed,
         "refit": refit,
@@ -240,12 +242,12 @@ def window_videos(
     """Task body of the flow stream's refurbish: each stored flow's window for ``(seed, video, epoch)``.
 
     ``flows`` are ``flow_videos``'s arrays (Ray resolves the refs passed in their place). Returns one
-    uint8 ``[T, size, size, 2]`` per video, then ``{"kind": "window", "ids", "epochs", "seconds",
+    uint8 ``[T, size, size, 2]`` per video, then ``{"kind": "window", "ids", "epochs", "seconds", "cpu_s", "frames",
     "failed", "refit", "flow_method"}`` (no decode happens here, so nothing fails or is refitted).
     """
     if len(flows) != len(video_ids):
         raise ValueError(f"window_videos needs one flow per video, got {len(flows)} for {len(video_ids)} ids")
-    began = time.perf_counter()
+    began, process = time.perf_counter(), time.process_time()
     out = []
     for video, epoch, flow in zip(video_ids, epochs, flows, strict=True):
         out.append(flow_window(flow, size, flow_offset(seed, video, epoch)))
@@ -255,6 +257,8 @@ def window_videos(
         "ids": list(video_ids),
         "epochs": list(epochs),
         "seconds": time.perf_counter() - began,
+        "cpu_s": time.process_time() - process,
+        "frames": [len(window) for window in out],
         "failed": [],
         "refit": [],
         "flow_method": None,

@@ -425,7 +425,9 @@ def feed_cost(feed: FeedReport, metrics: LearnerReport) -> dict[str, Any]:
     return {
         "kept_frames": kept,
         "cpu_s": tasks + actor,
-        "cpu_s_per_kept_frame_cold": cold["partial_cpu_s"] / cold["kept_frames"] + share if cold else None,
+        "cpu_s_per_kept_frame_cold": (
+            cold.get("partial_cpu_s", 0.0) / cold["kept_frames"] + share if cold else None
+        ),
         "cpu_s_per_kept_frame_warm": (
             sum(entry.get("partial_cpu_s", 0.0) for entry in warm) / warm_frames + share
             if warm_frames

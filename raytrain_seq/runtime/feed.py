@@ -663,10 +663,11 @@ def partial_cost(costs: dict[int | None, dict[str, Any]], info: dict[str, Any]) 
     """Add one augment task's report to ``costs[epoch]``: ``partial_cpu_s`` (its process CPU, shared out
     over its videos by frames), ``partial_frames``, ``stages`` (CPU seconds by stage) and ``frame_cache``
     (hits, misses). A task of 2 videos of 30 and 10 frames and 4 CPU-seconds gives 3 s to the first's
-    epoch and 1 s to the second's."""
+    epoch and 1 s to the second's. The cache counts are whole: a task computes for one epoch (the feed
+    launches an epoch's recomputes together), and one of several epochs gets them all."""
     frames = info["frames"]
     total = sum(frames) or 1
-    stages, cache = info.get("stages", {}), info.get("frame_cache", {})
+    stages = info.get("stages", {})
     for epoch, count in zip(info["epochs"], frames, strict=True):
         entry = costs.setdefault(
             epoch, {"partial_cpu_s": 0.0, "partial_frames": 0, "stages": {}, "frame_cache": {}}
@@ -676,8 +677,10 @@ def partial_cost(costs: dict[int | None, dict[str, Any]], info: dict[str, Any]) 
         entry["partial_frames"] += count
         for key, value in stages.items():
             entry["stages"][key] = entry["stages"].get(key, 0.0) + value * share
-        for key, value in cache.items():
-            entry["frame_cache"][key] = entry["frame_cache"].get(key, 0) + value * share
+    if info["epochs"]:
+        counts = costs[info["epochs"][0]]["frame_cache"]
+        for key, value in info.get("frame_cache", {}).items():
+            counts[key] = counts.get(key, 0) + value
 
 
 def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[dict[str, Any]]:
