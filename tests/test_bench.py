@@ -444,13 +444,18 @@ def test_dataloader_loop_pads_each_batch_to_its_longest_and_trains_every_video_o
 
 # ----------------------------------------------------------------------------------------- gpu_report
 def test_gpu_report_checks_each_target_from_the_runs_files_and_says_what_did_not_run(tmp_path, capsys):
-    """The report reads the JSON last lines and the two summaries gpu_checks.sh leaves, computes each
-    target's figure from them, and marks a target whose inputs are missing as not run."""
+    """The report reads the JSON last lines and the summaries gpu_checks.sh leaves (written as the job
+    writes them: RunSummary.to_dict, whose extra keys sit at the top level), computes each target's
+    figure from them, and marks a target whose inputs are missing as not run."""
+    from raytrain_seq.summary import RunSummary
+
     (tmp_path / "learner_device.txt").write_text('banner\n{"learner_frames_s": 7500.0, "device": "H100"}\n')
     (tmp_path / "dataloader.txt").write_text('{"frames_s": 3000.0}\n')
-    job = {"frames_per_second": 6300.0, "seconds": {"validation": 2.0}, "extra": {"learner_seconds": 42.0},
-           "val_accuracy_history": [{}, {}, {}]}  # fmt: skip
-    (tmp_path / "job_ucf101.json").write_text(json.dumps(job))
+    job = RunSummary(dataset="synthetic", learners=2, epochs=6, test_accuracy=0.5, frames_per_second=6300.0,
+                     seconds={"total": 60.0, "compute": 30.0, "averaging": 1.0, "data_wait": 1.0, "validation": 2.0},
+                     val_accuracy_history=[{"round": r, "epoch": r, "accuracy": 0.5, "time_s": 1.0} for r in range(3)],
+                     extra={"learner_seconds": 42.0, "timeline": {"connected": 0.5}})  # fmt: skip
+    (tmp_path / "job_ucf101.json").write_text(json.dumps(job.to_dict()))
     assert gpu_report.main(["--out", str(tmp_path), "--md", str(tmp_path / "job.md"), "--json"]) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = {r["target"]: r for r in figures["targets"]}
@@ -462,6 +467,73 @@ def test_gpu_report_checks_each_target_from_the_runs_files_and_says_what_did_not
         figures["device"] == "H100"
         and "| demo test accuracy |  | >= 0.90 | not run |" in (tmp_path / "job.md").read_text()
     )
+    demo = RunSummary(dataset="synthetic", learners=2, epochs=3, test_accuracy=0.95, rounds=12,
+                      seconds={"total": 30.0, "compute": 9.0, "averaging": 1.0, "data_wait": 1.0, "startup": 9.5},
+                      extra={"timeline": {"connected": 1.25, "first_step": 9.5, "other": 3.0}})  # fmt: skip
+    (tmp_path / "job_demo.json").write_text(json.dumps(demo.to_dict()))
+    assert gpu_report.main(["--out", str(tmp_path), "--json"]) == 0
+    rows = {r["target"]: r for r in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["targets"]}
+    assert rows["demo start-up (s)"]["value"] == 9.5 and rows["demo start-up (s)"]["met"] is True
+    assert (
+        "connected 1.2" in rows["demo start-up (s)"]["detail"]
+        and "other" not in rows["demo start-up (s)"]["detail"]
+    )
+    assert rows["demo test accuracy"]["met"] is True
+
+
+def test_learner_device_caps_the_memory_of_an_indexed_cuda_device(monkeypatch):
+    """--device cuda (no index) reaches the memory-cap run as cuda:<current>: torch's
+    set_per_process_memory_fraction raises ValueError on a device without an index. CUDA is faked, so
+    the test runs on a CPU: it checks what the cap run is handed."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a stand-in GPU")
+
+    def fake_cap(config, device, cap_gib):
+        seen.append(device)
+        way = {"trained": True}
+        return {"batch_size": 1, "t_max": 2, "whole_input_gib": 1.0, "cap_gib": 0.8, "streamed": way,
+                "whole batch": way}  # fmt: skip
+
+    monkeypatch.setattr(learner_device, "memory_cap", fake_cap)
+    threads = torch.get_num_threads()
+    try:
+        assert learner_device.main(["--preset", "demo", "--device", "cuda", "--memory-cap-gib"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [torch.device("cuda", 0)]
+
+
+def test_dataloader_workers_run_one_thread_each_and_the_loop_checks_shared_memory_first(monkeypatch, capsys):
+    """Each DataLoader worker is set to one thread (torch's, and OMP/MKL/OpenBLAS's for pools started
+    after), so 8 workers do not oversubscribe the cores; before starting, the loop refuses a /dev/shm
+    with less free than its workers' batches need, naming the fix. No workers, no shared memory."""
+    import os
+    import shutil
+
+    threads, saved = torch.get_num_threads(), {k: os.environ.get(k) for k in dataloader_loop.THREAD_VARIABLES}
+    try:
+        torch.set_num_threads(2)
+        dataloader_loop.one_thread_worker(0)
+        assert torch.get_num_threads() == 1
+        assert all(os.environ[k] == "1" for k in dataloader_loop.THREAD_VARIABLES)
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    config = Config.from_preset("ucf101-rgb", dataset="synthetic", data_root=None, num_classes=10)
+    lengths = np.array([10] * 90 + [50] * 10)  # 64 draws almost surely hold a 50: batches pad to it
+    need = dataloader_loop.shm_need(config, lengths, videos=64, workers=8)
+    assert need == 8 * dataloader_loop.PREFETCH * 64 * 50 * 112 * 112 * 3
+    assert dataloader_loop.shm_need(config, lengths, videos=64, workers=0) == 0
+
+    Usage = type(shutil.disk_usage("/"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(2**30, 2**30 - 2**20, 2**20))
+    with pytest.raises(SystemExit):
+        dataloader_loop.main(["--preset", "demo", "--device", "cpu", "--max-videos", "24", "--workers", "2"])
+    err = capsys.readouterr().err
+    assert "/dev/shm has 0.0 GiB free" in err and "lower --workers" in err and "--shm-size" in err
 
 
 def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_path):
