@@ -536,39 +536,113 @@ def test_dataloader_workers_run_one_thread_each_and_the_loop_checks_shared_memor
     assert "/dev/shm has 0.0 GiB free" in err and "lower --workers" in err and "--shm-size" in err
 
 
-def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_path):
-    """scripts/gpu_checks.sh as bash reads it, every optional step on: with stand-ins for python3,
-    nvidia-smi and timeout on PATH (each logs its arguments), it reaches its last line, runs nothing but
-    those commands (a header line that lost its '#' would run as a command), and calls the benches in
-    the order its header gives."""
+GPU_CHECKS = Path(__file__).resolve().parents[1] / "scripts" / "gpu_checks.sh"
+
+
+def _stand_ins(tmp_path: Path, python3: str, timeout: bool = True) -> dict[str, str]:
+    """A bin folder of stand-ins for python3 (``python3`` its body), nvidia-smi and, when ``timeout``,
+    timeout (which drops its options and limit and runs the command), and the environment that puts it
+    first on PATH."""
     import os
-    import subprocess
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    log = tmp_path / "calls.txt"
-    for name, body in {
-        "python3": f'echo "python3 $*" >> {log}; echo "{{}}"',
-        "nvidia-smi": 'echo "GPU 0: a stand-in"',
-        "timeout": 'shift; "$@"',
-    }.items():
+    bodies = {"python3": python3, "nvidia-smi": 'echo "GPU 0: a stand-in"'}
+    if timeout:
+        bodies["timeout"] = 'while [ "${1#-}" != "$1" ]; do shift; done; shift; "$@"'
+    for name, body in bodies.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}
-    env.update(STARTUP="1", BACKBONES="1", MBS="1")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_checks.sh"
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+
+
+def _fake_ray(tmp_path: Path) -> Path:
+    """A .gpu-ray stand-in: install.sh defines ray_stop, which logs each call."""
+    folder = tmp_path / "ray"
+    folder.mkdir()
+    (folder / "install.sh").write_text(f"ray_stop() {{ echo stop >> {tmp_path / 'ray_stops.txt'}; }}\n")
+    return folder
+
+
+def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_path):
+    """scripts/gpu_checks.sh as bash reads it, every optional step on and a Ray stand-in: with stand-ins
+    for python3, nvidia-smi and timeout on PATH (python3 logs its arguments), it reaches its end, runs
+    nothing but those commands (a header line that lost its '#' would run as a command), calls the
+    benches in the order its header gives, stops Ray after each Ray step and at the end, and leaves
+    exactly the archive and job.md under $OUT, the archive holding every step's output."""
+    import subprocess
+    import tarfile
+
+    log = tmp_path / "calls.txt"
+    env = _stand_ins(tmp_path, f'echo "python3 $*" >> {log}; echo "{{}}"')
+    env.update(STARTUP="1", BACKBONES="1", MBS="1", GPU_RAY=str(_fake_ray(tmp_path)))
+    done = subprocess.run(["bash", str(GPU_CHECKS)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "command not found" not in done.stderr, done.stderr
     assert "gpu checks done" in done.stdout
     calls = log.read_text().splitlines()
-    benches = [c.split()[1] for c in calls if c.split()[1].startswith("bench/")]
-    assert benches[:4] == [
+    scripts = [c.split()[1] for c in calls if c.split()[1].startswith(("bench/", "jobs/"))]
+    assert scripts == [
         "bench/learner_device.py",
         "bench/learner_device.py",
         "bench/dataloader_loop.py",
+        "jobs/ucf101.py",
+        "jobs/ucf101.py",
+        "bench/startup.py",
+        "bench/learner_device.py",
+        "bench/learner_device.py",
+        "bench/microbatch.py",
+        "bench/microbatch.py",
         "bench/gpu_report.py",
     ], calls
-    assert benches.count("bench/microbatch.py") == 2 and "--backbone r2plus1d_18" in " ".join(calls)
+    assert "--backbone r2plus1d_18" in " ".join(calls)
+    assert (tmp_path / "ray_stops.txt").read_text().split() == ["stop"] * 4  # 2 jobs, startup, the end
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_checks.tgz", "job.md"]
+    with tarfile.open(out / "gpu_checks.tgz") as archive:
+        names = {Path(n).name for n in archive.getnames()}
+    assert {"pytest.txt", "learner_device.txt", "memory_cap.txt", "dataloader.txt", "jobs.txt", "steps.txt",
+            "job.md", "startup.txt", "backbones.txt", "mbs_micro16.txt", "mbs_micro512.txt"} <= names  # fmt: skip
+
+
+def test_gpu_checks_step_budgets_fit_420_s_with_the_real_video_job_held_free():
+    """The default steps' budgets (STEPS in the script, the end's included) add up to at most 420 s, the
+    run's wall budget, with about 75 s held for the real-video job that a later issue adds; the header
+    says how .gpu-ray reaches the GPU machine (carried by name: git ignores it)."""
+    import re
+
+    text = GPU_CHECKS.read_text()
+    block = text[text.index("STEPS=(") : text.index(")", text.index("STEPS=("))]
+    values = {"REAL_VIDEO_S": int(re.search(r"^REAL_VIDEO_S=(\d+)", text, re.M).group(1)),
+              "FINISH_S": int(re.search(r"^FINISH_S=(\d+)", text, re.M).group(1))}  # fmt: skip
+    budgets = {}
+    for name, value in re.findall(r'"(\w+) \$?(\w+)"', block):
+        budgets[name] = int(values.get(value, value))
+    assert {"setup", "pytest", "learner", "memory_cap", "dataloader", "job_demo", "job_ucf101", "real_video",
+            "finish"} == set(budgets)  # fmt: skip
+    assert sum(budgets.values()) <= 420 and 60 <= budgets["real_video"] <= 90
+    assert int(re.search(r"^BUDGET=\$\{BUDGET:-(\d+)\}", text, re.M).group(1)) == 420
+    header = text[: text.index("set -u")]
+    assert "carry" in header and ".gpu-ray" in header and "travels with the tree" not in header
+
+
+def test_gpu_checks_ends_every_step_at_the_deadline_and_still_stops_ray_and_packs(tmp_path):
+    """With the real timeout, a python3 that hangs (sleep 60) and a budget of 30 s (10 s for the steps,
+    the end's 20 s kept), the script ends within the budget: the first step is cut at the time left,
+    the rest are skipped, and the end still runs (Ray stopped, the archive and job.md written)."""
+    import subprocess
+    import time
+
+    env = _stand_ins(tmp_path, 'case "$*" in *gpu_report*) echo "{}";; *) sleep 60;; esac', timeout=False)
+    env.update(BUDGET="30", GPU_RAY=str(_fake_ray(tmp_path)))
+    began = time.monotonic()
+    done = subprocess.run(["bash", str(GPU_CHECKS)], env=env, capture_output=True, text=True, timeout=90)
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    assert took < 30, done.stdout
+    assert "setup: exit 124" in done.stdout and "pytest: skipped" in done.stdout, done.stdout
+    assert "gpu checks done" in done.stdout
+    assert (tmp_path / "ray_stops.txt").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_checks.tgz", "job.md"]
 
 
 # ---------------------------------------------------------------------------------------- flat_device
