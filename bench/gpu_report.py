@@ -7,7 +7,8 @@ targets with the figures behind them, measured on one machine in one session:
   ``summary.json`` ``frames_per_second``) >= 0.8 x one bare learner's (``bench/learner_device.py``, same
   model and precision) and >= 1.5 x the plain ``DataLoader`` loop's (``bench/dataloader_loop.py``);
 - its validation rounds add <= 10 % to its training wall time (rank 0's ``seconds.validation`` against
-  the rest of its training loop, ``extra.learner_seconds``);
+  the rest of its training loop, ``learner_seconds``: a key of ``RunSummary.extra``, which ``to_dict``
+  writes beside the fields, at the top level of ``summary.json``);
 - the demo preset on the GPU: ``seconds.startup`` <= 15 s and test accuracy >= 0.90;
 - under a CUDA memory cap the whole staged mini-batch exceeds, the streamed learner trains B = 576 blocks
   where staging the whole batch runs out of memory (``bench/learner_device.py --memory-cap-gib``).
@@ -26,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The job's start-up, step by step (summary.json extra.timeline, docs/ARCHITECTURE.md "Observability").
+# The job's start-up, step by step (summary.json "timeline", from RunSummary.extra; docs/ARCHITECTURE.md
+# "Observability").
 STARTUP_MARKS = (
     "connected",
     "actors_started",
@@ -79,7 +81,7 @@ def targets(out: Path) -> list[dict[str, Any]]:
     else:
         row("job / DataLoader loop", None, ">= 1.5", None, "not run")
     if job:
-        seconds, learner_s = job["seconds"], job["extra"].get("learner_seconds") or 0.0
+        seconds, learner_s = job["seconds"], job.get("learner_seconds") or 0.0
         validation = seconds.get("validation", 0.0)
         share = validation / max(learner_s - validation, 1e-9)
         row("validation added to training", round(share, 4), "<= 0.10", share <= 0.10,
@@ -88,7 +90,7 @@ def targets(out: Path) -> list[dict[str, Any]]:
         row("validation added to training", None, "<= 0.10", None, "not run")
     if demo:
         startup, accuracy = demo["seconds"]["startup"], demo["test_accuracy"]
-        timeline = demo.get("extra", {}).get("timeline", {})
+        timeline = demo.get("timeline") or {}
         marks = ", ".join(f"{k} {v:.1f}" for k, v in timeline.items() if k in STARTUP_MARKS)
         row("demo start-up (s)", round(startup, 1), "<= 15", startup <= 15,
             f"total {demo['seconds']['total']:.1f} s; s from the driver's start: {marks}")  # fmt: skip

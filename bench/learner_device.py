@@ -222,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not cuda:
         parser.error(f"--device {args.device}: torch sees no CUDA device; pass --device cpu")
+    if device.type == "cuda" and device.index is None:
+        # The memory cap (set_per_process_memory_fraction) and the peak counters take a device with an
+        # index and raise ValueError on a bare "cuda": that means the current device.
+        device = torch.device("cuda", torch.cuda.current_device())
     if args.memory_cap_gib is not None and device.type != "cuda":
         parser.error("--memory-cap-gib caps CUDA memory: run it on a GPU (--device cuda)")
     torch.set_num_threads(args.threads)

@@ -288,16 +288,50 @@ def _device_tensors(batch: Batch) -> list[Tensor]:
     return [value for value in values if isinstance(value, Tensor) and value.device.type == "cuda"]
 
 
+class SideStreams:
+    """The side stream that stages micro-batches, one per CUDA device, made on first use and then kept.
+
+    The caching allocator reuses a freed block only on the stream that allocated it, so a new stream per
+    mini-batch would leave every earlier stream's staging blocks reserved and unusable by the next: up to
+    one mini-batch's worth of micro-batch inputs per stream made, enough to push another learner sharing
+    the GPU (``--gpus-per-learner 0.5``) out of memory. One stream per device, reused by every
+    mini-batch, keeps the reserve at two micro-batches of input. ``factory(device)`` makes a stream
+    (``torch.cuda.Stream``; a test passes a counter). Devices other than CUDA have none (None).
+    """
+
+    def __init__(self, factory: Callable[[torch.device], Any] | None = None) -> None:
+        self._factory = factory or (lambda device: torch.cuda.Stream(device))
+        self._streams: dict[torch.device, Any] = {}
+
+    def get(self, device: torch.device | None) -> Any:
+        """The side stream of ``device`` (made the first time), or None off CUDA."""
+        if device is None or device.type != "cuda":
+            return None
+        if device not in self._streams:
+            self._streams[device] = self._factory(device)
+        return self._streams[device]
+
+    def __len__(self) -> int:
+        """How many streams were made (one per CUDA device used)."""
+        return len(self._streams)
+
+
+_DEFAULT_STREAMS = SideStreams()
+
+
 def _stream(
-    batch: Batch, bounds: list[tuple[int, int]], device: torch.device | None, stage: Stage
+    batch: Batch, bounds: list[tuple[int, int]], device: torch.device | None, stage: Stage, side: Any = None
 ) -> Iterator[Batch]:
     """Micro-batches ``stage(batch[lo:hi])``, each staged once the previous one was handed out.
 
     Micro-batch i + 1 is staged after the consumer queued micro-batch i's forward and backward and
     before it lets go of i, so two micro-batches of input exist at once, never three. On CUDA staging
-    runs on a side stream: the copy (and the stage's kernels) overlap micro-batch i's compute.
+    runs on the side stream ``side``: the copy (and the stage's kernels) overlap micro-batch i's compute.
     """
-    side = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
+    if side is not None:
+        # The stream outlives this mini-batch: what the compute stream queued before it (the previous
+        # optimizer step, a batch the caller put on the device) comes first.
+        side.wait_stream(torch.cuda.current_stream(device))
 
     def prefetch(lo: int, hi: int) -> Batch:
         if side is None:
@@ -389,6 +423,7 @@ def _run_mini_batch(
     total: int,
     device: torch.device | None,
     stage: Stage,
+    side: Any = None,
 ) -> float:
     """One exact pass over the mini-batch in micro-batches of ``size``; returns the loss sum."""
     model.zero_grad(set_to_none=True)
@@ -397,7 +432,7 @@ def _run_mini_batch(
     _warn_batchnorm_once(model, len(bounds))
     loss_parts: list[Tensor] = []
     counts: list[int | Tensor] = []
-    for (lo, hi), micro_batch in zip(bounds, _stream(batch, bounds, device, stage), strict=True):
+    for (lo, hi), micro_batch in zip(bounds, _stream(batch, bounds, device, stage, side), strict=True):
         loss_sum, count = _call_loss_fn(loss_fn, model, micro_batch, lo, hi)
         # Dividing by the whole mini-batch's count, not by len(bounds) as the paper does, keeps every
         # item's weight at 1/total whatever the micro-batch it lands in.
@@ -449,6 +484,7 @@ def accumulate(
     count_items: Callable[[Batch], int] | None = None,
     sizer: MicroBatchSizer | None = None,
     stage: Stage | None = None,
+    streams: SideStreams | None = None,
 ) -> float:
     """Leave in ``.grad`` the gradient of (sum of item losses / item count) over ``batch``; return that mean.
 
@@ -468,7 +504,8 @@ def accumulate(
     each slice of ``batch`` to it and returns what ``loss_fn`` reads (default ``device_stage``: every
     tensor copied there, from pinned memory and non-blocking on CUDA); it runs one micro-batch ahead, on
     CUDA on a side stream, and never more than two micro-batches of input exist at once, so ``batch``
-    may be far larger than the device (keep it in pinned host memory on CUDA).
+    may be far larger than the device (keep it in pinned host memory on CUDA). The side stream comes from
+    ``streams`` (default: one module-wide ``SideStreams``), one per device for every mini-batch.
 
     ``micro_batch_size="auto"``: start from the whole batch and halve after each
     ``torch.cuda.OutOfMemoryError`` (restarting the mini-batch, so the gradient stays exact), with
@@ -493,9 +530,11 @@ def accumulate(
         _fill_missing_grads(model)
         return 0.0
 
+    side = (streams if streams is not None else _DEFAULT_STREAMS).get(device)
+
     def attempt(size: int) -> float:
         return _run_mini_batch(
-            model, batch, loss_fn, size, rows=rows, total=total, device=device, stage=stage
+            model, batch, loss_fn, size, rows=rows, total=total, device=device, stage=stage, side=side
         )
 
     if micro_batch_size != "auto":

@@ -29,7 +29,7 @@ from torch import nn
 
 from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.config import LR_SCHEDULES, PRECISIONS
-from raytrain_seq.microbatch import MicroBatchSizer, accumulate
+from raytrain_seq.microbatch import MicroBatchSizer, SideStreams, accumulate
 from raytrain_seq.models import predict, sequence_loss
 
 logger = logging.getLogger(__name__)
@@ -326,6 +326,8 @@ class InnerStep:
     ``stage``: how each micro-batch reaches the device (``MicroBatchStage``: a learner's mini-batch stays
     in host memory and only its micro-batches go to the device, cropped there); None: every tensor is
     moved as it is (``microbatch.device_stage``).
+    ``streams``: where the side stream that stages micro-batches on CUDA comes from; one ``SideStreams``
+    per learner (the default makes its own), so every mini-batch stages on the same stream.
     """
 
     def __init__(
@@ -339,6 +341,7 @@ class InnerStep:
         lr: LearningRate | None = None,
         loss_fn: Callable[[nn.Module, Mapping[str, torch.Tensor]], tuple[torch.Tensor, int]] = sequence_loss,
         stage: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = None,
+        streams: SideStreams | None = None,
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -351,6 +354,7 @@ class InnerStep:
         self.precision, self.lr = precision, lr
         self.loss_fn = loss_fn
         self.stage = stage
+        self.streams = streams if streams is not None else SideStreams()
         device_type = (self.device or next(model.parameters()).device).type
         self._autocast = {"device_type": device_type, "enabled": precision != "fp32"}
         if precision != "fp32":
@@ -383,6 +387,7 @@ class InnerStep:
             device=self.device,
             sizer=self.sizer,
             stage=self.stage,
+            streams=self.streams,
         )
         if self.scaler.is_enabled():
             loss /= self.scaler.get_scale()

@@ -79,3 +79,21 @@ def test_a_cluster_started_with_a_preallocated_store_has_that_size_and_takes_put
     assert ray.cluster_resources()["object_store_memory"] == pytest.approx(0.3e9, rel=0.01)
     array = np.arange(15_000_000, dtype=np.float32)
     assert np.array_equal(ray.get(ray.put(array)), array)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "learners"), [(1, 6), (1, 2), (1, 3), (2, 7), (1, 7), (3, 9), (1, 100), (0.5, 3)]
+)
+def test_the_gpus_per_learner_hint_multiplied_back_fits_the_gpus(gpus, learners):
+    """The --gpus-per-learner the decision suggests rounds down: times the learners it fits the cluster's
+    GPUs (6 learners on 1 GPU: 0.16, where 0.17 would need 1.02 GPUs and fail the same way), and it is
+    the largest such share of two decimals."""
+    _, why = device_decision(None, gpus, learners, 1.0)
+    hint = float(why.split("--gpus-per-learner ")[1].split()[0])
+    assert 0 < hint * learners <= gpus + 1e-9 and (hint + 0.01) * learners > gpus
+    assert device_decision(None, gpus, learners, hint)[0] is True
+
+
+def test_no_share_is_hinted_when_not_even_a_hundredth_each_fits():
+    use, why = device_decision(None, 1, 200, 1.0)
+    assert use is False and "--gpus-per-learner" not in why and "lower --learners" in why

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import packed_rows
@@ -336,3 +337,115 @@ def test_frame_normalizer_maps_uint8_and_float_alike():
     assert torch.allclose(whiten(x)[0], torch.tensor([-0.4, 0.3], dtype=torch.float64))
     with pytest.raises(ValueError, match="one value per input channel"):
         FrameNormalizer(3, mean=[0.5, 0.5])
+
+
+# ---------------------------------------------------------------------------- precision and transfers
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_the_gru_runs_at_float32_under_a_bf16_step(device):
+    """The learner's bf16 step (InnerStep, precision "bf16": autocast around the forward) runs the encoder
+    in bf16 but the GRU at float32, input, weights and output: CUDA autocast would hand cuDNN's RNN
+    float16 (not the run's bf16) and the CPU's bf16, neither of which the loss scaling covers. The
+    weights seen inside are the module's own chunk (models.recurrent), not a cast copy."""
+    from raytrain_seq.models import compact_recurrent
+    from raytrain_seq.step import InnerStep, build_optimizer
+
+    torch.manual_seed(0)
+    model = build_model(NUM_CLASSES, width=4, depth=2, hidden=6, temporal="gru").to(device)
+    compact_recurrent(model)
+    seen = {}
+
+    def gru_hook(module, inputs, output):
+        seen["gru_in"], seen["gru_out"] = inputs[0].data.dtype, output[0].data.dtype
+        seen["weights"] = {w.dtype for layer in module.all_weights for w in layer}
+
+    def encoder_hook(module, inputs, output):
+        seen["encoder_out"] = output.dtype
+
+    model.temporal.gru.register_forward_hook(gru_hook)
+    model.encoder.register_forward_hook(encoder_hook)
+    step = InnerStep(model, build_optimizer("adam", model.parameters(), lr=1e-3), micro_batch_size=2,
+                     device=device, precision="bf16")  # fmt: skip
+    batch = _batch([[(0, A, 1), (7, N1, 2)], [(0, N3, 0)]], t_max=12)
+    stats = step(batch)
+    assert seen["encoder_out"] == torch.bfloat16  # the autocast is on: the test is not vacuous
+    assert seen["gru_in"] == seen["gru_out"] == torch.float32 and seen["weights"] == {torch.float32}
+    assert stats.sequences == 3 and math.isfinite(stats.loss)
+    assert model.temporal.gru.weight_ih_l0.grad.dtype == torch.float32
+
+
+def test_the_gru_keeps_float64_and_its_resets_when_run_alone():
+    """Outside autocast the GRU keeps its input's precision (float64 in, float64 out), and sorting the
+    sequences for packing is undone: row k of the output is sequence k run alone."""
+    torch.manual_seed(0)
+    gru = build_temporal("gru", 3, 5).double()
+    x = torch.randn(3, 6, 3, dtype=torch.float64)
+    lengths = torch.tensor([2, 6, 4])
+    out = gru(x, lengths)
+    assert out.dtype == torch.float64 and out.shape == (3, 6, 5)
+    for k in range(3):
+        alone = gru(x[k : k + 1, : lengths[k]], lengths[k : k + 1])
+        assert (out[k, : lengths[k]] - alone[0]).abs().max().item() < 1e-12
+        assert out[k, lengths[k] :].abs().sum().item() == 0
+
+
+class _FakeHostTensor:
+    """A host tensor's surface as to_device sees it, logging what is asked of it."""
+
+    def __init__(self, log: list, pinned: bool = False) -> None:
+        self.device, self.log, self.pinned = torch.device("cpu"), log, pinned
+
+    def is_pinned(self) -> bool:
+        return self.pinned
+
+    def pin_memory(self):
+        self.log.append("pin_memory")
+        return _FakeHostTensor(self.log, pinned=True)
+
+    def to(self, device, non_blocking=False):
+        self.log.append(("to", str(device), non_blocking, self.pinned))
+        return "on the device"
+
+
+def test_to_device_copies_host_tensors_to_cuda_from_pinned_memory_without_blocking():
+    """A host tensor bound for CUDA is pinned, then copied with non_blocking=True (a pageable copy would
+    stall the host until the GPU caught up); a pinned one is not pinned again; one already there is
+    returned as it is (no copy at all)."""
+    from raytrain_seq.models.transfer import to_device
+
+    log: list = []
+    assert to_device(_FakeHostTensor(log), "cuda:0") == "on the device"
+    assert log == ["pin_memory", ("to", "cuda:0", True, True)]
+    log.clear()
+    to_device(_FakeHostTensor(log, pinned=True), torch.device("cuda", 0))
+    assert log == [("to", "cuda:0", True, True)]
+    t = torch.arange(3)
+    assert to_device(t, "cpu") is t
+
+
+def test_the_forward_pass_moves_host_tensors_only_through_to_device():
+    """No module of the forward pass (the classifiers, the temporal modules, the loss) copies a tensor to
+    a device with a bare ``.to(device)`` or lets torch do it (pack_padded_sequence with
+    enforce_sorted=False moves its permutation with a blocking copy): every move goes through
+    models.transfer.to_device. ``.to(dtype)`` stays allowed."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "raytrain_seq" / "models"
+    found = []
+    for name in ("classifier.py", "sequence.py", "temporal.py", "loss.py"):
+        for node in ast.walk(ast.parse((root / name).read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr == "to" and node.args:
+                arg = node.args[0]
+                label = arg.attr if isinstance(arg, ast.Attribute) else getattr(arg, "id", "")
+                if "device" in label:
+                    found.append(f"{name}:{node.lineno} .to({label})")
+            for keyword in node.keywords:
+                if keyword.arg == "enforce_sorted" and getattr(keyword.value, "value", None) is False:
+                    found.append(f"{name}:{node.lineno} enforce_sorted=False")
+    assert found == []

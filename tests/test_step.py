@@ -537,3 +537,123 @@ def test_an_out_of_memory_while_staging_halves_the_micro_batch_and_stays_exact()
     reference(stage_rows(rows, "cpu", crop=SIZE, flow=False))
     for (name, a), b in zip(streamed.named_parameters(), whole.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+
+
+# ------------------------------------------------------------------------------------- side streams
+def test_a_learner_stages_every_mini_batch_on_one_side_stream():
+    """SideStreams makes a CUDA device's side stream once and hands the same one out after (a stand-in
+    factory counts the streams made, so no GPU is needed); InnerStep keeps one SideStreams for all its
+    mini-batches and asks it once per mini-batch. A new stream per mini-batch would leave each earlier
+    stream's staging blocks reserved (the allocator reuses a block only on its own stream)."""
+    from raytrain_seq.microbatch import SideStreams
+    from raytrain_seq.step import MicroBatchStage, host_rows
+
+    made = []
+    streams = SideStreams(factory=lambda device: made.append(device) or f"stream {len(made)}")
+    cuda0 = torch.device("cuda", 0)
+    assert [streams.get(cuda0) for _ in range(5)] == ["stream 1"] * 5 and made == [cuda0]
+    assert streams.get(torch.device("cuda", 1)) == "stream 2" and streams.get(torch.device("cpu")) is None
+
+    asked = []
+
+    class Recording(SideStreams):
+        def get(self, device):
+            asked.append(device)
+            return super().get(device)
+
+    model = _model()
+    recording = Recording(factory=lambda device: pytest.fail("a CPU learner made a CUDA stream"))
+    step = InnerStep(model, build_optimizer("adam", model.parameters(), lr=1e-2), micro_batch_size=2,
+                     stage=MicroBatchStage("cpu", crop=SIZE, flow=False), streams=recording)  # fmt: skip
+    for seed in range(3):
+        step(host_rows(_uncropped(seed=seed), pin=False))
+    assert step.streams is recording and len(asked) == 3
+
+
+# --------------------------------------------------------------------------------- CUDA comparisons
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@CUDA
+@pytest.mark.parametrize("micro_batch_size", [1, 3])
+def test_cuda_side_stream_staging_gives_the_whole_batch_gradient(micro_batch_size):
+    """On CUDA, the learner's layout (pinned host rows, each micro-batch copied and cropped on the side
+    stream) leaves the gradient of the whole mini-batch staged and cropped at once on the CPU, in
+    float32 with TF32 off: relative difference of the flattened gradients <= 1e-4 (summation order and
+    cuDNN's kernels, not a dropped or doubled micro-batch, which would differ by far more), and the
+    same over two mini-batches in a row on the one side stream."""
+    from raytrain_seq.step import MicroBatchStage, host_rows, stage_rows
+
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    cpu = build_model(CLASSES, width=8, depth=2, hidden=16)
+    gpu = build_model(CLASSES, width=8, depth=2, hidden=16).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    stage = MicroBatchStage("cuda", crop=SIZE, flow=False)
+    step = InnerStep(gpu, torch.optim.SGD(gpu.parameters(), lr=0.0), micro_batch_size=micro_batch_size,
+                     device="cuda", stage=stage)  # fmt: skip
+    whole = InnerStep(cpu, torch.optim.SGD(cpu.parameters(), lr=0.0), micro_batch_size=100)
+    for seed in (0, 1):
+        rows = _uncropped(seed=seed)
+        got = step(host_rows(rows, pin=True))
+        want = whole(stage_rows(rows, "cpu", crop=SIZE, flow=False))
+        a = torch.cat([p.grad.flatten().cpu() for p in gpu.parameters()])
+        b = torch.cat([p.grad.flatten() for p in cpu.parameters()])
+        assert (a - b).norm() <= 1e-4 * b.norm() and b.norm() > 0
+        assert got.sequences == want.sequences and got.loss == pytest.approx(want.loss, rel=1e-4)
+
+
+@CUDA
+def test_cuda_evaluate_in_bf16_is_fp32_within_bf16s_rounding():
+    """evaluate on CUDA: in fp32 (TF32 off) it gives the CPU's loss to 1e-4 relative and the same count;
+    in bf16 its mean loss is within 2 % of fp32's (bf16 keeps 8 bits of mantissa, about 0.4 % per
+    rounding, over a few layers), every sequence scored once, and the accuracy within one sequence in
+    ten of fp32's (a near tie may flip its argmax)."""
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    model = build_model(CLASSES, width=8, depth=2, hidden=16)
+    batches = [_batch(seed) for seed in range(3)]
+    on_cpu = evaluate(model, batches, micro_batch_size=3, device="cpu")
+    model.cuda()
+    fp32 = evaluate(model, batches, micro_batch_size=3, device="cuda")
+    bf16 = evaluate(model, batches, micro_batch_size=3, device="cuda", precision="bf16")
+    assert fp32.sequences == bf16.sequences == on_cpu.sequences > 0
+    assert fp32.loss == pytest.approx(on_cpu.loss, rel=1e-4)
+    assert bf16.loss == pytest.approx(fp32.loss, rel=2e-2)
+    assert abs(bf16.accuracy - fp32.accuracy) <= 0.1
+
+
+def _learner_under_cap(rank: int, cap_bytes: int, steps: int, results) -> None:
+    """One of two learners sharing the GPU (--gpus-per-learner 0.5): capped at ``cap_bytes``, it trains
+    ``steps`` streamed mini-batches and reports its reserved memory after the second and the last."""
+    from raytrain_seq.step import MicroBatchStage, RowPrefetcher
+
+    torch.cuda.set_per_process_memory_fraction(
+        cap_bytes / torch.cuda.get_device_properties(0).total_memory, 0
+    )
+    torch.manual_seed(rank)
+    model = build_model(CLASSES, width=16, depth=3, hidden=32).cuda()
+    step = InnerStep(model, build_optimizer("adam", model.parameters(), lr=1e-3), micro_batch_size=2,
+                     device="cuda", precision="bf16", stage=MicroBatchStage("cuda", crop=SIZE, flow=False))  # fmt: skip
+    prefetcher = RowPrefetcher("cuda")
+    reserved = []
+    for i in range(steps):
+        step(prefetcher.wait(prefetcher.submit(_uncropped(seed=rank * 100 + i))))
+        reserved.append(torch.cuda.memory_reserved(0))
+    prefetcher.close()
+    results[rank] = (reserved[1], reserved[-1], len(step.streams))
+
+
+@CUDA
+def test_cuda_two_learners_at_half_a_gpu_train_under_a_fixed_cap_without_growing():
+    """Two processes on one GPU, each capped at 1 GiB (a fixed cap, whatever the GPU), train 24
+    streamed bf16 mini-batches each without running out of memory; each staged every mini-batch on one
+    side stream, and its reserved memory after the last mini-batch is no more than 1.25x that after the
+    second (a stream per mini-batch would keep each old stream's staging blocks reserved)."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_learner_under_cap, args=(2**30, 24, results), nprocs=2, join=True)
+    assert sorted(results) == [0, 1]
+    for second, last, streams in results.values():
+        assert streams == 1 and last <= 1.25 * second

@@ -260,3 +260,57 @@ def test_the_architecture_example_factory_builds_and_trains(tmp_path, monkeypatc
     loss, count = sequence_loss(model, _batch([CONTEXTS[2][0], CONTEXTS[0][0]], t_max=12))
     loss.backward()
     assert count == 5 and model.encoder.conv.weight.grad.abs().sum().item() > 0
+
+
+# ------------------------------------------------------------------------------ precision and layout
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_frozen_batchnorm_keeps_the_inputs_precision(device):
+    """bf16 in, bf16 out (float32 statistics would promote every activation to float32, and the next
+    convolution would cast it back), within bf16's rounding of the float32 result; float64 stays float64."""
+    norm = _randomise_frozen(nn.Sequential(FrozenBatchNorm(6))).to(device)[0]
+    x = torch.randn(2, 6, 3, 4, 4, device=device)
+    exact = norm(x)
+    half = norm(x.bfloat16())
+    assert exact.dtype == torch.float32 and half.dtype == torch.bfloat16
+    eps = torch.finfo(torch.bfloat16).eps
+    assert (half.float() - exact).norm() <= 8 * eps * exact.norm()
+    assert norm.double()(x.double()).dtype == torch.float64
+
+
+@CUDA
+@pytest.mark.parametrize("arch", ["r3d_18", "resnet18"])
+def test_convolutions_read_channels_last_on_cuda_with_the_same_features(arch):
+    """On CUDA the encoders hand their first convolution a channels-last input (NDHWC for the video
+    ResNets, NHWC for the frame ResNets), the weights untouched, and the features equal (float32, TF32
+    off, 1e-4 relative) those of the same network fed the contiguous layout."""
+    from raytrain_seq.models import build_resnet
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    if arch == "r3d_18":
+        encoder = VideoBackbone(arch, 3, norm="group").cuda().eval()
+        first, x = encoder.net.stem[0], torch.randn(2, 4, 3, 16, 16, device="cuda")
+        fmt = torch.channels_last_3d
+    else:
+        encoder = build_resnet(arch, 3, norm="frozen").cuda().eval()
+        first, x = encoder.conv1, torch.randn(3, 3, 32, 32, device="cuda")
+        fmt = torch.channels_last
+    seen = []
+    hook = first.register_forward_hook(lambda _m, inputs, _o: seen.append(inputs[0]))
+    try:
+        with torch.no_grad():
+            ours = encoder(x)
+    finally:
+        hook.remove()
+    assert seen[0].is_contiguous(memory_format=fmt) and first.weight.is_contiguous()
+    with torch.no_grad():  # the same network without the layout change
+        if arch == "r3d_18":
+            plain = encoder.net(x.transpose(1, 2).contiguous())
+        else:
+            from torchvision.models import ResNet
+
+            plain = ResNet.forward(encoder, x.contiguous())
+    assert (ours - plain).norm() <= 1e-4 * plain.norm()

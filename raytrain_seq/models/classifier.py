@@ -27,6 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 from raytrain_seq.models.block_index import block_sequence_index
 from raytrain_seq.models.frame_encoder import FrameNormalizer, build_frame_encoder
 from raytrain_seq.models.temporal import build_temporal
+from raytrain_seq.models.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class TemporalClassifier(nn.Module):
         device = self.head.weight.device
         # Gather on the frames' device, then move only real frames (uint8) to the model's device.
         flat = frames.reshape(-1, *frames.shape[2:])  # [B * t_max, H, W, C]
-        real = flat[index.frame_index.to(frames.device)].to(device, non_blocking=True)
+        real = to_device(flat[to_device(index.frame_index, frames.device)], device)
         x = self.normalizer(real).permute(0, 3, 1, 2).contiguous()  # [N, C, H, W]
         if self.motion:
             x = torch.cat([x, self.motion_gain * _reset_difference(x, index.lengths)], dim=1)
@@ -118,7 +119,7 @@ class TemporalClassifier(nn.Module):
 
         # Mean over each sequence's own steps; torch.where (not a product) so garbage at padded steps
         # can never leak, even if it were inf or nan.
-        return self.head(_segment_pool(out, index.lengths.to(device), self.segments))
+        return self.head(_segment_pool(out, to_device(index.lengths, device), self.segments))
 
 
 def _segment_pool(out: torch.Tensor, lengths: torch.Tensor, segments: int) -> torch.Tensor:
@@ -153,7 +154,7 @@ def _reset_difference(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     diff = torch.zeros_like(x)
     diff[1:] = x[1:] - x[:-1]
     first = torch.cumsum(lengths, 0) - lengths
-    diff[first.to(x.device)] = 0
+    diff[to_device(first, x.device)] = 0
     return diff
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raytrain_seq.models.block_index import sequence_labels
+from raytrain_seq.models.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def sequence_loss(model: nn.Module, micro_batch: Mapping[str, torch.Tensor]) -> 
     """
     frames, starts, lengths, labels, num_sequences = _block_fields(micro_batch)
     logits = model(frames, starts, lengths, num_sequences)
-    targets = sequence_labels(labels, num_sequences).to(logits.device)
+    targets = to_device(sequence_labels(labels, num_sequences), logits.device)
     loss_sum = F.cross_entropy(logits, targets, reduction="sum")
     return loss_sum, int(targets.numel())
 
@@ -63,4 +64,4 @@ def predict(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.
     frames, starts, lengths, labels, num_sequences = _block_fields(batch)
     with torch.no_grad():
         logits = model(frames, starts, lengths, num_sequences)
-    return logits, sequence_labels(labels, num_sequences).to(logits.device)
+    return logits, to_device(sequence_labels(labels, num_sequences), logits.device)

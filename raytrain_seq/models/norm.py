@@ -13,7 +13,9 @@ docs/ARCHITECTURE.md ("Measurements behind the code").
 
 ``FrozenBatchNorm`` is ``torchvision.ops.FrozenBatchNorm2d`` (fixed statistics and affine, all four
 buffers with BatchNorm's state_dict keys, a file's ``num_batches_tracked`` dropped on load) made to
-broadcast over any rank, so the video backbones' ``[N, C, T, H, W]`` activations use it too.
+broadcast over any rank, so the video backbones' ``[N, C, T, H, W]`` activations use it too, and keep the
+input's precision (bf16 in, bf16 out under autocast: the statistics are cast to it, as autocast casts a
+convolution's weights).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class FrozenBatchNorm(TorchvisionFrozenBatchNorm):
         shape = (1, -1) + (1,) * (x.dim() - 2)
         scale = self.weight * torch.rsqrt(self.running_var + self.eps)
         shift = self.bias - self.running_mean * scale
+        if x.is_floating_point():
+            # In the input's precision: a bf16 activation times float32 statistics would promote to
+            # float32, and the next convolution would cast it back (two passes and two copies kept).
+            scale, shift = scale.to(x.dtype), shift.to(x.dtype)
         return x * scale.reshape(shape) + shift.reshape(shape)
 
 

@@ -45,6 +45,7 @@ from torchvision.models import ResNet
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from raytrain_seq.models.norm import FrozenBatchNorm, GroupNorm
+from raytrain_seq.models.transfer import channels_last
 from raytrain_seq.models.weights import cross_modality_weight, load_backbone_weights
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class ResNetEncoder(ResNet):
                 f"{self.arch} expects [N, {self.in_channels}, H, W], got shape {tuple(x.shape)}: build it "
                 f"with in_channels={x.shape[1] if x.dim() == 4 else '<C>'}"
             )
-        return super().forward(x)
+        return super().forward(channels_last(x))
 
 
 def load_imagenet_weights(encoder: ResNetEncoder, path: str | Path, *, conv1: str = "average") -> list[str]:

@@ -27,6 +27,7 @@ from torch import nn
 
 from raytrain_seq.models.block_index import SequenceIndex, block_sequence_index
 from raytrain_seq.models.frame_encoder import FrameNormalizer
+from raytrain_seq.models.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def real_frames(frames: torch.Tensor, index: SequenceIndex, device: torch.device
     Gathered on the frames' device (padding never moves), then only real frames (uint8) travel.
     """
     flat = frames.reshape(-1, *frames.shape[2:])  # [B * t_max, H, W, C]
-    return flat[index.frame_index.to(frames.device)].to(device, non_blocking=True)
+    return to_device(flat[to_device(index.frame_index, frames.device)], device)
 
 
 def encode_sequences(encoder: nn.Module, x: torch.Tensor, lengths: torch.Tensor, name: str) -> torch.Tensor:

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from raytrain_seq.models.transfer import to_device
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["TEMPORAL_MODULES", "CausalConvTemporal", "GRUTemporal", "build_temporal"]
@@ -38,6 +40,14 @@ class GRUTemporal(nn.Module):
     """GRU over a PackedSequence: ``x [K, L_max, D]``, ``lengths [K]`` -> ``[K, L_max, hidden]``.
 
     Outputs at padded steps (``t >= lengths[k]``) are zero; the caller masks them anyway.
+
+    The recurrence runs at float32 (or the input's own precision, float64 in the tests) whatever the
+    autocast around it: under CUDA autocast PyTorch casts a cuDNN RNN's input, state and weights to
+    float16 even when the run asked for bfloat16, and the learner scales the loss only for fp16, so
+    the encoder's gradients would come back through an unscaled float16 GRU and could underflow; the
+    cast would also copy the weights out of their one chunk (``models.recurrent``) on every forward.
+    With autocast off here and the weights at float32, cuDNN reads the flattened weights as they are.
+    The output stays at that precision (a ``[K, L_max, hidden]`` tensor, small beside the encoder's).
     """
 
     def __init__(self, in_dim: int, hidden: int, *, layers: int = 1) -> None:
@@ -46,12 +56,20 @@ class GRUTemporal(nn.Module):
         self.out_dim = hidden
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        # enforce_sorted=False: packing sorts internally and unsorts the output, so row k stays sequence k.
-        # pack_padded_sequence wants its lengths on the CPU.
-        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.gru(packed)  # no h0 given: every sequence starts from zeros, the reset
+        dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        # Longest first, as pack_padded_sequence(enforce_sorted=True) wants; sorted here rather than by
+        # torch (enforce_sorted=False), which moves its permutation to the device with a blocking copy.
+        # The lengths stay on the host, where packing reads them.
+        host_lengths = lengths.cpu()
+        order = torch.argsort(host_lengths, descending=True, stable=True)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel())
+        ordered = x.index_select(0, to_device(order, x.device)).to(dtype)
+        packed = pack_padded_sequence(ordered, host_lengths[order], batch_first=True, enforce_sorted=True)
+        with torch.autocast(x.device.type, enabled=False):
+            out, _ = self.gru(packed)  # no h0 given: every sequence starts from zeros, the reset
         padded, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-        return padded
+        return padded.index_select(0, to_device(inverse, padded.device))  # back to sequence k in row k
 
 
 class CausalConvTemporal(nn.Module):

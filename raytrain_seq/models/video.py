@@ -36,6 +36,7 @@ from torch import nn
 from torchvision.models import video as tv_video
 
 from raytrain_seq.models.norm import FrozenBatchNorm, GroupNorm, group_count
+from raytrain_seq.models.transfer import channels_last
 from raytrain_seq.models.weights import load_backbone_weights
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ class VideoBackbone(nn.Module):
                 f"{self.arch} expects frames [T, {self.in_channels}, H, W] or [B, T, {self.in_channels}, H, W], "
                 f"got shape {tuple(frames.shape)}: build it with the input's channel count"
             )
-        features = self.net(clips.transpose(1, 2))  # [B, T, C, H, W] -> torchvision's [B, C, T, H, W]
+        # [B, T, C, H, W] -> torchvision's [B, C, T, H, W], channels last on CUDA (models.transfer)
+        features = self.net(channels_last(clips.transpose(1, 2)))
         return features[0] if single else features
 
     def forward_packed(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ learners would leave no CPU for the data tasks (training would wait forever).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import uuid
@@ -134,13 +135,27 @@ def _store_not_ours(config: Config) -> None:
         )
 
 
+def gpu_share(gpus: float, learners: int) -> float:
+    """The largest ``--gpus-per-learner`` of two decimals whose ``learners`` shares fit in ``gpus``
+    (rounded down: 6 learners on 1 GPU get 0.16, as 0.17 x 6 = 1.02 would not fit); 0 when not even
+    0.01 each fits (or no GPU)."""
+    if gpus <= 0 or learners < 1:
+        return 0.0
+    # The 1e-9 keeps a share that is exact in decimal (1 / 2 = 0.5) from flooring one cent low.
+    cents = math.floor(gpus / learners * 100 + 1e-9)
+    while cents > 0 and learners * cents / 100 > gpus + 1e-9:
+        cents -= 1
+    return min(cents, 100) / 100
+
+
 def device_decision(use_gpu: bool | None, gpus: float, learners: int, per_learner: float) -> tuple[bool, str]:
     """Whether the learners train on GPUs, and why in one line, from ``train.use_gpu``, the cluster's GPU
     count and what the learners need (``learners`` x ``per_learner``). ``use_gpu=True`` on a cluster
     with too few GPUs is a ``RunSetupError`` (Ray Train would wait for them forever); None picks the GPUs
     when they are enough. E.g. 1 GPU, 2 learners at 1 GPU each: the CPU, and "--gpus-per-learner 0.5"."""
     need = learners * per_learner
-    share = f"--gpus-per-learner {max(gpus / learners, 0.01):.2g}" if gpus else ""
+    hint = gpu_share(gpus, learners)
+    share = f"--gpus-per-learner {hint:g}" if hint else ""
     if use_gpu is False:
         return False, "training on CPUs: train.use_gpu is False"
     if gpus + 1e-9 >= need:
@@ -150,16 +165,20 @@ def device_decision(use_gpu: bool | None, gpus: float, learners: int, per_learne
             f"training on GPUs: {learners} learners x {per_learner:g} GPU of the cluster's {gpus:g} ({why})",
         )
     if use_gpu:
-        fix = f"share them ({share}), lower --learners" if gpus else "start Ray on a node with GPUs"
+        if not gpus:
+            fix = "start Ray on a node with GPUs"
+        else:
+            fix = f"share them ({share}), lower --learners" if share else "lower --learners"
         raise RunSetupError(
             f"--use-gpu: the Ray cluster has {gpus:g} GPUs and {learners} learners x {per_learner:g} GPU need "
             f"{need:g}, so Ray Train would wait forever; {fix}, or add GPU nodes"
         )
     if not gpus:
         return False, "training on CPUs: the cluster has no GPU"
+    fix = f"pass {share} to share them" if share else "lower --learners"
     return False, (
         f"training on CPUs: the cluster's {gpus:g} GPUs cannot hold {learners} learners x {per_learner:g} GPU; "
-        f"pass {share} to share them, or --no-use-gpu to silence this"
+        f"{fix}, or --no-use-gpu to silence this"
     )
 
 
