@@ -106,7 +106,25 @@ def targets(out: Path) -> list[dict[str, Any]]:
             f"streamed: {streamed}; whole batch: {whole}")  # fmt: skip
     else:
         row("B=576 under a memory cap", None, "streamed trains, whole OOMs", None, "not run")
+    real_video_rows(summary(out / "job_real.json"), limit, row)
     return rows
+
+
+def real_video_rows(job: dict[str, Any] | None, limit: dict[str, Any] | None, row) -> None:
+    """The real-footage job (gpu_checks.sh's real_video step): its rate over the bare learner's, and
+    the feed's CPU per kept frame with the CPUs a learner needs at the job's rate."""
+    if not job or not limit:
+        row("real-video job / bare learner", None, ">= 0.8", None, "not run")
+        return
+    fps = job["frames_per_second"]
+    ratio = fps / limit["learner_frames_s"]
+    feed = job.get("feed") or {}
+    warm = feed.get("cpu_s_per_kept_frame_warm")
+    wait = feed.get("learner_wait_s", 0.0)
+    per_learner = fps / max(job["learners"], 1)
+    needs = f"; {per_learner * warm:.2f} feed CPUs a learner" if warm else ""
+    row("real-video job / bare learner", round(ratio, 3), ">= 0.8", ratio >= 0.8,
+        f"{fps:.0f} vs {limit['learner_frames_s']:.0f} useful frames/s; learners waited {wait:.1f} s{needs}")  # fmt: skip
 
 
 def markdown(rows: list[dict[str, Any]], device: str) -> str:

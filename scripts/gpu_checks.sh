@@ -26,8 +26,9 @@
 #   job_ucf101   the ucf101-rgb model on the synthetic set in bf16, the same 2 learners, UCF_EPOCHS epochs
 #                (epoch 0 computes every video's partial augmentation on the CPUs, the later ones a third
 #                of them: docs/LOG.md, 2026-11-27, evening);
-#   real_video   held for the real-video job of the real-video issue, which is not written yet: its
-#                budget is kept free (REAL_VIDEO_S) so that adding it does not push the run past 420 s;
+#   real_video   the ucf101-rgb job on the real-footage set (`.footage`, below) decoded on this node's CPUs
+#                by OpenCV (the GPU image has no PyAV), UCF_EPOCHS epochs with the frame cache: the
+#                job-over-bare-learner ratio for real video, and the feed's cost per kept frame;
 #   finish       bench/gpu_report.py (the GPU targets from the steps above, as job.md), the archive, and
 #                `ray stop`.
 #
@@ -44,6 +45,11 @@
 #   BACKBONES=1  torchvision's r2plus1d_18 timed as a learner in fp32 and bf16 (backbones.txt, about a
 #                minute more).
 #
+# The real-footage set: made here (it needs PyAV, which the GPU image lacks) and carried, e.g.
+#     python -m raytrain_seq.data.footage --out .footage --clips-per-class 4 --codecs avi
+# (about 12 MB; `.footage` is git-ignored: carry: [".gpu-ray", ".footage"]). FOOTAGE names another
+# folder; without one the real_video step is skipped and job.md says so.
+#
 # Ray on a machine without network: a folder `.gpu-ray` at the root of this tree with Ray's wheel and
 # an install.sh that unpacks it and defines `ray_stop` (the workplace's ray_for_gpu_box.sh tool makes
 # it). `.gpu-ray` is ignored by git, so it does not travel with the tree by itself: name it in the device
@@ -57,7 +63,8 @@ BEGAN=$(date +%s)
 BUDGET=${BUDGET:-420}
 DEADLINE=$((BEGAN + BUDGET))
 FINISH_S=20       # kept for the end: gpu_report, the archive, ray stop
-REAL_VIDEO_S=75   # placeholder: the real-video job's budget, held free until that step exists
+REAL_VIDEO_S=75   # the real-video job's budget
+FOOTAGE=${FOOTAGE:-.footage}
 UCF_EPOCHS=${UCF_EPOCHS:-3}
 # name and budget (s) of every default step, in order; tests/test_bench.py sums them against 420
 STEPS=(
@@ -175,7 +182,16 @@ else
     echo "job_demo, job_ucf101: skipped, no $GPU_RAY folder (see the header of this script)" | tee -a "$WORK/steps.txt"
 fi
 
-# real_video: the real-video job goes here, within REAL_VIDEO_S, when its issue lands.
+if [ "$RAY" = 1 ] && [ -f "$FOOTAGE/avi/train.txt" ]; then
+    REAL=(--dataset list --data-root "$FOOTAGE/avi" --train-list "$FOOTAGE/avi/train.txt"
+        --test-list "$FOOTAGE/avi/test.txt" --class-names "$FOOTAGE/avi/classes.txt" --decoder opencv)
+    step real_video jobs.txt python3 jobs/ucf101.py --preset ucf101-rgb "${REAL[@]}" --epochs "$UCF_EPOCHS" \
+        --precision bf16 --run-name real --frame-cache-dir "$RUNS/frames" "${COMMON[@]}"
+    cp "$RUNS/real/summary.json" "$WORK/job_real.json" 2>/dev/null
+    stop_ray
+else
+    echo "real_video: skipped, no Ray or no $FOOTAGE/avi/train.txt (see the header of this script)" | tee -a "$WORK/steps.txt"
+fi
 
 if [ "${STARTUP:-0}" = 1 ] && [ "$RAY" = 1 ]; then
     step startup startup.txt python3 bench/startup.py --epochs 1 --cpus "$(nproc)" --bare-runs 1 \

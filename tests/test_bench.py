@@ -575,7 +575,12 @@ def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_p
 
     log = tmp_path / "calls.txt"
     env = _stand_ins(tmp_path, f'echo "python3 $*" >> {log}; echo "{{}}"')
-    env.update(STARTUP="1", BACKBONES="1", MBS="1", GPU_RAY=str(_fake_ray(tmp_path)))
+    footage = tmp_path / "footage" / "avi"
+    footage.mkdir(parents=True)
+    (footage / "train.txt").write_text("Bikes/v_Bikes_g01_c01.avi 0\n")
+    env.update(
+        STARTUP="1", BACKBONES="1", MBS="1", GPU_RAY=str(_fake_ray(tmp_path)), FOOTAGE=str(footage.parent)
+    )
     done = subprocess.run(["bash", str(GPU_CHECKS)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "command not found" not in done.stderr, done.stderr
     assert "gpu checks done" in done.stdout
@@ -587,6 +592,7 @@ def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_p
         "bench/dataloader_loop.py",
         "jobs/ucf101.py",
         "jobs/ucf101.py",
+        "jobs/ucf101.py",
         "bench/startup.py",
         "bench/learner_device.py",
         "bench/learner_device.py",
@@ -595,7 +601,9 @@ def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_p
         "bench/gpu_report.py",
     ], calls
     assert "--backbone r2plus1d_18" in " ".join(calls)
-    assert (tmp_path / "ray_stops.txt").read_text().split() == ["stop"] * 4  # 2 jobs, startup, the end
+    real = next(c for c in calls if "--run-name real" in c)
+    assert f"--data-root {footage}" in real and "--decoder opencv" in real and "--dataset list" in real
+    assert (tmp_path / "ray_stops.txt").read_text().split() == ["stop"] * 5  # 3 jobs, startup, the end
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["gpu_checks.tgz", "job.md"]
     with tarfile.open(out / "gpu_checks.tgz") as archive:
@@ -604,10 +612,10 @@ def test_gpu_checks_script_runs_every_step_in_order_with_stand_in_commands(tmp_p
             "job.md", "startup.txt", "backbones.txt", "mbs_micro16.txt", "mbs_micro512.txt"} <= names  # fmt: skip
 
 
-def test_gpu_checks_step_budgets_fit_420_s_with_the_real_video_job_held_free():
+def test_gpu_checks_step_budgets_fit_420_s_with_the_real_video_job():
     """The default steps' budgets (STEPS in the script, the end's included) add up to at most 420 s, the
-    run's wall budget, with about 75 s held for the real-video job that a later issue adds; the header
-    says how .gpu-ray reaches the GPU machine (carried by name: git ignores it)."""
+    run's wall budget, the real-video job's about 75 s of it; the header says how .gpu-ray and the
+    footage reach the GPU machine (carried by name: git ignores them)."""
     import re
 
     text = GPU_CHECKS.read_text()
@@ -623,6 +631,7 @@ def test_gpu_checks_step_budgets_fit_420_s_with_the_real_video_job_held_free():
     assert int(re.search(r"^BUDGET=\$\{BUDGET:-(\d+)\}", text, re.M).group(1)) == 420
     header = text[: text.index("set -u")]
     assert "carry" in header and ".gpu-ray" in header and "travels with the tree" not in header
+    assert ".footage" in header
 
 
 def test_gpu_checks_ends_every_step_at_the_deadline_and_still_stops_ray_and_packs(tmp_path):

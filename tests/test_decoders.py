@@ -203,7 +203,9 @@ def test_the_package_runs_without_pyav(decoder, tmp_path, ramps):
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["decoder"] == "opencv" and result["videos"] >= 2 and not result["av_loaded"]
-    assert result["shape"] == [result["length"], 16, 16, 3] and not {"failed", "refit"} & set(result["report"])
+    assert result["shape"] == [result["length"], 16, 16, 3] and not {"failed", "refit"} & set(
+        result["report"]
+    )
     assert "pip install av" in result["pyav"] and result["plain"] == [5, 24, 32, 3]
 
 
