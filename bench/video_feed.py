@@ -8,8 +8,9 @@ one ``LearnerFeed`` row stream per learner, across every epoch, on the real-foot
 
 * **whole**: CPU-seconds of every process of the run (this driver, whose threads run the learners' row
   streams, and Ray's raylet, GCS, the feed actor and the task workers; from /proc) per kept frame
-  served, epoch by epoch (``feed_rows``): epoch 0 is cold (every video decoded; the feed's start-up
-  included), later epochs warm (frames read from the frame cache, 1/r of the videos augmented again).
+  served (``feed_rows`` says how CPU is put in epochs): epoch 0 is cold (every video decoded; the
+  feed's start-up included), later epochs warm (frames read from the frame cache, 1/r of the videos
+  augmented again).
 * **stages** (CPU-seconds per kept frame): ``decode`` (and probe), ``cache_read``, ``partial_augment``
   (the tasks' own clocks), ``task_other`` (the rest of the tasks' bodies), ``row_streams`` (this
   process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes,
@@ -80,15 +81,15 @@ def feed_config(footage: Any, codec: str, stride: int, reuse: int, epochs: int, 
 
 
 def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
-    """Every epoch's rows through ``LEARNERS`` row streams, epoch by epoch: each epoch's window of CPU
-    (every process, and this one's), ending once every task launched so far has finished (so epoch
-    e + 1's tasks, launched as epoch e is served, fall in window e), and the feed's report."""
+    """Every epoch's rows through ``LEARNERS`` row streams; per epoch the window in which its rows were
+    drained (wall clock, the CPU of every process and of this one), and the feed's report with each
+    task's span."""
     import ray
 
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
 
-    tree, own = tree_cpu_seconds(), time.process_time()
+    tree, own, wall = tree_cpu_seconds(), time.process_time(), time.time()
     feed = create_feed(config, videos_per_task=videos_per_task)
     streams = [LearnerFeed(feed, epochs=config.train.epochs) for _ in range(LEARNERS)]
     windows = []
@@ -106,42 +107,58 @@ def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
             t.start()
         for t in threads:
             t.join()
-        stats = ray.get(feed.stats.remote(wait=True))
-        now_tree, now_own = tree_cpu_seconds(), time.process_time()
-        served = sum(v.frames for v in views)
-        windows.append({"served": served, "tree_cpu_s": now_tree - tree, "own_cpu_s": now_own - own})
-        tree, own = now_tree, now_own
+        now_tree, now_own, now = tree_cpu_seconds(), time.process_time(), time.time()
+        windows.append(
+            {
+                "served": sum(v.frames for v in views),
+                "wall": [wall, now],
+                "tree_cpu_s": now_tree - tree,
+                "own_cpu_s": now_own - own,
+            }
+        )
+        tree, own, wall = now_tree, now_own, now
     for stream in streams:
         stream.close()
+    stats = ray.get(feed.stats.remote(wait=True, ids=True))
     ray.kill(feed)
     return {"windows": windows, "stats": stats}
+
+
+def overlap(span: list[float], window: list[float]) -> float:
+    """The share of ``span`` = [start, end, ...] inside ``window`` = [start, end]: [0, 4] in [3, 9]: 1/4."""
+    length = max(span[1] - span[0], 1e-9)
+    return max(0.0, min(span[1], window[1]) - max(span[0], window[0])) / length
 
 
 def feed_rows(run: dict[str, Any], codec: str, stride: int, reuse: int) -> list[dict[str, Any]]:
     """The cold and warm rows of one drained run.
 
-    Window 0 (start-up included) holds epoch 0's tasks and epoch 1's, which are warm: cold = window 0
-    less epoch 1's task CPU; warm = windows 1.. plus epoch 1's task CPU. ``row_streams`` is this
-    process's CPU in the windows, ``ray`` the rest beyond the tasks (daemons, the actor, object writes).
+    The tasks' CPU counts in the epoch it computed for (the learners' streams run ahead, so a window
+    holds tasks of later epochs too); the CPU of everything else (Ray's daemons, the actor, this
+    process's row streams, start-up in epoch 0) counts in the epoch whose window it was spent in: a
+    window's CPU less the tasks' CPU inside it (each task's CPU spread evenly over its span).
     """
     epochs = {int(e): entry for e, entry in run["stats"]["epochs"].items()}
-    tasks = {e: float(entry.get("partial_cpu_s", 0.0)) for e, entry in epochs.items()}
+    spans = [span for entry in epochs.values() for span in entry.get("task_spans", [])]
     windows = run["windows"]
+    for window in windows:
+        inside = sum(span[2] * overlap(span, window["wall"]) for span in spans)
+        window["other_cpu_s"] = window["tree_cpu_s"] - inside
     rows = []
     for name, which in (("cold", [0]), ("warm", list(range(1, len(windows))))):
         frames = sum(windows[e]["served"] for e in which)
         if not frames:
             continue
-        moved = tasks.get(1, 0.0) * (1 if name == "warm" else -1)
-        cpu = sum(windows[e]["tree_cpu_s"] for e in which) + moved
-        task_cpu = sum(tasks.get(e, 0.0) for e in which)
+        task_cpu = sum(float(epochs.get(e, {}).get("partial_cpu_s", 0.0)) for e in which)
         stage = {key: 0.0 for key in STAGES}
         for e in which:
             for key, value in epochs.get(e, {}).get("stages", {}).items():
                 stage[key] += value
         stage["task_other"] = task_cpu - sum(stage[k] for k in ("decode", "cache_read", "partial_augment"))
         stage["row_streams"] = sum(windows[e]["own_cpu_s"] for e in which)
-        stage["ray"] = cpu - task_cpu - stage["row_streams"]
+        other = sum(windows[e]["other_cpu_s"] for e in which)
+        stage["ray"] = other - stage["row_streams"]
+        cpu = task_cpu + other
         rows.append(
             {
                 "codec": codec,

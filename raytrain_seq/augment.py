@@ -42,6 +42,7 @@ __all__ = [
     "final_augment_batch",
     "final_params",
     "partial_augment",
+    "rand_augment",
     "resize_video",
     "stride_frames",
     "test_views",
@@ -254,6 +255,29 @@ def partial_augment(
     gain = (brightness * contrast * matrix).astype(np.float32)
     offset = np.float32(brightness * mean_luma * (1.0 - contrast))
     return _to_uint8((pixels @ gain.T + offset).reshape(out.shape))
+
+
+def rand_augment(frames: np.ndarray, *, ops: int, magnitude: int, rng: np.random.Generator) -> np.ndarray:
+    """torchvision's RandAugment (``transforms.v2.RandAugment(ops, magnitude)``, Cubuk et al. 2020) with ONE
+    draw for the whole video: the same operations at the same strength on every frame, so the motion is
+    the video's. uint8 ``[T, H, W, 3]`` in and out; the draw comes from ``rng`` (torch's global generator
+    is forked and seeded from it, then restored), so a (seed, video, epoch) repeats it. Revamper's
+    partial augmentation: the costly half that refurbishing reuses.
+    """
+    import torch
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    frames = _check_video(frames)
+    ops = _check_int("ops", ops, 0)
+    if ops == 0:
+        return frames
+    transform = v2.RandAugment(num_ops=ops, magnitude=_check_int("magnitude", magnitude, 0))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(rng.integers(2**63)))
+        video = tv_tensors.Video(torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2))
+        out = transform(video)
+    return np.ascontiguousarray(out.permute(0, 2, 3, 1).numpy())
 
 
 def _colour_uint8(window: np.ndarray, matrix: np.ndarray, brightness: float, contrast: float) -> np.ndarray:

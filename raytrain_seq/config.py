@@ -139,6 +139,10 @@ class DataConfig:
     """Extra busy CPU seconds per partial augmentation of one video, to make augmentation the bottleneck."""
     augment_cost_per_frame: float = 0
     """Extra busy CPU seconds per frame of a training video's partial augmentation (a per-frame RandAugment's cost)."""
+    randaugment_ops: int = 0
+    """RandAugment operations in a training video's partial augmentation (torchvision's, one draw a video); 0 = none."""
+    randaugment_magnitude: int = 9
+    """RandAugment's magnitude, 0 to 30 (torchvision's scale; 9 is the papers' usual strength)."""
     frame_cache_gib: float = 16
     """Real video: GiB of decoded frames each node keeps on disk so a video is decoded once; 0 = decode every time."""
     frame_cache_dir: str | None = None
@@ -185,6 +189,13 @@ class DataConfig:
         choice("data.test_views", self.test_views, TEST_VIEWS)
         for name in ("augment_cost", "augment_cost_per_frame"):
             number(f"data.{name}", getattr(self, name), ">= 0", lambda v: v >= 0, "use 0 for no extra cost")
+        int_at_least("data.randaugment_ops", self.randaugment_ops, 0, "use 0 for none, 2 for the papers' two")
+        int_at_least("data.randaugment_magnitude", self.randaugment_magnitude, 0, "use e.g. 9")
+        if self.randaugment_magnitude > 30:
+            raise ValueError(
+                f"data.randaugment_magnitude={self.randaugment_magnitude} is past torchvision's scale (0 to 30): "
+                "use e.g. 9"
+            )
         number(
             "data.frame_cache_gib",
             self.frame_cache_gib,

@@ -251,3 +251,25 @@ def test_partial_augment_at_the_cache_size_is_the_float_transform_within_one_lev
         expect = _float_partial_reference(frames, 20, seed).astype(int)
         assert got.shape == (5, 20, 20, channels)
         assert np.abs(got - expect).max() <= 1 and (got == expect).mean() > 0.9
+
+
+def test_rand_augment_is_one_seeded_draw_for_the_whole_video():
+    """torchvision's RandAugment through rand_augment: uint8 [T, H, W, 3] kept; the same rng seed repeats
+    it; a static video stays static (one draw for all frames); the draws change the frames; no ops is a
+    no-op. torch's global generator is left as it was."""
+    import torch
+
+    from raytrain_seq.augment import rand_augment
+
+    rng = np.random.default_rng(5)
+    frame = rng.integers(0, 256, (24, 30, 3), dtype=np.uint8)
+    static = np.repeat(frame[None], 6, axis=0)
+    state = torch.random.get_rng_state()
+    outs = [rand_augment(static, ops=2, magnitude=9, rng=np.random.default_rng(s)) for s in (1, 1, 2, 3, 4)]
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert outs[0].shape == static.shape and outs[0].dtype == np.uint8
+    assert np.array_equal(outs[0], outs[1])
+    assert sum(not np.array_equal(outs[0], o) for o in outs[2:]) >= 2
+    for out in outs:
+        assert all(np.array_equal(out[0], f) for f in out[1:])
+    assert rand_augment(static, ops=0, magnitude=9, rng=np.random.default_rng(1)) is static

@@ -109,6 +109,8 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "data.seed": (["7"], 7, []),
     "data.augment_cost": (["0.5"], 0.5, []),
     "data.augment_cost_per_frame": (["0.0004"], 0.0004, []),
+    "data.randaugment_ops": (["2"], 2, []),
+    "data.randaugment_magnitude": (["12"], 12, []),
     "data.frame_cache_gib": (["2.5"], 2.5, []),
     "data.frame_cache_dir": (["/mnt/local/frames"], "/mnt/local/frames", []),
     "model.backbone": (["resnet18"], "resnet18", []),

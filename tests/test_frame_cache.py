@@ -118,6 +118,8 @@ def test_a_decode_error_propagates_and_writes_nothing(tmp_path, clip):
     with pytest.raises(ValueError, match="not a video"):
         cache.frames(clip, "p", broken)
     assert cache.usage() == 0
+    # A decode that handled its own failure (None) is passed on, and nothing is written for it.
+    assert cache.frames(clip, "p", lambda: None) is None and cache.usage() == 0
     # A missing source is the decoder's to report: nothing is cached for it.
     missing = CountingDecoder()
     cache.frames(str(tmp_path / "gone.avi"), "p", missing)

@@ -310,7 +310,7 @@ def test_whole_frame_flow_differs_from_window_first_flow_only_near_the_borders(m
     assert edges.mean() > inner.mean()  # the difference sits at the window's edge
 
 
-def test_the_frame_cache_serves_the_bytes_of_a_decode_to_every_process(mini, tmp_path):
+def test_the_frame_cache_serves_the_bytes_of_a_decode_to_every_process(mini, tmp_path, monkeypatch):
     """An RGB source with a frame cache gives the bytes of one without, for training (any epoch) and
     evaluation; it decodes each video once, and another process on the folder (a restarted feed's
     task, a --resume) reads it without decoding."""
@@ -324,9 +324,15 @@ def test_the_frame_cache_serves_the_bytes_of_a_decode_to_every_process(mini, tmp
             assert set(report["stages"]) == {"decode", "cache_read", "partial_augment"}
     assert (cached.frame_cache.stats.misses, cached.frame_cache.stats.hits) == (4, 8)
     assert plain.frame_cache.stats.hits == 0 and plain.frame_cache.stats.unwritten == 12
+
+    def opened(*args, **kwargs):
+        raise AssertionError("a cached video was opened")
+
     again = RealVideos(**options)
+    monkeypatch.setattr("raytrain_seq.data.video.probe", opened)  # a hit neither probes nor decodes
+    monkeypatch.setattr("raytrain_seq.data.video.decode", opened)
     for video in ids:
-        assert np.array_equal(again.load(video, 1, 0, SIZE)[0], plain.load(video, 1, 0, SIZE)[0])
+        assert np.array_equal(again.load(video, 1, 0, SIZE)[0], cached.load(video, 1, 0, SIZE)[0])
     assert (again.frame_cache.stats.misses, again.frame_cache.stats.hits) == (0, 4)
 
 

@@ -76,12 +76,12 @@ class FrameCache:
         self.stats = FrameCacheStats()
         self._writable = True  # False after a failed write: warned once, decode on
 
-    def frames(self, path: str, params: str, decode: Callable[[], np.ndarray]) -> np.ndarray:
+    def frames(self, path: str, params: str, decode: Callable[[], np.ndarray | None]) -> np.ndarray | None:
         """``decode()``'s frames of ``path``, read from the folder when they are there and current.
 
         ``params`` names every setting ``decode`` depends on besides the file (e.g. ``"stride=8 size=128
-        decoder=pyav"``). A ``decode`` error propagates (nothing is written); a missing source is left to
-        ``decode`` to report.
+        decoder=pyav"``). A ``decode`` error propagates and a ``decode`` that returns None (a failure it
+        handled) is returned as is: nothing is written either way. A missing source is left to ``decode``.
         """
         if self.budget_bytes == 0:  # off: neither read nor written
             self.stats.unwritten += 1
@@ -97,7 +97,8 @@ class FrameCache:
         if cached is not None:
             return cached
         frames = self._decode(decode)
-        self._write(self.folder / name, frames)
+        if frames is not None:
+            self._write(self.folder / name, frames)
         return frames
 
     def usage(self) -> int:
@@ -108,7 +109,7 @@ class FrameCache:
         except OSError:
             return 0
 
-    def _decode(self, decode: Callable[[], np.ndarray]) -> np.ndarray:
+    def _decode(self, decode: Callable[[], np.ndarray | None]) -> np.ndarray | None:
         began = time.process_time()
         frames = decode()
         self.stats.decode_cpu_s += time.process_time() - began

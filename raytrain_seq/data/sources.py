@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.augment import partial_augment, resize_video
+from raytrain_seq.augment import partial_augment, rand_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import flow_window
 from raytrain_seq.data.frame_cache import FrameCache, default_folder
@@ -109,10 +109,15 @@ def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
         )
     if data.dataset == "synthetic":
         fields = ("num_classes", "stride", "seed", "max_videos", "val_fraction")
-        return (*((name, getattr(data, name)) for name in fields), ("size", render_size(config)))
+        return (
+            *((name, getattr(data, name)) for name in fields),
+            ("size", render_size(config)),
+            ("randaugment", (data.randaugment_ops, data.randaugment_magnitude)),
+        )
     # "~" is expanded here, in the driver, so every worker opens the same absolute path.
     values = {name: getattr(data, name) for name in _REAL_FIELDS}
     values["data_root"] = os.path.abspath(os.path.expanduser(values["data_root"]))
+    values["randaugment"] = (data.randaugment_ops, data.randaugment_magnitude)
     values["decoder"] = _decoder(data.decoder)
     if data.dataset == "list":
         from raytrain_seq.data.video_list import resolve_list
@@ -191,6 +196,7 @@ def augment_videos(
         # CPU of the whole process (decoder threads included) while it ran the body: a task worker runs
         # one task at a time, so this is the task's cost in CPU-seconds, which holds on a busy machine.
         "cpu_s": time.process_time() - cpu,
+        "wall": [time.time() - (time.perf_counter() - began), time.time()],  # when it ran (epoch seconds)
         "frames": [len(frames) for frames in out],
         "stages": stages,
         "frame_cache": cache,
@@ -298,11 +304,12 @@ class SyntheticSource:
 
     flow_method = None
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, randaugment: tuple[int, int] = (0, 9), **kwargs: Any) -> None:
         from raytrain_seq.data.synthetic import SyntheticVideos
 
         self.videos = SyntheticVideos(**kwargs)
         self.num_classes = int(kwargs["num_classes"])
+        self.randaugment = randaugment
 
     def catalogs(self, *, warn: bool = True) -> dict[str, Any]:
         return {
@@ -315,7 +322,17 @@ class SyntheticSource:
         frames = self.videos.render(video)
         if epoch is None:
             return resize_video(frames, size), {}
-        return partial_augment(frames, size=size, rng=partial_rng(seed, video, epoch)), {}
+        return partial(frames, size, partial_rng(seed, video, epoch), self.randaugment), {}
+
+
+def partial(
+    frames: np.ndarray, size: int, rng: np.random.Generator, randaugment: tuple[int, int]
+) -> np.ndarray:
+    """A training video's partial augmentation: ``partial_augment`` (window, colour), then ``randaugment``
+    = (operations, magnitude) of ``rand_augment`` when operations > 0, both from the one ``rng``."""
+    out = partial_augment(frames, size=size, rng=rng)
+    ops, magnitude = randaugment
+    return rand_augment(out, ops=ops, magnitude=magnitude, rng=rng) if ops else out
 
 
 # ------------------------------------------------------------------------------------------ real videos
@@ -406,6 +423,7 @@ class RealVideos:
         val_list: str | None = None,
         class_names: str | None = None,
         decoder: str = "auto",
+        randaugment: tuple[int, int] = (0, 9),
         frame_cache_gib: float = 0,
         frame_cache_dir: str | None = None,
     ) -> None:
@@ -419,6 +437,7 @@ class RealVideos:
         self.lists = {"train": train_list, "val": val_list, "test": test_list}
         self.class_names_file = class_names
         self.decoder = _decoder(decoder)
+        self.randaugment = randaugment  # (operations, magnitude) of the partial augmentation
         self.channels = CHANNELS[stream]
         self._refits = 0  # length fixes in this process, for the rate limit of their warnings
         # The RGB stream's decoded frames, kept on this node's disk (data/frame_cache.py); the flow stream
@@ -526,15 +545,14 @@ class RealVideos:
             return flow_window(flow, size, flow_offset(seed, video, epoch)), report
         cache = dataclasses.replace(self.frame_cache.stats)
         began = time.process_time()
-        frames, _, length, report = self._decoded(video, size)
-        if frames is None:
-            return np.zeros((length, size, size, self.channels), np.uint8), report
+        rgb, report = self._rgb(video, size)
+        if isinstance(rgb, int):  # the decode failed: a zero clip of the catalog length
+            return np.zeros((rgb, size, size, self.channels), np.uint8), report
         decoded = time.process_time()
-        rgb = fit_length(frames[0], length)
         if epoch is None:
             out = resize_video(rgb, size)
         else:
-            out = partial_augment(rgb, size=size, rng=partial_rng(seed, video, epoch))
+            out = partial(rgb, size, partial_rng(seed, video, epoch), self.randaugment)
         now, stats = time.process_time(), self.frame_cache.stats
         read = stats.read_cpu_s - cache.read_cpu_s
         report["stages"] = {
@@ -544,6 +562,25 @@ class RealVideos:
         }
         report["frame_cache"] = {"hits": stats.hits - cache.hits, "misses": stats.misses - cache.misses}
         return out, report
+
+    def _rgb(self, video: int, size: int) -> tuple[np.ndarray | int, dict]:
+        """``video``'s frames at short side ``size`` and catalog length, through the frame cache (a hit
+        opens no video: the cached frames are fitted already), and the report (failed, refit). When the
+        decode fails: the catalog length instead of frames (nothing is cached)."""
+        if video not in self.paths:
+            raise ValueError(f"video id {video} is not in {self.dataset} fold {self.fold}: use catalog ids")
+        report: dict[str, Any] = {}
+        length = 0
+
+        def fitted() -> np.ndarray | None:
+            nonlocal length
+            frames, _, length, found = self._decoded(video, size)
+            report.update(found)
+            return None if frames is None else fit_length(frames[0], length)
+
+        params = f"rgb fitted stride={self.stride} fps={self.fps} size={size} decoder={self.decoder}"
+        frames = self.frame_cache.frames(self.paths[video], params, fitted)
+        return (length if frames is None else frames), report
 
     def flow(self, video: int, size: int) -> tuple[np.ndarray, dict]:
         """uint8 ``[catalog length, H, W, 2]``: the flow of ``video``'s whole frames at short side ``size``.
@@ -608,12 +645,7 @@ class RealVideos:
         if self.stream == "flow":
             first, second, last = decode_pairs(path, **options)
             return (first, second), last
-        frames = self.frame_cache.frames(
-            path,
-            f"stride={self.stride} fps={self.fps} size={size} decoder={self.decoder}",
-            lambda: decode(path, **options),
-        )
-        return (frames,), True
+        return (decode(path, **options),), True
 
     def _log_refit(self, path: str, decoded: int, length: int) -> None:
         self._refits += 1

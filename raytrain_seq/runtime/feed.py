@@ -574,7 +574,8 @@ class BlockFeed:
         cost, at each video's measured flow seconds). ``partial_seconds`` counts flow and window tasks.
 
         Task reports are collected when finished (``wait=True`` waits for every launched task); with
-        ``ids=True`` each epoch also lists the video ids its partial augmentations actually ran for.
+        ``ids=True`` each epoch also lists the video ids its partial augmentations actually ran for, and
+        ``task_spans``: ``[start, end, CPU-seconds]`` of each of its tasks (wall clock of the task's node).
         """
         import ray
 
@@ -594,8 +595,10 @@ class BlockFeed:
                 entry.update(costs.get(epoch, {}))
                 if self._flow_once:
                     entry.update(self._flow_counts(ran.get(epoch, []), flowed.get(epoch, []), flow_cpu))
+                spans = entry.pop("spans", [])
                 if ids:
                     entry["partial_ids"] = sorted(ran.get(epoch, []))
+                    entry["task_spans"] = sorted(spans)
                 per_epoch[epoch] = entry
             keys = (
                 "recomputed",
@@ -624,7 +627,7 @@ class BlockFeed:
                 eval={
                     "videos": len(ran.get(None, [])),
                     "seconds": seconds.get(None, 0.0),
-                    **costs.get(None, {}),
+                    **{key: value for key, value in costs.get(None, {}).items() if key != "spans"},
                 },
                 totals=dict(
                     totals,
@@ -678,7 +681,10 @@ def partial_cost(costs: dict[int | None, dict[str, Any]], info: dict[str, Any]) 
         for key, value in stages.items():
             entry["stages"][key] = entry["stages"].get(key, 0.0) + value * share
     if info["epochs"]:
-        counts = costs[info["epochs"][0]]["frame_cache"]
+        first = costs[info["epochs"][0]]
+        if "wall" in info:  # for stats(ids=True): [start, end, CPU-seconds] of each task
+            first.setdefault("spans", []).append([*info["wall"], info["cpu_s"]])
+        counts = first["frame_cache"]
         for key, value in info.get("frame_cache", {}).items():
             counts[key] = counts.get(key, 0) + value
 
