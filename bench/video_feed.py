@@ -8,13 +8,13 @@ one ``LearnerFeed`` row stream per learner, across every epoch, on the real-foot
 
 * **whole**: CPU-seconds of every process of the run (this driver, whose threads run the learners' row
   streams, and Ray's raylet, GCS, the feed actor and the task workers; from /proc) per kept frame
-  served (``feed_rows`` says how CPU is put in epochs): epoch 0 is cold (every video decoded; the
-  feed's start-up included), later epochs warm (frames read from the frame cache, 1/r of the videos
-  augmented again).
+  served (``feed_rows`` says how CPU is put in epochs): epoch 0 is cold (every video decoded), later
+  epochs warm (frames read from the frame cache, 1/r of the videos augmented again). A run's start-up
+  (the catalog's probe, the feed actor's process; the task workers are started by one unmeasured epoch
+  first) is not an epoch's: each row gives it as ``startup_cpu_s``.
 * **stages** (CPU-seconds per kept frame): ``decode`` (and probe), ``cache_read``, ``partial_augment``
   (the tasks' own clocks), ``task_other`` (the rest of the tasks' bodies), ``row_streams`` (this
-  process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes,
-  and in the cold epoch the start of the actor and the task workers).
+  process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes).
 
 The plain path, measured in the same run: a ``torch.utils.data.DataLoader`` whose dataset decodes each
 clip with PyAV (``to_ndarray`` at 171x128 on the kept frames) and applies ``torchvision.transforms.v2``
@@ -89,8 +89,14 @@ def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
 
+    # Start-up (the catalog's probe, the actor's process) is the run's, not an epoch's: it is measured
+    # on its own, and epoch 0's window opens when the feed can serve (its first epoch_shard launches
+    # epoch 0's tasks).
+    tree0, own0 = tree_cpu_seconds(), time.process_time()
+    feed = create_feed(config, videos_per_task=videos_per_task, prefetch=False)
+    ray.get(feed.model_spec.remote())
     tree, own, wall = tree_cpu_seconds(), time.process_time(), time.time()
-    feed = create_feed(config, videos_per_task=videos_per_task)
+    startup = {"tree_cpu_s": tree - tree0, "own_cpu_s": own - own0}
     streams = [LearnerFeed(feed, epochs=config.train.epochs) for _ in range(LEARNERS)]
     windows = []
     for epoch in range(config.train.epochs):
@@ -121,7 +127,7 @@ def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
         stream.close()
     stats = ray.get(feed.stats.remote(wait=True, ids=True))
     ray.kill(feed)
-    return {"windows": windows, "stats": stats}
+    return {"windows": windows, "stats": stats, "startup": startup}
 
 
 def overlap(span: list[float], window: list[float]) -> float:
@@ -144,7 +150,7 @@ def feed_rows(run: dict[str, Any], codec: str, stride: int, reuse: int) -> list[
     for window in windows:
         inside = sum(span[2] * overlap(span, window["wall"]) for span in spans)
         window["other_cpu_s"] = window["tree_cpu_s"] - inside
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, which in (("cold", [0]), ("warm", list(range(1, len(windows))))):
         frames = sum(windows[e]["served"] for e in which)
         if not frames:
@@ -169,6 +175,7 @@ def feed_rows(run: dict[str, Any], codec: str, stride: int, reuse: int) -> list[
                 "cpu_s": round(cpu, 4),
                 "frames_per_cpu_s": round(frames / cpu, 1),
                 "stages": {key: round(value / frames * 1e3, 5) for key, value in stage.items()},
+                "startup_cpu_s": round(run["startup"]["tree_cpu_s"], 3),
             }
         )
     return rows
@@ -215,8 +222,12 @@ def _one_thread_worker(_: int) -> None:
 
 
 def drain_loader(paths: list[str], stride: int, workers: int) -> dict[str, Any]:
-    """One epoch of the plain path: its kept frames and the loader's process tree's CPU."""
+    """One epoch of the plain path: its kept frames and the loader's process tree's CPU. Its imports are
+    made here first, as a training script makes them, so the forked workers inherit them."""
+    import av  # noqa: F401
     import torch
+    from torchvision import tv_tensors  # noqa: F401
+    from torchvision.transforms import v2  # noqa: F401
 
     loader = torch.utils.data.DataLoader(
         PlainClips(paths, stride),
@@ -255,6 +266,11 @@ def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
     rows, loader = [], []
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     try:
+        # One unmeasured epoch first, so that the task workers' processes exist (a run starts them once).
+        with tempfile.TemporaryDirectory(prefix="frame-cache-") as cache_dir:
+            drain_feed(
+                feed_config(footage, args.codecs[0], args.strides[-1], 1, 1, cache_dir), args.videos_per_task
+            )
         for codec in args.codecs:
             for stride in args.strides:
                 for reuse in args.reuse:
