@@ -43,6 +43,8 @@ bench: $(STAMP)
 	$(PY) bench/microbatch.py
 	$(PY) bench/bload_table.py
 	$(PY) bench/refurbish.py
+	$(PY) bench/refurbish.py --real
+	$(PY) bench/video_feed.py
 	$(PY) bench/averaging.py
 	$(PY) bench/averaging.py --only ablation
 	$(PY) bench/batch_rule.py

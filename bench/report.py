@@ -27,6 +27,8 @@ from benchlib import RESULTS, ROOT, machine_info, markdown_table
 SECTIONS = (
     ("bload_table", "BLoad Table I", None),
     ("refurbish", "Revamper (data refurbishing)", None),
+    ("refurbish_real", "Revamper on real footage with RandAugment", None),
+    ("video_feed", "The feed on real footage", None),
     ("microbatch", "MBS Table 4 (micro-batch streaming)", None),
     ("averaging", "AAVG (model averaging)", None),
     ("averaging_ablation", "AAVG ablation at equal steps", None),

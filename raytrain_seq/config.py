@@ -143,7 +143,7 @@ class DataConfig:
     """RandAugment operations in a training video's partial augmentation (torchvision's, one draw a video); 0 = none."""
     randaugment_magnitude: int = 9
     """RandAugment's magnitude, 0 to 30 (torchvision's scale; 9 is the papers' usual strength)."""
-    frame_cache_gib: float = 16
+    frame_cache_gib: float = 32
     """Real video: GiB of decoded frames each node keeps on disk so a video is decoded once; 0 = decode every time."""
     frame_cache_dir: str | None = None
     """Real video: the node-local folder of the frame cache; None = <temp folder>/raytrain_seq/frames."""

@@ -178,6 +178,29 @@ def _model(config: Config, geometry: dict[str, Any]) -> None:
         raise RunSetupError(" ".join(str(exc).split())) from exc  # one line, whatever the library wrote
 
 
+def _frame_cache(config: Config, geometry: dict) -> None:
+    """Say once what the frame cache needs for this data set against its budget (real RGB video)."""
+    data = config.data
+    if data.dataset == "synthetic" or data.stream != "rgb":
+        return
+    import numpy as np
+
+    from raytrain_seq.data.frame_cache import cache_bytes, default_folder
+
+    lengths = [geometry["catalogs"][split].lengths for split in ("train", "val", "test")]
+    need = cache_bytes(np.concatenate(lengths), data.cache_size)
+    budget = data.frame_cache_gib * 2**30
+    share = 1.0 if need <= budget else budget / need
+    logger.info(
+        "frame cache: the splits' decoded frames need about %.1f GiB at short side %d (4:3 frames); the budget "
+        "is %.1f GiB a node in %s: %s", need / 2**30, data.cache_size, data.frame_cache_gib,
+        data.frame_cache_dir or default_folder(),
+        "every video is decoded once" if share >= 1.0 else
+        f"about {100 * share:.0f} % of the frames are cached, the rest decoded every time they are augmented "
+        "(raise --frame-cache-gib where the disk has room)",
+    )  # fmt: skip
+
+
 def check(config: Config, *, reuse: bool = False) -> Checked:
     """Every check above, in order of cost; RunSetupError (one line: the input and the fix) at the first
     problem. Returns what it learned (the data geometry), which the driver hands to the feed.
@@ -203,6 +226,7 @@ def check(config: Config, *, reuse: bool = False) -> Checked:
             raise RunSetupError(str(exc)) from exc
         _warmup(config, geometry)
         _model(config, geometry)
+        _frame_cache(config, geometry)
         checked = Checked(geometry=geometry)
     _last = (key, checked)
     return checked

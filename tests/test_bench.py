@@ -1009,3 +1009,89 @@ def test_batch_rule_verdicts_and_headline_follow_the_numbers():
     res["sets"]["small"]["stats"] = batch_rule.set_stats({"fixed": fixed, "default": worse, "always": worse})
     assert not batch_rule.headline(res)["default_within_one_se_everywhere"]
     assert "MISSED." in " ".join(batch_rule.verdicts(res))
+
+
+# ------------------------------------------------------------------------------------------ video_feed
+def _drained(task_spans: dict[int, list], windows: list[tuple[float, float, float, float]]) -> dict:
+    """A drain_feed result by hand: per computing epoch its tasks [start, end, cpu] and stages; windows
+    (start, end, CPU of every process, CPU of this one), 100 frames served each."""
+    epochs = {
+        e: {"partial_cpu_s": sum(s[2] for s in spans), "task_spans": spans,
+            "stages": {"decode": 0.5 * sum(s[2] for s in spans), "partial_augment": 0.25 * sum(s[2] for s in spans)}}
+        for e, spans in task_spans.items()
+    }  # fmt: skip
+    return {
+        "windows": [
+            {"served": 100, "wall": [a, b], "tree_cpu_s": tree, "own_cpu_s": own}
+            for a, b, tree, own in windows
+        ],
+        "stats": {"epochs": epochs},
+        "startup": {"tree_cpu_s": 0.5, "own_cpu_s": 0.1},
+    }
+
+
+def test_video_feed_puts_task_cpu_in_its_epoch_and_the_rest_in_its_window():
+    """Epoch 1's task ran inside epoch 0's window (the row streams run ahead): its CPU counts as warm,
+    the rest of window 0 as cold; every CPU-second of the windows lands in exactly one row."""
+    import video_feed
+
+    run = _drained(
+        {0: [[0.0, 1.0, 2.0]], 1: [[1.0, 2.0, 1.0]], 2: [[2.5, 3.0, 0.5]]},
+        [(0.0, 2.0, 4.0, 0.4), (2.0, 3.0, 1.0, 0.2), (3.0, 4.0, 0.2, 0.1)],
+    )
+    cold, warm = video_feed.feed_rows(run, "avi", 8, 1)
+    assert (cold["epoch"], warm["epoch"]) == ("cold", "warm")
+    assert cold["cpu_s"] == pytest.approx(2.0 + (4.0 - 3.0))  # epoch 0's task, window 0 less both tasks
+    assert warm["cpu_s"] == pytest.approx(1.0 + 0.5 + (1.0 - 0.5) + 0.2)
+    assert cold["cpu_s"] + warm["cpu_s"] == pytest.approx(4.0 + 1.0 + 0.2)
+    assert cold["kept_frames"] == 100 and warm["kept_frames"] == 200
+    assert cold["frames_per_cpu_s"] == pytest.approx(100 / 3.0, abs=0.1)
+    assert cold["stages"]["decode"] == pytest.approx(1e3 * 1.0 / 100)  # ms a kept frame
+    assert cold["stages"]["row_streams"] == pytest.approx(1e3 * 0.4 / 100)
+    assert sum(cold["stages"].values()) == pytest.approx(1e3 * cold["cpu_s"] / 100, rel=1e-3)
+    assert video_feed.overlap([0.0, 4.0], [3.0, 9.0]) == pytest.approx(0.25)
+
+
+def test_video_feed_verdicts_name_every_row_that_misses_a_target():
+    import video_feed
+
+    rows = [
+        {"codec": "avi", "stride": 8, "r": 1, "epoch": "warm", "frames_per_cpu_s": 1900.0},
+        {"codec": "mp4", "stride": 1, "r": 3, "epoch": "warm", "frames_per_cpu_s": 9000.0},
+        {"codec": "mp4", "stride": 8, "r": 1, "epoch": "cold", "frames_per_cpu_s": 450.0},
+    ]
+    results = {"rows": rows, "dataloader": [
+        {"codec": "avi", "stride": 8, "frames_per_cpu_s": 400.0}, {"codec": "mp4", "stride": 1, "frames_per_cpu_s": 500.0},
+        {"codec": "mp4", "stride": 8, "frames_per_cpu_s": 330.0}]}  # fmt: skip
+    video_feed.ratios(results)
+    assert [r["x_dataloader"] for r in rows] == [4.75, 18.0, 1.36]
+    lines = video_feed.verdicts(results)
+    assert lines[0].endswith("met in 0 of 1 rows; not in avi stride 8 r 1: 1,900")
+    assert "met in 1 of 2 rows; not in avi stride 8 r 1: 4.75x" in lines[1]
+    assert "met in 0 of 1 rows; not in mp4 stride 8 r 1: 1.36x" in lines[2]
+
+
+@pytest.mark.ray
+def test_video_feed_runs_the_job_feed_on_real_footage_and_prints_its_json(tmp_path):
+    """The bench end to end at its smallest (a subprocess: it starts its own Ray): the JSON last line has
+    the issue's keys, a cold and a warm row, the plain DataLoader beside it, and the results files."""
+    import subprocess
+
+    command = [sys.executable, str(BENCH / "video_feed.py"), "--clips-per-class", "3", "--codecs", "avi",
+               "--strides", "8", "--reuse", "1", "--epochs", "2", "--results", str(tmp_path), "--json"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["feed"] == "real" and {r["epoch"] for r in last["rows"]} == {"cold", "warm"}
+    for row in last["rows"]:
+        assert {"codec", "stride", "r", "epoch", "frames_per_cpu_s", "stages"} <= set(row)
+        assert row["frames_per_cpu_s"] > 0 and set(row["stages"]) == set(video_feed_stages())
+    assert [(d["codec"], d["stride"]) for d in last["dataloader"]] == [("avi", 8)]
+    assert {d["backend"] for d in last["decoders"]} >= {"opencv", "pyav"}
+    assert (tmp_path / "video_feed.md").is_file() and json.loads((tmp_path / "video_feed.json").read_text())
+
+
+def video_feed_stages() -> tuple[str, ...]:
+    import video_feed
+
+    return video_feed.STAGES

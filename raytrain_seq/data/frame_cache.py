@@ -32,9 +32,17 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrameCache", "FrameCacheStats", "default_folder"]
+__all__ = ["FrameCache", "FrameCacheStats", "cache_bytes", "default_folder"]
 
 _SUFFIX = ".npy"
+
+
+def cache_bytes(lengths, size: int, aspect: float = 4 / 3) -> int:
+    """Bytes of the frame cache for videos of ``lengths`` kept frames at short side ``size`` (RGB, the
+    long side ``round(size * aspect)``), one file header a video: 1,000 frames at 128 (171x128) take
+    1,000 * 65,664 bytes and 128 more."""
+    frames = int(np.sum(lengths))
+    return frames * size * round(size * aspect) * 3 + 128 * len(lengths)
 
 
 def default_folder() -> str:
