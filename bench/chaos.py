@@ -321,6 +321,20 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
         "learners": "1:2",
         "seed": args.seed,
     }
+    if args.real:
+        # The real-footage set through the frame cache (one folder for both runs: the chaos run's feed
+        # restarts read it), decoded at the smoke preset's tiny size.
+        from raytrain_seq.data.footage import make_footage
+
+        root = Path(storage) / "footage"
+        if not (root / "avi").is_dir():
+            make_footage(root, clips_per_class=4, codecs=("avi",))
+        avi = root / "avi"
+        fast.update(
+            dataset="list", data_root=str(avi), train_list=str(avi / "train.txt"), test_list=str(avi / "test.txt"),
+            class_names=str(avi / "classes.txt"), num_classes=None, max_videos=None, stride=8,
+            frame_cache_dir=str(Path(storage) / "frames"),
+        )  # fmt: skip
     return Config.from_preset("smoke", storage_path=storage, run_name=name, **fast)
 
 
@@ -499,6 +513,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     # raylet is declared dead after ~5 s): its rows are then made up like a stalled learner's.
     parser.add_argument("--timeout", type=float, default=10.0, help="averager timeout (s)")
     parser.add_argument("--storage", default=None, help="run folders (default: a temporary folder)")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="train on the real-footage set (data.footage) with the frame cache on",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
