@@ -175,7 +175,7 @@ def spread_table(size: dict, frame_cost: float, footage=None) -> dict[int, dict]
     world, batch, epochs = base.train.min_learners, base.train.batch_size, size["epochs"]
     out = {}
     for reuse in size["reuse"]:
-        config = job_config(size, reuse, base.data.seed, frame_cost, base.train.storage_path, footage)
+        config = job_config(size, reuse, base.data.seed, frame_cost, base.run.storage_path, footage)
         feed, _ = job_feed(config, geometry)
         schedule = RefurbishSchedule(len(ids), reuse=reuse, seed=config.data.seed)
 
@@ -338,6 +338,9 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         r3_step_cv_served=res["spread"].get(3, {}).get("served", {}).get("cv"),
         r3_step_cv_compose=res["spread"].get(3, {}).get("compose", {}).get("cv"),
         r3_speedup_text=_pm(three.get("speedup"), three.get("speedup_se"), ".2f", "x"),
+        r3_cpu_saving_text=_pm(three.get("cpu_saving"), three.get("cpu_saving_se"), ".2f", "x"),
+        seeds=len(res["size"]["seeds"]),
+        load=[min(loads), max(loads)],
         r3_accuracy_text=_pm(three.get("acc_points"), three.get("acc_points_se"), "+.1f")
         + f" ({within_noise(three.get('acc_points'), three.get('acc_points_se'))})",
     )  # fmt: skip
