@@ -216,8 +216,13 @@ def test_head_is_cpu_only_and_gpu_workers_span_the_learner_range():
     assert int(_flag(head_start, "--num-cpus")) == head["resources"]["CPU"]
     assert _flag(head_start, "--num-gpus") in (None, "0")
 
-    assert len(workers) == 1, f"one GPU worker type expected, found {sorted(workers)}"
-    (gpu,) = workers.values()
+    gpus = {name: t for name, t in workers.items() if t["resources"]["GPU"] >= 1}
+    assert len(gpus) == 1, f"one GPU worker type expected, found {sorted(gpus)}"
+    (gpu,) = gpus.values()
+    # The feed's CPU workers: none at rest, added by the autoscaler, never a GPU.
+    cpus_only = [t for t in workers.values() if t["resources"]["GPU"] == 0]
+    assert all(t["min_workers"] == 0 and t["max_workers"] >= 1 for t in cpus_only)
+    assert config["max_workers"] == sum(t["max_workers"] for t in workers.values())
     low, high = gpu["min_workers"], gpu["max_workers"]
     assert gpu["resources"]["GPU"] >= 1 and gpu["resources"]["CPU"] >= 1  # a learner holds 1 GPU + 1 CPU
     assert 1 <= low <= high <= config["max_workers"]

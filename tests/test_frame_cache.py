@@ -130,3 +130,25 @@ def test_a_decode_error_propagates_and_writes_nothing(tmp_path, clip):
 def test_a_bad_budget_is_refused_with_the_fix(tmp_path, budget):
     with pytest.raises(ValueError, match="budget_bytes must be an int >= 0"):
         FrameCache(tmp_path, budget)
+
+
+def test_home_nodes_share_videos_by_weight_and_move_few_when_a_node_joins():
+    """Weighted rendezvous hashing: deterministic, every video placed, shares near the weights, and a
+    node that joins takes about its share from the others while every other video stays home."""
+    from raytrain_seq.data.frame_cache import home_nodes
+
+    videos = list(range(3000))
+    nodes = {"head": 6.0, "gpu-a": 2.0, "gpu-b": 2.0}
+    home = home_nodes(videos, nodes)
+    assert home == home_nodes(videos, dict(reversed(list(nodes.items()))))  # order of the nodes is no input
+    assert set(home) == set(videos) and set(home.values()) == set(nodes)
+    shares = {node: sum(h == node for h in home.values()) / len(videos) for node in nodes}
+    assert shares["head"] == pytest.approx(0.6, abs=0.04) and shares["gpu-a"] == pytest.approx(0.2, abs=0.04)
+    grown = home_nodes(videos, {**nodes, "gpu-c": 2.0})
+    moved = [v for v in videos if grown[v] != home[v]]
+    assert all(grown[v] == "gpu-c" for v in moved)  # only to the newcomer
+    assert len(moved) / len(videos) == pytest.approx(2 / 12, abs=0.04)
+    gone = home_nodes(videos, {"head": 6.0, "gpu-a": 2.0})
+    assert all(gone[v] == home[v] for v in videos if home[v] != "gpu-b")  # a node's loss moves only its own
+    assert home_nodes(videos[:5], {"only": 1.0}) == dict.fromkeys(videos[:5], "only")
+    assert home_nodes(videos[:5], {}) == {}

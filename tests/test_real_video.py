@@ -554,6 +554,20 @@ def test_rgb_run_trains_on_readable_videos_and_lists_the_bad_ones(runs, mini):
     assert summary["videos"]["test"] == len(mini.test[1])
     assert 0.0 <= summary["test_accuracy"] <= 1.0
     assert set(summary["per_class_accuracy"]) <= {"ApplyEyeMakeup", "ApplyLipstick", "Archery"}
+    # The feed's cost: every kept frame served, the CPU of its actor and tasks, the learners' wait.
+    feed = summary["feed"]
+    assert {
+        "kept_frames",
+        "cpu_s",
+        "cpu_s_per_kept_frame_cold",
+        "cpu_s_per_kept_frame_warm",
+        "learner_wait_s",
+    } <= set(feed)
+    assert feed["kept_frames"] > 0 and feed["cpu_s"] > 0 and feed["learner_wait_s"] >= 0
+    assert feed["cpu_s_per_kept_frame_cold"] > 0 and feed["cpu_s_per_kept_frame_warm"] is None  # 1 epoch
+    assert feed["stages_cpu_s"]["decode"] > 0
+    table = format_table(RunSummary.load(storage / "rgb"))
+    assert "feed CPU a frame" in table and "feed per learner" in table
 
 
 @pytest.mark.ray

@@ -14,7 +14,8 @@ a budget of 0 turns the cache off (nothing read or written).
 Writers in parallel processes may overshoot the budget by what they write at once (a video each); a
 file is written under a temporary name and renamed, so a reader sees a whole file or none.
 ``stats`` counts hits, misses, stale, corrupt and unwritten files and the CPU seconds of reads and
-decodes. Bytes per frame and what UCF101 needs: docs/ARCHITECTURE.md, "The frame cache".
+decodes. ``home_nodes`` gives each video the node whose cache holds it, so the feed sends its partial
+augmentations there. Bytes per frame and what UCF101 needs: docs/ARCHITECTURE.md, "The frame cache".
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import tempfile
 import time
@@ -32,7 +34,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrameCache", "FrameCacheStats", "cache_bytes", "default_folder"]
+__all__ = ["FrameCache", "FrameCacheStats", "cache_bytes", "default_folder", "home_nodes"]
 
 _SUFFIX = ".npy"
 
@@ -43,6 +45,30 @@ def cache_bytes(lengths, size: int, aspect: float = 4 / 3) -> int:
     1,000 * 65,664 bytes and 128 more."""
     frames = int(np.sum(lengths))
     return frames * size * round(size * aspect) * 3 + 128 * len(lengths)
+
+
+def home_nodes(videos: list[int], nodes: dict[str, float]) -> dict[int, str]:
+    """Each video's home node, whose frame cache holds it: weighted rendezvous hashing over ``nodes``
+    (node id -> weight, e.g. its CPUs), so every node gets a share of the videos in proportion to its
+    weight, the same video always goes to the same node, and a node that joins or leaves moves only the
+    videos it takes or held (1/(n+1) of them when an n-th + 1 equal node joins), whose frames are then
+    decoded once more on their new home.
+
+    Score of (video, node): ``weight / -ln(u)``, ``u`` in (0, 1) from a hash of both; the highest wins.
+    One node: every video is its. No nodes: an empty mapping (the caller schedules freely)."""
+    ranked = sorted(nodes.items())
+    out = {}
+    for video in videos:
+        best, home = -1.0, ""
+        for node, weight in ranked:
+            digest = hashlib.blake2b(f"{video}\0{node}".encode(), digest_size=8).digest()
+            u = (int.from_bytes(digest, "big") + 1) / (2**64 + 1)  # in (0, 1): never 0, never 1
+            score = weight / -math.log(u)
+            if score > best:
+                best, home = score, node
+        if home:
+            out[int(video)] = home
+    return out
 
 
 def default_folder() -> str:

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.config import Config
+from raytrain_seq.data.frame_cache import home_nodes
 from raytrain_seq.data.sources import data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.packing import PackPlan, pack
@@ -252,13 +253,24 @@ class BlockFeed:
         task = augment_task()
         source, data = _source_kwargs(self._config), self._config.data
         placed_at: dict[int, CachedArray] = {}  # position in videos -> where its array will be
-        chunks = task_chunks(len(videos), self._videos_per_task, renewal)
+        # A task holds videos of one renewal epoch and one home node (the node whose frame cache has them).
+        home = self._homes(videos)
+        keys = [(None if renewal is None else renewal[k], home.get(v)) for k, v in enumerate(videos)]
+        chunks = task_chunks(len(videos), self._videos_per_task, keys)
         waits = self._waits(len(chunks), epochs)
         reports: list[Any] = []
         for chunk, wait in zip(chunks, waits, strict=True):
             ids = [videos[k] for k in chunk]
             bounds = self._bounds(ids)
-            out = task.options(num_returns=len(bounds) + 1, num_cpus=self._partial_cpus).remote(
+            options = {"num_returns": len(bounds) + 1, "num_cpus": self._partial_cpus}
+            if ids[0] in home:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                # Soft: a home node that is gone (or cannot run it) yields to any node, which decodes.
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    node_id=home[ids[0]], soft=True
+                )
+            out = task.options(**options).remote(
                 source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
                 data.augment_cost_per_frame, bounds=bounds, after=None if wait is None else reports[wait],
             )  # fmt: skip
@@ -266,6 +278,21 @@ class BlockFeed:
             reports.append(out[-1])
             self._info_refs.append(out[-1])
         return [placed_at[k] for k in range(len(videos))]
+
+    def _homes(self, videos: list[int]) -> dict[int, str]:
+        """Each video's home node (``frame_cache.home_nodes`` over the alive nodes with CPUs, weighted by
+        them) when real RGB videos go through the frame cache, else none (any node will do)."""
+        data = self._config.data
+        if data.dataset == "synthetic" or data.stream != "rgb" or data.frame_cache_gib == 0:
+            return {}
+        import ray
+
+        nodes = {
+            n["NodeID"]: float(n["Resources"].get("CPU", 0.0))
+            for n in ray.nodes()
+            if n.get("Alive") and n.get("Resources", {}).get("CPU", 0.0) > 0
+        }
+        return home_nodes(videos, nodes)
 
     def _waits(self, tasks: int, epochs: Sequence[int | None]) -> list[int | None]:
         """``lane_waits`` of a launch's ``tasks``: an evaluation split's (every epoch None) run in as many
