@@ -11,7 +11,8 @@ one ``LearnerFeed`` row stream per learner, across every epoch, on the real-foot
   served (``feed_rows`` says how CPU is put in epochs): epoch 0 is cold (every video decoded), later
   epochs warm (frames read from the frame cache, 1/r of the videos augmented again). A run's start-up
   (the catalog's probe, the feed actor's process; the task workers are started by one unmeasured epoch
-  first) is not an epoch's: each row gives it as ``startup_cpu_s``.
+  first) is not an epoch's: each row gives it as ``startup_cpu_s``, and the frame cache's bytes on disk
+  after the run (every split's videos) as ``frame_cache_bytes``.
 * **stages** (CPU-seconds per kept frame): ``decode`` (and probe), ``cache_read``, ``partial_augment``
   (the tasks' own clocks), ``task_other`` (the rest of the tasks' bodies), ``row_streams`` (this
   process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes).
@@ -280,7 +281,10 @@ def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
                     with tempfile.TemporaryDirectory(prefix="frame-cache-") as cache_dir:
                         config = feed_config(footage, codec, stride, reuse, args.epochs, cache_dir)
                         run = drain_feed(config, args.videos_per_task)
-                    rows += feed_rows(run, codec, stride, reuse)
+                        cached = sum(p.stat().st_size for p in Path(cache_dir).glob("*.npy"))
+                    rows += [
+                        {**row, "frame_cache_bytes": cached} for row in feed_rows(run, codec, stride, reuse)
+                    ]
                     print_rows(rows[-2:])
     finally:
         ray.shutdown()
