@@ -19,7 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 # The command that writes each result (what to rerun when one is missing).
-SCRIPTS = {"averaging_ablation": "bench/averaging.py --only ablation"}
+SCRIPTS = {
+    "averaging_ablation": "bench/averaging.py --only ablation",
+    "refurbish_real": "bench/refurbish.py --real",
+}
 
 
 def _points(value: str) -> str:
@@ -42,8 +45,10 @@ CLAIMS: dict[str, list[tuple[str, str, Callable]]] = {
         ("averaging_ablation", "paper_aavg3_minus_2", lambda v: f"AAVG3 - AAVG2 {_points(v)}"),
     ],
     "Refurbishing": [
-        ("refurbish", "r3_speedup_text", lambda v: f"{v} the useful samples/s"),
-        ("refurbish", "r3_accuracy_text", lambda v: f"{_points(v)} test points"),
+        ("refurbish_real", "r3_cpu_saving_text", lambda v: f"{v} less CPU per sample"),
+        ("refurbish_real", "r3_speedup_text", lambda v: f"{v} the useful samples/s"),
+        ("refurbish_real", "load", lambda v: f"load {v[0]:.0f}-{v[1]:.0f}"),
+        ("refurbish_real", "r3_accuracy_text", lambda v: f"{_points(v)} test points"),
     ],
     "Micro-batch streaming": [
         ("microbatch", "overhead_vs_fit_median", lambda v: f"{100 * v:+.1f} % time per sample"),
@@ -54,7 +59,7 @@ CLAIMS: dict[str, list[tuple[str, str, Callable]]] = {
 FIXED: dict[str, set[str]] = {
     "BLoad": {"145", "4.1", "2.1"},
     "AAVG": {"1", "2.1", "1.9"},
-    "Refurbishing": {"3", "1", "1.03", "2.04"},
+    "Refurbishing": {"3", "1", "1.03", "2.04", "2"},
     "Micro-batch streaming": set(),
 }
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
@@ -115,3 +120,27 @@ def test_the_readme_is_read_in_one_sitting():
     order = ["## Two commands", "## What a run writes", "## Real video", "## Your own videos", "## Scale out"]
     at = [text.find(heading) for heading in order]
     assert -1 not in at and at == sorted(at), dict(zip(order, at, strict=True))
+
+
+def feed_claims(headline: dict) -> list[str]:
+    """How the README's "Real video" section writes bench/video_feed.py's range over its rows: warm
+    epochs' kept frames per CPU-second and their ratio to the DataLoader, and the cold epoch's ratio."""
+    warm = [r for r in headline["rows"] if r["epoch"] == "warm"]
+    cold = [r for r in headline["rows"] if r["epoch"] == "cold"]
+    rate = [r["frames_per_cpu_s"] for r in warm]
+    return [
+        f"warm epochs serve {min(rate):,.0f} to {max(rate):,.0f} kept frames per CPU-second",
+        f"{min(r['x_dataloader'] for r in warm):.0f}-{max(r['x_dataloader'] for r in warm):.0f}x a",
+        f"the cold epoch {min(r['x_dataloader'] for r in cold):.2f}-{max(r['x_dataloader'] for r in cold):.2f}x",
+    ]
+
+
+def test_readme_quotes_the_real_footage_feed_from_its_results():
+    """The "Real video" section's feed figures are bench/results/video_feed.json's, as feed_claims writes
+    them (a rerun that changes them fails here until the README says the new ones)."""
+    headline = json.loads((RESULTS / "video_feed.json").read_text())["headline"]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for claim in feed_claims(headline):
+        assert claim in text, (
+            f"README should say {claim!r} (bench/results/video_feed.json; rerun bench/video_feed.py)"
+        )

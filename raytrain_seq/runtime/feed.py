@@ -266,9 +266,12 @@ class BlockFeed:
             if ids[0] in home:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-                # Soft: a home node that is gone (or cannot run it) yields to any node, which decodes.
+                # Soft, and spilled when the home node has no free CPU now: a node that is gone, or whose
+                # CPUs the learners hold, yields to any node, which decodes (and caches) the videos itself
+                # instead of the task waiting there for ever. Ray's option for it is marked private; Ray
+                # Data's locality-aware scheduling spills the same way.
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    node_id=home[ids[0]], soft=True
+                    node_id=home[ids[0]], soft=True, _spill_on_unavailable=True
                 )
             out = task.options(**options).remote(
                 source, ids, [epochs[k] for k in chunk], self._seed, data.cache_size, data.augment_cost,
