@@ -258,7 +258,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reuse", nargs="+", type=int, default=[1, 3])
     parser.add_argument("--epochs", type=int, default=4, help="epoch 0 is cold, the rest warm")
     parser.add_argument("--cpus", type=int, default=2, help="Ray's CPUs, and the DataLoader's workers")
-    parser.add_argument("--videos-per-task", type=int, default=4)
+    parser.add_argument("--videos-per-task", type=int, default=16, help="as the job's feed (create_feed)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of video_feed.md and .json")
     parser.add_argument("--json", action="store_true", help="print the results as the last line")
     return parser.parse_args(argv)
