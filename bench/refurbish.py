@@ -339,7 +339,7 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
         r3_step_cv_compose=res["spread"].get(3, {}).get("compose", {}).get("cv"),
         r3_speedup_text=_pm(three.get("speedup"), three.get("speedup_se"), ".2f", "x"),
         r3_cpu_saving_text=_pm(three.get("cpu_saving"), three.get("cpu_saving_se"), ".2f", "x"),
-        seeds=len(res["size"]["seeds"]),
+        seeds=len({r["seed"] for r in res["runs"]}),
         load=[min(loads), max(loads)],
         r3_accuracy_text=_pm(three.get("acc_points"), three.get("acc_points_se"), "+.1f")
         + f" ({within_noise(three.get('acc_points'), three.get('acc_points_se'))})",
