@@ -368,3 +368,52 @@ def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_the
     merged, load = ray.get(shard.merge.options(num_returns=2).remote(3, [mine, sent], [1.0, 1.0], 2, 20.0))
     assert merged is None and load["unreadable"] == [1]
     ray.kill(shard)
+
+
+def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster, footage_set, tmp_path):
+    """Real videos go to their home node's frame cache (frame_cache.home_nodes), but a home node whose
+    only CPU is held (here by an actor, in a run by its learner) must not keep their partial
+    augmentations waiting: they spill to a node with a free CPU and the epoch is served. Soft node
+    affinity alone waited there for ever (the chaos soak on real footage, docs/LOG.md, 2026-11-28)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raytrain_seq.data.frame_cache import home_nodes
+    from raytrain_seq.data.sources import load_catalogs
+    from raytrain_seq.runtime.feed import create_feed
+    from raytrain_seq.runtime.partial_tasks import fetch_arrays
+
+    cluster.ensure_slots(1)
+    held = cluster.slots[0].node_id
+
+    @ray.remote(num_cpus=1)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(held, soft=False)).remote()
+    ray.get(holder.ready.remote(), timeout=60)
+    root = footage_set.roots["avi"]
+    config = Config.from_preset(
+        None, dataset="list", data_root=str(root), train_list=str(footage_set.list_file("avi", "train")),
+        test_list=str(footage_set.list_file("avi", "test")), class_names=str(footage_set.class_file("avi")),
+        stride=8, cache_size=20, crop=16, epochs=1, learners=1, frame_cache_dir=str(tmp_path / "frames"),
+        storage_path=str(tmp_path / "runs"), run_name="spill",
+    )  # fmt: skip
+    try:
+        ids = load_catalogs(config)["catalogs"]["train"].ids.tolist()
+        nodes = {
+            n["NodeID"]: n["Resources"]["CPU"]
+            for n in ray.nodes()
+            if n["Alive"] and n["Resources"].get("CPU")
+        }
+        assert held in set(home_nodes(ids, nodes).values())  # some videos are at home on the held node
+        feed = create_feed(config, videos_per_task=2, prefetch=False)
+        ray.get(feed.epoch_shard.remote(0, 0, 1), timeout=60)
+        arrays = fetch_arrays(
+            ray.get(feed.refs.remote(ids, 0), timeout=60), lambda refs: ray.get(refs, timeout=120)
+        )
+        assert len(arrays) == len(ids) and all(a.shape[1:] == (20, 20, 3) for a in arrays)
+        ray.kill(feed)
+    finally:
+        ray.kill(holder)
