@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import RESULTS, Result, TreeCpu, command_line, write_results
+from dataloader_loop import THREAD_VARIABLES, one_thread_worker
 from pipeline import tree_cpu_seconds
 
 from raytrain_seq.config import Config
@@ -58,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 def one_thread_env() -> None:
     """BLAS and OpenMP at one thread in this process and the processes it starts (as a Ray task runs)."""
-    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for name in THREAD_VARIABLES:
         os.environ[name] = "1"
 
 
@@ -221,12 +222,6 @@ class PlainClips:
         return self._transform(clip)
 
 
-def _one_thread_worker(_: int) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
 def drain_loader(paths: list[str], stride: int, workers: int) -> dict[str, Any]:
     """One epoch of the plain path: its kept frames and the loader's process tree's CPU. Its imports are
     made here first, as a training script makes them, so the forked workers inherit them."""
@@ -240,7 +235,7 @@ def drain_loader(paths: list[str], stride: int, workers: int) -> dict[str, Any]:
         batch_size=None,
         shuffle=True,
         num_workers=workers,
-        worker_init_fn=_one_thread_worker,
+        worker_init_fn=one_thread_worker,
         persistent_workers=False,
     )
     cpu0 = tree_cpu_seconds()

@@ -126,10 +126,12 @@ class FrameCache:
             return self._decode(decode)
         key = hashlib.sha1(f"{os.path.abspath(path)}\0{params}".encode()).hexdigest()[:24]
         name = f"{key}-{source.st_size:x}-{source.st_mtime_ns:x}{_SUFFIX}"
-        self._drop_stale(key, name)
         cached = self._read(self.folder / name)
         if cached is not None:
             return cached
+        # A miss: files of an older version of the source are stale. Looked for only here, so a hit
+        # costs one open, not a listing of the folder.
+        self._drop_stale(key, name)
         frames = self._decode(decode)
         if frames is not None:
             self._write(self.folder / name, frames)

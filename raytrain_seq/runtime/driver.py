@@ -39,6 +39,7 @@ from typing import Any
 
 from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.data.task_costs import feed_cost
 from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
@@ -399,44 +400,6 @@ def build_summary(
             "trained_ids": {str(e): c for e, c in accounting.per_epoch(learners).items()},
         },
     )
-
-
-def feed_cost(feed: FeedReport, metrics: LearnerReport) -> dict[str, Any]:
-    """What the feed cost in CPU-seconds (the actor and its tasks) per kept frame served, and what the
-    learners waited for it (rank 0's data wait, the cold epoch's included).
-
-    Epoch 0 is cold (every video decoded and augmented); later epochs are warm (decoded frames read from
-    the frame cache, 1/r of the videos augmented again). A task's CPU counts in the epoch it computed
-    for; the actor's own CPU is shared over the frames served. E.g. epochs 0 and 1 serving 1,000 frames
-    each, their tasks' CPU 2 and 0.5 seconds, the actor's 0.2: cold 2.1e-3 CPU-seconds a frame, warm 6e-4.
-    """
-    served = {int(e): entry for e, entry in feed.epochs.items() if entry.get("kept_frames")}
-    cold = served.get(0, {})
-    warm = [entry for e, entry in served.items() if e >= 1]
-    kept = sum(entry["kept_frames"] for entry in served.values())
-    actor = float(feed.totals.get("actor_cpu_s", 0.0))
-    share = actor / kept if kept else 0.0
-    warm_frames = sum(entry["kept_frames"] for entry in warm)
-    stages: dict[str, float] = {}
-    for entry in [*feed.epochs.values(), feed.eval]:
-        for key, value in entry.get("stages", {}).items():
-            stages[key] = stages.get(key, 0.0) + value
-    tasks = sum(float(entry.get("partial_cpu_s", 0.0)) for entry in [*feed.epochs.values(), feed.eval])
-    return {
-        "kept_frames": kept,
-        "cpu_s": tasks + actor,
-        "cpu_s_per_kept_frame_cold": (
-            cold.get("partial_cpu_s", 0.0) / cold["kept_frames"] + share if cold else None
-        ),
-        "cpu_s_per_kept_frame_warm": (
-            sum(entry.get("partial_cpu_s", 0.0) for entry in warm) / warm_frames + share
-            if warm_frames
-            else None
-        ),
-        "learner_wait_s": float(metrics.data_wait_s) + float(metrics.cold_epoch_s),
-        "stages_cpu_s": stages,
-        "actor_cpu_s": actor,
-    }
 
 
 def _packing(config: Config, feed: FeedReport) -> dict[str, Any]:

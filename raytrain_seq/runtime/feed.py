@@ -57,6 +57,7 @@ from raytrain_seq.config import Config
 from raytrain_seq.data.frame_cache import home_nodes
 from raytrain_seq.data.sources import data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
+from raytrain_seq.data.task_costs import task_tallies
 from raytrain_seq.packing import PackPlan, pack
 from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.reports import FeedReport
@@ -670,53 +671,6 @@ class BlockFeed:
                 # Per-epoch counts and totals cover this process only: a restart loses the dead one's.
                 restarts=self._restarts(),
             ).to_dict()
-
-
-def task_tallies(infos: list[dict[str, Any]]) -> tuple[dict, dict, dict, dict, dict]:
-    """The tasks' reports by computing epoch (None: evaluation): the video ids each ran, their seconds,
-    the flow stream's flows and each flow's CPU seconds, and ``partial_cost``'s CPU, frames and stages."""
-    ran: dict[int | None, list[int]] = {}  # computing epoch (None: evaluation) -> video ids
-    seconds: dict[int | None, float] = {}
-    flowed: dict[int | None, list[int]] = {}  # flow stream: epoch -> ids whose flow it computed
-    flow_cpu: dict[int, float] = {}  # flow stream: video id -> CPU seconds of its decode + flow
-    costs: dict[int | None, dict[str, Any]] = {}  # epoch -> partial_cost's CPU, frames and stages
-    for info in infos:
-        flow = info.get("kind") == "flow"
-        if "cpu_s" in info:
-            partial_cost(costs, info)
-        for k, (video, epoch) in enumerate(zip(info["ids"], info["epochs"], strict=True)):
-            (flowed if flow else ran).setdefault(epoch, []).append(video)
-            seconds[epoch] = seconds.get(epoch, 0.0) + info["seconds"] / len(info["ids"])
-            if flow:
-                flow_cpu[video] = info["flow_seconds"][k]
-    return ran, seconds, flowed, flow_cpu, costs
-
-
-def partial_cost(costs: dict[int | None, dict[str, Any]], info: dict[str, Any]) -> None:
-    """Add one augment task's report to ``costs[epoch]``: ``partial_cpu_s`` (its process CPU, shared out
-    over its videos by frames), ``partial_frames``, ``stages`` (CPU seconds by stage) and ``frame_cache``
-    (hits, misses). A task of 2 videos of 30 and 10 frames and 4 CPU-seconds gives 3 s to the first's
-    epoch and 1 s to the second's. The cache counts are whole: a task computes for one epoch (the feed
-    launches an epoch's recomputes together), and one of several epochs gets them all."""
-    frames = info["frames"]
-    total = sum(frames) or 1
-    stages = info.get("stages", {})
-    for epoch, count in zip(info["epochs"], frames, strict=True):
-        entry = costs.setdefault(
-            epoch, {"partial_cpu_s": 0.0, "partial_frames": 0, "stages": {}, "frame_cache": {}}
-        )
-        share = count / total
-        entry["partial_cpu_s"] += info["cpu_s"] * share
-        entry["partial_frames"] += count
-        for key, value in stages.items():
-            entry["stages"][key] = entry["stages"].get(key, 0.0) + value * share
-    if info["epochs"]:
-        first = costs[info["epochs"][0]]
-        if "wall" in info:  # for stats(ids=True): [start, end, CPU-seconds] of each task
-            first.setdefault("spans", []).append([*info["wall"], info["cpu_s"]])
-        counts = first["frame_cache"]
-        for key, value in info.get("frame_cache", {}).items():
-            counts[key] = counts.get(key, 0) + value
 
 
 def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[dict[str, Any]]:
