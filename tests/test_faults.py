@@ -372,9 +372,11 @@ def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_the
 
 def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster, footage_set, tmp_path):
     """Real videos go to their home node's frame cache (frame_cache.home_nodes), but a home node whose
-    only CPU is held (here by an actor, in a run by its learner) must not keep their partial
+    CPUs are all held (here by an actor, in a run by its learner) must not keep their partial
     augmentations waiting: they spill to a node with a free CPU and the epoch is served. Soft node
-    affinity alone waited there for ever (the chaos soak on real footage, docs/LOG.md, 2026-11-28)."""
+    affinity alone waited there for ever (the chaos soak on real footage, docs/LOG.md, 2026-11-28).
+    The held node is the first video's home, whichever node IDs Ray drew, so the case never passes
+    without a homed video to spill."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -384,15 +386,6 @@ def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster,
     from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
     cluster.ensure_slots(1)
-    held = cluster.slots[0].node_id
-
-    @ray.remote(num_cpus=1)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(held, soft=False)).remote()
-    ray.get(holder.ready.remote(), timeout=60)
     root = footage_set.roots["avi"]
     config = Config.from_preset(
         None, dataset="list", data_root=str(root), train_list=str(footage_set.list_file("avi", "train")),
@@ -400,14 +393,20 @@ def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster,
         stride=8, cache_size=20, crop=16, epochs=1, learners=1, frame_cache_dir=str(tmp_path / "frames"),
         storage_path=str(tmp_path / "runs"), run_name="spill",
     )  # fmt: skip
+    ids = load_catalogs(config)["catalogs"]["train"].ids.tolist()
+    nodes = {n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")}
+    assert len(nodes) == 2
+    held = home_nodes(ids, nodes)[ids[0]]
+
+    @ray.remote
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    strategy = NodeAffinitySchedulingStrategy(held, soft=False)
+    holder = Holder.options(num_cpus=nodes[held], scheduling_strategy=strategy).remote()
     try:
-        ids = load_catalogs(config)["catalogs"]["train"].ids.tolist()
-        nodes = {
-            n["NodeID"]: n["Resources"]["CPU"]
-            for n in ray.nodes()
-            if n["Alive"] and n["Resources"].get("CPU")
-        }
-        assert held in set(home_nodes(ids, nodes).values())  # some videos are at home on the held node
+        ray.get(holder.ready.remote(), timeout=60)
         feed = create_feed(config, videos_per_task=2, prefetch=False)
         ray.get(feed.epoch_shard.remote(0, 0, 1), timeout=60)
         arrays = fetch_arrays(
