@@ -201,6 +201,24 @@ def _frame_cache(config: Config, geometry: dict) -> None:
     )  # fmt: skip
 
 
+def _batch_growth(config: Config) -> None:
+    """Say once when AAVG's batch rule is on but may not grow B (an epoch budget under batch_growth "steps",
+    ``averaging.batch_may_grow``): a preset or a --batch-rule would otherwise read as if B grew."""
+    from raytrain_seq.averaging import batch_may_grow
+
+    train = config.train
+    if not train.adaptive_batch or train.max_batch_size <= train.batch_size:
+        return
+    if batch_may_grow(train.batch_growth, train.steps):
+        return
+    logger.info(
+        "batch size: B stays at %d blocks for the whole run: the budget is %d epochs and train.batch_growth "
+        "is 'steps', so Algorithm 1 (--batch-rule %s) never grows it towards %d; pass --steps N for the "
+        "paper's step budget, or --batch-growth always to grow it under epochs (each growth removes steps)",
+        train.batch_size, train.epochs, train.batch_rule, train.max_batch_size,
+    )  # fmt: skip
+
+
 def check(config: Config, *, reuse: bool = False) -> Checked:
     """Every check above, in order of cost; RunSetupError (one line: the input and the fix) at the first
     problem. Returns what it learned (the data geometry), which the driver hands to the feed.
@@ -227,6 +245,7 @@ def check(config: Config, *, reuse: bool = False) -> Checked:
         _warmup(config, geometry)
         _model(config, geometry)
         _frame_cache(config, geometry)
+        _batch_growth(config)
         checked = Checked(geometry=geometry)
     _last = (key, checked)
     return checked

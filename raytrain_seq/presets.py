@@ -13,8 +13,9 @@ __all__ = ["PRESETS"]
 # UCF101 split 1 from the official archives extracted to ~/data/UCF101 (or --data-root DIR) with
 # ResNet-50 frame encoders on GPUs. Stride 8 keeps ~24 frames of the median 7 s clip (mean 23.8; the
 # longest, 222, sets t_max), a 128-pixel cache and 112-pixel crops; batches of 8 blocks (about 9 clips
-# each) grow up to 64 under AAVG, micro-batches sized to the GPU. --weights FILE (a torchvision
-# resnet50 ImageNet state_dict) starts the RGB stream from ImageNet.
+# each), micro-batches sized to the GPU. Under these epochs B stays at 8 (train.batch_growth "steps"; the
+# run says so at start): --steps N gives AAVG's Algorithm 1 its budget to grow B up to 64. --weights
+# FILE (a torchvision resnet50 ImageNet state_dict) starts the RGB stream from ImageNet.
 _UCF101_GPU: dict[str, dict[str, Any]] = {
     "data": {"dataset": "ucf101", "data_root": "~/data/UCF101", "stride": 8, "cache_size": 128, "crop": 112},
     "model": {"backbone": "resnet50", "hidden": 512},

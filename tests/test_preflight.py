@@ -113,3 +113,31 @@ def test_data_check_counts_problems_frames_and_padding(mini, capsys):
     out = capsys.readouterr().out
     assert "unreadable: " + mini.corrupt in out and "missing: " + mini.missing in out and "padding" in out
     assert data_check.main(["--dataset", "ucf101", "--data-root", "/nonexistent"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({}, True),  # epochs, batch_growth "steps": B is held, though max_batch_size leaves it room
+        ({"batch_rule": "paper"}, True),
+        ({"steps": 40}, False),  # the paper's step budget: Algorithm 1 may grow B
+        ({"batch_growth": "always"}, False),
+        ({"adaptive_batch": False}, False),  # the rule is off: nothing to say
+        ({"max_batch_size": 4}, False),  # no room to grow
+    ],
+)
+def test_a_run_whose_batch_rule_cannot_grow_b_says_so_once_at_start(overrides, says, caplog):
+    """The presets set max_batch_size above batch_size under epochs; with batch_growth "steps" B never grows
+    there, and the check says so once, naming both ways to let it grow."""
+    import logging
+
+    from raytrain_seq import preflight
+
+    config = Config.from_preset("smoke", max_videos=24, batch_size=4, **overrides)
+    with caplog.at_level(logging.INFO, logger="raytrain_seq.preflight"):
+        preflight.check(config)
+        preflight.check(config, reuse=True)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch size:")]
+    assert len(lines) == (1 if says else 0), lines
+    if says:
+        assert "B stays at 4 blocks" in lines[0] and "--steps N" in lines[0] and "--batch-growth always" in lines[0]
