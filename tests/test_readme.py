@@ -22,6 +22,8 @@ RESULTS = ROOT / "bench" / "results"
 SCRIPTS = {
     "averaging_ablation": "bench/averaging.py --only ablation",
     "refurbish_real": "bench/refurbish.py --real",
+    "gpu/microbatch_micro16": "bench/microbatch.py on a GPU (scripts/gpu_checks.sh)",
+    "gpu/microbatch_micro512": "bench/microbatch.py --micro 512 --width 64 --max-size 16384 on a GPU",
 }
 
 
@@ -53,6 +55,9 @@ CLAIMS: dict[str, list[tuple[str, str, Callable]]] = {
     "Micro-batch streaming": [
         ("microbatch", "overhead_vs_fit_median", lambda v: f"{100 * v:+.1f} % time per sample"),
         ("microbatch", "grad_diff", lambda v: f"{v:.1e}".replace("e-0", "e-")),
+        ("gpu/microbatch_micro16", "overhead_vs_fit_median", lambda v: f"of 16 cost {100 * v:+.1f} % time"),
+        ("gpu/microbatch_micro512", "overhead_vs_fit_median", lambda v: f"of 512 {100 * v:+.1f} % time"),
+        ("gpu/microbatch_micro512", "grad_diff", lambda v: "gradient " + f"{v:.1e}".replace("e-0", "e-")),
     ],
 }
 # Figures a row may hold besides its claims: the papers' own and the settings it names.
@@ -60,7 +65,7 @@ FIXED: dict[str, set[str]] = {
     "BLoad": {"145", "4.1", "2.1"},
     "AAVG": {"1", "2.1", "1.9"},
     "Refurbishing": {"3", "1", "1.03", "2.04", "2"},
-    "Micro-batch streaming": set(),
+    "Micro-batch streaming": {"16", "512", "0.3", "5.1", "32", "200"},  # float32, H200: names, not figures
 }
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
 
