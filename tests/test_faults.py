@@ -394,7 +394,9 @@ def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster,
         storage_path=str(tmp_path / "runs"), run_name="spill",
     )  # fmt: skip
     ids = load_catalogs(config)["catalogs"]["train"].ids.tolist()
-    nodes = {n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")}
+    nodes = {
+        n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")
+    }
     assert len(nodes) == 2
     held = home_nodes(ids, nodes)[ids[0]]
 

@@ -140,4 +140,8 @@ def test_a_run_whose_batch_rule_cannot_grow_b_says_so_once_at_start(overrides, s
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch size:")]
     assert len(lines) == (1 if says else 0), lines
     if says:
-        assert "B stays at 4 blocks" in lines[0] and "--steps N" in lines[0] and "--batch-growth always" in lines[0]
+        assert (
+            "B stays at 4 blocks" in lines[0]
+            and "--steps N" in lines[0]
+            and "--batch-growth always" in lines[0]
+        )

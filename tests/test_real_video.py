@@ -225,6 +225,37 @@ def test_source_fits_a_lying_header_and_zero_fills_a_failed_decode(mini):
         assert report["failed"][0][0] == truncated and "zero frames" in report["failed"][0][1]
 
 
+def test_a_decode_opens_its_video_once_and_only_a_failed_one_probes_it(mini, monkeypatch):
+    """A miss decodes with one open: the catalog length comes from the header that decode read (a probe
+    first parsed the container a second time). A failed decode still probes, for its black frames'
+    length; the lying header's refit is unchanged (the header of the same open)."""
+    from raytrain_seq.data import video
+
+    catalogs = load_catalogs(_config(mini))["catalogs"]
+    length = {p: int(n) for c in catalogs.values() for p, n in zip(c.paths, c.lengths, strict=True)}
+    ids = {p: int(i) for c in catalogs.values() for p, i in zip(c.paths, c.ids, strict=True)}
+    probed: list[str] = []
+    real_probe = video.probe
+    monkeypatch.setattr(video, "probe", lambda path, **kw: probed.append(path) or real_probe(path, **kw))
+    sources = [get_source(source_kwargs(_config(mini, stream="rgb", frame_cache_gib=0)))]
+    sources.append(get_source(source_kwargs(_config(mini, stream="flow"))))
+    good = catalogs["train"].paths[3]
+    for source, channels in zip(sources, (3, 2), strict=True):
+        frames, report = source.load(ids[good], 0, 0, SIZE)
+        assert (
+            frames.shape == (length[good], SIZE, SIZE, channels) and frames.any() and "failed" not in report
+        )
+        if channels == 3:
+            assert report["frame_cache"] == {"hits": 0, "misses": 1}  # decoded, not read from a cache
+    assert probed == []
+    lying = mini.bad["lying"]
+    _, report = sources[0].load(ids[lying], 0, 0, SIZE)
+    assert report["refit"][0][2] == length[lying] == 15 and probed == []
+    truncated = mini.bad["truncated"]
+    frames, report = sources[0].load(ids[truncated], 0, 0, SIZE)
+    assert probed == [truncated] and frames.shape[0] == length[truncated] and not frames.any()
+
+
 def test_source_rgb_and_flow_are_seeded_and_the_same_length(mini):
     """Same (seed, video, epoch): same bytes; another epoch: another window; flow is 2-channel, same T."""
     catalog = load_catalogs(_config(mini))["catalogs"]["train"]

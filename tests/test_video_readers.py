@@ -166,6 +166,31 @@ def test_probe_matches_decode(ramp, tmp_path):
     assert (probe(mkv).frames, probe(mkv).source) == (9, "decode")
 
 
+@pytest.mark.parametrize("decoder", ["pyav", "opencv"])
+def test_decode_with_info_reads_what_probe_reads_from_the_same_open(ramp, tmp_path, decoder):
+    """decode_with_info's header is probe's: the container's count where it has one (a lying one too,
+    as probe without verify), else the source frames the decode went through, even at a stride; the
+    pairs' variant gives the same."""
+    from raytrain_seq.data.video import decode_pairs_with_info, decode_with_info
+
+    mkv = write_video(tmp_path / "clip.mkv", ramp_frames(9))  # Matroska stores no frame count
+    liar = write_video(tmp_path / "liar.avi", ramp_frames(12))
+    plant_header_frames(liar, 20)
+    for path in (ramp, mkv, liar):
+        frames, info = decode_with_info(path, stride=4, decoder=decoder)
+        expected = probe(path, decoder=decoder)
+        assert (info.frames, info.fps, info.width, info.height, info.source) == (
+            expected.frames,
+            expected.fps,
+            expected.width,
+            expected.height,
+            expected.source,
+        )
+        assert np.array_equal(frames, decode(path, stride=4, decoder=decoder))
+        assert decode_pairs_with_info(path, stride=4, decoder=decoder)[3] == info
+    assert decode_with_info(mkv, decoder=decoder)[1].frames == 9 and probe(liar, decoder=decoder).frames == 20
+
+
 def test_probe_verify_catches_a_lying_header(tmp_path, caplog):
     """A header frame count that the decode contradicts is trusted only without verify; verify warns once."""
     path = write_video(tmp_path / "liar.avi", ramp_frames(12))

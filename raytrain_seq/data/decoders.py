@@ -372,8 +372,10 @@ def frames_of(
     size: int | tuple[int, int] | None,
     max_frames: int | None,
     threads: int,
-) -> list[np.ndarray]:
-    """The kept frames of ``path`` (validated arguments; ``video.decode`` is the public entry)."""
+) -> tuple[list[np.ndarray], VideoInfo]:
+    """The kept frames of ``path`` and its header from the same open (validated arguments;
+    ``video.decode`` is the public entry). The header's frame count is the container's, or when it has
+    none (0) the source frames this pass went through (exact unless ``max_frames`` stopped it)."""
     out: list[np.ndarray] = []
     with _reading(name, path, size, threads) as reader:
         keep = selector(stride, fps, reader.fps, path)
@@ -389,14 +391,23 @@ def frames_of(
             elif not reader.skip():
                 break
             index += 1
-    return out
+        return out, _info(reader, index)
+
+
+def _info(reader: Any, passed: int) -> VideoInfo:
+    """``reader``'s header; a count of 0 there becomes the ``passed`` source frames, counted by decoding."""
+    frames, width, height = reader.header()
+    if frames:
+        return VideoInfo(frames=frames, fps=reader.fps, width=width, height=height)
+    return VideoInfo(frames=passed, fps=reader.fps, width=width, height=height, source="decode")
 
 
 def pairs_of(
     name: str, path: str, *, stride: int, fps: float | None, size: int | tuple[int, int] | None, threads: int
-) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
-    """``(first, second, waiting)`` of ``video.decode_pairs``: each kept frame and its source successor;
-    ``waiting`` when the last kept frame had none. Every frame is decoded once, converted at most once."""
+) -> tuple[list[np.ndarray], list[np.ndarray], bool, VideoInfo]:
+    """``(first, second, waiting, info)`` of ``video.decode_pairs``: each kept frame and its source
+    successor; ``waiting`` when the last kept frame had none; the header as ``frames_of`` gives it. Every
+    frame is decoded once, converted at most once."""
     first: list[np.ndarray] = []
     second: list[np.ndarray] = []
     waiting = False  # the last kept frame still needs its successor
@@ -417,4 +428,4 @@ def pairs_of(
             elif not reader.skip():
                 break
             index += 1
-    return first, second, waiting
+        return first, second, waiting, _info(reader, index)

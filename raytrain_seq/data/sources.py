@@ -600,27 +600,25 @@ class RealVideos:
         return fit_length(pair_flow(first, second, last=last), length), report
 
     def _decoded(self, video: int, size: int) -> tuple[tuple[np.ndarray, ...] | None, bool, int, dict]:
-        """``(frames or None when the decode failed, last, catalog length, report)`` of ``video``."""
-        from raytrain_seq.data.video import VideoError, output_length, probe
+        """``(frames or None when the decode failed, last, catalog length, report)`` of ``video``.
+
+        One open of the file when it decodes: the catalog length comes from the header that decode read.
+        Only a failed decode probes the file, for the length of the black frames it is served as."""
+        from raytrain_seq.data.video import VideoError
 
         if video not in self.paths:
             raise ValueError(f"video id {video} is not in {self.dataset} fold {self.fold}: use catalog ids")
         path = self.paths[video]
         try:
-            info = probe(path, decoder=self.decoder)
+            frames, last, info = self._decode(path, size)
         except VideoError as exc:
-            raise VideoError(
-                path, f"it was readable when the catalog was built but not now ({exc.reason})"
-            ) from exc
-        length = output_length(info.frames, stride=self.stride, fps=self.fps, src_fps=info.fps)
-        try:
-            frames, last = self._decode(path, size)
-        except VideoError as exc:
+            length = self._length(self._probe_again(path))
             logger.warning(
                 "video %s failed to decode (%s): served as %d black frames; it is listed as skipped",
                 path, exc.reason, length,
             )  # fmt: skip
             return None, True, length, {"failed": [[path, exc.reason]]}
+        length = self._length(info)
         report: dict[str, list] = {}
         decoded = frames[0].shape[0]
         if decoded != length:
@@ -628,10 +626,28 @@ class RealVideos:
             report["refit"] = [[path, decoded, length]]
         return frames, last, length, report
 
-    def _decode(self, path: str, size: int) -> tuple[tuple[np.ndarray, ...], bool]:
-        """Frames at short side ``size`` (RGB: ``(frames,)``; flow: ``(first, second)``), and ``last``."""
+    def _length(self, info: Any) -> int:
+        """The catalog length of a video whose header is ``info`` (``video.output_length``)."""
+        from raytrain_seq.data.video import output_length
+
+        return output_length(info.frames, stride=self.stride, fps=self.fps, src_fps=info.fps)
+
+    def _probe_again(self, path: str) -> Any:
+        """``path``'s header after its decode failed; a file that no longer opens at all is an error."""
+        from raytrain_seq.data.video import VideoError, probe
+
+        try:
+            return probe(path, decoder=self.decoder)
+        except VideoError as exc:
+            raise VideoError(
+                path, f"it was readable when the catalog was built but not now ({exc.reason})"
+            ) from exc
+
+    def _decode(self, path: str, size: int) -> tuple[tuple[np.ndarray, ...], bool, Any]:
+        """Frames at short side ``size`` (RGB: ``(frames,)``; flow: ``(first, second)``), ``last``, and the
+        header read by the same open."""
         from raytrain_seq.data.decoders import uses_opencv
-        from raytrain_seq.data.video import decode, decode_pairs
+        from raytrain_seq.data.video import decode_pairs_with_info, decode_with_info
 
         if uses_opencv(self.decoder):
             _one_opencv_thread()
@@ -643,9 +659,10 @@ class RealVideos:
             "decoder": self.decoder,
         }
         if self.stream == "flow":
-            first, second, last = decode_pairs(path, **options)
-            return (first, second), last
-        return (decode(path, **options),), True
+            first, second, last, info = decode_pairs_with_info(path, **options)
+            return (first, second), last, info
+        frames, info = decode_with_info(path, **options)
+        return (frames,), True, info
 
     def _log_refit(self, path: str, decoded: int, length: int) -> None:
         self._refits += 1

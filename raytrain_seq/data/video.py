@@ -86,6 +86,8 @@ __all__ = [
     "build_catalog",
     "decode",
     "decode_pairs",
+    "decode_pairs_with_info",
+    "decode_with_info",
     "list_folder",
     "output_length",
     "probe",
@@ -200,16 +202,37 @@ def decode(
     frame's output size, so a stream that changes size mid-way still stacks. Raises VideoError for a
     missing, unreadable or corrupt file, or one that yields no frame.
     """
+    frames, _ = decode_with_info(
+        path, stride=stride, fps=fps, size=size, max_frames=max_frames, threads=threads, decoder=decoder
+    )
+    return frames
+
+
+def decode_with_info(
+    path: str | os.PathLike[str],
+    *,
+    stride: int = 1,
+    fps: float | None = None,
+    size: int | tuple[int, int] | None = None,
+    max_frames: int | None = None,
+    threads: int = 0,
+    decoder: str = "auto",
+) -> tuple[np.ndarray, VideoInfo]:
+    """``decode``'s frames and what ``probe`` would say of the file, from one open of it (a probe first
+    would open and parse the container a second time). ``info.frames`` is the header's count, or when the
+    header has none the source frames counted by this decode (as ``probe`` counts them)."""
     _check_selection(stride, fps)
     size = _check_size(size)
     if max_frames is not None:
         max_frames = _check_int("max_frames", max_frames, 1)
     threads = _check_int("threads", threads, 0)
     path = os.fspath(path)
-    out = frames_of(decoder, path, stride=stride, fps=fps, size=size, max_frames=max_frames, threads=threads)
+    out, info = frames_of(
+        decoder, path, stride=stride, fps=fps, size=size, max_frames=max_frames, threads=threads
+    )
     if not out:
         raise VideoError(path, "zero frames decoded")
-    return np.stack(out)
+    return np.stack(out), info
 
 
 def decode_pairs(
@@ -231,16 +254,33 @@ def decode_pairs(
     previous one instead). With stride 1 ``second[t]`` is ``first[t + 1]``, so the pairs are exactly
     the ones ``flow.compute_flow`` uses. Every frame is decoded once and converted at most once.
     """
+    first, second, last, _ = decode_pairs_with_info(
+        path, stride=stride, fps=fps, size=size, threads=threads, decoder=decoder
+    )
+    return first, second, last
+
+
+def decode_pairs_with_info(
+    path: str | os.PathLike[str],
+    *,
+    stride: int = 1,
+    fps: float | None = None,
+    size: int | tuple[int, int] | None = None,
+    threads: int = 0,
+    decoder: str = "auto",
+) -> tuple[np.ndarray, np.ndarray, bool, VideoInfo]:
+    """``decode_pairs``'s ``(first, second, last)`` and the header from the same open
+    (``decode_with_info``)."""
     _check_selection(stride, fps)
     size = _check_size(size)
     threads = _check_int("threads", threads, 0)
     path = os.fspath(path)
-    first, second, waiting = pairs_of(decoder, path, stride=stride, fps=fps, size=size, threads=threads)
+    first, second, waiting, info = pairs_of(decoder, path, stride=stride, fps=fps, size=size, threads=threads)
     if not first:
         raise VideoError(path, "zero frames decoded")
     if waiting:
         second.append(first[-1])
-    return np.stack(first), np.stack(second), not waiting
+    return np.stack(first), np.stack(second), not waiting, info
 
 
 # ---------------------------------------------------------------------------------------------- catalogs
