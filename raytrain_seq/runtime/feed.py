@@ -1,4 +1,4 @@
-"""The refurbishing Ray Data pipeline: a BlockFeed actor owns the cache, learners assemble block rows.
+"""The refurbishing feed: a BlockFeed actor owns the cache and its Ray tasks; learners assemble block rows.
 
 Algorithm: data refurbishing (Lee et al., "Refurbish Your Training Data", USENIX ATC '21, the Revamper
 system) feeding BLoad blocks (Iftekhar, Ruschel et al.). Per epoch e:
