@@ -50,7 +50,6 @@ __all__ = [
     "POSITION_FILE",
     "PREFIX",
     "STATE_FILE",
-    "STOPPED_FILE",
     "VALIDATION_FILE",
     "Checkpoint",
     "CheckpointError",
@@ -73,9 +72,6 @@ POSITION_FILE = "position.json"
 VALIDATION_FILE = "validation.json"  # {"scores": [[round, accuracy], ...]}: the retention's scores
 # Ray Train 2.60's list of the checkpoints handed to ray.train.report, in the run folder (see ``retain``).
 _RAY_TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"
-# In the run folder: why the learners stopped a run whose checkpoint could not be written (the driver
-# raises it); written by rank 0 when it can, else the driver names the run folder itself.
-STOPPED_FILE = "checkpoint_failed.txt"
 FORMAT = 2
 # Keys of the first format's averager snapshot that are history, not state.
 _HISTORY_KEYS = ("validation_due", "dropped_log", "batch_size_history", "validation_history", "loss_history")
@@ -270,12 +266,11 @@ def check_writable(folder: str | Path) -> None:
         ) from exc
 
 
-def stopped_error(run_dir: str | Path) -> CheckpointError:
+def stopped_error(run_dir: str | Path, message: str | None = None) -> CheckpointError:
     """The error of a run whose learners stopped because a checkpoint could not be written: rank 0's
-    message from ``STOPPED_FILE`` when it could write one, else one naming the run folder."""
-    path = Path(run_dir) / STOPPED_FILE
-    if path.is_file():
-        return CheckpointError(path.read_text())
+    ``message`` (its ``LearnerStop``) when it gave one, else one naming the run folder."""
+    if message:
+        return CheckpointError(message)
     return CheckpointError(
         f"the learners stopped before the end of the run without a final checkpoint in {run_dir}: a "
         "checkpoint could not be written there; free space on, or fix the permissions of, the storage "

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["AveragingReport", "FeedReport", "LearnerReport"]
+__all__ = ["AveragingReport", "FeedReport", "LearnerReport", "LearnerStop"]
 
 _R = TypeVar("_R")
 
@@ -148,6 +148,23 @@ class FeedReport:
     def from_dict(cls, d: Mapping[str, Any]) -> FeedReport:
         """Inverse of ``to_dict``; ValueError naming missing or unknown keys."""
         return _from_dict(cls, d)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerStop:
+    """Why rank 0 ended the run before its final metrics, returned in their place (the driver raises it)."""
+
+    reason: str
+    """What stopped it: "checkpoint" (a checkpoint could not be written)."""
+    message: str
+    """Rank 0's error, naming the folder and the fix."""
+
+    def __post_init__(self) -> None:
+        if self.reason not in STOP_REASONS:
+            raise ValueError(f"LearnerStop.reason must be one of {STOP_REASONS}, got {self.reason!r}")
+
+
+STOP_REASONS = ("checkpoint",)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -146,12 +146,15 @@ def test_check_writable_names_a_folder_that_a_file_blocks_and_leaves_a_good_one_
     assert blocked.read_text() == "a file, not a folder"
 
 
-def test_stopped_error_reads_rank_zeros_message_or_names_the_run_folder(tmp_path):
-    from raytrain_seq.checkpoint import STOPPED_FILE, stopped_error
+def test_stopped_error_gives_rank_zeros_message_or_names_the_run_folder(tmp_path):
+    from raytrain_seq.checkpoint import stopped_error
+    from raytrain_seq.reports import LearnerStop
 
     assert str(tmp_path) in str(stopped_error(tmp_path)) and "--resume" in str(stopped_error(tmp_path))
-    (tmp_path / STOPPED_FILE).write_text("cannot write checkpoint X: free space")
-    assert str(stopped_error(tmp_path)) == "cannot write checkpoint X: free space"
+    stop = LearnerStop(reason="checkpoint", message="cannot write checkpoint X: free space")
+    assert str(stopped_error(tmp_path, stop.message)) == "cannot write checkpoint X: free space"
+    with pytest.raises(ValueError, match=r"LearnerStop\.reason"):
+        LearnerStop(reason="tired", message="x")
 
 
 def test_put_places_a_saved_folder_whole_under_its_round_or_names_the_folder_it_cannot_write(tmp_path):

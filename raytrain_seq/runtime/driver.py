@@ -40,10 +40,11 @@ from typing import Any
 from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.task_costs import feed_cost
-from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport
+from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport, LearnerStop
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
+from raytrain_seq.runtime.launch import LearnerLaunch
 from raytrain_seq.runtime.logs import quiet_driver, train_logging
 from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
@@ -106,7 +107,7 @@ class _Run:
     learner_resources: dict[str, float]
     geometry: Any
     use_gpu: bool = False
-    names: dict[str, Any] = dataclasses.field(default_factory=dict)
+    launch: LearnerLaunch | None = None  # what every learner is launched with (runtime/launch.py)
     marks: dict[str, float] = dataclasses.field(default_factory=dict)
     feed: Any = None
     averager: Any = None
@@ -145,7 +146,6 @@ def _prepare(
     # The job's own check of this config already ran, so this one only takes its result (the catalogs).
     checked = preflight.check(config, reuse=True)
     run_dir = check_storage(config)
-    (run_dir / checkpoint.STOPPED_FILE).unlink(missing_ok=True)  # a stop of an earlier attempt
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
     if config.run.resume and resumed is None:
         raise RunSetupError(
@@ -159,8 +159,12 @@ def _prepare(
     state.use_gpu = choose_device(config, own_cluster=own_cluster)
     state.marks["connected"] = time.time()
     suffix = uuid.uuid4().hex[:8]
-    state.names = {"averager": f"averager-{suffix}", "feed": f"feed-{suffix}", "namespace": NAMESPACE}
-    state.names["fresh"] = resumed is None  # rank 0 then starts epoch 0 as soon as it runs (BlockFeed.start)
+    state.launch = LearnerLaunch(
+        averager=f"averager-{suffix}",
+        feed=f"feed-{suffix}",
+        namespace=NAMESPACE,
+        fresh=resumed is None,  # rank 0 then starts epoch 0 as soon as it runs (BlockFeed.start)
+    )
     return state
 
 
@@ -182,10 +186,8 @@ def _start_actors(state: _Run) -> None:
     """The feed, then (its process starting) Ray Train's and torch's imports, then the averager."""
     from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
 
-    config, train, names = state.config, state.config.train, state.names
-    feed = create_feed(
-        config, name=names["feed"], namespace=NAMESPACE, prefetch=False, geometry=state.geometry
-    )
+    config, train, launch = state.config, state.config.train, state.launch
+    feed = create_feed(config, name=launch.feed, namespace=NAMESPACE, prefetch=False, geometry=state.geometry)
     if train.validate_every:
         # A failure to launch them is raised again by the evaluator's own eval_shard call.
         feed.prefetch_eval.remote("val")
@@ -202,10 +204,10 @@ def _start_actors(state: _Run) -> None:
     validator = None
     by_evaluator = train.validator == "evaluator" or (train.validator == "auto" and not state.use_gpu)
     if train.validate_every and by_evaluator:
-        validator = ThreadValidator(config, feed_name=names["feed"], namespace=NAMESPACE)
-        names["evaluator"] = "on"
+        validator = ThreadValidator(config, feed_name=launch.feed, namespace=NAMESPACE)
+        state.launch = dataclasses.replace(launch, evaluator=True)
     state.averager = create_averager(
-        names["averager"],
+        launch.averager,
         AveragerSettings.from_config(config),
         namespace=NAMESPACE,
         max_restarts=train.averager_max_restarts,
@@ -243,7 +245,8 @@ def _fit(state: _Run) -> LearnerReport:
         raise result.error
     if not isinstance(result.return_value, dict):  # the learners stopped on a checkpoint write
         _release(state.averager, state.feed)
-        raise checkpoint.stopped_error(state.run_dir)
+        stop = result.return_value
+        raise checkpoint.stopped_error(state.run_dir, stop.message if isinstance(stop, LearnerStop) else None)
     return LearnerReport.from_dict(result.return_value)
 
 
@@ -258,7 +261,7 @@ def _trainer(state: _Run) -> Any:
     gpu = {"GPU": train.gpus_per_learner} if state.use_gpu else {}
     return DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": config.to_dict(), "names": state.names, "torch_threads": 1},
+        train_loop_config={"config": config.to_dict(), "launch": state.launch},
         scaling_config=ScalingConfig(
             num_workers=train.learners,
             use_gpu=state.use_gpu,

@@ -48,7 +48,7 @@ from raytrain_seq.augment import test_views
 from raytrain_seq.config import Config
 from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.reports import LearnerReport
+from raytrain_seq.reports import LearnerReport, LearnerStop
 from raytrain_seq.rounds.book import Backoff
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
@@ -580,8 +580,11 @@ def _latest_state(config: Config) -> AveragedState | None:
     return None if found is None else found.state
 
 
-def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
-    """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "names": {...}, "torch_threads"}."""
+def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | LearnerStop | None:
+    """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "launch": LearnerLaunch}.
+
+    Rank 0 returns its final metrics (``LearnerReport.to_dict``), or a ``LearnerStop`` when a checkpoint
+    could not be written; the other ranks return None."""
     import ray
     import ray.train
     import ray.train.torch
@@ -596,16 +599,16 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     from raytrain_seq.runtime.transport import RayTransport
 
     entered = time.time()
-    config, names = Config.from_dict(loop_config["config"]), loop_config["names"]
+    config, launch = Config.from_dict(loop_config["config"]), loop_config["launch"]
     if config.train.keep_freed_memory:
         keep_freed_memory()  # every step reallocates what the last one freed (heap.py)
-    torch.set_num_threads(int(loop_config.get("torch_threads", 1)))
+    torch.set_num_threads(launch.torch_threads)
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    feed = get_feed(names["feed"], namespace=names["namespace"])
+    feed = get_feed(launch.feed, namespace=launch.namespace)
     # A fresh run's epoch 0 starts now, while the learners build their models and join (the feed launches
     # it once; a resumed run's learners learn their epoch from the averager first).
-    started = feed.start.remote(world_size) if rank == 0 and names.get("fresh") else None
+    started = feed.start.remote(world_size) if rank == 0 and launch.fresh else None
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     quiet_learner(config.run.verbose)  # Ray Train's per-round INFO lines (runtime/logs.py)
     train = config.train
@@ -615,7 +618,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     client = AveragerClient(
-        RayTransport(get_averager(names["averager"], namespace=names["namespace"])),
+        RayTransport(get_averager(launch.averager, namespace=launch.namespace)),
         learner=rank,
         world_size=world_size,
         incarnation=uuid.uuid4().hex,  # this process: a restarted group's learners get new ones
@@ -642,7 +645,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
         # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),
         metrics=LearnerMetrics(rank),
-        validate=not names.get("evaluator"),  # the driver started an evaluator: it validates
+        validate=not launch.evaluator,  # the driver started an evaluator: it validates
     )
     learner.marks["loop_entered"] = entered
     if started is not None:
@@ -651,12 +654,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | None:
         return learner.run()  # rank 0's final metrics: the driver reads them as Result.return_value
     except checkpoint.CheckpointError as exc:
         # Every rank stops here at the same report (the final checkpoint: rank 0 alone, the others have
-        # returned), so the group ends without a failure that Ray Train would retry; the driver raises the
-        # error (from this file, or naming the run folder).
+        # returned), so the group ends without a failure that Ray Train would retry; rank 0's stop reaches
+        # the driver as its return value, which raises it.
         logger.error("learner %d stops: %s", rank, exc)
-        if rank == 0:
-            try:
-                (config.run_dir() / checkpoint.STOPPED_FILE).write_text(str(exc))
-            except OSError:  # the same full or locked storage: the driver then names the run folder
-                logger.exception("cannot write %s", checkpoint.STOPPED_FILE)
-    return None  # the driver sees no final metrics and raises the stop (driver.run)
+        return LearnerStop(reason="checkpoint", message=str(exc)) if rank == 0 else None
