@@ -2,15 +2,19 @@
 
 One place for the rules every config section and reader applies (``python -O`` strips ``assert``, so
 user input is never checked with one). Each helper takes the dotted path the user knows the value by
-(``train.batch_size``, a flag name with ``-`` -> ``_``) and a fix phrased as an instruction.
+(``train.batch_size``, a flag name with ``-`` -> ``_``) and a fix phrased as an instruction;
+``check_number``, the short form the averaging parts apply to their own arguments, names the fix itself
+and returns the value it checked.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 __all__ = [
+    "check_number",
     "choice",
     "int_at_least",
     "is_int",
@@ -49,6 +53,16 @@ def number(path: str, value: object, rule: str, in_range: Callable[[float], bool
     """``value`` is a finite number for which ``in_range`` holds (``rule`` says it in words)."""
     if not is_number(value) or not in_range(value):
         raise ValueError(f"{path} must be a finite number {rule}, got {value!r}: {fix}")
+
+
+def check_number(name: str, value: Any, low: float, kind: Any = int) -> Any:
+    """``value`` is a finite ``kind`` (int by default; not a bool) >= ``low``; returns it."""
+    if not (isinstance(value, kind) and is_number(value) and value >= low):
+        what = "an int" if kind is int else "a number"
+        raise ValueError(
+            f"{name} must be {what} >= {low:g}, got {value!r}: pass a finite value of at least {low:g}"
+        )
+    return value
 
 
 def choice(path: str, value: object, choices: tuple[str, ...], extra: str = "") -> None:

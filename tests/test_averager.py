@@ -16,13 +16,8 @@ from conftest import adam_learners
 
 from raytrain_seq import checkpoint
 from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.rounds.book import (
-    AveragingTimeoutError,
-    MembershipError,
-    RoundBook,
-    RoundPhase,
-    StaleRoundError,
-)
+from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
+from raytrain_seq.rounds.book import RoundBook, RoundPhase
 
 LEARNERS = ["a", "b", "c"]
 

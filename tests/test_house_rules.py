@@ -10,11 +10,13 @@ Rules pinned, each by a checker function and a test of the real tree:
    included (tests may);
 5. the four algorithm modules are pure and import neither ray nor each other; importing the core
    starts nothing;
-6. the Ray-free packages (rounds/, dataplane/, rows/) import neither ray nor raytrain_seq.runtime;
+6. the Ray-free packages (rounds/, dataplane/, rows/, members/) import neither ray nor raytrain_seq.runtime;
 7. no file of the project cites a path outside the repository (the seed design document, ``../`` out);
 8. tests start Ray only through tests/conftest.py's ``ray_cluster`` (or a cluster they name);
 9. no function of raytrain_seq/ or bench/ is over 80 lines (the listed exceptions may not grow);
 10. the code of raytrain_seq/ and jobs/ holds no date and no measured figure (it cites docs/ instead).
+11. no two folders of raytrain_seq import each other: the folders are layers, each import between two of
+    them points one way (imports inside functions count).
 
 Each checker also gets a synthetic counterexample (``test_checker_*``), so that no rule passes vacuously.
 """
@@ -178,7 +180,7 @@ def ray_importers(package: Path) -> list[str]:
 
 
 # The Ray-free packages of the elastic logic, one concept each (docs/ARCHITECTURE.md, "Layout").
-RAY_FREE_PACKAGES = ("rounds", "dataplane", "rows")
+RAY_FREE_PACKAGES = ("rounds", "dataplane", "rows", "members")
 
 
 def ray_free_violations(package: Path) -> list[str]:
@@ -205,8 +207,8 @@ def test_only_runtime_imports_ray():
 
 
 def test_ray_free_packages_import_neither_ray_nor_runtime():
-    """rounds/, dataplane/ and rows/ are Ray-free: they import neither ray nor raytrain_seq.runtime,
-    even lazily."""
+    """rounds/, dataplane/, rows/ and members/ are Ray-free: they import neither ray nor
+    raytrain_seq.runtime, even lazily."""
     for name in RAY_FREE_PACKAGES:
         assert (PACKAGE / name / "__init__.py").is_file(), f"raytrain_seq/{name}/ is part of the layout"
     assert ray_free_violations(PACKAGE) == []
@@ -388,6 +390,75 @@ def test_checker_finds_an_import_cycle(tmp_path):
     assert _describe_cycle(import_cycles(graph)[0], graph).startswith("pkg.a -> pkg.b -> pkg.sub.c -> pkg.a")
     (pkg / "sub" / "c.py").write_text("def f():\n    return 1\n")
     assert import_cycles(import_graph(pkg)) == []
+
+
+# ------------------------------------------------------------------ rule 11: folders import one way
+def folder_links(package: Path) -> dict[tuple[str, str], str]:
+    """(importing folder, imported folder) -> its first import, for the top-level folders of ``package``.
+
+    A folder is a subpackage directly below ``package``; a folder nested deeper counts as part of its
+    top-level one, a module directly in ``package`` as no folder. Imports anywhere in a file count.
+    """
+    modules = _package_modules(package)
+    folder = {
+        own: path.relative_to(package).parts[0]
+        for own, path in modules.items()
+        if len(path.relative_to(package).parts) > 1
+    }
+    links: dict[tuple[str, str], str] = {}
+    for own, targets in sorted(import_graph(package).items()):
+        for target, line in sorted(targets.items()):
+            pair = (folder.get(own), folder.get(target))
+            if None not in pair and pair[0] != pair[1]:
+                links.setdefault(pair, f"{own} line {line} imports {target}")
+    return links
+
+
+def two_way_folders(package: Path) -> list[str]:
+    """Each pair of folders of ``package`` that import each other, with the first import of each way."""
+    links = folder_links(package)
+    return [
+        f"{a}/ <-> {b}/: {links[a, b]}; {links[b, a]}" for a, b in sorted(links) if a < b and (b, a) in links
+    ]
+
+
+def test_no_two_folders_of_the_package_import_each_other():
+    """The folders of raytrain_seq are layers: between two of them imports point one way only (members/
+    below rounds/ and dataplane/, dataplane/ below rounds/, runtime/ above all), imports inside functions
+    counted. A name both sides need moves down into a folder below both."""
+    links = folder_links(PACKAGE)
+    assert ("rounds", "dataplane") in links and ("dataplane", "members") in links, "no folder imports seen"
+    assert two_way_folders(PACKAGE) == []
+
+
+def test_checker_finds_two_folders_that_import_each_other(tmp_path):
+    """A lazy import back up and a nested folder's import are each caught; a one-way link, a top-level
+    module both folders import and imports inside one folder are not."""
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/core.py": "from pkg.a.x import X\n",
+            "pkg/a/__init__.py": "",
+            "pkg/a/x.py": "from pkg import core\nfrom pkg.b.y import Y\nfrom . import z\nX = 1\n",
+            "pkg/a/z.py": "def f():\n    from pkg.b import y\n",
+            "pkg/b/__init__.py": "",
+            "pkg/b/y.py": "import pkg.core\nY = 1\ndef f():\n    from pkg.a.x import X\n",
+            "pkg/c/__init__.py": "from pkg.a import x\n",
+            "pkg/c/deep/__init__.py": "",
+            "pkg/c/deep/w.py": "from pkg.d import v\n",
+            "pkg/d/__init__.py": "",
+            "pkg/d/v.py": "from pkg.c import deep\n",
+        },
+    )
+    assert two_way_folders(pkg) == [
+        "a/ <-> b/: pkg.a.x line 2 imports pkg.b.y; pkg.b.y line 4 imports pkg.a.x",
+        "c/ <-> d/: pkg.c.deep.w line 1 imports pkg.d.v; pkg.d.v line 1 imports pkg.c.deep",
+    ]
+    (pkg / "b" / "y.py").write_text("import pkg.core\nY = 1\n")
+    (pkg / "d" / "v.py").write_text("V = 1\n")
+    assert two_way_folders(pkg) == []
+    assert set(folder_links(pkg)) == {("a", "b"), ("c", "a"), ("c", "d")}
 
 
 # ------------------------------------------------------------------------------ rule 4: private names

@@ -27,9 +27,10 @@ from conftest import InProcess
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessStore
+from raytrain_seq.members.errors import AveragerUnavailableError, MembershipError, StaleRoundError
+from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.rounds.book import AveragerUnavailableError, Backoff, MembershipError, StaleRoundError
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned, Unreachable
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult

@@ -32,7 +32,7 @@ from raytrain_seq.dataplane.payload import (
     Slot,
     merge_extras,
 )
-from raytrain_seq.rounds.book import AveragingTimeoutError, StaleRoundError
+from raytrain_seq.members.errors import AveragingTimeoutError, StaleRoundError
 from raytrain_seq.rounds.state import AveragedState
 
 

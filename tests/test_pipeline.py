@@ -591,7 +591,7 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
     retries, re-borrows refs from it, and the restarted feed recomputes the lost partial augmentations
     with the same seeds: every id comes once per epoch and every frame equals the independent
     recomputation, as without the kill; the feed's stats list the restart."""
-    from raytrain_seq.rounds.book import Backoff
+    from raytrain_seq.members.retry import Backoff
     from raytrain_seq.runtime.feed import RESTARTS_FILE
     from raytrain_seq.runtime.learner_feed import LearnerFeed
     from raytrain_seq.step import stage_rows

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, ChannelPlan, Link
-from raytrain_seq.rounds.book import LearnerId
+from raytrain_seq.members.ids import LearnerId
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from raytrain_seq.rounds.book import LearnerId
+from raytrain_seq.members.ids import LearnerId
 
 __all__ = ["ChannelBook", "ChannelEnds", "ChannelLost", "ChannelPlan", "Channelled", "Link"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytrain_seq.rounds.book import LearnerId
+from raytrain_seq.members.ids import LearnerId
 
 __all__ = ["ShardPlacement"]
 

@@ -20,8 +20,10 @@ from collections.abc import Callable, Mapping
 
 from torch import Tensor
 
+from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.payload import FlatPayload
-from raytrain_seq.rounds.book import LearnerId, RoundBook, check_learner, check_number
+from raytrain_seq.members.ids import LearnerId, check_learner
+from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.state import Arrival, check_payload
 
 __all__ = ["Arrivals"]

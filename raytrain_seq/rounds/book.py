@@ -6,9 +6,9 @@ missing learners are dropped with a recorded reason (``dropped_log``); so are th
 arrived but could not be read (``drop_unread``). Callers must agree on the round and on the world size;
 a late, repeated or skipped-ahead round is a ``StaleRoundError`` naming the learner, a disagreement on
 the world size a ``MembershipError``, and a round with fewer than ``min_learners`` arrivals an
-``AveragingTimeoutError`` listing the missing ones. The errors are picklable (they cross Ray's process
-boundary intact). The clock is injectable, so the whole policy is unit-tested without a cluster or an
-event loop; ``raytrain_seq.runtime.averager`` wraps it in an actor.
+``AveragingTimeoutError`` listing the missing ones (the typed errors of ``members.errors``). The clock
+is injectable, so the whole policy is unit-tested without a cluster or an event loop;
+``raytrain_seq.runtime.averager`` wraps it in an actor.
 
 Elastic groups. Ray Train restarts the whole worker group when a learner fails or the cluster grows or
 shrinks; every learner process joins with a fresh ``incarnation`` id, so the first join of a new
@@ -18,18 +18,20 @@ the old incarnations are refused from then on. A round closes when every expecte
 at least ``quorum`` (world size less the dropped) did, so learners of a group that join late, or
 rejoin a restarted averager, take part in the open round instead of being left out. Trade-off: a
 learner joining mid-round can keep the others waiting up to ``timeout_s`` for its first K steps.
-``Backoff`` is the learners' retry schedule for calls to an averager that is restarting.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from raytrain_seq.checks import check_number
+from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
+from raytrain_seq.members.ids import LearnerId, check_learner
 
 logger = logging.getLogger(__name__)
 
@@ -41,116 +43,6 @@ class RoundPhase(Enum):
     IDLE = "idle"
     OPEN = "open"
     CLOSING = "closing"
-
-
-# A learner's id: its rank in the group (an int), or a name for a reporter that is not a rank ("evaluator").
-LearnerId = str | int
-
-
-# ------------------------------------------------------------------------------------------------ errors
-class AveragerError(RuntimeError):
-    """Base of the typed errors. Each keeps its fields through pickling (Ray ships it to the learners)."""
-
-    def __init__(self, **values: Any) -> None:
-        self._fields = tuple(values)
-        self.__dict__.update(values)
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        raise NotImplementedError
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return type(self), tuple(getattr(self, name) for name in self._fields)
-
-
-class AveragingTimeoutError(AveragerError):
-    """Fewer than min_learners arrived in time; raised to the learners that did arrive."""
-
-    def __init__(self, round: int, missing: Any, arrived: Any, timeout_s: float) -> None:
-        super().__init__(round=round, missing=tuple(missing), arrived=tuple(arrived), timeout_s=timeout_s)
-
-    def _message(self) -> str:
-        return (
-            f"averaging round {self.round} failed: only {list(self.arrived)} arrived within "
-            f"{self.timeout_s:g} s of the first arrival; missing learners {list(self.missing)}. Rejoin "
-            f"(join()) or restart them and resend round {self.round}, or lower min_learners"
-        )
-
-
-class StaleRoundError(AveragerError):
-    """A learner sent a closed round (or one it was dropped from), repeated one, or skipped ahead."""
-
-    def __init__(self, learner: LearnerId, sent_round: int, expected_round: int, detail: str = "") -> None:
-        super().__init__(learner=learner, sent_round=sent_round, expected_round=expected_round, detail=detail)
-
-    def _message(self) -> str:
-        why = f" ({self.detail})" if self.detail else ""
-        return (
-            f"learner {self.learner!r} sent round {self.sent_round} but the averager expects round "
-            f"{self.expected_round}{why}: call join() to resync from the latest averaged state"
-        )
-
-
-class MembershipError(AveragerError):
-    """A caller disagrees on the world size, or it is not a registered learner."""
-
-    def __init__(self, learner: LearnerId, sent_world_size: int, world_size: int, detail: str = "") -> None:
-        super().__init__(
-            learner=learner, sent_world_size=sent_world_size, world_size=world_size, detail=detail
-        )
-
-    def _message(self) -> str:
-        why = self.detail or "callers disagree on the world size; start every learner with the same one"
-        return f"learner {self.learner!r} sent world size {self.sent_world_size}, the averager's is {self.world_size}: {why}"
-
-
-class AveragerUnavailableError(AveragerError):
-    """The averager did not answer within the learner's retry budget (it died for good or hangs)."""
-
-    def __init__(self, call: str, attempts: int, seconds: float, cause: str) -> None:
-        super().__init__(call=call, attempts=attempts, seconds=seconds, cause=cause)
-
-    def _message(self) -> str:
-        return (
-            f"the averager did not answer {self.call}() in {self.attempts} tries over {self.seconds:.0f} s "
-            f"(last error: {self.cause}): it died past train.averager_max_restarts or its node is gone; "
-            "raise --averager-max-restarts, or --resume the run from its latest checkpoint"
-        )
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Bounded exponential backoff: waits base, 2*base, 4*base ... capped at cap_s, within budget_s.
-
-    ``delays()`` with base 0.5, cap 4, budget 10 gives [0.5, 1, 2, 4] (next would pass 10 s in all).
-    """
-
-    base_s: float = 0.5
-    cap_s: float = 8.0
-    budget_s: float = 120.0
-
-    def delays(self) -> list[float]:
-        out, total, delay = [], 0.0, self.base_s
-        while total + delay <= self.budget_s:
-            out.append(delay)
-            total += delay
-            delay = min(delay * 2, self.cap_s)
-        return out
-
-
-def check_learner(learner: Any) -> None:
-    if isinstance(learner, bool) or not isinstance(learner, str | int):
-        raise TypeError(f"learner must be a str or int id, got {learner!r}: pass e.g. the learner's rank")
-
-
-def check_number(name: str, value: Any, low: float, kind: Any = int) -> Any:
-    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value) and value >= low
-    if not ok:
-        what = "an int" if kind is int else "a number"
-        raise ValueError(
-            f"{name} must be {what} >= {low:g}, got {value!r}: pass a finite value of at least {low:g}"
-        )
-    return value
 
 
 def _order(learners: Any) -> list[LearnerId]:

@@ -43,7 +43,9 @@ from typing import Any, Protocol
 
 from raytrain_seq.dataplane.generations import ChannelEnds, Channelled, ChannelLost
 from raytrain_seq.dataplane.payload import FlatPayload, InProcessStore, ObjectStore
-from raytrain_seq.rounds.book import AveragerError, AveragerUnavailableError, Backoff, LearnerId
+from raytrain_seq.members.errors import AveragerError, AveragerUnavailableError
+from raytrain_seq.members.ids import LearnerId
+from raytrain_seq.members.retry import Backoff
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from raytrain_seq.rounds.book import LearnerId
+from raytrain_seq.members.ids import LearnerId
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.payload import FlatPayload, merge_extras
-from raytrain_seq.rounds.book import RoundBook, RoundClose, StaleRoundError
+from raytrain_seq.members.errors import StaleRoundError
+from raytrain_seq.rounds.book import RoundBook, RoundClose
 from raytrain_seq.rounds.position import settle_dict
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, RoundResult

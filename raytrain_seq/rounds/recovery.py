@@ -12,7 +12,8 @@ checkpoint). The averager fails its open round in between, since its senders mus
 
 from __future__ import annotations
 
-from raytrain_seq.rounds.book import LearnerId, RoundBook
+from raytrain_seq.members.ids import LearnerId
+from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import RunHistory, describe_position
 from raytrain_seq.rounds.state import AveragedState, check_payload
 from raytrain_seq.rounds.validation import ValidationGate

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raytrain_seq.averaging import batch_may_grow
-from raytrain_seq.rounds.book import check_number
+from raytrain_seq.checks import check_number
 
 if TYPE_CHECKING:
     from raytrain_seq.config import Config

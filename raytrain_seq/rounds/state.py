@@ -29,8 +29,9 @@ from typing import Any
 
 from torch import Tensor
 
+from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.payload import FlatPayload
-from raytrain_seq.rounds.book import LearnerId, check_number
+from raytrain_seq.members.ids import LearnerId
 
 __all__ = ["SOURCES", "Arrival", "AveragedState", "JoinReply", "RoundResult", "check_payload"]
 

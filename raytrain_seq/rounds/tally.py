@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from raytrain_seq.rounds.book import LearnerId, check_learner, check_number
+from raytrain_seq.checks import check_number
+from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.step import EvalResult
 
 __all__ = ["ShareTally"]

@@ -14,7 +14,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from raytrain_seq.rounds.book import LearnerId, check_learner, check_number
+from raytrain_seq.checks import check_number
+from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.rounds.tally import ShareTally
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytrain_seq.averaging import AdaptiveBatchSize, batch_may_grow
-from raytrain_seq.rounds.book import LearnerId
+from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.tally import ShareTally
 from raytrain_seq.step import EvalResult

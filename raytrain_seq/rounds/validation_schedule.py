@@ -24,8 +24,11 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.generations import Channelled
-from raytrain_seq.rounds.book import LearnerId, RoundBook, StaleRoundError, check_learner, check_number
+from raytrain_seq.members.errors import StaleRoundError
+from raytrain_seq.members.ids import LearnerId, check_learner
+from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import RunHistory
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState, RoundResult

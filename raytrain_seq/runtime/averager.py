@@ -69,23 +69,18 @@ from typing import Any
 from torch import Tensor
 
 from raytrain_seq import checkpoint
+from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import part_nbytes
 from raytrain_seq.dataplane.payload import InProcessShards, ShardPool
 from raytrain_seq.dataplane.placement import ShardPlacement
+from raytrain_seq.members.errors import StaleRoundError
+from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.reports import AveragingReport
 from raytrain_seq.rounds.arrivals import Arrivals
-from raytrain_seq.rounds.book import (
-    LearnerId,
-    RoundBook,
-    RoundClose,
-    RoundPhase,
-    StaleRoundError,
-    check_learner,
-    check_number,
-)
+from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery

@@ -47,9 +47,9 @@ from raytrain_seq import accounting, checkpoint
 from raytrain_seq.augment import test_views
 from raytrain_seq.config import Config
 from raytrain_seq.heap import keep_freed_memory
+from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.reports import LearnerReport, LearnerStop
-from raytrain_seq.rounds.book import Backoff
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState

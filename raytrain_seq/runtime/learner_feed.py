@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.rounds.book import Backoff, check_number
+from raytrain_seq.checks import check_number
+from raytrain_seq.members.retry import Backoff
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
 from raytrain_seq.rows.stream import EpochRows, RowStream

@@ -56,9 +56,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from raytrain_seq.checks import check_number
+
 # Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
-from raytrain_seq.rounds.book import LearnerId, check_number
+from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register
 
 if TYPE_CHECKING:
