@@ -347,11 +347,11 @@ def plan_checksums(config) -> dict[int, dict[str, int]]:
     from raytrain_seq.seeds import plan_seed
 
     geometry = feed_geometry(config, warn=False)
-    train = geometry["catalogs"]["train"]
+    train = geometry.catalogs["train"]
     out = {}
     for epoch in range(config.train.epochs):
         seed = plan_seed(config.data.seed, epoch)
-        plan = pack(train.lengths, geometry["t_max"], strategy=config.data.packing, seed=seed)
+        plan = pack(train.lengths, geometry.t_max, strategy=config.data.packing, seed=seed)
         [specs] = plan_specs(plan, 1, train.ids.tolist(), train.labels.tolist(), None)
         out[epoch] = checksum(i for spec in specs for i in spec.ids)
     return out
@@ -369,9 +369,9 @@ def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
     from raytrain_seq.seeds import plan_seed
 
     geometry = feed_geometry(config, warn=False)
-    train = geometry["catalogs"]["train"]
+    train = geometry.catalogs["train"]
     plan = pack(
-        train.lengths, geometry["t_max"], strategy=config.data.packing, seed=plan_seed(config.data.seed, 0)
+        train.lengths, geometry.t_max, strategy=config.data.packing, seed=plan_seed(config.data.seed, 0)
     )
     [shard, _] = plan_specs(plan, 2, train.ids.tolist(), train.labels.tolist(), None)
     per_round = config.train.batch_size * config.train.k

@@ -167,10 +167,10 @@ def spread_table(size: dict, frame_cost: float, footage=None) -> dict[int, dict]
         size, 1, size["seeds"][0], frame_cost, tempfile.mkdtemp(prefix="bench-refurbish-"), footage
     )
     _, geometry = job_feed(base)
-    ids = geometry["catalogs"]["train"].ids.tolist()
+    ids = geometry.catalogs["train"].ids.tolist()
     torch.set_num_threads(1)  # what a learner's process has
     partial, arrays = partial_costs(base, ids)
-    row_cost = RowCost(base, arrays, geometry["t_max"], geometry["max_sequences"])
+    row_cost = RowCost(base, arrays, geometry.t_max, geometry.max_sequences)
 
     world, batch, epochs = base.train.min_learners, base.train.batch_size, size["epochs"]
     out = {}

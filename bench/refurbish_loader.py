@@ -36,7 +36,7 @@ import torch
 
 from raytrain_seq.augment import final_augment_batch
 from raytrain_seq.config import Config
-from raytrain_seq.data.sources import augment_videos, source_kwargs
+from raytrain_seq.data.sources import Geometry, augment_videos, source_kwargs
 from raytrain_seq.packing import pack
 from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, plan_specs, shard_items
@@ -45,7 +45,7 @@ from raytrain_seq.seeds import plan_seed
 Step = tuple[int, tuple[BlockSpec, ...]]  # (epoch, the blocks of one learner's step)
 
 
-def job_feed(config: Config, geometry: dict | None = None):
+def job_feed(config: Config, geometry: Geometry | None = None):
     """The job's ``BlockFeed`` in this process, its partial-augmentation tasks replaced by placeholders,
     and its geometry (``feed_geometry``: catalogs, t_max, max_sequences), which it was built from."""
     from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
@@ -71,28 +71,28 @@ def served_steps(feed, epochs: int, world_size: int, batch: int) -> list[Step]:
 
 
 def unbalanced_steps(
-    config: Config, geometry: dict, epochs: int, world_size: int, batch: int, *, spread: bool
+    config: Config, geometry: Geometry, epochs: int, world_size: int, batch: int, *, spread: bool
 ) -> list[Step]:
     """The same epochs' steps from the feed's plan (``pack`` with the epoch's ``plan_seed``) WITHOUT the
     cache-aware composition (``assembly.cache_aware_plan``): each learner's blocks ordered by
     ``spread_fresh`` (``spread``: the job's feed before issue 44) or in the plan's order (no cache
     awareness at all)."""
-    train = geometry["catalogs"]["train"]
+    train = geometry.catalogs["train"]
     schedule = RefurbishSchedule(len(train), reuse=config.data.reuse, seed=config.data.seed)
     out = []
     for epoch in range(1, epochs):
         seed = plan_seed(config.data.seed, epoch)
-        plan = pack(train.lengths, geometry["t_max"], strategy=config.data.packing, seed=seed)
+        plan = pack(train.lengths, geometry.t_max, strategy=config.data.packing, seed=seed)
         fresh = schedule.is_fresh(epoch) if spread else None
         for blocks in plan_specs(plan, world_size, train.ids.tolist(), train.labels.tolist(), fresh):
             out += _cut(epoch, blocks, batch)
     return out
 
 
-def composed_steps(config: Config, geometry: dict, epochs: int, videos_per_step: int) -> list[Step]:
+def composed_steps(config: Config, geometry: Geometry, epochs: int, videos_per_step: int) -> list[Step]:
     """Revamper's cache-aware mini-batches of ``videos_per_step`` videos (full ones) for epochs >= 1, each
     then packed on its own ("optimal", the run's t_max) into the blocks a learner would assemble."""
-    train = geometry["catalogs"]["train"]
+    train = geometry.catalogs["train"]
     ids, lengths = train.ids.tolist(), train.lengths.tolist()
     schedule = RefurbishSchedule(len(ids), reuse=config.data.reuse, seed=config.data.seed)
     out = []
@@ -100,7 +100,7 @@ def composed_steps(config: Config, geometry: dict, epochs: int, videos_per_step:
         for batch in schedule.compose(epoch, videos_per_step):
             if len(batch) < videos_per_step:
                 continue
-            plan = pack([lengths[i] for i in batch], geometry["t_max"], strategy="optimal", seed=epoch)
+            plan = pack([lengths[i] for i in batch], geometry.t_max, strategy="optimal", seed=epoch)
             blocks = tuple(
                 BlockSpec(ids=tuple(ids[batch[i]] for i in b.ids), starts=b.starts, lengths=b.lengths,
                           offsets=b.offsets, labels=(0,) * len(b.ids), plan_index=k)

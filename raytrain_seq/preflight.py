@@ -33,11 +33,14 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.tracking import tracker_available
+
+if TYPE_CHECKING:  # data.sources loads numpy and the readers: the path checks run before it
+    from raytrain_seq.data.sources import Geometry
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ __all__ = ["Checked", "check", "check_paths"]
 class Checked:
     """What ``check`` learned: the data geometry (None for fusion, which reads its runs' own)."""
 
-    geometry: dict[str, Any] | None = field(default=None, repr=False)
+    geometry: Geometry | None = field(default=None, repr=False)
 
 
 # The last config ``check`` passed, as JSON, and what it learned (one run per process).
@@ -136,7 +139,7 @@ def check_paths(config: Config) -> None:
         _run_folder("--resume", config.run_dir(), "check --storage-path and --run-name, or drop --resume")
 
 
-def _warmup(config: Config, geometry: dict[str, Any]) -> None:
+def _warmup(config: Config, geometry: Geometry) -> None:
     """Refuse a warm-up the run can never finish: longer than the most optimizer steps it may take.
 
     The most steps a learner takes per epoch: each block holds at least one video (or a t_max piece of
@@ -146,8 +149,8 @@ def _warmup(config: Config, geometry: dict[str, Any]) -> None:
     train = config.train
     if not train.warmup_steps or train.steps is not None:
         return  # a step budget is checked by TrainConfig itself
-    lengths = geometry["catalogs"]["train"].lengths
-    t_max = geometry["t_max"]
+    lengths = geometry.catalogs["train"].lengths
+    t_max = geometry.t_max
     pieces = sum(math.ceil(int(n) / t_max) for n in lengths)
     per_epoch = math.ceil(math.ceil(pieces / train.min_learners) / train.batch_size)
     most = per_epoch * train.epochs
@@ -159,7 +162,7 @@ def _warmup(config: Config, geometry: dict[str, Any]) -> None:
         )
 
 
-def _model(config: Config, geometry: dict[str, Any]) -> None:
+def _model(config: Config, geometry: Geometry) -> None:
     """Build the model on the CPU as each learner does when it starts from a file (weights, init_from) or
     from the user's code (model_factory)."""
     m = config.model
@@ -171,14 +174,12 @@ def _model(config: Config, geometry: dict[str, Any]) -> None:
 
     try:
         with torch.no_grad():
-            build_model_for(
-                config, num_classes=len(geometry["class_names"]), in_channels=geometry["channels"]
-            )
+            build_model_for(config, num_classes=len(geometry.class_names), in_channels=geometry.channels)
     except ValueError as exc:
         raise RunSetupError(" ".join(str(exc).split())) from exc  # one line, whatever the library wrote
 
 
-def _frame_cache(config: Config, geometry: dict) -> None:
+def _frame_cache(config: Config, geometry: Geometry) -> None:
     """Say once what the frame cache needs for this data set against its budget (real RGB video)."""
     data = config.data
     if data.dataset == "synthetic" or data.stream != "rgb":
@@ -187,7 +188,7 @@ def _frame_cache(config: Config, geometry: dict) -> None:
 
     from raytrain_seq.data.frame_cache import cache_bytes, default_folder
 
-    lengths = [geometry["catalogs"][split].lengths for split in ("train", "val", "test")]
+    lengths = [geometry.catalogs[split].lengths for split in ("train", "val", "test")]
     need = cache_bytes(np.concatenate(lengths), data.cache_size)
     budget = data.frame_cache_gib * 2**30
     share = 1.0 if need <= budget else budget / need

@@ -193,7 +193,7 @@ def test_the_spread_table_steps_are_the_job_feeds_and_cover_each_epoch():
     asked videos with their fresh share within one."""
     config = rb.job_config(_refurbish_size(), 3, 0, 0.0, "/tmp")
     feed, geometry = rl.job_feed(config)
-    ids = geometry["catalogs"]["train"].ids.tolist()
+    ids = geometry.catalogs["train"].ids.tolist()
     served = rl.served_steps(feed, 4, 2, 4)
     spread_only = rl.unbalanced_steps(config, geometry, 4, 2, 4, spread=True)
     for epoch in (1, 2, 3):

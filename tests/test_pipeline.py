@@ -247,8 +247,8 @@ def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
     with pytest.raises(RunSetupError, match=r"data\.t_max=10 but .* pass --t-max \d+ or more"):
         create_feed(_config(t_max=10))
     geometry = feed_geometry(_config(t_max=10, packing="chunk"))
-    assert geometry["eval_strategy"] == "chunk" and geometry["t_max"] == 10
-    assert feed_geometry(_config())["eval_strategy"] == "optimal"
+    assert geometry.eval_strategy == "chunk" and geometry.t_max == 10
+    assert feed_geometry(_config()).eval_strategy == "optimal"
 
 
 def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
@@ -265,8 +265,8 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
 
     monkeypatch.setattr(pipeline, "data_geometry", probe)
     feed = pipeline.BlockFeed(config, geometry=geometry)
-    assert calls == [] and feed.t_max == geometry["t_max"] and feed.max_sequences == geometry["max_sequences"]
-    assert feed.model_spec()["num_classes"] == len(geometry["class_names"])
+    assert calls == [] and feed.t_max == geometry.t_max and feed.max_sequences == geometry.max_sequences
+    assert feed.model_spec()["num_classes"] == len(geometry.class_names)
     with pytest.raises(RuntimeError, match="probed"):  # not vacuous: without geometry the feed probes
         pipeline.BlockFeed(config)
     assert len(calls) == 1

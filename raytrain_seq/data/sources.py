@@ -73,8 +73,8 @@ from raytrain_seq.seeds import partial_rng
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CHANNELS", "SPLITS", "RealVideos", "SyntheticSource", "augment_videos", "balanced_subset", "busy",
-    "data_geometry",
+    "CHANNELS", "SPLITS", "Geometry", "RealVideos", "SyntheticSource", "augment_videos", "balanced_subset",
+    "busy", "data_geometry",
     "fit_length", "flow_offset", "flow_videos", "get_source", "holdout", "load_catalogs", "render_size",
     "source_kwargs", "window_videos",
 ]  # fmt: skip
@@ -704,7 +704,30 @@ def load_catalogs(config: Config, *, warn: bool = True) -> dict[str, Any]:
     return {**loaded, "channels": CHANNELS[config.data.stream], "flow_method": method}
 
 
-def data_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Geometry:
+    """What the checks, the feed and the model need to know of a run's data, learned once in the driver
+    (``data_geometry``) and handed to the feed actor, so the videos are probed once a run."""
+
+    catalogs: dict[str, Any]
+    """``{"train", "val", "test"}`` -> that split's catalog (``SyntheticCatalog`` or ``VideoCatalog``)."""
+    t_max: int
+    """Frames a block holds: ``data.t_max``, or the longest video of any split."""
+    max_sequences: int
+    """The most sequences one block can hold (the reset table's size)."""
+    eval_strategy: str
+    """"optimal" packing of the evaluation splits, or "chunk" when training cuts sequences too."""
+    channels: int
+    """Input channels of a frame (3 RGB, 2 flow)."""
+    class_names: tuple[str, ...]
+    """The class of each label."""
+    skipped: tuple[str, ...]
+    """Listed videos left out of the catalogs (unreadable, missing, zero frames)."""
+    flow_method: str | None
+    """The optical-flow algorithm of a flow stream; None for RGB."""
+
+
+def data_geometry(config: Config, *, warn: bool = True) -> Geometry:
     """Catalogs, t_max, max_sequences, the evaluation strategy and the sources' facts (channels, class
     names, skipped videos, flow method); RunSetupError for a bad fit (a video longer than t_max).
     ``warn=False``: skipped videos are logged at DEBUG (the feed actor rebuilds the catalog the driver's
@@ -729,10 +752,13 @@ def data_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
                 "video), raise --stride, or use --packing chunk"
             )
     every = np.concatenate([catalogs[split].lengths for split in SPLITS])
-    return {
-        "catalogs": catalogs,
-        "t_max": int(t_max),
-        "max_sequences": max_sequences_bound(every, t_max),
-        "eval_strategy": eval_strategy,
-        **{key: loaded[key] for key in ("channels", "class_names", "skipped", "flow_method")},
-    }
+    return Geometry(
+        catalogs=catalogs,
+        t_max=int(t_max),
+        max_sequences=max_sequences_bound(every, t_max),
+        eval_strategy=eval_strategy,
+        channels=int(loaded["channels"]),
+        class_names=tuple(loaded["class_names"]),
+        skipped=tuple(loaded["skipped"]),
+        flow_method=loaded["flow_method"],
+    )

@@ -55,7 +55,7 @@ import numpy as np
 
 from raytrain_seq.config import Config
 from raytrain_seq.data.frame_cache import home_nodes
-from raytrain_seq.data.sources import data_geometry
+from raytrain_seq.data.sources import Geometry, data_geometry
 from raytrain_seq.data.sources import source_kwargs as _source_kwargs
 from raytrain_seq.data.task_costs import task_tallies
 from raytrain_seq.packing import PackPlan, pack
@@ -100,7 +100,7 @@ SPLITS = ("train", "val", "test")
 _EVAL_KEYS = {"val": -1, "test": -2}  # plan_seed keys of the evaluation splits (epochs are >= 0)
 
 
-def feed_geometry(config: Config, *, warn: bool = True) -> dict[str, Any]:
+def feed_geometry(config: Config, *, warn: bool = True) -> Geometry:
     """The run's data geometry (``data.sources.data_geometry``: catalogs, t_max, max_sequences, the
     evaluation strategy, channels, class names, skipped videos, flow method); RunSetupError for a bad fit."""
     return data_geometry(config, warn=warn)
@@ -153,7 +153,7 @@ class BlockFeed:
         videos_per_task: int = 16,
         partial_cpus: float = 1.0,
         keep_epochs: int = 2,
-        geometry: dict[str, Any] | None = None,
+        geometry: Geometry | None = None,
         launch: Callable[[list[int], list[int | None], Sequence[int] | None], list[Any]] | None = None,
     ) -> None:
         """``geometry``: the driver's ``feed_geometry(config)``, so a run probes its videos once (a pass over
@@ -169,12 +169,12 @@ class BlockFeed:
         self._keep = _int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
         if geometry is None:
             geometry = feed_geometry(config, warn=False)
-        self._catalogs = geometry["catalogs"]
-        self.t_max, self.max_sequences = geometry["t_max"], geometry["max_sequences"]
-        self._eval_strategy, self._channels = geometry["eval_strategy"], geometry["channels"]
-        self._class_names: list[str] = list(geometry["class_names"])
-        self._skipped: list[str] = list(geometry["skipped"])  # unreadable videos left out of the catalogs
-        self._flow_method: str | None = geometry["flow_method"]  # the optical flow algorithm of a flow stream
+        self._catalogs = geometry.catalogs
+        self.t_max, self.max_sequences = geometry.t_max, geometry.max_sequences
+        self._eval_strategy, self._channels = geometry.eval_strategy, geometry.channels
+        self._class_names: list[str] = list(geometry.class_names)
+        self._skipped: list[str] = list(geometry.skipped)  # unreadable videos left out of the catalogs
+        self._flow_method: str | None = geometry.flow_method  # the optical flow algorithm of a flow stream
         train = self._catalogs["train"]
         self._train_ids, self._train_labels = train.ids.tolist(), train.labels.tolist()
         self._train_index = {video: k for k, video in enumerate(self._train_ids)}  # id -> schedule position
@@ -692,7 +692,7 @@ def create_feed(
     partial_cpus: float = 1.0,
     prefetch: bool = True,
     prefetch_world_size: int | None = None,
-    geometry: dict[str, Any] | None = None,
+    geometry: Geometry | None = None,
 ):
     """Start the BlockFeed actor (0 CPUs, on the driver's node) and, with ``prefetch``, its epoch-0 partial
     augmentation (without it, the first ``epoch_shard`` call starts it).
