@@ -450,12 +450,6 @@ def _layers(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return sections
 
 
-def _named(args: argparse.Namespace, sections: dict[str, dict[str, Any]]) -> bool:
-    """Whether a layer (flag, --config file, preset) names the run folder, rather than the clock."""
-    preset = PRESETS.get(getattr(args, "preset", None) or "", {})
-    return any(layer.get("run", {}).get("run_name") is not None for layer in (sections, preset))
-
-
 def config_from_args(args: argparse.Namespace) -> Config:
     """Defaults < --preset < --config FILE < flags given; ValueError naming the field (or file) if invalid."""
     return Config.from_preset(getattr(args, "preset", None), **_layers(args))
@@ -488,6 +482,7 @@ def config_yaml(config: Config, *, automatic_name: bool = False) -> str:
 def run_job(config: Config, runner: Callable[[Config], RunSummary]) -> int:
     """Check the paths, run, print the result table and last ``summary written to PATH``; 2 if the run
     cannot start here (a path, the run folder, the cluster)."""
+    config = config.named()  # the folder the checks below, the run and its summary share
     logger.info("run %s -> %s", config.run.run_name, config.run_dir())
     try:
         preflight.check(config)  # before the runner imports ray: a wrong input costs seconds, not a cluster
@@ -521,6 +516,6 @@ def main(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.print_config:
-        print(config_yaml(config, automatic_name=not _named(args, sections)), end="")
+        print(config_yaml(config, automatic_name=config.run.run_name is None), end="")
         return 0
     return run_job(config, runner)

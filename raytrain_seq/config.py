@@ -745,10 +745,6 @@ class Config:
             raise ValueError(
                 "run.resume=True needs run.run_name: pass the name of the run to resume (--run-name NAME)"
             )
-        if self.run.run_name is None:
-            # Set once, here, so every copy (workers, checkpoints, summary.json) names the same folder.
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-            self.run.run_name = f"ucf101-{self.data.dataset}-{stamp}"
         self.validate()
 
     def validate(self) -> None:
@@ -756,8 +752,23 @@ class Config:
         for name in _SECTIONS:
             getattr(self, name).validate()
 
+    def named(self) -> Config:
+        """This config with its run folder named: itself when ``run.run_name`` is set, else a copy named
+        ``ucf101-<dataset>-<UTC stamp>``. The driver (and the job, before its checks) calls it once, so every
+        copy it hands on (learners, checkpoints, summary.json) names the same folder."""
+        if self.run.run_name is not None:
+            return self
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        run = dataclasses.replace(self.run, run_name=f"ucf101-{self.data.dataset}-{stamp}")
+        return dataclasses.replace(self, run=run)
+
     def run_dir(self) -> Path:
         """``storage_path / run_name`` with ``~`` expanded: the folder of checkpoints and summary.json."""
+        if self.run.run_name is None:
+            raise ValueError(
+                "run.run_name is not set, so the run has no folder yet: pass --run-name NAME, or call "
+                "Config.named() first (the driver does when a run starts)"
+            )
         return Path(os.path.expanduser(self.run.storage_path)) / self.run.run_name
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

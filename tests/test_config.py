@@ -327,11 +327,17 @@ def test_from_preset_overrides_flat_or_by_section():
     assert a.model.width == PRESETS["smoke"]["model"]["width"]
 
 
-def test_run_name_is_automatic_stable_and_run_dir_expands_home(monkeypatch, tmp_path):
-    """run_name defaults to ucf101-<dataset>-<UTC stamp>, survives to_dict/from_dict; run_dir expands ~."""
+def test_run_name_is_chosen_by_the_driver_stable_and_run_dir_expands_home(monkeypatch, tmp_path):
+    """A Config names no folder itself (no clock in a constructor); named() gives one without a name the
+    dated ucf101-<dataset>-<UTC stamp>, once: it survives to_dict/from_dict, a named config is kept as it
+    is, and run_dir expands ~ (and refuses an unnamed config, naming the fix)."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    config = Config()
+    assert Config().run.run_name is None
+    with pytest.raises(ValueError, match=r"run\.run_name is not set"):
+        Config().run_dir()
+    config = Config().named()
     assert re.fullmatch(r"ucf101-synthetic-\d{8}-\d{6}", config.run.run_name)
+    assert config.named() is config and Config(run=RunConfig(run_name="mine")).named().run.run_name == "mine"
     assert Config.from_dict(config.to_dict()).run.run_name == config.run.run_name
     assert config.run_dir() == tmp_path / "raytrain_seq_runs" / config.run.run_name
     assert "~" not in str(config.run_dir())

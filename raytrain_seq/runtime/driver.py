@@ -128,6 +128,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     """
     # The job's clock starts before the imports (ray, Ray Train, torch): the user waits for them too.
     began, began_wall = time.perf_counter(), time.time()
+    config = config.named()  # a run without --run-name gets its dated folder here, once
     state = _prepare(config, learner_resources, began, began_wall)
     _start_actors(state)
     metrics = _fit(state)

@@ -220,6 +220,7 @@ def run_fuse(config: Config) -> RunSummary:
     if config.data.stream != "fuse" or config.model.fuse is None:
         raise ValueError("run_fuse needs data.stream='fuse' and model.fuse=(RGB_RUN, FLOW_RUN): pass both")
     began = time.perf_counter()
+    config = config.named()  # its dated folder when no --run-name was given
     runs = _load_runs(config)
     run_dir = check_storage(config)
     connect(config)
