@@ -115,7 +115,7 @@ def call(diff: float | None, se: float | None, n: int) -> str:
 
 
 def _word(diff: float, se: float | None, n: int) -> str:
-    if se is not None and n >= 3 and abs(diff) > se:
+    if se is not None and n >= 3 and abs(diff) > se + 1e-9:  # one nonzero pair of three: |diff| == se
         return ("a gain" if diff > 0 else "a loss") + " beyond one se"
     return "within noise"
 

@@ -978,6 +978,10 @@ def test_batch_rule_statistics_pair_seeds_and_call_gains_only_beyond_the_se():
     assert batch_rule.call(2.0, 2.7, 3) == "within noise (n = 3)"
     assert batch_rule.call(9.3, 4.9, 2) == "within noise (n = 2)"  # too few seeds to call it
     assert batch_rule.call(0.0, 0.0, 3) == "within noise (n = 3)"
+    # One seed of three differs: |mean| equals its se exactly, which is not beyond it.
+    diff, se, n = batch_rule.paired_gap([0.6, 0.7, 0.6], [0.6, 0.7, 0.6 + 2 / 30])
+    assert diff == pytest.approx(-20 / 9) and se == pytest.approx(20 / 9)
+    assert batch_rule.call(diff, se, n) == "within noise (n = 3)"
     assert (
         batch_rule.call(5.0, None, 1) == "within noise (n = 1)"
         and batch_rule.call(None, None, 0) == "not measured"
