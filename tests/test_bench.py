@@ -966,19 +966,53 @@ def _rule_run(seed: int, test: float, steps: int, sizes: list[int]) -> dict:
             "first_growth": batch_rule.first_growth(history), "b_path": "-"}  # fmt: skip
 
 
-def test_batch_rule_statistics_pair_seeds_and_judge_the_target():
-    """paired_gap: mean and se of the per-seed differences; within_one_se: diff >= -se; first_growth."""
-    diff, se = batch_rule.paired_gap([0.5, 0.7, 0.6], [0.6, 0.7, 0.7])
-    assert diff == pytest.approx(-20 / 3) and se == pytest.approx(10 / 3)
-    assert batch_rule.paired_gap([0.5, None], [0.4, 0.3]) == (pytest.approx(10.0), None)
-    assert batch_rule.paired_gap([None], [0.3]) == (None, None)
-    assert batch_rule.within_one_se(-3.0, 3.0) and not batch_rule.within_one_se(-3.1, 3.0)
-    assert batch_rule.within_one_se(0.0, None) and batch_rule.within_one_se(None, 1.0) is None
+def test_batch_rule_statistics_pair_seeds_and_call_gains_only_beyond_the_se():
+    """paired_gap: mean, se and n of the per-seed differences; call: a gain or loss only when |diff| > se
+    over n >= 3 pairs, else within noise; first_growth."""
+    diff, se, n = batch_rule.paired_gap([0.5, 0.7, 0.6], [0.6, 0.7, 0.7])
+    assert diff == pytest.approx(-20 / 3) and se == pytest.approx(10 / 3) and n == 3
+    assert batch_rule.paired_gap([0.5, None], [0.4, 0.3]) == (pytest.approx(10.0), None, 1)
+    assert batch_rule.paired_gap([None], [0.3]) == (None, None, 0)
+    assert batch_rule.call(9.3, 4.9, 3) == "a gain beyond one se (n = 3)"
+    assert batch_rule.call(-6.6, 5.9, 3) == "a loss beyond one se (n = 3)"
+    assert batch_rule.call(2.0, 2.7, 3) == "within noise (n = 3)"
+    assert batch_rule.call(9.3, 4.9, 2) == "within noise (n = 2)"  # too few seeds to call it
+    assert batch_rule.call(0.0, 0.0, 3) == "within noise (n = 3)"
+    # One seed of three differs: |mean| equals its se exactly, which is not beyond it.
+    diff, se, n = batch_rule.paired_gap([0.6, 0.7, 0.6], [0.6, 0.7, 0.6 + 2 / 30])
+    assert diff == pytest.approx(-20 / 9) and se == pytest.approx(20 / 9)
+    assert batch_rule.call(diff, se, n) == "within noise (n = 3)"
+    assert (
+        batch_rule.call(5.0, None, 1) == "within noise (n = 1)"
+        and batch_rule.call(None, None, 0) == "not measured"
+    )
     assert batch_rule.first_growth([{"round": 2, "batch_size": 8}, {"round": 1, "batch_size": 4}]) == 2
     assert batch_rule.first_growth([{"round": 1, "batch_size": 4}]) is None
     # The command written to the results leaves out the local cache folder.
     assert batch_rule._without_runs_dir(["--tiny", "--runs-dir", "/x", "--json"]) == ["--tiny", "--json"]
     assert batch_rule._without_runs_dir(["--runs-dir=/x"]) == []
+
+
+def test_batch_rule_default_is_the_fixed_run_under_epochs_and_grows_only_under_steps(tmp_path):
+    """Why the bench runs no `default` arm at equal epochs: every set's config with the job's defaults
+    (batch_growth "steps") and an epoch budget may not grow B (averaging.batch_may_grow), so it holds B at
+    its start as the fixed run does; the same config with --steps N may. Also for a bare Config()."""
+    from raytrain_seq.averaging import batch_may_grow
+    from raytrain_seq.config import Config
+
+    assert "default" not in batch_rule.RULES and set(batch_rule.RULES) == {"fixed", "always"}
+    train = Config().train
+    assert train.batch_growth == "steps" and train.steps is None
+    assert batch_may_grow(train.batch_growth, train.steps) is False
+    assert batch_may_grow(train.batch_growth, 360) is True
+    for name, spec in batch_rule.SIZES["default"]["sets"].items():
+        make = batch_rule._configs(spec, str(tmp_path), str(tmp_path / "data"))
+        default, stepped = make(f"{name}-default-s0", 0), make(f"{name}-steps-s0", 0, steps=360)
+        assert default.train.batch_growth == "steps" and default.train.steps is None, name
+        assert batch_may_grow(default.train.batch_growth, default.train.steps) is False, name
+        assert batch_may_grow(stepped.train.batch_growth, stepped.train.steps) is True, name
+        always = make(f"{name}-always-s0", 0, **batch_rule.RULES["always"])
+        assert batch_may_grow(always.train.batch_growth, always.train.steps) is True, name
 
 
 def test_batch_rule_val_fraction_holds_out_the_asked_validation_videos():
@@ -990,25 +1024,56 @@ def test_batch_rule_val_fraction_holds_out_the_asked_validation_videos():
         assert len(videos.catalog("val").ids) == n
 
 
+def _steps_run(seed: int, test: float, fixed_test: float, sizes: list[int]) -> dict:
+    return {
+        **_rule_run(seed, test, 100, sizes),
+        "epochs": 12.5,
+        "fixed_test": fixed_test,
+        "fixed_epochs": 5.0,
+    }
+
+
 def test_batch_rule_verdicts_and_headline_follow_the_numbers():
-    """A default level with fixed meets the target; one below by more than its se misses it; the --steps
-    runs' growth is counted."""
+    """At equal epochs only fixed and always are compared, and the default is named as the fixed run;
+    under --steps N the default is paired with fixed seed by seed, and both gaps are called a gain or a
+    loss only beyond their se (n >= 3), else within noise."""
     fixed = [_rule_run(s, t, 100, [4, 4]) for s, t in enumerate([0.6, 0.7, 0.8])]
-    level = [_rule_run(s, t, 100, [4, 4]) for s, t in enumerate([0.6, 0.7, 0.8])]
-    worse = [_rule_run(s, t, 40, [4, 16]) for s, t in enumerate([0.5, 0.5, 0.7])]
-    res = {"seeds": [0, 1, 2], "sets": {"small": {"val_videos": 10, "epochs": 5,
-           "stats": batch_rule.set_stats({"fixed": fixed, "default": level, "always": worse})}},
-           "steps_runs": [_rule_run(0, 0.7, 100, [4, 8])], "steps_max_b": 16}  # fmt: skip
+    worse = [_rule_run(s, t, 40, [4, 16]) for s, t in enumerate([0.5, 0.5, 0.7])]  # -10, -20, -10
+    level = [_steps_run(s, t, f, [4, 8]) for s, (t, f) in enumerate([(0.7, 0.6), (0.6, 0.7), (0.8, 0.8)])]
+    res = {"seeds": [0, 1, 2], "steps_set": "small", "steps_max_b": 16, "steps_runs": level,
+           "sets": {"small": {"val_videos": 10, "epochs": 5,
+                              "stats": batch_rule.set_stats({"fixed": fixed, "always": worse})}}}  # fmt: skip
     head = batch_rule.headline(res)
-    assert head["default_within_one_se_everywhere"] and head["default_worst_diff"] == 0.0
-    assert head["sets"]["small"]["always"]["within"] is False and head["steps_budget_grew"] == 1
-    text = " ".join(batch_rule.verdicts(res))
-    assert "met." in text and "grew B in 1 of 1 runs" in text and "B grew in 3 of 3 runs" in text
+    small = head["sets"]["small"]
+    assert small["always_minus_fixed"] == pytest.approx(-40 / 3) and small["n"] == 3
+    assert small["always_minus_fixed_se"] == pytest.approx(10 / 3) and small["call"].startswith("a loss")
+    assert head["steps_default_minus_fixed"] == pytest.approx(0.0, abs=1e-9) and head["steps_n"] == 3
+    assert head["steps_default_minus_fixed_se"] == pytest.approx(10 / math.sqrt(3))
+    assert head["steps_call"] == "within noise (n = 3)" and head["steps_budget_grew"] == 3
+    assert head["steps_default_minus_fixed_text"] == "+0.0 +- 5.8 (n = 3, within noise)"
+    assert head["always_minus_fixed_text"] == "small -13.3 +- 3.3 (n = 3)"
+    text = batch_rule.verdicts(res)
+    assert "(always) - fixed -13.3 +- 3.3 points, a loss beyond one se (n = 3)" in text[0]
+    assert "IS the fixed run" in text[1] and "batch_may_grow" in text[1] and "not measured" in text[1]
+    assert "default - fixed +0.0 +- 5.8 points, within noise (n = 3)" in text[2]
+    assert "equal steps, not equal data" in text[2] and "the runs read 12.5, 12.5, 12.5 epochs" in text[2]
     header, rows = batch_rule.table(res)
-    assert len(rows) == 3 and rows[2][-1] == "NO" and len(rows[0]) == len(header)
-    res["sets"]["small"]["stats"] = batch_rule.set_stats({"fixed": fixed, "default": worse, "always": worse})
-    assert not batch_rule.headline(res)["default_within_one_se_everywhere"]
-    assert "MISSED." in " ".join(batch_rule.verdicts(res))
+    assert [r[3] for r in rows] == ["fixed", "always"] and all(len(r) == len(header) for r in rows)
+    assert rows[1][-1].startswith("a loss")
+    _, steps_header, steps_rows = batch_rule.steps_table(res)
+    assert steps_rows[0][-2:] == ["60.0 %", "+10.0"] and len(steps_rows[0]) == len(steps_header)
+    # The --steps default beyond its se over three seeds is a gain; over two seeds it is not called.
+    res["steps_runs"] = [
+        _steps_run(s, t, f, [4, 8]) for s, (t, f) in enumerate([(0.8, 0.6), (0.7, 0.6), (0.9, 0.8)])
+    ]
+    assert batch_rule.headline(res)["steps_call"] == "a gain beyond one se (n = 3)"
+    assert "a gain beyond one se (n = 3)" in batch_rule.verdicts(res)[2]
+    res["steps_runs"] = res["steps_runs"][:2]
+    assert batch_rule.headline(res)["steps_call"] == "within noise (n = 2)"
+    # An always arm within its se is within noise, not a loss.
+    near = [_rule_run(s, t, 40, [4, 16]) for s, t in enumerate([0.7, 0.6, 0.8])]  # +10, -10, 0
+    res["sets"]["small"]["stats"] = batch_rule.set_stats({"fixed": fixed, "always": near})
+    assert batch_rule.headline(res)["sets"]["small"]["call"] == "within noise (n = 3)"
 
 
 # ------------------------------------------------------------------------------------------ video_feed
