@@ -215,25 +215,6 @@ def test_book_too_few_learners_fail_the_round_and_keep_its_number():
     assert [name for name, _ in book.close().present] == ["a", "b"]
 
 
-def test_book_validation_due_every_m_rounds():
-    """Round r with r % m == 0 owes one validation report; other rounds and repeats are refused."""
-    book, _ = _book(validate_every=2)
-    for r in (1, 2):
-        for learner in LEARNERS:
-            book.arrive(learner, r, 3)
-        book.close()
-        book.finish()
-        assert book.validation_due == (None if r == 1 else 2)
-    with pytest.raises(ValueError, match="not a validation round"):
-        book.report_validation(1)
-    with pytest.raises(StaleRoundError, match="not averaged yet"):
-        book.report_validation(4, "rank0")
-    book.report_validation(2)
-    with pytest.raises(StaleRoundError, match="reported already") as info:
-        book.report_validation(2, "rank0")
-    assert info.value.learner == "rank0" and book.validation_due is None
-
-
 def test_errors_pickle_round_trip():
     """Every typed error survives pickling with all its fields and the same message."""
     errors = [

@@ -1,6 +1,6 @@
-"""The averager's plain parts, without Ray or asyncio: its settings (``rounds.settings``), the
-validation gate with the batch-size rule (``rounds.validation``), the shares of an evaluation pass
-(``rounds.tally``) and the round's phase (``rounds.book.RoundPhase``)."""
+"""The averager's plain parts, without Ray or asyncio: its settings (``rounds.settings``), the batch-size
+rule (``rounds.batch_rule``), the shares of an evaluation pass (``rounds.tally``) and the round's phase
+(``rounds.book.RoundPhase``). The validation machine has its own tests (``test_validation_machine.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from raytrain_seq.config import Config
+from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundPhase
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.tally import ShareTally
-from raytrain_seq.rounds.validation import ValidationGate
 from raytrain_seq.step import EvalResult
 
 
@@ -54,43 +54,22 @@ def test_settings_refuse_what_only_the_averager_reads():
     assert AveragerSettings(world_size=3).shard_count == 3  # one shard per learner unless given
 
 
-def test_the_gate_grows_b_only_when_the_rule_and_the_budget_say_so():
+def test_the_batch_rule_grows_b_only_when_the_rule_and_the_budget_say_so():
     """An accuracy that falls short of the best grows B by b2 (AAVG Algorithm 1, lines 14-20) under a step
     budget; under epochs (batch_growth "steps") or with adaptive_batch off B stays."""
     falling = (0.9, 0.5, 0.4)
-    grows = ValidationGate(AveragerSettings(world_size=1, batch_size=4, steps=100), by_learners=False)
+    grows = BatchRule(AveragerSettings(world_size=1, batch_size=4, steps=100))
     decided = [grows.decide(a, val_size=None, rows_cap=None) for a in falling]
     assert [(d.size, d.grew) for d in decided] == [(4, False), (8, True), (16, True)]
     assert grows.size == grows.state_dict()["size"] == 16
-    held = ValidationGate(AveragerSettings(world_size=1, batch_size=4), by_learners=False)
-    fixed = ValidationGate(
-        AveragerSettings(world_size=1, batch_size=4, steps=100, adaptive_batch=False), by_learners=False
-    )
-    for gate in (held, fixed):
-        decided = [gate.decide(a, val_size=None, rows_cap=None) for a in falling]
+    held = BatchRule(AveragerSettings(world_size=1, batch_size=4))
+    fixed = BatchRule(AveragerSettings(world_size=1, batch_size=4, steps=100, adaptive_batch=False))
+    for rule in (held, fixed):
+        decided = [rule.decide(a, val_size=None, rows_cap=None) for a in falling]
         assert [(d.size, d.grew) for d in decided] == [(4, False)] * 3
-    restored = ValidationGate(AveragerSettings(world_size=1, batch_size=4), by_learners=False)
+    restored = BatchRule(AveragerSettings(world_size=1, batch_size=4))
     restored.load_state_dict(grows.state_dict())  # a checkpoint's rule comes back whole
     assert restored.size == 16
-
-
-def test_the_gate_takes_shares_of_the_due_validation_only_and_sums_a_whole_group():
-    gate = ValidationGate(AveragerSettings(world_size=2), by_learners=True)
-    assert not gate.take_share(0, 3, _tallies(1, 2), 2, due=None).taken  # nothing due
-    assert not gate.take_share(0, 3, _tallies(1, 2), 2, due=4).taken  # another round is due
-    first = gate.take_share(0, 4, _tallies(1, 2), 2, due=4)
-    assert first.taken and first.total is None
-    assert gate.missing(2) == "1 of 2 learners' shares came"
-    done = gate.take_share(1, 4, _tallies(3, 4), 2, due=4)
-    assert done.taken and (done.total.sequences, done.total.accuracy) == (6, 4 / 6)
-    assert len(gate.shares) == 0  # summed once: the next validation starts from no shares
-    # A share of a group of another size starts the tally again.
-    gate.take_share(0, 6, _tallies(1, 2), 2, due=6)
-    assert gate.take_share(0, 6, _tallies(2, 2), 1, due=6).total.accuracy == 1.0
-    by_evaluator = ValidationGate(AveragerSettings(world_size=2), by_learners=False)
-    assert not by_evaluator.take_share(0, 4, _tallies(1, 2), 2, due=4).taken
-    with pytest.raises((TypeError, ValueError, KeyError)):
-        gate.take_share(0, 4, {"nonsense": 1}, 2, due=4)
 
 
 def test_a_tally_sums_shares_as_evalresult_combine_does():

@@ -1,5 +1,4 @@
-"""The averager's parts, without Ray: the test pass (``rounds.test_pass``), the validation schedule
-(``rounds.validation_schedule``), the channel session (``dataplane.channel_session``), the hub load
+"""The averager's parts, without Ray: the test pass (``rounds.test_pass``), the channel session (``dataplane.channel_session``), the hub load
 (``dataplane.hub_load``), the round merge (``rounds.merging``), the arrival checks (``rounds.arrivals``),
 the group recovery (``rounds.recovery``), the shard placement (``dataplane.placement``) and the run folder
 (``rounds.run_folder``), each built with fakes through its constructor."""
@@ -7,7 +6,6 @@ the group recovery (``rounds.recovery``), the shard placement (``dataplane.place
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 import torch
@@ -22,16 +20,16 @@ from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessShards, InProcessStore
 from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.rounds.arrivals import Arrivals
+from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
-from raytrain_seq.rounds.state import AveragedState, RoundResult, check_payload
+from raytrain_seq.rounds.state import AveragedState, check_payload
 from raytrain_seq.rounds.test_pass import TestPass
-from raytrain_seq.rounds.validation import ValidationGate
-from raytrain_seq.rounds.validation_schedule import ValidationSchedule
+from raytrain_seq.rounds.validation import ValidationMachine
 
 
 def _run(coro):
@@ -98,109 +96,6 @@ def test_hub_load_counts_the_tensor_path_and_the_control_actors_own_reads():
     for r in range(100):
         load.record(r, [])
     assert len(load.as_list()) == 64 and load.as_list()[-1]["round"] == 99
-
-
-# ---------------------------------------------------------------------------------- validation schedule
-class _Validator:
-    def __init__(self, accuracy: float | None) -> None:
-        self.accuracy, self.scored = accuracy, []
-
-    async def __call__(self, state):
-        self.scored.append(state.round)
-        if self.accuracy is None:
-            raise RuntimeError("no rows")
-        return {"accuracy": self.accuracy, "sequences": 10, "top5_accuracy": 1.0, "mean_class_accuracy": 0.5}
-
-
-def _schedule(validator, *, state=None, validate_every=1, tested=None):
-    settings = AveragerSettings(world_size=1, batch_size=4, validate_every=validate_every, timeout_s=0.5)
-    book = RoundBook(1, timeout_s=0.5, min_learners=1, validate_every=validate_every)
-    gate = ValidationGate(settings, by_learners=validator is None)
-    history = RunHistory(None)
-    tasks = []
-
-    def spawn(coro):
-        task = asyncio.get_running_loop().create_task(coro)
-        tasks.append(task)
-        return task
-
-    schedule = ValidationSchedule(
-        validator,
-        book=book,
-        gate=gate,
-        history=history,
-        end=None,
-        tested=tested or asyncio.Event(),
-        spawn=spawn,
-        latest=lambda: state,
-        local_copy=lambda: None,
-        rows_cap=lambda: 100,
-    )
-    return schedule, book, history, tasks
-
-
-def _result(round_: int) -> RoundResult:
-    state = AveragedState(round=round_, params={"w": torch.zeros(1)}, batch_size=4, source="live")
-    return RoundResult(state=state, learners=(0,), dropped=(), seconds=0.0, weights=(1.0,))
-
-
-def test_the_evaluator_scores_a_due_round_and_the_next_round_waits_for_its_report():
-    async def rounds():
-        validator = _Validator(0.75)
-        schedule, book, history, tasks = _schedule(validator)
-        book.restore(1, 1)  # round 1 closed, its validation due
-        result = schedule.after_round(_result(1))
-        assert result.validate is False and schedule.future is not None  # the evaluator scores it
-        await asyncio.gather(*tasks)
-        await schedule.await_due()  # reported: nothing left to wait for
-        return validator, book, history
-
-    validator, book, history = _run(rounds())
-    assert validator.scored == [1] and book.validation_due is None
-    assert [v["accuracy"] for v in history.validation_history] == [0.75]
-
-
-def test_without_a_validator_the_learners_are_asked_and_missing_shares_miss_it_at_once():
-    async def rounds():
-        schedule, book, history, _ = _schedule(None)
-        book.restore(1, 1)
-        result = schedule.after_round(_result(1))
-        await schedule.await_due()  # no share came before the next round: missed, nothing waits
-        return result, book, history
-
-    result, book, history = _run(rounds())
-    assert result.validate is True and book.validation_due is None
-    assert history.validation_history[-1]["missed"] and history.validation_history[-1]["round"] == 1
-
-
-def test_a_failed_evaluation_is_a_missed_validation_and_settle_does_not_raise():
-    async def rounds():
-        schedule, book, history, tasks = _schedule(_Validator(None))
-        book.restore(1, 1)
-        schedule.after_round(_result(1))
-        await asyncio.gather(*tasks)
-        await schedule.settle()  # logs what the summary lacks
-        await schedule.await_due()
-        return book, history
-
-    book, history = _run(rounds())
-    assert book.validation_due is None and history.validation_history[-1]["missed"]
-
-
-def test_a_restored_due_validation_is_scored_by_the_evaluator_when_it_holds_that_state():
-    state = _result(3).state
-    checked = dataclasses.replace(state, round=3)
-
-    async def joined():
-        validator = _Validator(0.5)
-        schedule, book, _, tasks = _schedule(validator, state=checked)
-        book.restore(3, 3)
-        asked = schedule.on_join(state)
-        await asyncio.gather(*tasks)
-        return asked, validator, book
-
-    asked, validator, book = _run(joined())
-    assert asked is False and validator.scored == [3] and book.validation_due is None
 
 
 # ------------------------------------------------------------------------------------- channel session
@@ -287,7 +182,7 @@ def _merge(settings, book, loads, *, latest=None, rows_cap=None) -> RoundMerge:
         book=book,
         channels=_session(_Pool()),
         loads=loads,
-        gate=ValidationGate(settings, by_learners=True),
+        batch=BatchRule(settings),
         elapsed=lambda: 7.5,
         latest=lambda: latest or AveragedState(batch_size=4),
         rows_cap=lambda: rows_cap,
@@ -325,7 +220,7 @@ def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
     assert {"shard0", "shard1"} <= set(loads.as_list()[-1]["actors"])  # each shard's bytes recorded
 
 
-def test_round_merge_result_carries_the_gates_batch_size_the_clock_and_the_settled_position():
+def test_round_merge_result_carries_the_batch_rules_size_the_clock_and_the_settled_position():
     params, moments = adam_learners(2, width=6)
     settings = AveragerSettings(world_size=2, batch_size=4, shards=2)
 
@@ -412,11 +307,11 @@ def _parts(tmp_path=None, *, world: int = 2):
     book = RoundBook(world, timeout_s=5.0, min_learners=1)
     history = RunHistory(None if tmp_path is None else tmp_path / EVENTS_FILE, actor="actor-1")
     book.sink = history.on_member
-    return settings, book, ValidationGate(settings, by_learners=True), history
+    return settings, book, BatchRule(settings), history
 
 
 def _state(round_: int, source: str = "live", batch: int = 8) -> AveragedState:
-    rule = ValidationGate(AveragerSettings(world_size=1, batch_size=batch), by_learners=True).state_dict()
+    rule = BatchRule(AveragerSettings(world_size=1, batch_size=batch)).state_dict()
     params = {"w": torch.full((2,), float(round_))}
     return AveragedState(round=round_, params=params, batch_size=batch, adaptive_state=rule, source=source)
 
@@ -426,8 +321,8 @@ def _kinds(history: RunHistory) -> list[str]:
 
 
 def test_a_new_group_records_whether_it_starts_over_from_a_checkpoint_or_live():
-    _, book, gate, history = _parts()
-    recovery = GroupRecovery(book=book, gate=gate, history=history)
+    _, book, batch, history = _parts()
+    recovery = GroupRecovery(book=book, batch=batch, history=history)
     for generation, state in [
         (1, _state(2)),
         (2, AveragedState(batch_size=4)),
@@ -441,8 +336,8 @@ def test_a_new_group_records_whether_it_starts_over_from_a_checkpoint_or_live():
 
 
 def test_a_newer_seed_is_adopted_and_an_older_or_bad_one_is_not():
-    _, book, gate, history = _parts()
-    recovery = GroupRecovery(book=book, gate=gate, history=history)
+    _, book, batch, history = _parts()
+    recovery = GroupRecovery(book=book, batch=batch, history=history)
     held = _state(4)
     assert not recovery.newer(_state(4), held) and not recovery.newer(_state(2), held)
     with pytest.raises(TypeError, match="AveragedState"):
@@ -450,7 +345,7 @@ def test_a_newer_seed_is_adopted_and_an_older_or_bad_one_is_not():
     recovery.check_seed(None)
     assert recovery.newer(_state(6, "checkpoint", batch=8), held)
     state = recovery.adopt(1, _state(6, "checkpoint", batch=8), held=4)
-    assert state.round == 6 and state.source == "checkpoint" and gate.size == 8 and book.round == 7
+    assert state.round == 6 and state.source == "checkpoint" and batch.size == 8 and book.round == 7
     assert recovery.adopt(0, _state(9), held=6).source == "seed"
     assert _kinds(history) == ["checkpoint_recovery", "reseeded"] and "(the averager had 4)" in str(
         history.recoveries[0]["detail"]
@@ -482,16 +377,12 @@ def test_shard_placement_starts_the_pool_once_enough_learners_nodes_are_known():
 
 
 def _folder(tmp_path, found):
-    _, book, gate, history = _parts(tmp_path)
-    forgotten = []
+    settings, book, batch, history = _parts(tmp_path)
+    validation = ValidationMachine.from_settings(settings, by_learners=True)
     folder = RunFolder(
-        book=book,
-        gate=gate,
-        history=history,
-        forget_validation=lambda: forgotten.append(True),
-        load_latest=lambda run_dir: found,
+        book=book, batch=batch, validation=validation, history=history, load_latest=lambda run_dir: found
     )
-    return folder, book, gate, history, forgotten
+    return folder, book, batch, history, validation
 
 
 def test_a_run_folder_resumes_from_its_latest_checkpoint(tmp_path):
@@ -500,10 +391,10 @@ def test_a_run_folder_resumes_from_its_latest_checkpoint(tmp_path):
         state=_state(3, batch=8),
         history={"validation_due": 3, "dropped_log": [], "loss_history": [{"round": 3, "loss": 1.0}]},
     )
-    folder, book, gate, history, forgotten = _folder(tmp_path, found)
+    folder, book, batch, history, validation = _folder(tmp_path, found)
     state = folder.load(tmp_path, restarted_by_ray=False, state=AveragedState(batch_size=4))
-    assert state.round == 3 and state.source == "checkpoint" and gate.size == 8 and forgotten == [True]
-    assert book.round == 4 and book.validation_due == 3 and not book.restarted
+    assert state.round == 3 and state.source == "checkpoint" and batch.size == 8
+    assert book.round == 4 and validation.due == 3 and validation.averaged == 3 and not book.restarted
     assert _kinds(history) == ["resumed"] and history.loss_history == [{"round": 3, "loss": 1.0}]
 
 

@@ -79,7 +79,6 @@ class RoundBook:
         *,
         timeout_s: float,
         min_learners: int = 1,
-        validate_every: int = 0,
         clock: Callable[[], float] = time.monotonic,
         sink: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
@@ -88,13 +87,11 @@ class RoundBook:
         self.min_learners = check_number("min_learners", min_learners, 1)
         if min_learners > world_size:
             raise ValueError(f"min_learners {min_learners} > world_size {world_size}: lower min_learners")
-        self.validate_every = check_number("validate_every", validate_every, 0)
         self._clock, self._sink = clock, sink
         self.round, self.phase, self.opening, self.generation = 1, RoundPhase.IDLE, 0, 0
         self.restarted = False  # set by an averager that came back from a crash: its first group rejoins
         self.opened_at: float | None = None
         self.deadline: float | None = None
-        self.validation_due: int | None = None
         self._active: set[LearnerId] = set()
         self._pending: set[LearnerId] = set()
         self._gone: set[LearnerId] = set()
@@ -366,12 +363,10 @@ class RoundBook:
         return RoundClose(self.round, present, dropped, closed.opened_at)
 
     def finish(self, ok: bool = True) -> None:
-        """After close(): ok advances to the next round (and marks a validation due); not ok keeps it."""
+        """After close(): ok advances to the next round; not ok keeps it."""
         if self.phase != RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is {self.phase.value}: call close() first")
         if ok:
-            if self.validate_every and self.round % self.validate_every == 0:
-                self.validation_due = self.round
             self.round += 1
         self._settle()
 
@@ -381,37 +376,11 @@ class RoundBook:
         self._active |= self._pending
         self._pending = set()
 
-    def report_validation(self, round: int, learner: LearnerId = "validator") -> None:
-        """Accept the validation of `round`, which must be the one due (Algorithm 1 line 13: n % m == 0)."""
-        check_number("round", round, 1)
-        if not self.validate_every or round % self.validate_every:
-            raise ValueError(
-                f"round {round} is not a validation round (validate_every={self.validate_every}): "
-                "report only rounds r with r % validate_every == 0"
-            )
-        if self.validation_due == round:
-            self.validation_due = None
-            return
-        # Nothing due: the next validation round at or after the open one, e.g. round 5, m=2 -> 6.
-        due = self.validation_due or -(-self.round // self.validate_every) * self.validate_every
-        why = (
-            "its window closed or it was reported already"
-            if round < due
-            else "that round is not averaged yet"
-        )
-        raise StaleRoundError(learner, round, due, why)
-
-    def miss_validation(self) -> int | None:
-        """Give up on the due validation (its reporter stalled); returns the round that was due."""
-        due, self.validation_due = self.validation_due, None
-        return due
-
-    def restore(self, last_round: int, validation_due: int | None, dropped_log: Any = None) -> None:
+    def restore(self, last_round: int, dropped_log: Any = None) -> None:
         """Continue after `last_round` (a checkpoint's, or a re-seeding learner's); members are kept."""
         if self.phase != RoundPhase.IDLE:
             raise RuntimeError(f"round {self.round} is {self.phase.value}: restore only an idle averager")
         self.round = check_number("round", last_round, 0) + 1
-        self.validation_due = validation_due
         if dropped_log is not None:
             self.dropped_log = [dict(record) for record in dropped_log]
         self._log_member("restore", None, f"from round {last_round}")

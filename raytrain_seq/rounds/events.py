@@ -218,10 +218,10 @@ class RunHistory:
             values["val/mean_class_accuracy"] = extra.get("mean_class_accuracy")
             self.tracker.scalars(values, round)
 
-    def record_missed_validation(self, round: int, batch_size: int) -> None:
-        self.validation_history.append(
-            {"round": round, "accuracy": None, "batch_size": batch_size, "missed": True, "time": time.time()}
-        )
+    def record_missed_validation(self, round: int, batch_size: int, *, reason: str) -> None:
+        """A validation nobody scored (``rounds.validation``): B stays; ``reason`` says why."""
+        record = {"round": round, "accuracy": None, "batch_size": batch_size, "missed": True}
+        self.validation_history.append({**record, "reason": reason, "time": time.time()})
 
     def record_failed_round(self, round: int, error: BaseException) -> None:
         self.failed_rounds.append({"round": round, "error": repr(error), "time": time.time()})

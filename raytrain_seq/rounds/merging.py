@@ -7,7 +7,7 @@ Payloads sent as tensors (a re-seed, direct callers) are merged here, in the cal
 shard i, read from the object store or from the live channel generation (``flat``), and a learner whose
 slices a shard cannot read is dropped from the round (``RoundBook.drop_unread``) and the others merged
 again. The hub load of each round is recorded. ``result`` turns a closed round into its ``RoundResult``:
-the mean, the batch size decided so far (the validation gate's), the run's clock, and the learners'
+the mean, the batch size decided so far (the batch rule's), the run's clock, and the learners'
 position settled against the latest state's (``rounds.position.settle_dict``: the rows of the layout's
 ranks absent from the round are recorded as missed). No Ray here: the pool is injected
 (``InProcessShards`` in tests, ``runtime.shards.RayShards`` in a cluster).
@@ -28,11 +28,11 @@ from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.payload import FlatPayload, merge_extras
 from raytrain_seq.members.errors import StaleRoundError
+from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose
 from raytrain_seq.rounds.position import settle_dict
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, RoundResult
-from raytrain_seq.rounds.validation import ValidationGate
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ __all__ = ["RoundMerge"]
 
 class RoundMerge:
     """Merges closed rounds for an averager: its ``settings`` (which statistics to merge), shard ``pool``,
-    round ``book`` (timeout, drops), channel session and hub load; for the round's result, the validation
-    ``gate`` (B), the run's clock ``elapsed``, the ``latest`` averaged state and the learners' ``rows_cap``."""
+    round ``book`` (timeout, drops), channel session and hub load; for the round's result, the ``batch``
+    rule (B), the run's clock ``elapsed``, the ``latest`` averaged state and the learners' ``rows_cap``."""
 
     def __init__(
         self,
@@ -52,14 +52,14 @@ class RoundMerge:
         book: RoundBook,
         channels: ChannelSession,
         loads: HubLoad,
-        gate: ValidationGate,
+        batch: BatchRule,
         elapsed: Callable[[], float],
         latest: Callable[[], AveragedState],
         rows_cap: Callable[[], int | None],
     ) -> None:
         self._settings, self._pool, self._book = settings, pool, book
         self._channels, self._loads = channels, loads
-        self._gate, self._elapsed, self._latest, self._rows_cap = gate, elapsed, latest, rows_cap
+        self._batch, self._elapsed, self._latest, self._rows_cap = batch, elapsed, latest, rows_cap
 
     async def result(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
         """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
@@ -80,8 +80,8 @@ class RoundMerge:
             params=params,
             optimizer_state=optimizer_state,
             flat=flat,
-            batch_size=self._gate.size,
-            adaptive_state=self._gate.state_dict(),
+            batch_size=self._batch.size,
+            adaptive_state=self._batch.state_dict(),
             position=self._position(closed.round, arrivals, present),
             elapsed_s=self._elapsed(),
             source="live",

@@ -1,11 +1,10 @@
 """``GroupRecovery``: where a new learner group's state comes from, and a rejoining learner's re-seed.
 
 A restarted or resized group (the round book's generation moved) starts from the latest averaged state;
-``on_new_group`` starts the validation gate's new pass (the new group scores its own shares) and, from
-the run's second group on, records how it recovers: from scratch (no round averaged yet), from a
+``on_new_group``, from the run's second group on, records how it recovers: from scratch (no round averaged yet), from a
 checkpoint (a restored state) or live (the state the averager held). A learner that rejoins a restarted
 averager sends its last averaged state (``check_seed``: with its tensors); ``newer`` says whether it is ahead of the averager's (and checks
-it then), and ``adopt`` takes it: the round book restarts from its round, the gate from its rule state,
+it then), and ``adopt`` takes it: the round book restarts from its round, the batch rule from its state,
 and the history records a re-seed (or a checkpoint recovery, when the learner held the run's latest
 checkpoint). The averager fails its open round in between, since its senders must rejoin. Plain Python.
 """
@@ -13,23 +12,23 @@ checkpoint). The averager fails its open round in between, since its senders mus
 from __future__ import annotations
 
 from raytrain_seq.members.ids import LearnerId
+from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import RunHistory, describe_position
 from raytrain_seq.rounds.state import AveragedState, check_payload
-from raytrain_seq.rounds.validation import ValidationGate
 
 __all__ = ["GroupRecovery"]
 
 
 class GroupRecovery:
-    """Records group recoveries and adopts re-seeds for an averager's ``book``, ``gate`` and ``history``."""
+    """Records group recoveries and adopts re-seeds for an averager's ``book``, ``batch`` rule and
+    ``history``."""
 
-    def __init__(self, *, book: RoundBook, gate: ValidationGate, history: RunHistory) -> None:
-        self._book, self._gate, self._history = book, gate, history
+    def __init__(self, *, book: RoundBook, batch: BatchRule, history: RunHistory) -> None:
+        self._book, self._batch, self._history = book, batch, history
 
     def on_new_group(self, state: AveragedState) -> None:
         """A restarted or resized group starts from ``state``: record where it comes from."""
-        self._gate.new_pass()  # the new group scores its own shares
         if self._book.generation < 2:
             return  # the run's first group (or the learners rejoining a restarted averager)
         last, size, source = state.round, self._book.world_size, state.source
@@ -69,8 +68,8 @@ class GroupRecovery:
         from_checkpoint = seed.source == "checkpoint"
         state = seed.replace(source="checkpoint" if from_checkpoint else "seed")
         if seed.adaptive_state:
-            self._gate.load_state_dict(seed.adaptive_state)
-        self._book.restore(seed.round, None)
+            self._batch.load_state_dict(seed.adaptive_state)
+        self._book.restore(seed.round)
         kind = "checkpoint_recovery" if from_checkpoint else "reseeded"
         where = "the run's latest checkpoint" if from_checkpoint else "the state it held"
         self._history.recover(

@@ -6,9 +6,9 @@ Ray (its actor id wrote the log before) from a first start (a new run, or a --re
 averager keeps the run's clock going, takes back its own rounds since the checkpoint from the log
 (``RunHistory.replay_rounds``) and records the restart, since the learners ahead of the checkpoint will
 re-seed it; a resumed run records the resume. ``restore`` puts a checkpoint's state into the round book,
-the validation gate and the history, keeping the log's drops when the log was read (it has the drops
-since the checkpoint too), and returns the state to hold. Plain Python and files: the checkpoint loader
-and the due validation's forgetting are injected.
+the batch rule, the validation machine (its due validation comes back due) and the history, keeping the
+log's drops when the log was read (it has the drops since the checkpoint too), and returns the state to
+hold. Plain Python and files: the checkpoint loader is injected.
 """
 
 from __future__ import annotations
@@ -17,30 +17,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raytrain_seq import checkpoint
+from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import RunHistory
 from raytrain_seq.rounds.state import AveragedState
-from raytrain_seq.rounds.validation import ValidationGate
+from raytrain_seq.rounds.validation import Restored, ValidationMachine
 
 __all__ = ["RunFolder"]
 
 
 class RunFolder:
-    """Loads a run folder into an averager's ``book``, ``gate`` and ``history``; ``forget_validation``
-    drops the validation schedule's pending future (a restored due validation makes its own);
-    ``load_latest``: the latest checkpoint of a folder or None (``checkpoint.load_latest``)."""
+    """Loads a run folder into an averager's ``book``, ``batch`` rule, ``validation`` machine and
+    ``history``; ``load_latest``: the latest checkpoint of a folder or None (``checkpoint.load_latest``)."""
 
     def __init__(
         self,
         *,
         book: RoundBook,
-        gate: ValidationGate,
+        batch: BatchRule,
+        validation: ValidationMachine,
         history: RunHistory,
-        forget_validation: Callable[[], None],
         load_latest: Callable[[Path], checkpoint.Checkpoint | None] = checkpoint.load_latest,
     ) -> None:
-        self._book, self._gate, self._history = book, gate, history
-        self._forget_validation, self._load_latest = forget_validation, load_latest
+        self._book, self._batch, self._validation, self._history = book, batch, validation, history
+        self._load_latest = load_latest
         self._events_loaded = False
 
     def load(self, run_dir: Path, *, restarted_by_ray: bool, state: AveragedState) -> AveragedState:
@@ -68,13 +68,14 @@ class RunFolder:
         return state
 
     def restore(self, found: checkpoint.Checkpoint) -> AveragedState:
-        """Put a loaded checkpoint into the book, the gate and the history; returns its state to hold."""
+        """Put a loaded checkpoint into the book, the batch rule, the validation machine and the history;
+        returns its state to hold."""
         history = found.history
-        self._gate.load_state_dict(found.state.adaptive_state)
+        self._batch.load_state_dict(found.state.adaptive_state)
         # Drops since the checkpoint are in the events log when there is one: keep those.
         drops = None if self._events_loaded else history.get("dropped_log", ())
-        self._book.restore(found.state.round, history.get("validation_due"), drops)
+        self._book.restore(found.state.round, drops)
+        self._validation.on(Restored(found.state.round, history.get("validation_due")))
         state = found.state.replace(source="checkpoint")
-        self._forget_validation()  # its future is made when a round waits for the due validation
         self._history.restore_checkpoint_part(history, found.state.elapsed_s)
         return state

@@ -20,22 +20,15 @@ channels instead, and this actor reads the merged ones in place as its copy. Pay
 re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
 the bytes each averaging actor moved per round.
 
-Batch size: the averaged model of round r (r % m == 0) is validated, and the accuracy decides B for the
-round after r+1, so every learner gets the same B. Who scores it: the injected ``validator``
-(``runtime.evaluator.ThreadValidator``: an evaluator on a thread of this actor reads the state from the
-object store while the learners train round r+1, and this actor reports its accuracy to itself; the
-result of round r+1 waits for it at most ``timeout_s``), or, without one (GPU learners), the learners:
-round r's result asks them to (``RoundResult.validate``), each scores its share of the validation split
-on its device and sends the tallies (``report_validation_share``) before it sends round r+1, so the
-shares are in when round r+1 closes and nothing waits; a share that did not come (a dropped learner)
-makes the validation a missed one, at once. A validation due that nobody can score (a resumed or
-restarted averager's) is started by the evaluator on the restored state, asked of the joining learners,
-or missed at once: no round waits for it. Trade-off: one round of lag against the paper, where round
-r+1 already trains with the new B, in exchange for validation staying off the critical path.
-``report_test`` sums the learners' shares of the final test pass. The round that ends training
-(``epochs``, ``steps``) has no round after it to wait for its accuracy: its validation starts once every
-learner's test share is in, so that it takes no CPU from the test pass (only ``summary(settle=True)``
-waits for it).
+Validation and B: round r's averaged model (r % m == 0) is validated and its accuracy decides B for the
+round after r+1 (one round of lag against the paper, so validation stays off the learners' path). The
+validations are one state machine, ``rounds.validation.ValidationMachine``: this actor feeds it what it
+sees (a round averaged or closing, a join, a drop, a share, the evaluator's return, a timeout) and runs
+its actions: ask the learners (``RoundResult.validate``, shares via ``report_validation_share``), start
+the injected ``validator`` (``runtime.evaluator.ThreadValidator``, on a thread of this actor) and wait
+for it at most ``timeout_s`` when the next round closes, record a score (``rounds.batch_rule.BatchRule``
+decides B) or a miss with its reason. ``report_test`` sums the learners' shares of the final test pass;
+the round that ends training is scored after it (only ``summary(settle=True)`` waits for that).
 A stalled learner costs the others ``timeout_s`` once; it is not waited for again until it rejoins.
 
 Elastic groups and crashes. Every round carries the learners' ``EpochPosition`` (epoch, rows consumed),
@@ -80,6 +73,7 @@ from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.reports import AveragingReport
 from raytrain_seq.rounds.arrivals import Arrivals
+from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.merging import RoundMerge
@@ -88,8 +82,26 @@ from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
 from raytrain_seq.rounds.test_pass import TestPass
-from raytrain_seq.rounds.validation import ValidationGate
-from raytrain_seq.rounds.validation_schedule import ValidationSchedule
+from raytrain_seq.rounds.validation import (
+    AskLearners,
+    Averaged,
+    AwaitEvaluator,
+    Closing,
+    EvaluatorReturned,
+    Ignored,
+    Joined,
+    LearnerDropped,
+    Missed,
+    NewGroup,
+    Record,
+    Reported,
+    Reseeded,
+    ShareArrived,
+    StartEvaluator,
+    Step,
+    TimedOut,
+    ValidationMachine,
+)
 from raytrain_seq.runtime.channels import read_round
 from raytrain_seq.tracking import make_tracker
 
@@ -103,13 +115,13 @@ class ParameterAverager:
     """Asyncio averaging server; create_averager makes it a Ray actor (0 CPUs, on the driver's node).
 
     A thin shell: each call hands its decisions to plain parts (the round book, ``rounds.book``; the
-    checks of a round's senders, ``rounds.arrivals``; the batch-size rule, ``rounds.validation``, and
-    when the due validation is scored, ``rounds.validation_schedule``; the test pass,
+    checks of a round's senders, ``rounds.arrivals``; the batch-size rule, ``rounds.batch_rule``; the
+    validations' state machine, ``rounds.validation``, whose actions it runs; the test pass,
     ``rounds.test_pass``; the round's mean and result, ``rounds.merging``; a new group's or a re-seed's
     recovery, ``rounds.recovery``; the run folder, ``rounds.run_folder``; the channel generations,
     ``dataplane.channel_session``; the shards' placement, ``dataplane.placement``; the hub load,
     ``dataplane.hub_load``; the run history, ``rounds.events``) and keeps the round's futures, its
-    tasks and the latest state itself.
+    tasks, the evaluator's task and the latest state itself.
 
     settings: ``rounds.settings.AveragerSettings`` (from the config's ``train`` section). run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
@@ -138,9 +150,11 @@ class ParameterAverager:
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._local: asyncio.Task | None = None
+        self._validator = validator
+        self._scoring: tuple[int, asyncio.Task] | None = None  # the evaluator's task and its round
         self._build_data_plane(shard_pool)
         actor = (actor_id or _actor_id)() if run_dir is not None else None
-        self._build_rounds(validator, run_dir, actor)
+        self._build_rounds(run_dir, actor)
         if run_dir is not None:
             self._state = self._folder.load(
                 Path(run_dir), restarted_by_ray=actor is not None, state=self._state
@@ -164,13 +178,14 @@ class ParameterAverager:
             read_round=read_round,
         )
 
-    def _build_rounds(self, validator: Any, run_dir: str | Path | None, actor: str | None) -> None:
-        """The parts that decide: the gate and the test pass, the history, the round book and its
-        arrivals, the merge, the validation schedule, the run folder and the group recovery."""
+    def _build_rounds(self, run_dir: str | Path | None, actor: str | None) -> None:
+        """The parts that decide: the batch rule, the validation machine and the test pass, the history,
+        the round book and its arrivals, the merge, the run folder and the group recovery."""
         settings = self.settings
-        # The batch-size rule and, without a validator, the learners' shares of the due validation.
-        self._gate = ValidationGate(settings, by_learners=validator is None)
-        start = getattr(validator, "start", None)
+        self._batch = BatchRule(settings)  # what a validation's accuracy makes of B
+        # The learners score the validations, each its share, unless an evaluator does (runtime/evaluator.py).
+        self._validation = ValidationMachine.from_settings(settings, by_learners=self._validator is None)
+        start = getattr(self._validator, "start", None)
         if start is not None:
             start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
         self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
@@ -179,45 +194,31 @@ class ParameterAverager:
         events = None if run_dir is None else Path(run_dir) / EVENTS_FILE
         self._history = RunHistory(events, actor=actor, tracker=live)
         book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners}
-        book["validate_every"] = settings.validate_every
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
         # Who may send a round, the rows cap they send, and how long each waited for the others.
         self._arrivals = Arrivals(self._book, shards=self._pool.count, merge_moments=settings.merge_moments)
-        parts = {"book": self._book, "gate": self._gate, "history": self._history}
-        rows_cap, latest = (lambda: self._arrivals.rows_cap), (lambda: self._state)
         self._merge = RoundMerge(
             settings,
             pool=self._pool,
             book=self._book,
             channels=self._channels,
             loads=self._loads,
-            gate=self._gate,
+            batch=self._batch,
             elapsed=self._history.elapsed,
-            latest=latest,
-            rows_cap=rows_cap,
-        )
-        # Scores the averaged model of validation rounds off the learners' path (runtime/evaluator.py,
-        # the validator), or has the learners score their shares of it (report_validation_share).
-        end = None if settings.epochs is None else {"epochs": settings.epochs, "steps": settings.steps}
-        self._validations = ValidationSchedule(
-            validator,
-            **parts,
-            end=end,
-            tested=self._test.tested,
-            spawn=self._spawn,
-            latest=latest,
-            local_copy=lambda: self._local,
-            rows_cap=rows_cap,
+            latest=lambda: self._state,
+            rows_cap=lambda: self._arrivals.rows_cap,
         )
         # What a start reloads from the run folder (the events log, the latest checkpoint), and restores.
-        self._folder = RunFolder(**parts, forget_validation=self._validations.forget)
-        self._recovery = GroupRecovery(**parts)
+        self._folder = RunFolder(
+            book=self._book, batch=self._batch, validation=self._validation, history=self._history
+        )
+        self._recovery = GroupRecovery(book=self._book, batch=self._batch, history=self._history)
 
     def _current(self) -> AveragedState:
         """The latest averaged state with the batch size decided since and the clock's reading now."""
         return self._state.replace(
-            batch_size=self._gate.size,
-            adaptive_state=self._gate.state_dict(),
+            batch_size=self._batch.size,
+            adaptive_state=self._batch.state_dict(),
             elapsed_s=self._history.elapsed(),
         )
 
@@ -253,14 +254,18 @@ class ParameterAverager:
         try:
             if closed.error is not None:
                 raise closed.error
-            await self._validations.await_due()
+            await self._settle_validation(closed)
             closed, result = await self._merge.result(closed)
             result = await self._plan_channels(result)
             self._publish(closed, result)
             if result.state.flat is not None:
                 self._local = self._spawn(self._read_local(result.state))
             self._book.finish(ok=True)
-            future.set_result(self._validations.after_round(result))
+            # A validation round: the evaluator starts on it, or its result asks the learners to score it.
+            step = self._validation.on(Averaged(result.state.round, result.state.position))
+            if self._act(step, result.state):
+                result = dataclasses.replace(result, validate=True)
+            future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
             if self._book.phase is RoundPhase.CLOSING:
@@ -270,6 +275,76 @@ class ParameterAverager:
         finally:
             if self._round_future is future:
                 self._round_future = None
+
+    # ------------------------------------------------------------------------------- validation
+    def _act(self, step: Step, state: AveragedState | None = None) -> bool:
+        """Run the validation machine's actions (``state``: the one a started evaluator scores); whether
+        the learners are asked to score. ``AwaitEvaluator`` is left to the caller, which awaits."""
+        for action in step.actions:
+            if isinstance(action, StartEvaluator):
+                self._scoring = (action.round, self._spawn(self._score(action, state)))
+            elif isinstance(action, Record):
+                decided = self._batch.decide(
+                    action.accuracy, val_size=action.val_size, rows_cap=action.rows_cap
+                )
+                self._history.record_validation(
+                    action.round, action.accuracy, batch_size=decided.size, grew=decided.grew,
+                    epoch=action.epoch, metrics=action.metrics,
+                )  # fmt: skip
+            elif isinstance(action, Missed):
+                size = self._batch.size
+                self._history.record_missed_validation(action.round, size, reason=action.reason)
+                logger.warning("averager: validation of round %d missed (%s); B stays %d",
+                               action.round, action.reason, size)  # fmt: skip
+            elif isinstance(action, Ignored):
+                log = logger.warning if action.source == "evaluator" else logger.info
+                log(
+                    "averager: %r's validation of round %d not taken (%s)",
+                    action.source,
+                    action.round,
+                    action.why,
+                )
+        return any(isinstance(action, AskLearners) for action in step.actions)
+
+    async def _settle_validation(self, closed: RoundClose) -> None:
+        """Before a round's result: the open validation is settled (one round of lag). The learners'
+        shares came before this round or will not come; the evaluator's score is waited for at most
+        ``timeout_s``; a validation nobody scores is missed at once."""
+        for learner in closed.dropped:
+            self._act(self._validation.on(LearnerDropped(learner)))
+        step = self._validation.on(Closing(closed.round, self._book.world_size))
+        self._act(step)
+        for action in step.actions:
+            if isinstance(action, AwaitEvaluator):
+                await self._await_score(action.round, action.timeout_s)
+
+    async def _await_score(self, round: int, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for the evaluator's task of ``round``; then it is missed if unscored."""
+        if self._scoring is not None and self._scoring[0] == round:
+            await asyncio.wait({self._scoring[1]}, timeout=timeout_s)
+        if self._validation.scoring(round):
+            self._act(self._validation.on(TimedOut(round, timeout_s)))
+
+    async def _score(self, action: StartEvaluator, state: AveragedState) -> None:
+        """Have the validator score ``state`` and hand its return to the machine; the learners go on
+        meanwhile. The round that ends training is scored after the test pass (module docstring)."""
+        if action.after_test:
+            try:
+                await asyncio.wait_for(self._test.tested.wait(), self._book.timeout_s)
+            except asyncio.TimeoutError:  # the learners stopped before testing: score it now
+                logger.warning("averager: no test pass in %g s after the last round", self._book.timeout_s)
+        scores = error = None
+        try:
+            if state.flat is not None and isinstance(state.flat.parts[0], Channelled):
+                state, _ = await asyncio.shield(self._local)  # the round's slices, from the channels
+            scores = dict(await self._validator(state))
+        except Exception as exc:  # a failed evaluation is a missed validation, at once
+            logger.error("averager: the evaluator failed on round %d: %r; B stays", action.round, exc)
+            error = repr(exc)
+        returned = EvaluatorReturned(
+            action.round, scores, error, epoch=action.epoch, rows_cap=self._arrivals.rows_cap
+        )
+        self._act(self._validation.on(returned))
 
     async def _read_local(self, state: AveragedState) -> tuple[AveragedState, list[Any]]:
         """Read a round's merged slices into this process (a secondary copy on the control plane's node);
@@ -298,8 +373,8 @@ class ParameterAverager:
             else:
                 if local.round == self._state.round:
                     return local.replace(
-                        batch_size=self._gate.size,
-                        adaptive_state=self._gate.state_dict(),
+                        batch_size=self._batch.size,
+                        adaptive_state=self._batch.state_dict(),
                         elapsed_s=self._history.elapsed(),
                     )
         return self._current()
@@ -360,10 +435,13 @@ class ParameterAverager:
         if self._book.generation != generation:
             self._fail_round("the learner group was restarted")
             self._recovery.on_new_group(self._state)
+            self._validation.on(NewGroup())  # the new group scores its own shares
         if seed is not None:
             self._adopt(learner, seed)
         state = await self._held_state()
-        validate = self._validations.on_join(state)
+        # A due validation of the state it starts from (a resumed run's): the evaluator starts on it, or
+        # the learners are asked to score it.
+        validate = self._act(self._validation.on(Joined(state.round, state.position)), state)
         return JoinReply(
             state=state,
             next_round=self._book.next_round_for(learner),
@@ -378,6 +456,7 @@ class ParameterAverager:
         if self._recovery.newer(seed, self._state):
             self._fail_round(f"learner {learner!r} re-seeded round {seed.round}")
             self._state = self._recovery.adopt(learner, seed, held=self._state.round)
+            self._act(self._validation.on(Reseeded(self._state.round)))  # an open validation is gone
 
     async def average(
         self,
@@ -446,9 +525,11 @@ class ParameterAverager:
         val_size: the validation sequences behind it (the noise-aware batch rule needs it); rows_cap: the
         rows one learner has this epoch (B never exceeds it); metrics: top-5 and mean class accuracy.
         """
-        return await self._validations.report(
-            round, accuracy, learner, epoch, val_size=val_size, rows_cap=rows_cap, metrics=metrics
-        )
+        step = self._validation.on(Reported(round, accuracy, learner, epoch, val_size, rows_cap, metrics))
+        if step.refused is not None:
+            raise step.refused  # a round not due: the caller's error
+        self._act(step)
+        return self._batch.size
 
     async def report_validation_share(
         self,
@@ -464,10 +545,11 @@ class ParameterAverager:
         with round ``round``'s averaged model; once ``world_size`` learners' shares are in, their sum is
         reported as the round's validation (``report_validation``). Returns whether the share was taken
         (a share of a validation no longer due, e.g. already missed, is not). Answers at once: the
-        learner goes on training, and the round after waits for nothing (``_await_validation``)."""
-        return await self._validations.report_share(
-            learner, round, tallies, world_size, epoch=epoch, rows_cap=rows_cap
-        )
+        learner goes on training, and the round after waits for nothing (``_settle_validation``)."""
+        cap = rows_cap if rows_cap is not None else self._arrivals.rows_cap
+        step = self._validation.on(ShareArrived(learner, round, tallies, world_size, epoch, cap))
+        self._act(step)
+        return step.taken
 
     async def report_test(
         self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int
@@ -497,7 +579,7 @@ class ParameterAverager:
     async def checkpoint_contents(self) -> tuple[AveragedState, dict[str, Any]]:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
         history = self._history.checkpoint_part()
-        history.update(validation_due=self._book.validation_due, dropped_log=list(self._book.dropped_log))
+        history.update(validation_due=self._validation.due, dropped_log=list(self._book.dropped_log))
         return await self._held_state(), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:
@@ -516,8 +598,8 @@ class ParameterAverager:
 
         settle: first wait (at most ``timeout_s``) for a validation still being scored. At the run's end
         no next round waits for the final round's accuracy, and the history should hold it."""
-        if settle:
-            await self._validations.settle()
+        if settle and self._scoring is not None and self._validation.scoring(self._scoring[0]):
+            await self._await_score(self._scoring[0], self._book.timeout_s)
         return AveragingReport(
             **self._history.summary(),
             next_round=self._book.round,
@@ -532,8 +614,13 @@ class ParameterAverager:
             hub_load=self._loads.as_list(),
             test=self._test.totals(),
             # The driver raises it: no validation round was scored.
-            validator_error=self._validations.validator_error(),
+            validator_error=self._validator_error(),
         ).to_dict()
+
+    def _validator_error(self) -> str | None:
+        """Why the validator could not score anything (its ``error()``); None when it could or is none."""
+        error = getattr(self._validator, "error", None)
+        return error() if error is not None else None
 
 
 def _self_reader() -> tuple[Any, str]:
