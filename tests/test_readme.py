@@ -37,7 +37,11 @@ CLAIMS: dict[str, list[tuple[str, str, Callable]]] = {
     "BLoad": [
         ("bload_table", "padding_cut_optimal", lambda v: f"{v:,.0f}x less padding"),
         ("bload_table", "padding_cut_bload", lambda v: f"random fill: {v:,.0f}x"),
-        ("bload_table", "epoch_speedup_optimal_vs_pad_every_frame", lambda v: f"job's packer {v:.2f}x faster"),
+        (
+            "bload_table",
+            "epoch_speedup_optimal_vs_pad_every_frame",
+            lambda v: f"job's packer {v:.2f}x faster",
+        ),
         ("bload_table", "epoch_speedup_bload_vs_pad_every_frame", lambda v: f"random fill {v:.2f}x"),
     ],
     "AAVG": [
