@@ -209,6 +209,9 @@ def test_the_report_has_stats_keys_and_the_restart_log_round_trips(tmp_path):
     lines = [json.loads(line) for line in log.path.read_text().splitlines()]
     assert [r["time"] for r in lines] == [12.5, 13.0] and {r["kind"] for r in lines} == {"feed_restart"}
     assert planner.report([], ids=False, tasks_pending=0, actor_cpu_s=0.0).restarts == lines
+    unnamed = _planner(_config())  # no run folder: no log, and no restarts to report
+    assert unnamed.restart_log() is None
+    assert unnamed.report([], ids=False, tasks_pending=0, actor_cpu_s=0.0).restarts == []
 
 
 def test_ranks_are_checked_by_name():

@@ -187,11 +187,15 @@ class FeedPlanner:
     ) -> FeedReport:
         """``stats()``'s report, the finished tasks' ``infos`` added to the counters."""
         self.tally.add(infos)
-        restarts = self.restart_log().read()
+        log = self.restart_log()
+        restarts = log.read() if log is not None else []
         return self.tally.report(
             ids=ids, tasks_pending=tasks_pending, actor_cpu_s=actor_cpu_s, restarts=restarts
         )
 
-    def restart_log(self) -> RestartLog:
-        """The run's restart log (in the run folder: the config must be named)."""
+    def restart_log(self) -> RestartLog | None:
+        """The run's restart log in its run folder; None for a config with no run name (a feed a test or a
+        bench starts outside a run has no folder, so its restarts are only logged)."""
+        if self._config.run.run_name is None:
+            return None
         return RestartLog(self._config.run_dir())

@@ -27,7 +27,7 @@ from raytrain_seq.data.sources import Geometry, data_geometry
 from raytrain_seq.feed.cache import Key, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_int, check_rank
 from raytrain_seq.feed.plans import EVAL_KEYS
-from raytrain_seq.feed.report import RESTARTS_FILE
+from raytrain_seq.feed.report import RESTARTS_FILE, RestartLog
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import EpochShard
 from raytrain_seq.runtime.feed_tasks import FeedTasks
@@ -118,7 +118,10 @@ class BlockFeed:
         self._lock = threading.RLock()
         self._cpu_began = time.process_time()  # the actor's own CPU (planning, serving) counts as the feed's
         if restarted:
-            logger.warning("feed: %s", self._planner.restart_log().record(time.time())["detail"])
+            log = self._planner.restart_log()
+            if log is not None:
+                log.record(time.time())
+            logger.warning("feed: %s", RestartLog.DETAIL)
 
     # ---------------------------------------------------------------------------------- launching
     def _run(self, launch: Launch, world_size: int | None = None) -> int:
