@@ -5,12 +5,13 @@ system) feeding BLoad blocks (Iftekhar, Ruschel et al.). The decisions are the R
 (``raytrain_seq.feed``: each epoch's plan and shards, which partial augmentations are current, reused r
 times and renewed, the evaluation splits, the counters, the restart log). ``BlockFeed`` (a 0-CPU threaded
 actor on the driver's node, ``create_feed``) launches the Ray tasks a planner's ``Launch`` names
-(``runtime.feed_tasks``), keeps their ``CachedArray`` refs under the planner's ``(video, computing
-epoch)`` keys, drops the keys the planner no longer names, and serves ``epoch_shard`` / ``eval_shard``
-(block specs), ``refs`` (the arrays a shard reads) and ``stats`` (``reports.FeedReport`` as a dict).
-Epoch e+1's recompute starts as soon as e is served; e's refs stay until the newest ``keep_epochs`` move
-past it. A restarted actor (``train.feed_max_restarts``) recomputes what a learner asks for from the
-source with the same seeds. docs/ARCHITECTURE.md, "The feed" and "Data refurbishing", has the reasons.
+(``runtime.feed_tasks``: home nodes, lanes, flow once's flows), keeps their ``CachedArray`` refs under
+the planner's ``(video, computing epoch)`` keys, drops the keys the planner no longer names, and serves
+``epoch_shard`` / ``eval_shard`` (block specs), ``refs`` (the arrays a shard reads) and ``stats``
+(``reports.FeedReport`` as a dict). Epoch e+1's recompute starts as soon as e is served; e's refs stay
+until the newest ``keep_epochs`` move past it. A restarted actor (``train.feed_max_restarts``)
+recomputes what a learner asks for from the source with the same seeds. docs/ARCHITECTURE.md ("The
+pipeline, call by call", "Data refurbishing").
 """
 
 from __future__ import annotations
