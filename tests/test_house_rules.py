@@ -10,7 +10,7 @@ Rules pinned, each by a checker function and a test of the real tree:
    included (tests may);
 5. the four algorithm modules are pure and import neither ray nor each other; importing the core
    starts nothing;
-6. the Ray-free packages (rounds/, dataplane/, rows/, members/) import neither ray nor raytrain_seq.runtime;
+6. the Ray-free packages (rounds/, dataplane/, rows/, members/, feed/) import neither ray nor raytrain_seq.runtime;
 7. no file of the project cites a path outside the repository (the seed design document, ``../`` out);
 8. tests start Ray only through tests/conftest.py's ``ray_cluster`` (or a cluster they name);
 9. no function of raytrain_seq/ or bench/ is over 80 lines (the listed exceptions may not grow);
@@ -180,7 +180,7 @@ def ray_importers(package: Path) -> list[str]:
 
 
 # The Ray-free packages of the elastic logic, one concept each (docs/ARCHITECTURE.md, "Layout").
-RAY_FREE_PACKAGES = ("rounds", "dataplane", "rows", "members")
+RAY_FREE_PACKAGES = ("rounds", "dataplane", "rows", "members", "feed")
 
 
 def ray_free_violations(package: Path) -> list[str]:
@@ -207,7 +207,7 @@ def test_only_runtime_imports_ray():
 
 
 def test_ray_free_packages_import_neither_ray_nor_runtime():
-    """rounds/, dataplane/, rows/ and members/ are Ray-free: they import neither ray nor
+    """rounds/, dataplane/, rows/, members/ and feed/ are Ray-free: they import neither ray nor
     raytrain_seq.runtime, even lazily."""
     for name in RAY_FREE_PACKAGES:
         assert (PACKAGE / name / "__init__.py").is_file(), f"raytrain_seq/{name}/ is part of the layout"

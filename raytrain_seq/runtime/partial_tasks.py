@@ -106,7 +106,7 @@ def lane_waits(tasks: int, lanes: int | None) -> list[int | None]:
 
 def eval_lanes(cpus: int, learners: int, *, before_learners: bool) -> int:
     """Lanes of an evaluation split's tasks: the CPUs beyond one per learner (at least one), and at most
-    one per learner while the learners are not running yet (``BlockFeed._waits`` says why). 16 CPUs, 2
+    one per learner while the learners are not running yet (``FeedTasks._waits`` says why). 16 CPUs, 2
     learners: 14 lanes, 2 before the learners run; 3 CPUs, 2 learners: 1 either way."""
     lanes = max(1, cpus - learners)
     return min(lanes, max(1, learners)) if before_learners else lanes
