@@ -22,11 +22,14 @@ local Ray cluster, every run is ``raytrain_seq.runtime.driver.run``:
    fail at the preset's rate?) and the fusion of RGB and AAVG4 flow (``runtime.fuse.run_fuse``).
 
 Per variant: the mean over seeds of each run's last validation accuracy and test accuracy with their
-standard errors; each difference between variants is paired by seed (the same videos, plans and initial
-weights) and carries the standard error of the paired differences.
+standard errors and n (the seeds); each difference between variants is paired by seed (the same videos,
+plans and initial weights) and carries the standard error of the paired differences and n. A difference
+is called a gain or a loss only when n >= 3 and |difference| > its se, else "within noise"
+(``benchlib.seed_word``, the rule of ``bench/batch_rule.py``).
 
     python bench/averaging.py --only ablation --json                # the default size
-    python bench/averaging.py --only ablation --seeds 0 1 --json    # fewer seeds (>= 2) on a busy box
+    python bench/averaging.py --only ablation --seeds 0 1 --json    # fewer seeds (>= 2; nothing is called
+                                                                    # a gain or a loss below 3)
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import local_ray, mean_se, within_noise
+from benchlib import local_ray, mean_se, seed_gap_text, seed_word
 
 ROOT = Path(__file__).resolve().parent
 
@@ -73,37 +76,44 @@ VIDEO_RUNS = ("rgb", "flow", "flow_scratch", "flow_low_lr", "flow_scratch_low_lr
 
 # -------------------------------------------------------------------------------------- pure helpers
 def variant_stats(runs: list[dict]) -> dict:
-    """One variant's runs -> {val_mean, val_se, test_mean, test_se, steps, seeds, max_b, epochs, by_seed};
-    ``steps`` is the one step count every run took, or the sorted distinct counts when they differ."""
-    val = mean_se([r["val"] for r in runs if r["val"] is not None])
-    test = mean_se([r["test"] for r in runs if r["test"] is not None])
+    """One variant's runs -> {val_mean, val_se, val_n, test_mean, test_se, test_n, steps, seeds, max_b,
+    epochs, by_seed} (n: the seeds whose run has that accuracy); ``steps`` is the one step count every run
+    took, or the sorted distinct counts when they differ."""
+    vals = [r["val"] for r in runs if r["val"] is not None]
+    tests = [r["test"] for r in runs if r["test"] is not None]
+    val, test = mean_se(vals), mean_se(tests)
     steps = sorted({r["steps"] for r in runs})
     return {
-        "val_mean": val[0], "val_se": val[1], "test_mean": test[0], "test_se": test[1],
+        "val_mean": val[0], "val_se": val[1], "val_n": len(vals), "test_mean": test[0], "test_se": test[1],
+        "test_n": len(tests),
         "steps": steps[0] if len(steps) == 1 else steps, "seeds": [r["seed"] for r in runs],
         "max_b": max(r["max_b"] for r in runs), "epochs": [r["epochs"] for r in runs],
         "by_seed": {r["seed"]: {"val": r["val"], "test": r["test"]} for r in runs},
     }  # fmt: skip
 
 
-def gap(a: dict, b: dict, key: str = "val") -> tuple[float | None, float | None]:
-    """(a - b in points, the standard error of the differences paired by seed), over the seeds both ran.
+def paired(diffs: list[float]) -> tuple[float | None, float | None, int]:
+    """(mean, standard error, n) of differences paired by seed: [+5, -2] -> (+1.5, 3.5, 2)."""
+    return (*mean_se(diffs), len(diffs))
 
-    a by seed {0: .70, 1: .60}, b {0: .65, 1: .62}: differences +5, -2 -> (+1.5, 3.5)."""
+
+def gap(a: dict, b: dict, key: str = "val") -> tuple[float | None, float | None, int]:
+    """(a - b in points, the standard error of the differences paired by seed, n), over the seeds both ran.
+
+    a by seed {0: .70, 1: .60}, b {0: .65, 1: .62}: differences +5, -2 -> (+1.5, 3.5, 2)."""
     seeds = sorted(set(a["by_seed"]) & set(b["by_seed"]))
     diffs = [
         100 * (a["by_seed"][s][key] - b["by_seed"][s][key])
         for s in seeds
         if a["by_seed"][s][key] is not None and b["by_seed"][s][key] is not None
     ]
-    return mean_se(diffs)
+    return paired(diffs)
 
 
-def gap_text(diff: float | None, se: float | None) -> str:
-    """'+2.0 +- 2.7 (within noise)': a difference with its standard error and what it is worth."""
-    if diff is None:
-        return "n/a"
-    return f"{diff:+.1f}" + ("" if se is None else f" +- {se:.1f}") + f" ({within_noise(diff, se)})"
+def gap_text(diff: float | None, se: float | None, n: int) -> str:
+    """'+2.0 +- 2.7 (n = 3, within noise)': a difference with its standard error, n and what it is worth
+    (a gain or a loss only when n >= 3 and |diff| > se: benchlib.seed_word)."""
+    return seed_gap_text(diff, se, n)
 
 
 def gaps(variants: dict) -> dict:
@@ -111,13 +121,18 @@ def gaps(variants: dict) -> dict:
     out = {}
     for hi, lo in PAPER_GAPS:
         for key in ("val", "test"):
-            d, se = gap(variants[hi], variants[lo], key)
-            out[f"{hi.lower()}_minus_{lo[-1]}_{key}"] = {"diff": d, "se": se, "text": gap_text(d, se)}
+            d, se, n = gap(variants[hi], variants[lo], key)
+            out[f"{hi.lower()}_minus_{lo[-1]}_{key}"] = {
+                "diff": d,
+                "se": se,
+                "n": n,
+                "text": gap_text(d, se, n),
+            }
     return out
 
 
 def _public(stats: dict) -> dict:
-    keep = ("val_mean", "val_se", "test_mean", "test_se", "steps", "max_b")
+    keep = ("val_mean", "val_se", "val_n", "test_mean", "test_se", "test_n", "steps", "max_b")
     return {k: stats[k] for k in keep}
 
 
@@ -148,10 +163,11 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f} %"
 
 
-def _pm(mean: float | None, se: float | None) -> str:
+def _pm(mean: float | None, se: float | None, n: int) -> str:
+    """'62.3 % +- 2.3 (n = 3)': a mean over n seeds with its standard error."""
     if mean is None:
         return "n/a"
-    return f"{100 * mean:.1f} %" + ("" if se is None else f" +- {100 * se:.1f}")
+    return f"{100 * mean:.1f} %" + ("" if se is None else f" +- {100 * se:.1f}") + f" (n = {n})"
 
 
 def grid_rows(res: dict) -> list[list[str]]:
@@ -166,7 +182,8 @@ def grid_rows(res: dict) -> list[list[str]]:
                 rows.append([
                     start, "-" if name == "AAVG1" else rule, name, str(switch["merge_moments"]),
                     str(switch["merge_bn_stats"]), str(s["steps"]), f"{sum(s['epochs']) / len(s['epochs']):.1f}",
-                    str(s["max_b"]), _pm(s["val_mean"], s["val_se"]), _pm(s["test_mean"], s["test_se"]),
+                    str(s["max_b"]), _pm(s["val_mean"], s["val_se"], s["val_n"]),
+                    _pm(s["test_mean"], s["test_se"], s["test_n"]),
                     f"{PAPER[name]:.1f} %",
                 ])  # fmt: skip
     return rows
@@ -181,17 +198,20 @@ def video_rows(video: dict) -> list[list[str]]:
     rows = []
     for key, (run, init, lr) in labels.items():
         s = video["stats"][key]
-        rows.append(
-            [run, init, lr, _pm(s["first_val_mean"], s["first_val_se"]), _pm(s["test_mean"], s["test_se"])]
-        )
+        rows.append([
+            run, init, lr, _pm(s["first_val_mean"], s["first_val_se"], s["first_val_n"]),
+            _pm(s["test_mean"], s["test_se"], s["test_n"]),
+        ])  # fmt: skip
     fused = video["fused"]
-    rows.append(["two-stream fusion (RGB + AAVG4 flow)", "-", "-", "-", _pm(fused["mean"], fused["se"])])
+    rows.append(
+        ["two-stream fusion (RGB + AAVG4 flow)", "-", "-", "-", _pm(fused["mean"], fused["se"], fused["n"])]
+    )
     return rows
 
 
 def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     header = ["start", "rule", "variant", "merge Adam", "merge BN stats", "steps", "epochs (mean)", "largest B",
-              "val acc (mean +- se)", "test acc (mean +- se)", "paper (UCF101 RGB val)"]  # fmt: skip
+              "val acc (mean +- se, n seeds)", "test acc (mean +- se, n seeds)", "paper (UCF101 RGB val)"]  # fmt: skip
     out = [
         (f"AAVG1..3 at N = {res['steps']} steps per learner, seeds {res['seeds']}:", header, grid_rows(res))
     ]
@@ -210,27 +230,41 @@ def tables(res: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         for rule, variants in rules.items()
         for g in [gaps(variants)]
     ]  # fmt: skip
-    out.append(("Differences in points, paired by seed (+- the standard error of the paired differences; the "
+    out.append(("Differences in points, paired by seed (+- the standard error of the paired differences, n the "
+                "seeds paired; a gain or a loss only when n >= 3 and |difference| > se, else within noise; the "
                 "paper: +2.1 and +1.9):", gheader, grows))  # fmt: skip
     video = res.get("video")
     if video:
-        vheader = ["run", "init", "learning rate", "val after epoch 1", "test acc (mean +- se)"]
+        vheader = ["run", "init", "learning rate", "val after epoch 1 (mean +- se, n seeds)",
+                   "test acc (mean +- se, n seeds)"]  # fmt: skip
         out.append((f"AAVG4 and the two streams on the miniature UCF101 ({video['test_videos']} test videos, "
                     f"seeds {video['seeds']}):", vheader, video_rows(video)))  # fmt: skip
     return out
 
 
+def step_call(cell: dict, paper: float) -> str:
+    """One paper step's reading: a gain beyond one se (n >= 3) is set beside the paper's; a loss or a
+    difference within noise measures no gain. {"diff": 2.0, "se": 5.8, "n": 3} -> 'within noise (n = 3):
+    no gain is measured'."""
+    word, n = seed_word(cell["diff"], cell["se"], cell["n"]), cell["n"]
+    if word.startswith("a gain"):
+        return f"{word} (n = {n}); the paper {paper:+.1f}"
+    return f"{word} (n = {n}): no gain is measured" + (
+        "" if word == "within noise" else f"; the paper {paper:+.1f}"
+    )
+
+
 def gap_verdicts(res: dict) -> list[str]:
-    """Each start and rule: the paper's two steps, set beside the paper's gains only when beyond noise."""
+    """Each start and rule: the paper's two steps, set beside the paper's gains only when beyond one se over
+    n >= 3 seeds."""
     out = []
     for start, rules in res["grid"].items():
         for rule, variants in rules.items():
             g, parts = gaps(variants), []
             for (hi, lo), paper in PAPER_GAPS.items():
                 cell = g[f"{hi.lower()}_minus_{lo[-1]}_val"]
-                word = within_noise(cell["diff"], cell["se"])
-                beside = f"; the paper {paper:+.1f}" if word == "above noise" else ": no gain is measured"
-                parts.append(f"{hi} - {lo} {cell['text'].split(' (')[0]} validation points, {word}{beside}")
+                points = cell["text"].split(" (")[0]
+                parts.append(f"{hi} - {lo} {points} validation points, {step_call(cell, paper)}")
             grew = variants["AAVG2"]["max_b"]
             out.append(
                 f"{start.capitalize()} start, {rule} rule (B grew to {grew}): " + "; ".join(parts) + "."
@@ -239,34 +273,39 @@ def gap_verdicts(res: dict) -> list[str]:
 
 
 def aavg4_verdicts(video: dict) -> list[str]:
-    """AAVG4 against the flow stream from scratch at the preset's and a tenth of its learning rate."""
+    """AAVG4 against the flow stream from scratch at the preset's and a tenth of its learning rate; a gap is
+    called a gain or a loss only beyond one se over n >= 3 seeds (benchlib.seed_word)."""
     s, n = video["stats"], video["test_videos"]
     lines = []
     for tag, flow, scratch in (
         ("preset", "flow", "flow_scratch"),
         ("preset / 10", "flow_low_lr", "flow_scratch_low_lr"),
     ):
-        d, se = video["diffs"][f"{flow}-{scratch}"]
+        d, se, k = video["diffs"][f"{flow}-{scratch}"]
         lines.append(
-            f"AAVG4 at the {tag} learning rate: the flow stream from the RGB run {_pm(s[flow]['test_mean'], s[flow]['test_se'])} "
-            f"test accuracy against {_pm(s[scratch]['test_mean'], s[scratch]['test_se'])} from scratch (paired "
-            f"{gap_text(d, se)} points; after epoch 1: {_pct(s[flow]['first_val_mean'])} against "
+            f"AAVG4 at the {tag} learning rate: the flow stream from the RGB run "
+            f"{_pm(s[flow]['test_mean'], s[flow]['test_se'], s[flow]['test_n'])} test accuracy against "
+            f"{_pm(s[scratch]['test_mean'], s[scratch]['test_se'], s[scratch]['test_n'])} from scratch (paired "
+            f"{gap_text(d, se, k)} points; after epoch 1: {_pct(s[flow]['first_val_mean'])} against "
             f"{_pct(s[scratch]['first_val_mean'])} validation)"
         )
-    d, se = video["diffs"]["flow-flow_scratch"]
-    low, low_se = video["diffs"]["flow_low_lr-flow_scratch_low_lr"]
-    if within_noise(d, se) == "within noise":
+    d, se, k = video["diffs"]["flow-flow_scratch"]
+    word = seed_word(d, se, k)
+    low_word = seed_word(*video["diffs"]["flow_low_lr-flow_scratch_low_lr"])
+    if word == "within noise":
         why = (
-            f"the reversal of the earlier single run is within noise over {len(video['seeds'])} seeds on {n} test "
-            f"videos (one video is {100 / n:.1f} points)"
+            f"the reversal of the earlier single run is within noise over {k} seeds on {n} test videos (one "
+            f"video is {100 / n:.1f} points)"
         )
         why += (
-            "; at a tenth of the rate the transferred start is ahead beyond noise: the preset's rate after the "
-            "transfer is what erases the RGB start's lead"
-            if within_noise(low, low_se) == "above noise"
+            "; at a tenth of the rate the transferred start is ahead beyond one se: the preset's rate after "
+            "the transfer is what erases the RGB start's lead"
+            if low_word.startswith("a gain")
             else ": the finding is that this set cannot tell transfer from scratch"
         )
-    elif within_noise(low, low_se) != "below noise":
+    elif word.startswith("a gain"):
+        why = f"the transferred start is ahead at the preset's learning rate beyond one se (n = {k})"
+    elif not low_word.startswith("a loss"):
         why = "the transfer loses at the preset's learning rate and not at a tenth of it: the rate after transfer is the cause"
     else:
         why = "the transfer loses at both learning rates: reported as the finding, not fixed"
@@ -406,31 +445,28 @@ def run_video(size: dict, storage: str) -> dict:
     by_seed = {seed: _video_seed(size, storage, data, seed) for seed in size["video_seeds"]}
     stats = {}
     for key in VIDEO_RUNS:
-        test = mean_se([s[key]["test"] for s in by_seed.values()])
-        first = mean_se([s[key]["first_val"] for s in by_seed.values() if s[key]["first_val"] is not None])
-        stats[key] = {
-            "test_mean": test[0],
-            "test_se": test[1],
-            "first_val_mean": first[0],
-            "first_val_se": first[1],
-        }
+        test = paired([s[key]["test"] for s in by_seed.values()])
+        first = paired([s[key]["first_val"] for s in by_seed.values() if s[key]["first_val"] is not None])
+        stats[key] = dict(zip(("test_mean", "test_se", "test_n", "first_val_mean", "first_val_se", "first_val_n"),
+                              (*test, *first), strict=True))  # fmt: skip
     diffs = {
-        f"{a}-{b}": mean_se([100 * (s[a]["test"] - s[b]["test"]) for s in by_seed.values()])
+        f"{a}-{b}": paired([100 * (s[a]["test"] - s[b]["test"]) for s in by_seed.values()])
         for a, b in (
             ("flow", "flow_scratch"),
             ("flow_low_lr", "flow_scratch_low_lr"),
             ("flow", "flow_low_lr"),
         )
     }
-    fused = mean_se([s["fused"] for s in by_seed.values()])
+    fused = paired([s["fused"] for s in by_seed.values()])
     test_videos = next(iter(by_seed.values()))["test_videos"]
-    return {"by_seed": by_seed, "stats": stats, "diffs": diffs, "fused": {"mean": fused[0], "se": fused[1]},
+    return {"by_seed": by_seed, "stats": stats, "diffs": diffs,
+            "fused": dict(zip(("mean", "se", "n"), fused, strict=True)),
             "test_videos": test_videos, "seeds": list(by_seed)}  # fmt: skip
 
 
-def _points(pair: tuple[float | None, float | None]) -> dict:
-    """A (difference, se) pair in points as the JSON keeps it, with its reading."""
-    return {"diff": pair[0], "se": pair[1], "text": gap_text(*pair)}
+def _points(gap3: tuple[float | None, float | None, int]) -> dict:
+    """A (difference, se, n) in points as the JSON keeps it, with its reading."""
+    return {"diff": gap3[0], "se": gap3[1], "n": gap3[2], "text": gap_text(*gap3)}
 
 
 def run(size_name: str, seeds: list[int] | None = None) -> dict:
@@ -476,7 +512,9 @@ def notes(res: dict) -> list[str]:
         f"{s['steps']} (batch_growth 'steps', the default, lets B grow under a step budget); warm start: AAVG1 "
         f"for {s['warm_epochs']} epochs from scratch (seed 0), the --init-from of every 'warm' run; seeds "
         f"{s['seeds']} (data.seed: the videos, plans, augmentations and initial weights). 'val acc' is each "
-        f"run's last validation (every {M} rounds), 'test acc' its final model's.",
+        f"run's last validation (every {M} rounds), 'test acc' its final model's; n is the seeds behind a mean "
+        "or a paired difference, and a difference is called a gain or a loss only when n >= 3 and |difference| "
+        "> its se (benchlib.seed_word, as bench/batch_rule.py), else within noise.",
         f"Miniature UCF101 (tests/video_fixtures.py: {s['ucf'][0]} classes x {s['ucf'][1]} groups x {s['ucf'][2]} "
         f"clips, {video['test_videos']} test videos), preset mini-video (learning rate 1e-2; 'preset / 10' = "
         f"1e-3), {s['video_epochs']} epochs, seeds {video['seeds']}; the fusion averages the softmax of the RGB "

@@ -40,7 +40,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import ROOT, Result, add_size_flags, command_line, new_figure, try_plot, write_results
+from benchlib import (
+    ROOT,
+    Result,
+    add_size_flags,
+    command_line,
+    new_figure,
+    seed_gap_text,
+    seed_word,
+    try_plot,
+    write_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -106,23 +116,18 @@ def paired_gap(rule: list[float | None], fixed: list[float | None]) -> tuple[flo
 
 
 def call(diff: float | None, se: float | None, n: int) -> str:
-    """What a paired difference may be called: a gain or a loss only when |diff| > se over n >= 3 pairs.
+    """What a paired difference may be called (benchlib.seed_word): a gain or a loss only when |diff| > se
+    over n >= 3 pairs.
 
     +9.3 +- 4.9, n 3 -> "a gain beyond one se (n = 3)"; -6.6 +- 5.9 -> "a loss beyond one se (n = 3)";
     +2.0 +- 2.7, n 3, or any difference with n 2 -> "within noise (n = 3)" / "(n = 2)".
     """
-    return "not measured" if diff is None else f"{_word(diff, se, n)} (n = {n})"
-
-
-def _word(diff: float, se: float | None, n: int) -> str:
-    if se is not None and n >= 3 and abs(diff) > se + 1e-9:  # one nonzero pair of three: |diff| == se
-        return ("a gain" if diff > 0 else "a loss") + " beyond one se"
-    return "within noise"
+    return "not measured" if diff is None else f"{seed_word(diff, se, n)} (n = {n})"
 
 
 def gap_text(diff: float | None, se: float | None, n: int) -> str | None:
     """A paired gap for the summary table: +0.0 +- 5.8 over 3 seeds -> '+0.0 +- 5.8 (n = 3, within noise)'."""
-    return None if diff is None else f"{_pts(diff, se)} (n = {n}, {_word(diff, se, n)})"
+    return None if diff is None else seed_gap_text(diff, se, n)
 
 
 def first_growth(batch_history: list[dict]) -> int | None:

@@ -278,12 +278,40 @@ def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
 
 def within_noise(diff: float | None, se: float | None) -> str:
     """How a difference stands against its standard error: "within noise" (|diff| <= 2 se), "above" or
-    "below" noise, or "no standard error" (fewer than 2 runs). +2.0 with se 2.7 -> "within noise"."""
+    "below" noise, or "no standard error" (fewer than 2 runs). +2.0 with se 2.7 -> "within noise".
+
+    bench/refurbish.py's reading, with which its committed results were written; a difference paired
+    over seeds is called by ``seed_word`` (bench/batch_rule.py, bench/ablation.py)."""
     if diff is None or se is None:
         return "no standard error"
     if abs(diff) <= 2 * se:
         return "within noise"
     return "above noise" if diff > 0 else "below noise"
+
+
+# A difference paired over seeds is called a gain or a loss only over this many seeds or more.
+MIN_SEEDS_TO_CALL = 3
+
+
+def seed_word(diff: float | None, se: float | None, n: int) -> str:
+    """What a difference paired over ``n`` seeds may be called, the one rule of the seeded benches: "a gain
+    beyond one se" or "a loss beyond one se" only when n >= 3 and |diff| > se, else "within noise".
+
+    +9.3 +- 4.9, n 3 -> "a gain beyond one se"; -6.6 +- 5.9, n 3 -> "a loss beyond one se"; +2.0 +- 2.7,
+    n 3, or any difference over 2 seeds -> "within noise". One nonzero pair of three gives |mean| == se
+    exactly, which is not beyond it whatever the float rounding.
+    """
+    if diff is not None and se is not None and n >= MIN_SEEDS_TO_CALL and abs(diff) > se + 1e-9:
+        return ("a gain" if diff > 0 else "a loss") + " beyond one se"
+    return "within noise"
+
+
+def seed_gap_text(diff: float | None, se: float | None, n: int) -> str:
+    """A paired difference in points with its se, n and call: '+0.0 +- 5.8 (n = 3, within noise)'."""
+    if diff is None:
+        return "n/a"
+    points = f"{diff:+.1f}" + ("" if se is None else f" +- {se:.1f}")
+    return f"{points} (n = {n}, {seed_word(diff, se, n)})"
 
 
 def tree_cpu_seconds(root: int | None = None) -> float:

@@ -689,25 +689,30 @@ def _fake_averaging_result(tmp_share: float = 0.02) -> dict:
     run = {"rounds": 10, "test": 0.6, "best_val": 0.6, "learner_s": 50.0, "averaging_s": 1.0, "final_b": 1,
            "max_b": 2, "adaptive": True, "merge": True, "history": [{"accuracy": 0.6, "time_s": 40.0}]}  # fmt: skip
     ks = [
-        {**run, "name": "aavg-k1", "k": 1, "m": 32, "share": 0.2},
+        {**run, "name": "aavg-k1", "k": 1, "m": 32, "share": 0.2, "test": 0.65},
         {**run, "name": "aavg-k-1", "k": -1, "m": 1, "share": tmp_share},
     ]
     cost = [{"nic": 100, **averaging.cost_model(16, 60.2e6, 100, 0.6, steps=19)}]
-    return {"size": {"batch": 1, "videos": 500, "epochs": 5}, "steps": 32, "ks": ks,
+    return {"size": {"batch": 1, "videos": 500, "epochs": 5, "seed": 0}, "steps": 32, "ks": ks,
             "aavg": ks[1], "test_videos": 500, "target": 0.6, "t_aavg": 40.0, "t_ddp": 80.0,
-            "ddp": {**run, "name": "ddp", "history": [{"accuracy": 0.6, "time_s": 80.0}]},
+            "ddp": {**run, "name": "ddp", "test": 0.7, "history": [{"accuracy": 0.6, "time_s": 80.0}]},
             "bandwidth": {"mb": 200.0, "seconds": {"numpy": 0.1, "library": 0.3, "actor": 1.0},
                           "mbps": {"numpy": 2000.0, "library": 666.0, "actor": 200.0}},
             "cost": cost, "cost_steps": 19, "cost_learners": 16, "job_payload_mb": 0.6}  # fmt: skip
 
 
 def test_averaging_verdicts_follow_the_numbers():
-    """averaging.verdicts: the DDP ratio and the dominant cost term come from the data."""
+    """averaging.verdicts: the DDP ratio and the dominant cost term come from the data; beside the
+    averaging share the headline carries the same run's test accuracies (AAVG at K = epoch and K = 1,
+    DDP) and its n, one run."""
     res = _fake_averaging_result()
     lines, head = averaging.verdicts(res)
     assert head["ddp_over_aavg_time"] == pytest.approx(2.0) and head["share_k_epoch"] == pytest.approx(0.02)
+    assert (head["test_aavg_k_epoch"], head["test_aavg_k1"], head["test_ddp"]) == (0.6, 0.65, 0.7)
+    assert head["runs"] == 1 and head["seed"] == 0
     text = " ".join(lines)
-    assert "(2.00x; above 1 means AAVG is faster)" in text
+    assert "(2.00x; above 1 means AAVG is faster); test accuracy AAVG (K = epoch) 60.0 %, DDP 70.0 %" in text
+    assert "K (one run, seed 0: no spread over seeds)" in text
     assert "Ablation" not in text  # the ablation is its own result (bench/ablation.py)
 
 
@@ -768,19 +773,19 @@ def _ablation_result(vals: dict[str, list[float]], steps: dict[str, list[int]] |
         for seed in range(3)
     }
     stats = {
-        k: dict(zip(("test_mean", "test_se"), ablation.mean_se(v), strict=True)) | {"first_val_mean": 0.3,
-                                                                                     "first_val_se": 0.01}
+        k: dict(zip(("test_mean", "test_se", "test_n"), ablation.paired(v), strict=True))
+        | {"first_val_mean": 0.3, "first_val_se": 0.01, "first_val_n": 3}
         for k, v in tests.items()
     }  # fmt: skip
     diffs = {
-        f"{a}-{b}": ablation.mean_se([100 * (x - y) for x, y in zip(tests[a], tests[b], strict=True)])
+        f"{a}-{b}": ablation.paired([100 * (x - y) for x, y in zip(tests[a], tests[b], strict=True)])
         for a, b in (
             ("flow", "flow_scratch"),
             ("flow_low_lr", "flow_scratch_low_lr"),
             ("flow", "flow_low_lr"),
         )
     }
-    video = {"by_seed": by_seed, "stats": stats, "diffs": diffs, "fused": {"mean": 0.9, "se": 0.0},
+    video = {"by_seed": by_seed, "stats": stats, "diffs": diffs, "fused": {"mean": 0.9, "se": 0.0, "n": 3},
              "test_videos": 12, "seeds": [0, 1, 2]}  # fmt: skip
     return {"grid": grid, "steps": 40, "seeds": [0, 1, 2], "video": video, "bn_pairs": 0,
             "aavg4": {"flow_test": 0.58, "flow_minus_scratch": ablation._points(diffs["flow-flow_scratch"])},
@@ -788,21 +793,24 @@ def _ablation_result(vals: dict[str, list[float]], steps: dict[str, list[int]] |
 
 
 def test_ablation_statistics_and_the_verdict_on_the_targets():
-    """Gaps are paired by seed with the se of the paired differences; a gap within noise is called that and
-    not set beside the paper's; the JSON headline keeps the issue's keys and adds the rule; AAVG4's verdict
-    follows its numbers; the BatchNorm merge is said not to be exercised."""
+    """Gaps are paired by seed with the se of the paired differences and n; a gap is a gain only beyond one
+    se over n >= 3 seeds (benchlib.seed_word), else within noise and not set beside the paper's; the JSON
+    headline keeps the issue's keys and adds the rule; AAVG4's verdict follows its numbers; the BatchNorm
+    merge is said not to be exercised."""
     mean, se = ablation.mean_se([0.5, 0.7, 0.6])
     assert mean == pytest.approx(0.6) and se == pytest.approx(0.1 / math.sqrt(3))
     assert ablation.mean_se([0.5]) == (0.5, None) and ablation.mean_se([]) == (None, None)
     res = _ablation_result(
         {"AAVG1": [0.5, 0.6, 0.7], "AAVG2": [0.62, 0.62, 0.62], "AAVG3": [0.72, 0.73, 0.74]}
     )
-    d, se = ablation.gap(res["grid"]["warm"]["paper"]["AAVG2"], res["grid"]["warm"]["paper"]["AAVG1"])
-    assert d == pytest.approx(2.0) and se == pytest.approx(10 / math.sqrt(3))
+    d, se, n = ablation.gap(res["grid"]["warm"]["paper"]["AAVG2"], res["grid"]["warm"]["paper"]["AAVG1"])
+    assert d == pytest.approx(2.0) and se == pytest.approx(10 / math.sqrt(3)) and n == 3
     text = " ".join(ablation.verdicts(res))
     assert "every run took 40 optimizer steps" in text
-    assert "AAVG2 - AAVG1 +2.0 +- 5.8 validation points, within noise: no gain is measured" in text
-    assert "AAVG3 - AAVG2 +11.0 +- 0.6 validation points, above noise; the paper +1.9" in text
+    assert "AAVG2 - AAVG1 +2.0 +- 5.8 validation points, within noise (n = 3): no gain is measured" in text
+    assert (
+        "AAVG3 - AAVG2 +11.0 +- 0.6 validation points, a gain beyond one se (n = 3); the paper +1.9" in text
+    )
     assert (
         "has 0 BatchNorm (mean, var) pairs, so Algorithm 2's m^b/v^b merge (merge_bn_stats) is not exercised"
         in text
@@ -810,9 +818,15 @@ def test_ablation_statistics_and_the_verdict_on_the_targets():
     assert "the reversal of the earlier single run is within noise over 3 seeds on 12 test videos" in text
     assert "cannot tell transfer from scratch" in text
     low = _ablation_result({n: [0.5] * 3 for n in ablation.VARIANTS})
-    low["video"]["diffs"]["flow_low_lr-flow_scratch_low_lr"] = (45.8, 20.8)  # the transfer ahead at lr / 10
+    low["video"]["diffs"]["flow_low_lr-flow_scratch_low_lr"] = (
+        45.8,
+        20.8,
+        3,
+    )  # the transfer ahead at lr / 10
     low_text = " ".join(ablation.aavg4_verdicts(low["video"]))
     assert "erases the RGB start's lead" in low_text and "cannot tell" not in low_text
+    low["video"]["diffs"]["flow_low_lr-flow_scratch_low_lr"] = (45.8, 20.8, 2)  # the same over 2 seeds: noise
+    assert "cannot tell" in " ".join(ablation.aavg4_verdicts(low["video"]))
     head = ablation.headline(res)
     assert head["rule"] == "paper" and head["variants"]["AAVG1"]["steps"] == 40 and head["seeds"] == [0, 1, 2]
     assert {"val_mean", "val_se", "steps"} <= set(head["variants"]["AAVG3"]) and head["equal_steps"]
@@ -822,12 +836,36 @@ def test_ablation_statistics_and_the_verdict_on_the_targets():
     assert uneven["grid"]["warm"]["paper"]["AAVG2"]["steps"] == [39, 40]
     assert "did NOT all take the same steps" in " ".join(ablation.verdicts(uneven))
     assert not ablation.headline(uneven)["equal_steps"]
-    assert [len(rows) for _, _, rows in ablation.tables(res)] == [10, 4, 6]
+    tables = ablation.tables(res)
+    assert [len(rows) for _, _, rows in tables] == [10, 4, 6]
+    assert tables[0][2][0][8] == "60.0 % +- 5.8 (n = 3)"  # warm AAVG1 val: n beside every mean +- se
+    assert tables[1][2][0][2:4] == [
+        "+2.0 +- 5.8 (n = 3, within noise)",
+        "+11.0 +- 0.6 (n = 3, a gain beyond one se)",
+    ]
     report = ablation.report_headline(res)
     assert (
-        report["paper_aavg2_minus_1"] == "+2.0 +- 5.8 (within noise)"
+        report["paper_aavg2_minus_1"] == "+2.0 +- 5.8 (n = 3, within noise)"
         and "noise_aware_aavg3_minus_2" in report
     )
+
+
+def test_ablation_calls_no_two_seed_difference_a_gain_or_a_loss():
+    """Over 2 seeds a paired difference is within noise however far beyond its se (n >= 3 is needed), and
+    says n; over 3 a loss beyond one se is called a loss and measures no gain."""
+    two = _ablation_result({"AAVG1": [0.5, 0.6], "AAVG2": [0.6, 0.7], "AAVG3": [0.8, 0.95]})
+    text = " ".join(ablation.gap_verdicts(two))
+    assert "AAVG3 - AAVG2 +22.5 +- 2.5 validation points, within noise (n = 2): no gain is measured" in text
+    assert "above noise" not in text and "beyond one se" not in text
+    assert ablation.report_headline(two)["paper_aavg3_minus_2"] == "+22.5 +- 2.5 (n = 2, within noise)"
+    loss = {"diff": -6.6, "se": 5.9, "n": 3}
+    assert (
+        ablation.step_call(loss, 1.9) == "a loss beyond one se (n = 3): no gain is measured; the paper +1.9"
+    )
+    assert benchlib.seed_word(9.3, 4.9, 3) == "a gain beyond one se" and benchlib.seed_word(9.3, 4.9, 2) == (
+        "within noise"
+    )
+    assert benchlib.seed_gap_text(None, None, 0) == "n/a"
 
 
 def test_bandwidth_json_line_has_the_issue_keys_and_the_verdict_names_the_split():
