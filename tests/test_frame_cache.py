@@ -152,3 +152,41 @@ def test_home_nodes_share_videos_by_weight_and_move_few_when_a_node_joins():
     assert all(gone[v] == home[v] for v in videos if home[v] != "gpu-b")  # a node's loss moves only its own
     assert home_nodes(videos[:5], {"only": 1.0}) == dict.fromkeys(videos[:5], "only")
     assert home_nodes(videos[:5], {}) == {}
+
+
+def _fill(folder: str, budget: int, sources: list[str], start, written) -> None:
+    """One writer process: wait for the others, then cache a frame array per source; puts its writes."""
+    cache = FrameCache(folder, budget)
+    start.wait()
+    for k, source in enumerate(sources):
+        cache.frames(source, "p", lambda k=k: np.full((8, 96, 96, 3), k, np.uint8))
+    written.put(cache.stats.misses - cache.stats.unwritten)
+
+
+def test_writers_of_several_processes_at_once_keep_the_budget(tmp_path):
+    """A node's feed tasks write into one folder at the same moment: the budget check and the write are
+    one step under the folder's lock, so the folder never passes the budget (without the lock, writers that
+    each saw room wrote at once and this failed in most runs), and it still fills up to it."""
+    import multiprocessing
+
+    sources = []
+    for k in range(24):
+        source = tmp_path / f"v{k}.avi"
+        source.write_bytes(b"x" * (k + 1))
+        sources.append(str(source))
+    one = np.full((8, 96, 96, 3), 0, np.uint8).nbytes + 128  # the array and np.save's header
+    budget = 6 * one
+    context = multiprocessing.get_context("fork")
+    start, queue = context.Barrier(4), context.Queue()
+    writers = [
+        context.Process(target=_fill, args=(str(tmp_path / "cache"), budget, sources[w::4], start, queue))
+        for w in range(4)
+    ]
+    for writer in writers:
+        writer.start()
+    written = [queue.get(timeout=60) for _ in writers]
+    for writer in writers:
+        writer.join(timeout=60)
+    files = list((tmp_path / "cache").glob("*.npy"))
+    assert sum(f.stat().st_size for f in files) <= budget
+    assert len(files) == 6 and sum(written) == 6  # filled to the budget, each file written once

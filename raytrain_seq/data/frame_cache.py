@@ -21,6 +21,7 @@ augmentations there. Bytes per frame and what UCF101 needs: docs/ARCHITECTURE.md
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import math
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["FrameCache", "FrameCacheStats", "cache_bytes", "default_folder", "home_nodes"]
 
 _SUFFIX = ".npy"
+_LOCK = ".lock"  # the folder's writers take turns on it (FrameCache._write)
 
 
 def cache_bytes(lengths, size: int, aspect: float = 4 / 3) -> int:
@@ -185,15 +187,22 @@ class FrameCache:
         return frames
 
     def _write(self, path: Path, frames: np.ndarray) -> None:
-        if not self._writable or self.usage() + frames.nbytes > self.budget_bytes:
+        if not self._writable:
             self.stats.unwritten += 1
             return
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            with open(temporary, "wb") as out:
-                np.save(out, np.ascontiguousarray(frames), allow_pickle=False)
-            os.replace(temporary, path)
+            # The node's tasks write at once: the budget check and the write hold the folder's lock
+            # together, or two writers that each saw room would both write and pass the budget.
+            with open(self.folder / _LOCK, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if self.usage() + frames.nbytes > self.budget_bytes:
+                    self.stats.unwritten += 1
+                    return
+                with open(temporary, "wb") as out:
+                    np.save(out, np.ascontiguousarray(frames), allow_pickle=False)
+                os.replace(temporary, path)
         except OSError as exc:
             _remove(temporary)
             self._writable = False
