@@ -263,7 +263,7 @@ def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
     import ray
 
     rows, loader = [], []
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     try:
         # One unmeasured epoch first, so that the task workers' processes exist (a run starts them once).
         with tempfile.TemporaryDirectory(prefix="frame-cache-") as cache_dir:
