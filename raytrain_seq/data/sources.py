@@ -441,7 +441,7 @@ class RealVideos:
         self.channels = CHANNELS[stream]
         self._refits = 0  # length fixes in this process, for the rate limit of their warnings
         # The RGB stream's decoded frames, kept on this node's disk (data/frame_cache.py); the flow stream
-        # keeps each video's flow for the run instead (runtime/feed.py, flow once).
+        # keeps each video's flow for the run instead (runtime/feed_tasks.py, flow once).
         self.frame_cache = FrameCache(
             frame_cache_dir if frame_cache_dir is not None else default_folder(),
             int(frame_cache_gib * 2**30) if stream == "rgb" else 0,
