@@ -71,7 +71,8 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
     from video_fixtures import make_mini_ucf101
 
     from raytrain_seq.config import Config
-    from raytrain_seq.data.sources import flow_videos, get_source, load_catalogs, source_kwargs, window_videos
+    from raytrain_seq.data.geometry import load_catalogs
+    from raytrain_seq.data.sources import flow_videos, get_source, source_kwargs, window_videos
     from raytrain_seq.refurbish import RefurbishSchedule
 
     cv2.setNumThreads(1)  # one CPU per feed task: OpenCV's pool would count other cores' time

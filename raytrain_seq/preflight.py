@@ -9,7 +9,7 @@ times). Two layers:
   ``--weights`` readable, ``--init-from``, the two ``--fuse`` runs and the ``--resume`` run (each must hold
   a checkpoint folder), and the tracker's package.
 * ``check(config)``: the paths, then what the data and the model say. The data geometry
-  (``data.sources.data_geometry``: the catalogs, so the class count and every video's strided length,
+  (``data.geometry.data_geometry``: the catalogs, so the class count and every video's strided length,
   against ``--t-max``), ``--warmup-steps`` against the most optimizer steps the run can take, and, when a
   model starts from ``--weights`` or ``--init-from`` or comes from a ``--model-factory``, the model built
   once on the CPU exactly as each learner builds it (the weights file's keys and shapes against the
@@ -40,7 +40,7 @@ from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.tracking import tracker_available
 
 if TYPE_CHECKING:  # data.sources loads numpy and the readers: the path checks run before it
-    from raytrain_seq.data.sources import Geometry
+    from raytrain_seq.data.geometry import Geometry
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def check(config: Config, *, reuse: bool = False) -> Checked:
     if config.data.stream == "fuse":
         checked = Checked()
     else:
-        from raytrain_seq.data.sources import data_geometry
+        from raytrain_seq.data.geometry import data_geometry
 
         try:
             geometry = data_geometry(config)

@@ -382,7 +382,7 @@ def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raytrain_seq.data.frame_cache import home_nodes
-    from raytrain_seq.data.sources import load_catalogs
+    from raytrain_seq.data.geometry import load_catalogs
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.partial_tasks import fetch_arrays
 

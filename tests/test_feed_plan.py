@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from raytrain_seq.config import Config
-from raytrain_seq.data.sources import data_geometry
+from raytrain_seq.data.geometry import data_geometry
 from raytrain_seq.feed.cache import Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_rank
 from raytrain_seq.feed.report import RESTARTS_FILE, EpochCounts, RestartLog

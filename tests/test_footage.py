@@ -19,7 +19,7 @@ import pytest
 
 from raytrain_seq import cli
 from raytrain_seq.data import footage
-from raytrain_seq.data.sources import load_catalogs
+from raytrain_seq.data.geometry import load_catalogs
 
 ENCODERS = {"avi": "mpeg4", "mp4": "h264"}
 

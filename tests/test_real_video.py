@@ -31,6 +31,7 @@ from raytrain_seq import checkpoint
 from raytrain_seq.augment import resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import FLOW_BOUND, compute_flow, dequantize, flow_method, pair_flow
+from raytrain_seq.data.geometry import load_catalogs
 from raytrain_seq.data.sources import (
     RealVideos,
     balanced_subset,
@@ -39,7 +40,6 @@ from raytrain_seq.data.sources import (
     flow_videos,
     get_source,
     holdout,
-    load_catalogs,
     source_kwargs,
     window_videos,
 )

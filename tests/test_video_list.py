@@ -20,7 +20,8 @@ from video_fixtures import CONTAINERS, make_mini_list, plant_corrupt, plant_zero
 
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data import check as data_check
-from raytrain_seq.data.sources import get_source, load_catalogs, source_kwargs
+from raytrain_seq.data.geometry import load_catalogs
+from raytrain_seq.data.sources import get_source, source_kwargs
 from raytrain_seq.data.video import decode, probe
 from raytrain_seq.data.video_list import list_entries
 from raytrain_seq.preflight import check_paths

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.config import Config
-from raytrain_seq.data.sources import Geometry
+from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.feed.cache import Key, Launch, RefurbishCache
 from raytrain_seq.feed.plans import EVAL_KEYS, SPLITS, FeedPlans
 from raytrain_seq.feed.report import EpochCounts, FeedFacts, FeedTally, RestartLog

@@ -39,7 +39,7 @@ from typing import Any
 
 from raytrain_seq import accounting, checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.data.sources import Geometry
+from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.data.task_costs import feed_cost
 from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport, LearnerStop
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
@@ -106,7 +106,7 @@ class _Run:
     run_dir: Path
     resumed: checkpoint.Checkpoint | None
     learner_resources: dict[str, float]
-    geometry: Geometry | None  # the preflight's (data.sources.data_geometry)
+    geometry: Geometry | None  # the preflight's (data.geometry.data_geometry)
     use_gpu: bool = False
     launch: LearnerLaunch | None = None  # what every learner is launched with (runtime/launch.py)
     marks: dict[str, float] = dataclasses.field(default_factory=dict)

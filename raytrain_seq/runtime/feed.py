@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from raytrain_seq.config import Config
-from raytrain_seq.data.sources import Geometry, data_geometry
+from raytrain_seq.data.geometry import Geometry, data_geometry
 from raytrain_seq.feed.cache import Key, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_int, check_rank
 from raytrain_seq.feed.plans import EVAL_KEYS
@@ -52,7 +52,7 @@ class FeedUnavailableError(RuntimeError):
 
 
 def feed_geometry(config: Config, *, warn: bool = True) -> Geometry:
-    """The run's data geometry (``data.sources.data_geometry``: catalogs, t_max, max_sequences, the
+    """The run's data geometry (``data.geometry.data_geometry``: catalogs, t_max, max_sequences, the
     evaluation strategy, channels, class names, skipped videos, flow method); RunSetupError for a bad fit."""
     return data_geometry(config, warn=warn)
 
