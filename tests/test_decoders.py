@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +224,108 @@ def test_bench_measure_rows(ramps):
         assert row["kept_frames"] == output_length(N, stride=row["stride"]) and row["cpu_s"] >= 0
     assert {r["backend"] for r in rows} == set(decoders.installed())
     assert "| backend |" in decoder_rates.table(rows)
+
+
+# ------------------------------------------------------------------- PyAV's skipping of non-reference frames
+def _h264(path: Path, frames: np.ndarray, pts: list[int] | None = None) -> Path:
+    """H.264 .mp4 at 25 fps with 3 B-frames between references, always (b-adapt=0), the middle one a
+    reference (b-pyramid): frames no other frame references are there to skip. ``pts``: in 1/25 s."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.options = {"x264-params": "bframes=3:b-adapt=0:b-pyramid=normal", "threads": "1"}
+        for index, image in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = (index if pts is None else pts[index]), Fraction(1, 25)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.fixture
+def decoded_counts(monkeypatch) -> list[tuple[bool, int]]:
+    """(skipping, frames the decoder gave) of each PyAV reader closed while the test runs."""
+    counts: list[tuple[bool, int]] = []
+    close = decoders._PyAVReader.close
+
+    def recording(reader):
+        counts.append((reader.index is not None, reader.decoded))
+        close(reader)
+
+    monkeypatch.setattr(decoders._PyAVReader, "close", recording)
+    return counts
+
+
+SELECTIONS = [{"stride": 1}, {"stride": 3}, {"stride": 8}, {"fps": 10.0}]
+
+
+@pytest.mark.skipif(not decoders.available("pyav"), reason="pyav not installed")
+def test_skipping_decode_is_the_full_decodes_kept_frames(tmp_path, decoded_counts):
+    """On H.264 with B-frames, the kept frames are byte for byte those of a decode of every frame, as many
+    as output_length says, while frames nothing references were not decoded at all (fewer than 40)."""
+    path = _h264(tmp_path / "b.mp4", clip_frames(1, 40, height=48, width=64))
+    for selection in SELECTIONS:
+        stride, fps = selection.get("stride", 1), selection.get("fps")
+        decoded_counts.clear()
+        got, info = decoders.frames_of(
+            "pyav", str(path), stride=stride, fps=fps, size=None, max_frames=None, threads=1
+        )
+        [(skipping, decoded)] = decoded_counts
+        full, full_info = decoders._kept("pyav", str(path), stride, fps, None, None, 1, skipping=False)
+        assert len(got) == len(full) == output_length(40, stride=stride, fps=fps, src_fps=25.0)
+        assert info == full_info and info.frames == 40
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(got, full, strict=True)), selection
+        assert (skipping, decoded < 40) == ((True, True) if selection != {"stride": 1} else (False, False))
+    pairs = decoders.pairs_of("pyav", str(path), stride=8, fps=None, size=16, threads=0)  # frame threads
+    full = decoders._pairs("pyav", str(path), 8, None, 16, 0, skipping=False)
+    assert [np.stack(p).tobytes() for p in pairs[:2]] == [np.stack(p).tobytes() for p in full[:2]]
+    assert pairs[2:] == full[2:] and decoded_counts[-2][0] and decoded_counts[-2][1] < 40
+
+
+@pytest.mark.skipif(not decoders.available("pyav"), reason="pyav not installed")
+def test_skipping_falls_back_to_the_full_decode_where_pts_are_not_certain(
+    tmp_path, decoded_counts, monkeypatch
+):
+    """A variable frame rate (a gap in the pts) decodes every frame; so does a pts -> index map that turns
+    out wrong (frames come out of its order): the decode starts again in full. Same frames either way."""
+    frames = clip_frames(2, 40, height=48, width=64)
+    gap = _h264(tmp_path / "gap.mp4", frames, pts=[i + (i >= 20) for i in range(40)])
+    full, _ = decoders._kept("pyav", str(gap), 8, None, None, None, 1, skipping=False)
+    decoded_counts.clear()
+    got, _ = decoders.frames_of("pyav", str(gap), stride=8, fps=None, size=None, max_frames=None, threads=1)
+    assert decoded_counts == [(False, 40)] and len(got) == len(full) == output_length(40, stride=8)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, full, strict=True))
+
+    path = _h264(tmp_path / "b.mp4", frames)
+    full, _ = decoders._kept("pyav", str(path), 8, None, None, None, 1, skipping=False)
+    honest = decoders._presentation_index
+    monkeypatch.setattr(  # ranks reversed: the first frame out claims to be the last
+        decoders, "_presentation_index", lambda *a: {t: 39 - i for t, i in honest(*a).items()}
+    )
+    decoded_counts.clear()
+    got, _ = decoders.frames_of("pyav", str(path), stride=8, fps=None, size=None, max_frames=None, threads=1)
+    assert [skipping for skipping, _ in decoded_counts] == [True, False] and decoded_counts[1][1] == 40
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, full, strict=True))
+
+
+@pytest.mark.skipif(not decoders.available("pyav"), reason="pyav not installed")
+@pytest.mark.parametrize("threads", [1, 0])
+def test_pyav_frames_are_the_per_frame_conversions_of_a_full_decode(tmp_path, threads):
+    """One scaler for the whole video, on the reader's threads, gives each kept frame the bytes of
+    PyAV's own per-frame ``to_ndarray(rgb24, AREA)`` of a plain decode of every frame."""
+    import av
+
+    path = _h264(tmp_path / "b.mp4", clip_frames(3, 40, height=48, width=64))
+    got, _ = decoders.frames_of(
+        "pyav", str(path), stride=3, fps=None, size=20, max_frames=None, threads=threads
+    )
+    with av.open(str(path)) as container:
+        every = list(container.decode(container.streams.video[0]))
+    width, height = decoders.target_size(64, 48, 20)
+    want = [
+        f.to_ndarray(format="rgb24", width=width, height=height, interpolation="AREA") for f in every[::3]
+    ]
+    assert len(got) == len(want) == 14 and got[0].shape == (20, 27, 3)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))

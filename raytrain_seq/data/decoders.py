@@ -13,8 +13,11 @@ kept by ``stride`` or ``fps``, and kept frames are scaled to the short side ``si
 and returned as uint8 RGB ``[T, H, W, 3]``. The pixels differ slightly between backends (each converts
 YUV to RGB and scales in its own code; tests/test_decoders.py bounds the difference against PyAV).
 
-* ``pyav``: libswscale scales and converts in one pass (``frame.to_ndarray(..., interpolation="AREA")``);
-  frames that are not kept are decoded and never converted.
+* ``pyav``: libswscale scales and converts in one pass (one ``VideoReformatter``, AREA, on the reader's
+  threads); frames that are not kept are never converted, and H.264/HEVC frames that are not kept and
+  that no other frame references are not decoded at all (``skip_frame``), when every frame's
+  presentation index is certain from the pts (``_PyAVReader.plan``; else every frame is decoded). The
+  kept frames are a full decode's, byte for byte.
 * ``opencv``: ``cv2.VideoCapture`` (its bundled FFmpeg) ``grab()``s every frame (decoded, no colour
   conversion) and ``retrieve()``s the kept ones (BGR at full size), then ``cv2.resize(INTER_AREA)`` and
   ``cvtColor``. In a Ray task call ``cv2.setNumThreads(1)`` (``data.sources`` does), since the task holds
@@ -34,9 +37,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import itertools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -52,7 +56,7 @@ __all__ = [
 
 BACKENDS: tuple[str, ...] = ("pyav", "opencv", "decord")
 # Fastest first, as measured (docs/ARCHITECTURE.md, "Measurements behind the code").
-PREFERENCE: tuple[str, ...] = ("opencv", "pyav", "decord")
+PREFERENCE: tuple[str, ...] = ("pyav", "opencv", "decord")
 DECODERS: tuple[str, ...] = ("auto", *BACKENDS)
 _MODULES = {"pyav": "av", "opencv": "cv2", "decord": "decord"}
 _INSTALL = {
@@ -193,11 +197,46 @@ def _resize(image: np.ndarray, width: int, height: int) -> np.ndarray:
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
 
 
+class _Unsure(Exception):
+    """The skipping decode met something its frame indices did not foresee: decode it again in full."""
+
+
+# Codecs whose FFmpeg decoder drops a non-reference frame under skip_frame=NONREF (the slice header says
+# whether others reference it), and whose containers give each frame's pts: B-frames of H.264 and HEVC.
+_SKIPPABLE = ("h264", "hevc")
+
+
+def _presentation_index(stream: Any, packets: list[Any]) -> dict[int, int] | None:
+    """pts -> presentation index of each packet's frame, or None where that is not certain.
+
+    Certain: a codec of ``_SKIPPABLE``, every packet with a pts, none flagged discard (an edit list's
+    hidden frames) or corrupt, the header's count (if any) equal to the packets', and the pts equally
+    spaced (a constant frame rate: no gaps, no duplicates). Then a frame's index in presentation order is
+    its pts's rank, what counting a full decode's frames gives. ``_PyAVReader._next`` checks what it can
+    see of this while decoding; it cannot see a damaged frame that a full decode would drop in silence
+    among those skipped (the indices after it would then differ from the full decode's)."""
+    if stream.codec_context.name not in _SKIPPABLE or not packets:
+        return None
+    if any(p.pts is None or p.is_discard or p.is_corrupt for p in packets):
+        return None
+    if stream.frames and stream.frames != len(packets):
+        return None
+    ordered = sorted(p.pts for p in packets)
+    steps = {b - a for a, b in itertools.pairwise(ordered)}
+    if len(steps) > 1 or 0 in steps:
+        return None
+    return {pts: index for index, pts in enumerate(ordered)}
+
+
 class _PyAVReader:
-    """PyAV: every frame decoded, kept ones converted and scaled by libswscale in one pass."""
+    """PyAV: kept frames converted and scaled by libswscale in one pass, with one scaler for the whole
+    video on the reader's threads (a scaler per frame, or libswscale's own thread pool, costs more CPU
+    than the conversion: docs/ARCHITECTURE.md, "Measurements behind the code"). After ``plan(needed)``,
+    frames that are not needed and that no frame references are not decoded at all (``skip_frame``)."""
 
     def __init__(self, path: str, size: Any, threads: int) -> None:
         import av
+        from av.video.reformatter import VideoReformatter
 
         self.container = av.open(path)
         if not self.container.streams.video:
@@ -208,27 +247,73 @@ class _PyAVReader:
         stream.codec_context.thread_count = threads
         rate = stream.average_rate or stream.guessed_rate or stream.base_rate
         self.fps = float(rate) if rate else 0.0
-        self.stream, self.size = stream, size
-        self.frames = self.container.decode(stream)
+        self.stream, self.size, self.threads = stream, size, threads
+        self.frames = self._decode(p for p in self.container.demux(stream) if p.size)
+        self.scaler = VideoReformatter()
         self.convert: dict[str, Any] = {}
+        self.index: dict[int, int] | None = None  # pts -> presentation index, while skipping
+        self.at, self.last = 0, -1  # while skipping: the index read() or skip() stands for; the last out
+        self.total, self.decoded = 0, 0  # while skipping: the stream's frames; frames the decoder gave
+
+    def plan(self, needed: Callable[[int], bool]) -> None:
+        """Decode from here on only the frames ``needed(i)`` asks for and those they reference, when the
+        indices are certain (``_presentation_index``); otherwise every frame, as before."""
+        packets = [p for p in self.container.demux(self.stream) if p.size]
+        index = _presentation_index(self.stream, packets)
+        if index is not None and all(needed(i) for i in range(len(packets))):
+            index = None  # nothing to skip
+        self.index, self.total = index, len(packets)
+        self.frames = self._decode(packets, needed)
+
+    def _decode(self, packets: Iterable[Any], needed: Callable[[int], bool] | None = None) -> Iterator[Any]:
+        context = self.stream.codec_context
+        for packet in itertools.chain(packets, [None]):  # None: flush the frames the decoder holds back
+            if packet is not None and needed is not None and self.index is not None:
+                # NONREF: the decoder drops this frame only if no other frame references it.
+                context.skip_frame = "DEFAULT" if needed(self.index[packet.pts]) else "NONREF"
+            for frame in context.decode(packet):
+                self.decoded += 1
+                yield frame
 
     def header(self) -> tuple[int, int, int]:
         context = self.stream.codec_context
         return max(int(self.stream.frames or 0), 0), int(context.width), int(context.height)
 
     def skip(self) -> bool:
-        return next(self.frames, None) is not None
+        if self.index is None:
+            return next(self.frames, None) is not None
+        if self.at >= self.total:
+            return False
+        self.at += 1
+        return True
+
+    def _next(self) -> Any:
+        """The frame of index ``self.at``; while skipping, checks that frames come out in pts order and
+        that none needed is missing (else _Unsure: the indices were wrong)."""
+        if self.index is None:
+            return next(self.frames, None)
+        if self.at >= self.total:
+            return None
+        for frame in self.frames:
+            got = self.index.get(frame.pts, -1) if frame.pts is not None else -1
+            if not self.last < got <= self.at:  # out of order, unknown pts, or frame self.at not decoded
+                raise _Unsure
+            self.last = got
+            if got == self.at:
+                self.at += 1
+                return frame
+        raise _Unsure
 
     def read(self) -> np.ndarray | None:
-        frame = next(self.frames, None)
+        frame = self._next()
         if frame is None:
             return None
         if not self.convert:
             width, height = target_size(frame.width, frame.height, self.size)
-            self.convert = {"format": "rgb24", "width": width, "height": height}
+            self.convert = {"format": "rgb24", "width": width, "height": height, "threads": self.threads}
             if (width, height) != (frame.width, frame.height):
                 self.convert["interpolation"] = "AREA"
-        return frame.to_ndarray(**self.convert)
+        return self.scaler.reformat(frame, **self.convert).to_ndarray()
 
     def close(self) -> None:
         self.container.close()
@@ -376,9 +461,27 @@ def frames_of(
     """The kept frames of ``path`` and its header from the same open (validated arguments;
     ``video.decode`` is the public entry). The header's frame count is the container's, or when it has
     none (0) the source frames this pass went through (exact unless ``max_frames`` stopped it)."""
+    try:
+        return _kept(name, path, stride, fps, size, max_frames, threads, skipping=True)
+    except _Unsure:  # the skipping decode's indices were wrong: decode every frame instead
+        logger.debug("%s: frame indices from pts not certain; decoding every frame", path)
+        return _kept(name, path, stride, fps, size, max_frames, threads, skipping=False)
+
+
+def _plan(reader: Any, needed: Callable[[int], bool]) -> None:
+    if isinstance(reader, _PyAVReader):
+        reader.plan(needed)
+
+
+def _kept(
+    name: str, path: str, stride: int, fps: float | None, size: Any, max_frames: int | None, threads: int,
+    skipping: bool,
+) -> tuple[list[np.ndarray], VideoInfo]:  # fmt: skip
     out: list[np.ndarray] = []
     with _reading(name, path, size, threads) as reader:
         keep = selector(stride, fps, reader.fps, path)
+        if skipping:
+            _plan(reader, keep)
         index = 0
         while True:
             if keep(index):
@@ -407,12 +510,24 @@ def pairs_of(
 ) -> tuple[list[np.ndarray], list[np.ndarray], bool, VideoInfo]:
     """``(first, second, waiting, info)`` of ``video.decode_pairs``: each kept frame and its source
     successor; ``waiting`` when the last kept frame had none; the header as ``frames_of`` gives it. Every
-    frame is decoded once, converted at most once."""
+    frame is decoded at most once, converted at most once."""
+    try:
+        return _pairs(name, path, stride, fps, size, threads, skipping=True)
+    except _Unsure:
+        logger.debug("%s: frame indices from pts not certain; decoding every frame", path)
+        return _pairs(name, path, stride, fps, size, threads, skipping=False)
+
+
+def _pairs(
+    name: str, path: str, stride: int, fps: float | None, size: Any, threads: int, skipping: bool
+) -> tuple[list[np.ndarray], list[np.ndarray], bool, VideoInfo]:
     first: list[np.ndarray] = []
     second: list[np.ndarray] = []
     waiting = False  # the last kept frame still needs its successor
     with _reading(name, path, size, threads) as reader:
         keep = selector(stride, fps, reader.fps, path)
+        if skipping:
+            _plan(reader, lambda i: keep(i) or (i > 0 and keep(i - 1)))
         index = 0
         while True:
             kept = keep(index)
