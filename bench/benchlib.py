@@ -126,7 +126,8 @@ class Result:
     headline: dict[str, Any] = field(default_factory=dict)
     extra_tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
 
-    def markdown(self) -> str:
+    def markdown(self, figure: bool = False) -> str:
+        """The result as markdown; ``figure``: a ``<name>.png`` is written beside it, so link it."""
         parts = [f"## {self.title}", "", f"`{self.command}` (size: {self.size})", ""]
         parts += [markdown_table(self.header, self.rows), ""]
         for caption, header, rows in self.extra_tables:
@@ -136,7 +137,8 @@ class Result:
             parts += [f"- {v}" for v in self.verdicts] + [""]
         if self.notes:
             parts += ["Notes:", ""] + [f"- {n}" for n in self.notes] + [""]
-        parts.append(f"![{self.name}]({self.name}.png)")
+        if figure:
+            parts.append(f"![{self.name}]({self.name}.png)")
         return "\n".join(parts) + "\n"
 
     def text(self) -> str:
@@ -153,7 +155,7 @@ def write_results(result: Result, out_dir: Path, figure=None) -> list[Path]:
     print(result.text(), flush=True)
     written = []
     md = out_dir / f"{result.name}.md"
-    md.write_text(result.markdown())
+    md.write_text(result.markdown(figure=figure is not None))
     written.append(md)
     data = {
         "name": result.name,

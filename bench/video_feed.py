@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import RESULTS, Result, TreeCpu, command_line, write_results
+from benchlib import RESULTS, Result, TreeCpu, command_line, load_average, write_results
 from dataloader_loop import THREAD_VARIABLES, one_thread_worker
 from pipeline import tree_cpu_seconds
 
@@ -263,6 +263,7 @@ def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
     import ray
 
     rows, loader = [], []
+    load = {"start": load_average()}
     ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     try:
         # One unmeasured epoch first, so that the task workers' processes exist (a run starts them once).
@@ -283,12 +284,16 @@ def measure(args: argparse.Namespace, footage: Any) -> dict[str, Any]:
                     print_rows(rows[-2:])
     finally:
         ray.shutdown()
+    load["feed_end"] = load_average()
     for codec in args.codecs:
         paths = train_paths(footage, codec)
         for stride in args.strides:
             loader.append({"codec": codec, "stride": stride, **drain_loader(paths, stride, args.cpus)})
             print(f"dataloader {codec} stride {stride}: {loader[-1]['frames_per_cpu_s']:,.0f} frames/CPU-s")
-    return {"feed": "real", "rows": rows, "dataloader": loader, "decoders": decoder_rows(footage, args)}
+    load["end"] = load_average()
+    return {
+        "feed": "real", "rows": rows, "dataloader": loader, "decoders": decoder_rows(footage, args), "load": load,
+    }  # fmt: skip
 
 
 def decoder_rows(footage: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -343,6 +348,7 @@ def verdicts(results: dict[str, Any]) -> list[str]:
 
 def result(results: dict[str, Any], argv: list[str] | None, size: str) -> Result:
     """The table (a row per codec, stride, r and epoch) for docs/BENCHMARKS.md; the JSON is the headline."""
+    load = results["load"]
     header = ["codec", "stride", "r", "epoch", "kept frames", "frames / CPU-s", "x DataLoader",
               *[f"{k} ms" for k in STAGES]]  # fmt: skip
     rows = [
@@ -368,7 +374,10 @@ def result(results: dict[str, Any], argv: list[str] | None, size: str) -> Result
         rows=rows,
         notes=[
             "One run: every figure above is a single measurement (no seeds: the feed's cost does not depend on "
-            "them); CPU-seconds of every process (user + system, /proc), which a busy machine does not inflate. "
+            "them); CPU-seconds of every process (user + system, /proc), which a busy machine inflates less than "
+            "wall time but not at all only when quiet (its caches and memory bandwidth are shared): the 1-minute "
+            f"load average was {load['start']:.1f} at the start, {load['feed_end']:.1f} after the feed's rows and "
+            f"{load['end']:.1f} at the end. "
             "Stages in CPU ms per kept frame; decode includes the probe. Start-up CPU (catalog probe, feed actor) "
             "is per row in the JSON (startup_cpu_s), not in the epochs.",
             "The plain path: a DataLoader whose workers decode with PyAV and apply torchvision.transforms.v2 "

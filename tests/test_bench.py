@@ -6,6 +6,7 @@ import argparse
 import copy
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -45,6 +46,19 @@ def small_data() -> benchlib.LocalData:
 
 
 # ------------------------------------------------------------------------------------------- benchlib
+def test_every_image_and_file_the_benchmarks_page_links_exists(tmp_path):
+    """docs/BENCHMARKS.md's images and relative links resolve; a result without a figure links none."""
+    docs = Path(benchlib.__file__).resolve().parents[1] / "docs"
+    links = re.findall(r"\]\(([^)#\s]+)\)", (docs / "BENCHMARKS.md").read_text())
+    relative = [link for link in links if "://" not in link]
+    assert relative and all((docs / link).exists() for link in relative), [
+        link for link in relative if not (docs / link).exists()
+    ]
+    result = benchlib.Result(name="x", title="X", command="c", size="s", header=["a"], rows=[["1"]])
+    benchlib.write_results(result, tmp_path)
+    assert "png" not in (tmp_path / "x.md").read_text() and not (tmp_path / "x.png").exists()
+
+
 def test_markdown_table_aligns_and_rejects_ragged_rows():
     """markdown_table: first column left, the rest right; a row of the wrong width raises ValueError."""
     text = benchlib.markdown_table(["a", "b", "c"], [["x", "1", "2"]])
