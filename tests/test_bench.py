@@ -371,7 +371,12 @@ def test_report_assembles_sections_and_headlines(tmp_path):
         name="bload_table", title="T", command="cmd", size="tiny", header=["a"], rows=[["1"]],
         verdicts=["v"], headline={"padding_cut_optimal": 1234.0},
     )  # fmt: skip
-    benchlib.write_results(result, tmp_path)
+
+    class Figure:  # what write_results needs of a matplotlib figure
+        def savefig(self, path, **kwargs):
+            Path(path).write_bytes(b"png")
+
+    benchlib.write_results(result, tmp_path, figure=Figure())
     (tmp_path / "pipeline.txt").write_text("rates here")
     text = report.build(tmp_path, "../results")
     assert "| bload_table | padding, naive / optimal (the job's default packer) | 1,234x |" in text
