@@ -23,7 +23,7 @@ Reported: test accuracy and the last validation accuracy per arm and seed, mean 
 the paired difference merge - plain with its se; a difference is called a gain or a loss only when n >= 3
 and |difference| > se (``benchlib.seed_word``), else within noise.
 
-    python bench/bn_merge.py            # default size: 3 seeds x 2 arms (about 20 min on a busy 2-core box)
+    python bench/bn_merge.py            # default size: 3 seeds x 2 arms (about 10 min on a busy 2-core box)
     python bench/bn_merge.py --tiny     # seconds-long runs, 2 seeds (nothing is called a gain or a loss)
     python bench/bn_merge.py --json     # last line: the headline as one JSON object
 """
@@ -173,7 +173,7 @@ def table(res: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def check_table(res: dict) -> tuple[str, list[str], list[list[str]]]:
-    header = ["seed", "weights, max |merge - plain|", "running means, max |merge - plain|",
+    header = ["seed", "weights, largest abs(merge - plain)", "running means, largest abs(merge - plain)",
               "running var, (merge - plain) / plain: mean", "max", "channels above plain",
               "val curve, merge", "val curve, plain", "last train loss, merge / plain"]  # fmt: skip
     rows = []
