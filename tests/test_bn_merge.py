@@ -37,6 +37,10 @@ def _norms(model: torch.nn.Module) -> dict[str, int]:
 
 def test_the_config_and_the_factory_name_the_same_norms():
     assert config_module.NORMS == MODEL_NORMS == ("auto", "batchnorm")
+    from raytrain_seq.models.frame_encoder import SmallFrameEncoder
+
+    with pytest.raises(ValueError, match="'group' or 'batch'"):
+        SmallFrameEncoder(3, norm="frozen")  # the small encoder has no frozen statistics to hold
 
 
 @pytest.mark.parametrize("backbone", ["small", "resnet18", "r3d_18"])
