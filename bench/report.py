@@ -33,6 +33,7 @@ SECTIONS = (
     ("averaging", "AAVG (model averaging)", None),
     ("averaging_ablation", "AAVG ablation at equal steps", None),
     ("batch_rule", "AAVG batch-size rule under epochs and under the step budget", None),
+    ("bn_merge", "AAVG Algorithm 2 with BatchNorm that trains", None),
     ("packing", "Packing on the real UCF101 lengths", ".venv/bin/python bench/packing.py --out bench/results/packing.md"),
     ("pipeline", "Ray Data pipeline vs DataLoader", ".venv/bin/python bench/pipeline.py"),
     ("startup", "A job's start-up vs a bare Ray Train trainer", ".venv/bin/python bench/startup.py"),
@@ -158,6 +159,21 @@ HEADLINES = {
             "over n = 3 seeds (points +- se); the default holds B there, so it is the fixed run",
             "{}",
             "n/a (the paper fixes steps)",
+        ),
+    ],
+    "bn_merge": [
+        (
+            "test_diff_text",
+            "test accuracy, BatchNorm statistics merged (Algorithm 2) - their plain mean, --norm batchnorm, CPU, "
+            "paired over n seeds (points +- se)",
+            "{}",
+            "n/a (only with the merged Adam moments, AAVG3)",
+        ),
+        (
+            "var_excess_mean",
+            "merged running variance over the plain mean's, final models, mean over channels and seeds",
+            "{:+.1e}",
+            "n/a",
         ),
     ],
 }

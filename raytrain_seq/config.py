@@ -69,6 +69,7 @@ BACKBONES: tuple[str, ...] = FRAME_BACKBONES + VIDEO_BACKBONES
 # package.module:function (models/hook.py, FACTORY_PATTERN, the same pattern).
 FACTORY_FORMAT = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
 TEMPORALS: tuple[str, ...] = ("gru", "tcn")
+NORMS: tuple[str, ...] = ("auto", "batchnorm")  # models.factory.MODEL_NORMS (config imports no torch)
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd")
 TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "none")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -314,6 +315,8 @@ class ModelConfig:
     """Hidden size of the temporal module (GRU state or TCN channels)."""
     temporal: str = "gru"
     """Temporal module: "gru" (recurrent) or "tcn" (causal dilated convolutions)."""
+    norm: str = "auto"
+    """"auto": frozen BatchNorm with --weights, else GroupNorm; "batchnorm": BatchNorm that trains (inexact: models.factory)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -344,6 +347,7 @@ class ModelConfig:
         int_at_least("model.depth", self.depth, 1, "use e.g. 3")
         int_at_least("model.hidden", self.hidden, 1, "use e.g. 64")
         choice("model.temporal", self.temporal, TEMPORALS)
+        choice("model.norm", self.norm, NORMS, " (batchnorm trains BatchNorm: see models.factory's caveat)")
         size = self.parameters_estimate()
         if size > MAX_PARAMETERS:
             which = "--width and --depth" if self.backbone == "small" else "--hidden"
@@ -362,10 +366,11 @@ class ModelConfig:
                 f"model.model_factory={self.model_factory!r}: expected 'package.module:function' "
                 "(e.g. mymodels.video:build), a function that returns the per-sequence encoder"
             )
-        if self.weights is not None:
+        if self.weights is not None or self.norm != "auto":
+            name = "weights" if self.weights is not None else "norm"
             raise ValueError(
-                "model.weights is loaded into a --backbone, but model.model_factory builds the encoder: load "
-                "your weights inside the factory function and drop --weights"
+                f"model.{name}={getattr(self, name)!r} applies to a --backbone, but model.model_factory builds "
+                f"the encoder: do that inside the factory function and drop --{name}"
             )
 
     def parameters_estimate(self, in_channels: int = 3) -> int:
@@ -691,16 +696,9 @@ class RunConfig:
             )
 
 
-_SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "train": TrainConfig,
-    "run": RunConfig,
-}
+_SECTIONS: dict[str, type] = dict(data=DataConfig, model=ModelConfig, train=TrainConfig, run=RunConfig)
 # Field names are unique across sections (they are the flag names), so a flat override finds its section.
-_FIELD_SECTION: dict[str, str] = {
-    f.name: name for name, cls in _SECTIONS.items() for f in dataclasses.fields(cls)
-}
+_FIELD_SECTION: dict[str, str] = {f.name: s for s, c in _SECTIONS.items() for f in dataclasses.fields(c)}
 
 
 def _unknown(keys: list[str], known: list[str], where: str) -> ValueError:

@@ -23,6 +23,7 @@ import averaging  # noqa: E402
 import batch_rule  # noqa: E402
 import benchlib  # noqa: E402
 import bload_table  # noqa: E402
+import bn_merge  # noqa: E402
 import dataloader_loop  # noqa: E402
 import flat_device  # noqa: E402
 import gpu_report  # noqa: E402
@@ -1217,3 +1218,64 @@ def video_feed_stages() -> tuple[str, ...]:
     import video_feed
 
     return video_feed.STAGES
+
+
+# -------------------------------------------------------------------------------------------- bn_merge
+def _bn_result(merge: list[float], plain: list[float], excess: float = 1e-3, weights: float = 0.0) -> dict:
+    def runs(tests: list[float]) -> list[dict]:
+        return [{"seed": s, "test": t, "val": t - 0.05, "val_curve": [0.3, t - 0.05], "loss": 0.5, "steps": 40,
+                 "epochs": 4.0, "rounds": 4, "wall_s": 60.0, "load": 9.0} for s, t in enumerate(tests)]  # fmt: skip
+
+    check = {"weights_max_abs_diff": weights, "mean_max_abs_diff": 0.0, "channels": 112,
+             "var_excess_mean": excess, "var_excess_max": 3 * excess, "var_above": 1.0 if excess else 0.0}  # fmt: skip
+    seeds = list(range(len(merge)))
+    return {"size": {"videos": 300, "epochs": 4, "seeds": seeds}, "seeds": seeds, "runs": {"merge": runs(merge),
+            "plain": runs(plain)}, "checks": [dict(check) for _ in merge], "chance": 0.1, "wall_s": 600.0}  # fmt: skip
+
+
+def test_bn_merge_compares_final_models_tensor_by_tensor():
+    """Weights, running means and the merged variances' excess over the plain ones, from two states."""
+    plain = {"w": torch.ones(3), "bn.running_mean": torch.tensor([1.0, 2.0]),
+             "bn.running_var": torch.tensor([1.0, 2.0]), "bn.num_batches_tracked": torch.tensor(5)}  # fmt: skip
+    merge = {**plain, "bn.running_var": torch.tensor([1.1, 2.0])}
+    out = bn_merge.bn_compare(merge, plain)
+    assert out["weights_max_abs_diff"] == 0.0 and out["mean_max_abs_diff"] == 0.0 and out["channels"] == 2
+    assert out["var_excess_max"] == pytest.approx(0.1) and out["var_excess_mean"] == pytest.approx(0.05)
+    assert out["var_above"] == 0.5
+    apart = bn_merge.bn_compare({**merge, "w": torch.tensor([1.0, 1.5, 1.0])}, plain)
+    assert apart["weights_max_abs_diff"] == pytest.approx(0.5)
+
+
+def test_bn_merge_pairs_by_seed_and_calls_only_beyond_the_se_over_three_seeds():
+    assert bn_merge.paired([0.5, 0.7, 0.6], [0.6, 0.7, 0.7]) == (
+        pytest.approx(-20 / 3),
+        pytest.approx(10 / 3),
+        3,
+    )
+    assert bn_merge.paired([0.5, None], [0.4, 0.3]) == (pytest.approx(10.0), None, 1)
+    gain = bn_merge.headline(_bn_result([0.80, 0.85, 0.90], [0.70, 0.76, 0.79]))
+    assert gain["n"] == 3 and gain["test_call"] == "a gain beyond one se" and gain["arms_differ"]
+    assert set(bn_merge.HEADLINE_KEYS) <= set(gain)
+    two = bn_merge.headline(_bn_result([0.8, 0.9], [0.5, 0.6]))
+    assert two["test_call"] == "within noise"  # +30 points over 2 seeds: too few to call
+    noise = " ".join(bn_merge.verdicts(_bn_result([0.6, 0.7, 0.5], [0.7, 0.6, 0.5])))
+    assert "no difference to test accuracy that these seeds can resolve" in noise
+    assert "vacuous" not in noise and "the same weights" in noise
+    vacuous = " ".join(bn_merge.verdicts(_bn_result([0.6] * 3, [0.6] * 3, excess=0.0)))
+    assert "vacuous" in vacuous
+    header, rows = bn_merge.table(_bn_result([0.6, 0.7, 0.5], [0.7, 0.6, 0.5]))
+    assert all(len(r) == len(header) for r in rows) and rows[-1][2:5] == ["-10.0", "+10.0", "+0.0"]
+
+
+def test_bn_merge_main_writes_its_results_and_ends_with_the_json_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        bn_merge, "run", lambda size, seeds=None: _bn_result([0.6, 0.7, 0.5], [0.7, 0.6, 0.5])
+    )
+    head = bn_merge.main(["--results", str(tmp_path), "--json"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(bn_merge.HEADLINE_KEYS) <= set(last) and last["n"] == head["n"] == 3
+    saved = json.loads((tmp_path / "bn_merge.json").read_text())
+    assert saved["headline"]["test_call"] == "within noise" and (tmp_path / "bn_merge.md").exists()
+    with pytest.raises(SystemExit) as info:
+        bn_merge.main(["--help"])
+    assert info.value.code == 0

@@ -122,6 +122,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "model.depth": (["2"], 2, []),
     "model.hidden": (["32"], 32, []),
     "model.temporal": (["tcn"], "tcn", []),
+    "model.norm": (["batchnorm"], "batchnorm", []),
     "train.learners": (["2:8"], (2, 8), []),
     "train.max_failures": (["-1"], -1, []),
     "train.worker_start_timeout_s": (["5"], 5.0, []),

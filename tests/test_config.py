@@ -105,6 +105,7 @@ BAD_VALUES = [
     ("model.hidden", -4, 4),
     ("model.hidden", 100_000, 512),
     ("model.temporal", "lstm", "tcn"),
+    ("model.norm", "batch", "batchnorm"),
     ("train.learners", 0, 1),
     ("train.learners", "2-8", 3),
     ("train.learners", "8:2", 8),

@@ -60,6 +60,15 @@ CLAIMS: dict[str, list[tuple[str, str, Callable]]] = {
         ("averaging", "test_ddp", lambda v: f"DDP {100 * v:.1f} %"),
         ("averaging_ablation", "paper_aavg2_minus_1", lambda v: f"AAVG2 - AAVG1 {v}"),
         ("averaging_ablation", "paper_aavg3_minus_2", lambda v: f"AAVG3 - AAVG2 {v}"),
+        # Algorithm 2 with BatchNorm that trains: the paired test difference and the direct check.
+        (
+            "bn_merge",
+            "test_diff_text",
+            lambda v: (
+                f"Algorithm 2's merge of its running statistics against their plain mean {v} test points"
+            ),
+        ),
+        ("bn_merge", "var_excess_mean", lambda v: f"merged variances {v:.1e}".replace("e-0", "e-")),
     ],
     "Refurbishing": [
         ("refurbish_real", "r3_cpu_saving_text", lambda v: f"CPU-seconds per sample, r = 1 over r = 3: {v}"),

@@ -436,8 +436,8 @@ def test_registry_entries_and_option_checks():
     assert {"small", "resnet18", "resnet50", "resnet152"} <= set(FRAME_ENCODERS)
     with pytest.raises(TypeError, match="nrom"):
         build_frame_encoder("resnet18", 3, nrom="group")
-    with pytest.raises(ValueError, match="'frozen', 'group'"):
-        build_frame_encoder("resnet18", 3, norm="batch")
+    with pytest.raises(ValueError, match="'frozen', 'group', 'batch'"):
+        build_frame_encoder("resnet18", 3, norm="BatchNorm")
     with pytest.raises(ValueError, match="resnet152"):
         build_frame_encoder("resnet34", 3)
     with pytest.raises(ValueError, match="in_channels"):

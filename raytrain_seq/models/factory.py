@@ -26,6 +26,17 @@ Where the starting weights come from, in order:
   first conv averaged for flow, RGB normalised with Kinetics' mean and std.
 * otherwise a fresh initialisation (seeded by the caller), GroupNorm for a resnet trained from scratch.
 
+Normalisation (``model.norm``): "auto", the default, is exact: frozen BatchNorm with ``model.weights`` (or
+a source run's frozen statistics), else GroupNorm, so a sequence's logits never depend on the rest of its
+batch. "batchnorm" gives every backbone (the small encoder, the ResNets, the video ResNets) BatchNorm that
+trains, with running statistics that travel through the averaging round like any buffer and are merged
+there by Algorithm 2 of AAVG (``train.merge_bn_stats``). Its batch statistics are NOT exact here: a BLoad
+block packs several videos into one row (and a per-frame encoder normalises the real frames of every
+sequence of a micro-batch together), so a video's activations depend on which videos share its
+micro-batch, and micro-batch streaming computes statistics per micro-batch, so the gradient is not the
+full mini-batch's (``microbatch`` warns once). It is offered for the Algorithm 2 experiment
+(``bench/bn_merge.py``, docs/BENCHMARKS.md) and for users who accept that.
+
 Trade-off: every learner reads the source run's checkpoint itself (no broadcast), so ``init_from`` must
 be on storage every learner node can read (the same requirement Ray Train has for resuming); the file
 is the averaged model only (tens to hundreds of MB for a resnet), read once at start.
@@ -66,10 +77,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_model_for", "load_run_state", "model_from_state"]
+__all__ = ["MODEL_NORMS", "build_model_for", "load_run_state", "model_from_state"]
 
+MODEL_NORMS: tuple[str, ...] = ("auto", "batchnorm")
+"""``model.norm``'s choices (``config.NORMS``, equal: a test holds them so)."""
 # Fields that fix the shapes of a TemporalClassifier's tensors: a source run must agree on all of them.
-_ARCHITECTURE = ("backbone", "model_factory", "width", "depth", "hidden", "temporal")
+_ARCHITECTURE = ("backbone", "model_factory", "width", "depth", "hidden", "temporal", "norm")
 
 
 def load_run_state(run_dir: str | Path) -> checkpoint.Checkpoint:
@@ -98,6 +111,13 @@ def _uses_frozen_norm(params: Mapping[str, torch.Tensor]) -> bool:
     return any(key.startswith("encoder.") and key.endswith("running_mean") for key in params)
 
 
+def _encoder_norm(config: Config, frozen: bool) -> str:
+    """The encoder's ``norm``: "batch" under ``model.norm="batchnorm"``, else "frozen" or "group"."""
+    if config.model.norm == "batchnorm":
+        return "batch"
+    return "frozen" if frozen else "group"
+
+
 def _build_sequence(
     config: Config, num_classes: int, in_channels: int, *, frozen: bool, pretrained: bool
 ) -> SequenceClassifier:
@@ -106,7 +126,7 @@ def _build_sequence(
     if m.model_factory is not None:
         encoder = build_from_factory(m.model_factory, in_channels)
         return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.model_factory))
-    encoder = VideoBackbone(m.backbone, in_channels, norm="frozen" if frozen else "group")
+    encoder = VideoBackbone(m.backbone, in_channels, norm=_encoder_norm(config, frozen))
     stats = {"mean": KINETICS_MEAN, "std": KINETICS_STD} if pretrained and in_channels == 3 else {}
     return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.backbone, **stats))
 
@@ -124,8 +144,8 @@ def _build(config: Config, num_classes: int, in_channels: int, *, frozen: bool, 
     if m.model_factory is not None or m.backbone in VIDEO_ARCHS:
         return _build_sequence(config, num_classes, in_channels, frozen=frozen, pretrained=imagenet)
     options: dict[str, Any] = {}
-    if m.backbone != "small":
-        options["encoder_options"] = {"norm": "frozen" if frozen else "group"}
+    if m.backbone != "small" or m.norm == "batchnorm":
+        options["encoder_options"] = {"norm": _encoder_norm(config, frozen)}
     if imagenet and in_channels == 3:
         options.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     return build_model(

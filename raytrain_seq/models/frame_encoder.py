@@ -4,7 +4,10 @@ Algorithm: each real frame of a BLoad block (Iftekhar, Ruschel et al., "BLoad") 
 the encoder can never mix two sequences; the temporal module that follows is where resets matter. The
 "small" encoder is ``depth`` stride-2 stages of conv3x3 -> GroupNorm -> ReLU (channels ``width * 2**i``)
 and a global spatial mean. GroupNorm, never BatchNorm: batch statistics would couple the frames of
-different sequences (and of different micro-batches, breaking the exact micro-batch gradient).
+different sequences (and of different micro-batches, breaking the exact micro-batch gradient). The one
+exception is asked for by name: ``norm="batch"`` (``model.norm="batchnorm"``) puts ``nn.BatchNorm2d`` in its
+place, for the Algorithm 2 experiment (``bench/bn_merge.py``) and for users who accept inexact statistics
+(``models.factory`` says why).
 
 Trade-off: the width 16 / depth 4 encoder has 97,680 parameters and still takes most of the classifier's
 forward+backward on CPU (docs/ARCHITECTURE.md, "Measurements behind the code"); it is deliberately tiny so the whole pipeline trains on
@@ -77,14 +80,20 @@ class FrameNormalizer(nn.Module):
 
 
 class SmallFrameEncoder(nn.Module):
-    """``depth`` stride-2 conv3x3 + GroupNorm + ReLU stages, then a spatial mean: ``[N,C,H,W] -> [N,D]``.
+    """``depth`` stride-2 conv3x3 + GroupNorm (``norm="batch"``: BatchNorm) + ReLU stages, then a spatial mean: ``[N,C,H,W] -> [N,D]``.
 
     Channels double per stage from ``width``: width 16, depth 4 -> 16, 32, 64, 128, so ``out_dim`` is
     ``width * 2**(depth-1)`` (128). A 32x32 frame shrinks 32 -> 16 -> 8 -> 4 -> 2 before the mean.
     """
 
-    def __init__(self, in_channels: int, *, width: int = 16, depth: int = 4, groups: int = 8) -> None:
+    def __init__(
+        self, in_channels: int, *, width: int = 16, depth: int = 4, groups: int = 8, norm: str = "group"
+    ) -> None:
         super().__init__()
+        if norm not in ("group", "batch"):
+            raise ValueError(
+                f"norm must be 'group' or 'batch', got {norm!r}: 'group' unless BatchNorm must train"
+            )
         _positive_int("in_channels", in_channels)
         _positive_int("width", width)
         _positive_int("depth", depth)
@@ -97,7 +106,7 @@ class SmallFrameEncoder(nn.Module):
                 # No conv bias: GroupNorm's shift makes it redundant.
                 nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=False),
                 # gcd keeps the group count a divisor of the channels (width 12 -> 4 groups of 3).
-                GroupNorm(math.gcd(c_out, groups), c_out),
+                GroupNorm(math.gcd(c_out, groups), c_out) if norm == "group" else nn.BatchNorm2d(c_out),
                 nn.ReLU(inplace=True),
             ]
             c_in = c_out
@@ -108,7 +117,7 @@ class SmallFrameEncoder(nn.Module):
         return self.features(x).mean(dim=(2, 3))
 
 
-def _build_small(in_channels: int, **kwargs: int) -> nn.Module:
+def _build_small(in_channels: int, **kwargs: Any) -> nn.Module:
     return SmallFrameEncoder(in_channels, **kwargs)
 
 
@@ -123,7 +132,7 @@ def build_frame_encoder(name: str, in_channels: int, **kwargs: Any) -> nn.Module
     """Build the frame encoder registered as ``name`` (see ``FRAME_ENCODERS``) for ``in_channels`` inputs.
 
     ``in_channels`` is 3 for RGB and 2 for optical flow (x, y). Keyword options go to the builder
-    ("small": ``width``, ``depth``, ``groups``; the ResNets: ``norm`` "frozen" | "group" and ``weights``, a
+    ("small": ``width``, ``depth``, ``groups``, ``norm`` "group" | "batch"; the ResNets: ``norm`` "frozen" | "group" and ``weights``, a
     local torchvision ImageNet file, and they ignore the small encoder's options).
     """
     if name not in FRAME_ENCODERS:

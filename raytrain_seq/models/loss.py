@@ -59,7 +59,8 @@ def predict(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> tuple[torch.
 
     Both are on the model's output device, in the same row-major (row, slot) order, so
     ``(logits.argmax(1) == labels).float().mean()`` is the per-sequence accuracy. The caller chooses
-    train/eval mode (the model has no BatchNorm or dropout, so both give the same logits).
+    train/eval mode: without dropout both give the same logits, except under ``model.norm="batchnorm"``,
+    where train mode normalises by the batch (every caller scores in eval mode, the running statistics).
     """
     frames, starts, lengths, labels, num_sequences = _block_fields(batch)
     with torch.no_grad():

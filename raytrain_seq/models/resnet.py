@@ -9,7 +9,8 @@ the run checkpoints written before this module built on torchvision (the same ke
 
 Normalisation. Micro-batch streaming (Piao, Synn et al.) makes BatchNorm's batch statistics depend on how
 a mini-batch is split, and BLoad blocks would couple different sequences through them, so torchvision's
-``norm_layer`` is never ``nn.BatchNorm2d`` here. ``norm="frozen"`` is torchvision's FrozenBatchNorm2d
+``norm_layer`` is ``nn.BatchNorm2d`` only when asked for (``norm="batch"``, ``model.norm="batchnorm"``: its
+statistics are inexact, ``models.factory`` says why). ``norm="frozen"`` is torchvision's FrozenBatchNorm2d
 (``models.norm.FrozenBatchNorm``: ``weight``, ``bias``, ``running_mean``, ``running_var`` are buffers
 with BatchNorm2d's state_dict keys, so ImageNet weights load), the fixed affine map ``x * scale + shift``;
 frames never interact and nothing is learned in it. ``norm="group"`` is GroupNorm with 32 groups (Wu &
@@ -67,7 +68,7 @@ __all__ = [
 # torchvision's ImageNet input statistics (RGB, images in [0, 1]); pass them to FrameNormalizer with weights.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-NORMS = ("frozen", "group")
+NORMS = ("frozen", "group", "batch")
 GROUPS = 32  # GroupNorm groups: every ResNet width (64 .. 2048) is a multiple of 32
 
 
@@ -78,6 +79,8 @@ FrozenBatchNorm2d = FrozenBatchNorm
 def _norm_layer(norm: str) -> Callable[[int], nn.Module]:
     if norm == "frozen":
         return FrozenBatchNorm
+    if norm == "batch":
+        return nn.BatchNorm2d
     return lambda channels: GroupNorm(GROUPS, channels)
 
 
@@ -97,7 +100,7 @@ def _check_options(arch: str, in_channels: int, norm: str) -> None:
     if norm not in NORMS:
         raise ValueError(
             f"norm must be one of {NORMS}, got {norm!r}: 'frozen' for ImageNet weights, 'group' "
-            f"for training from scratch"
+            f"for training from scratch, 'batch' for BatchNorm that trains (inexact: models.factory)"
         )
 
 

@@ -10,7 +10,11 @@ temporal padding is its own zeros, as when run alone) and padding frames are nev
 ``forward_packed`` batches the sequences of equal length into one call, which changes nothing per clip
 because no layer couples the clips of a batch: every ``nn.BatchNorm3d`` is replaced, by frozen statistics
 (``models.norm.FrozenBatchNorm``; with ``weights``) or by GroupNorm (from scratch; R(2+1)D's middle widths
-such as 45 or 230 get the largest group count <= 32 that divides them).
+such as 45 or 230 get the largest group count <= 32 that divides them). ``norm="batch"`` (``model.norm=
+"batchnorm"``) keeps torchvision's trainable ``nn.BatchNorm3d`` instead: then the clips of one length in a
+micro-batch share batch statistics and a lone clip whose last stage is 1 x 1 x 1 cannot train (PyTorch's
+"more than 1 value per channel" error), so it is inexact (``models.factory`` says why) and offered for the
+Algorithm 2 experiment (``bench/bn_merge.py``) and for users who accept that.
 
 Weights: ``load_video_weights(backbone, FILE)`` loads a torchvision state_dict (the Kinetics-400 files
 of ``R2Plus1D_18_Weights`` etc., downloaded beforehand) with ``models.weights.load_backbone_weights``:
@@ -49,13 +53,16 @@ __all__ = [
 KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
 KINETICS_STD = (0.22803, 0.22145, 0.216989)
 VIDEO_ARCHS: tuple[str, ...] = ("r2plus1d_18", "r3d_18", "mc3_18")
-NORMS = ("frozen", "group")
+NORMS = ("frozen", "group", "batch")
 FIRST_CONV = "stem.0.weight"  # every VideoResNet stem starts with its one Conv3d on the input
 
 
 def _replace_batchnorm(module: nn.Module, norm: str) -> int:
-    """Swap every ``nn.BatchNorm3d`` below ``module`` for the ``norm`` layer, in place; returns the count."""
+    """Swap every ``nn.BatchNorm3d`` below ``module`` for the ``norm`` layer, in place; returns the count
+    (``norm="batch"`` keeps them: 0)."""
     count = 0
+    if norm == "batch":
+        return count
     for name, child in list(module.named_children()):
         if isinstance(child, nn.BatchNorm3d):
             c = child.num_features
@@ -81,7 +88,8 @@ class VideoBackbone(nn.Module):
             raise ValueError(f"in_channels must be a positive int, got {in_channels!r}: e.g. 3 for RGB")
         if norm not in NORMS:
             raise ValueError(
-                f"norm must be one of {NORMS}, got {norm!r}: 'frozen' with weights, else 'group'"
+                f"norm must be one of {NORMS}, got {norm!r}: 'frozen' with weights, else 'group' ('batch': "
+                "BatchNorm that trains, inexact: models.factory)"
             )
         self.arch, self.in_channels, self.norm = arch, in_channels, norm
         net = getattr(tv_video, arch)(weights=None)
