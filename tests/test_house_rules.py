@@ -1037,11 +1037,11 @@ def long_module_docstrings(root: Path, folders: tuple[str, ...], limit: int) -> 
         for path in sorted((root / folder).rglob("*.py")):
             body = ast.parse(path.read_text()).body
             first = body[0] if body else None
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    lines = first.end_lineno - first.lineno + 1
-                    if lines > limit:
-                        found[path.relative_to(root).as_posix()] = lines
+            is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            if is_doc and isinstance(first.value.value, str):
+                lines = first.end_lineno - first.lineno + 1
+                if lines > limit:
+                    found[path.relative_to(root).as_posix()] = lines
     return found
 
 
