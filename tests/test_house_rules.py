@@ -1105,7 +1105,9 @@ def test_every_cited_section_of_the_design_exists():
 
 
 def test_checker_finds_a_cited_section_that_is_gone(tmp_path):
-    design = _write_tree(tmp_path, {DESIGN: "# Design\n\n## Kept section\n\n### The frame cache (real video)\n"})
+    design = _write_tree(
+        tmp_path, {DESIGN: "# Design\n\n## Kept section\n\n### The frame cache (real video)\n"}
+    )
     doc = "ARCHITECTURE" + ".md"
     _write_tree(
         tmp_path,
