@@ -3,7 +3,8 @@
 Both ways on the same videos, epoch by epoch under the same balanced eviction (``--reuse``), in one
 process, timed by this thread's CPU clock: **recompute** (the feed before flow once: decode the pairs,
 cut the epoch's window, flow on the window) and **flow once** (epoch 0 computes the whole-frame flow,
-``sources.flow_videos``, then every refurbish cuts its window, ``sources.window_videos``). The videos are
+``sources.flow_videos``, then every refurbish cuts its window, ``sources.window_videos``; the bytes differ
+near the window's borders, where the solver now sees real pixels). The videos are
 the miniature UCF101 of ``tests/video_fixtures.py``, decoded up to ``--size``; OpenCV runs one thread.
 The table gives per epoch the videos recomputed and each mode's CPU seconds; the summary line the mean
 over the epochs after the first and the ratio; ``--json`` adds one JSON last line.

@@ -292,7 +292,7 @@ class ParameterAverager:
 
     async def _score(self, action: StartEvaluator, state: AveragedState) -> None:
         """Have the validator score ``state`` and hand its return to the machine; the learners go on
-        meanwhile. The round that ends training is scored after the test pass (module docstring)."""
+        meanwhile. The round that ends training is scored after the test pass (docs/ARCHITECTURE.md, "Validation")."""
         if action.after_test:
             try:
                 await asyncio.wait_for(self._test.tested.wait(), self._book.timeout_s)
