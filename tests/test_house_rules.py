@@ -18,7 +18,9 @@ Rules pinned, each by a checker function and a test of the real tree:
 11. no two folders of raytrain_seq import each other: the folders are layers, each import between two of
     them points one way (imports inside functions count);
 12. no class of raytrain_seq/ has over 20 methods and no module over 600 lines (the listed exceptions may
-    not grow, and leave the list once within the bar).
+    not grow, and leave the list once within the bar);
+13. no module docstring of raytrain_seq/, jobs/ or bench/ is over 15 lines;
+14. every section of docs/ARCHITECTURE.md that a file cites by name is a heading there.
 
 Each checker also gets a synthetic counterexample (``test_checker_*``), so that no rule passes vacuously.
 """
