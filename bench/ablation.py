@@ -2,34 +2,16 @@
 rules, from scratch and from a warm start, over seeds; AAVG4 and the two-stream fusion over seeds on a
 miniature real-video set.
 
-The paper (Cong et al., "Accelerating deep neural network training for action recognition on a cluster
-of GPUs"; UCF101 RGB stream, ResNet-152 from ImageNet weights) fixes the number of steps N (Algorithm 1)
-and reports AAVG1 (constant batch) 81.6 % < AAVG2 (adaptive batch) 83.7 % < AAVG3 (adaptive batch +
-merged Adam moments and BatchNorm statistics, Algorithm 2) 85.6 % validation accuracy; AAVG4 initialises
-the flow stream from the RGB one, and the two streams are fused. Its batch rule: grow B by b2 = 2 when
-validation falls below b1 = 1 times its best, up to 576. Here, on the synthetic set with 2 learners on a
-local Ray cluster, every run is ``raytrain_seq.runtime.driver.run``:
+The paper fixes the steps N and compares AAVG1 (constant batch) < AAVG2 (adaptive batch) < AAVG3 (+ merged
+Adam moments and BatchNorm statistics); AAVG4 starts flow from RGB. Here, every run ``driver.run`` on the
+synthetic set with 2 learners: 1. a warm start (AAVG1 for ``warm_epochs``, the warm variants'
+``--init-from``); 2. per start and seed, AAVG1, then AAVG2 and AAVG3 under each ``train.batch_rule``, each
+``--steps N`` (switches ``adaptive_batch``, ``merge_moments``, ``merge_bn_stats``); 3. on the miniature
+UCF101, per seed: RGB, flow ``--init-from`` it (AAVG4), flow from scratch, both at a tenth of the rate,
+and the fusion. Per variant the mean and se over seeds; differences paired by seed are a gain or a loss
+only when n >= 3 and |diff| > se (``benchlib.seed_word``).
 
-1. the warm start: one AAVG1 run from scratch for ``warm_epochs`` epochs, the ``--init-from`` of every
-   warm variant (standing in for the paper's ImageNet start);
-2. per start (warm, scratch) and seed: AAVG1, then AAVG2 and AAVG3 under each rule (``train.batch_rule``
-   "paper": b1 = 1; "noise-aware": the job's default), each ``--steps N`` (the paper's budget, under which
-   ``train.batch_growth = "steps"`` lets B grow), B from 1 block up to the paper's 576, which the rows a
-   learner has per epoch cap first; the switches are ``adaptive_batch``, ``merge_moments`` and
-   ``merge_bn_stats`` (AAVG1 and AAVG2 merge neither);
-3. the miniature UCF101 of ``tests/video_fixtures.py``, per seed: an RGB run, a flow run ``--init-from``
-   it (AAVG4), a flow run from scratch, the same two at a tenth of the learning rate (does the transfer
-   fail at the preset's rate?) and the fusion of RGB and AAVG4 flow (``runtime.fuse.run_fuse``).
-
-Per variant: the mean over seeds of each run's last validation accuracy and test accuracy with their
-standard errors and n (the seeds); each difference between variants is paired by seed (the same videos,
-plans and initial weights) and carries the standard error of the paired differences and n. A difference
-is called a gain or a loss only when n >= 3 and |difference| > its se, else "within noise"
-(``benchlib.seed_word``, the rule of ``bench/batch_rule.py``).
-
-    python bench/averaging.py --only ablation --json                # the default size
-    python bench/averaging.py --only ablation --seeds 0 1 --json    # fewer seeds (>= 2; nothing is called
-                                                                    # a gain or a loss below 3)
+    python bench/averaging.py --only ablation --json   # --seeds 0 1: fewer (none called a gain below 3)
 """
 
 from __future__ import annotations

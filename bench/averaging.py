@@ -1,36 +1,17 @@
 """AAVG on the synthetic set with 2 learners: K, the DDP peer, the averager's bandwidth; the AAVG1..4 ablation.
 
-The paper (Cong et al., "Accelerating deep neural network training for action recognition on a cluster
-of GPUs"; UCF101, ResNet-152 two-stream, 16 P100s) reports that sparse averaging (K = -1, once per epoch)
-converges well with little communication, the ablation AAVG1 (constant batch) 81.6 % < AAVG2 (adaptive
-batch) 83.7 % < AAVG3 (adaptive batch + merged Adam moments) 85.6 % on the RGB stream, and 61 minutes on
-16 GPUs against 2067 minutes for single-GPU SGD to similar accuracy. This script runs the real job
-(``raytrain_seq.runtime.driver.run`` with a ``Config``) on a local Ray cluster (``ray.init(num_cpus=4)``):
-
-1. K in {1, 4, 16, -1 (epoch)} -> test accuracy, wall time of the learners, share of it spent averaging
-   (``RunSummary.seconds``); m (validate every m rounds) is set so that every K validates once per epoch.
-2. The AAVG1..3 ablation lives in ``bench/ablation.py`` and runs alone (``--only ablation``, its own
-   result ``averaging_ablation``): every variant takes the same N steps (``--steps``) under both batch
-   rules (``--batch-rule paper|noise-aware``), from scratch and from one warm start, over several seeds,
-   plus AAVG4 and the two-stream fusion over seeds on a miniature real-video set.
-3. The same job's peer on Ray Train ``TorchTrainer`` with ``DistributedDataParallel`` (all-reduce every
-   step, gloo on CPU): the same feed (``runtime.feed.create_feed``, rows through ``runtime.learner_feed.LearnerFeed``),
-   model (``models.factory.build_model_for``) and ``step.InnerStep``, so only the synchronisation
-   differs. Headline: time to the same validation accuracy (the lower of the two runs' best), DDP / AAVG.
-4. The averaging data plane: one round of n learner processes (n = 1, 2, 4, 8; 100 MB of weights + Adam
-   moments each; default sharding, one shard actor per learner) on the local cluster, from packing to
-   holding the averaged state, against a numpy mean of the same bytes and the library arithmetic
-   (``average_states`` + ``merge_adam_states``) in one process; the busiest actor's bytes per round
-   (hub load, counted by the actors) for the shards and for one shard (the star); where a round's time
-   goes; and a cost model for 16 learners of ResNet-152 size, star and sharded. The cluster's object
-   store is preallocated (``run.object_store_gb``, sized by ``store_gb``); ``--only bandwidth`` also
-   times a round of 2 learners on Ray's default store (``default_store`` in its JSON line).
+Every run is the real job (``driver.run``) on a local Ray cluster: 1. K in {1, 4, 16, -1 (epoch)} ->
+test accuracy, learners' wall time, its share averaging; 2. the ablation (``bench/ablation.py``,
+``--only ablation``, its own result ``averaging_ablation``); 3. the DDP peer on Ray Train's
+``TorchTrainer`` (all-reduce every step) with the same feed, model and ``step.InnerStep``, so only the
+synchronisation differs: time to the same validation accuracy, DDP / AAVG; 4. the data plane: one round
+of n = 1, 2, 4, 8 learner processes against a numpy mean of the same bytes and the library arithmetic,
+the busiest actor's bytes per round (sharded and star), where a round's time goes, and a cost model for
+16 ResNet-152 learners; the store is preallocated (``--only bandwidth`` also times Ray's default store).
 
     python bench/averaging.py            # default size (the one make bench runs)
     python bench/averaging.py --tiny     # one short run of each kind
-    python bench/averaging.py --only bandwidth --json   # the data plane only; last line: one JSON object
-    python bench/averaging.py --only ablation --json    # the ablation at equal N; last line: one JSON object
-    python bench/averaging.py --only ablation --tiny --json   # its tiny size (bench/ablation.py, SIZES)
+    python bench/averaging.py --only bandwidth --json   # the data plane only (or --only ablation)
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 """AAVG batch-size rule: growing B under epochs and under the paper's step budget, against a fixed batch.
 
-Algorithm 1 of AAVG (Cong et al.) grows the batch size B when the validation accuracy falls below its best
-and runs N optimizer steps, so a grown B sees more data in the same steps. This script runs the job
-(``raytrain_seq.runtime.driver.run`` on a local Ray cluster, CPU only) and compares, paired by seed
-(``data.seed``: split, plans, augmentations, initial weights; mean and se = std / sqrt(n) of the per-seed
-differences of test accuracy):
+Runs the job (``runtime.driver.run``, local Ray, CPU) and compares test accuracy paired by seed (mean
+and se of the per-seed differences): at equal epochs, ``always`` (``--batch-growth always``) against
+``fixed`` (``--no-adaptive-batch``) on the synthetic set with 10 and 1,000 validation videos and on a
+miniature UCF101 of real .avi files (the default holds B under epochs, so it is the fixed run); under the
+paper's budget, ``default --steps N`` against the fixed run of the same seed and N steps. A difference
+is a gain or loss only when |diff| > se over n >= 3 seeds, else "within noise". A run whose Ray Train
+group fails to start is tried once more.
 
-- at equal epochs, ``always`` (``--batch-growth always``: B grows under an epoch budget too) against
-  ``fixed`` (``--no-adaptive-batch``), on the synthetic set with 10 and with 1,000 validation videos and on
-  a miniature UCF101 of real .avi files (``tests/video_fixtures.py``, ``colours="clip"``: only the motion
-  tells the classes apart). The job's default (``batch_growth="steps"``) is not run there: under epochs it
-  holds B at its start (``averaging.batch_may_grow``), so it is the fixed run (a unit test pins it);
-- under the paper's budget on the miniature set, ``default --steps N`` against the ``fixed`` run of the same
-  seed, which took the same N steps (a grown B reads more rows per step: equal steps, not equal data).
-
-A gain or loss is called so only when |difference| > its se over n >= 3 seeds, else "within noise".
-
-    python bench/batch_rule.py            # default size (30-60 minutes on a busy 2-core box)
+    python bench/batch_rule.py            # the default size
     python bench/batch_rule.py --tiny     # one short run per set, rule and seed
     python bench/batch_rule.py --json     # last line: the headline as one JSON object
     python bench/batch_rule.py --runs-dir DIR   # keep each run's numbers: a rerun skips the runs done
-
-A run whose Ray Train group fails to start (seen on a loaded box) is tried once more with the same config.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Shared pieces of the benchmark scripts: result files, tables, plots, machine facts, single-process data.
 
-Every table script (``bload_table.py``, ``refurbish.py``, ``microbatch.py``, ``averaging.py``) ends with
-``write_results``: ``bench/results/<name>.md`` (title, command, table, notes, verdict sentences) and
-``<name>.json`` (the same plus the headline numbers), which ``report.py`` assembles into
-``docs/BENCHMARKS.md``. The verdicts are built by each script from the numbers it just measured.
-
-The single-process data helpers (``LocalData``) give the benchmarks the job's data path without Ray:
-the synthetic catalogs (``raytrain_seq.data.synthetic``), the partial and final augmentations
-(``raytrain_seq.augment``), the packing plan (``raytrain_seq.packing``) and the row assembly of
-``raytrain_seq.rows.assembly`` (which imports no ray), so a row here is byte-for-byte the row a Ray
-learner receives for the same seed, epoch and plan.
-
-Nothing here imports ray at import time (``local_ray`` imports it when called); matplotlib is imported
-inside ``new_figure`` only. The run-level helpers (``mean_se``, ``tree_cpu_seconds``, ``CpuSampler``,
-``local_ray``) serve the benchmarks that run the whole job (``raytrain_seq.runtime.driver.run``).
+Every table script ends with ``write_results``: ``bench/results/<name>.md`` (title, command, table,
+notes, verdicts built from the numbers just measured) and ``<name>.json`` (the same plus the headline),
+which ``report.py`` assembles into ``docs/BENCHMARKS.md``. ``LocalData`` gives the benchmarks the job's
+data path without Ray (synthetic catalogs, augmentations, packing, ``rows.assembly``), byte for byte the
+rows a Ray learner receives for the same seed, epoch and plan. ``seed_word`` calls a difference a gain or
+a loss only with n >= 3 seeds and |diff| > se. The run-level helpers (``mean_se``, ``tree_cpu_seconds``,
+``CpuSampler``, ``local_ray``) serve the benchmarks that run the whole job. Nothing here imports ray at
+import time (``local_ray`` does when called); matplotlib only inside ``new_figure``.
 """
 
 from __future__ import annotations

@@ -1,52 +1,17 @@
 """BLoad Table I on the synthetic set: naive padding vs sampling vs mix pad vs chunk vs bload vs optimal packing.
 
-The paper (Iftekhar, Ruschel et al., Table I, Action Genome, DDS model on 8 A100s) reports per strategy the
-padding frames, frames deleted, time per epoch and recall@20: naive padding 534,831 padding frames and
-170 min per epoch (not trained to the end), sampling 0 padding / 92,271 frames deleted (55 % of 166,785)
-/ 18 min / 41.2, mix pad 37,712 / 40,289 / 40 min / 42.1, block pad 3,695 padding frames / 41 min / 43.3.
-This script measures the same columns for the job's temporal model (``models.factory.build_model_for`` on
-a "demo"-like config) trained on the synthetic set with each strategy, same epochs, same seed, same
-initial weights.
-
-Two times per epoch. The job's model gathers the real frames of a block and never encodes padding, so
-padding costs it only row assembly; the paper's DDS computed on every frame of its blocks, padding
-included. The second column trains, beside each strategy's model, the same model made to encode every
-frame it is given (``EncodeEveryFrame``: the padding frames go through the frame encoder in the same
-batched call and their features are dropped, so the logits are the job's model's and the cost is the
-paper's). Headline ratios say which packer they are: ``optimal`` (the job's default) or ``bload`` (the
-paper's random fill).
-
-The baselines. ``sampling`` is the paper's, as its Fig. 4 caption describes it ("each sequence is
-trimmed to match a smaller size, usually the length of the average entry in the dataset. In this
-approach, one sequence might be broken into several smaller portions") with Table I's 0 padding:
-pieces of exactly round(mean length) frames, every tail and every shorter video deleted
-(``benchlib.sampling_plan``). ``chunk`` (``packing.pack``'s baseline) cuts the same pieces but keeps a
-shorter video whole and pads it, so it deletes far less; it is not the paper's baseline, and the
-accuracy verdict that mirrors the paper's (+2.1 recall@20 for block pad over sampling) compares with
-``sampling``. ``mix`` is the paper's "mix pad", which its text does not describe but its Table I's counts
-pin down (``benchlib.mix_pad_plan``): every video padded or trimmed to one sample of the mean length.
-recall@20 is a scene-graph metric; the classification analogue here is top-k accuracy
-(k = 5 of the synthetic set's 10 classes), reported beside top-1.
-
-Single process, no Ray: per epoch every video's partial augmentation is computed once (the job's
-``partial_rng`` stream, shared by all strategies and outside the timed region), then each strategy
-packs the epoch (the job's per-epoch plan seed), assembles its block rows with
-``rows.assembly.assemble_rows`` (the Ray pipeline's own row assembly, final crop + flip included) and
-trains with ``step.InnerStep`` (micro-batch streaming); ``step.evaluate`` scores the test split. The
-strategies are trained round-robin within each epoch so that load on a shared machine hits them alike.
-Time per epoch = row assembly + training steps of that strategy.
-
-Equal work per step: every strategy takes the same number of optimizer steps per epoch (optimal's
-``ceil(blocks / batch)``), so its rows per step scale with its block count and each step holds about
-the same number of sequences; the micro-batch is a fixed frame budget (``micro`` rows of optimal's
-``t_max``), i.e. the same device memory for every strategy. Accuracy is on whole test videos for every
-strategy (for chunk and sampling also on test videos cut like their training pieces, as the job would
-score them; sampling's cut drops the test videos shorter than a piece).
+The paper's Table I columns (padding frames, frames deleted, time per epoch, recall@20; here top-1 and
+top-5 accuracy) for the job's model trained on the synthetic set with each strategy, same epochs, seed
+and initial weights, single process, no Ray (the job's ``assemble_rows`` and ``step.InnerStep``),
+round-robin within each epoch. Two times per epoch: the job's model never encodes padding; beside it
+``EncodeEveryFrame`` encodes every frame as the paper's model did. ``sampling`` is the paper's baseline
+(pieces of round(mean length), every tail and shorter video deleted: ``benchlib.sampling_plan``);
+``chunk`` keeps shorter videos whole; ``mix`` is the paper's "mix pad" (``benchlib.mix_pad_plan``).
+Equal optimizer steps per epoch and micro-batch frame budget for all; accuracy on whole test videos.
 
     python bench/bload_table.py            # default size (the one make bench runs)
     python bench/bload_table.py --tiny     # seconds (tests)
     python bench/bload_table.py --full     # the demo's 3000 videos, 10 epochs
-    python bench/bload_table.py --videos 300 --epochs 3   # the default's table, fewer videos and epochs
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """AAVG Algorithm 2 with BatchNorm that trains: the merge of running statistics against their plain mean.
 
-AAVG (Cong et al., "Accelerating deep neural network training for action recognition on a cluster of
-GPUs") averages the learners' weights every round; Algorithm 2 (lines 1, 3 and 6) merges each BatchNorm
-(mean, var) pair by the law of total variance instead: m = mean m_j, v = mean v_j + mean (m_j - m)^2,
-the variance of all learners' data together, where the plain mean of the variances leaves out how far
-apart the learners' means are. Every model the job ships freezes BatchNorm or uses GroupNorm
-(``models.factory``: batch statistics are inexact under BLoad blocks and micro-batches), so the merge
-(``train.merge_bn_stats``) meets a real run only under ``--norm batchnorm``, which this script uses.
+Algorithm 2 of AAVG merges each BatchNorm (mean, var) pair by the law of total variance: m = mean m_j,
+v = mean v_j + mean (m_j - m)^2, where a plain mean of the variances leaves out how far apart the
+learners' means are. The shipped models freeze BatchNorm or use GroupNorm, so the merge meets a real run
+only under ``--norm batchnorm``, which this script uses. Per seed, two runs of the job (2 learners, local
+Ray, CPU) on the demo preset's set and model: ``merge`` (the default) and ``plain``
+(``--no-merge-bn-stats``). Training-mode BatchNorm never reads its running statistics and B is held under
+epochs, so a seed's two runs should differ only in the statistics the validations and the test read; the
+script checks it (the largest weight difference, and how far merged variances lie above plain ones: 0
+would make the comparison vacuous). Reported per arm and seed, mean +- se (n), and the paired difference
+called a gain or a loss only when n >= 3 and |difference| > se (``benchlib.seed_word``).
 
-Per seed (``data.seed``: the videos, plans, augmentations and initial weights), two runs of the job
-(``raytrain_seq.runtime.driver.run``, 2 learners on a local Ray cluster, CPU only) on the demo preset's
-synthetic set and model with ``--norm batchnorm``: ``merge`` (Algorithm 2, the default) and ``plain``
-(``--no-merge-bn-stats``). In training mode BatchNorm normalises by the batch and never reads its
-running statistics, and under an epoch budget B is held (``averaging.batch_may_grow``), so the two runs
-of a seed take the same steps on the same rows: they should differ only in the running statistics each
-round installs, which the validations and the test read. The script checks that directly: it loads both
-runs' final averaged models and reports the largest weight difference (0 when the arms trained alike)
-and how far the merged variances lie above the plain ones (0: the merge did nothing, and the accuracy
-comparison would be vacuous).
-
-Reported: test accuracy and the last validation accuracy per arm and seed, mean +- se over seeds (n), and
-the paired difference merge - plain with its se; a difference is called a gain or a loss only when n >= 3
-and |difference| > se (``benchlib.seed_word``), else within noise.
-
-    python bench/bn_merge.py            # default size: 3 seeds x 2 arms (about 10 min on a busy 2-core box)
-    python bench/bn_merge.py --tiny     # seconds-long runs, 2 seeds (nothing is called a gain or a loss)
-    python bench/bn_merge.py --json     # last line: the headline as one JSON object
+    python bench/bn_merge.py [--tiny] [--json]   # 3 seeds x 2 arms; --tiny: seconds, 2 seeds
 """
 
 from __future__ import annotations

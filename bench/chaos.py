@@ -1,45 +1,17 @@
 """Chaos soak: one training run takes many faults of every kind; its own accounting says what was lost.
 
-Issue 16. The fault tests (tests/test_faults.py) inject one fault each. This script runs one training
-run on a several-raylet local cluster (``ray.cluster_utils.Cluster``: a head for the driver, the actors
-and the data tasks, plus worker raylets with one ``learner_slot`` each, so each learner runs on a node
-that can be killed) and injects ``--events N`` faults from a seeded schedule, then runs the same seed
-undisturbed on the same cluster layout. The kinds (``FAULTS``, pluggable: a kind is a name, a
-feasibility rule on the cluster's state, an injection and a recovery to wait for):
+One run on a several-raylet local cluster (``ray.cluster_utils.Cluster``, one learner slot a worker
+raylet) takes ``--events N`` faults from a seeded schedule, then the same seed runs undisturbed. The kinds
+(``FAULTS``, pluggable): ``node_killed``, ``node_added``, ``averager_killed``, ``feed_killed``,
+``learner_stalled`` (SIGSTOP until dropped, then SIGCONT: it realigns) and ``shard_killed``. Event i fires
+1..``MAX_GAP`` rounds after event i-1 recovered, and the run is sized to hold them (``size_epochs``).
+The verdict comes from the run's own records: ``every_row_once_per_epoch`` compares per epoch the
+{count, sum, sum of squares} of the trained video ids (``summary.json`` ``trained_ids``) with the
+plan's (``rows_short`` must be 0); ``rounds_contiguous`` reads ``events.jsonl``: rounds 1..N, each once,
+in order (a ``redo`` replaces its first record). ``ok`` is false (exit 1) when fewer faults were
+injected, a stall did not get its learner dropped, or a check fails. The last line is one JSON object.
 
-* ``node_killed``: a learner's raylet is removed without a graceful shutdown (the group shrinks);
-* ``node_added``: a raylet with a learner slot joins (the group grows at Ray Train's next resize);
-* ``averager_killed``: ``ray.kill(averager, no_restart=False)`` (Ray restarts it, learners re-seed);
-* ``feed_killed``: ``ray.kill(feed, no_restart=False)`` (Ray restarts it, it recomputes its cache);
-* ``learner_stalled``: one learner process is frozen (SIGSTOP) until the averager drops it from a round
-  (the others' round times out on it), then thawed (SIGCONT): it realigns and rejoins;
-* ``shard_killed``: SIGKILL of one of the run's averager shard actors (Ray restarts it, the interrupted
-  merge is re-run).
-
-The schedule is seeded and relative: event i fires ``gap`` (1..``MAX_GAP``) averaged rounds after
-event i-1 recovered (the group has the size the learner slots allow, and ``RECOVERY_ROUNDS`` rounds were
-averaged since), so every event lands in a run that is training normally, and the run is sized for it:
-unless ``--epochs`` is given, its epochs are enough for ``events * (MAX_GAP + RECOVERY_ROUNDS +
-SLACK_ROUNDS)`` rounds at 2 learners, and one more epoch at one learner per stall (``size_epochs``).
-The undisturbed run has the same configuration.
-
-The verdict comes from the run's own records, not from the schedule: ``every_row_once_per_epoch``
-compares, per epoch, the {count, sum, sum of squares} of the video ids of the rows in the averaged rounds
-(``summary.json`` ``trained_ids``, from the learners' round stats: ``raytrain_seq/accounting.py``) with
-the same checksum of the epoch's BLoad plan (``rows_short``, the plan's count less the trained one, is a
-diagnostic that must be 0: the rows of a learner dropped from rounds are made up by the group,
-``raytrain_seq/rounds/position.py``); ``rounds_contiguous`` reads the averager's round log
-(``events.jsonl``): rounds 1..N, each once, in order (a round the averager logged and then died before
-any learner took its result is averaged again; the log marks that record ``redo`` and it replaces the
-first, which ``rounds_redone`` counts). ``events`` counts the faults actually injected; ``ok`` is false
-(and the exit status 1) when fewer than ``--events`` were, when a stall did not get its learner dropped,
-or when any check fails.
-
-Its last line is one JSON object: events, by_kind, finished, every_row_once_per_epoch, rounds_contiguous,
-accuracy, undisturbed_accuracy, seconds, undisturbed_seconds, ok (and the details).
-
-    python bench/chaos.py --events 8 --json
-    python bench/chaos.py --events 4 --kinds node_killed,node_added,averager_killed,feed_killed --json
+    python bench/chaos.py --events 8 --json   # --kinds node_killed,feed_killed,... picks the kinds
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The path a user would otherwise take on a GPU: a plain PyTorch loop over a ``DataLoader``.
 
-The baseline of the Ray job's useful frames/s on the same videos (``scripts/gpu_checks.sh`` runs both on
-one machine): a map-style dataset over the synthetic set's training videos (the job's catalog for the
-same ``--preset`` and overrides) renders each video, applies the partial augmentation on every use (no
-cache: refurbishing's r = 1) and the final crop and flip, on the CPU, in ``--workers`` DataLoader worker
-processes; the collate pads every video of a batch to the batch's longest (per-video padding: a batch of
-videos of different lengths needs it), into pinned memory. The main process steps the same model as a
-learner (``models.factory.build_model_for`` of the same config), with the same optimizer, precision and
-micro-batch streaming (``step.InnerStep``), one batch of ``--videos`` videos a step. The model encodes
-real frames only (``models/``), so padding costs the baseline its host work and copies, not its
-compute: what is compared is the data path.
-
-Each worker runs one thread (``one_thread_worker``: torch and the OMP/MKL/OpenBLAS pools), as a user
-sizing ``--workers`` to the cores would set it: 8 workers each spawning a pool as wide as the machine
-would fight over the cores and slow the baseline, which would flatter the job. The batches travel from
-the workers through shared memory, several GB of it for ``ucf101-rgb`` at 8 workers (each holds
-``prefetch_factor`` padded batches); ``shm_need`` estimates it and the loop refuses to start when
-``/dev/shm`` has less free, naming the fix, instead of dying in a worker's bus error mid-epoch.
-
-Prints useful frames/s (frames of real videos per second of the whole loop, the DataLoader's start
-included, as the job counts its cold first epoch), per epoch and over all; ``--json`` prints the headline
-as one JSON last line. Imports no ray, so it runs on a bare GPU machine:
+The baseline of the Ray job's useful frames/s on the same videos (``scripts/gpu_checks.sh`` runs both):
+a map-style dataset over the synthetic training videos renders each video, applies the partial
+augmentation on every use (r = 1) and the final crop and flip, in ``--workers`` one-thread workers; the
+collate pads a batch to its longest video, into pinned memory; the main process steps the job's model,
+optimizer, precision and micro-batch streaming (``step.InnerStep``). The model encodes real frames only,
+so padding costs host work and copies, not compute: what is compared is the data path. ``shm_need``
+refuses to start when ``/dev/shm`` is too small, naming the fix. Prints useful frames/s per epoch and
+over all (the DataLoader's start included); ``--json`` prints one JSON last line. No ray:
 
     python bench/dataloader_loop.py --preset ucf101-rgb --precision bf16 --max-videos 1500 --json
     python bench/dataloader_loop.py --preset demo --epochs 1 --workers 2      # a CPU smoke run

@@ -1,18 +1,15 @@
 """Decoder backends' rates: kept frames per CPU-second of ``video.decode`` with each backend, one thread.
 
-What ``data.decoders.PREFERENCE`` (the order ``--decoder auto`` picks in) rests on. For each backend, each
-codec of the given clips and each stride, ``video.decode(path, stride=s, size=size, threads=1,
-decoder=backend)`` runs over every clip of that codec (decode, temporal stride, short-side resize by area
-averaging, RGB: what a feed task's decode pays), timed by this process's CPU clock
-(``time.process_time``, so a busy machine does not bend it) with OpenMP and OpenCV at one thread, as a
-Ray task that holds one CPU runs. Each (backend, codec, stride) is run ``repeats`` times and the
-cheapest run is kept (the least disturbed).
+What ``data.decoders.PREFERENCE`` (the order ``--decoder auto`` picks in) rests on. For each backend,
+codec and stride, ``video.decode(path, stride=s, size=size, threads=1, decoder=backend)`` runs over every
+clip of that codec (what a feed task's decode pays), timed by this process's CPU clock with OpenMP and
+OpenCV at one thread; each case runs ``repeats`` times and the cheapest is kept.
 
     python bench/decoder_rates.py --encode SRC.mp4 [--json]     # SRC re-encoded to 320x240 .avi and .mp4
     python bench/decoder_rates.py CLIP.avi CLIP.mp4 [--backends pyav opencv] [--strides 1 8] [--json]
 
-``--encode`` needs PyAV (it writes MPEG-4 Part 2 in ``.avi``, as UCF101, and H.264 in ``.mp4``); the
-clips' own codecs label the rows. ``measure`` is the function other benches call.
+``--encode`` needs PyAV (MPEG-4 Part 2 in ``.avi``, H.264 in ``.mp4``). ``measure`` is what other
+benches call.
 """
 
 from __future__ import annotations

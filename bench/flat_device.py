@@ -1,32 +1,13 @@
 """A learner's side of an averaging round on its device: its state to the host and the merged state back.
 
-Issue 12's data plane keeps a learner's weights and Adam moments in flat buffers (``FlatStorage``): on
-CUDA a round copies each buffer to a reused pinned host buffer (one asynchronous device-to-host copy per
-buffer, one synchronisation: ``FlatStorage.slices``), and writes the merged slices back with one copy per
-slice and buffer (``FlatStorage.load_slices``). The plain way is what ``state_dict`` + ``.cpu()`` and
-``load_state_dict`` do: one copy into fresh pageable memory per tensor, and one copy per tensor back.
-
-For the bench learner's state (``averager_cost.adam_payload``: fp32 weights in T tensors, each with its
-two Adam moments; 100 MB in all by default) this times, interleaved round by round, the median of:
-
-1. **flat out**: ``FlatStorage.slices(S)`` (what the learner puts);
-2. **per tensor out**: every weight and moment copied to the host (``.cpu()``: the plain path);
-3. **pinned out**: one device-to-host copy of the whole state into pinned memory (what the link allows);
-4. **flat in**: ``FlatStorage.load_slices`` from pageable host slices (the object store's memory): one
-   copy per slice, the driver staging it through pinned memory of its own;
-5. **one copy in**: one host-to-device copy of the whole state from pageable memory (what the link
-   allows from there);
-6. **per tensor in**: every tensor ``copy_``'d from a host tensor (``load_state_dict``'s way);
-7. **pinned in**: one host-to-device copy of the whole state from pinned memory (what the link allows);
-8. on CUDA, **flat in, store registered**: ``FlatStorage.load_slices`` from slices in a shared mapping
-   named as Ray's store is, which ``StoreMemory`` populated and registered with CUDA as a CUDA learner's
-   ``RayStore`` does (``store_memory.cuda_host_register``): what a learner's install reads from.
-
-Prints GB/s per way, flat / per tensor both ways, flat in / one copy in and, on CUDA, registered /
-flat in; ``--json`` prints them as one JSON last line. On a CPU the copies are memory copies and flat
-out takes views, so the figures mean something only on CUDA. The learner's torch threads
-(``--threads``, 1 as in ``runtime.learner``) do the CPU's side of the copies. Imports no ray, so it runs
-on a bare GPU machine:
+``FlatStorage`` keeps a learner's state in flat buffers: on CUDA a round copies each to a reused pinned
+host buffer (``slices``) and writes the merged slices back one copy per slice and buffer
+(``load_slices``); the plain way copies per tensor (``.cpu()``, ``load_state_dict``). For the bench
+learner's state (``averager_cost.adam_payload``) this times, interleaved round by round, the median of:
+flat out, per tensor out, pinned out (the link's bound); flat in from pageable slices, one copy in, per
+tensor in, pinned in; and on CUDA flat in from a shared mapping named as Ray's store, populated and
+registered with CUDA as a learner's ``RayStore`` does. Prints GB/s per way and the ratios; ``--json``
+one JSON last line. On a CPU the figures mean little. ``--threads`` as in ``runtime.learner``. No ray:
 
     python bench/flat_device.py --json
     python bench/flat_device.py --tensors 8,500 --megabytes 400

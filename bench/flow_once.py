@@ -1,26 +1,13 @@
 """Flow once vs recompute every refurbish: the flow stream's CPU seconds per epoch, measured in one run.
 
-Issue 13: with ``--stream flow`` the feed used to recompute a refurbished video's optical flow every time
-the ``RefurbishSchedule`` evicted it (decode the frame pairs, cut the epoch's random window, flow on the
-window), where TSN-style pipelines compute flow once. Now the feed computes each video's whole-frame
-flow once (``sources.flow_videos``, kept in the object store) and a refurbish cuts the epoch's window out
-of it (``sources.window_videos``). This script runs both on the same videos, epoch by epoch under the
-same schedule (balanced eviction, ``--reuse``), in one process, and times each with this thread's CPU
-clock (``time.thread_time``: a busy machine slows the wall clock, not the CPU seconds):
-
-* **recompute** (before issue 13): for every video the epoch recomputes, ``video.decode_pairs`` at short
-  side ``--size``, the window of ``flow_offset(seed, video, epoch)`` cut from both frames
-  (``augment.resize_video``), ``flow.pair_flow`` on the window;
-* **flow once**: epoch 0 runs ``flow_videos`` (decode + whole-frame flow) for every video and
-  ``window_videos`` on the result; a later epoch runs only ``window_videos`` for the videos it
-  recomputes, on the stored flows.
-
-The videos are the miniature UCF101 of ``tests/video_fixtures.py`` (32x24 clips, decoded UP to
-``--size``, so the flow's pixels, its dominant cost, are those of a ``--size`` cache; the decode is
-cheaper than a real 320x240 video's). OpenCV runs one thread, as in a feed task. The printed table
-gives, per epoch, the videos recomputed and the CPU seconds of each mode; the summary line the mean
-over the epochs after the first (the steady state) and the ratio; ``--json`` adds the figures as one
-JSON last line.
+Both ways on the same videos, epoch by epoch under the same balanced eviction (``--reuse``), in one
+process, timed by this thread's CPU clock: **recompute** (the feed before flow once: decode the pairs,
+cut the epoch's window, flow on the window) and **flow once** (epoch 0 computes the whole-frame flow,
+``sources.flow_videos``, then every refurbish cuts its window, ``sources.window_videos``; the bytes differ
+near the window's borders, where the solver now sees real pixels). The videos are
+the miniature UCF101 of ``tests/video_fixtures.py``, decoded up to ``--size``; OpenCV runs one thread.
+The table gives per epoch the videos recomputed and each mode's CPU seconds; the summary line the mean
+over the epochs after the first and the ratio; ``--json`` adds one JSON last line.
 
     python bench/flow_once.py --json                 # the default size
     python bench/flow_once.py --tiny --json          # seconds (tests)

@@ -1,20 +1,12 @@
 """Issue 40's GPU targets from one ``scripts/gpu_checks.sh`` run: the Ray job beside its limit and baseline.
 
-Reads what the script wrote (each file's JSON last line, and the two runs' ``summary.json``) and prints the
-targets with the figures behind them, measured on one machine in one session:
-
-- the ``ucf101-rgb`` synthetic job's useful frames/s over its epochs (both learners together,
-  ``summary.json`` ``frames_per_second``) >= 0.8 x one bare learner's (``bench/learner_device.py``, same
-  model and precision) and >= 1.5 x the plain ``DataLoader`` loop's (``bench/dataloader_loop.py``);
-- its validation rounds add <= 10 % to its training wall time (rank 0's ``seconds.validation`` against
-  the rest of its training loop, ``learner_seconds``: a key of ``RunSummary.extra``, which ``to_dict``
-  writes beside the fields, at the top level of ``summary.json``);
-- the demo preset on the GPU: ``seconds.startup`` <= 15 s and test accuracy >= 0.90;
-- under a CUDA memory cap the whole staged mini-batch exceeds, the streamed learner trains B = 576 blocks
-  where staging the whole batch runs out of memory (``bench/learner_device.py --memory-cap-gib``).
-
-Writes the table as Markdown (``--md``, e.g. ``bench/results/gpu/job.md``); ``--json`` prints the figures
-as one JSON last line. A missing input is reported as not run, never guessed.
+Reads what the script wrote (each file's JSON last line, the two runs' ``summary.json``) and prints the
+targets with the figures behind them, from one machine in one session: the ``ucf101-rgb`` job's useful
+frames/s >= 0.8 x one bare learner's (``bench/learner_device.py``) and >= 1.5 x the plain ``DataLoader``
+loop's (``bench/dataloader_loop.py``); its validation rounds add <= 10 % to its training wall time; the
+demo on the GPU starts in <= 15 s and tests >= 0.90; under a CUDA memory cap the streamed learner trains
+B = 576 blocks where staging the whole batch runs out of memory. ``--md`` writes the table as Markdown, ``--json``
+prints the figures as one JSON last line. A missing input is reported as not run, never guessed.
 
     python bench/gpu_report.py --out gpu_out --md gpu_out/job.md --json
 """

@@ -1,43 +1,17 @@
 """One learner's step on its device: the useful frames/s it consumes, three ways of staging its rows.
 
-A GPU learner eats frames far faster than a CPU one, so its rate is what the data pipeline must outrun
-(issue 13) and what moving the final augmentation onto the learner may cost it. For a preset's model and
-row shape (``ucf101-rgb``: a ResNet-50 frame encoder at crop 112 from the 128-pixel cache; ``demo``: the
-small CNN at 32 from 36), rows are laid out by the packer from the real UCF101 split-1 training lengths
-(the preset's stride and ``t_max``) and filled with random uint8 pixels (a step's cost does not depend on
-them). Three ways of feeding the same model, optimizer and micro-batch size, interleaved round by round:
+A GPU learner's rate is what the data pipeline must outrun. For a preset's model and row shape, rows
+laid out by the packer from the real UCF101 split-1 lengths (random pixels), three ways interleaved:
+1. **learner** (``runtime.learner``'s): uncropped rows collated ahead into pinned memory
+   (``step.RowPrefetcher``), each micro-batch copied, cropped and flipped on the device
+   (``step.MicroBatchStage``) while the previous one computes; 2. **whole batch**: the same rows staged
+   whole (``stage_rows``) between steps; 3. **host crop**: rows cropped on the host beforehand (the same
+   frames). Prints each one's useful frames/s, learner / whole batch and learner / host crop, the staging
+   share, and on CUDA the peak memory. ``--memory-cap-gib G --batch-size 576`` (CUDA) checks instead that
+   the streamed learner (``"auto"``) trains where the whole batch runs out of memory. ``--backbone``
+   swaps the encoder (video backbones included). ``--json``: one JSON last line. No ray:
 
-1. **learner** (what ``runtime.learner`` does): rows at the cache size with each sequence's seeded crop
-   draws, collated one mini-batch ahead into pinned host memory by ``step.RowPrefetcher`` (a thread on
-   CUDA), then ``InnerStep`` with ``step.MicroBatchStage``: each micro-batch is copied to the device and
-   cropped and flipped there while the previous one computes; the device never holds the mini-batch.
-2. **whole batch** (the learner before micro-batch streaming reached its input): the same rows staged
-   whole by ``stage_rows`` between two steps (the mini-batch copied to the device and cropped there),
-   then streamed through the model from the device.
-3. **host crop** (the baseline before issue 13: the pipeline crops and flips before the bytes travel):
-   the same rows cropped and flipped on the host beforehand, untimed, then prefetched and streamed as
-   in 1. Its frames are bit-identical to the learner's.
-
-Prints the useful frames/s of each and two ratios: learner / whole batch and learner / host crop (1.0
-means the crop and flip moved onto the learner cost it nothing); the share of the wall the training
-thread spent staging; on CUDA the peak memory.
-
-``--memory-cap-gib G --batch-size 576`` (CUDA) is the micro-batch streaming check instead: with
-``torch.cuda.set_per_process_memory_fraction`` capping this process at G GiB (default: 0.8 x the bytes
-the whole staged mini-batch needs for its input alone, uncropped and cropped), one step of the streamed
-learner at ``micro_batch_size="auto"`` beside one step of the whole-batch way; the streamed one must
-train where the whole batch runs out of memory. ``--json`` prints the headline as one JSON last line.
-Imports no ray, so it runs on a bare GPU machine:
-
-    python bench/learner_device.py                         # ucf101-rgb on CUDA, demo on a CPU
-    python bench/learner_device.py --preset demo --json
-    python bench/learner_device.py --precision bf16          # autocast, as a GPU user would train
     python bench/learner_device.py --precision bf16 --batch-size 576 --memory-cap-gib 8 --json
-    python bench/learner_device.py --preset ucf101-rgb --backbone r2plus1d_18 --precision bf16
-
-``--backbone`` swaps the preset's encoder for another of ``config.BACKBONES`` (torchvision's video
-networks included: ``r2plus1d_18`` runs on each whole sequence of a row, ``models.sequence``), built
-from scratch by ``models.factory.build_model_for`` as a learner builds it.
 """
 
 from __future__ import annotations

@@ -1,35 +1,13 @@
 """MBS Table 4: mini-batches 16..1024 with a fixed micro-batch: runs or not, step time, gradients, accuracy.
 
-The paper (Piao, Synn et al., "Micro Batch Streaming", Table 4) trains ResNet-50/101 and AmoebaNet-D with
-mini-batches up to 1024 on one GPU whose memory holds only the smallest: without MBS every larger size
-"Failed", with MBS all ran, and an epoch took 1-5 % longer than the largest batch that fits (ResNet-50:
-226.8 s plain at 16 vs 233.0 s streamed; 0.3-1.1 % at its best sizes). This script measures the same on a
-small CNN (3x32x32 inputs, no BatchNorm, so streaming must give the exact gradient):
-
-- per mini-batch size: plain forward/backward of the whole batch (runs or runs out of memory) and
-  ``microbatch.accumulate`` with a fixed micro-batch (``--micro``, 16 rows), median step time of
-  interleaved repeats after warm-up;
-- overhead vs one batch that fits = the streamed step's time per sample over the plain step's time per
-  sample at the micro-batch size (the largest batch that fits by construction): the paper's comparison,
-  an epoch of streamed big batches against an epoch of small plain ones; and, where plain runs, the
-  streamed step against the plain step of the same batch;
-- gradient equality: relative difference of the two gradients over all parameters and the worst single
-  parameter (float32 summation order only; target <= 1e-5);
-- on CUDA: peak memory of both, and a memory cap (``torch.cuda.set_per_process_memory_fraction``; default
-  ``auto`` = 1.5x the plain peak at twice the micro-batch) under which plain training runs out of memory
-  at the larger sizes while streaming runs them all. On CPU the script says that part needs a GPU.
-- Table 4's accuracy column: the same model (same initial weights, Adam, ``--lr``) trained the same number
-  of optimizer steps (``--train-steps``) at each mini-batch size on a learnable synthetic task (10 classes,
-  each a smooth random template under unit Gaussian noise, fresh samples every step), then scored on one
-  fixed test set. The memory cap is simulated the same way on every device: a device that holds
-  ``--micro`` rows, so plain training runs only the sizes up to ``--micro`` ("Failed" above, as in the
-  paper) and streaming runs every size with micro-batches of ``--micro``; at the smallest size streaming
-  also runs with micro-batches of half of it (the paper's first row: 16 streamed as 8) beside plain.
-  The paper trained an equal number of EPOCHS per size, so its larger batches took fewer steps (its
-  accuracy falls at 512-1024); here every size takes the same steps, so a larger batch also sees more
-  samples, and the column shows what a batch size buys at a fixed step budget.
-
-Imports torch, numpy and raytrain_seq's pure modules only (no ray), so it runs on a bare GPU machine:
+The paper (Piao, Synn et al., Table 4) trains mini-batches up to 1024 on a GPU that holds only the
+smallest: without MBS the larger ones fail, with MBS all run at a small cost. This measures the same on a
+small CNN without BatchNorm: per size, the plain step (runs or runs out of memory) and
+``microbatch.accumulate`` at ``--micro`` rows (median of interleaved repeats); the overhead against one
+batch that fits (time per sample at the micro-batch size) and against plain at the same size; the two
+gradients' relative difference (target <= 1e-5); on CUDA both memory peaks and a memory cap under which
+plain fails and streaming runs; and the accuracy column: every size trained the same steps on a learnable
+synthetic task under a simulated cap of ``--micro`` rows (unlike the paper's equal epochs). No ray:
 
     python bench/microbatch.py                  # sizes 16..1024 (the size make bench runs)
     python bench/microbatch.py --full           # CUDA: up to 16384

@@ -1,26 +1,13 @@
 """Useful frames/s: the refurbishing Ray Data pipeline (2 consumers) vs a plain DataLoader vs the model.
 
-Three rates in one run, on the same synthetic videos and the same augmentations (render = decode,
-``partial_augment`` + ``--augment-cost`` busy seconds per video, ``final_augment`` per use):
-
-1. **ray**: ``create_feed`` + one persistent ``LearnerFeed`` row stream per learner (across all epochs),
-   drained by 2 consumer threads with ``take(batch)``; BLoad blocks, partial augmentations cached and
-   reused ``--reuse`` times; the rows are uncropped: the crop and flip belong to the learner (3).
-2. **dataloader**: ``torch.utils.data.DataLoader`` over a map-style dataset that renders, partial- and
-   final-augments every video on every use (no cache: the r=1 pipeline) and pads it alone to ``t_max``
-   (the naive per-video padding a plain loader needs to collate variable lengths); ``num_workers`` =
-   the same CPU budget (``--cpus``) that the Ray cluster gets.
-3. **model**: ``raytrain_seq.step.stage_rows`` (the crop and flip on the learner's device) and
-   ``InnerStep`` forward/backward/step on rows taken from the pipeline, one learner with one torch
-   thread (what each Ray Train learner gets), times 2 learners.
-
-CPU: every process of each pipeline (the driver, Ray's raylet, GCS and workers; the loader and its
-workers), user + system seconds from /proc over the warm epochs, per 1,000 useful frames: unlike
-frames/s, it holds on a busy machine. ``--json`` prints the headline figures as the last line.
-
-Useful frames are frames of real sequences (padding excluded); every rate covers all ``--epochs`` epochs
-(epoch 0 of the pipeline is cold: it computes every partial augmentation). A second table says, per
-epoch and consumer, how long the consumer was blocked in ``take`` and what the feed was computing then.
+Three rates in one run, on the same synthetic videos and augmentations (``--augment-cost`` busy seconds
+per video beside ``partial_augment``): 1. **ray**: ``create_feed`` and one persistent ``LearnerFeed``
+row stream per learner, drained by 2 consumers (cached partial augmentations reused ``--reuse`` times;
+rows uncropped); 2. **dataloader**: a ``DataLoader`` that renders and augments every video on every use
+and pads each to ``t_max``, with the cluster's CPU budget (``--cpus``); 3. **model**: the device-side
+crop and ``InnerStep`` on the pipeline's rows, one torch thread a learner, times 2. CPU: every process
+of each pipeline, from /proc, per 1,000 useful frames over the warm epochs (it holds on a busy machine).
+A second table says how long each consumer was blocked in ``take`` and what the feed was computing.
 
     python bench/pipeline.py                                  # the size make bench runs
     python bench/pipeline.py --json                           # ... and a JSON last line

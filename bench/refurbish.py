@@ -1,34 +1,17 @@
 """Revamper on the job's own feed: refurbishing r = 1, 2, 3, 4 through the shipped pipeline, over seeds.
 
-The paper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21; ResNet-50 on ImageNet with two
-RandAugment layers as the partial augmentation) reports that refurbishing raises training throughput
-1.03x-2.04x over the standard pipeline (r = 1) at comparable accuracy, and that balanced eviction and its
-cache-aware shuffle keep every step's CPU cost the same.
-
-What runs. Every run is the job itself, ``raytrain_seq.runtime.driver.run`` on a private local Ray
-cluster: the ``BlockFeed`` actor with its refurbishing cache in the object store, its partial-augmentation
-tasks an epoch ahead, the learners' row streams, AAVG with one round per epoch. The partial augmentation
-is made as costly as the paper's: a 2-layer RandAugment (magnitude 9, PIL) is timed on a 112x112 image
-(the frame size of 3D video CNNs) on this machine (``randaugment.calibrate``) and every frame of a
-training video's partial augmentation burns that much CPU (``data.augment_cost_per_frame``) beside the
-render and the photometric transform the synthetic set does anyway (its decode). Per seed, r = 1..4 run
-back to back, so that the load of a shared machine falls on them alike; a seed fixes the videos, the
-plans, the augmentations and the initial weights, so the r's of one seed differ by the refurbishing alone.
-
-Per run: useful samples/s over the warm epochs (>= 1: epoch 0 computes every partial augmentation
-whatever r; from the averager's round clock), the CPU seconds per sample of every process of the
-cluster over the same epochs (``benchlib.CpuSampler``: user + system time from /proc, which another
-engineer's load cannot inflate, where it can slow the wall clock), and the final model's test accuracy;
-per r the mean and standard error over seeds, and the differences to r = 1 paired by seed.
-
-Per-step CPU (the spread table): ``refurbish_loader`` measures what each step's rows cost on the job's
-feed, in the order the feed serves them (``spread_fresh`` over each learner's blocks), beside the same
-blocks in the plan's order and beside the paper's cache-aware composition (``RefurbishSchedule.compose``).
+Every run is the job (``runtime.driver.run`` on a private local Ray): the feed's refurbishing cache, its
+tasks an epoch ahead, the learners' row streams, AAVG once an epoch. The partial augmentation is made as
+costly as the paper's (a 2-layer RandAugment timed here, ``randaugment.calibrate``, burnt per frame:
+``data.augment_cost_per_frame``). Per seed, r = 1..4 run back to back, a seed fixing videos, plans,
+augmentations and weights. Per run: useful samples/s over the warm epochs, CPU seconds per sample of
+every process (``benchlib.CpuSampler``, from /proc) and test accuracy; per r the mean and se over seeds
+and the paired differences to r = 1. The spread table (``refurbish_loader``): each step's CPU in the
+served order beside the plan's order and the paper's ``RefurbishSchedule.compose``.
 
     python bench/refurbish.py --json     # the default size (make bench), JSON headline as the last line
     python bench/refurbish.py --tiny     # a minute's check of the whole path
     python bench/refurbish.py --videos 150 --epochs 5 --json   # fewer videos and epochs on a busy box
-                                         # (--seeds N ... picks the seeds; r = 1..4 as by default)
 """
 
 from __future__ import annotations

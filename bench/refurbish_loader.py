@@ -1,28 +1,16 @@
 """Each step's CPU cost on the job's feed (``bench/refurbish.py``'s spread table), and two orders to set it beside.
 
-Revamper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21) keeps every step's CPU cost equal:
-balanced eviction evens the epochs, and its cache-aware shuffle gives every mini-batch the same share of
-freshly recomputed samples. The job's feed (``runtime.feed.BlockFeed``) evicts the same way
-(``refurbish.RefurbishSchedule``) but its mini-batches are B packed BLoad blocks, fixed by the packer, so
-it cannot compose them sample by sample; it orders each learner's blocks with
-``rows.assembly.spread_fresh`` instead. Which does better is measured here on the same videos:
-
-- ``served_steps``: the job's own steps. ``BlockFeed`` itself (in this process, its tasks replaced by
-  placeholders: the plans, shards and block orders are the actor's) serves each learner's shard of
-  every epoch >= 1, cut into steps of ``batch`` blocks (a short last step is left out); its plan is
-  composed cache-aware (``assembly.cache_aware_plan``: equal-length videos exchanged between blocks so
-  each block carries its share of fresh frames) and each learner's blocks ordered by ``spread_fresh``;
-- ``unbalanced_steps``: the same plan without that composition, ordered by ``spread_fresh`` alone (the
-  feed before issue 44) or in the plan's order (no cache awareness at all);
-- ``composed_steps``: the paper's way, ``RefurbishSchedule.compose`` mini-batches of as many videos as a
-  served step holds on average (each would then be packed on its own).
-
-A step's CPU cost is the measured CPU of the work its rows need: the partial augmentation of each of its
-fresh videos (the feed task's own body, ``data.sources.augment_videos``, timed in this thread's CPU) plus
-the assembly of each of its blocks into a row (``assembly.assemble_rows``, as a learner's row stream runs
-it) and the learner's crop and flip (``augment.final_augment_batch``), timed block by block (``RowCost``). The feed runs the partial
-augmentations in tasks ahead of the learners, so this is the work each step puts on the cluster's CPUs,
-the quantity the paper keeps constant, not a wait the learner sees.
+Revamper keeps every step's CPU equal by giving each mini-batch the same share of fresh samples; the
+job's mini-batches are packed blocks, so the feed composes its plan cache-aware and orders each
+learner's blocks with ``rows.assembly.spread_fresh`` instead. Measured on the same videos:
+- ``served_steps``: the job's own steps, ``BlockFeed``'s plans and shards (its tasks replaced by
+  placeholders) for every epoch >= 1, cut into steps of ``batch`` blocks;
+- ``unbalanced_steps``: the same plan without the cache-aware composition, by ``spread_fresh`` alone or
+  in the plan's order;
+- ``composed_steps``: the paper's ``RefurbishSchedule.compose`` mini-batches of as many videos.
+A step's cost is the measured CPU of its fresh videos' partial augmentations
+(``data.sources.augment_videos``, thread CPU) plus its blocks' assembly and crop and flip (``RowCost``):
+the work each step puts on the cluster, the quantity the paper keeps constant.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """A job's start-up, accounted: the CPU each process spends before the learners' first step, beside the
 start of a bare Ray Train trainer on the same machine.
 
-Two runs, each on a fresh local Ray cluster of ``--cpus`` logical CPUs (as ``make demo``: the cores, at
-least 3), so that neither inherits the other's warm processes (Ray Train's autoscaling coordinator is a
-detached actor that outlives a run):
-
-1. **bare**: a Ray Train ``DataParallelTrainer`` of as many workers as the job's learners, with the job's
-   Ray Train settings (``driver.train_env``), whose function imports torch and builds an Adam optimizer
-   (the first optimizer of a process imports ``torch._dynamo``): ``fit()`` to a torch learner being
-   ready, with nothing of this project beside it, and then returns: from its return to ``fit()``
-   returning is the end's floor. It is the floor that Ray Train sets on this machine.
-2. **job**: ``raytrain_seq.runtime.driver.run`` of the demo preset for ``--epochs`` epochs (start-up does
-   not depend on how many follow). A thread reads /proc every ``SAMPLE_S``: the user + system CPU of every
-   process, named by its title (``ray::BlockFeed``, ``ray::RayTrainWorker``, ...). From the summary:
-   ``seconds.startup`` and the timeline (``fit``, ``loop_entered``, ``learner_built``, ``joined``,
-   ``first_step``).
-
-Printed: each role's CPU seconds between ``fit()`` and the first step, and ``fit()`` to the first step
-against the bare trainer's ``fit()`` to ready, as a ratio; the run's end (rank 0's final metrics to
-``fit()`` returning) beside the bare function's return to ``fit()`` returning. On a machine whose cores are all busy in that
-window (the CPU column sums to about cores x seconds), the start-up can only shrink by the CPU it stops
-spending; the roles say whose CPU that is. Then each Ray process the job started in that window, in the order
-it started, with its CPU to the first step: what starts late (an actor created at the learners' join)
-shares the cores with the critical path there. In-process, unlike ``make demo`` (a job submitted to a head),
-there is no job supervisor and no working-dir package: the driver's own imports are also done before
-``run``. ``--json`` prints the headline figures as one JSON last line.
+Two runs, each on a fresh local Ray cluster of ``--cpus`` logical CPUs: 1. **bare**: a Ray Train
+``DataParallelTrainer`` with the job's settings (``driver.train_env``) whose function imports torch and
+builds Adam, ``fit()`` to a torch learner ready: the floor Ray Train sets here; 2. **job**: ``driver.run``
+of the demo preset, a thread reading every process's CPU from /proc every ``SAMPLE_S``, with the
+summary's ``seconds.startup`` and timeline. Printed: each role's CPU between ``fit()`` and the first
+step, ``fit()`` to first step against the bare ``fit()`` to ready, the run's end beside the bare one's,
+and each Ray process started in that window in order with its CPU. ``--json``: one JSON last line.
 
     python bench/startup.py --json
     python bench/startup.py --epochs 1 --cpus 4

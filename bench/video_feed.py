@@ -1,30 +1,14 @@
 """Kept frames per CPU-second of the job's feed on real footage, beside a plain DataLoader, in one run.
 
-The feed is drained without a model, by the job's own code path (the way DALI and FFCV report loader
-throughput): ``create_feed`` (the feed actor and its partial-augmentation tasks, the frame cache on) and
-one ``LearnerFeed`` row stream per learner, across every epoch, on the real-footage set of
-``raytrain_seq.data.footage`` (``--footage DIR``, or one made here). Per codec (MPEG-4 ``.avi``, H.264
-``.mp4``), stride (1, 8) and reuse r (1, 3), crop 112 from frames cached at short side 128:
-
-* **whole**: CPU-seconds of every process of the run (this driver, whose threads run the learners' row
-  streams, and Ray's raylet, GCS, the feed actor and the task workers; from /proc) per kept frame
-  served (``feed_rows`` says how CPU is put in epochs): epoch 0 is cold (every video decoded), later
-  epochs warm (frames read from the frame cache, 1/r of the videos augmented again). A run's start-up
-  (the catalog's probe, the feed actor's process; the task workers are started by one unmeasured epoch
-  first) is not an epoch's: each row gives it as ``startup_cpu_s``, and the frame cache's bytes on disk
-  after the run (every split's videos) as ``frame_cache_bytes``.
-* **stages** (CPU-seconds per kept frame): ``decode`` (and probe), ``cache_read``, ``partial_augment``
-  (the tasks' own clocks), ``task_other`` (the rest of the tasks' bodies), ``row_streams`` (this
-  process: the learners' fetch and assembly), ``ray`` (the remainder: daemons, actor, object writes).
-
-The plain path, measured in the same run: a ``torch.utils.data.DataLoader`` whose dataset decodes each
-clip with PyAV (``to_ndarray`` at 171x128 on the kept frames) and applies ``torchvision.transforms.v2``
-RandomCrop 112, RandomHorizontalFlip and ColorJitter to the whole clip, ``--cpus`` workers with BLAS
-and OpenMP at one thread each; its CPU is the loader's process tree. Decoder backends, each alone on
-one thread, are timed by ``bench/decoder_rates.py``. Results: ``bench/results/video_feed.{md,json}``
-(the JSON's ``headline`` is the last line that ``--json`` prints: ``{"feed": "real", "rows": [...],
-"dataloader": [...], "decoders": [...]}``); docs/BENCHMARKS.md has the table; "The frame cache" in
-docs/ARCHITECTURE.md says how it works.
+The feed is drained without a model by the job's own path (``create_feed``, the frame cache on, one
+``LearnerFeed`` row stream per learner) on the real-footage set (``--footage DIR`` or one made here), per
+codec (.avi, .mp4), stride (1, 8) and r (1, 3), crop 112 of frames cached at short side 128: **whole**,
+CPU-seconds of every process per kept frame, epoch 0 cold and later epochs warm (``startup_cpu_s`` and
+``frame_cache_bytes`` beside); **stages**, ``decode``, ``cache_read``, ``partial_augment``,
+``task_other``, ``row_streams``, ``ray``. The plain path in the same run: a ``DataLoader`` decoding with
+PyAV and augmenting with torchvision v2, ``--cpus`` one-thread workers. Results:
+``bench/results/video_feed.{md,json}`` (``--json``'s last line is the headline); docs/BENCHMARKS.md has
+the table; "The frame cache" in docs/ARCHITECTURE.md says how it works.
 
     python bench/video_feed.py --clips-per-class 8 --json    # the size docs/BENCHMARKS.md shows
     python bench/video_feed.py --clips-per-class 2 --codecs avi --strides 8 --reuse 1  # a quick look

@@ -5,14 +5,13 @@
     python jobs/ucf101.py --preset smoke --print-config > smoke.yaml
     python jobs/ucf101.py --config smoke.yaml --epochs 3
 
-The techniques (docs/ARCHITECTURE.md): BLoad block packing (Iftekhar, Ruschel et al.; ``--packing``,
-``--t-max``), AAVG model averaging (Cong et al.; ``--k``, ``--validate-every``, ``--max-batch-size``),
-Revamper data refurbishing (Lee et al.; ``--reuse``) and micro-batch streaming (Piao, Synn et al.;
-``--micro-batch-size``). This file is thin on purpose: the flags are generated from the Config tree by
-``raytrain_seq.cli`` (defaults < ``--preset`` < ``--config FILE`` < flags given), every check lives in
-``raytrain_seq.config`` and all the work in ``raytrain_seq.runtime.driver.run``, so the same run can be
-started from Python or tests. ``--stream fuse --fuse RGB_RUN FLOW_RUN`` still works and is handed to the
-fusion entry (``jobs/fuse.py``'s ``run_fuse``). The last line printed is ``summary written to PATH``.
+The techniques (docs/ARCHITECTURE.md): BLoad packing (``--packing``, ``--t-max``), AAVG averaging (``--k``,
+``--validate-every``, ``--max-batch-size``), Revamper refurbishing (``--reuse``) and micro-batch streaming
+(``--micro-batch-size``). Thin on purpose: the flags come from the Config tree (``raytrain_seq.cli``:
+defaults < ``--preset`` < ``--config FILE`` < flags), the checks from ``raytrain_seq.config`` and the work
+from ``raytrain_seq.runtime.driver.run``, so a run starts the same from Python or tests. ``--stream fuse
+--fuse RGB_RUN FLOW_RUN`` goes to ``jobs/fuse.py``'s ``run_fuse``. The last line printed is ``summary
+written to PATH``.
 """
 
 from __future__ import annotations

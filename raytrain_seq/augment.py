@@ -1,29 +1,17 @@
 """Video augmentations split the Revamper way: an expensive partial half, cached, and a cheap final half.
 
-Data refurbishing (Lee et al., "Refurbish Your Training Data", USENIX ATC '21) splits the augmentation
-pipeline in two: the *partial* augmentation (here: resize plus one random photometric transform per video,
-plus ``extra_ops`` RandAugment-like warps) is computed once, cached and reused ``r`` times; the *final*
-augmentation (one random crop and one random horizontal flip) runs on every use, so the reused samples still
-differ. The paper's ideal split puts transforms with "sufficient sample diversity with little computation"
-last; crop + flip is its own example.
-
-Videos differ from images in one way that shapes both halves: the evidence is temporal, so every random
-parameter is drawn ONCE per video (partial) or ONCE per sequence (final) and applied to all its frames. A
-per-frame crop offset or flip would add motion that is not in the video; a per-frame brightness would
-fake a ``pulse``. All functions take frames ``uint8 [T, H, W, C]`` and an explicit ``np.random.Generator``.
-
-Resizing is a separable triangle filter whose support widens with the down-scaling factor (PIL's and
-``torch.nn.functional.interpolate(..., antialias=True)``'s bilinear): plain bilinear when enlarging,
-anti-aliased when shrinking. Short side to ``size``, the long side cropped (at random in
-``partial_augment``, centred in ``resize_video``).
-
-Trade-off: the partial half costs several times the final half, and more with every ``extra_ops`` warp,
-so reusing it r times cuts the augmentation CPU per use to ``partial / r + final``, close to 1/r of the
-standard pipeline's when the partial half dominates (the per-video timings are in
-docs/ARCHITECTURE.md, "Measurements behind the code"; the end-to-end claim is ``bench/refurbish.py``'s).
-
-``stride_frames`` keeps every ``stride``-th frame for decoded real videos. The built-in synthetic set
-(``raytrain_seq.data.synthetic``) is rendered at its strided length already: do not stride it again.
+Data refurbishing (Lee et al., USENIX ATC '21): the *partial* augmentation (resize, one random photometric
+transform per video, ``extra_ops`` RandAugment-like warps) is computed once, cached and reused ``r``
+times; the *final* one (one random crop and one horizontal flip) runs on every use, so reused samples
+still differ. Every random parameter is drawn ONCE per video (partial) or ONCE per sequence (final) and
+applied to all its frames: per-frame randomness would fake motion. Functions take frames ``uint8 [T, H, W,
+C]`` and an explicit ``np.random.Generator``; ``final_augment`` (CPU) and ``final_augment_batch`` (the
+learner's device) give the same frames from the same draws; ``test_views`` are the multi-view crops.
+Resizing is a separable triangle filter (anti-aliased when shrinking); short side to ``size``, the long
+side cropped (at random in ``partial_augment``, centred in ``resize_video``). Per-video costs:
+docs/ARCHITECTURE.md, "Measurements behind the code"; the end-to-end claim is ``bench/refurbish.py``'s.
+``stride_frames`` keeps every ``stride``-th frame of decoded real videos; the synthetic set is rendered
+strided already.
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """AAVG arithmetic: weight averaging, optimizer-state merging and the adaptive batch size.
 
-Algorithm: AAVG, "adaptive-batchsize model averaging with sparse communication" (Cong, Domeniconi, Shapiro,
-Zhou, Chen, "Accelerating deep neural network training for action recognition on a cluster of GPUs").
-P learners take K local steps, then the weights are replaced by the learners' mean (Algorithm 1, line 12);
-every m rounds the validation accuracy a decides whether the batch size grows: if a < a* * b1 then
-B <- B * b2 (capped, 576 in the paper) and a* keeps the best accuracy (lines 13-21). Beyond the paper, the
-default growth test is noise-aware (grow only when a falls below a* by more than the binomial standard error
-of an accuracy measured on the validation set's size) and B never exceeds the rows a learner has per epoch:
-the paper's b1 = 1 assumes a large validation set, and on 10 validation videos it doubles B on every
-one-video dip (``AdaptiveBatchSize``). B grows only where the run's budget is the paper's N optimizer
-steps (``batch_may_grow``): under a budget of epochs a larger B takes fewer steps over the same data, and
-the rule holds B (docs/ARCHITECTURE.md, "AAVG model averaging", says why, measured). Algorithm 2 repairs the
-optimizer state that averaging disrupts: Adam's moments become the learners' mean (line 5) and a
-(mean, variance) pair -- BatchNorm's running statistics, the "b" quantities -- is merged by the law of
-total variance (lines 1, 3 and 6: z_j = v_j + m_j^2, m = mean m_j, v = mean z_j - m^2).
-
-Trade-off, as the paper measured it (UCF101 RGB stream, 16 GPUs): constant batch size 81.6% validation
-accuracy, adaptive batch size 83.7%, adaptive batch size plus the merged Adam state 85.6%; 61 minutes against
-2067 minutes for single-GPU SGD. The price is that the merged state is an approximation of one optimizer's
-state (the learners' moments are averaged, not recomputed) and the batch size only ever grows. Weighted
-sums are accumulated in float32 for float32 and narrower tensors and in float64 for float64 ones
-(``elementwise.accumulation_dtype`` says why; the averager's cost per round is ``bench/averager_cost.py``'s).
+Algorithm: AAVG (Cong et al., "Accelerating deep neural network training for action recognition on a
+cluster of GPUs"). P learners take K local steps, then the weights become their mean (``average_states``,
+Algorithm 1 line 12); every m rounds the validation accuracy a decides whether B grows: if a < a* x b1
+then B <- B x b2, capped, and a* keeps the best (``AdaptiveBatchSize``, lines 13-21). Beyond the paper:
+the default test is noise-aware (a must fall below a* by more than the binomial standard error on the
+validation set's size), B never exceeds a learner's rows per epoch, and B grows only under the paper's
+budget of N steps (``batch_may_grow``; docs/ARCHITECTURE.md, "AAVG model averaging"). Algorithm 2
+(``merge_adam_states``): Adam's moments become the learners' mean, and a (mean, variance) pair such as
+BatchNorm's running statistics is merged by the law of total variance (z_j = v_j + m_j^2, m = mean m_j,
+v = mean z_j - m^2). The merged state approximates one optimizer's, and B only grows. Weighted sums are
+accumulated in float32 for float32 and narrower tensors, float64 for float64
+(``elementwise.accumulation_dtype``).
 """
 
 from __future__ import annotations

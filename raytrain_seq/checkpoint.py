@@ -1,33 +1,17 @@
 """The run folder's checkpoints: layout, schedule, save, and "load the newest checkpoint that loads".
 
-Layout: ``RUN_DIR/checkpoint_round_NNNNNN/`` (six digits, so names sort by round) holding ``state.pt``
-and ``position.json``. ``state.pt`` is ``{"format": 2, "state": AveragedState.to_dict(), "history":
-{...}, "config": Config.to_dict()}`` of plain tensors, numbers and strings, so it loads with
-``torch.load(weights_only=True)``; ``history`` holds what a restored averager needs besides the state
-(the due validation, the drops, the batch-size, validation and loss histories). ``position.json`` is the
-epoch position and round, readable without torch.
-
-Schedule: round r is a checkpoint when ``r % every == 0``, except the run's final round, which the end
-of the run checkpoints anyway (``is_due``). Rank 0 ``put``s each folder made by ``save`` into the run
-folder (at a scheduled round, before Ray Train's report, which is then a barrier only; and as the run
-ends). Every reader goes through ``load``/``load_latest``: the learner (the run's newest checkpoint as a
-seed), the averager (resume and restart), the driver (``--resume``), fusion, ``--init-from``, export and
-predict.
-
-Retention (``retain``, after each ``put`` with ``keep``): the newest ``keep`` checkpoints stay, and the
-best by validation accuracy, like Ray Train's ``CheckpointConfig(num_to_keep, checkpoint_score_attribute)``
-but with the newest ones always kept (a resume continues from the newest). The scores come from
-``validation.json``, which ``save`` writes beside ``position.json`` (the validation history up to that
-round), read from the newest checkpoint. A checkpoint newer than the last scored round is kept too: its
-validation may still come (the evaluator scores rounds off the learners' path). Example, keep=2, rounds
-1..6 checkpointed, rounds 1..5 scored 0.50 0.70 0.60 0.65 0.62: rounds 6 and 5 (newest), 2 (best) stay.
-
-Contract: ``load_latest`` returns the newest checkpoint that loads; a corrupt or half-written one is
-skipped with a warning naming it, and the one before is used. ``save`` writes each file under a
-temporary name and renames it, so a crash mid-write never leaves a half file under the real name; a
-write that fails raises ``CheckpointError`` naming the folder and leaves older checkpoints untouched.
-Checkpoints of the first format (``{"averager": {...}}``) still load. torch is imported by ``save`` and
-``load`` only, so the layout (``candidates``) is cheap to check before a job starts anything.
+Layout: ``RUN_DIR/checkpoint_round_NNNNNN/`` (six digits: names sort by round) with ``state.pt``
+(``{"format": 2, "state": AveragedState.to_dict(), "history": {...}, "config": Config.to_dict()}`` of plain
+values, ``torch.load(weights_only=True)``), ``position.json`` (readable without torch) and
+``validation.json`` (the validation history up to that round).
+Schedule (``is_due``): round r when ``r % every == 0``, but the final round, which the run's end
+checkpoints anyway. Rank 0 ``put``s each folder into the run folder. Every reader (learner seed, averager,
+``--resume``, fusion, ``--init-from``, export, predict) goes through ``load``/``load_latest``.
+Retention (``retain``): the newest ``keep``, the best by validation accuracy, any round newer than the last scored.
+Contract: ``load_latest`` returns the newest checkpoint that loads, skipping a corrupt one with a
+warning; files are written under a temporary name and renamed; a failed write raises ``CheckpointError``
+naming the folder, older checkpoints untouched; format-1 checkpoints still load. torch is imported by
+``save`` and ``load`` only, so ``candidates`` is cheap before a job starts.
 """
 
 from __future__ import annotations
@@ -197,7 +181,8 @@ def retain(run_dir: str | Path, keep: int) -> list[Path]:
 
     Scores: the newest checkpoint's ``validation.json`` (the whole validation history up to it). A folder
     is renamed to a hidden name before it is deleted, so no reader ever loads half of one; a folder that
-    cannot be removed is left with a warning (retention never stops a run).
+    cannot be removed is left with a warning (retention never stops a run). Example, keep=2, rounds 1..6
+    checkpointed, rounds 1..5 scored 0.50 0.70 0.60 0.65 0.62: rounds 6 and 5 (newest), 2 (best) stay.
     """
     folders = candidates(run_dir)
     if len(folders) <= keep:

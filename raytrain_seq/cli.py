@@ -1,28 +1,17 @@
 """The command line of the jobs, generated from the ``Config`` dataclass tree: flags -> Config -> runner.
 
-Every field of every section gets two spellings of one flag: the dotted ``--data.crop`` (section.field,
-the field name as written) and the kebab ``--crop`` the jobs have always taken (field names are unique
-across sections). Booleans are switches: ``--adaptive-batch``/``--no-adaptive-batch`` and
-``--train.adaptive_batch``/``--train.no_adaptive_batch``. The type comes from the annotation (``X | None``
-also takes ``none``; a tuple field takes that many values: ``--fuse RGB_RUN FLOW_RUN``), the help from the
-field's attribute docstring and its default, the group description from the section's docstring.
-
-Precedence, lowest first: the dataclass defaults, ``--preset NAME``, ``--config FILE`` (YAML or JSON laid
-out as ``Config.to_dict()``: ``{data: {...}, train: {...}}``), then the flags given. Every field flag
-defaults to absent (``argparse.SUPPRESS``), so only flags actually typed override the layers below.
-``--print-config`` prints the resolved Config as YAML, which ``--config`` reads back to the same Config,
-except an automatic ``run_name``: it is printed as ``null``, so the file repeats the run in a new dated
-folder instead of stopping on the folder of the run it was printed for.
-
-Help in two tiers: the flags a user sets (data, model, training, run) in their sections, the runtime's
-tuning knobs (``ADVANCED``) last, in one "advanced" group; the dotted spellings work but are not listed.
-Flags are never abbreviated (``--epoch`` is an error naming ``--epochs``, not a silent match), and a file's
-key given twice is an error (YAML and JSON would keep the last one silently).
-
-Trade-off: a walker of our own (this module) rather than tyro or jsonargparse: no new dependency, and the
-kebab spellings (``--batch-size``, ``--no-use-gpu``) and the ``--fuse A B`` / ``--learners 2:8`` forms stay
-exactly as before, which those libraries would rename or need per-field overrides to keep. Values are
-checked once, by the Config itself; the parser only turns text into the annotated type.
+Every field gets two spellings of one flag: the dotted ``--data.crop`` and the kebab ``--crop`` (field
+names are unique across sections); booleans are switches (``--adaptive-batch``/``--no-adaptive-batch``).
+The type comes from the annotation (``X | None`` also takes ``none``; a tuple takes that many values), the
+help from the field's docstring and default. Precedence, lowest first: defaults, ``--preset NAME``,
+``--config FILE`` (YAML or JSON laid out as ``Config.to_dict()``), the flags typed (every flag defaults to
+absent). ``--print-config`` prints YAML that ``--config`` reads back to the same Config, an automatic
+``run_name`` printed as ``null`` so the file repeats the run in a new folder.
+Help in two tiers: the flags a user sets, then the tuning knobs (``ADVANCED``) in one "advanced" group;
+dotted spellings work but are not listed. Flags are never abbreviated (``--epoch`` is an error naming
+``--epochs``) and a file's key given twice is an error. A walker of our own, not tyro or jsonargparse:
+no dependency, and the kebab forms (``--fuse A B``, ``--learners 2:8``) stay as they were. Values are
+checked once, by the Config; the parser only turns text into the annotated type.
 """
 
 from __future__ import annotations

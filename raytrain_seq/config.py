@@ -9,10 +9,9 @@ command line from this tree: every field is a flag ``--section.field`` and ``--f
 one-line docstring is that flag's help.
 
 Every value is checked once, at construction (``__post_init__``), and a bad one raises ValueError naming
-the field (``train.batch_size``), the value and the fix, so a mistake stops the driver before Ray starts
-instead of surfacing later inside a remote worker. ``to_dict``/``from_dict`` give nested plain types
-(JSON-able) for Ray workers, checkpoints and summary.json. Trade-off: the tree is mutable for
-convenience; after changing a field call ``validate()`` to re-check it.
+the field, the value and the fix, so a mistake stops the driver before Ray starts. ``to_dict`` and
+``from_dict`` give nested plain types for workers, checkpoints and summary.json; after changing a field
+of the (mutable) tree, call ``validate()``.
 """
 
 from __future__ import annotations

@@ -2,19 +2,16 @@
 
     python -m raytrain_seq.export RUN_DIR --out model.pt
 
-writes ``model.pt`` (``torch.save`` of the averaged model's ``state_dict``: plain tensors, loadable with
-``torch.load(..., weights_only=True)`` and no raytrain_seq checkpoint around it) and ``model.json`` beside it
-(the name given with its suffix replaced by ``.json``): the
-class names, the input the model expects (stream, channels, frame stride or rate, the resize and the
+writes ``model.pt`` (the averaged model's ``state_dict``: plain tensors, ``torch.load(...,
+weights_only=True)``) and ``model.json`` beside it: the class names, the input the model expects (stream, channels, frame stride or rate, the resize and the
 centre crop the run evaluated with, uint8 frames ``[T, H, W, C]``), the architecture (``config.model``)
 and where it came from (run folder, checkpoint, round). ``load_exported(path)`` rebuilds the model from
 the two files. The newest checkpoint of the run that loads is exported (``checkpoint.load_latest``).
 
 Nothing the user did not name is overwritten: ``--out`` may not end in ``.json`` (the metadata would
 replace the weights), and an existing ``NAME.json`` that is not an earlier export's metadata stops the
-export. Both files are written under a temporary name and renamed, so a failed write leaves no half file
-and no earlier export half overwritten; a folder given as ``--out``, or one that cannot be written, is
-one line naming it (exit 2).
+export. Both files are written under a temporary name and renamed; an unusable ``--out`` is one line
+naming it (exit 2).
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """Keep freed heap memory in the process, so that a training step reuses its pages instead of faulting
 on them again.
 
-glibc's malloc gives memory back to the kernel as soon as it can, and a training step frees and
-reallocates the same few large tensors (activations, gradients, the staged mini-batch) every step. Ray
-Train runs the training function in a thread of its own, whose allocations live in a secondary arena:
-glibc maps that arena 64 MiB heaps and unmaps a heap as soon as it is empty, so every step maps fresh
-memory and takes one page fault per 4 KiB of every activation. The main arena trims its top likewise
-past a threshold, and allocations above a threshold that adapts to the frees are mapped one by one.
-
-``keep_freed_memory`` sets three process-wide options with ``mallopt`` (they apply to the arenas that
-exist already and to later ones):
-
-* ``M_TOP_PAD`` (``top_pad``): the slack kept at the top of an arena, and the free room below which
-  glibc keeps an empty secondary heap instead of unmapping it;
-* ``M_TRIM_THRESHOLD`` (``trim_threshold``): the free top an arena keeps before trimming it;
-* ``M_MMAP_THRESHOLD`` (``mmap_threshold``): allocations above it get a mapping of their own, unmapped
-  on free; fixed at glibc's maximum (32 MiB on 64-bit), which also stops it from adapting.
-
-The cost: a process holds on to up to its peak heap plus ``top_pad`` per arena rather than returning it.
-Off glibc (no ``mallopt`` in the C library) nothing changes and the call says so. Plain Python: no
-ray, no torch; the measured effect is in docs/ARCHITECTURE.md ("Measurements behind the code").
+A step frees and reallocates the same large tensors every time, and glibc gives memory back to the kernel
+as soon as it can: Ray Train's training thread allocates in a secondary arena whose 64 MiB heaps are
+unmapped once empty, the main arena trims its top, and large allocations get mappings of their own, so
+every step faults its activations in again. ``keep_freed_memory`` sets three process-wide ``mallopt``
+options: ``M_TOP_PAD`` (``top_pad``: the slack kept at an arena's top, which also keeps an empty heap
+mapped), ``M_TRIM_THRESHOLD`` (``trim_threshold``) and ``M_MMAP_THRESHOLD`` (``mmap_threshold``, fixed
+at glibc's maximum, which stops it adapting). The cost: a process holds up to its peak heap plus
+``top_pad`` per arena. Off glibc nothing changes and the call says so. Plain Python: no ray, no torch;
+the measured effect: docs/ARCHITECTURE.md, "Measurements behind the code".
 """
 
 from __future__ import annotations

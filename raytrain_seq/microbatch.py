@@ -1,43 +1,17 @@
 """Micro-batch streaming with exact loss normalisation (torch only).
 
-Algorithm (Piao, Synn et al., "Micro Batch Streaming", section 3.3-3.4 and Algorithm 1). A mini-batch
-that does not fit the device is cut along its first dim into micro-batches that do; they are streamed
-to the device one after another, each one runs forward and backward, and the gradients accumulate in
-``.grad`` until the caller steps the optimizer once for the whole mini-batch.
-
-Loss normalisation, and where this module departs from the paper. The paper divides each micro-batch's
-*mean* loss by the number of micro-batches ``N_S``. That equals the mini-batch mean only when every
-micro-batch holds the same number of items; an uneven last micro-batch (37 rows cut by 16: 16, 16, 5)
-or rows holding different numbers of sequences (a packed Block row holds 0..N sequences, filler rows
-0) weight the items of small micro-batches up. Here ``loss_fn`` returns a loss *sum* and its item
-count, the item count ``N`` of the whole mini-batch is counted before the first micro-batch runs
-(``count_items``), and each micro-batch backpropagates ``loss_sum / N``. Summed over micro-batches that
-is exactly ``d(sum of all item losses / N)``, whatever the split; the counts ``loss_fn`` reports are
-checked against ``N`` at the end.
-
-Streaming. The mini-batch stays where the caller keeps it (host memory, pinned on CUDA) and one
-micro-batch at a time reaches the device through ``stage`` (default: every tensor copied there; a learner
-copies its frames and crops them on the device). Micro-batch i + 1 is staged right after micro-batch i's
-forward and backward are queued, on CUDA on a side stream, so its copy and its staging kernels overlap
-micro-batch i's compute; on every device at most two micro-batches of input exist at once (the one
-computing and the next), so the device memory for inputs is O(micro-batch) whatever the mini-batch.
-
-Fit finder (``micro_batch_size="auto"``). ``MicroBatchSizer`` starts from the whole mini-batch; on
-``torch.cuda.OutOfMemoryError`` (in the step, or while staging a micro-batch) it clears the gradients,
-restores BatchNorm running statistics, empties the CUDA cache, halves the size and restarts the
-mini-batch, so the final gradient is still exact. The size that worked is remembered per model and
-per-sample shape/dtype. CPU memory exhaustion is not a recoverable error, so on CPU "auto" means the
-whole batch.
-
-BatchNorm. Batch statistics are computed per micro-batch (the paper's "ghost batch" effect), so a model
-with BatchNorm in training mode does not get the full-batch gradient; one warning per model suggests
-GroupNorm, whose statistics are per sample.
-
-Trade-off: what streaming buys is memory: the activation peak is set by the micro-batch, not the
-mini-batch; the price is one forward/backward per micro-batch instead of one per mini-batch. The
-gradient equals the whole-batch gradient up to summation order (relative: float64 1e-9, float32 1e-5,
-the tests' tolerances). ``bench/microbatch.py`` measures the step-time overhead, the gradient difference
-and, on a GPU, both memory peaks (docs/BENCHMARKS.md, "MBS").
+Algorithm (Piao, Synn et al., "Micro Batch Streaming", Algorithm 1): a mini-batch is cut along its first
+dim into micro-batches streamed to the device one after another, each running forward and backward, the
+gradients accumulating until the caller steps once. Where this departs from the paper: ``loss_fn``
+returns a loss *sum* and its item count, the mini-batch's count ``N`` is counted first (``count_items``)
+and each micro-batch backpropagates ``loss_sum / N``, so the accumulated gradient is exactly the
+full-batch one for any split (the paper's mean / ``N_S`` is exact only for equal micro-batches).
+Streaming: the mini-batch stays where the caller keeps it; ``stage`` brings one micro-batch at a time to
+the device, i + 1 staged on a side stream (``SideStreams``) while i computes, so at most two exist at once.
+``micro_batch_size="auto"`` (``MicroBatchSizer``): from the whole mini-batch, halve on a CUDA OOM and
+restart the mini-batch (still exact); the working size is remembered; on CPU "auto" is the whole batch.
+BatchNorm in training mode computes per-micro-batch statistics, so it breaks exactness: one warning.
+``bench/microbatch.py`` measures the cost (docs/BENCHMARKS.md, "MBS").
 """
 
 from __future__ import annotations

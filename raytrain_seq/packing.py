@@ -1,34 +1,17 @@
 """Block packing of whole variable-length sequences (BLoad), with reset tables and equal sharding.
 
-Source: Iftekhar, Ruschel et al., "BLoad: Enhancing Neural Network Training with Efficient Sequential
-Data Handling" (Fig. 7). Whole sequences are concatenated into blocks of exactly ``t_max`` frames; a
-block's reset table (``Block.starts``) says where each sequence begins, so a model can reset its
-temporal state there. Nothing is cut and every learner sees equal-size samples.
-
-Strategies (``pack(..., strategy=...)``):
-
-- ``"bload"``: the paper's Fig. 7. Open a block of ``t_max`` frames, keep adding a sequence drawn by
-  the authors' Random* (a length drawn uniformly among the distinct remaining lengths that fit, then a
-  sequence of that length, as their reference implementation does), close the block when none fits,
-  pad the rest.
-- ``"optimal"`` (default): bin packing that stays near ``ceil(frames / t_max)``. Three candidates are
-  planned and the one with the fewest blocks is kept: first-fit-decreasing, best-fit-decreasing and an
-  exact-fill packer (largest items first, then close each block exactly with one or two sequences).
-  Equal lengths are interchangeable, so the seed shuffles which equal-length sequences go where, the
-  block order and the order inside each block without changing the block count.
-- ``"pad"``: one sequence per block (the naive padding baseline).
-- ``"chunk"``: sequences longer than ``t_max`` are cut into pieces of exactly ``t_max`` frames and each
-  tail is deleted; a shorter sequence stays whole (padded). It breaks temporal context. The paper's
-  "sampling" baseline (Table I: no padding at all) also deletes every sequence shorter than the piece
-  length; ``bench/benchlib.py`` (``sampling_plan``) builds it from a chunk plan for the benchmarks.
-
+Source: Iftekhar, Ruschel et al., "BLoad" (Fig. 7). Whole sequences are concatenated into blocks of
+exactly ``t_max`` frames; ``Block.starts`` (the reset table) says where each begins. ``pack`` strategies:
+- ``"bload"``: the paper's Fig. 7, with the authors' Random* draw (a length uniform among the distinct
+  remaining lengths that fit, then a sequence of it); close the block when none fits, pad the rest.
+- ``"optimal"`` (default): the fewest blocks of first-fit-decreasing, best-fit-decreasing and an
+  exact-fill packer (``binpack``); the seed shuffles equal lengths, block order and order within blocks.
+- ``"pad"``: one sequence per block (the naive baseline).
+- ``"chunk"``: sequences cut into ``t_max`` pieces, tails deleted (the paper's "sampling" baseline is
+  built from it by ``bench/benchlib.py``'s ``sampling_plan``).
 Contract: no strategy but ``"chunk"`` deletes a frame or cuts a sequence; ``"optimal"`` never uses more
-blocks than first-fit-decreasing (FFD is one of its candidates) and its seed changes the plan, never the
-block count. Trade-off: ``"pad"`` spends most block frames on padding, ``"chunk"`` loses frames and
-temporal context, ``"bload"`` needs blocks beyond the lower bound ``ceil(frames / t_max)``, and
-``"optimal"`` stays close to it. The figures on the real UCF101 split-1 lists (blocks, padding, deleted
-frames, planning time) are measured by ``bench/packing.py`` (docs/BENCHMARKS.md, "Packing on UCF101
-split 1").
+blocks than FFD and its seed changes the plan, never the block count. ``shard`` deals blocks in equal
+counts with zero-weight fillers. Measured by ``bench/packing.py`` (docs/BENCHMARKS.md, "Packing").
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
     python -m raytrain_seq.predict RUN_DIR_OR_MODEL_PT VIDEO [VIDEO ...] [--test-views ten_crop] [--device cpu]
 
-The model is a finished run's final averaged model (its folder) or an export (``model.pt`` with its
-``model.json`` beside it, ``raytrain_seq.export``); any backbone, a ``--model-factory`` one included
-(its module must be importable here). Each video, in any container PyAV decodes (``.mp4``, ``.avi``,
-``.mkv``, ``.webm``, ``.mov``), is decoded at the run's stride (or frame rate), resized to its cache
+The model is a finished run's final averaged model (its folder) or an export (``model.pt`` and
+``model.json``, ``raytrain_seq.export``); a ``--model-factory`` module must be importable here. Each
+video is decoded at the run's stride (or frame rate), resized to its cache
 size (short side) and cut to its crop as the run's evaluation does (``data.sources``: the RGB frames, or
 for a flow run the optical flow of each kept frame and the source frame after it), and given to the
 model as one whole sequence. ``--test-views`` scores several crops (``augment.test_views``: the centre,

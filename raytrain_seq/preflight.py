@@ -1,28 +1,17 @@
 """Every fact about a run's input that is knowable before Ray starts, checked then: ``check(config)``.
 
-A wrong input is found in the first seconds, not after connecting to a cluster (where a job attaches to
-whatever Ray runs on the machine) or inside a learner (where Ray Train may retry it ``max_failures``
-times). Two layers:
-
-* ``check_paths(config)``: the paths (no torch, no video opened): the data root and its split files (read
-  and checked line by line; unreadable ones named), the video decoder of ``--decoder`` (installed here), ``--num-classes`` against the classes the lists name,
-  ``--weights`` readable, ``--init-from``, the two ``--fuse`` runs and the ``--resume`` run (each must hold
-  a checkpoint folder), and the tracker's package.
-* ``check(config)``: the paths, then what the data and the model say. The data geometry
-  (``data.geometry.data_geometry``: the catalogs, so the class count and every video's strided length,
-  against ``--t-max``), ``--warmup-steps`` against the most optimizer steps the run can take, and, when a
-  model starts from ``--weights`` or ``--init-from`` or comes from a ``--model-factory``, the model built
-  once on the CPU exactly as each learner builds it (the weights file's keys and shapes against the
-  backbone, ResNet or video; the source run's architecture and class count; the factory's import and
-  module).
-
-Each problem is a ``RunSetupError`` naming the input and the fix, which the jobs print as one line and
-exit 2 with. ``check`` returns the geometry, and remembers the last config it passed (in this process), so
-the driver's own call after the job's costs nothing and the videos are probed once.
-
-Contract: no ray is imported here, and torch only to build a model that starts from a file; nothing is
-written. A video listed but missing or corrupt is not an error here: the catalog skips and lists it, as
-the job does.
+A wrong input is found in the first seconds, not after connecting to a cluster or inside a learner
+(where Ray Train may retry it). Two layers:
+* ``check_paths(config)`` (no torch, no video opened): the data root and split files (read line by line),
+  the decoder, ``--num-classes`` against the lists' classes, ``--weights``, ``--init-from``, ``--fuse``
+  and ``--resume`` runs (each holding a checkpoint), the tracker's package.
+* ``check(config)``: the paths, then the data geometry (``data.geometry.data_geometry``: classes and every
+  video's strided length against ``--t-max``), ``--warmup-steps`` against the most steps the run can take,
+  and a model from ``--weights``, ``--init-from`` or ``--model-factory`` built once on the CPU as each
+  learner builds it.
+Each problem is a ``RunSetupError`` naming the input and the fix (one line, exit 2). ``check`` returns the
+geometry and remembers the last config it passed, so the driver's own call costs nothing. No ray, torch
+only to build a model from a file, nothing written; a bad listed video is the catalog's to skip.
 """
 
 from __future__ import annotations

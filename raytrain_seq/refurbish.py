@@ -1,52 +1,17 @@
 """Data refurbishing schedule: balanced eviction and cache-aware batch composition (numpy only).
 
-Algorithm (Lee et al., "Refurbish Your Training Data: Reusing Partially Augmented Samples for Faster
-Deep Neural Network Training", USENIX ATC '21, the Revamper system). The augmentation pipeline is split
-in two: an expensive *partial* augmentation (decode, temporal stride, resize, per-video random transform,
-optical flow) whose output is cached, and a cheap stochastic *final* augmentation (random crop, flip)
-that runs on every use. Each cached sample is served in ``r`` epochs (the reuse factor), so only
-``N / r`` samples need the expensive step per epoch. Two rules keep the CPU cost of every step equal:
-
-* **Balanced eviction** (inter-epoch balance). One random permutation of the ids is drawn once (from
-  ``seed``) and cut into ``r`` nearly equal consecutive slices; epoch ``e >= 1`` evicts (recomputes)
-  slice ``(e - 1) % r``, and the same order repeats for the whole run. Every epoch after the first
-  therefore recomputes ``floor(N/r)`` or ``ceil(N/r)`` samples, and every sample is recomputed exactly
-  once every ``r`` epochs. A naive reference-count eviction instead recomputes everything in epoch
-  ``r``, ``2r``, ... and nothing in between.
-* **Cache-aware shuffle** (intra-epoch balance). ``compose`` gives each mini-batch the same share of
-  fresh (just recomputed) ids, to within one, with fresh and cached ids each in random order. A plain
-  shuffle puts a binomially varying number of fresh ids in each batch, so some steps stall the device.
-
-Reuse, precisely. Epoch 0 computes every id. An id in slice ``k`` is then recomputed in epochs
-``k + 1, k + 1 + r, k + 1 + 2r, ...``. Each computation is served in exactly ``r`` epochs (the
-computing epoch plus ``r - 1`` reuses); only the epoch-0 computation is served in fewer (``k + 1``
-epochs), which is the warm-up the paper means by "all N cached samples are reused exactly r times
-after the first r epochs". Worked example, N=10, r=3: slices of sizes [4, 3, 3]; an id of slice 1 is
-computed in epochs 0, 2, 5, 8, ...; its epoch-2 computation is served in epochs 2, 3, 4 (three epochs)
-and recomputed in epoch 5. Its age (epochs since it was last computed) runs 0, 1, 0, 1, 2, 0, 1, 2, ...;
-ages never exceed ``r - 1``. ``r = 1`` recomputes everything every epoch (the standard pipeline).
-
-``reuse > num_samples`` is allowed: ``even_split`` then leaves some slices empty, so some epochs
-recompute nothing (``floor(N/r) = 0`` still holds) and the per-epoch cost cannot be balanced; a warning
-is logged. Every id is still recomputed exactly once every ``r`` epochs.
-
-Checkpointing. The schedule is a pure function of ``(num_samples, reuse, seed, epoch)``: nothing is
-stored between epochs, so a resumed run only needs those four values to reproduce the evictions and
-batches of any epoch, and any process (driver or worker) can compute them independently.
-
-Data echoing (Choi et al.), the baseline the paper compares against, caches the *fully* augmented
-sample and replays it; it is a pipeline choice (cache after the final augmentation), not a schedule,
-so it needs nothing from this module. The paper reports that echoing loses accuracy while
-refurbishing keeps it.
-
-Trade-off. Recompute work per epoch drops to 1/r of the standard pipeline (r=3: 3179 of the 9537
-UCF101 split-1 training videos per epoch); the paper reports 1.03x-2.04x training throughput on
-ImageNet/ResNet-50 at comparable accuracy, the gain largest when CPUs are scarce. The price is memory
-for one cached copy of every sample. On that UCF101 size with r=3 and batch size 32 (epoch 1: 3179
-fresh, 10.7 a batch on average), ``compose`` keeps every full batch at 10 or 11 fresh ids, by
-construction; a plain shuffle's count is binomial and its extremes reach about twice the mean
-(docs/ARCHITECTURE.md, "Measurements behind the code"). ``bench/refurbish.py`` measures the end-to-end effect (docs/BENCHMARKS.md,
-"Revamper").
+Algorithm (Lee et al., "Refurbish Your Training Data", USENIX ATC '21, Revamper): an expensive *partial*
+augmentation is cached and served in ``r`` epochs; a cheap *final* one runs on every use. Two rules keep
+every step's CPU cost equal:
+* **Balanced eviction.** One seeded permutation of the ids is cut into ``r`` near-equal slices; epoch
+  ``e >= 1`` recomputes slice ``(e - 1) % r``: ``floor(N/r)`` or ``ceil(N/r)`` ids, each once every ``r``
+  epochs. An id of slice ``k`` is computed in epochs 0, ``k + 1``, ``k + 1 + r``, ...; its age never
+  exceeds ``r - 1``. ``reuse > num_samples`` leaves some epochs empty (a warning).
+* **Cache-aware shuffle** (``compose``): each mini-batch gets the same share of fresh ids to within one.
+The schedule is a pure function of ``(num_samples, reuse, seed, epoch)``: nothing is stored, so a resume
+or any process reproduces it (data echoing, the paper's baseline, needs nothing here). ``balance_fresh`` serves the feed's cache-aware plan of packed blocks
+(docs/ARCHITECTURE.md, "Data refurbishing"); the trade-off's figures: "Measurements behind the code";
+``bench/refurbish.py`` measures it (docs/BENCHMARKS.md, "Revamper").
 """
 
 from __future__ import annotations

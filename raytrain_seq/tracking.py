@@ -1,21 +1,14 @@
 """Live tracking of a run: TensorBoard event files (default), MLflow when installed, or nothing.
 
 ``make_tracker(kind, run_dir)`` returns an object with ``scalars(values, step)``, ``text(tag, value,
-step)`` and ``close()``. The averager's run history calls it as rounds, validations and recoveries
-happen, so a run is watched while it trains (``tensorboard --logdir STORAGE_PATH``), not only read from
-``summary.json`` at the end. Tags (TensorBoard names them the same way in its scalar tab):
-
-* ``train/loss``, ``train/batch_size``, ``train/frames_per_second``, ``train/learners`` per round;
-* ``time/round_s`` (first arrival to result), ``time/compute_s``, ``time/data_wait_s`` per round (means
-  over the round's learners);
-* ``val/top1``, ``val/top5``, ``val/mean_class_accuracy`` per validation round (top-5 and mean class
-  accuracy when the validator reports them);
-* ``recoveries/count`` and a text entry ``recoveries`` per recovery;
-* ``test/top1``, ``test/top5``, ``test/mean_class_accuracy`` once, at the end.
-
-The step of every scalar is the averaging round. Writers are opened lazily (the first event creates the
-folder) and flushed at each round, so a restarted averager appends a new event file beside the old one,
-as TensorBoard expects.
+step)`` and ``close()``. The averager's run history calls it as rounds, validations and recoveries happen,
+so a run is watched while it trains (``tensorboard --logdir STORAGE_PATH``). Tags: ``train/loss``,
+``train/batch_size``, ``train/frames_per_second``, ``train/learners``, ``time/round_s``,
+``time/compute_s``, ``time/data_wait_s`` per round; ``val/top1``, ``val/top5``,
+``val/mean_class_accuracy`` per validation; ``recoveries/count`` and a ``recoveries`` text per recovery;
+``test/top1``, ``test/top5``, ``test/mean_class_accuracy`` once at the end. The step is the averaging
+round. Writers open lazily and flush every round, so a restarted averager appends a new event file
+beside the old one, as TensorBoard expects.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ Rules pinned, each by a checker function and a test of the real tree:
 11. no two folders of raytrain_seq import each other: the folders are layers, each import between two of
     them points one way (imports inside functions count);
 12. no class of raytrain_seq/ has over 20 methods and no module over 600 lines (the listed exceptions may
-    not grow, and leave the list once within the bar).
+    not grow, and leave the list once within the bar);
+13. no module docstring of raytrain_seq/, jobs/ or bench/ is over 15 lines;
+14. every section of docs/ARCHITECTURE.md that a file cites by name is a heading there.
 
 Each checker also gets a synthetic counterexample (``test_checker_*``), so that no rule passes vacuously.
 """
@@ -1021,3 +1023,104 @@ def test_checker_finds_a_big_class_and_a_long_module(tmp_path):
     )
     assert oversized(tmp_path, ("pkg",), 3, 100) == {"pkg/a.py:Big": 4}
     assert oversized(tmp_path, ("pkg",), 5, 10) == {"pkg/a.py": 13}
+
+
+# --------------------------------------------- rule 13: a module docstring is read at a glance
+MAX_DOCSTRING_LINES = 15
+DOCSTRING_FOLDERS = ("raytrain_seq", "jobs", "bench")
+
+
+def long_module_docstrings(root: Path, folders: tuple[str, ...], limit: int) -> dict[str, int]:
+    """``{"path": lines}`` of every module under ``folders`` whose docstring literal runs over ``limit``
+    lines (its first line and its closing quotes count): what the module is for and its contract; its
+    history, trade-offs and figures belong in docs/ARCHITECTURE.md or docs/LOG.md."""
+    found = {}
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            body = ast.parse(path.read_text()).body
+            first = body[0] if body else None
+            is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            if is_doc and isinstance(first.value.value, str):
+                lines = first.end_lineno - first.lineno + 1
+                if lines > limit:
+                    found[path.relative_to(root).as_posix()] = lines
+    return found
+
+
+def test_every_module_docstring_is_read_at_a_glance():
+    """No module docstring of raytrain_seq/, jobs/ or bench/ is over 15 lines."""
+    assert long_module_docstrings(ROOT, DOCSTRING_FOLDERS, MAX_DOCSTRING_LINES) == {}
+
+
+def test_checker_finds_a_long_module_docstring(tmp_path):
+    long, short = "".join(f"line {i}\n" for i in range(5)), "One line."
+    _write_tree(
+        tmp_path,
+        {
+            "pkg/a.py": f'"""Summary.\n\n{long}"""\nx = 1\n',
+            "pkg/b.py": f'"""{short}"""\n',
+            "pkg/c.py": "x = 1\n",
+            "pkg/d.py": f'x = 1\n"""{long}"""\n',
+        },
+    )
+    assert long_module_docstrings(tmp_path, ("pkg",), 5) == {"pkg/a.py": 8}
+    assert long_module_docstrings(tmp_path, ("pkg",), 8) == {}
+
+
+# --------------------------------------------- rule 14: every cited section of the design exists
+DESIGN = "docs/ARCHITECTURE" + ".md"
+# A citation names the section in quotes right after the document ("docs/ARCHITECTURE.md, "Validation"",
+# "(docs/ARCHITECTURE.md ("Start-up order")") or right before it (""Start-up" in docs/ARCHITECTURE.md").
+# Comment markers and line breaks are joined first, so a citation may wrap. The patterns are built from
+# pieces, so this file does not cite the document itself.
+CITED_AFTER = re.compile(r"ARCHITECTURE\.md(?:\s*,\s*|\s*\(\s*|\s+)[\"']([^\"'\n]{1,80})[\"']")
+CITED_BEFORE = re.compile(r"[\"']([^\"'\n]{1,80})[\"']\s+in\s+docs/ARCHITECTURE\.md")
+
+
+def _joined(text: str) -> str:
+    return " ".join(re.sub(r"^\s*(?:#+\s?)?", "", line) for line in text.splitlines())
+
+
+def cited_sections_missing(files: Iterable[Path], root: Path, design: Path) -> list[str]:
+    """``path: "name"`` of every section of ``design`` that a file of ``files`` cites by name and that
+    no heading of ``design`` starts with (a trailing "..." of the name is dropped)."""
+    headings = [
+        re.sub(r"^#+\s*", "", line) for line in design.read_text().splitlines() if line.startswith("#")
+    ]
+    found = []
+    for path in files:
+        text = _joined(path.read_text(errors="replace"))
+        for pattern in (CITED_AFTER, CITED_BEFORE):
+            for match in pattern.finditer(text):
+                name = match.group(1).strip().removesuffix("...").strip()
+                if not any(heading.startswith(name) for heading in headings):
+                    found.append(f'{path.relative_to(root).as_posix()}: "{match.group(1)}"')
+    return sorted(set(found))
+
+
+def test_every_cited_section_of_the_design_exists():
+    """Code, tests and docs cite sections of docs/ARCHITECTURE.md by name: each one is still a heading."""
+    files = _project_text_files()
+    cites = sum(len(CITED_AFTER.findall(_joined(p.read_text(errors="replace")))) for p in files)
+    assert cites >= 20, f"only {cites} citations found: the pattern no longer sees them"
+    assert cited_sections_missing(files, ROOT, ROOT / DESIGN) == []
+
+
+def test_checker_finds_a_cited_section_that_is_gone(tmp_path):
+    design = _write_tree(
+        tmp_path, {DESIGN: "# Design\n\n## Kept section\n\n### The frame cache (real video)\n"}
+    )
+    doc = "ARCHITECTURE" + ".md"
+    _write_tree(
+        tmp_path,
+        {
+            "pkg/a.py": f'# the reason: docs/{doc}, "Kept section".\n# (docs/{doc}\n# "The frame cache")\n',
+            "pkg/b.py": f'"""See docs/{doc} ("Gone section")."""\n',
+            "pkg/c.py": f'x = 1  # "Kept ..." in docs/{doc}; "Also gone" in\n# docs/{doc}\n',
+        },
+    )
+    files = sorted((tmp_path / "pkg").glob("*.py"))
+    assert cited_sections_missing(files, tmp_path, design / "ARCHITECTURE.md") == [
+        'pkg/b.py: "Gone section"',
+        'pkg/c.py: "Also gone"',
+    ]

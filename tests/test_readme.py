@@ -151,6 +151,13 @@ def test_the_readme_is_read_in_one_sitting():
     assert -1 not in at and at == sorted(at), dict(zip(order, at, strict=True))
 
 
+def test_the_architecture_is_read_in_one_sitting():
+    """docs/ARCHITECTURE.md is the design a newcomer reads in one sitting: at most 5,000 words (history
+    and figures go to docs/LOG.md and docs/BENCHMARKS.md)."""
+    words = len((ROOT / "docs" / "ARCHITECTURE.md").read_text().split())
+    assert words <= 5000, f"docs/ARCHITECTURE.md has {words} words: move history and figures to docs/LOG.md"
+
+
 def feed_claims(headline: dict) -> list[str]:
     """How the README's "Real video" section writes bench/video_feed.py's range over its rows: warm
     epochs' kept frames per CPU-second and their ratio to the DataLoader, and the cold epoch's ratio."""

@@ -5,15 +5,12 @@
     python -m raytrain_seq.data.check --dataset list --data-root DIR --train-list F --test-list F \
         [--val-list F] [--class-names F]
 
-Reads the split's lists (``ucf101_entries`` / ``hmdb51_entries`` / ``video_list.list_entries``: errors
-name the file and line), then
-probes every listed video's header in parallel threads (``data.video.probe`` with ``--decoder``, the
-backend the job will decode with: no decoding) with a progress bar, and prints, per side of the split (train, test, and val for a ``--val-list``): the videos listed, missing (no file) and unreadable (the file does
-not open or has no frames), the frame counts (min, median, mean, max) before and after the stride, and
-what packing the training side costs: blocks and padding of the ``optimal`` plan at ``t_max`` = its
-longest strided video, against padding every video to that length. Exit code: 0 when every listed video
-is readable, 1 when some are missing or unreadable (they would be skipped and listed by a run), 2 when
-the lists themselves are unusable.
+Reads the split's lists (errors name file and line), probes every listed video's header in threads
+(``data.video.probe`` with the job's ``--decoder``: no decoding) and prints, per side of the split: the
+videos listed, missing and unreadable, the frame counts before and after the stride, and the training
+side's packing (blocks and padding of the ``optimal`` plan at its longest strided length, against padding
+every video to it). Exit code: 0 when every listed video is readable, 1 when some are missing or
+unreadable (a run would skip and list them), 2 when the lists themselves are unusable.
 """
 
 from __future__ import annotations

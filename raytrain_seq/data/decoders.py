@@ -1,35 +1,17 @@
 """Decoder backends of real video, as MMAction2 offers them: PyAV, OpenCV and decord, behind one interface.
 
-``data.decoder`` (``--decoder``) names one; ``"auto"`` takes the first of ``PREFERENCE`` that imports here,
-an order measured on real footage in kept frames per CPU-second with one thread, at stride 1 and 8,
-MPEG-4 ``.avi`` and H.264 ``.mp4``, short side 128, RGB (docs/ARCHITECTURE.md, "Measurements behind the
-code"; ``bench/decoder_rates.py`` measures it again). Each library is imported inside the functions that
-use it, so this module, and ``data.video`` above it, import where PyAV is not installed (the GPU image
-has OpenCV and torchvision only): a job with ``--decoder opencv`` never imports ``av``.
-
-Every backend gives the same frames by the same rules (``data.video`` states them; ``selector`` and
-``target_size`` are those rules): frame ``i`` counts decoded frames in presentation order, a frame is
-kept by ``stride`` or ``fps``, and kept frames are scaled to the short side ``size`` by area averaging
-and returned as uint8 RGB ``[T, H, W, 3]``. The pixels differ slightly between backends (each converts
-YUV to RGB and scales in its own code; tests/test_decoders.py bounds the difference against PyAV).
-
-* ``pyav``: libswscale scales and converts in one pass (one ``VideoReformatter``, AREA, on the reader's
-  threads); frames that are not kept are never converted, and H.264/HEVC frames that are not kept and
-  that no other frame references are not decoded at all (``skip_frame``), when every frame's
-  presentation index is certain from the pts (``_PyAVReader.plan``; else every frame is decoded). The
-  kept frames are a full decode's, byte for byte.
-* ``opencv``: ``cv2.VideoCapture`` (its bundled FFmpeg) ``grab()``s every frame (decoded, no colour
-  conversion) and ``retrieve()``s the kept ones (BGR at full size), then ``cv2.resize(INTER_AREA)`` and
-  ``cvtColor``. In a Ray task call ``cv2.setNumThreads(1)`` (``data.sources`` does), since the task holds
-  one CPU.
-* ``decord``: ``VideoReader.next()`` for every frame (decord converts every frame it decodes to RGB,
-  so a stride saves it little), ``cv2.resize(INTER_AREA)`` for the kept ones: decord's own scaler is
-  not an area average.
-
-Frame counts (``header``): the container's count where the container stores one (AVI, MP4/MOV) and 0
-elsewhere, so that ``video.probe`` counts by decoding, the policy it has for PyAV: OpenCV and decord
-replace a missing count by duration x rate, an estimate. A backend that is not installed is an
-ImportError naming the ``pip install`` that fixes it (``resolve``).
+``data.decoder`` (``--decoder``) names one; ``"auto"`` takes the first of ``PREFERENCE`` that imports
+here, an order measured in kept frames per CPU-second (docs/ARCHITECTURE.md, "Measurements behind the
+code"; ``bench/decoder_rates.py``). Libraries are imported where used: without PyAV, ``--decoder opencv``.
+Every backend keeps the same frames by ``data.video``'s rules (``selector``, ``target_size``): frame ``i``
+counts decoded frames in presentation order, kept by ``stride`` or ``fps``, scaled to short side ``size``
+by area averaging, uint8 RGB ``[T, H, W, 3]``; pixels differ slightly (tests/test_decoders.py bounds it).
+``pyav``: one libswscale scaler a video converts kept frames only; H.264/HEVC frames neither kept nor
+referenced are not decoded (``skip_frame``, ``_PyAVReader.plan``), kept ones byte for byte. ``opencv``:
+``grab()`` every frame, ``retrieve()`` the kept ones, ``cv2.resize(INTER_AREA)`` (one thread in a task).
+``decord``: converts every frame it decodes; resized by OpenCV. ``header``: the container's frame count
+where it stores one, else 0 (``video.probe`` counts by decoding). A backend that is not installed is an
+ImportError naming its ``pip install`` (``resolve``).
 """
 
 from __future__ import annotations

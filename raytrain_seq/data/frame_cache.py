@@ -1,21 +1,16 @@
 """Decoded frames on node-local disk: each video is decoded once per node, later refurbishes read it.
 
 ``FrameCache(folder, budget_bytes).frames(path, params, decode)`` returns what ``decode()`` returns (uint8
-``[T, H, W, C]``), from ``folder`` when a file of the same source and the same decode ``params`` (stride,
-fps, size, decoder) is there, else by calling ``decode()`` and writing its frames there for the next
-caller. One ``.npy`` file a video, named ``<key>-<stamp>.npy``: the key hashes the source's absolute path
-and ``params``, the stamp its size and modification time, so a clip changed after it was cached misses
-(its old file is removed) and is never served stale.
-
-Never a failure: a folder that cannot be made or written (permissions, a full disk) is one warning per
-process and the decode goes on uncached; a file that does not load (truncated, foreign) is removed and
-decoded again; past ``budget_bytes`` (the folder's ``.npy`` bytes) a video is decoded and not written;
-a budget of 0 turns the cache off (nothing read or written).
-Writers in parallel processes may overshoot the budget by what they write at once (a video each); a
-file is written under a temporary name and renamed, so a reader sees a whole file or none.
-``stats`` counts hits, misses, stale, corrupt and unwritten files and the CPU seconds of reads and
-decodes. ``home_nodes`` gives each video the node whose cache holds it, so the feed sends its partial
-augmentations there. Bytes per frame and what UCF101 needs: docs/ARCHITECTURE.md, "The frame cache".
+``[T, H, W, C]``): from ``folder`` when a file of the same source and decode ``params`` (stride, fps,
+size, decoder) is there, else by decoding and writing it. One ``<key>-<stamp>.npy`` a video: the key
+hashes the source's absolute path and ``params``, the stamp its size and modification time, so a clip
+changed after caching misses (its old file removed) and is never served stale.
+Never a failure: an unwritable folder is one warning per process and decoding goes on uncached; a file
+that does not load is removed and decoded again; past ``budget_bytes`` a video is decoded and not
+written (parallel writers may overshoot by a video each); a budget of 0 turns it off. Files are written
+under a temporary name and renamed. ``stats`` counts hits, misses, stale, corrupt and unwritten files
+and CPU seconds; ``home_nodes`` gives each video the node whose cache holds it; ``cache_bytes`` sizes a
+set (docs/ARCHITECTURE.md, "The frame cache").
 """
 
 from __future__ import annotations

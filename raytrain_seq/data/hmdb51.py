@@ -1,27 +1,16 @@
 """HMDB51 reader: the official layout and the three 70/30 splits, as a ``VideoCatalog``.
 
-Layout under ``data_root`` (``--data-root``), as hmdb51_org.rar (one .rar per class) and
-test_train_splits.rar unpack::
-
-    <class>/<video>.avi                        brush_hair/April_09_brush_hair_u_nm_np1_ba_goo_0.avi
-    testTrainMulti_7030_splits/<class>_test_split{1,2,3}.txt   lines "<video>.avi <flag>"
-
-Flags: 1 = train, 2 = test, 0 = unused in that split (each class file lists every video of the class).
-Class ids are the class FOLDER names sorted (Python string order; for the real set brush_hair = 0 ...
-wave = 50, 51 classes; any number of classes is accepted), and a video's label is the class of the split
-file that lists it, i.e. of the folder it lives in. Every class folder must have its split file and
-every split file must name a class folder; the split folder name is matched exactly (a differently
-cased one is pointed out in the error).
-
-Ids: the rank of a video among ALL lines of the fold's files (flags 0, 1 and 2), sorted by (label, file
-name), so train and test ids are disjoint and, with the official files (which list every video in every
-fold), the same for every fold. Lengths come from the container header via ``video.probe``, then
+Layout under ``data_root``: ``<class>/<video>.avi`` and ``testTrainMulti_7030_splits/<class>_test_split
+{1,2,3}.txt`` with lines ``"<video>.avi <flag>"``: 1 train, 2 test, 0 unused in that split.
+Class ids are the class FOLDER names sorted (51 for the real set; any count accepted); a video's label
+is its split file's class. Every class folder needs its split file and every split file a folder (a
+differently cased split folder is pointed out).
+Ids: the rank of a video among ALL lines of the fold's files, sorted by (label, file name): train and
+test disjoint, the same for every official fold. Lengths come from the header (``video.probe``), then
 ``stride``/``fps``.
-
-Errors that stop the job at start (ValueError naming the file, the line and the fix): a missing data root,
-split folder or split file; a split file for an unknown class; a malformed line; a flag other than
-0/1/2; a video listed twice. A listed video that is missing, corrupt or has zero frames is skipped with
-one warning and recorded in ``VideoCatalog.skipped``.
+Errors that stop the job at start (naming file, line and fix): a missing root, split folder or file; a
+split file of an unknown class; a malformed line; a flag other than 0/1/2; a video listed twice. A listed
+video that is missing, corrupt or empty is skipped with a warning and kept in ``VideoCatalog.skipped``.
 """
 
 from __future__ import annotations

@@ -1,54 +1,17 @@
 """Video sources of the refurbishing pipeline: the synthetic set and real videos (UCF101, HMDB51, lists).
 
-Algorithm: the expensive, cached half of Revamper's split augmentation (Lee et al., "Refurbish Your Training
-Data", USENIX ATC '21). ``augment_videos`` is the Ray task body that the feed
-(``raytrain_seq.runtime.feed.BlockFeed``) submits for a batch of video ids: it decodes each video (the
-backend of ``data.decoder``, resolved once by ``source_kwargs``: ``data.decoders``; one decoder thread
-and one OpenCV thread, since the task holds one CPU), resizes it to ``data.cache_size`` and applies the random partial
-augmentation seeded by ``seeds.partial_rng(seed, video, computing epoch)``, so a recompute after a resume
-or on another worker gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
-
-* RGB: ``decode`` at short side ``cache_size`` then ``augment.partial_augment`` (random window along the
-  long side + one colour transform for the whole video).
-* Flow (two-stream, Simonyan & Zisserman 2014; TSN, Wang et al. 2016), computed ONCE per video:
-  ``RealVideos.flow`` decodes each kept frame and its source successor (``video.decode_pairs``) at short
-  side ``cache_size`` and turns each pair into 2 uint8 channels (``flow.pair_flow``) over the WHOLE frame,
-  so a strided video still carries the motion between consecutive frames, same T as RGB. That array
-  does not depend on the seed or the epoch. The flow stream's partial augmentation is then only the
-  random window (no colour jitter: flow has no colour): ``flow.flow_window(flow, size, flow_offset(seed,
-  video, epoch))``, the offset being the first draw of ``partial_rng`` as in ``partial_augment``; epoch
-  None cuts the centre. ``load`` computes both in one call; the feed runs them as two task bodies,
-  ``flow_videos`` once per video (the result is kept in the object store for the run) and
-  ``window_videos`` per refurbish, so a recompute costs a slice, not a decode and an optical flow.
-  Contract of a flow refurbish: ``window(whole-frame flow, offset)``. Before issue 13 the window was cut
-  from the frames first and the flow computed on the window; the two differ where the solver's
-  neighbourhood reaches past the window (its borders, and the coarse pyramid levels), so the bytes are
-  not the old ones: the new ones see real pixels beyond the window's edge instead of its border.
-
-Catalogs (``data.geometry.load_catalogs``): the first ``data.num_classes`` classes (all when None) of the official
-split ``data.split`` (or of the annotation lists of ``--dataset list``, ``data.video_list``); a
-validation split read from ``--val-list``, else held out from the training list, class by class and
-WHOLE UCF101 groups at a time (the clips of one group are cut from one long video, so a clip-level
-split would score near-duplicates; ``holdout``); then at most ``data.max_videos`` per split, class-balanced
-(``balanced_subset``). Lengths are strided (or fps-resampled) frame counts from the container headers.
-A reader error (missing split file, unknown class, label out of range: each names file and line) is a
-``RunSetupError``, so the job stops before training with one line.
-
-Bad videos. Unreadable at catalog time: skipped with one warning naming the file and listed in
-``skipped``. Readable then but failing to decode inside a task (corrupt packets after a good header):
-the run goes on, the task returns an all-zero clip of the catalog length (the plan was made from that
-length), logs a warning naming the file and reports it, so ``feed.stats()["videos"]["skipped"]`` and the
-summary list it; a black clip is a constant input that carries no class evidence. A decoded length
-that differs from the catalog's (a header that lies) is trimmed, or padded by repeating the last frame,
-to the catalog length, with a rate-limited warning. A file that was readable at catalog time and can no
-longer even be opened has no known length, so its task fails with a VideoError naming the file.
-
-Trade-off: a flow video costs several times its RGB twin (``data/flow.py``). RGB stays in the refurbished
-half, paid once per ``reuse`` epochs; flow is paid once per run, at the price of object-store memory for
-each training video's whole-frame flow (the long side / short side of the frames, 4:3 for UCF101, times a
-windowed copy) beside the windowed cache; Ray spills it to disk when the store is full. The catalog is
-probed (one header read per video, ``video.probe``) by the driver, which hands it to the feed actor; the
-task workers never probe the catalog: they read the list files and re-probe only the video they decode.
+``augment_videos`` is the Ray task body the feed submits for a batch of ids: the expensive, cached half of
+Revamper's split augmentation. It decodes each video (``data.decoder``, resolved once by
+``source_kwargs``; one thread, the task holds one CPU), resizes it to ``data.cache_size`` and applies the
+partial augmentation seeded by ``seeds.partial_rng(seed, video, computing epoch)``: a recompute anywhere
+gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
+Flow is computed ONCE per video over the whole frame (``flow_videos``: ``RealVideos.flow`` on each kept
+frame and its successor) and kept by the feed; a flow refurbish is ``window_videos``, a slice
+``flow.flow_window(flow, size, flow_offset(seed, video, epoch))``. Contract: ``window(whole-frame flow,
+offset)``.
+Bad videos: unreadable at catalog time, skipped and listed; failing inside a task, an all-zero clip of
+the catalog length, a warning, and ``stats()["videos"]["skipped"]``; a decoded length that differs from
+the catalog's is trimmed or padded to it. Catalogs: ``data.geometry.load_catalogs``.
 """
 
 from __future__ import annotations

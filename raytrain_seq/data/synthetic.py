@@ -1,55 +1,16 @@
 """Built-in synthetic action videos whose class is spread over the whole sequence.
 
-Each video shows one soft, textured, coloured blob on a noisy background (a torus: what leaves one edge
-re-enters at the opposite one). The class is the ORDERED PAIR of motions ``(first, second)``: the blob
-performs ``first`` during frames ``[0, T // 2)`` and ``second`` during ``[T // 2, T)``. So
-
-* one frame is at chance: every frame has the same law for every class (argument below);
-* a chunk inside one half shows one motion, which only narrows the class down to the classes that
-  contain it (with the default 10 classes: to 2, one of which is the same pair in the other order);
-* the whole sequence, read in order, determines the class.
-
-That is the property BLoad (Iftekhar, Ruschel et al.) argues for: whole sequences, packed with resets,
-instead of chunks cut to a fixed length. It holds with no training: a nearest-centroid classifier on
-hand-written pixel features (default 10 classes, chance 0.10) is far above chance on whole videos, in
-between on one half-chunk and at chance on one frame (tests/test_synthetic.py pins the bounds; the
-README reports the accuracies).
-
-Motions (``MOTIONS``; rates are per rendered frame at size 32, scaled with ``size``, times a per-video
-speed factor in [0.75, 1.3]): ``up``/``down`` drift 1.2 px; ``grow``/``shrink`` change the log radius by
-0.09 (a sawtooth on [log 3, log 8]: it wraps like the position does); ``sway``/``bob`` oscillate
-horizontally/vertically (3.5 px, period 8); ``pulse`` oscillates the brightness (period 10);
-``flicker`` redraws the brightness phase every frame; ``squash`` oscillates the aspect ratio;
-``hue`` cycles the colour (0.06 turn); ``shake`` jitters the position every frame (sigma 1.2 px);
-``still`` does nothing. No motion is horizontally directed (no left/right drift, no rotation), because
-training flips videos at random: the mirror image of each motion is the same motion (``sway``'s mirror
-is ``sway`` with its phase shifted by pi), so a flipped video of class c is a video of class c.
-
-Class -> motions (``class_motions``): the 66 unordered pairs of the 12 motions are listed by a
-round-robin schedule (each round is a perfect matching, so a prefix of whole rounds uses every motion
-equally), and each unordered pair gives two consecutive classes, ``(a, b)`` then ``(b, a)``. Round 0
-is ``up|down, grow|shrink, sway|bob, pulse|flicker, squash|hue, shake|still``, so the default 10 classes
-are ``0 (up, down), 1 (down, up), 2 (grow, shrink), 3 (shrink, grow), ..., 9 (hue, squash)``.
-``num_classes`` may be 2..132 (UCF101's 101 included).
-
-Why a single frame carries no class information. Every per-frame quantity is a function of a state
-whose components are phases on circles (x and y on the torus, log radius on its sawtooth interval,
-brightness / aspect / oscillation phases, hue), each drawn uniformly and independently at frame 0. A
-motion only ROTATES some of these circles (by amounts that do not depend on the start state) or, for
-``flicker``/``shake``, redraws / offsets them independently; a rotation maps the uniform law to itself.
-So at every frame index t, and whatever the class, the state is again uniform and independent, and the
-appearance nuisances (colour saturation, texture, background, noise level) are drawn by the same code
-in the same order for every class. Hence the law of frame t given T is exactly the same for all classes.
-Lengths are independent of labels too (labels are dealt round-robin over a seeded permutation of each
-split). What does leak: any statistic of two or more frames (by design), e.g. the sign of the change
-of the blob area between consecutive frames within a ``grow`` half.
-
-Determinism: ``render(i)`` depends only on ``(seed, i)`` and the constructor arguments; nothing is
-stored up front, the catalog holds ids, labels and lengths and frames are rendered where they are
-decoded. Lengths are the real UCF101 split-1 frame counts (train list for ``train`` and ``val``, test
-list for ``test``) divided by ``stride`` with ``ceil``, so the set is ALREADY strided: do not apply
-``augment.stride_frames`` to it. Rendering is numpy, vectorised over frames, and cheap next to decoding
-a real video (timings: docs/ARCHITECTURE.md, "Measurements behind the code").
+Each video shows one soft textured blob on a noisy torus background. The class is the ORDERED PAIR of
+motions ``(first, second)``, performed in frames ``[0, T // 2)`` and ``[T // 2, T)``: one frame is at
+chance (every frame has the same law for every class), a half narrows the class down, the whole
+sequence in order determines it: BLoad's case for whole sequences (tests/test_synthetic.py pins it).
+``MOTIONS`` are twelve (drifts, growth, oscillations, flicker, hue, shake, still), none horizontally
+directed, so a flipped video keeps its class; ``class_motions`` lists the ordered pairs by a round-robin
+schedule (``num_classes`` 2..132). A frame carries no class because every per-frame quantity is a phase
+drawn uniformly at frame 0 and motions only rotate or redraw phases.
+Determinism: ``render(i)`` depends only on ``(seed, i)`` and the constructor; the catalog holds ids,
+labels and lengths (the real UCF101 split-1 counts, ALREADY strided: do not stride again), and frames are
+rendered where they are decoded. Rendering cost: docs/ARCHITECTURE.md, "Measurements behind the code".
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """UCF101 reader: the official layout and the three train/test splits, as a ``VideoCatalog``.
 
-Layout under ``data_root`` (``--data-root``), as UCF101.rar and UCF101TrainTestSplits-RecognitionTask.zip
-unpack::
-
-    UCF-101/<Class>/v_<Class>_gXX_cYY.avi
-    ucfTrainTestlist/classInd.txt          "1 ApplyEyeMakeup" ... "101 YoYo" (1-based)
-    ucfTrainTestlist/trainlist0{1,2,3}.txt "ApplyEyeMakeup/v_ApplyEyeMakeup_g08_c01.avi 1"
-    ucfTrainTestlist/testlist0{1,2,3}.txt  "ApplyEyeMakeup/v_ApplyEyeMakeup_g01_c01.avi" (no label)
-
-The label of a video is ALWAYS classInd's index of its class folder, minus one (0-based). A train-list
-label is only a check: it must equal that index, else the job stops with the file and line, so a list
-written against another class order can never shift labels silently. The folder, not the file name,
-names the class (the real set has folder ``HandstandPushups`` with files ``v_HandStandPushups_*``).
-Test lines may carry a label too; it is checked the same way.
-
-Ids: the rank of a video in the fold's train and test lists together, sorted by (label, file name), so
-train and test ids are disjoint, ascending within a catalog and (with the official lists, where every
-fold lists all 13,320 videos) the same for every fold. Lengths come from the container header through
-``video.probe`` (a header read, no decoding), then ``stride``/``fps`` (``video.output_length``).
-
-Errors that stop the job at start (ValueError naming the file, the line and the fix): a missing data root,
-``UCF-101/`` folder or list file; a malformed line; a class that classInd does not list; a label out of
-range or disagreeing with the folder; a video listed twice. A listed video that is missing, corrupt or
-has zero frames is skipped with one warning and recorded in ``VideoCatalog.skipped``.
+Layout under ``data_root``: ``UCF-101/<Class>/v_<Class>_gXX_cYY.avi`` and ``ucfTrainTestlist/`` with
+``classInd.txt`` ("1 ApplyEyeMakeup", 1-based), ``trainlist0{1,2,3}.txt`` (path and label) and
+``testlist0{1,2,3}.txt`` (path).
+A label is ALWAYS classInd's index of the class folder, minus one; a list's label is only checked against
+it (else the job stops with file and line), so another class order never shifts labels silently. The
+folder, not the file name, names the class (``HandstandPushups`` holds ``v_HandStandPushups_*``).
+Ids: the rank of a video in the fold's train and test lists together, sorted by (label, file name):
+disjoint, ascending, and the same for every official fold. Lengths come from the header
+(``video.probe``), then ``stride``/``fps`` (``video.output_length``).
+Errors that stop the job at start (naming file, line and fix): a missing root, folder or list; a
+malformed line; an unknown class; a label out of range or disagreeing; a video listed twice. A listed
+video that is missing, corrupt or empty is skipped with a warning and kept in ``VideoCatalog.skipped``.
 """
 
 from __future__ import annotations

@@ -1,58 +1,17 @@
 """Real-video decoding (PyAV, OpenCV or decord: ``data.decoders``), and the catalog type shared by the readers.
 
-``probe(path)`` reads the frame count, frame rate and size from the container header (cheap: no
-decoding); when the header has no frame count (0, e.g. Matroska) or ``verify=True``, it
-counts by decoding, and a header that disagrees with the decode is logged once. ``decode(path)`` returns
-uint8 RGB frames ``[T, H, W, 3]`` and is the "decode, temporal stride, resize" head of the expensive
-partial augmentation that the refurbish cache (Lee et al., "Refurbish Your Training Data", USENIX ATC
-'21) reuses, so it runs on worker CPUs, not on learners.
-
-Temporal selection (one of the two; frame indices count decoded frames in presentation order, so a
-variable-frame-rate file is treated as constant rate at its average rate):
-
-* ``stride=s`` keeps frames ``0, s, 2s, ...``: ``ceil(n / s)`` of ``n`` (``strided_length``, the same
-  rule as ``lengths.strided``). 13 frames, stride 5: frames 0, 5, 10, i.e. 3.
-* ``fps=f`` on a source at ``F`` frames/s keeps frame ``i`` when ``floor(i * f / F)`` increases (frame 0
-  always): 10 frames at F=25 resampled to f=10 give ``floor(i * 0.4) = 0,0,0,1,1,2,2,2,3,3``, so frames
-  0, 3, 5, 8 are kept, i.e. ``floor((n - 1) * f / F) + 1 = 4`` (``resampled_length``). ``f >= F`` keeps
-  every frame: frames are never duplicated, that would only lengthen the sequence with no new content.
-  The ratio is exact (``fractions.Fraction`` of the float rates, denominators up to 10^6, so NTSC's
-  30000/1001 given as a float is recovered exactly), and ``decode`` and ``output_length`` share it, so
-  the length a catalog predicts from the header is the count ``decode`` returns.
-
-Decoder: every function takes ``decoder`` (``data.decoder``): ``"pyav"``, ``"opencv"``, ``"decord"``, or
-``"auto"`` (the default), the fastest of them installed here (``decoders.resolve``). All give the same
-kept frames and counts by the rules below, and pixels within a small tolerance of each other
-(``data.decoders``); a catalog and the decodes of its videos should use one backend, as the job does
-(``data.sources`` carries it to the tasks). No library is imported at module level: ``import av``
-happens only when the PyAV backend runs.
-
-Resize: ``size=k`` scales the short side to ``k`` and keeps the aspect ratio (320x240 at 128 gives
-171x128); ``size=(h, w)`` gives exactly that. With PyAV the scaling runs in libswscale through
-``frame.to_ndarray(width=, height=, interpolation="AREA")``, fused with the YUV->RGB conversion: one C
-pass per frame with the GIL released, no full-size RGB copy, no OpenCV thread pool competing with Ray's
-workers, and AREA averages the source pixels so a downscale does
-not alias. Scaling the YUV planes first and converting after is faster but smears chroma at sharp
-edges (measured against cv2 INTER_AREA on the full RGB frame: docs/ARCHITECTURE.md, "Measurements behind the code"), so it is not
-used. Sample aspect ratios are ignored (UCF101 and HMDB51 use square
-pixels).
-
-``decode_pairs`` returns the same kept frames plus, for each, the decoded frame right after it in the
-source (the optical-flow stream's pairs: flow between consecutive frames, whatever the stride).
-
-Threads: ``threads`` decoder threads (PyAV: ``stream.thread_type = "AUTO"``, frame and slice threading;
-OpenCV: ``CAP_PROP_N_THREADS``; decord: ``num_threads``); 0 lets FFmpeg take one per core; use 1 in a
-Ray task that reserves one CPU.
-
-Trade-off: the RGB conversion and scaling, not the decoding, dominate ``decode``'s cost, so a stride
-saves most of it (every frame is decoded, only the kept ones converted). Probing reads headers only
-(``workers`` threads overlap the reads of a catalog on slow disks); ``verify=True`` decodes every video,
-which costs a full decoding pass over the data set, and is for data sets whose headers are suspect. The
-decode, probe and verify rates are in docs/ARCHITECTURE.md, "Measurements behind the code".
-
-Bad files raise ``VideoError(path, reason)`` (picklable, so it crosses Ray task boundaries): missing,
-unreadable, no video stream, a decode error, zero frames. The catalogs skip such files with one warning
-each and list them in ``VideoCatalog.skipped``.
+``probe(path)`` reads frame count, rate and size from the container header (no decoding; a header without
+a count, or ``verify=True``, counts by decoding). ``decode(path)`` returns uint8 RGB ``[T, H, W, 3]``: the
+"decode, stride, resize" head of the cached partial augmentation, run on worker CPUs.
+Temporal selection, frame indices counting decoded frames in presentation order: ``stride=s`` keeps
+``0, s, 2s, ...`` (``strided_length`` = ``ceil(n / s)``); ``fps=f`` on a source at ``F`` keeps frame ``i``
+when ``floor(i * f / F)`` increases (``resampled_length``; never duplicates a frame; the ratio is an exact
+``Fraction``), so the length a catalog predicts from the header is the count ``decode`` returns.
+Resize: ``size=k`` scales the short side to ``k`` (area averaging, no aliasing); ``size=(h, w)`` is exact.
+Every backend keeps the same frames; ``decode_pairs`` adds each kept frame's successor (flow's pairs).
+``threads``: decoder threads (0: one per core; use 1 in a one-CPU task). The reasons for the RGB path and
+the rates: docs/ARCHITECTURE.md, "Measurements behind the code". Bad files raise ``VideoError(path,
+reason)`` (picklable); catalogs skip them with one warning each and list them in ``VideoCatalog.skipped``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """Annotation-list reader (MMAction2's ``VideoDataset`` format): your own videos, as ``VideoCatalog`` entries.
 
-A list file has one video per line, ``relative/path.ext label``: the path relative to ``--data-root``
-(spaces allowed: the label is the last field), the label an int from 0; blank lines and lines starting
-with ``#`` are skipped. Any container and codec PyAV decodes works (``.mp4``, ``.avi``, ``.mkv``,
-``.webm``, ``.mov``). ``--train-list`` and ``--test-list`` are required, ``--val-list`` optional (without
-it the validation split is held out of the training list, as for UCF101); ``--class-names`` is a file
-of class names, one per line in label order (without it the classes are ``0 .. max label`` named by
-their numbers). A list file's path is taken as given (relative to the current folder) when it exists
-there, else under ``--data-root``.
-
-Ids: the rank of a video among ALL lines of the lists, sorted by (label, path), so the ids of the
-splits are disjoint and stable while the lists are unchanged. Lengths come from the container header
-(``video.probe``; a container without a frame count, such as Matroska or WebM, is counted by decoding).
-
-Errors that stop the job at start (ValueError naming the file, the line and the fix, the contract of the
-official readers): a missing data root or list file; a malformed line (no label, a label that is not an
-int); a label out of range (negative, or past the class-names file); a video listed twice, in one list
-or in two; an empty list. A listed video that is missing, corrupt or has zero frames is skipped with one
-warning and listed in ``VideoCatalog.skipped`` (``build_catalog``), so the run's ``videos.skipped``
-names it.
+A list has one video per line, ``relative/path.ext label`` (the path under ``--data-root``, spaces allowed;
+the label an int from 0); blank and ``#`` lines are skipped; any container the decoder reads works.
+``--train-list`` and ``--test-list`` are required; ``--val-list`` optional (else the validation split is
+held out of the training list); ``--class-names`` names the labels, one per line. A list path is taken as
+given when it exists, else under ``--data-root``.
+Ids: the rank of a video among ALL lines of the lists, sorted by (label, path): disjoint splits, stable
+while the lists are. Lengths come from the header (``video.probe``; no frame count: counted by decoding).
+Errors that stop the job at start (naming file, line and fix, as the official readers do): a missing root
+or list; a malformed line; a label out of range; a video listed twice, in one list or two; an empty list.
+A listed video that is missing, corrupt or empty is skipped with one warning and listed in
+``VideoCatalog.skipped`` (``build_catalog``), so the run's ``videos.skipped`` names it.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """A learner's weights and Adam moments kept in the data plane's flat buffers: one contiguous copy a slice.
 
-``FlatLayout`` (``dataplane.payload``) says where every floating tensor of a learner's state lies in one
-buffer per merge rule and dtype. ``FlatStorage`` allocates those buffers on the learner's device and moves
-the live tensors into them (``bind``): every parameter, floating buffer and Adam moment becomes a view of
-its buffer (``tensor.data = view``, as flat-parameter optimizers do), so training updates the buffers in
-place (the optimizers' and BatchNorm's updates are in-place). A round then
-
-* puts slice i of each buffer as it is (``slices``): one contiguous array, one copy into the object
-  store. Put as the tuple of the tensors' pieces, a slice costs one copy per piece, and Ray copies every
-  piece of 1 MiB or more with a handful of threads of its own (docs/ARCHITECTURE.md, "Measurements behind the code");
-* writes the merged state back in place: from the merged slices, one copy per slice and buffer
-  (``load_slices``), or from a state in tensors, one copy per tensor into its view (``load``); where
-  ``Optimizer.load_state_dict`` would replace the optimizer's tensors by new ones (unbinding them).
-
-Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when everything is in place;
-``holds`` says at the same cost whether the live state is still the storage's (its layout, nothing to
-move), which a learner checks before every round, binding only when it is not. ``bind`` copies a tensor
-that something replaced since (``module.to``, ``Optimizer.load_state_dict``, an optimizer creating a
-parameter's state) into its view and counts it. Values never change: ``bind`` copies, ``load`` writes exactly what ``load_state_dict`` would.
-Mirrored tensors (``mirrored``: model keys, a recurrent module's weights, which cuDNN reads from one chunk
-of their own, ``models.recurrent``) are not bound: their buffer slot holds a copy, refreshed from the live
-tensor before every put and written back into it after every load, one copy each way.
-What the buffers cannot hold is named by ``unsupported`` (a tensor whose dtype is not its buffer's, i.e.
-bfloat16, which travels widened to float32; a non-contiguous tensor; two state entries sharing memory;
-tensors on several devices), and the caller keeps its tensors and puts their pieces instead.
-
-A caution for code that saves these tensors: a view's storage is its whole buffer, and ``torch.save``
-writes a view's whole storage, moments included. Clone before saving (the project saves averaged
-states only, which are not views of these buffers). Plain torch and numpy: no ray.
+``FlatStorage`` allocates the buffers of a ``FlatLayout`` on the learner's device and moves the live
+tensors into them (``bind``: every parameter, floating buffer and Adam moment becomes a view,
+``tensor.data = view``), so training updates the buffers in place. A round then puts slice i of each
+buffer as it is (``slices``: one copy into the store, not one per tensor piece: "Measurements behind the
+code" in docs/ARCHITECTURE.md) and writes the merged state back in place (``load_slices``: one copy per
+slice and buffer; ``load``: one per tensor), where ``Optimizer.load_state_dict`` would unbind them.
+Contract: ``bind`` is idempotent and costs a pointer comparison per tensor when all is in place; ``holds``
+says at that cost whether the live state is still the storage's; ``bind`` copies back whatever was
+replaced and counts it. Values never change. ``mirrored`` tensors (a recurrent module's weights, which
+cuDNN reads from their own chunk) keep a copy in their slot, refreshed before every put and written back
+after every load. ``unsupported`` names what the buffers cannot hold (bfloat16, non-contiguous, shared
+memory, several devices). ``torch.save`` of a bound tensor writes its whole buffer. No ray.
 """
 
 from __future__ import annotations

@@ -1,38 +1,17 @@
 """The averaging round's bytes through shared-memory channels, for a group whose membership holds still.
 
-A round through the object store makes new objects every round and passes their references in three of
-its messages (learner -> control plane -> shard, and the merged slices' back to every learner), and Ray's
-ownership protocol costs each such message about as much again as the message itself
-(docs/ARCHITECTURE.md, "What a round costs beyond its bytes"). A channel (``ray.experimental.channel``)
-is a buffer in the object store that its writer overwrites in place every round: no new object, no
-reference in any message. So once a group has averaged a round with every member present, the control
-plane plans one channel set for that membership, a *generation*:
-
-* learner m writes its slice i into its channel to shard i (m: its index in ``ChannelPlan.members``);
-* shard i reads those and writes its merged slice into one channel that every member reads.
-
-The messages of a round stay as they are (``RoundBook``'s arrivals, timeouts and drops decide), and a
-part that went through a channel is named by a ``Channelled`` marker instead of an object reference.
-Channels are fixed between a writer and its readers, so anything that changes who takes part ends the
-generation: a drop, a join, a refused round, a shard that lost its channels (restarted by Ray). The
-rounds then go through the object store again, and the next round that every member sends plans a new
-generation. Nobody closes the old channels: closing one whose value is on its way to a reader on
-another node crashes that node's raylet (ray-project/ray#63229, met in ``bench/chaos.py``), and no end
-of a generation leaves anyone waiting on them. A part names its generation and round, so a value left in
-an old channel is never read as a new one, and every read and write is bounded by the round's timeout.
-A learner whose channel write fails puts its slices instead, in the same round: the shards read either
-kind of part.
-
-What a generation costs beyond its rounds: Ray frees a channel's buffer only when the process that made
-it exits (closing it does not; docs/ARCHITECTURE.md, "Measurements behind the code"), so each generation leaves a
-payload per learner (its channels to the shards) and two per group (the shards') in the object store
-until those processes end. Generations are planned again after an early end at most ``max_ended`` times
-a run; after that the rounds stay in the object store, and the store holds at most that many
-generations' buffers beside the rounds.
-
-``ChannelBook`` is the control plane's side of that policy, plain Python: when to plan, who has linked,
-when a generation is live and when it ends. It returns decisions; the control plane does the Ray calls.
-``ChannelEnds`` is a learner's side (``runtime.channels.RayChannelEnds`` in a cluster).
+A store round makes new objects and passes references every round (docs/ARCHITECTURE.md, "What a round
+costs beyond its bytes"); a channel (``ray.experimental.channel``) is a buffer its writer overwrites in
+place. Once a group averaged a round with every member present, the control plane plans a *generation*
+for that membership: learner m writes slice i into its channel to shard i; shard i writes its merged
+slice into one channel every member reads. The round's messages stay (``RoundBook`` decides), a part
+sent through a channel being named by a ``Channelled`` marker. Anything that changes who takes part (a
+drop, a join, a refused round, a shard that lost its channels) ends the generation and the rounds go
+through the store until the next full round plans another. Old channels are never closed (closing one
+mid-read crashes a raylet, ray-project/ray#63229); parts name generation and round, and every read and
+write is bounded by the round's timeout. A buffer lives until its maker exits, so early ends are capped
+at ``max_ended`` a run ("Measurements behind the code"). ``ChannelBook`` is the control plane's policy in
+plain Python (it returns decisions); ``ChannelEnds`` a learner's side (``runtime.channels``).
 """
 
 from __future__ import annotations

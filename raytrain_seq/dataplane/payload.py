@@ -1,36 +1,17 @@
 """A learner's weights and Adam moments as flat contiguous buffers, cut into one slice per averaging shard.
 
-The data plane of an averaging round (docs/ARCHITECTURE.md, "The averaging round"). A learner packs its
-``model.state_dict()`` and ``optimizer.state_dict()["state"]`` into one contiguous buffer per merge rule
-and dtype (``FlatLayout.pack``; on CUDA through a reused pinned host buffer), cuts every buffer into S
-near-equal slices (``FlatLayout.split``), puts slice i in the object store once and sends the S object
-references, the layout and the few values that are not averaged (``FlatPayload``) to the control plane.
-Shard i reads slice i of every learner and merges it (``dataplane.merge``); every learner reads the S merged
-slices back (``FlatLayout.unpack``: a tensor that lies inside one slice is a zero-copy view of it, only a
-tensor cut by a slice boundary is copied once).
-
-Why the buffers are split by merge rule: every rule of AAVG's arithmetic is elementwise, so any slice can
-be merged alone, provided paired quantities sit at the same offsets. Buffer keys are ``"RULE/DTYPE"``:
-
-* ``mean``: weighted mean (floating weights, Adam's exp_avg and exp_avg_sq), ``averaging.weighted_mean``;
-* ``pmean`` and ``pvar``: BatchNorm-style (running_mean, running_var) pairs, laid out in the same order in
-  two buffers of equal length, so the same bounds cut both; merged by the law of total variance
-  (``averaging.merge_mean_var``);
-* ``max``: AMSGrad's max_exp_avg_sq, the elementwise max (``averaging.weighted_max``).
-
-The arithmetic is ``averaging``'s (``elementwise.accumulation_dtype``, cast back once), on numpy arrays
-(``elementwise``) and applied chunk by chunk; since it is elementwise, a merged slice equals that slice of
-``average_states``/``merge_adam_states`` bit for bit.
-Integer buffers (num_batches_tracked) and Adam's ``step`` are not averaged: they travel by value in
-``FlatPayload.extras`` through the control plane (as numpy arrays: ``_by_value`` says why; the steps as
-one column, ``OptimizerExtras``); steps must agree across learners and integer buffers are learner 0's,
-as in ``average_states``. bfloat16 has no numpy dtype: such tensors travel in the float32 buffers (an
-exact widening) and are rounded back once on unpacking.
-
-``ObjectStore`` is how a payload reaches the shards: ``runtime.shards.RayStore`` (``ray.put``/``ray.get``)
-in a cluster, ``InProcessStore`` (the objects themselves, copied on put as ``ray.put`` copies) in tests;
-``ShardPool`` is who merges: ``runtime.shards.RayShards`` (one actor per shard) or ``InProcessShards``.
-Plain numpy and torch: no ray.
+The data plane of a round (docs/ARCHITECTURE.md, "The averaging round"): a learner packs its state_dict
+and Adam state into one buffer per merge rule and dtype (``FlatLayout.pack``), cuts each into S slices
+(``split``), puts slice i once and sends the refs, the layout and the unaveraged values (``FlatPayload``).
+Shard i merges slice i of every learner (``dataplane.merge``); learners read the merged slices back
+(``unpack``: zero-copy views, a tensor cut by a slice boundary copied once). Buffer keys ``"RULE/DTYPE"``:
+``mean`` (weights, exp_avg, exp_avg_sq), ``pmean``/``pvar`` (BatchNorm (mean, var) pairs at equal offsets,
+merged by total variance), ``max`` (AMSGrad). Every rule is elementwise, so a merged slice equals that slice
+of ``average_states``/``merge_adam_states`` bit for bit. Integer buffers and Adam's ``step`` travel by
+value in ``FlatPayload.extras`` (``_by_value``, ``OptimizerExtras``); steps must agree, integer buffers are
+learner 0's. bfloat16 travels widened to float32 and is rounded back once.
+``ObjectStore`` (``runtime.shards.RayStore`` or ``InProcessStore``) is how a payload reaches the shards;
+``ShardPool`` (``RayShards`` or ``InProcessShards``) who merges. Plain numpy and torch: no ray.
 """
 
 from __future__ import annotations

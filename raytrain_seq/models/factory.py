@@ -1,45 +1,17 @@
 """The run's model from its config: ``build_model_for(config, num_classes=..., in_channels=...)``.
 
-One place turns ``ModelConfig`` into a model so every process (learners, the fusion
-evaluator, benchmarks) builds the same network for the same config. The class count and input channels
-come from the data (the feed's ``model_spec()``: a real dataset knows its classes only after its split
-files are read; the flow stream has 2 channels per frame), not from the config alone. The model is a
-``TemporalClassifier`` for a per-frame backbone ("small", the ResNets) and a ``SequenceClassifier`` for a
-per-sequence encoder: torchvision's video ResNets (``--backbone r2plus1d_18|r3d_18|mc3_18``) or the module
-``model.model_factory`` returns (``models.hook``).
-
-Where the starting weights come from, in order:
-
-* ``model.init_from`` (a finished run's folder): the averaged model of its latest
-  checkpoint that loads (``raytrain_seq.checkpoint.load_latest``; its ``state.params``
-  is a full ``state_dict``). Equal input channels: copied as they are. An RGB
-  run into a flow model: TSN's cross-modality initialisation (Wang et al., "Temporal Segment Networks",
-  ECCV 2016): the first conv averaged over the RGB channels and repeated over the flow channels, the
-  frames and the frame differences of the classifier's motion input kept apart (``groups=2``), every
-  other tensor copied. The backbone's normalisation (frozen BatchNorm or GroupNorm) follows the source
-  run's, so the keys match. The head must have this run's class count; a differing architecture is a
-  ValueError naming the field.
-* ``model.weights`` (a local torchvision ImageNet file, resnet backbones): loaded into the encoder with
-  frozen BatchNorm; the RGB input's conv1 gets the ImageNet filters tiled over [frames, differences]
-  and a flow input's the TSN average; RGB frames are then normalised with ImageNet's mean and std. For a
-  video backbone, a torchvision Kinetics-400 file, its classifier replaced by the run's head, the stem's
-  first conv averaged for flow, RGB normalised with Kinetics' mean and std.
-* otherwise a fresh initialisation (seeded by the caller), GroupNorm for a resnet trained from scratch.
-
-Normalisation (``model.norm``): "auto", the default, is exact: frozen BatchNorm with ``model.weights`` (or
-a source run's frozen statistics), else GroupNorm, so a sequence's logits never depend on the rest of its
-batch. "batchnorm" gives every backbone (the small encoder, the ResNets, the video ResNets) BatchNorm that
-trains, with running statistics that travel through the averaging round like any buffer and are merged
-there by Algorithm 2 of AAVG (``train.merge_bn_stats``). Its batch statistics are NOT exact here: a BLoad
-block packs several videos into one row (and a per-frame encoder normalises the real frames of every
-sequence of a micro-batch together), so a video's activations depend on which videos share its
-micro-batch, and micro-batch streaming computes statistics per micro-batch, so the gradient is not the
-full mini-batch's (``microbatch`` warns once). It is offered for the Algorithm 2 experiment
-(``bench/bn_merge.py``, docs/BENCHMARKS.md) and for users who accept that.
-
-Trade-off: every learner reads the source run's checkpoint itself (no broadcast), so ``init_from`` must
-be on storage every learner node can read (the same requirement Ray Train has for resuming); the file
-is the averaged model only (tens to hundreds of MB for a resnet), read once at start.
+One place turns ``ModelConfig`` into a model, so every process (learners, evaluator, fusion, benches)
+builds the same network; the class count and input channels come from the data (the feed's
+``model_spec()``). A per-frame backbone ("small", the ResNets) runs under ``TemporalClassifier``, a
+per-sequence encoder (torchvision's video ResNets, or ``model.model_factory``: ``models.hook``) under
+``SequenceClassifier``. The starting weights, in order:
+* ``model.init_from``: that run's newest averaged model that loads (RGB into flow by TSN's cross-modality
+  init; the same norm and class count, else a ValueError naming the field), read by every learner itself.
+* ``model.weights``: a local torchvision ImageNet file (ResNets, frozen BatchNorm, conv1 tiled or
+  TSN-averaged, ImageNet normalisation) or Kinetics-400 file (video backbones, the run's head).
+* otherwise a fresh seeded initialisation (GroupNorm for a ResNet from scratch).
+``model.norm="batchnorm"``: BatchNorm that trains, merged by AAVG's Algorithm 2; inexact (a BLoad row
+packs several videos; statistics are per micro-batch), for ``bench/bn_merge.py`` and users who accept it.
 """
 
 from __future__ import annotations

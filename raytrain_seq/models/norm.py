@@ -1,21 +1,15 @@
 """The encoders' normalisation layers: a GroupNorm that stays in autocast's half precision on CUDA, and
 torchvision's frozen BatchNorm for inputs of any rank.
 
-CUDA autocast runs ``group_norm`` in float32 whatever its input (it is on that device's float32 list),
-so in a bf16 or fp16 network every GroupNorm turns the convolution's half-precision output into float32,
-and the next convolution casts it back: two extra passes over every activation, and both copies kept for
-the backward pass. ``GroupNorm`` here takes a half-precision CUDA input as it comes instead: the kernel
-accumulates each group's mean and variance in float32 and writes its output in the input's dtype, with
-the affine weight and bias cast to it, as autocast does for a convolution's weights. Everywhere else
-(float32, no autocast, or the CPU, whose autocast already keeps group_norm in the input's precision) it
-is ``nn.GroupNorm`` exactly: same parameters, same state_dict, same bits. Measured on a GPU learner in
-docs/ARCHITECTURE.md ("Measurements behind the code").
-
-``FrozenBatchNorm`` is ``torchvision.ops.FrozenBatchNorm2d`` (fixed statistics and affine, all four
-buffers with BatchNorm's state_dict keys, a file's ``num_batches_tracked`` dropped on load) made to
-broadcast over any rank, so the video backbones' ``[N, C, T, H, W]`` activations use it too, and keep the
-input's precision (bf16 in, bf16 out under autocast: the statistics are cast to it, as autocast casts a
-convolution's weights).
+CUDA autocast runs ``group_norm`` in float32 whatever its input, so in a bf16 or fp16 network every
+GroupNorm would widen the activation and the next convolution narrow it again, both copies kept for the
+backward pass. ``GroupNorm`` here takes a half-precision CUDA input as it comes: each group's mean and
+variance accumulate in float32 and the output is written in the input's dtype, the affine cast to it.
+Everywhere else it is ``nn.GroupNorm`` exactly (same parameters, state_dict and bits). The measured
+effect: docs/ARCHITECTURE.md, "Measurements behind the code".
+``FrozenBatchNorm`` is ``torchvision.ops.FrozenBatchNorm2d`` (fixed statistics and affine, BatchNorm's
+state_dict keys, a file's ``num_batches_tracked`` dropped on load) broadcast over any rank, so the video
+backbones' ``[N, C, T, H, W]`` use it too, keeping the input's precision.
 """
 
 from __future__ import annotations

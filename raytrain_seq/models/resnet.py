@@ -1,36 +1,17 @@
 """ResNet-18/50/152 frame encoders: torchvision's ResNets without ``fc``, frozen or group normalisation.
 
-Algorithm: the residual networks of He et al., "Deep Residual Learning for Image Recognition" (CVPR 2016),
-built by ``torchvision.models.ResNet`` itself (the "v1.5" Bottleneck strides on its 3x3 conv), with
-``fc`` replaced by the identity: ``[N, C, H, W] -> [N, out_dim]`` (512 or 2048) after the global average
-pool. Module names are torchvision's (``conv1``, ``bn1``, ``layer3.35.conv3``, ``layer2.0.downsample.1``),
-so a torchvision ImageNet state_dict file loads with ``load_imagenet_weights`` (no download), and so do
-the run checkpoints written before this module built on torchvision (the same keys).
-
-Normalisation. Micro-batch streaming (Piao, Synn et al.) makes BatchNorm's batch statistics depend on how
-a mini-batch is split, and BLoad blocks would couple different sequences through them, so torchvision's
-``norm_layer`` is ``nn.BatchNorm2d`` only when asked for (``norm="batch"``, ``model.norm="batchnorm"``: its
-statistics are inexact, ``models.factory`` says why). ``norm="frozen"`` is torchvision's FrozenBatchNorm2d
-(``models.norm.FrozenBatchNorm``: ``weight``, ``bias``, ``running_mean``, ``running_var`` are buffers
-with BatchNorm2d's state_dict keys, so ImageNet weights load), the fixed affine map ``x * scale + shift``;
-frames never interact and nothing is learned in it. ``norm="group"`` is GroupNorm with 32 groups (Wu &
-He, ECCV 2018), per-sample statistics and a learned affine, for training from scratch; it has no running
-statistics, so ImageNet BatchNorm files do not load into it (a clear error says so). Trade-off: frozen BN
-is exact and free but only normalises when pretrained statistics are loaded (from scratch it is the
-identity, and deep stacks of unnormalised residual blocks blow up); GroupNorm trains from scratch but
-costs a reduction per layer and cannot reuse ImageNet BatchNorm weights; on CPU the two cost about the
-same (docs/ARCHITECTURE.md, "Measurements behind the code", with the feature scale at initialisation:
-with frozen BN from scratch it grows by orders of magnitude with depth, with GroupNorm it stays near 1).
-
-Cross-modality initialisation (Wang et al., "Temporal Segment Networks", ECCV 2016, Sec. 3.2): a network
-for inputs with C channels (flow, or frames plus differences) starts from an RGB one by averaging the
-first conv's weights over the RGB input channels and replicating that average C times
-(``models.weights.cross_modality_weight``). Like TSN we do NOT rescale by 3/C: a gray input v on every
-channel then gives C/3 times the RGB response, but the frame channels of an RGB+difference input
-(differences ~0 away from motion) give exactly the pretrained gray response, which is what the frozen
-``bn1`` statistics right after ``conv1`` expect. For the RGB classifier itself
-``load_imagenet_weights(..., conv1="tile")`` keeps the colour filters: the file's 3-channel conv1
-repeated over [frames, differences], so a still frame gets the exact ImageNet response.
+Algorithm: He et al.'s residual networks (CVPR 2016), built by ``torchvision.models.ResNet`` itself, with
+``fc`` replaced by the identity: ``[N, C, H, W] -> [N, out_dim]`` (512 or 2048). Module names are
+torchvision's, so an ImageNet state_dict file loads with ``load_imagenet_weights`` (no download).
+Normalisation is ``nn.BatchNorm2d`` only when asked (``norm="batch"``, ``model.norm="batchnorm"``):
+batch statistics depend on the micro-batch split and couple the sequences of a block. ``norm="frozen"`` is ``models.norm.FrozenBatchNorm`` (BatchNorm2d's keys,
+a fixed affine map: exact and free, but the identity from scratch, where deep stacks blow up);
+``norm="group"`` is GroupNorm with 32 groups (per-sample statistics, trains from scratch, cannot load
+ImageNet BatchNorm files). Costs: docs/ARCHITECTURE.md, "Measurements behind the code".
+Cross-modality initialisation (TSN, Sec. 3.2): a C-channel input starts from RGB by averaging conv1 over
+the RGB channels, repeated C times, not rescaled by 3/C (``models.weights.cross_modality_weight``); for
+the RGB classifier ``load_imagenet_weights(..., conv1="tile")`` repeats the 3-channel conv1 over
+[frames, differences], so a still frame gets the exact ImageNet response.
 """
 
 from __future__ import annotations

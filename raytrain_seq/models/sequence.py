@@ -3,18 +3,15 @@
 Algorithm (BLoad, Iftekhar, Ruschel et al.: blocks of whole sequences plus a reset table): from a batch
 of block rows, gather only the frames of real sequences (``block_sequence_index``: padding frames and
 filler rows are never touched), normalise them, and hand the encoder each sequence as its own clip
-``[T, C, H, W]``; its feature vector ``[D]`` (pooled over the sequence by the encoder, e.g. a video
-ResNet's average pool over time and space) goes through one linear head. An encoder that defines
+``[T, C, H, W]``; its feature vector ``[D]`` (pooled by the encoder) goes through one linear head. An encoder that defines
 ``forward_packed(x [N, C, H, W], lengths [K]) -> [K, D]`` gets every sequence in one call instead (the
 sequences laid one after another, the layout ``TemporalClassifier`` passes its temporal module); it
 must keep them apart itself (``models.video.VideoBackbone`` batches equal lengths). Either way a
 sequence's logits equal (float64: to 1e-9) those of the same sequence alone in a block, at any offset,
 with any neighbours and padding: the tests pin this for every video backbone.
 
-The encoder is ``models.video.VideoBackbone`` (``--backbone r2plus1d_18|r3d_18|mc3_18``) or whatever a
-``--model-factory package.module:function`` returns (``models.hook``); it must expose ``out_dim``, the
-size of its feature vector. Trade-off: one call per sequence length instead of one call per batch, for
-exact resets and no compute on padding.
+The encoder is ``models.video.VideoBackbone`` or what a ``--model-factory`` returns (``models.hook``),
+exposing ``out_dim``. Trade-off: one call per sequence length, for exact resets and no compute on padding.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Temporal modules with exact resets: each sequence of a BLoad block is its own entry, never a neighbour's.
 
-Algorithm: the BLoad paper (Iftekhar, Ruschel et al.) keeps a reset table, the start of every sequence in
-a block, so a recurrent model can "reset/discard the information from the previous iteration, as it
-belongs to a different sequence". Here the reset is structural rather than a masked state: the classifier
-cuts the block at its starts into a padded ``[K, L_max, D]`` tensor (one row per sequence, left-aligned,
-``L_max`` = longest sequence), and both modules treat the rows independently:
-
-- ``"gru"``: a GRU over a PackedSequence; every sequence starts from the zero state and stops at its own
+BLoad keeps a reset table, the start of every sequence in a block. Here the reset is structural, not a
+masked state: the classifier cuts the block at its starts into a padded ``[K, L_max, D]`` tensor (one
+left-aligned row per sequence), and both modules treat the rows independently:
+- ``"gru"``: a GRU over a PackedSequence: every sequence starts from the zero state and stops at its own
   length, so no state crosses a start and padded steps are never computed.
-- ``"tcn"``: a causal stack of dilated Conv1d (dilation 1, 2, 4, ...) with residual ReLU blocks; each level
-  left-pads its input with zeros, exactly what the sequence sees when run alone, and outputs at steps
-  ``< length`` depend only on steps ``<= t`` of the same row (right-hand padding is never looked at).
-
-Both give, up to float rounding, the same output as running the sequence alone (tests pin float64 to
-1e-9). Trade-off: the GRU is sequential in time (L_max steps) while the TCN is parallel but has a finite
-receptive field, ``1 + (kernel_size - 1) * (2**layers - 1)`` frames (15 by default); on small frames
-either is a minor share of a forward+backward next to the frame encoder (99k GRU / 164k TCN parameters
-at hidden 128; timings: docs/ARCHITECTURE.md, "Measurements behind the code").
+- ``"tcn"``: a causal stack of dilated Conv1d with residual ReLU blocks, left-padded with zeros as the
+  sequence alone would be; outputs before ``length`` depend only on earlier steps of the same row.
+Both give the output of the sequence run alone up to float rounding (tests pin float64). Trade-off: the
+GRU is sequential in time, the TCN parallel with a finite receptive field, ``1 + (kernel_size - 1) *
+(2**layers - 1)`` frames. The GRU runs at float32 under autocast (cuDNN would otherwise be handed fp16).
+Costs: docs/ARCHITECTURE.md, "Measurements behind the code".
 """
 
 from __future__ import annotations

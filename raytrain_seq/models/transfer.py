@@ -6,14 +6,12 @@ copy from pageable host memory to a GPU makes the host wait until the GPU has ca
 queued before it; in the learner that wait cancels the overlap of micro-batch i + 1's staging with
 micro-batch i's forward (docs/ARCHITECTURE.md, "Micro-batch streaming"). ``to_device`` copies such a
 tensor through pinned memory with ``non_blocking=True`` instead: the host queues the copy and goes on.
-The pinned block comes from PyTorch's caching host allocator, which keeps it until the copy that reads it
-has finished, so the source may be dropped at once.
+The pinned block is PyTorch's caching host allocator's, kept until the copy has read it.
 
 ``channels_last`` puts a convolution's input into the channels-last layout on CUDA, where cuDNN's
 tensor-core kernels for bf16 and fp16 read NHWC (NDHWC for 3-D) and would otherwise transpose every
-activation on the way in and out. Only the input changes: cuDNN follows the input's layout, and the
-weights stay contiguous, as the learner's flat storage binds them (``dataplane.flat_storage``). On the
-CPU the layout is left as it comes. Plain torch.
+activation on the way in and out. Only the input changes; the weights stay contiguous, as the flat
+storage binds them. On the CPU the layout is left as it comes. Plain torch.
 """
 
 from __future__ import annotations

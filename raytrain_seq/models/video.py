@@ -1,31 +1,17 @@
 """torchvision's video ResNets as per-sequence encoders: one whole sequence in, one feature vector out.
 
-Algorithm: ``torchvision.models.video`` builds the network (R3D-18, MC3-18 and R(2+1)D-18 of Tran et al.,
-"A Closer Look at Spatiotemporal Convolutions for Action Recognition", CVPR 2018); ``VideoBackbone``
-keeps it as ``net`` with ``fc`` the identity, so ``forward(frames [T, C, H, W])`` runs the clip
-``[1, C, T, H, W]`` through the 3-D convolutions and the global average pool over time and space and
-returns ``[512]``, the sequence's feature. The classifier (``models.sequence.SequenceClassifier``) calls
-it once per real sequence of a block, so frames of two sequences never meet in a convolution (each clip's
-temporal padding is its own zeros, as when run alone) and padding frames are never encoded;
-``forward_packed`` batches the sequences of equal length into one call, which changes nothing per clip
-because no layer couples the clips of a batch: every ``nn.BatchNorm3d`` is replaced, by frozen statistics
-(``models.norm.FrozenBatchNorm``; with ``weights``) or by GroupNorm (from scratch; R(2+1)D's middle widths
-such as 45 or 230 get the largest group count <= 32 that divides them). ``norm="batch"`` (``model.norm=
-"batchnorm"``) keeps torchvision's trainable ``nn.BatchNorm3d`` instead: then the clips of one length in a
-micro-batch share batch statistics and a lone clip whose last stage is 1 x 1 x 1 cannot train (PyTorch's
-"more than 1 value per channel" error), so it is inexact (``models.factory`` says why) and offered for the
-Algorithm 2 experiment (``bench/bn_merge.py``) and for users who accept that.
-
-Weights: ``load_video_weights(backbone, FILE)`` loads a torchvision state_dict (the Kinetics-400 files
-of ``R2Plus1D_18_Weights`` etc., downloaded beforehand) with ``models.weights.load_backbone_weights``:
-every tensor checked by key and shape, the file's ``fc`` (400 Kinetics classes) skipped because the
-run's head replaces it, the stem's first conv averaged over RGB for another channel count (a flow
-stream). The input statistics of those files are ``KINETICS_MEAN``/``KINETICS_STD``.
-
-Trade-off: per-sequence calls give up batching across lengths (a block of 5 sequences of 5 lengths is 5
-calls), in exchange for exactness and no compute on padding; equal lengths (a fixed-length set, or
-``--t-max`` cuts) batch fully. The temporal strides of layers 2-4 shrink T by 8 (r3d_18, r2plus1d_18;
-a padded stride-2 conv maps T = 1 to 1) or keep it (mc3_18's 2-D upper layers): any T >= 1 works.
+``torchvision.models.video`` builds R3D-18, MC3-18 and R(2+1)D-18 (Tran et al., CVPR 2018);
+``VideoBackbone`` keeps it as ``net`` with ``fc`` the identity, so ``forward(frames [T, C, H, W])`` runs
+the clip ``[1, C, T, H, W]`` and returns its ``[512]`` feature. ``models.sequence.SequenceClassifier``
+calls it once per real sequence, so two sequences never meet in a convolution and padding is never
+encoded; ``forward_packed`` batches equal lengths in one call, which changes nothing per clip because
+every ``nn.BatchNorm3d`` is replaced: by frozen statistics (with ``weights``) or GroupNorm (from scratch;
+the largest group count <= 32 dividing the width); ``norm="batch"`` keeps it, inexact (``models.factory``).
+Any T >= 1 works.
+``load_video_weights(backbone, FILE)`` loads a torchvision Kinetics-400 state_dict, downloaded beforehand
+(``models.weights.load_backbone_weights``: keys and shapes checked, the file's ``fc`` skipped, the stem
+averaged for another channel count); inputs are normalised by ``KINETICS_MEAN``/``KINETICS_STD``.
+Trade-off: sequences of different lengths are separate calls, for exactness and no compute on padding.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """The policy of an AAVG averaging round, in plain Python: who is expected, who came, who is dropped.
 
 ``RoundBook`` keeps the round number, the members, the arrivals and a deadline ``timeout_s`` after the
-first arrival; when everyone expected has arrived, or the deadline passes, the round closes and the
-missing learners are dropped with a recorded reason (``dropped_log``); so are those whose payload
-arrived but could not be read (``drop_unread``). Callers must agree on the round and on the world size;
-a late, repeated or skipped-ahead round is a ``StaleRoundError`` naming the learner, a disagreement on
-the world size a ``MembershipError``, and a round with fewer than ``min_learners`` arrivals an
-``AveragingTimeoutError`` listing the missing ones (the typed errors of ``members.errors``). The clock
-is injectable, so the whole policy is unit-tested without a cluster or an event loop;
-``raytrain_seq.runtime.averager`` wraps it in an actor.
-
-Elastic groups. Ray Train restarts the whole worker group when a learner fails or the cluster grows or
-shrinks; every learner process joins with a fresh ``incarnation`` id, so the first join of a new
-process under a known learner id (or with another world size) starts a new generation: the open round
-of the old group is abandoned (its senders are gone), the members and the world size are replaced and
-the old incarnations are refused from then on. A round closes when every expected learner arrived and
-at least ``quorum`` (world size less the dropped) did, so learners of a group that join late, or
-rejoin a restarted averager, take part in the open round instead of being left out. Trade-off: a
-learner joining mid-round can keep the others waiting up to ``timeout_s`` for its first K steps.
+first arrival. The round closes when every expected learner arrived and at least ``quorum`` (world size
+less the dropped) did, or at the deadline, when the missing are dropped with a recorded reason
+(``dropped_log``); so are those whose payload could not be read (``drop_unread``). A late, repeated or
+skipped-ahead round is a ``StaleRoundError``, a world-size disagreement a ``MembershipError``, fewer than
+``min_learners`` arrivals an ``AveragingTimeoutError`` (``members.errors``). The clock is injectable, so
+the policy is unit-tested without a cluster or an event loop; ``runtime.averager`` wraps it.
+Elastic groups: every learner process joins with a fresh ``incarnation``, so the first join of a new
+process under a known id (or with another world size) starts a new generation: the old group's open
+round is abandoned, members and world size replaced, old incarnations refused. A learner joining
+mid-round takes part in the open round, which can keep the others waiting up to ``timeout_s``.
 """
 
 from __future__ import annotations

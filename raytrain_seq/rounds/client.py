@@ -1,35 +1,17 @@
 """A learner's side of the averager: retries, join, average, rejoin and re-seed, as decisions.
 
 ``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
-state the learner holds (``held``: what it re-seeds a restarted averager with). The transport to the
-actor is injected (``runtime.transport.RayTransport`` in a Ray Train worker, a fake in tests), so this
-module is plain Python.
-
-Calls that cannot reach the averager (it is dead and restarting, or silent past a timeout) raise
-``Unreachable`` from the transport and are retried on the ``Backoff`` schedule; when the schedule runs
-out the client raises ``AveragerUnavailableError``. A silent ``average`` is not resent: its payload may
-already be in the round. A round the averager refuses (``StaleRoundError``, ``MembershipError``,
-``AveragingTimeoutError``: the learner was dropped, or the averager restarted) is not an error for the
-learner: the client rejoins with ``held`` as the seed and returns a decision:
-
-* ``Averaged(result)``: the round closed; ``result.state`` is the new averaged state.
-* ``Realigned(reply, first_missed)``: the others averaged rounds ``first_missed`` .. ``reply.state.round``
-  without this learner; it continues from ``reply.state`` (weights, moments, B and position).
-
-The data plane: states come back from the averager as object references (``AveragedState.flat``); the
-client reads them through its ``store`` (``ObjectStore``, injected like the transport) as soon as they
-arrive, so every state it hands out or holds is local (``AveragedState.fetched``: the merged slices'
-arrays, which the learner installs with one copy a slice) or in plain tensors: a restarted averager,
-whose objects died with it, is re-seeded from bytes the learner has (materialised into tensors for the
-seed). ``shards`` is S from the latest join: how many slices the learner cuts its buffers into.
-
-Channels (``dataplane.generations``): once a round's result plans a generation, the client links it in a
-background thread (``channels``, injected: ``runtime.channels.RayChannelEnds``); from then on ``send``
-writes a round's slices into the channels and the merged ones are read from them, and any refusal, join
-or failed write sends the round through the store instead.
-
-A refusal followed by a rejoin that says the same round is still due (the averager came back, or took
-the learner back, before the round closed) resends the same payload, at most ``max_rejoins`` times.
+state it holds (``held``: what re-seeds a restarted averager). The transport is injected
+(``runtime.transport.RayTransport``, or a fake in tests), so this module is plain Python. An unreachable
+averager (``Unreachable``) is retried on the ``Backoff`` schedule, then ``AveragerUnavailableError``; a
+silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
+``AveragingTimeoutError``) is not an error: the client rejoins with ``held`` as the seed and returns a
+decision, ``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went on; continue from
+``reply.state``); a rejoin that finds the same round still due resends the same payload (at most
+``max_rejoins`` times). States arrive as refs and are read at once through the injected ``store``
+(``AveragedState.fetched``), so what the learner holds survives a dead averager. Channels: once a result
+plans a generation, the client links it in a background thread (``channels``, injected) and sends
+through it; any refusal, join or failed write sends the round through the store.
 """
 
 from __future__ import annotations

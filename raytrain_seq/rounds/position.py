@@ -1,22 +1,15 @@
 """Where an epoch stands when the learner group changes size, and the blocks each learner has left.
 
-Ray Train restarts an elastic group with another count mid-epoch (a node lost, or the cluster grew).
-``resplit`` deals the blocks that did not reach an averaged round over the new group: equal counts, each
-block once, nothing dropped, zero-weight fillers to even the counts. The plan of an epoch is
-deterministic, so only the chain of layouts travels with the averager's rounds (``EpochPosition``):
-``layout_specs`` replays it (the plan over the first group, one ``resplit`` per change) and every process
-arrives at the same shards. Each new shard is ordered by ``spread_fresh`` again, so the cache-aware
-composition holds after a resize.
-
-Dropped learners. A learner left out of an averaged round (it stalled past the timeout, or its node died
-before Ray Train replaced the group) trained rows whose update the averaged state never received.
-``settle`` (the averager calls it on every round) records them in the position as ``missed`` ranges
-(rank, first row, end row) of the current layout, up to the round's rows, for every rank of the layout
-absent from the round; at the end of a layout (each learner took its ``shard_rows``) ``close_layout``
-starts a make-up layout of the same group that deals only the missed blocks, or the next epoch when none
-were missed. A group change hands the missed blocks to the new group with the unreached ones. So every
-block of the epoch's plan reaches exactly one averaged round: ``tests/test_elastic.py`` pins it on a
-single-process reference run with drops and resizes. Nothing here imports ray.
+``resplit`` deals the blocks that did not reach an averaged round over a new group: equal counts, each
+once, zero-weight fillers. Plans are deterministic, so only the chain of layouts travels in the rounds
+(``EpochPosition``); ``layout_specs`` replays it and every process arrives at the same shards, each
+ordered by ``spread_fresh`` again.
+Dropped learners: ``settle`` (called on every round) records the rows of every rank of the layout absent
+from the round as ``missed`` ranges (rank, first row, end row); at a layout's end ``close_layout``
+starts a make-up layout of the same group dealing only the missed blocks, or the next epoch; a group
+change hands the missed blocks on with the unreached ones. So every block of the plan reaches exactly
+one averaged round (``tests/test_elastic.py``, ``tests/test_elastic_drops.py``). Nothing here imports
+ray.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """The latest averaged state, one type for every place that hands it around, and a learner's checked payload.
 
-``AveragedState`` is what an averaging round gives every learner, what a (re)joining learner starts from,
-what a checkpoint stores, and what a learner re-seeds a restarted averager with. It is frozen and built by
-keyword; ``to_dict``/``from_dict`` give plain tensors, numbers and strings, which
-``torch.load(weights_only=True)`` reads back. Round 0 (``params`` None) means nothing averaged yet.
-
-A state can live in the object store: ``flat`` then holds its layout and the object references of its
-merged slices (``dataplane.payload.FlatPayload``) and ``params``/``optimizer_state`` are None.
-``fetched(get)`` reads the slices (``get``: the store's, e.g. ``ray.get``) into local arrays and keeps the
-state flat: what a learner holds and installs. ``materialise(get)`` gives the same state with plain
-tensors, which is what is checkpointed and what re-seeds a restarted averager. The control plane never
-reads the bytes: every learner fetches the one merged object per shard itself.
-
-``RoundResult`` (a round's state plus who took part) and ``JoinReply`` (the state plus the round a joining
-learner sends next) carry an ``AveragedState``; they add only what is not state.
-
-``check_payload`` validates what one learner sends for a round (CPU tensors, the optimizer's ``["state"]``
-entry, numeric stats) and returns an ``Arrival``; its ``signature`` lets the averager refuse a learner
-whose model or optimizer differs from the round's first one without failing the whole round.
+``AveragedState`` is what a round gives every learner, what a (re)joining learner starts from, what a
+checkpoint stores and what re-seeds a restarted averager. Frozen, built by keyword; ``to_dict`` and
+``from_dict`` give plain values for ``torch.load(weights_only=True)``; round 0 (``params`` None) means
+nothing averaged yet. In the object store, ``flat`` holds the layout and the refs of its merged slices
+(``params`` and ``optimizer_state`` None): ``fetched(get)`` reads the slices into local arrays, still
+flat (what a learner holds and installs); ``materialise(get)`` gives plain tensors (checkpoints,
+re-seeds). The control plane never reads the bytes.
+``RoundResult`` (the state plus who took part) and ``JoinReply`` (the state plus the round a joining
+learner sends next) add only what is not state. ``check_payload`` validates one learner's round (CPU
+tensors, the optimizer's ``["state"]``, numeric stats) into an ``Arrival``, whose ``signature`` lets the
+averager refuse a learner whose model or optimizer differs without failing the round.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """AAVG's outer loop as one object the learner loop calls: K local steps, then one averaging round.
 
 Algorithm (Cong et al., AAVG, Algorithm 1): every learner starts from the same averaged weights, takes K
-local optimizer steps, then sends its weights and Adam moments for averaging and continues from the
-mean (K = -1: one round at the end of every epoch). ``LocalRounds`` counts the local steps
-(``step()`` says when K are done; ``pending`` whether an epoch's last steps still need a round), sends
-the round through an ``AveragerClient`` and installs what comes back: the round's averaged state, or,
-when the others went on without this learner, their latest state. The round travels as flat buffers
-(``dataplane.payload``): one contiguous buffer per merge rule and dtype, cut into the client's S slices;
-slice i is put in the object store once, and the control plane gets their references. The learner's
-tensors live in those buffers (``dataplane.flat_storage``, bound at the first round), so slice i is one
-contiguous array (on CUDA, a pinned host copy of it) and the round's mean is written back into them
-in place; a state the buffers cannot hold (bfloat16, tied weights) is put piece by piece instead. It
-mirrors the shape of torchft's ``LocalSGD`` (a step counter and a ``sync``); the weights travel through
-the averager, not a collective.
-
-``Tally`` is the work done since the last round (frames, sequences, steps, compute and data-wait
-seconds, the sequence-weighted loss): each round sends it as the learner's stats, and the averager sums
-it per learner for the summary. Plain torch and Python: no ray.
+local steps, sends its weights and Adam moments and continues from the mean (K = -1: one round at the
+end of every epoch). ``LocalRounds`` counts the local steps (``step()`` says when K are done;
+``pending`` whether an epoch's last steps still need a round), sends the round through an
+``AveragerClient`` and installs what comes back: the round's averaged state or, when the others went on
+without this learner, their latest. The round travels as flat buffers (``dataplane.payload``) in which
+the learner's tensors live (``dataplane.flat_storage``, bound at the first round), so each slice is one
+put and the mean is written back in place; a state the buffers cannot hold is put piece by piece. The
+shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through the
+averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
+seconds, the weighted loss), sent as the learner's stats. Plain torch and Python: no ray.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """Block rows for one learner: block specs + cached partial augmentations -> fixed-shape rows.
 
-Algorithm. A BLoad plan (Iftekhar, Ruschel et al.) says which sequences share a block of ``t_max``
-frames and where each starts; Revamper (Lee et al., "Refurbish Your Training Data", USENIX ATC '21)
-says the expensive partial augmentation is cached and only a cheap final augmentation (one crop + one
-flip per sequence) runs on every use. ``assemble_rows`` joins the two: for every sequence of a block it
-takes the cached array, cuts the piece ``[offset, offset + length)`` (offsets are non-zero only for
-"chunk" pieces), final-augments it with its own seeded generator and writes it at its start offset into
-a zero ``[t_max, crop, crop, C]`` uint8 row. Padding stays zero; reset tables are padded with -1 to the
-run-wide ``max_sequences`` so every row of the run collates.
-
-Cache-aware composition at the block level (the paper's "cache-aware shuffle", which gives every
-mini-batch the same share of freshly recomputed samples). A block's lengths and starts are fixed by the
-packer, so the freedom is twofold. ``cache_aware_plan`` exchanges sequences of equal length between
-blocks (the padding stays the plan's) so that each block carries its share of fresh frames; then
-``spread_fresh`` orders a learner's blocks so that the running sum of fresh frames tracks the straight
-line ``total * k / n``. Any window of consecutive blocks (whatever the adaptive batch size is at that
-point) then carries about its proportional share of fresh frames, instead of the runs of fresh-heavy
-and fresh-free blocks that a random order makes.
-
-Trade-off: the row costs one ``t_max`` frame buffer per block and one ``final_augment`` per sequence;
-``spread_fresh`` is O(n log n) per shard. How much it evens the fresh frames of consecutive windows on
-UCF101 (and the orders that were tried and gave larger spreads) is in docs/LOG.md.
-
-Elastic groups: ``raytrain_seq.rounds.position`` re-splits an epoch's unreached blocks when the
-learner group changes size. Nothing here imports ray: the Ray glue is ``raytrain_seq.runtime.feed``.
+``assemble_rows`` joins BLoad's plan and Revamper's cache: for every sequence of a block it takes the
+cached array, cuts ``[offset, offset + length)`` (non-zero offsets only for "chunk" pieces), draws its
+final augmentation from its own seeded generator and writes it at its start into a zero uint8 row;
+training rows stay uncropped and carry the crop draws for the learner's device. Reset tables are padded
+with -1 to the run-wide ``max_sequences``, so every row of the run collates.
+Cache-aware composition at block level: a block's lengths and starts are fixed by the packer, so
+``cache_aware_plan`` exchanges equal-length sequences between blocks so each carries its share of fresh
+frames, and ``spread_fresh`` orders a learner's blocks so the running sum of fresh frames tracks
+``total * k / n``: any window of consecutive blocks, whatever the adaptive B, carries about its share
+(O(n log n) per shard; the orders tried are in docs/LOG.md). ``plan_specs`` turns a plan into block
+specs; ``raytrain_seq.rounds.position`` re-splits an epoch's unreached blocks when the group changes.
+Nothing here imports ray.
 """
 
 from __future__ import annotations

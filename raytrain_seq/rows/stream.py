@@ -1,22 +1,15 @@
 """A learner's persistent row stream: one producer thread walks the epochs ahead of training.
 
-Why: building a new dataset per epoch puts task start-up on every epoch's critical path, and the
-learner then waits for the first rows of each epoch. ``RowStream`` is started once, at a position
-(epoch, layout history, rows already trained), and produces the rows of that epoch and of every later
-epoch, in order, into a bounded queue; the learner opens one ``EpochRows`` view per epoch and takes
-any number of rows at a time from it (the adaptive batch size may grow between rounds).
-
-The rows come from an injected ``source(epoch, history, skip) -> (rows in the whole shard, iterator of
-row batches)``: plans are a pure function of (lengths, seed, epoch), so the source can be asked for epoch
-e+1 while epoch e trains (``runtime.learner_feed.LearnerFeed`` borrows the cached arrays from the feed actor and
-assembles the rows there). The producer runs at most one epoch ahead of the consumer (the feed keeps
-the cache of two epochs) and at most ``depth`` batches ahead within one.
-
-Elastic groups and realignments: a stream only continues straight on (epoch e ends, epoch e+1 starts
-from its first row under this group). A learner that must start elsewhere (a realignment moved it to
-the others' position mid-epoch) closes the stream and starts a new one there; ``continues(epoch,
-history, skip)`` says whether the stream can serve a position. An error in the producer is raised in
-the consumer's ``take``, never dropped. Nothing here imports ray.
+A dataset per epoch would put task start-up on every epoch's critical path. ``RowStream`` is started
+once, at a position (epoch, layout history, rows already trained), and produces the rows of that epoch
+and every later one, in order, into a bounded queue; the learner opens one ``EpochRows`` view per epoch
+and takes any number of rows at a time (B may grow between rounds). Rows come from an injected
+``source(epoch, history, skip) -> (rows in the shard, iterator of row batches)``
+(``runtime.learner_feed.LearnerFeed`` in a run); plans are pure functions of the epoch, so the producer
+runs up to one epoch ahead (the feed keeps two epochs' caches) and ``depth`` batches ahead within one.
+A stream only continues straight on; a learner realigned elsewhere closes it and starts another
+(``continues(epoch, history, skip)`` says whether it can serve a position). A producer's error is raised
+in the consumer's ``take``, never dropped. Nothing here imports ray.
 """
 
 from __future__ import annotations

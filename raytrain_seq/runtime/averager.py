@@ -1,52 +1,17 @@
 """The AAVG parameter-averaging actor: one averaging round per K local steps of every learner.
 
-Algorithm: AAVG (Cong et al., "Accelerating deep neural network training for action recognition on a
-cluster of GPUs"): Algorithm 1 line 12 (the learners' weights become their mean, ``average_states``),
-Algorithm 2 (Adam's moments are merged, ``merge_adam_states``) and lines 13-21 (every m rounds the
-validation accuracy decides whether the batch size grows, ``AdaptiveBatchSize``). Around that arithmetic
-this module adds what a cluster needs: every learner sends round n with the world size it believes in; the
-round closes when every expected learner has arrived, or ``timeout_s`` after the FIRST arrival, when the
-missing ones are dropped with a logged reason and the round finishes with those present
-(``AveragingTimeoutError`` to them if fewer than ``min_learners`` came). All learners of a round receive
-the same result; the latest averaged state is kept so that a learner that (re)joins starts from it.
-
-Control plane and data plane. This actor decides (membership, B, position, checkpoints, drop and
-rejoin) but moves no weights when learners send ``FlatPayload``s (``dataplane.payload``): it passes the
-object references of every learner's slice i to shard i of its ``ShardPool`` (``runtime.shards.RayShards``
-in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out the references of the
-merged slices, owned by it, which every learner reads from the object store; once a group is linked
-(``channels``, ``dataplane.generations``) the same round's parts and merged slices go through shared-memory
-channels instead, and this actor reads the merged ones in place as its copy. Payloads of tensors (a
-re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
-the bytes each averaging actor moved per round.
-
-Validation and B: round r's averaged model (r % m == 0) is validated and its accuracy decides B for the
-round after r+1 (one round of lag against the paper, so validation stays off the learners' path). The
-validations are one state machine, ``rounds.validation.ValidationMachine``: this actor feeds it what it
-sees (a round averaged or closing, a join, a drop, a share, the evaluator's return, a timeout) and runs
-its actions: ask the learners (``RoundResult.validate``, shares via ``report_validation_share``), start
-the injected ``validator`` (``runtime.evaluator.ThreadValidator``, on a thread of this actor) and wait
-for it at most ``timeout_s`` when the next round closes, record a score (``rounds.batch_rule.BatchRule``
-decides B) or a miss with its reason. ``report_test`` sums the learners' shares of the final test pass;
-the round that ends training is scored after it (only ``summary(settle=True)`` waits for that).
-A stalled learner costs the others ``timeout_s`` once; it is not waited for again until it rejoins.
-
-Elastic groups and crashes. Every round carries the learners' ``EpochPosition`` (epoch, rows consumed),
-so the latest averaged state says where training stands: a group that Ray Train restarts or resizes
-starts from it without a trip through storage ("live recovery"). The actor runs with Ray's
-``max_restarts``; given the run folder it reloads the latest checkpoint on a restart, and since the
-learners that are ahead of that checkpoint still hold their last averaged state, the first of them to
-rejoin re-seeds the actor with it (``join(seed=state)``), so no finished round is lost; the others resend
-the round they were in. Membership changes and recoveries go to ``run_dir/events.jsonl`` as they
-happen, so a restarted actor (and a resumed run) keeps the whole story for the summary.
-
-What it hands out is one type, ``rounds.state.AveragedState`` (inside a ``RoundResult`` or a
-``JoinReply``); its run history (clock, totals, histories, recoveries, ``events.jsonl``) is an
-``rounds.events.RunHistory`` it owns; checkpoints go through ``raytrain_seq.checkpoint``. The policy
-(``RoundBook``) is plain Python, unit-tested without a cluster; the actor (``ParameterAverager``) is
-asyncio and becomes a Ray actor in ``create_averager``. Learners reach it through
-``rounds.client.AveragerClient`` over a ``runtime.transport.RayTransport``. ray is imported only inside the functions
-that talk to a cluster, and nothing happens at import time.
+Algorithm: AAVG (Cong et al.): Algorithm 1 line 12 (weights become their mean), Algorithm 2 (Adam's
+moments merged) and lines 13-21 (every m rounds validation decides whether B grows). ``ParameterAverager``
+is a thin asyncio shell over ``rounds/`` and ``dataplane/``: the ``RoundBook`` closes a round when every
+expected learner has arrived or ``timeout_s`` after the first arrival, dropping the missing ones with a
+logged reason; every learner of a round gets the same ``RoundResult``, and the latest ``AveragedState``
+is kept for joins. It is the control plane only: it hands shard i the refs of every learner's slice i
+(``runtime.shards``) and hands out the merged slices' refs, or, once a group is linked, reads them from
+the channels (``dataplane.generations``). The validations are one ``ValidationMachine`` it feeds and
+obeys; ``report_test`` sums the test pass's shares. Restartable: it reloads the run folder's newest
+checkpoint and ``events.jsonl``, and the first learner ahead re-seeds it (``join(seed=...)``).
+Learners reach it through ``rounds.client.AveragerClient`` over ``runtime.transport.RayTransport``; ray is
+imported only inside the functions that talk to a cluster (docs/ARCHITECTURE.md, "The averaging round").
 """
 
 from __future__ import annotations
@@ -327,7 +292,7 @@ class ParameterAverager:
 
     async def _score(self, action: StartEvaluator, state: AveragedState) -> None:
         """Have the validator score ``state`` and hand its return to the machine; the learners go on
-        meanwhile. The round that ends training is scored after the test pass (module docstring)."""
+        meanwhile. The round that ends training is scored after the test pass (docs/ARCHITECTURE.md, "Validation")."""
         if action.after_test:
             try:
                 await asyncio.wait_for(self._test.tested.wait(), self._book.timeout_s)

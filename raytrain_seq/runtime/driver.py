@@ -1,25 +1,17 @@
 """The driver of a run: connect to Ray, start the feed and the averager, fit the learners, write the summary.
 
-``run(config)`` is what ``jobs/ucf101.py`` calls. It connects to the Ray cluster the job runs in (or starts
-a local one), creates the two driver-side actors (``BlockFeed``: catalog, refurbishing cache, packing
-plans; ``ParameterAverager``: AAVG rounds), runs a Ray Train V2 ``DataParallelTrainer`` whose workers are
-the AAVG learners (``raytrain_seq.runtime.learner``), then joins rank 0's final metrics with the
-actors' statistics into ``summary.json`` and ``curves.png`` in the run folder. Not a ``TorchTrainer``:
-the learners average through the averager's actors and never call torch.distributed, and a
-``TorchTrainer`` sets up a process group (gloo or NCCL, a rendezvous) at every start of the worker group,
-elastic restarts included, that nothing would use (docs/ARCHITECTURE.md, "Measurements behind the code").
-
-Elastic learners: ``train.learners`` = (min, max) becomes Ray Train V2's ``ScalingConfig(num_workers=
-(min, max))``, whose controller restarts the whole worker group with as many learners as the cluster
-holds when a learner fails (at most ``train.max_failures`` times) or, every ``train.resize_interval_s``,
-when there is room for more; ``train.worker_start_timeout_s`` bounds each wait for a group to start
-(Ray reads it from ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``, which the driver passes to the
-controller). The new learners start from the averager's latest averaged state (see ``learner``), and
-the summary records each change of the learner count (``membership``) and each recovery.
-
-Resume: Ray Train V2 keeps a run's checkpoints under ``storage_path/run_name``. The averager is given
-the run folder and reloads its latest checkpoint itself (also when Ray restarts it after a crash), so
-the learners start from its averaged state and skip the rows already trained.
+``run(config)`` is what ``jobs/ucf101.py`` calls: it connects to the cluster (or starts a local one),
+creates the driver-side actors (``BlockFeed``, ``ParameterAverager``), runs a Ray Train V2
+``DataParallelTrainer`` whose workers are the AAVG learners (``runtime.learner``), then joins rank 0's
+final metrics with the actors' reports into ``summary.json`` and its plots. Not a ``TorchTrainer``: the
+learners never call torch.distributed, and it would set up an unused process group at every start of
+the worker group (docs/ARCHITECTURE.md, "Measurements behind the code").
+Elastic learners: ``train.learners`` = (min, max) becomes ``ScalingConfig(num_workers=(min, max))``; the
+controller restarts the group when a learner fails (at most ``train.max_failures`` times) or grows it
+every ``train.resize_interval_s``; ``train.worker_start_timeout_s`` reaches it through its environment
+variable. New learners start from the averager's latest state; the summary records membership and
+recoveries. Resume: the averager is given the run folder and reloads its newest checkpoint itself (also
+when Ray restarts it), so the learners start from it and skip the rows already trained.
 """
 
 from __future__ import annotations

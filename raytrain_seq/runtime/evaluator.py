@@ -1,22 +1,15 @@
 """Validation off the learners' critical path: an evaluator scores the averaged model of validation rounds.
 
-AAVG decides the batch size from the validation accuracy of the averaged model every m rounds (Algorithm
-1, lines 13-21). Here no learner computes it: when round r (r % m == 0) closes, the ParameterAverager
-hands its ``AveragedState`` (object references to the merged slices: the evaluator reads them from the
-object store itself, like a learner) to ``validate``, and reports the accuracy to itself when it comes
-back. Every learner goes on training meanwhile; the accuracy reaches ``AdaptiveBatchSize`` through the
-existing one-round lag (round r+1's result waits for it, at most ``timeout_s``), as when rank 0 validated.
-
-The evaluator runs on a thread of the averager actor (0 CPUs): it holds nothing the learners or the
-row-assembly tasks need, so on a box with no spare core it competes with them for CPU time, but nobody
-waits for it except through the one-round-lag rule. It builds the run's model once (``build_model_for``
-with the feed's model spec), caches the validation rows it assembles once (the feed's "val" evaluation
-shard, as the learner did), and scores each state with ``step.evaluate``.
-
-``Evaluator`` is the plain class (a test runs it in process with a fake feed and an ``InProcessStore``);
+On a CPU cluster (``train.validator`` ``auto`` without GPUs, or ``evaluator``) no learner scores the
+validation rounds: when round r (r % m == 0) closes, the ``ParameterAverager`` hands its
+``AveragedState`` (refs of the merged slices, read from the store like a learner) to ``validate`` and
+reports the accuracy to itself; every learner trains on, and round r+1's result waits for it at most
+``timeout_s`` (the one-round lag of the batch-size rule). It runs on threads of the averager actor (0
+CPUs), one scoring thread per learner; it builds the run's model once, assembles the validation rows
+once (the feed's "val" shard) and scores with ``step.evaluate``.
+``Evaluator`` is the plain class (tested in process with a fake feed and an ``InProcessStore``);
 ``ThreadValidator`` is the picklable callable the control plane awaits, which builds the real feed,
-store and ``Evaluator`` on its thread once started. ray is imported only inside the functions that talk
-to a cluster.
+store and ``Evaluator`` on its thread. ray is imported only inside the functions that talk to a cluster.
 """
 
 from __future__ import annotations

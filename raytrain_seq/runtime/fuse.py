@@ -1,24 +1,16 @@
 """Two-stream fusion: evaluate a finished RGB run and a finished flow run on the test split, average softmax.
 
-Algorithm: late fusion of the two-stream networks (Simonyan & Zisserman, "Two-Stream Convolutional
-Networks for Action Recognition in Videos", NeurIPS 2014; Wang et al., "Temporal Segment Networks",
-ECCV 2016), as the AAVG work (Cong et al.) reports it: each stream's class probabilities (softmax of its
-logits) for a test video are averaged with equal weights and the argmax is the fused prediction.
-
-``run_fuse(config)`` (``jobs/fuse.py RGB_RUN FLOW_RUN``, or ``jobs/ucf101.py --stream fuse --fuse RGB_RUN
-FLOW_RUN``) reads each run's final averaged model and config from its newest checkpoint that loads
-(``checkpoint.load_latest``; the checkpoint's ``config``, else the run's summary.json), checks that both
-runs test the same videos (dataset, split, classes, ``max_videos`` subset), evaluates each through the
-same pipeline the learners use (a ``BlockFeed`` actor built from that run's config: its evaluation
-cache, BLoad blocks, the rows ``LearnerFeed`` assembles; the model in the driver process; the centre
-crop, or the views of ``--test-views`` with their softmax averaged) and fuses per video id, so the two
-runs may stride or pack differently. ``--data-root`` overrides where the videos are (e.g. fusing on another
-machine); every other data setting comes from the runs. The summary's ``test_accuracy`` is the fused
-accuracy, ``extra["fuse"]`` holds the RGB and flow accuracies, and ``per_class_accuracy`` the fused one.
-
-Trade-off: evaluation runs in the driver (one process, no Ray Train): simple and exact, but a large test
-split on a CPU driver is slow (UCF101 split 1's 3,783 test videos through a ResNet-50, per stream and
-view); run the fuse job on a GPU node (``ray job submit`` places the driver on the head).
+Late fusion as in the two-stream networks and TSN, as the AAVG work reports it: each stream's softmax for
+a test video, averaged with equal weights; the argmax is the fused prediction.
+``run_fuse(config)`` (``jobs/fuse.py RGB_RUN FLOW_RUN``, or ``--stream fuse --fuse RGB_RUN FLOW_RUN``)
+reads each run's averaged model and config from its newest checkpoint that loads, checks that both test
+the same videos (dataset, split, classes, subset), scores each through the learners' own pipeline (a
+``BlockFeed`` from that run's config, rows from ``LearnerFeed``, the model in the driver, the views of
+``--test-views``) and fuses per video id, so the runs may stride or pack differently. ``--data-root``
+overrides where the videos are; every other data setting comes from the runs. The summary's
+``test_accuracy`` is the fused accuracy, ``extra["fuse"]`` the two streams'.
+Trade-off: scoring runs in the driver (one process, no Ray Train): simple and exact, but slow on a CPU
+driver for a large split; run it on a GPU node.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """An AAVG learner: the Ray Train V2 worker loop, a plain PyTorch loop around the Ray-free pieces.
 
-Per epoch the learner takes its shard of the epoch's BLoad plan (``LearnerFeed.epoch_rows``: every
-learner gets the same number of rows), steps on mini-batches of B rows (``step.InnerStep``: micro-batch
-streaming, its own Adam) and lets ``rounds.sync.LocalRounds`` average every K steps (K = -1: at the end
-of the epoch) through the ``AveragerClient``. Every m rounds the averaged model is validated: by the
-averager's evaluator (``runtime/evaluator.py``, a CPU cluster's: no learner waits for it) or, when the
-round's result asks (``RoundResult.validate``: GPU learners), by the learners, each scoring its share of
-the validation split on its device and sending the tallies before its next round; a later round's
-answer carries B for everyone, so all learners take the same number of steps and meet at the same
-rounds without a barrier of their own.
-
-Elastic and fault tolerant: each round carries the learner's ``EpochPosition``, so a group that Ray Train
-starts or restarts (a failure, an elastic resize) begins from the averager's latest state and position,
-the rest of the epoch re-split over the new group; only when the averager holds nothing is it seeded from
-the run's newest checkpoint that loads. At a layout's end a learner sends its last row and goes on from the
-position the averager settles: the next epoch, or a make-up layout dealing the rows a dropped learner
-trained for rounds it missed (``rounds.position.settle``), so every row reaches one averaged round. A
-learner the others went on without (``Realigned``: it stalled past the timeout) takes their latest state
-and position and makes the ``ray.train.report`` calls of the checkpoint rounds it missed (Ray Train's
-report is a barrier, so the others wait for them). Checkpoints follow ``checkpoint.is_due`` right after a
-round: rank 0 saves the averager's state and history and puts it into the run folder (pruning the old
-ones to ``run.keep_checkpoints`` and the best), every rank reports at the same rounds. The run's
-final checkpoint is rank 0's alone, with no report (``Learner.finish``).
-
-The learner takes its collaborators through its constructor (``client``, ``feed``, ``report``,
-``keep_final``), so a test runs the whole loop with fakes; ``train_loop_per_worker`` builds the real ones.
+Per epoch the learner takes its shard of the plan (``LearnerFeed``: equal rows for every learner), steps
+on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Adam) and lets
+``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``.
+Every m rounds the averaged model is validated, by the averager's evaluator or, when the round's result
+asks (``RoundResult.validate``), by the learners, each its share before its next round; a later result
+carries B for everyone, so all take the same steps and meet at the same rounds.
+A group that Ray Train starts or restarts begins from the averager's latest state and position (or the
+newest checkpoint when it holds nothing); a layout's end settles on the next epoch or a make-up layout
+(``rounds.position.settle``), so every row reaches one averaged round; a ``Realigned`` learner takes the
+others' state and makes the ``ray.train.report`` calls it missed. Checkpoints follow
+``checkpoint.is_due``: rank 0 puts them, every rank reports; the final one is rank 0's alone, no report
+(``Learner.finish``). Collaborators come through the constructor, so a test runs the loop with fakes.
 """
 
 from __future__ import annotations

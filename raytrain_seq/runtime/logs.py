@@ -1,24 +1,15 @@
 """What a run prints: the job's own lines, warnings and errors; Ray's and Ray Train's chatter only with
 ``run.verbose`` (``--verbose``).
 
-Ray 2.60 prints, besides the job's lines (the driver's, and those the learners' rank 0 logs):
-
-* per checkpoint round, from the learner that reports: Ray Train's INFO "Checkpoint successfully created"
-  (logger ``ray.train...storage``) and, from every learner, "Reporting training result" (a logger that
-  Ray Train names by its file path, so neither ``ray`` nor ``ray.train`` governs it);
-* from Ray Train's controller: INFO lines on each start of the worker group (``ray.train...``);
-* in a Ray this job starts itself (no dashboard, so no State API): Ray Train's detached
-  ``PlacementGroupCleaner`` fails to query the controller's state at every check and WARNs about it
-  each time ("Failed to query Ray Train Controller actor state"), dozens of times a run; it is a false
-  alarm here (the controller is alive; the cleaner only cleans up after a controller that died);
-* the driver's own Ray INFO lines (``ray`` logger: "Started a local Ray instance").
-
-The knobs, all public: Ray Train's ``RunConfig(logging_config=LoggingConfig(log_level=...))`` sets the
-console level of the ``ray.train`` loggers in its controller and workers (``train_logging``); a filter on
-the learner's console handlers drops the INFO records of Ray's own files (``quiet_learner``); the driver
-raises the ``ray`` logger to WARNING (``quiet_driver``); the cleaner, a process of its own, gets its
-logger raised to ERROR by a ``worker_process_setup_hook`` of the Ray this job starts (``setup_hook``,
-``connect.connect``). With ``run.verbose`` none of this happens and Ray prints as it always does.
+Off by default: Ray Train's per-round INFO lines ("Checkpoint successfully created", and "Reporting
+training result", whose logger is named by its file path), its controller's INFO lines at each start of
+the worker group, the driver's own Ray INFO lines, and the false alarm of Ray Train's detached
+``PlacementGroupCleaner`` in a Ray this job starts itself (no dashboard, so no State API: it WARNs at
+every check that it cannot query the controller). The knobs, all public: ``RunConfig(logging_config=
+LoggingConfig(log_level=...))`` (``train_logging``); a filter on the learner's console handlers for the
+INFO records of Ray's own files (``quiet_learner``); the ``ray`` logger at WARNING in the driver
+(``quiet_driver``); the cleaner's logger raised to ERROR by a ``worker_process_setup_hook``
+(``setup_hook``, ``connect.connect``). With ``run.verbose`` none of this happens.
 """
 
 from __future__ import annotations

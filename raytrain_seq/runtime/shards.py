@@ -1,51 +1,17 @@
 """The averaging data plane on Ray: S shard actors merge the slices; learners put and get through the store.
 
-``ParameterAverager`` stays the one control plane (membership, B, position, checkpoints, drop and rejoin);
-the bytes never pass through it. A learner puts slice i of its flat buffers in the object store once
-(``RayStore.put``) and sends the S references; when a round closes the control plane calls
-``AveragingShard.merge`` on shard i with the references to every learner's slice i (nested in a list, so
-Ray does not resolve them in the control plane: the shard reads them itself, zero-copy where they are on
-its node). The merged slice is the task's return value, so it lives in the object store once, owned by
-the caller (the control plane): it survives the shard actor, and every learner reads that one object
-(``RayStore.get``). With S = number of learners each shard handles about one learner's bytes in and out
-per round, as in a reduce-scatter + all-gather, where the star's single actor handled 2 P of them.
-
-Channels (``dataplane.generations``): once a group's generation is live, a learner's part is a ``Channelled``
-marker and shard i reads it from that member's channel (``open_channels`` gave it them), and, when every
-member sent through the channels, writes the merged slice into its own channel instead of returning
-it; ``result`` returns a round's merged slice again when only some shards could write theirs. A restarted shard has no
-channels: it says so (``load["lost_channels"]``) and the round goes through the store again.
-
-A learner frozen just after it sent its round (a stall, a swapped-out host) owns slices that a shard on
-another node cannot read until it thaws, although every learner has arrived; a learner whose node died
-took its slices with it. So a shard waits for its slices at most the round's timeout and otherwise names
-the unreadable or lost ones instead of merging (``ShardMerge.unreadable``); the control plane drops
-those learners and merges the others again.
-
-Placement: shard i goes to the node of learner i (``NodeAffinitySchedulingStrategy(soft=True)``: another
-node when that one is gone), known from the learners' joins; the actors are created once the group's learners (or S of them) have
-joined (``prepare``), so that their start-up overlaps the first round's training.
-Shards hold no state between rounds that a merge depends on (a shard keeps its last result's arrays
-only to write the next one into them): a merge is a pure function of the learners' slices, which the
-learners hold (their ``average`` call is waiting) until the round's answer. So a lost shard needs no
-re-seeding: Ray restarts the actor (``max_restarts=-1``) and re-runs the interrupted merge on it
-(``max_task_retries``), and the control plane keeps the latest averaged state (its object references;
-the learners hold it in tensors and re-seed a restarted control plane with it).
-
-Object loss: the merged slices live on the shards' nodes, which are learners' nodes. The control plane
-reads each round's merged state once into its own process, off the learners' path (a copy on its node,
-which Ray also uses to recover a lost primary), and gives (re)joining groups and checkpoints tensors
-made from them, so a group restarted after a learner node died does not wait for objects that died with
-it.
-
-Page faults: a shard's first merge, and a learner's first round (``RayStore.expect``), start mapping the
-object store's memory into that process in a background thread when the rounds would touch it all soon
-anyway (``store_memory``), so that later rounds copy at memory speed instead of faulting page by page.
-
-Hub load: each shard counts the bytes of the slices it read and of the slice it produced times the
-learners of the round (each learner fetches it; the object store serves the fetch, so this counts what
-the shard's node sends if every learner reads from there, an upper bound). ray is imported only inside
-the functions that talk to a cluster.
+A learner puts slice i of its flat buffers once (``RayStore.put``) and sends the S refs; at a round's
+close the control plane calls ``AveragingShard.merge`` on shard i with every learner's slice i (nested,
+so the control plane never resolves them). The merged slice is the task's return value, owned by the
+control plane: it survives the shard, and every learner reads that one object (``RayStore.get``). Once a
+channel generation is live, parts are ``Channelled`` markers read from the members' channels and the
+merged slice is written to the shard's own; a restarted shard has no channels and says so
+(``load["lost_channels"]``). A shard waits for its slices at most the round's timeout and otherwise names
+the unreadable or lost ones (``ShardMerge.unreadable``) for the control plane to drop.
+Placement: shard i on learner i's node (soft affinity), created once the learners joined (``prepare``).
+Shards hold no state a merge depends on, so a lost one is restarted by Ray and its merge re-run. The
+first merge starts mapping the store ahead (``store_memory``). ``hub_load`` counts the bytes each shard
+read and sent (an upper bound). ray is imported only inside the functions that talk to a cluster.
 """
 
 from __future__ import annotations

@@ -1,37 +1,16 @@
 """The object store's shared memory, mapped into this process before the averaging rounds touch it.
 
-Ray's object store is one shared-memory file that every worker maps whole. The first time a process
-touches a page of it, the page costs that process a fault (one per 4 KiB). The store gives new objects
-fresh addresses until it has gone once round the whole file, so each of a run's first rounds faults in
-every byte it puts or reads: a cold ``ray.put`` of 100 MB runs at a fraction of a plain copy's speed,
-and the same put once the pages are mapped runs at it (the timings are in docs/ARCHITECTURE.md, "Measurements behind the code").
-Each page faults once per process either way. ``StoreMemory.expect`` pays for all of them ahead of the
-rounds, in a background thread, with ``madvise(MADV_POPULATE_WRITE)`` over the mapping (Linux 5.14 or
-later), 64 MiB a call. That call maps the pages and leaves their bytes as they are. It runs while the
-learner trains its next K steps, or while a shard waits for its next round.
-
-Rule: populate only when the rounds would touch the whole mapping soon anyway, i.e. when ``rounds``
-(32) rounds of the bytes this process moves cover the mapping. E.g. 200 MB a round (a learner's 100 MB
-put and 100 MB read back) on a 1.8 GB store: populated, as round 9 would have touched it all. A 0.6 MB
-model on a 7 GB store: not populated, because its rounds would take thousands of rounds to touch it
-all and fault a few hundred pages each. Populating commits the store's memory, which ``ray start``
-sized to fit the machine (as ``RAY_preallocate_plasma_memory`` would), and costs the page tables of the
-mapping.
-
-A CUDA learner also registers the populated mapping with CUDA (``cuda_host_register``: page-locked,
-for every device), in the same thread. Its install of the merged state copies store memory to the device
-(``FlatStorage.load_slices``); from pageable memory the driver stages such a copy through a pinned buffer
-of its own and it runs at a fraction of the link's speed, from registered memory it runs as a DMA at
-the link's speed (the figures are in docs/ARCHITECTURE.md, "Measurements behind the code"). The rule is the same: registering pins
-the whole store in RAM, which populating has already committed. A refused registration leaves the
-copies pageable: slower, the same bytes. Each mapping is registered whole, in one call: a copy whose
-source spans two registrations fails (CUDA's "invalid argument"), although one call holds up the
-process's other CUDA calls while it runs (once, for a time that grows with the store's size). A registration
-lasts as long as the process, which is what a Ray worker's mapping of the store does.
-
-Nothing here imports ray. The mapping is found in ``/proc/self/maps`` by its file's name (``plasma``).
-Where there is no such file (not Linux, or a store that is not mapped yet) nothing is populated, and
-the reason is kept in ``StoreMemory.decision``.
+Every worker maps Ray's store file whole, and the first touch of each 4 KiB page costs that process a
+fault; the store gives new objects fresh addresses until it has gone round once, so a run's first rounds
+fault in every byte they move (docs/ARCHITECTURE.md, "Measurements behind the code"). ``StoreMemory.expect``
+pays for them ahead, in a background thread, with ``madvise(MADV_POPULATE_WRITE)`` in 64 MiB calls
+(Linux 5.14+), while the learner trains its next K steps or a shard waits. Rule: populate only when
+``rounds`` rounds of the bytes this process moves cover the mapping (they would touch it all soon anyway).
+A CUDA learner also registers the populated mapping with CUDA (``cuda_host_register``) so an install of
+the merged state is one DMA; each mapping is registered whole, in one call (a copy spanning two
+registrations fails), for the process's lifetime; a refused registration leaves copies pageable: slower,
+the same bytes. Nothing here imports ray; the mapping is found in ``/proc/self/maps`` (``plasma``), and
+where there is none nothing is populated, the reason kept in ``StoreMemory.decision``.
 """
 
 from __future__ import annotations
