@@ -354,7 +354,7 @@ def _say(label: str, out: dict) -> None:
 
 def bn_pair_count() -> int:
     """BatchNorm (mean, var) pairs in the ablation's model (the demo preset's)."""
-    from raytrain_seq.averaging import bn_pairs
+    from raytrain_seq.algorithms.averaging import bn_pairs
     from raytrain_seq.config import Config
     from raytrain_seq.models.factory import build_model_for
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from raytrain_seq.averaging import average_states, merge_adam_states
-from raytrain_seq.heap import keep_freed_memory
+from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
+from raytrain_seq.training.heap import keep_freed_memory
 
 NAMESPACE = "raytrain_seq"
 # A learner's payload: its weights in this many tensors, each with its two Adam moments.

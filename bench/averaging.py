@@ -35,8 +35,8 @@ import ddp_peer
 from averager_cost import bandwidth, cost_model
 from benchlib import LocalData, Result, add_size_flags, command_line, fmt, new_figure, try_plot, write_results
 
+from raytrain_seq.algorithms.packing import pack, shard
 from raytrain_seq.config import Config
-from raytrain_seq.packing import pack, shard
 
 logger = logging.getLogger(__name__)
 

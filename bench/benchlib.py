@@ -35,13 +35,13 @@ import torch
 # The scripts run as `python bench/x.py`; the repository root makes raytrain_seq importable uninstalled.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raytrain_seq.augment import partial_augment, resize_video
+from raytrain_seq.algorithms.augment import partial_augment, resize_video
+from raytrain_seq.algorithms.packing import Block, PackPlan, pack
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.packing import Block, PackPlan, pack
 from raytrain_seq.rows.assembly import EpochShard, assemble_rows, max_sequences_bound, plan_specs, shard_items
 from raytrain_seq.seeds import partial_rng, plan_seed
-from raytrain_seq.step import collate_rows
+from raytrain_seq.training.step import collate_rows
 
 logger = logging.getLogger(__name__)
 

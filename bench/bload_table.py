@@ -44,7 +44,7 @@ from benchlib import (
 
 from raytrain_seq.config import Config
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.step import InnerStep, build_optimizer, evaluate
+from raytrain_seq.training.step import InnerStep, build_optimizer, evaluate
 
 logger = logging.getLogger(__name__)
 

@@ -312,8 +312,8 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
 
 def plan_checksums(config) -> dict[int, dict[str, int]]:
     """Per epoch, the checksum of the video ids of the epoch's BLoad plan (what the feed serves)."""
-    from raytrain_seq.accounting import checksum
-    from raytrain_seq.packing import pack
+    from raytrain_seq.algorithms.packing import pack
+    from raytrain_seq.outputs.accounting import checksum
     from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
     from raytrain_seq.seeds import plan_seed
@@ -335,7 +335,7 @@ def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
     count of rounds an epoch. Each of the ``stalls`` adds an epoch at one learner (twice the rounds): the
     survivor trains on alone until the dropped learner rejoins, and a run that used those rounds up ended
     before the next events (seen once in the 4-event soak of tests/test_chaos.py, docs/LOG.md)."""
-    from raytrain_seq.packing import pack
+    from raytrain_seq.algorithms.packing import pack
     from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
     from raytrain_seq.seeds import plan_seed

@@ -29,12 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raytrain_seq.augment import final_augment, partial_augment
+from raytrain_seq.algorithms.augment import final_augment, partial_augment
 from raytrain_seq.config import PRECISIONS, Config
 from raytrain_seq.data.synthetic import SyntheticVideos
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.seeds import partial_rng
-from raytrain_seq.step import InnerStep, build_optimizer
+from raytrain_seq.training.step import InnerStep, build_optimizer
 
 _BASELINE_STREAM = 0x444C4F4F  # "DLOO": the baseline's final-augmentation stream
 PREFETCH = 4  # batches each worker keeps ready (DataLoader's prefetch_factor)

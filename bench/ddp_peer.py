@@ -30,11 +30,11 @@ def ddp_loop(loop_config: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from raytrain_seq.config import Config
-    from raytrain_seq.heap import keep_freed_memory
     from raytrain_seq.models.factory import build_model_for
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.step import (
+    from raytrain_seq.training.heap import keep_freed_memory
+    from raytrain_seq.training.step import (
         InnerStep,
         build_optimizer,
         collate_stream,

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # video_fixtures: the miniature UCF101 
 
 def window_first_flow(source, video: int, length: int, epoch: int, seed: int, size: int) -> np.ndarray:
     """The flow stream's partial augmentation before issue 13: window the frames, then the flow."""
-    from raytrain_seq.augment import resize_video
+    from raytrain_seq.algorithms.augment import resize_video
     from raytrain_seq.data.flow import pair_flow
     from raytrain_seq.data.sources import fit_length, flow_offset
     from raytrain_seq.data.video import decode_pairs
@@ -57,10 +57,10 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
     import cv2
     from video_fixtures import make_mini_ucf101
 
+    from raytrain_seq.algorithms.refurbish import RefurbishSchedule
     from raytrain_seq.config import Config
     from raytrain_seq.data.geometry import load_catalogs
     from raytrain_seq.data.sources import flow_videos, get_source, source_kwargs, window_videos
-    from raytrain_seq.refurbish import RefurbishSchedule
 
     cv2.setNumThreads(1)  # one CPU per feed task: OpenCV's pool would count other cores' time
     make_mini_ucf101(root, classes=args.classes, groups=args.groups, clips=args.clips)

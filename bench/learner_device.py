@@ -29,12 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raytrain_seq.augment import final_augment_batch
+from raytrain_seq.algorithms.augment import final_augment_batch
+from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.config import BACKBONES, PRECISIONS, Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.packing import pack
-from raytrain_seq.step import InnerStep, MicroBatchStage, RowPrefetcher, build_optimizer, stage_rows
+from raytrain_seq.training.step import InnerStep, MicroBatchStage, RowPrefetcher, build_optimizer, stage_rows
 
 DRAWS = ("tops", "lefts", "flips")
 
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--memory-cap-gib caps CUDA memory: run it on a GPU (--device cuda)")
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("raytrain_seq.microbatch").setLevel(logging.INFO)  # what "auto" settled on
+    logging.getLogger("raytrain_seq.algorithms.microbatch").setLevel(logging.INFO)  # what "auto" settled on
     overrides = {"precision": args.precision} if args.precision else {}
     if args.backbone is not None:
         overrides["backbone"] = args.backbone

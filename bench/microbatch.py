@@ -39,7 +39,7 @@ from benchlib import (
     write_results,
 )
 
-from raytrain_seq.microbatch import accumulate
+from raytrain_seq.algorithms.microbatch import accumulate
 
 OOM = (torch.cuda.OutOfMemoryError,)
 SIZES = {"tiny": 32, "default": 1024}  # largest mini-batch; "full": 16384 on CUDA, 2048 on CPU

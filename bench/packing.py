@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from benchlib import sampling_plan
 
-from raytrain_seq.packing import apply_stride, pack, read_lengths
+from raytrain_seq.algorithms.packing import apply_stride, pack, read_lengths
 
 logger = logging.getLogger(__name__)
 

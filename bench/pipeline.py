@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import STAT_CSTIME, STAT_CUTIME, STAT_PPID, STAT_STIME, STAT_UTIME, processes
 
-from raytrain_seq.augment import final_augment, partial_augment
+from raytrain_seq.algorithms.augment import final_augment, partial_augment
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
 from raytrain_seq.models import build_model
 from raytrain_seq.seeds import partial_rng
-from raytrain_seq.step import InnerStep, build_optimizer, stage_rows
+from raytrain_seq.training.step import InnerStep, build_optimizer, stage_rows
 
 CONSUMERS = 2
 _BASELINE_STREAM = 0x42415345  # "BASE": the baseline's final-augmentation stream

@@ -55,8 +55,8 @@ from refurbish_loader import (
     unbalanced_steps,
 )
 
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
-from raytrain_seq.refurbish import RefurbishSchedule
 
 logger = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from raytrain_seq.augment import final_augment_batch
+from raytrain_seq.algorithms.augment import final_augment_batch
+from raytrain_seq.algorithms.packing import pack
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.data.sources import augment_videos, source_kwargs
-from raytrain_seq.packing import pack
-from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, plan_specs, shard_items
 from raytrain_seq.seeds import plan_seed
 

@@ -18,7 +18,7 @@ import sys
 
 from raytrain_seq import cli
 from raytrain_seq.config import Config
-from raytrain_seq.summary import RunSummary
+from raytrain_seq.outputs.summary import RunSummary
 
 DESCRIPTION = (
     "Evaluate a finished RGB run and a finished flow run on the test split, fuse their class "

@@ -20,7 +20,7 @@ import sys
 
 from raytrain_seq import cli
 from raytrain_seq.config import Config
-from raytrain_seq.summary import RunSummary
+from raytrain_seq.outputs.summary import RunSummary
 
 DESCRIPTION = (
     "Train a temporal video classifier with AAVG learners on BLoad blocks of whole videos "

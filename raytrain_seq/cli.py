@@ -47,7 +47,7 @@ from raytrain_seq.config import (
     RunSetupError,
     TrainConfig,
 )
-from raytrain_seq.summary import RunSummary, format_table
+from raytrain_seq.outputs.summary import RunSummary, format_table
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, ClassVar
 
-from raytrain_seq.augment import TEST_VIEWS
+from raytrain_seq.algorithms.augment import TEST_VIEWS
+from raytrain_seq.algorithms.packing import STRATEGIES
 from raytrain_seq.checks import (
     choice,
     int_at_least,
@@ -41,7 +42,6 @@ from raytrain_seq.checks import (
     parse_learners,
 )
 from raytrain_seq.data.decoders import DECODERS
-from raytrain_seq.packing import STRATEGIES
 from raytrain_seq.presets import PRESETS
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class DataConfig:
     crop: int = 32
     """Side in pixels of the final crop the model sees; at most cache_size."""
     packing: str = "optimal"
-    """Block packing strategy of raytrain_seq.packing.pack: optimal, bload, pad or chunk."""
+    """Block packing strategy of raytrain_seq.algorithms.packing.pack: optimal, bload, pad or chunk."""
     reuse: int = 3
     """Refurbish reuse factor r: each cached partial augmentation serves r epochs (1 = recompute all)."""
     val_fraction: float = 0.1

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
-from raytrain_seq.tracking import tracker_available
+from raytrain_seq.outputs.tracking import tracker_available
 
 if TYPE_CHECKING:  # data.sources loads numpy and the readers: the path checks run before it
     from raytrain_seq.data.geometry import Geometry
@@ -194,7 +194,7 @@ def _frame_cache(config: Config, geometry: Geometry) -> None:
 def _batch_growth(config: Config) -> None:
     """Say once when AAVG's batch rule is on but may not grow B (an epoch budget under batch_growth "steps",
     ``averaging.batch_may_grow``): a preset or a --batch-rule would otherwise read as if B grew."""
-    from raytrain_seq.averaging import batch_may_grow
+    from raytrain_seq.algorithms.averaging import batch_may_grow
 
     train = config.train
     if not train.adaptive_batch or train.max_batch_size <= train.batch_size:

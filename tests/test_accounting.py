@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raytrain_seq.accounting import checksum, per_epoch, round_stats
+from raytrain_seq.outputs.accounting import checksum, per_epoch, round_stats
 
 
 def test_round_stats_fold_back_into_the_plans_checksum_per_epoch():

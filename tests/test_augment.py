@@ -1,4 +1,4 @@
-"""Tests for raytrain_seq.augment (the Revamper split: partial, cached; final, per use)."""
+"""Tests for raytrain_seq.algorithms.augment (the Revamper split: partial, cached; final, per use)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raytrain_seq.augment import center_crop, final_augment, partial_augment, resize_video, stride_frames
+from raytrain_seq.algorithms.augment import (
+    center_crop,
+    final_augment,
+    partial_augment,
+    resize_video,
+    stride_frames,
+)
 from raytrain_seq.data.lengths import strided
 
 
@@ -225,7 +231,7 @@ def test_stride_frames_matches_strided_lengths():
 
 def _float_partial_reference(frames: np.ndarray, size: int, seed: int) -> np.ndarray:
     """The colour transform of partial_augment computed in float64 from the same draws, rounded once."""
-    from raytrain_seq.augment import _LUMA, _photometric_matrix, _window
+    from raytrain_seq.algorithms.augment import _LUMA, _photometric_matrix, _window
 
     rng = np.random.default_rng(seed)
     offset = float(rng.uniform(0.0, 1.0))
@@ -259,7 +265,7 @@ def test_rand_augment_is_one_seeded_draw_for_the_whole_video():
     no-op. torch's global generator is left as it was."""
     import torch
 
-    from raytrain_seq.augment import rand_augment
+    from raytrain_seq.algorithms.augment import rand_augment
 
     rng = np.random.default_rng(5)
     frame = rng.integers(0, 256, (24, 30, 3), dtype=np.uint8)

@@ -15,7 +15,7 @@ from averager_fixtures import local_averager
 from conftest import adam_learners
 
 from raytrain_seq import checkpoint
-from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
 from raytrain_seq.rounds.book import RoundBook, RoundPhase
 

@@ -13,7 +13,7 @@ from conftest import adam_learners
 from test_payload import same
 
 from raytrain_seq import checkpoint
-from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from raytrain_seq.averaging import (
+from raytrain_seq.algorithms.averaging import (
     BATCH_GROWTH,
     AdaptiveBatchSize,
     average_states,

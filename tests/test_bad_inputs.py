@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 from video_fixtures import make_mini_hmdb51, make_mini_ucf101, plant_corrupt
 
-from raytrain_seq import packing
-from raytrain_seq import predict as predict_cli
+from raytrain_seq.algorithms import packing
 from raytrain_seq.data import check as data_check
-from raytrain_seq.export import main as export_main
+from raytrain_seq.inference import predict as predict_cli
+from raytrain_seq.inference.export import main as export_main
 
 ROOT = Path(__file__).resolve().parents[1]
 

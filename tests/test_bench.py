@@ -35,10 +35,10 @@ import refurbish_loader as rl  # noqa: E402
 import report  # noqa: E402
 import startup  # noqa: E402
 
+from raytrain_seq.algorithms.packing import pack, shard  # noqa: E402
 from raytrain_seq.config import Config  # noqa: E402
 from raytrain_seq.models.factory import build_model_for  # noqa: E402
-from raytrain_seq.packing import pack, shard  # noqa: E402
-from raytrain_seq.step import stage_rows  # noqa: E402
+from raytrain_seq.training.step import stage_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -467,7 +467,7 @@ def test_gpu_report_checks_each_target_from_the_runs_files_and_says_what_did_not
     """The report reads the JSON last lines and the summaries gpu_checks.sh leaves (written as the job
     writes them: RunSummary.to_dict, whose extra keys sit at the top level), computes each target's
     figure from them, and marks a target whose inputs are missing as not run."""
-    from raytrain_seq.summary import RunSummary
+    from raytrain_seq.outputs.summary import RunSummary
 
     (tmp_path / "learner_device.txt").write_text('banner\n{"learner_frames_s": 7500.0, "device": "H100"}\n')
     (tmp_path / "dataloader.txt").write_text('{"frames_s": 3000.0}\n')
@@ -1055,7 +1055,7 @@ def test_batch_rule_default_is_the_fixed_run_under_epochs_and_grows_only_under_s
     """Why the bench runs no `default` arm at equal epochs: every set's config with the job's defaults
     (batch_growth "steps") and an epoch budget may not grow B (averaging.batch_may_grow), so it holds B at
     its start as the fixed run does; the same config with --steps N may. Also for a bare Config()."""
-    from raytrain_seq.averaging import batch_may_grow
+    from raytrain_seq.algorithms.averaging import batch_may_grow
     from raytrain_seq.config import Config
 
     assert "default" not in batch_rule.RULES and set(batch_rule.RULES) == {"fixed", "always"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,7 +25,7 @@ from raytrain_seq.models.norm import FrozenBatchNorm, GroupNorm
 from raytrain_seq.rounds.client import AveragerClient
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.sync import LocalRounds
-from raytrain_seq.step import InnerStep
+from raytrain_seq.training.step import InnerStep
 
 BN = torch.nn.modules.batchnorm._BatchNorm
 

@@ -148,7 +148,7 @@ def test_check_writable_names_a_folder_that_a_file_blocks_and_leaves_a_good_one_
 
 def test_stopped_error_gives_rank_zeros_message_or_names_the_run_folder(tmp_path):
     from raytrain_seq.checkpoint import stopped_error
-    from raytrain_seq.reports import LearnerStop
+    from raytrain_seq.outputs.reports import LearnerStop
 
     assert str(tmp_path) in str(stopped_error(tmp_path)) and "--resume" in str(stopped_error(tmp_path))
     stop = LearnerStop(reason="checkpoint", message="cannot write checkpoint X: free space")

@@ -30,7 +30,7 @@ from raytrain_seq.config import (
     RunSetupError,
     TrainConfig,
 )
-from raytrain_seq.summary import RunSummary
+from raytrain_seq.outputs.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILE = ROOT / "raytrain_seq" / "config.py"

@@ -20,10 +20,10 @@ import pytest
 import torch
 from averager_fixtures import local_averager
 
+from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.members.retry import Backoff
-from raytrain_seq.packing import pack
-from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport
+from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.rounds.position import EpochPosition, layout_specs, resplit

@@ -23,7 +23,7 @@ import pytest
 import torch
 from averager_fixtures import local_averager
 
-from raytrain_seq.packing import pack
+from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.rounds.position import EpochPosition, layout_specs, parse_history, resplit, settle
 from raytrain_seq.rows.assembly import plan_specs
 

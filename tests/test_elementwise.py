@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from raytrain_seq import averaging, elementwise
+from raytrain_seq.algorithms import averaging, elementwise
 
 
 def _learners(count: int, dtype, seed: int, size: int = 20_000) -> list[np.ndarray]:

@@ -13,7 +13,7 @@ from raytrain_seq.data.geometry import data_geometry
 from raytrain_seq.feed.cache import Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_rank
 from raytrain_seq.feed.report import RESTARTS_FILE, EpochCounts, RestartLog
-from raytrain_seq.reports import FeedReport
+from raytrain_seq.outputs.reports import FeedReport
 
 
 def _config(**overrides) -> Config:

@@ -23,13 +23,13 @@ from averager_fixtures import local_averager
 from conftest import InProcess
 from torch import nn
 
-from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.flat_storage import FlatStorage
 from raytrain_seq.dataplane.payload import FlatLayout, InProcessStore
 from raytrain_seq.rounds.client import AveragerClient
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.sync import LocalRounds
-from raytrain_seq.step import load_averaged
+from raytrain_seq.training.step import load_averaged
 
 DEVICES = [
     "cpu",

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from raytrain_seq.augment import final_augment, resize_video
+from raytrain_seq.algorithms.augment import final_augment, resize_video
 from raytrain_seq.data import flow as flow_module
 from raytrain_seq.data.flow import (
     FLOW_BOUND,

@@ -1,4 +1,4 @@
-"""Tests for raytrain_seq.heap: the mallopt options it sets, its errors, and the page faults it saves."""
+"""Tests for raytrain_seq.training.heap: the mallopt options it sets, its errors, and the page faults it saves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from raytrain_seq import heap
+from raytrain_seq.training import heap
 
 
 class FakeMallopt:
@@ -31,7 +31,7 @@ def test_sets_top_pad_trim_and_mmap_thresholds():
 
 
 def test_a_refused_option_is_named_and_the_others_still_set(caplog):
-    caplog.set_level(logging.WARNING, logger="raytrain_seq.heap")
+    caplog.set_level(logging.WARNING, logger="raytrain_seq.training.heap")
     mallopt = FakeMallopt(refuse=(-3,))
     assert not heap.keep_freed_memory(mallopt=mallopt)
     assert len(mallopt.calls) == 3
@@ -52,7 +52,7 @@ PROBE = textwrap.dedent(
     """
     import resource, sys, threading
     import numpy as np
-    from raytrain_seq.heap import keep_freed_memory
+    from raytrain_seq.training.heap import keep_freed_memory
     if sys.argv[1] == "keep" and not keep_freed_memory():
         sys.exit(3)
     out = {}

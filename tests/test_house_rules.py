@@ -43,7 +43,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "raytrain_seq"
-ALGORITHM_MODULES = ["packing", "microbatch", "averaging", "refurbish"]
+ALGORITHM_MODULES = [
+    "algorithms.packing",
+    "algorithms.microbatch",
+    "algorithms.averaging",
+    "algorithms.refurbish",
+]
 # Folder names ruff skips by default (`exclude`, https://docs.astral.sh/ruff/settings/#exclude: the list
 # of ruff 0.6 and that of the ruff pinned here, `ruff check --show-settings`), and `build`, which older ruff
 # skipped and setuptools writes: no folder of the package may carry one of these names.
@@ -184,7 +189,17 @@ def ray_importers(package: Path) -> list[str]:
 
 
 # The Ray-free packages of the elastic logic, one concept each (docs/ARCHITECTURE.md, "Layout").
-RAY_FREE_PACKAGES = ("rounds", "dataplane", "rows", "members", "feed")
+RAY_FREE_PACKAGES = (
+    "rounds",
+    "dataplane",
+    "rows",
+    "members",
+    "feed",
+    "algorithms",
+    "training",
+    "outputs",
+    "inference",
+)
 
 
 def ray_free_violations(package: Path) -> list[str]:
@@ -676,7 +691,7 @@ def algorithm_violations(package: Path, names: list[str]) -> list[str]:
     found = []
     for name in names:
         own = f"{package.name}.{name}"
-        path = package / f"{name}.py"
+        path = package.joinpath(*name.split(".")).with_suffix(".py")
         if not path.is_file():
             found.append(f"{path.relative_to(package.parent)} is missing: it is part of the fixed layout")
             continue
@@ -685,7 +700,7 @@ def algorithm_violations(package: Path, names: list[str]) -> list[str]:
             found.append(f"{own} imports nothing at all: the parser found no imports")
         found += [f"{own} imports {r}" for r in sorted(roots - allowed)]
         for _, helper in sorted(set(_imported_modules(path, own, modules))):
-            if helper.rsplit(".", 1)[-1] in names:
+            if helper.removeprefix(f"{package.name}.") in names:
                 found.append(f"{own} imports the algorithm module {helper}")
                 continue
             impure = _imported_roots(modules[helper], helper) - (allowed - {package.name})
@@ -976,13 +991,13 @@ BIG_CLASSES: dict[str, int] = {
     "raytrain_seq/runtime/learner.py:Learner": 21,
 }
 BIG_MODULES: dict[str, int] = {
-    "raytrain_seq/averaging.py": 691,
+    "raytrain_seq/algorithms/averaging.py": 691,
     "raytrain_seq/config.py": 822,
     "raytrain_seq/data/sources.py": 682,
     "raytrain_seq/dataplane/payload.py": 661,
     "raytrain_seq/runtime/averager.py": 688,
     "raytrain_seq/runtime/learner.py": 660,
-    "raytrain_seq/step.py": 626,
+    "raytrain_seq/training/step.py": 626,
 }
 
 
@@ -1124,3 +1139,54 @@ def test_checker_finds_a_cited_section_that_is_gone(tmp_path):
         'pkg/b.py: "Gone section"',
         'pkg/c.py: "Also gone"',
     ]
+
+
+# ------------------------------------------------------------------- rule 15: the top level by concept
+TOP_LEVEL_MODULES = 8
+
+
+def layout_violations(package: Path, most: int) -> list[str]:
+    """What breaks the layout: more than ``most`` modules directly in ``package`` (``__init__`` aside), or
+    a folder whose ``__init__`` has no docstring or one of more than one paragraph."""
+    top = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    found = (
+        [f"{package.name}/ holds {len(top)} modules ({', '.join(top)}): at most {most}"]
+        if len(top) > most
+        else []
+    )
+    for init in sorted(package.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        paragraphs = [p for p in doc.split("\n\n") if p.strip()]
+        if len(paragraphs) != 1:
+            found.append(
+                f"{init.relative_to(package.parent)}: a one-paragraph docstring, not {len(paragraphs)}"
+            )
+    return found
+
+
+def test_the_top_level_holds_few_modules_and_each_folder_says_what_it_holds():
+    """raytrain_seq/ keeps its entry points and the config tree at the top; everything else lives in a
+    folder named for its concept, whose ``__init__`` says in one paragraph what it holds."""
+    assert len(list(PACKAGE.glob("*/__init__.py"))) >= 10, "no folders seen"
+    assert layout_violations(PACKAGE, TOP_LEVEL_MODULES) == []
+
+
+def test_checker_finds_a_crowded_top_level_and_a_silent_folder(tmp_path):
+    pkg = _write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "",
+            "pkg/b.py": "",
+            "pkg/c.py": "",
+            "pkg/quiet/__init__.py": "x = 1\n",
+            "pkg/long/__init__.py": '"""One.\n\nTwo."""\n',
+            "pkg/good/__init__.py": '"""What it holds,\nin one paragraph."""\n',
+        },
+    )
+    assert layout_violations(pkg, 2) == [
+        "pkg/ holds 3 modules (a, b, c): at most 2",
+        "pkg/long/__init__.py: a one-paragraph docstring, not 2",
+        "pkg/quiet/__init__.py: a one-paragraph docstring, not 0",
+    ]
+    assert layout_violations(pkg, 3) == [v for v in layout_violations(pkg, 2) if "holds" not in v]

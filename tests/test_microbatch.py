@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from raytrain_seq.microbatch import MicroBatchSizer, accumulate
+from raytrain_seq.algorithms.microbatch import MicroBatchSizer, accumulate
 
 SLOTS, FEATURES, OUT = 3, 5, 2
 ROWS = 37
-LOGGER = "raytrain_seq.microbatch"
+LOGGER = "raytrain_seq.algorithms.microbatch"
 
 
 class SlotMLP(nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raytrain_seq.microbatch import BATCHNORM_TYPES
+from raytrain_seq.algorithms.microbatch import BATCHNORM_TYPES
 from raytrain_seq.models import (
     FRAME_ENCODERS,
     TEMPORAL_MODULES,
@@ -350,7 +350,7 @@ def test_the_gru_runs_at_float32_under_a_bf16_step(device):
     float16 (not the run's bf16) and the CPU's bf16, neither of which the loss scaling covers. The
     weights seen inside are the module's own chunk (models.recurrent), not a cast copy."""
     from raytrain_seq.models import compact_recurrent
-    from raytrain_seq.step import InnerStep, build_optimizer
+    from raytrain_seq.training.step import InnerStep, build_optimizer
 
     torch.manual_seed(0)
     model = build_model(NUM_CLASSES, width=4, depth=2, hidden=6, temporal="gru").to(device)

@@ -14,7 +14,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from raytrain_seq.packing import STRATEGIES, Block, apply_stride, main, pack, read_lengths, shard
+from raytrain_seq.algorithms.packing import STRATEGIES, Block, apply_stride, main, pack, read_lengths, shard
 
 SPLITS = ("train", "test")
 STATS_KEYS = {
@@ -351,7 +351,10 @@ def test_other_bad_input(tmp_path):
 
 def run_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "raytrain_seq.packing", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "raytrain_seq.algorithms.packing", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -20,7 +20,7 @@ import torch
 from averager_fixtures import local_averager
 from conftest import adam_learners
 
-from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane import merge
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts
 from raytrain_seq.dataplane.payload import (

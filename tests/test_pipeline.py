@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from torch import cat as torch_cat
 
-from raytrain_seq.augment import center_crop, final_augment, partial_augment, resize_video
+from raytrain_seq.algorithms.augment import center_crop, final_augment, partial_augment, resize_video
+from raytrain_seq.algorithms.packing import pack, shard
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.data.synthetic import SyntheticVideos
-from raytrain_seq.packing import pack, shard
-from raytrain_seq.refurbish import RefurbishSchedule
 from raytrain_seq.rows.assembly import (
     ROW_KEYS,
     BlockRowStream,
@@ -515,7 +515,7 @@ def test_learner_streams_serve_every_epoch_and_equal_the_independent_recomputati
     frames equal final_augment(partial_augment(render)) with the documented seeds; a stream restarted
     mid-epoch at a position (a realignment) serves exactly the rest."""
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.step import stage_rows
+    from raytrain_seq.training.step import stage_rows
 
     config = _config()
     feed = create_feed(config, videos_per_task=8)
@@ -594,7 +594,7 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
     from raytrain_seq.members.retry import Backoff
     from raytrain_seq.runtime.feed import RESTARTS_FILE
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.step import stage_rows
+    from raytrain_seq.training.step import stage_rows
 
     ray = ray_cluster
     config = _config(storage_path=str(tmp_path), run_name="feed-restart", feed_max_restarts=2)

@@ -28,7 +28,7 @@ from video_fixtures import (
 )
 
 from raytrain_seq import checkpoint
-from raytrain_seq.augment import resize_video
+from raytrain_seq.algorithms.augment import resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import FLOW_BOUND, compute_flow, dequantize, flow_method, pair_flow
 from raytrain_seq.data.geometry import load_catalogs
@@ -46,10 +46,10 @@ from raytrain_seq.data.sources import (
 from raytrain_seq.data.video import decode, decode_pairs
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state
+from raytrain_seq.outputs.summary import RunSummary, format_table
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rows.assembly import RowFormat, assemble_rows
 from raytrain_seq.seeds import final_rng, partial_rng
-from raytrain_seq.summary import RunSummary, format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = 20
@@ -489,7 +489,7 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     and 2 only cut windows (exactly the evicted ids), the served arrays equal load(video, computing
     epoch) and evaluation's load(video, None), and the CPU saved is the flow seconds of the evicted ids:
     with r = 2 epochs 1 and 2 evict every id once, so together they save all of epoch 0's flow seconds."""
-    from raytrain_seq.refurbish import RefurbishSchedule
+    from raytrain_seq.algorithms.refurbish import RefurbishSchedule
     from raytrain_seq.runtime.feed import create_feed
     from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
@@ -645,11 +645,11 @@ def test_export_and_predict_see_what_the_runs_evaluation_saw(runs, mini, tmp_pat
     """export writes the run's final model as a plain state_dict + spec that rebuild it; predict feeds each
     test video exactly the frames the run's own evaluation fed (decode, resize, centre crop) and ranks the
     run's classes by the model's softmax."""
-    from raytrain_seq.augment import center_crop
-    from raytrain_seq.export import export, load_exported
-    from raytrain_seq.export import main as export_main
-    from raytrain_seq.predict import Predictor
-    from raytrain_seq.predict import main as predict_main
+    from raytrain_seq.algorithms.augment import center_crop
+    from raytrain_seq.inference.export import export, load_exported
+    from raytrain_seq.inference.export import main as export_main
+    from raytrain_seq.inference.predict import Predictor
+    from raytrain_seq.inference.predict import main as predict_main
 
     storage, codes = runs
     assert codes["rgb"] == 0
@@ -690,8 +690,8 @@ def test_export_and_predict_see_what_the_runs_evaluation_saw(runs, mini, tmp_pat
 @pytest.mark.ray
 def test_predict_on_the_flow_run_sees_the_flow_its_evaluation_saw(runs, mini):
     """predict's flow path is the evaluation's flow-once bytes: the whole frame's flow, centred window."""
-    from raytrain_seq.augment import center_crop
-    from raytrain_seq.predict import Predictor
+    from raytrain_seq.algorithms.augment import center_crop
+    from raytrain_seq.inference.predict import Predictor
 
     storage, codes = runs
     assert codes["flow"] == 0

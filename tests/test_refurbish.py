@@ -1,4 +1,4 @@
-"""Tests for raytrain_seq.refurbish: balanced eviction and cache-aware batch composition (Revamper)."""
+"""Tests for raytrain_seq.algorithms.refurbish: balanced eviction and cache-aware batch composition (Revamper)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from raytrain_seq.refurbish import RefurbishSchedule, balance_fresh, even_split
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule, balance_fresh, even_split
 
 # (N, r): r=1, r=N, r>N, N not divisible by r, N divisible by r, a single sample.
 CASES = [(10, 3), (12, 1), (7, 7), (5, 9), (100, 7), (12, 4), (1, 1), (1, 4), (37, 2)]
@@ -162,7 +162,7 @@ def test_each_computation_is_served_in_exactly_r_epochs():
 
 def test_reuse_above_num_samples_leaves_epochs_empty(caplog):
     """reuse > num_samples is allowed: some epochs recompute nothing, a warning says so, rules hold."""
-    with caplog.at_level(logging.WARNING, logger="raytrain_seq.refurbish"):
+    with caplog.at_level(logging.WARNING, logger="raytrain_seq.algorithms.refurbish"):
         s = RefurbishSchedule(3, reuse=5, seed=0)
     assert any("reuse=5 > num_samples=3" in rec.getMessage() for rec in caplog.records)
     assert [s.counts(e)[0] for e in range(1, 6)] == [1, 1, 1, 0, 0]

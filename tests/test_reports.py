@@ -9,7 +9,7 @@ import pytest
 import torch
 from averager_fixtures import local_averager
 
-from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport
+from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport
 
 
 async def _one_round_summary() -> dict:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raytrain_seq.microbatch import BATCHNORM_TYPES
+from raytrain_seq.algorithms.microbatch import BATCHNORM_TYPES
 from raytrain_seq.models import (
     FRAME_ENCODERS,
     FrozenBatchNorm2d,

@@ -1,4 +1,4 @@
-"""Tests for raytrain_seq.summary: summary.json round trip, the result table and curves.png."""
+"""Tests for raytrain_seq.outputs.summary: summary.json round trip, the result table and curves.png."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from raytrain_seq.config import Config
-from raytrain_seq.summary import SUMMARY_FILE, RunSummary, format_table, plot_confusion, plot_curves
+from raytrain_seq.outputs.summary import SUMMARY_FILE, RunSummary, format_table, plot_confusion, plot_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -211,7 +211,7 @@ def test_plot_curves_writes_a_png_for_full_and_empty_histories(tmp_path):
 
 def test_importing_summary_does_not_import_matplotlib():
     """matplotlib is imported only inside plot_curves, so importing the module stays cheap."""
-    code = "import sys, raytrain_seq.summary; print('matplotlib' in sys.modules)"
+    code = "import sys, raytrain_seq.outputs.summary; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from raytrain_seq.data.task_costs import feed_cost, task_tallies
-from raytrain_seq.reports import FeedReport
+from raytrain_seq.outputs.reports import FeedReport
 
 
 def _info(ids, epochs, frames, cpu_s, **extra):

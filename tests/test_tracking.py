@@ -14,8 +14,8 @@ import struct
 import pytest
 from tensorboardX.proto import event_pb2
 
+from raytrain_seq.outputs.tracking import NullTracker, TensorBoardTracker, make_tracker, tracker_available
 from raytrain_seq.rounds.events import RunHistory
-from raytrain_seq.tracking import NullTracker, TensorBoardTracker, make_tracker, tracker_available
 
 
 def read_events(folder) -> tuple[dict[str, list[tuple[int, float]]], list[str]]:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torchvision.models import video as tv_video
 
+from raytrain_seq.algorithms.microbatch import BATCHNORM_TYPES, accumulate
 from raytrain_seq.config import VIDEO_BACKBONES, Config
-from raytrain_seq.microbatch import BATCHNORM_TYPES, accumulate
 from raytrain_seq.models import (
     KINETICS_MEAN,
     VIDEO_ARCHS,
@@ -30,7 +30,7 @@ from raytrain_seq.models import (
     sequence_loss,
 )
 from raytrain_seq.models.factory import build_model_for, model_from_state
-from raytrain_seq.step import evaluate
+from raytrain_seq.training.step import evaluate
 
 HW, NUM_CLASSES = 8, 4
 

@@ -181,9 +181,9 @@ def test_export_then_predict_from_model_pt_on_every_container(run_dir, mini, tmp
     every container; --test-views works on the video backbone."""
     from video_fixtures import clip_frames
 
-    from raytrain_seq.export import export
-    from raytrain_seq.predict import Predictor
-    from raytrain_seq.predict import main as predict_main
+    from raytrain_seq.inference.export import export
+    from raytrain_seq.inference.predict import Predictor
+    from raytrain_seq.inference.predict import main as predict_main
 
     out, _ = export(run_dir, tmp_path / "model.pt")
     clips = [

@@ -76,9 +76,9 @@ def check(
     report's ``"decoder"`` is the backend it resolved to). ValueError when the lists cannot be read (it
     names the file and line); ImportError naming the ``pip install`` when the decoder is not installed.
     """
+    from raytrain_seq.algorithms.packing import pack
     from raytrain_seq.data.decoders import resolve
     from raytrain_seq.data.video import strided_length
-    from raytrain_seq.packing import pack
 
     decoder = resolve(decoder)
     class_names, sides = _entries(dataset, data_root, split, lists, class_names)

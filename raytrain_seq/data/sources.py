@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.augment import partial_augment, rand_augment, resize_video
+from raytrain_seq.algorithms.augment import partial_augment, rand_augment, resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import flow_window
 from raytrain_seq.data.frame_cache import FrameCache, default_folder

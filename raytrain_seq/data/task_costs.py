@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytrain_seq.reports import FeedReport, LearnerReport
+from raytrain_seq.outputs.reports import FeedReport, LearnerReport
 
 __all__ = ["feed_cost", "partial_cost", "task_tallies"]
 

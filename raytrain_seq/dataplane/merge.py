@@ -22,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.elementwise import accumulation_dtype, merge_mean_var, weighted_max, weighted_mean
+from raytrain_seq.algorithms.elementwise import (
+    accumulation_dtype,
+    merge_mean_var,
+    weighted_max,
+    weighted_mean,
+)
 
 __all__ = ["CHUNK", "RULES", "ShardMerge", "merge_parts", "part_nbytes"]
 

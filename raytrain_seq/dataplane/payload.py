@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from raytrain_seq.averaging import bn_pairs
+from raytrain_seq.algorithms.averaging import bn_pairs
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 
 __all__ = [

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 
 __all__ = ["Key", "Launch", "RefurbishCache"]
 

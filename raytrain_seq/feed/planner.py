@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.feed.cache import Key, Launch, RefurbishCache
 from raytrain_seq.feed.plans import EVAL_KEYS, SPLITS, FeedPlans
 from raytrain_seq.feed.report import EpochCounts, FeedFacts, FeedTally, RestartLog
-from raytrain_seq.refurbish import RefurbishSchedule
-from raytrain_seq.reports import FeedReport
+from raytrain_seq.outputs.reports import FeedReport
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard
 
 __all__ = ["FeedPlanner", "check_int", "check_rank"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from raytrain_seq.packing import PackPlan, pack
-from raytrain_seq.refurbish import RefurbishSchedule
+from raytrain_seq.algorithms.packing import PackPlan, pack
+from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.rounds.position import layout_specs
 from raytrain_seq.rows.assembly import BlockSpec, cache_aware_plan, consumption_order, plan_specs
 from raytrain_seq.seeds import plan_seed

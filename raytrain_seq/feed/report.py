@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain_seq.data.task_costs import task_tallies
-from raytrain_seq.reports import FeedReport
+from raytrain_seq.outputs.reports import FeedReport
 
 __all__ = ["RESTARTS_FILE", "EpochCounts", "FeedFacts", "FeedTally", "RestartLog", "flow_counts"]
 

@@ -1,5 +1,4 @@
-"""Temporal classifiers over BLoad block rows (Iftekhar, Ruschel et al.), with exact resets at every start.
-
+"""Temporal classifiers over BLoad block rows (Iftekhar, Ruschel et al.), with exact resets at every start:
 ``build_model(num_classes, ...)`` -> ``TemporalClassifier``; ``model(frames, starts, lengths,
 num_sequences)`` -> logits ``[K, num_classes]`` for the K real sequences in row-major (row, slot) order;
 ``sequence_labels`` gives the matching targets; ``sequence_loss`` / ``predict`` take a block-row dict.

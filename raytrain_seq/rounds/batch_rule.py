@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raytrain_seq.averaging import AdaptiveBatchSize, batch_may_grow
+from raytrain_seq.algorithms.averaging import AdaptiveBatchSize, batch_may_grow
 from raytrain_seq.rounds.settings import AveragerSettings
 
 __all__ = ["BatchDecision", "BatchRule"]

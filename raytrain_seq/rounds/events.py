@@ -84,7 +84,7 @@ class RunHistory:
     ) -> None:
         self.log = EventLog(log_path)
         self.actor = actor
-        # Live tracking (raytrain_seq.tracking): anything with scalars(values, step) and text(tag, value, step).
+        # Live tracking (raytrain_seq.outputs.tracking): anything with scalars(values, step) and text(tag, value, step).
         self.tracker = tracker
         self._last_round_at = 0.0
         self.totals: dict[LearnerId, dict[str, float]] = {}

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raytrain_seq.averaging import average_states, merge_adam_states
+from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad

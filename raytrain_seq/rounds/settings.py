@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raytrain_seq.averaging import batch_may_grow
+from raytrain_seq.algorithms.averaging import batch_may_grow
 from raytrain_seq.checks import check_number
 
 if TYPE_CHECKING:

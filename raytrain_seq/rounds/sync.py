@@ -29,7 +29,7 @@ from raytrain_seq.models.recurrent import compact_recurrent, recurrent_keys
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
-from raytrain_seq.step import load_averaged
+from raytrain_seq.training.step import load_averaged
 
 __all__ = ["LocalRounds", "Tally", "missed_checkpoint_rounds"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.members.ids import LearnerId, check_learner
-from raytrain_seq.step import EvalResult
+from raytrain_seq.training.step import EvalResult
 
 __all__ = ["ShareTally"]
 

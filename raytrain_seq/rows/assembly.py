@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raytrain_seq.augment import center_crop, final_augment, final_params
-from raytrain_seq.packing import PackPlan, shard
-from raytrain_seq.refurbish import balance_fresh
+from raytrain_seq.algorithms.augment import center_crop, final_augment, final_params
+from raytrain_seq.algorithms.packing import PackPlan, shard
+from raytrain_seq.algorithms.refurbish import balance_fresh
 from raytrain_seq.seeds import final_rng
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""Everything that imports ray: the parameter-averaging actor, the data pipeline, the learner loop.
-
-Modules here import ray lazily, inside the functions that talk to a cluster, so importing this package
-starts nothing and the policy classes (e.g. ``rounds.RoundBook``) are usable and testable without ray.
+"""Everything that imports ray: the parameter-averaging actor and its shards, the feed actor and its tasks,
+the learners, the evaluator and the driver that starts them. Modules here import ray lazily, inside the
+functions that talk to a cluster, so importing this package starts nothing, and the policies they run
+(``rounds``, ``feed``, ``dataplane``) are tested without ray.
 """

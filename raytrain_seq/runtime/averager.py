@@ -36,7 +36,8 @@ from raytrain_seq.dataplane.payload import InProcessShards, ShardPool
 from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.members.ids import LearnerId, check_learner
-from raytrain_seq.reports import AveragingReport
+from raytrain_seq.outputs.reports import AveragingReport
+from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
@@ -68,7 +69,6 @@ from raytrain_seq.rounds.validation import (
     ValidationMachine,
 )
 from raytrain_seq.runtime.channels import read_round
-from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
 

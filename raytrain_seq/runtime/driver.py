@@ -29,18 +29,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from raytrain_seq import accounting, checkpoint, preflight
+from raytrain_seq import checkpoint, preflight
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.data.task_costs import feed_cost
-from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport, LearnerStop
+from raytrain_seq.outputs import accounting
+from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport, LearnerStop
+from raytrain_seq.outputs.summary import RunSummary, load_plotting, plot_confusion, plot_curves
+from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.runtime.launch import LearnerLaunch
 from raytrain_seq.runtime.logs import quiet_driver, train_logging
-from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
-from raytrain_seq.tracking import make_tracker
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ import torch
 
 from raytrain_seq.config import Config
 from raytrain_seq.dataplane.payload import ObjectStore
-from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.rounds.state import AveragedState
-from raytrain_seq.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
+from raytrain_seq.training.heap import keep_freed_memory
+from raytrain_seq.training.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import torch
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.outputs.summary import SUMMARY_FILE, RunSummary
 from raytrain_seq.runtime.connect import check_storage, connect
-from raytrain_seq.summary import SUMMARY_FILE, RunSummary
 
 logger = logging.getLogger(__name__)
 
@@ -108,12 +108,12 @@ def _evaluate(
     """Softmax per test video id of one run's final model, through that run's own feed."""
     import ray
 
-    from raytrain_seq.augment import test_views
+    from raytrain_seq.algorithms.augment import test_views
     from raytrain_seq.models import predict
     from raytrain_seq.models.factory import model_from_state
     from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.step import collate_rows, eval_micro_batch_size, view_probabilities
+    from raytrain_seq.training.step import collate_rows, eval_micro_batch_size, view_probabilities
 
     began = time.perf_counter()
     geometry = feed_geometry(

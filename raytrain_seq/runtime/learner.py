@@ -30,18 +30,19 @@ from typing import Any
 
 import torch
 
-from raytrain_seq import accounting, checkpoint
-from raytrain_seq.augment import test_views
+from raytrain_seq import checkpoint
+from raytrain_seq.algorithms.augment import test_views
 from raytrain_seq.config import Config
-from raytrain_seq.heap import keep_freed_memory
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.reports import LearnerReport, LearnerStop
+from raytrain_seq.outputs import accounting
+from raytrain_seq.outputs.reports import LearnerReport, LearnerStop
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
-from raytrain_seq.step import (
+from raytrain_seq.training.heap import keep_freed_memory
+from raytrain_seq.training.step import (
     InnerStep,
     LearningRate,
     MicroBatchStage,

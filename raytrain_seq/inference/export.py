@@ -1,6 +1,6 @@
 """Export a trained run's model: a plain ``state_dict`` file and a small JSON of classes and input spec.
 
-    python -m raytrain_seq.export RUN_DIR --out model.pt
+    python -m raytrain_seq.inference.export RUN_DIR --out model.pt
 
 writes ``model.pt`` (the averaged model's ``state_dict``: plain tensors, ``torch.load(...,
 weights_only=True)``) and ``model.json`` beside it: the class names, the input the model expects (stream, channels, frame stride or rate, the resize and the
@@ -174,7 +174,7 @@ def load_exported(path: str | Path):
     except Exception as exc:  # torch.load raises pickle's, OSError, RuntimeError...: each named, re-raised
         raise RunSetupError(
             f"{path}: not an export that loads ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}): pass "
-            f"the model.pt that python -m raytrain_seq.export wrote, with its {meta_path.name} beside it"
+            f"the model.pt that python -m raytrain_seq.inference.export wrote, with its {meta_path.name} beside it"
         ) from exc
     if not isinstance(meta, dict) or not set(meta) >= _META_KEYS:
         raise RunSetupError(f"{meta_path}: not the metadata of an export: export the run again")
@@ -187,7 +187,9 @@ def load_exported(path: str | Path):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.export", description=__doc__.splitlines()[0], allow_abbrev=False
+        prog="python -m raytrain_seq.inference.export",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (STORAGE_PATH/RUN_NAME)")
     parser.add_argument(

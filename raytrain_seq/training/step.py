@@ -3,7 +3,7 @@
 Everything a learner does between two averaging rounds lives here, in plain torch, so the same code runs
 inside a Ray Train worker and in a GPU benchmark on a machine that has no Ray. One step takes a mini-batch
 of B block rows (``frames [B, t_max, H, W, C]`` uint8 plus the reset tables), streams it to the device as
-micro-batches with :func:`raytrain_seq.microbatch.accumulate` (so the gradient is exactly the full-batch
+micro-batches with :func:`raytrain_seq.algorithms.microbatch.accumulate` (so the gradient is exactly the full-batch
 gradient, normalised by the number of real sequences), then steps the optimizer once. AAVG's Algorithm 1
 line 9 is exactly this update: the mean gradient over the B_n samples of the mini-batch. A mini-batch of
 only filler rows (no real sequence) counts as a step and changes nothing else
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from raytrain_seq.augment import final_augment_batch
+from raytrain_seq.algorithms.augment import final_augment_batch
+from raytrain_seq.algorithms.microbatch import MicroBatchSizer, SideStreams, accumulate
 from raytrain_seq.config import LR_SCHEDULES, PRECISIONS
-from raytrain_seq.microbatch import MicroBatchSizer, SideStreams, accumulate
 from raytrain_seq.models import predict, sequence_loss
 
 logger = logging.getLogger(__name__)

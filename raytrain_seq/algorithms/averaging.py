@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from raytrain_seq.elementwise import normalised_weights
+from raytrain_seq.algorithms.elementwise import normalised_weights
 
 logger = logging.getLogger(__name__)
 

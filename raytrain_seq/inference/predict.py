@@ -1,9 +1,9 @@
 """Classify video files with a trained model: the top-5 classes of each, through the run's own transforms.
 
-    python -m raytrain_seq.predict RUN_DIR_OR_MODEL_PT VIDEO [VIDEO ...] [--test-views ten_crop] [--device cpu]
+    python -m raytrain_seq.inference.predict RUN_DIR_OR_MODEL_PT VIDEO [VIDEO ...] [--test-views ten_crop] [--device cpu]
 
 The model is a finished run's final averaged model (its folder) or an export (``model.pt`` and
-``model.json``, ``raytrain_seq.export``); a ``--model-factory`` module must be importable here. Each
+``model.json``, ``raytrain_seq.inference.export``); a ``--model-factory`` module must be importable here. Each
 video is decoded at the run's stride (or frame rate), resized to its cache
 size (short side) and cut to its crop as the run's evaluation does (``data.sources``: the RGB frames, or
 for a flow run the optical flow of each kept frame and the source frame after it), and given to the
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.augment import TEST_VIEWS
+from raytrain_seq.algorithms.augment import TEST_VIEWS
 from raytrain_seq.config import RunSetupError
 from raytrain_seq.data.decoders import DECODERS
-from raytrain_seq.export import input_spec, load_exported, load_run, model_spec
+from raytrain_seq.inference.export import input_spec, load_exported, load_run, model_spec
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Predictor:
     def uncropped(self, path: str | Path) -> np.ndarray:
         """uint8 ``[T, size, size, C]`` of ``path`` before the crop (VideoError if unreadable): the frames
         the run's evaluation caches, decoded, resized and centred at the cache size."""
-        from raytrain_seq.augment import resize_video
+        from raytrain_seq.algorithms.augment import resize_video
         from raytrain_seq.data.video import decode, decode_pairs
 
         spec: dict[str, Any] = self.input
@@ -113,7 +113,7 @@ class Predictor:
 
     def frames(self, path: str | Path) -> np.ndarray:
         """uint8 ``[T, crop, crop, C]`` of ``path`` as the run's evaluation sees it (the centre view)."""
-        from raytrain_seq.augment import center_crop
+        from raytrain_seq.algorithms.augment import center_crop
 
         return center_crop(self.uncropped(path), self.input["center_crop"])
 
@@ -127,7 +127,7 @@ class Predictor:
         import torch
 
         from raytrain_seq.models import predict
-        from raytrain_seq.step import view_probabilities
+        from raytrain_seq.training.step import view_probabilities
 
         t = frames.shape[0]
         batch = {
@@ -147,7 +147,7 @@ class Predictor:
 
     def top(self, path: str | Path, k: int = 5) -> list[tuple[str, float]]:
         """The ``k`` most probable classes of the video file ``path`` under ``test_views``."""
-        from raytrain_seq.augment import test_views
+        from raytrain_seq.algorithms.augment import test_views
 
         if self.test_views == "center":
             p = self.probabilities(self.frames(path))
@@ -170,7 +170,9 @@ def _at_least_one(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.predict", description=__doc__.splitlines()[0], allow_abbrev=False
+        prog="python -m raytrain_seq.inference.predict",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
     )
     parser.add_argument(
         "run_dir", metavar="RUN_DIR|MODEL_PT", help="a finished run's folder, or an exported model.pt"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raytrain_seq.binpack import bfd_bins, exact_fill_bins, ffd_bins
+from raytrain_seq.algorithms.binpack import bfd_bins, exact_fill_bins, ffd_bins
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +393,7 @@ def _pack_optimal(lens: np.ndarray, t_max: int, rng) -> tuple[list[Block], dict[
 def main(argv: list[str] | None = None) -> int:
     """CLI: print the stats of a plan for a length file as JSON; bad input exits 2 with one line."""
     parser = argparse.ArgumentParser(
-        prog="python -m raytrain_seq.packing",
+        prog="python -m raytrain_seq.algorithms.packing",
         description="Plan BLoad blocks for a list of sequence lengths.",
         allow_abbrev=False,
     )
