@@ -54,6 +54,27 @@ def test_settings_refuse_what_only_the_averager_reads():
     assert AveragerSettings(world_size=3).shard_count == 3  # one shard per learner unless given
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"world_size": 0}, "world_size must be an int >= 1"),
+        ({"world_size": 2, "timeout_s": 0}, "timeout_s must be a number >= 0.001"),
+        ({"world_size": 2, "min_learners": 3}, "min_learners 3 > world_size 2: lower min_learners"),
+        ({"world_size": 2, "validate_every": -1}, "validate_every must be an int >= 0"),
+        ({"world_size": 2, "batch_size": 0}, "initial must be >= 1"),
+        ({"world_size": 2, "batch_size": 8, "max_batch_size": 4}, "max_size 4 < initial 8"),
+        ({"world_size": 2, "b1": 0.0}, "b1 must be > 0"),
+        ({"world_size": 2, "b2": 0.5}, "b2 must be >= 1"),
+        ({"world_size": 2, "tracker": "wandb"}, "tracker must be one of"),
+    ],
+)
+def test_settings_are_checked_when_built_not_by_a_throwaway_averager(values, message):
+    """What the round book and the batch rule refuse fails at construction, in the driver (create_averager
+    builds no averager to find it)."""
+    with pytest.raises(ValueError, match=message):
+        AveragerSettings(**values)
+
+
 def test_the_batch_rule_grows_b_only_when_the_rule_and_the_budget_say_so():
     """An accuracy that falls short of the best grows B by b2 (AAVG Algorithm 1, lines 14-20) under a step
     budget; under epochs (batch_growth "steps") or with adaptive_batch off B stays."""
