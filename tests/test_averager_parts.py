@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from raytrain_seq.config import Config
+from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundPhase
 from raytrain_seq.rounds.settings import AveragerSettings
@@ -30,7 +31,7 @@ def _tallies(correct: int, sequences: int, label: int = 0) -> dict:
 
 def test_settings_come_from_the_train_section_whole():
     config = Config.from_preset("demo", storage_path="/tmp/unused")
-    settings = AveragerSettings.from_config(config)
+    settings = Parts.of(config).averager
     train = config.train
     assert (settings.world_size, settings.timeout_s) == (train.max_learners, train.averager_timeout_s)
     assert (settings.batch_size, settings.b1, settings.b2) == (train.batch_size, train.b1, train.b2)

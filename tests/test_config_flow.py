@@ -36,8 +36,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "raytrain_seq"
 START = ("runtime/driver.py", "run", "config")
@@ -450,7 +448,6 @@ def config_flow(package: Path = PACKAGE, start: tuple[str, str, str] = START) ->
 
 
 # ------------------------------------------------------------------------------------------------ tests
-@pytest.mark.xfail(strict=True, reason="issue 51 item 1: the parts are narrowed in the following commits")
 def test_the_whole_config_stays_near_the_driver():
     flow = config_flow()
     assert flow.returns <= TARGET_RETURNS and flow.climbs <= TARGET_CLIMBS, (

@@ -1,6 +1,6 @@
 """``AveragerSettings``: everything the parameter-averaging actor is told, in one frozen value.
 
-Built from the config's ``train`` section (``AveragerSettings.from_config``) and passed whole to the
+Built from the config's ``train`` section (``parts.Parts.of``) and passed whole to the
 actor, so the driver copies no field by hand and a test states only what it changes from the defaults.
 The checks run at construction, in the driver, before any actor starts.
 """
@@ -8,14 +8,10 @@ The checks run at construction, in the driver, before any actor starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from raytrain_seq.averaging import AdaptiveBatchSize, batch_may_grow
 from raytrain_seq.checks import check_number
 from raytrain_seq.tracking import TRACKERS
-
-if TYPE_CHECKING:
-    from raytrain_seq.config import Config
 
 __all__ = ["AveragerSettings"]
 
@@ -93,26 +89,3 @@ class AveragerSettings:
     def shard_count(self) -> int:
         """S: ``shards``, or one per learner of the first group."""
         return self.shards if self.shards is not None else self.world_size
-
-    @classmethod
-    def from_config(cls, config: Config) -> AveragerSettings:
-        """The settings of a run: its ``train`` section (and ``run.tracker``)."""
-        train = config.train
-        return cls(
-            world_size=train.max_learners,
-            timeout_s=train.averager_timeout_s,
-            validate_every=train.validate_every,
-            batch_size=train.batch_size,
-            b1=train.b1,
-            b2=train.b2,
-            max_batch_size=train.max_batch_size,
-            adaptive_batch=train.adaptive_batch,
-            batch_growth=train.batch_growth,
-            merge_moments=train.merge_moments,
-            merge_bn_stats=train.merge_bn_stats,
-            shards=train.shards,
-            channels=train.averager_channels,
-            epochs=train.epochs,  # the last round's validation waits for the test pass
-            steps=train.steps,
-            tracker=config.run.tracker,
-        )

@@ -653,10 +653,10 @@ def create_averager(
 ):
     """Start the named ParameterAverager actor on the driver's node, with 0 CPUs and 0 GPUs.
 
-    settings were checked when they were built (``AveragerSettings``), in the driver. Each waiting average()/join() call holds a concurrency slot, so the default leaves room for
-    several per learner. max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls
-    in flight are not retried by Ray (max_task_retries=0): the learners retry, since a round must be
-    resent after a rejoin.
+    settings were checked when they were built (``AveragerSettings``), in the driver. Each waiting
+    average()/join() call holds a concurrency slot, so the default leaves room for several per learner.
+    max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls in flight are not
+    retried by Ray (max_task_retries=0): the learners retry, since a round must be resent after a rejoin.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
