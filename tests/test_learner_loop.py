@@ -475,7 +475,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     feed = Feed()
     scores: dict[int, float] = {}
     tested: dict[int, bool] = {}  # round -> whether the test pass was over when its scoring began
-    evaluator = RecordingEvaluator(config, feed=feed, store=InProcessStore())
+    evaluator = RecordingEvaluator(Parts.of(config).evaluator, feed=feed, store=InProcessStore())
     # The run's validator: the averager starts it (an unstarted one refuses to score), and it scores on a
     # thread of the averager's process.
     validator = ThreadValidator(
