@@ -358,7 +358,7 @@ def bn_pair_count() -> int:
     from raytrain_seq.config import Config
     from raytrain_seq.models.factory import build_model_for
 
-    state = build_model_for(Config.from_preset("demo"), num_classes=10, in_channels=3).state_dict()
+    state = build_model_for(Config.from_preset("demo").model, num_classes=10, in_channels=3).state_dict()
     return len(bn_pairs(list(state), state))
 
 

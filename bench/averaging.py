@@ -37,6 +37,7 @@ from benchlib import LocalData, Result, add_size_flags, command_line, fmt, new_f
 
 from raytrain_seq.algorithms.packing import pack, shard
 from raytrain_seq.config import Config
+from raytrain_seq.parts import Parts
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def run_ddp(size: dict, storage: str, name: str) -> dict:
 
     config = base_config(size, storage, name, adaptive_batch=False, merge_moments=False)
     began = time.perf_counter()
-    feed = create_feed(config, name=f"feed-{name}", namespace=NAMESPACE)
+    feed = create_feed(Parts.of(config).feed, name=f"feed-{name}", namespace=NAMESPACE)
     # ddp_peer is not importable on the workers (bench/ is no package): ship the loop by value.
     ray.cloudpickle.register_pickle_by_value(ddp_peer)
     trainer = TorchTrainer(
@@ -808,7 +809,7 @@ def _derive(res: dict, args) -> None:
     config = Config.from_preset("demo")
     from raytrain_seq.models.factory import build_model_for
 
-    model = build_model_for(config, num_classes=10, in_channels=3)
+    model = build_model_for(config.model, num_classes=10, in_channels=3)
     res["job_payload_mb"] = 3 * sum(p.numel() for p in model.parameters()) * 4 / 1e6
 
 

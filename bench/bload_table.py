@@ -135,7 +135,7 @@ class Arm:
     ) -> None:
         self.name, self.t_max, self.every_frame = name, t_max, every_frame
         torch.manual_seed(config.data.seed)  # the same initial weights for every strategy
-        model = build_model_for(config, num_classes=data.num_classes, in_channels=3)
+        model = build_model_for(config.model, num_classes=data.num_classes, in_channels=3)
         self.model = EncodeEveryFrame(model) if every_frame else model
         optimizer = build_optimizer("adam", self.model.parameters(), lr=config.train.lr)
         self.step = InnerStep(self.model, optimizer, micro_batch_size=micro)

@@ -318,7 +318,7 @@ def plan_checksums(config) -> dict[int, dict[str, int]]:
     from raytrain_seq.runtime.feed import feed_geometry
     from raytrain_seq.seeds import plan_seed
 
-    geometry = feed_geometry(config, warn=False)
+    geometry = feed_geometry(config.data, warn=False)
     train = geometry.catalogs["train"]
     out = {}
     for epoch in range(config.train.epochs):
@@ -340,7 +340,7 @@ def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
     from raytrain_seq.runtime.feed import feed_geometry
     from raytrain_seq.seeds import plan_seed
 
-    geometry = feed_geometry(config, warn=False)
+    geometry = feed_geometry(config.data, warn=False)
     train = geometry.catalogs["train"]
     plan = pack(
         train.lengths, geometry.t_max, strategy=config.data.packing, seed=plan_seed(config.data.seed, 0)

@@ -122,7 +122,7 @@ def run(config: Config, *, videos: int, workers: int, epochs: int, device: torch
     """``epochs`` passes of the loop: per epoch its wall seconds, useful frames, steps and padded frames."""
     num_classes = config.data.num_classes
     torch.manual_seed(config.data.seed)
-    model = build_model_for(config, num_classes=num_classes, in_channels=3).to(device)
+    model = build_model_for(config.model, num_classes=num_classes, in_channels=3).to(device)
     t = config.train
     optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
     step = InnerStep(

@@ -68,9 +68,9 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
         None, dataset="ucf101", data_root=str(root), stream="flow", stride=args.stride, cache_size=args.size,
         crop=min(args.size, 112), seed=args.seed, reuse=args.reuse, epochs=args.epochs, run_name="flow_once",
     )  # fmt: skip
-    kwargs = source_kwargs(config)
+    kwargs = source_kwargs(config.data)
     source = get_source(kwargs)
-    catalog = load_catalogs(config, warn=False)["catalogs"]["train"]
+    catalog = load_catalogs(config.data, warn=False)["catalogs"]["train"]
     train = catalog.ids.tolist()
     length = dict(zip(train, catalog.lengths.tolist(), strict=True))
     schedule = RefurbishSchedule(len(train), reuse=args.reuse, seed=args.seed)

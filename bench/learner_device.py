@@ -116,7 +116,7 @@ def build_steps(config: Config, device: torch.device, micro_batch_size: int | st
     input copied and cropped on the device) and plain (the batch's tensors moved as they are)."""
     t, d = config.train, config.data
     torch.manual_seed(0)
-    model = build_model_for(config, num_classes=101, in_channels=3).to(device)
+    model = build_model_for(config.model, num_classes=101, in_channels=3).to(device)
     optimizer = build_optimizer(t.optimizer, model.parameters(), lr=t.lr)
     common = {"micro_batch_size": micro_batch_size, "device": device, "precision": t.precision}
     stage = MicroBatchStage(device, crop=d.crop, flow=False)

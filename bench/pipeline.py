@@ -37,6 +37,7 @@ from raytrain_seq.algorithms.augment import final_augment, partial_augment
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
 from raytrain_seq.models import build_model
+from raytrain_seq.parts import Parts
 from raytrain_seq.seeds import partial_rng
 from raytrain_seq.training.step import InnerStep, build_optimizer, stage_rows
 
@@ -89,7 +90,7 @@ def run_ray(config: Config, args: argparse.Namespace, pace: float | None = None)
     from raytrain_seq.runtime.learner_feed import LearnerFeed
 
     began = time.perf_counter()
-    feed = create_feed(config, videos_per_task=args.videos_per_task)
+    feed = create_feed(Parts.of(config).feed, videos_per_task=args.videos_per_task)
     learners = [LearnerFeed(feed, epochs=config.train.epochs) for _ in range(CONSUMERS)]
     epochs, sample = [], []
     keep_epoch = min(1, config.train.epochs - 1)

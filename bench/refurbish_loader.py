@@ -28,6 +28,7 @@ from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.data.sources import augment_videos, source_kwargs
+from raytrain_seq.parts import Parts
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, plan_specs, shard_items
 from raytrain_seq.seeds import plan_seed
 
@@ -39,9 +40,9 @@ def job_feed(config: Config, geometry: Geometry | None = None):
     and its geometry (``feed_geometry``: catalogs, t_max, max_sequences), which it was built from."""
     from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
 
-    geometry = geometry if geometry is not None else feed_geometry(config, warn=False)
+    geometry = geometry if geometry is not None else feed_geometry(config.data, warn=False)
     placeholders = lambda videos, epochs, renewal=None: [None for _ in videos]  # noqa: E731
-    return BlockFeed(config, geometry=geometry, launch=placeholders), geometry
+    return BlockFeed(Parts.of(config).feed, geometry=geometry, launch=placeholders), geometry
 
 
 def _cut(epoch: int, blocks: Sequence[BlockSpec], batch: int) -> list[Step]:
@@ -102,7 +103,7 @@ def composed_steps(config: Config, geometry: Geometry, epochs: int, videos_per_s
 def partial_costs(config: Config, ids: Sequence[int]) -> tuple[dict[int, float], dict[int, np.ndarray]]:
     """Per video, the CPU seconds of its partial augmentation (the feed task's body, epoch 1's draw,
     timed in this thread) and the array it made (what the cache holds and the rows are assembled from)."""
-    data, source = config.data, source_kwargs(config)
+    data, source = config.data, source_kwargs(config.data)
     seconds, arrays = {}, {}
     for video in ids:
         began = time.thread_time()

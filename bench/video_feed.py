@@ -34,6 +34,7 @@ from dataloader_loop import THREAD_VARIABLES, one_thread_worker
 from pipeline import tree_cpu_seconds
 
 from raytrain_seq.config import Config
+from raytrain_seq.parts import Parts
 
 LEARNERS = 2
 CACHE_SIZE, CROP = 128, 112
@@ -84,7 +85,7 @@ def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
     # the previous row, a task worker) stays where it was spent instead of leaving the sum.
     tree_cpu = TreeCpu()
     tree0, own0 = tree_cpu(), time.process_time()
-    feed = create_feed(config, videos_per_task=videos_per_task, prefetch=False)
+    feed = create_feed(Parts.of(config).feed, videos_per_task=videos_per_task, prefetch=False)
     ray.get(feed.model_spec.remote())
     tree, own, wall = tree_cpu(), time.process_time(), time.time()
     startup = {"tree_cpu_s": tree - tree0, "own_cpu_s": own - own0}

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.outputs.tracking import tracker_available
+from raytrain_seq.parts import Parts
 
 if TYPE_CHECKING:  # data.sources loads numpy and the readers: the path checks run before it
     from raytrain_seq.data.geometry import Geometry
@@ -38,9 +39,11 @@ __all__ = ["Checked", "check", "check_paths"]
 
 @dataclass(frozen=True)
 class Checked:
-    """What ``check`` learned: the data geometry (None for fusion, which reads its runs' own)."""
+    """What ``check`` learned: the data geometry (None for fusion, which reads its runs' own), and each
+    part's settings (``parts.Parts``, built once the checks passed)."""
 
     geometry: Geometry | None = field(default=None, repr=False)
+    parts: Parts | None = field(default=None, repr=False)
 
 
 # The last config ``check`` passed, as JSON, and what it learned (one run per process).
@@ -163,7 +166,9 @@ def _model(config: Config, geometry: Geometry) -> None:
 
     try:
         with torch.no_grad():
-            build_model_for(config, num_classes=len(geometry.class_names), in_channels=geometry.channels)
+            build_model_for(
+                config.model, num_classes=len(geometry.class_names), in_channels=geometry.channels
+            )
     except ValueError as exc:
         raise RunSetupError(" ".join(str(exc).split())) from exc  # one line, whatever the library wrote
 
@@ -221,13 +226,12 @@ def check(config: Config, *, reuse: bool = False) -> Checked:
     if reuse and _last is not None and _last[0] == key:
         return _last[1]
     check_paths(config)
-    if config.data.stream == "fuse":
-        checked = Checked()
-    else:
+    geometry = None  # fusion reads its runs' own
+    if config.data.stream != "fuse":
         from raytrain_seq.data.geometry import data_geometry
 
         try:
-            geometry = data_geometry(config)
+            geometry = data_geometry(config.data)
         except RunSetupError:
             raise
         except ValueError as exc:  # the synthetic set's own checks; a real set's are RunSetupErrors already
@@ -236,6 +240,6 @@ def check(config: Config, *, reuse: bool = False) -> Checked:
         _model(config, geometry)
         _frame_cache(config, geometry)
         _batch_growth(config)
-        checked = Checked(geometry=geometry)
+    checked = Checked(geometry=geometry, parts=Parts.of(config))
     _last = (key, checked)
     return checked

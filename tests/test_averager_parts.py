@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from raytrain_seq.config import Config
+from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundPhase
 from raytrain_seq.rounds.settings import AveragerSettings
@@ -30,7 +31,7 @@ def _tallies(correct: int, sequences: int, label: int = 0) -> dict:
 
 def test_settings_come_from_the_train_section_whole():
     config = Config.from_preset("demo", storage_path="/tmp/unused")
-    settings = AveragerSettings.from_config(config)
+    settings = Parts.of(config).averager
     train = config.train
     assert (settings.world_size, settings.timeout_s) == (train.max_learners, train.averager_timeout_s)
     assert (settings.batch_size, settings.b1, settings.b2) == (train.batch_size, train.b1, train.b2)
@@ -52,6 +53,27 @@ def test_settings_refuse_what_only_the_averager_reads():
     with pytest.raises(ValueError, match="batch growth must be one of"):
         AveragerSettings(world_size=2, batch_growth="sometimes")
     assert AveragerSettings(world_size=3).shard_count == 3  # one shard per learner unless given
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"world_size": 0}, "world_size must be an int >= 1"),
+        ({"world_size": 2, "timeout_s": 0}, "timeout_s must be a number >= 0.001"),
+        ({"world_size": 2, "min_learners": 3}, "min_learners 3 > world_size 2: lower min_learners"),
+        ({"world_size": 2, "validate_every": -1}, "validate_every must be an int >= 0"),
+        ({"world_size": 2, "batch_size": 0}, "initial must be >= 1"),
+        ({"world_size": 2, "batch_size": 8, "max_batch_size": 4}, "max_size 4 < initial 8"),
+        ({"world_size": 2, "b1": 0.0}, "b1 must be > 0"),
+        ({"world_size": 2, "b2": 0.5}, "b2 must be >= 1"),
+        ({"world_size": 2, "tracker": "wandb"}, "tracker must be one of"),
+    ],
+)
+def test_settings_are_checked_when_built_not_by_a_throwaway_averager(values, message):
+    """What the round book and the batch rule refuse fails at construction, in the driver (create_averager
+    builds no averager to find it)."""
+    with pytest.raises(ValueError, match=message):
+        AveragerSettings(**values)
 
 
 def test_the_batch_rule_grows_b_only_when_the_rule_and_the_budget_say_so():

@@ -323,7 +323,7 @@ def trained_run(world):
 
     config = Config.from_preset("mini-video", dataset="ucf101", data_root=world["ucf"], run_name="trained")
     torch.manual_seed(0)
-    model = build_model_for(config, num_classes=3, in_channels=3)
+    model = build_model_for(config.model, num_classes=3, in_channels=3)
     state = AveragedState(round=1, params=model.state_dict(), batch_size=4)
     spec = {"num_classes": 3, "in_channels": 3, "class_names": ["a", "b", "c"]}
     folder = world["root"] / "trained"

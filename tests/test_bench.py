@@ -185,7 +185,7 @@ def test_encode_every_frame_gives_the_same_logits_and_encodes_the_padding():
     """EncodeEveryFrame: the job's model's logits (same weights) while its encoder sees rows x t_max frames."""
     torch.manual_seed(0)
     config = Config.from_preset("smoke")
-    plain = build_model_for(config, num_classes=4, in_channels=3).double()
+    plain = build_model_for(config.model, num_classes=4, in_channels=3).double()
     dense = bload_table.EncodeEveryFrame(copy.deepcopy(plain))
     frames = torch.randint(0, 255, (2, 12, 16, 16, 3), dtype=torch.uint8)
     starts = torch.tensor([[0, 5], [0, -1]])

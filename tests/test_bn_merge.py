@@ -48,14 +48,16 @@ def test_batchnorm_builds_trainable_batchnorm_on_each_backbone_family_and_auto_k
     """Per-frame small and ResNet encoders and a torchvision video ResNet: "batchnorm" puts trainable
     BatchNorm (affine parameters, running statistics) where "auto" has GroupNorm only."""
     model = build_model_for(
-        Config.from_preset(None, backbone=backbone, norm="batchnorm"), num_classes=4, in_channels=3
+        Config.from_preset(None, backbone=backbone, norm="batchnorm").model, num_classes=4, in_channels=3
     )
     found = _norms(model)
     assert found["batch"] > 0 and found["frozen"] == 0 and found["group"] == 0, found
     bn = next(m for m in model.modules() if isinstance(m, BN))
     assert bn.track_running_stats and bn.weight.requires_grad
     assert any(p is bn.weight for p in model.parameters())
-    auto = _norms(build_model_for(Config.from_preset(None, backbone=backbone), num_classes=4, in_channels=3))
+    auto = _norms(
+        build_model_for(Config.from_preset(None, backbone=backbone).model, num_classes=4, in_channels=3)
+    )
     assert auto["batch"] == 0 and auto["frozen"] == 0 and auto["group"] > 0, auto
 
 
@@ -71,8 +73,10 @@ def test_an_init_from_run_must_agree_on_the_norm(tmp_path):
         state=SimpleNamespace(params={}),
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"model\.norm=.batchnorm.*--norm batchnorm"):
-        factory._check_architecture(Config.from_preset("demo"), source, 3)
-    factory._check_architecture(Config.from_preset("demo", norm="batchnorm"), source, 3)  # agrees: no error
+        factory._check_architecture(Config.from_preset("demo").model, source, 3)
+    factory._check_architecture(
+        Config.from_preset("demo", norm="batchnorm").model, source, 3
+    )  # agrees: no error
 
 
 def _batch(seed: int, shift: int) -> dict[str, torch.Tensor]:
@@ -88,7 +92,7 @@ def _learner(seed: int, shift: int) -> tuple[torch.nn.Module, torch.optim.Optimi
     """The run's model (seeded like a learner: every learner starts from the same weights) after two
     steps of the job's inner step on its own data."""
     torch.manual_seed(0)
-    model = build_model_for(Config.from_preset("demo", norm="batchnorm"), num_classes=3, in_channels=3)
+    model = build_model_for(Config.from_preset("demo", norm="batchnorm").model, num_classes=3, in_channels=3)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     step = InnerStep(model, optimizer, micro_batch_size=2)
     for k in range(2):
@@ -102,7 +106,7 @@ def _stats(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_a_training_step_moves_the_running_statistics():
     torch.manual_seed(0)
-    model = build_model_for(Config.from_preset("demo", norm="batchnorm"), num_classes=3, in_channels=3)
+    model = build_model_for(Config.from_preset("demo", norm="batchnorm").model, num_classes=3, in_channels=3)
     before = _stats(model)
     step = InnerStep(model, torch.optim.Adam(model.parameters(), lr=1e-3), micro_batch_size=2)
     step(_batch(0, 0))

@@ -31,6 +31,7 @@ from raytrain_seq.config import (
     TrainConfig,
 )
 from raytrain_seq.outputs.summary import RunSummary
+from raytrain_seq.parts import Parts
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILE = ROOT / "raytrain_seq" / "config.py"
@@ -417,7 +418,7 @@ def test_print_config_then_config_repeats_a_run_in_a_new_folder(capsys, tmp_path
     from raytrain_seq.runtime.connect import check_storage  # the driver's "run folder exists" check
 
     def runner(config: Config) -> RunSummary:
-        check_storage(config).joinpath("marker").write_text("a run wrote here")
+        check_storage(Parts.of(config).connect).joinpath("marker").write_text("a run wrote here")
         return _Recorder(storage)(config)
 
     monkeypatch.setattr("raytrain_seq.config.datetime", Clock)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from raytrain_seq.config import RunSetupError
+from raytrain_seq.parts import Parts
 from raytrain_seq.runtime.connect import PREALLOCATE, WORKER_REUSE, device_decision, store_options
 
 
@@ -61,10 +62,10 @@ def test_use_gpu_waits_for_a_joined_clusters_gpu_nodes_but_not_for_its_own(monke
     config = Config.from_preset("smoke", use_gpu=True, worker_start_timeout_s=30.0)
     if own:
         with pytest.raises(RunSetupError, match="has 0 GPUs"):
-            choose_device(config, own_cluster=True, sleep=sleeps.append)
+            choose_device(Parts.of(config).connect, own_cluster=True, sleep=sleeps.append)
         assert sleeps == []
     else:
-        assert choose_device(config, own_cluster=False, sleep=sleeps.append) is True
+        assert choose_device(Parts.of(config).connect, own_cluster=False, sleep=sleeps.append) is True
         assert sleeps == [1.0, 1.0]
 
 

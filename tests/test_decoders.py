@@ -170,7 +170,7 @@ NO_PYAV = textwrap.dedent(
 
     config = Config.from_dict({"data": {"dataset": "ucf101", "data_root": sys.argv[1], "stride": 2,
                                         "decoder": sys.argv[2], "val_fraction": 0.3}})
-    kwargs = source_kwargs(config)
+    kwargs = source_kwargs(config.data)
     source = get_source(kwargs)
     catalogs = source.catalogs()["catalogs"]
     train = catalogs["train"]

@@ -24,6 +24,7 @@ from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport
+from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.rounds.position import EpochPosition, layout_specs, resplit
@@ -306,7 +307,7 @@ def test_feed_start_launches_epoch_0_once_and_epoch_shard_serves_it_without_a_se
         return [object() for _ in videos]
 
     config = Config.from_preset("smoke", epochs=3)
-    feed = BlockFeed(config, launch=launch)
+    feed = BlockFeed(Parts.of(config).feed, launch=launch)
     started = feed.start(2)
     assert started > 0 and len(calls) == 1 and set(calls[0][1]) == {0}  # epoch 0's partial augmentations
     assert feed.start(2) == 0 and len(calls) == 1
@@ -314,7 +315,7 @@ def test_feed_start_launches_epoch_0_once_and_epoch_shard_serves_it_without_a_se
     assert len(calls) == 2 and set(calls[1][1]) == {1}  # only epoch 1's recompute was launched next
     served = {video for block in shard.blocks for video in block.ids}
     assert served <= set(calls[0][0]) and served  # not vacuous: epoch 0's rows come from the first launch
-    other = BlockFeed(config, launch=launch)
+    other = BlockFeed(Parts.of(config).feed, launch=launch)
     other.epoch_shard(0, 0, 2)
     assert other.start(2) == 0  # a group restarted after the feed served an epoch: nothing again
 
@@ -331,7 +332,7 @@ def test_feed_prefetch_eval_launches_a_split_once_and_its_shards_serve_those_arr
         calls.append((list(videos), list(epochs)))
         return [object() for _ in videos]
 
-    feed = BlockFeed(Config.from_preset("smoke"), launch=launch)
+    feed = BlockFeed(Parts.of(Config.from_preset("smoke")).feed, launch=launch)
     launched = feed.prefetch_eval("val")
     assert launched > 0 and len(calls) == 1 and set(calls[0][1]) == {None}
     assert feed.prefetch_eval("val") == 0 and len(calls) == 1
@@ -364,7 +365,7 @@ def test_feed_serves_the_resplit_layout():
         launched.extend(videos)
         return [object() for _ in videos]
 
-    feed = BlockFeed(Config.from_preset("smoke"), launch=launch)
+    feed = BlockFeed(Parts.of(Config.from_preset("smoke")).feed, launch=launch)
     old = [feed.epoch_shard(1, rank, 2) for rank in range(2)]
     new = [feed.epoch_shard(1, rank, 3, history=[[2, 5]]) for rank in range(3)]
     assert len({len(s.blocks) for s in new}) == 1 and all(s.world_size == 3 for s in new)

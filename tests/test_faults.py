@@ -25,6 +25,7 @@ import pytest
 
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.parts import Parts
 
 pytestmark = [pytest.mark.ray, pytest.mark.fault]
 
@@ -394,7 +395,7 @@ def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster,
         stride=8, cache_size=20, crop=16, epochs=1, learners=1, frame_cache_dir=str(tmp_path / "frames"),
         storage_path=str(tmp_path / "runs"), run_name="spill",
     )  # fmt: skip
-    ids = load_catalogs(config)["catalogs"]["train"].ids.tolist()
+    ids = load_catalogs(config.data)["catalogs"]["train"].ids.tolist()
     nodes = {
         n["NodeID"]: n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")
     }
@@ -410,7 +411,7 @@ def test_feed_tasks_spill_from_a_home_node_whose_cpus_the_learners_hold(cluster,
     holder = Holder.options(num_cpus=nodes[held], scheduling_strategy=strategy).remote()
     try:
         ray.get(holder.ready.remote(), timeout=60)
-        feed = create_feed(config, videos_per_task=2, prefetch=False)
+        feed = create_feed(Parts.of(config).feed, videos_per_task=2, prefetch=False)
         ray.get(feed.epoch_shard.remote(0, 0, 1), timeout=60)
         arrays = fetch_arrays(
             ray.get(feed.refs.remote(ids, 0), timeout=60), lambda refs: ray.get(refs, timeout=120)

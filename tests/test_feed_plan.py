@@ -14,6 +14,7 @@ from raytrain_seq.feed.cache import Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_rank
 from raytrain_seq.feed.report import RESTARTS_FILE, EpochCounts, RestartLog
 from raytrain_seq.outputs.reports import FeedReport
+from raytrain_seq.parts import Parts
 
 
 def _config(**overrides) -> Config:
@@ -21,7 +22,9 @@ def _config(**overrides) -> Config:
 
 
 def _planner(config: Config, *, keep: int = 2, restarted: bool = False) -> FeedPlanner:
-    return FeedPlanner(config, data_geometry(config, warn=False), keep=keep, restarted=restarted)
+    return FeedPlanner(
+        Parts.of(config).feed, data_geometry(config.data, warn=False), keep=keep, restarted=restarted
+    )
 
 
 def _serve(planner: FeedPlanner, epoch: int, world_size: int, launches: list[Launch]) -> None:
@@ -44,7 +47,7 @@ def _serve(planner: FeedPlanner, epoch: int, world_size: int, launches: list[Lau
 
 
 def _train_ids(config: Config) -> list[int]:
-    return data_geometry(config, warn=False).catalogs["train"].ids.tolist()
+    return data_geometry(config.data, warn=False).catalogs["train"].ids.tolist()
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
@@ -54,7 +57,7 @@ def test_every_training_video_is_read_once_an_epoch_in_equal_shards(world_size, 
     learner gets as many blocks as the others, and each shard says how many copies the epoch
     recomputed (the chunk baseline cuts videos by definition and is left out)."""
     config = _config(packing=packing, reuse=2)
-    catalog = data_geometry(config, warn=False).catalogs["train"]
+    catalog = data_geometry(config.data, warn=False).catalogs["train"]
     lengths = dict(zip(catalog.ids.tolist(), catalog.lengths.tolist(), strict=True))
     planner, launches = _planner(config), []
     for epoch in range(3):
@@ -169,7 +172,7 @@ def test_the_cache_keeps_the_newest_epochs_and_names_what_it_dropped():
 @pytest.mark.parametrize("split", ["val", "test"])
 def test_an_evaluation_split_is_launched_once_and_read_whole_by_any_group(split):
     config = _config()
-    catalog = data_geometry(config, warn=False).catalogs[split]
+    catalog = data_geometry(config.data, warn=False).catalogs[split]
     planner = _planner(config)
     launch = planner.eval_launch(split)
     assert launch is not None and set(launch.epochs) == {None} and planner.eval_launch(split) is None

@@ -101,7 +101,7 @@ def test_the_printed_job_flags_read_every_clip_through_dataset_list(footage_set,
     clip once with its label and frame count (strided by the preset's 8), train/val/test non-empty, the
     validation split whole clips held out of train, the test split the recorded test clips."""
     config, _ = cli.parse(["--preset", "ucf101-rgb", *footage_set.flags(ext)])
-    loaded = load_catalogs(config)
+    loaded = load_catalogs(config.data)
     catalogs = loaded["catalogs"]
     assert loaded["class_names"] == list(footage_set.class_names) and loaded["skipped"] == []
     seen = {}

@@ -31,6 +31,7 @@ from raytrain_seq.members.errors import AveragerUnavailableError, MembershipErro
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned, Unreachable
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
@@ -264,7 +265,7 @@ def _reference(config: Config, feed: Feed, steps: int | None = None) -> dict[str
     (``steps``: stop after that many steps, epochs or not)."""
     torch.manual_seed(config.data.seed)
     spec = feed.model_spec()
-    model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    model = build_model_for(config.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
     train = config.train
     optimizer = build_optimizer(train.optimizer, model.parameters(), lr=train.lr)
     step = InnerStep(model, optimizer, micro_batch_size=train.micro_batch_size, device="cpu")
@@ -323,7 +324,7 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     assert not any(lo <= w.data_ptr() < hi for w in gru.parameters() for lo, hi in spans)
     # Not vacuous: training moved the weights away from the seeded initialisation.
     torch.manual_seed(config.data.seed)
-    start = build_model_for(config, num_classes=CLASSES, in_channels=3).state_dict()
+    start = build_model_for(config.model, num_classes=CLASSES, in_channels=3).state_dict()
     assert any(not torch.allclose(start[k], expected[k]) for k in expected)
     # 8 rows / B=2 = 4 steps an epoch, K=2: rounds 1-2 in epoch 1, 3-4 in epoch 2; every=2 -> 2, final 4.
     rounds = [(m["round"], saved is not None) for m, saved in reports]
@@ -474,10 +475,12 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     feed = Feed()
     scores: dict[int, float] = {}
     tested: dict[int, bool] = {}  # round -> whether the test pass was over when its scoring began
-    evaluator = RecordingEvaluator(config, feed=feed, store=InProcessStore())
+    evaluator = RecordingEvaluator(Parts.of(config).evaluator, feed=feed, store=InProcessStore())
     # The run's validator: the averager starts it (an unstarted one refuses to score), and it scores on a
     # thread of the averager's process.
-    validator = ThreadValidator(config, feed_name="unused", namespace="unused", build=lambda: evaluator)
+    validator = ThreadValidator(
+        Parts.of(config).evaluator, feed_name="unused", namespace="unused", build=lambda: evaluator
+    )
     averager = local_averager(
         1, timeout_s=30.0, validate_every=2, batch_size=2, adaptive_batch=False, validator=validator,
         epochs=config.train.epochs,
@@ -547,23 +550,27 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
 
     config = _config()
     feed = Feed()
-    evaluator = Evaluator(config, feed=feed, store=InProcessStore())
-    model = build_model_for(config, num_classes=CLASSES, in_channels=3)
+    evaluator = Evaluator(Parts.of(config).evaluator, feed=feed, store=InProcessStore())
+    model = build_model_for(config.model, num_classes=CLASSES, in_channels=3)
     state = AveragedState(params=dict(model.state_dict()), round=2, batch_size=2)
-    validator = ThreadValidator(config, feed_name="f", namespace="n", build=lambda: evaluator)
+    validator = ThreadValidator(
+        Parts.of(config).evaluator, feed_name="f", namespace="n", build=lambda: evaluator
+    )
     with pytest.raises(RuntimeError, match="start"):
         asyncio.run(validator(state))
     validator.start()
     assert asyncio.run(validator(state)) == evaluator.validate(state) and evaluator.scored == [2, 2]
     assert validator.error() is None
-    copy = pickle.loads(pickle.dumps(ThreadValidator(config, feed_name="f", namespace="n")))
+    copy = pickle.loads(
+        pickle.dumps(ThreadValidator(Parts.of(config).evaluator, feed_name="f", namespace="n"))
+    )
     with pytest.raises(RuntimeError, match="start"):  # travels unstarted
         asyncio.run(copy(state))
 
     def broken() -> Evaluator:
         raise OSError("the validation videos are gone")
 
-    failing = ThreadValidator(config, feed_name="f", namespace="n", build=broken)
+    failing = ThreadValidator(Parts.of(config).evaluator, feed_name="f", namespace="n", build=broken)
     averager = local_averager(1, timeout_s=30.0, validate_every=2, batch_size=2, validator=failing)
     with pytest.raises(OSError, match="videos are gone"):
         asyncio.run(failing(state))
@@ -579,7 +586,10 @@ def test_evaluator_threads_score_exactly_what_one_thread_scores():
 
     torch.manual_seed(0)
     config = _config()
-    evaluators = [Evaluator(config, feed=WideValFeed(), store=InProcessStore(), threads=n) for n in (1, 3)]
+    evaluators = [
+        Evaluator(Parts.of(config).evaluator, feed=WideValFeed(), store=InProcessStore(), threads=n)
+        for n in (1, 3)
+    ]
     params = {k: v.clone() for k, v in evaluators[0].model.state_dict().items()}
     state = AveragedState(round=1, params=params, batch_size=2, source="live")
     assert [e.prepare() for e in evaluators] == [3, 3]  # not vacuous: three batches to deal out
@@ -589,7 +599,7 @@ def test_evaluator_threads_score_exactly_what_one_thread_scores():
     assert one.per_class == three.per_class and one.confusion == three.confusion
     assert not evaluators[1].model.training
     with pytest.raises(ValueError, match="threads must be an int >= 1"):
-        Evaluator(config, feed=WideValFeed(), store=InProcessStore(), threads=0)
+        Evaluator(Parts.of(config).evaluator, feed=WideValFeed(), store=InProcessStore(), threads=0)
 
 
 class TestRowsFeed(Feed):

@@ -14,6 +14,7 @@ from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.parts import Parts
 from raytrain_seq.rows.assembly import (
     ROW_KEYS,
     BlockRowStream,
@@ -245,10 +246,10 @@ def test_bad_t_max_fails_in_the_driver_and_chunk_evaluation_cuts():
     from raytrain_seq.config import RunSetupError
 
     with pytest.raises(RunSetupError, match=r"data\.t_max=10 but .* pass --t-max \d+ or more"):
-        create_feed(_config(t_max=10))
-    geometry = feed_geometry(_config(t_max=10, packing="chunk"))
+        create_feed(Parts.of(_config(t_max=10)).feed)
+    geometry = feed_geometry(_config(t_max=10, packing="chunk").data)
     assert geometry.eval_strategy == "chunk" and geometry.t_max == 10
-    assert feed_geometry(_config()).eval_strategy == "optimal"
+    assert feed_geometry(_config().data).eval_strategy == "optimal"
 
 
 def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
@@ -256,7 +257,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
     from raytrain_seq.runtime import feed as pipeline
 
     config = _config()
-    geometry = feed_geometry(config)
+    geometry = feed_geometry(config.data)
     calls = []
 
     def probe(*args, **kwargs):
@@ -264,11 +265,11 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
         raise RuntimeError("probed the videos")
 
     monkeypatch.setattr(pipeline, "data_geometry", probe)
-    feed = pipeline.BlockFeed(config, geometry=geometry)
+    feed = pipeline.BlockFeed(Parts.of(config).feed, geometry=geometry)
     assert calls == [] and feed.t_max == geometry.t_max and feed.max_sequences == geometry.max_sequences
     assert feed.model_spec()["num_classes"] == len(geometry.class_names)
     with pytest.raises(RuntimeError, match="probed"):  # not vacuous: without geometry the feed probes
-        pipeline.BlockFeed(config)
+        pipeline.BlockFeed(Parts.of(config).feed)
     assert len(calls) == 1
 
 
@@ -295,7 +296,7 @@ def served(ray_cluster):
     """One feed; epochs 0, 1, 2 at world size 2, epoch 1 also at world size 3, and both eval splits."""
     ray = ray_cluster
     config = _config()
-    feed = create_feed(config, videos_per_task=8)
+    feed = create_feed(Parts.of(config).feed, videos_per_task=8)
     out = {"config": config, "feed": feed, "shards": {}, "rows": {}}
     for epoch, world_size in [(0, 2), (1, 2), (1, 3), (2, 2)]:
         shards = ray.get([feed.epoch_shard.remote(epoch, r, world_size) for r in range(world_size)])
@@ -477,7 +478,7 @@ def test_videos_share_an_object_only_with_videos_recomputed_in_the_same_epoch(ra
     the cache whole: epoch 0 computes every video, and slice k of r = 3 is recomputed in epoch k."""
     ray = ray_cluster
     config = _config()
-    feed = create_feed(config, videos_per_task=8)
+    feed = create_feed(Parts.of(config).feed, videos_per_task=8)
     train = _videos(config).catalog("train").ids.tolist()
     ray.get(feed.epoch_shard.remote(0, 0, 2))
     cached = ray.get(feed.refs.remote(train, 0))
@@ -518,7 +519,7 @@ def test_learner_streams_serve_every_epoch_and_equal_the_independent_recomputati
     from raytrain_seq.training.step import stage_rows
 
     config = _config()
-    feed = create_feed(config, videos_per_task=8)
+    feed = create_feed(Parts.of(config).feed, videos_per_task=8)
     videos = _videos(config)
     catalog = videos.catalog("train")
     position = {v: i for i, v in enumerate(catalog.ids.tolist())}
@@ -598,7 +599,7 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
 
     ray = ray_cluster
     config = _config(storage_path=str(tmp_path), run_name="feed-restart", feed_max_restarts=2)
-    feed = create_feed(config, videos_per_task=8)
+    feed = create_feed(Parts.of(config).feed, videos_per_task=8)
     videos = _videos(config)
     catalog = videos.catalog("train")
     position = {v: i for i, v in enumerate(catalog.ids.tolist())}

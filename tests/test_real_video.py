@@ -47,6 +47,7 @@ from raytrain_seq.data.video import decode, decode_pairs
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state
 from raytrain_seq.outputs.summary import RunSummary, format_table
+from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rows.assembly import RowFormat, assemble_rows
 from raytrain_seq.seeds import final_rng, partial_rng
@@ -175,7 +176,7 @@ def test_pair_flow_of_consecutive_frames_equals_compute_flow():
 # ------------------------------------------------------------------------------------- the real source
 def test_catalogs_select_classes_hold_out_val_and_list_skipped(mini):
     """load_catalogs: first num_classes classes, val apart from train, max_videos balanced, skipped listed."""
-    loaded = load_catalogs(_config(mini, num_classes=2, max_videos=6))
+    loaded = load_catalogs(_config(mini, num_classes=2, max_videos=6).data)
     cats = loaded["catalogs"]
     assert loaded["class_names"] == ["ApplyEyeMakeup", "ApplyLipstick"] and loaded["channels"] == 3
     assert loaded["skipped"] == [mini.bad["corrupt"]] and loaded["flow_method"] is None
@@ -183,11 +184,11 @@ def test_catalogs_select_classes_hold_out_val_and_list_skipped(mini):
     for split, catalog in cats.items():
         assert len(catalog) <= 6 and set(catalog.labels.tolist()) == {0, 1}, split
         assert abs(int((catalog.labels == 0).sum()) - int((catalog.labels == 1).sum())) <= 1
-    everything = load_catalogs(_config(mini, stream="flow"))
+    everything = load_catalogs(_config(mini, stream="flow").data)
     assert everything["channels"] == 2 and everything["flow_method"] == flow_method()
     assert sum(len(c) for c in everything["catalogs"].values()) == len(mini.videos) - 1  # the corrupt one
     with pytest.raises(ValueError, match="num_classes=4 but ucf101"):
-        load_catalogs(_config(mini, num_classes=4))
+        load_catalogs(_config(mini, num_classes=4).data)
 
 
 def test_bad_split_file_is_a_setup_error_naming_file_and_line(mini, tmp_path):
@@ -202,15 +203,15 @@ def test_bad_split_file_is_a_setup_error_naming_file_and_line(mini, tmp_path):
     lines[2] = lines[2].rsplit(" ", 1)[0] + " 9"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(RunSetupError, match=r"trainlist01\.txt:3: label 9 is out of range"):
-        load_catalogs(_config(mini, data_root=str(root)))
+        load_catalogs(_config(mini, data_root=str(root)).data)
 
 
 def test_source_fits_a_lying_header_and_zero_fills_a_failed_decode(mini):
     """load(): catalog length always; a short decode is padded by its last frame, a failed one is all zero."""
-    catalogs = load_catalogs(_config(mini))["catalogs"]
+    catalogs = load_catalogs(_config(mini).data)["catalogs"]
     length = {p: int(n) for c in catalogs.values() for p, n in zip(c.paths, c.lengths, strict=True)}
     ids = {p: int(i) for c in catalogs.values() for p, i in zip(c.paths, c.ids, strict=True)}
-    rgb, flow = (get_source(source_kwargs(_config(mini, stream=s))) for s in ("rgb", "flow"))
+    rgb, flow = (get_source(source_kwargs(_config(mini, stream=s).data)) for s in ("rgb", "flow"))
     lying = mini.bad["lying"]
     assert length[lying] == 15  # the header's 30 frames at stride 2, not the file's
     frames, report = rgb.load(ids[lying], None, 0, SIZE)
@@ -231,14 +232,14 @@ def test_a_decode_opens_its_video_once_and_only_a_failed_one_probes_it(mini, mon
     length; the lying header's refit is unchanged (the header of the same open)."""
     from raytrain_seq.data import video
 
-    catalogs = load_catalogs(_config(mini))["catalogs"]
+    catalogs = load_catalogs(_config(mini).data)["catalogs"]
     length = {p: int(n) for c in catalogs.values() for p, n in zip(c.paths, c.lengths, strict=True)}
     ids = {p: int(i) for c in catalogs.values() for p, i in zip(c.paths, c.ids, strict=True)}
     probed: list[str] = []
     real_probe = video.probe
     monkeypatch.setattr(video, "probe", lambda path, **kw: probed.append(path) or real_probe(path, **kw))
-    sources = [get_source(source_kwargs(_config(mini, stream="rgb", frame_cache_gib=0)))]
-    sources.append(get_source(source_kwargs(_config(mini, stream="flow"))))
+    sources = [get_source(source_kwargs(_config(mini, stream="rgb", frame_cache_gib=0).data))]
+    sources.append(get_source(source_kwargs(_config(mini, stream="flow").data)))
     good = catalogs["train"].paths[3]
     for source, channels in zip(sources, (3, 2), strict=True):
         frames, report = source.load(ids[good], 0, 0, SIZE)
@@ -258,9 +259,9 @@ def test_a_decode_opens_its_video_once_and_only_a_failed_one_probes_it(mini, mon
 
 def test_source_rgb_and_flow_are_seeded_and_the_same_length(mini):
     """Same (seed, video, epoch): same bytes; another epoch: another window; flow is 2-channel, same T."""
-    catalog = load_catalogs(_config(mini))["catalogs"]["train"]
+    catalog = load_catalogs(_config(mini).data)["catalogs"]["train"]
     video, length = int(catalog.ids[3]), int(catalog.lengths[3])
-    rgb, flow = (get_source(source_kwargs(_config(mini, stream=s))) for s in ("rgb", "flow"))
+    rgb, flow = (get_source(source_kwargs(_config(mini, stream=s).data)) for s in ("rgb", "flow"))
     a, b, c = (rgb.load(video, epoch, 0, SIZE)[0] for epoch in (1, 1, 2))
     assert a.shape == (length, SIZE, SIZE, 3) and np.array_equal(a, b) and not np.array_equal(a, c)
     f1, f2 = (flow.load(video, epoch, 0, SIZE)[0] for epoch in (1, 1))
@@ -273,9 +274,9 @@ def test_flow_is_computed_once_and_each_refurbish_is_a_window_of_it(mini):
     """The flow-once contract: RealVideos.flow depends on neither seed nor epoch, and load(video, epoch)
     is exactly flow_window(flow, size, flow_offset(seed, video, epoch)): the window partial_augment's
     first draw places (the centre for evaluation), cut from one whole-frame flow."""
-    catalog = load_catalogs(_config(mini))["catalogs"]["train"]
+    catalog = load_catalogs(_config(mini).data)["catalogs"]["train"]
     video = int(catalog.ids[3])
-    source = get_source(source_kwargs(_config(mini, stream="flow")))
+    source = get_source(source_kwargs(_config(mini, stream="flow").data))
     flow, report = source.flow(video, SIZE)
     assert flow.shape == (int(catalog.lengths[3]), SIZE, 27, 2) and report == {}  # 32x24 at short side 20
     assert np.array_equal(source.flow(video, SIZE)[0], flow)
@@ -293,15 +294,15 @@ def test_flow_is_computed_once_and_each_refurbish_is_a_window_of_it(mini):
             assert np.array_equal(source.load(video, epoch, seed, SIZE)[0], expect), (seed, epoch)
     assert len(starts) >= 3  # the epochs really cut different windows of the one stored flow
     with pytest.raises(ValueError, match="flow stream"):
-        get_source(source_kwargs(_config(mini))).flow(video, SIZE)
+        get_source(source_kwargs(_config(mini).data)).flow(video, SIZE)
 
 
 def test_flow_task_bodies_give_load_bytes_and_report_flow_seconds(mini):
     """flow_videos (once) then window_videos (per refurbish) give load()'s bytes, a zero clip for the
     video that fails to decode, and report each video's CPU seconds of decoding and flow."""
     config = _config(mini, stream="flow")
-    catalogs = load_catalogs(config)["catalogs"]
-    source = source_kwargs(config)
+    catalogs = load_catalogs(config.data)["catalogs"]
+    source = source_kwargs(config.data)
     id_of = {p: int(v) for c in catalogs.values() for p, v in zip(c.paths, c.ids, strict=True)}
     ids = [int(catalogs["train"].ids[k]) for k in (0, 2)] + [id_of[mini.bad["truncated"]]]
     ids.append(int(catalogs["test"].ids[0]))
@@ -325,8 +326,8 @@ def test_whole_frame_flow_differs_from_window_first_flow_only_near_the_borders(m
     solver sees past the window's edge), but away from the edges the two agree to a quantisation step."""
     size, margin = 64, 10
     config = _config(mini, stream="flow", cache_size=size)
-    source = get_source(source_kwargs(config))
-    catalog = load_catalogs(config)["catalogs"]["train"]
+    source = get_source(source_kwargs(config.data))
+    catalog = load_catalogs(config.data)["catalogs"]["train"]
     inner, edges = [], []
     for video in catalog.ids[:4].tolist():
         offset = flow_offset(0, video, 1)
@@ -345,7 +346,7 @@ def test_the_frame_cache_serves_the_bytes_of_a_decode_to_every_process(mini, tmp
     """An RGB source with a frame cache gives the bytes of one without, for training (any epoch) and
     evaluation; it decodes each video once, and another process on the folder (a restarted feed's
     task, a --resume) reads it without decoding."""
-    options = dict(source_kwargs(_config(mini, frame_cache_dir=str(tmp_path), frame_cache_gib=1)))
+    options = dict(source_kwargs(_config(mini, frame_cache_dir=str(tmp_path), frame_cache_gib=1).data))
     cached, plain = RealVideos(**options), RealVideos(**{**options, "frame_cache_gib": 0})
     ids = cached.catalogs()["catalogs"]["train"].ids.tolist()[:4]
     for epoch in (None, 0, 3):
@@ -374,12 +375,12 @@ def test_hmdb51_with_fps_resampling_through_the_source(tmp_path):
         None, dataset="hmdb51", data_root=str(ds.root), stride=1, fps=10.0, cache_size=SIZE, crop=16,
         val_fraction=0.3, run_name="x",
     )  # fmt: skip
-    loaded = load_catalogs(config)
+    loaded = load_catalogs(config.data)
     cats = loaded["catalogs"]
     assert loaded["class_names"] == list(ds.class_names) and loaded["skipped"] == []
     assert len(cats["train"]) + len(cats["val"]) == len(ds.train[1]) and len(cats["test"]) == len(ds.test[1])
     assert set(cats["val"].labels.tolist()) == {0, 1, 2}  # max(1, round(0.3 * 3)) = 1 clip of each class
-    source = get_source(source_kwargs(config))
+    source = get_source(source_kwargs(config.data))
     for catalog in cats.values():
         for video, length, path in zip(catalog.ids, catalog.lengths, catalog.paths, strict=True):
             frames = ds.videos[os.path.relpath(path, ds.root).replace(os.sep, "/")][1]
@@ -404,7 +405,7 @@ def test_init_from_copies_rgb_weights_and_checks_the_head(tmp_path):
     run = _fake_run(tmp_path / "rgb", rgb_config, rgb)
     torch.manual_seed(2)
     flow = build_model_for(
-        Config.from_preset(None, init_from=str(run), **model_args), num_classes=3, in_channels=2
+        Config.from_preset(None, init_from=str(run), **model_args).model, num_classes=3, in_channels=2
     )
     key, source = "encoder.features.0.weight", rgb.state_dict()
     got = flow.state_dict()
@@ -418,16 +419,18 @@ def test_init_from_copies_rgb_weights_and_checks_the_head(tmp_path):
     fresh = build_model(3, 2, width=4, depth=2, hidden=6).state_dict()
     assert not torch.equal(fresh["temporal.gru.weight_hh_l0"], got["temporal.gru.weight_hh_l0"])
     same = build_model_for(
-        Config.from_preset(None, init_from=str(run), **model_args), num_classes=3, in_channels=3
+        Config.from_preset(None, init_from=str(run), **model_args).model, num_classes=3, in_channels=3
     )
     assert all(torch.equal(v, source[k]) for k, v in same.state_dict().items())
     with pytest.raises(ValueError, match="its classifier has 3 classes but this run has 5"):
         build_model_for(
-            Config.from_preset(None, init_from=str(run), **model_args), num_classes=5, in_channels=2
+            Config.from_preset(None, init_from=str(run), **model_args).model, num_classes=5, in_channels=2
         )
     wider = {**model_args, "hidden": 8}
     with pytest.raises(ValueError, match=r"model\.hidden=6, this one 8: pass --hidden 6"):
-        build_model_for(Config.from_preset(None, init_from=str(run), **wider), num_classes=3, in_channels=2)
+        build_model_for(
+            Config.from_preset(None, init_from=str(run), **wider).model, num_classes=3, in_channels=2
+        )
     with pytest.raises(ValueError, match="holds no checkpoint_round"):
         load_run_state(tmp_path)
 
@@ -495,13 +498,13 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
 
     ray = ray_cluster
     config = _config(mini, stream="flow", reuse=2, epochs=3, learners=1)
-    catalogs = load_catalogs(config)["catalogs"]
+    catalogs = load_catalogs(config.data)["catalogs"]
     train = catalogs["train"].ids.tolist()
     schedule = RefurbishSchedule(len(train), reuse=2, seed=config.data.seed)
     evicted = {e: sorted(np.asarray(train)[schedule.evicted(e)].tolist()) for e in (1, 2)}
     assert sorted(evicted[1] + evicted[2]) == sorted(train)  # r = 2: each id once in epochs 1..2
-    source = get_source(source_kwargs(config))
-    feed = create_feed(config, videos_per_task=4)
+    source = get_source(source_kwargs(config.data))
+    feed = create_feed(Parts.of(config).feed, videos_per_task=4)
     for epoch in range(3):
         ray.get(feed.epoch_shard.remote(epoch, 0, 1))
         arrays = fetch_arrays(ray.get(feed.refs.remote(train, epoch)))
@@ -542,8 +545,8 @@ def test_rgb_feed_reads_the_frame_cache_within_its_budget_and_after_a_restart(ra
 
     ray = ray_cluster
     probe = _config(mini, reuse=1, epochs=3, learners=1)
-    train = load_catalogs(probe)["catalogs"]["train"]
-    plain = RealVideos(**{**dict(source_kwargs(probe)), "frame_cache_gib": 0})
+    train = load_catalogs(probe.data)["catalogs"]["train"]
+    plain = RealVideos(**{**dict(source_kwargs(probe.data)), "frame_cache_gib": 0})
     files = [decode(plain.paths[v], stride=2, size=SIZE).nbytes + 128 for v in train.ids]
     budget = sum(sorted(files)[: len(files) // 2]) + 64
     config = _config(
@@ -563,14 +566,14 @@ def test_rgb_feed_reads_the_frame_cache_within_its_budget_and_after_a_restart(ra
         ray.kill(feed)
         return [stats["epochs"][e]["frame_cache"] for e in epochs]
 
-    first = served_by(create_feed(config, videos_per_task=3), range(3))
+    first = served_by(create_feed(Parts.of(config).feed, videos_per_task=3), range(3))
     cached = sum(1 for _ in tmp_path.glob("*.npy"))
     assert 0 < cached < len(ids) and sum(_.stat().st_size for _ in tmp_path.glob("*.npy")) <= budget
     # Each epoch computes every video (r = 1), from the cache or by a decode; epoch e + 1's tasks start
     # while epoch e is served, so an epoch may already read what the next one wrote.
     assert all(counts["hits"] + counts["misses"] == len(ids) for counts in first)
     assert first[0]["misses"] >= len(ids) - cached and first[2]["hits"] >= 1
-    (restarted,) = served_by(create_feed(config, videos_per_task=3), [0])
+    (restarted,) = served_by(create_feed(Parts.of(config).feed, videos_per_task=3), [0])
     assert restarted == {"hits": cached, "misses": len(ids) - cached}
 
 
@@ -613,7 +616,7 @@ def test_flow_run_takes_two_channels_from_the_rgb_model(runs):
     # What the flow learners started from: the rgb run's final model, cross-modality initialised.
     rgb_params = load_run_state(storage / "rgb").state.params
     config = Config.from_dict(load_run_state(storage / "flow").config)
-    start = build_model_for(config, num_classes=3, in_channels=2).state_dict()
+    start = build_model_for(config.model, num_classes=3, in_channels=2).state_dict()
     conv = rgb_params["encoder.features.0.weight"]
     assert torch.equal(start["encoder.features.0.weight"][:, 0], conv[:, :3].mean(1))
     assert torch.equal(start["encoder.features.0.weight"][:, 3], conv[:, 3:].mean(1))
@@ -665,8 +668,8 @@ def test_export_and_predict_see_what_the_runs_evaluation_saw(runs, mini, tmp_pat
 
     predictor = Predictor(storage / "rgb")
     config = predictor.config
-    source = get_source(source_kwargs(config))
-    test = load_catalogs(config)["catalogs"]["test"]
+    source = get_source(source_kwargs(config.data))
+    test = load_catalogs(config.data)["catalogs"]["test"]
     compared = 0
     for video, path in zip(test.ids, test.paths, strict=True):
         if path == mini.bad["lying"]:
@@ -698,8 +701,8 @@ def test_predict_on_the_flow_run_sees_the_flow_its_evaluation_saw(runs, mini):
     predictor = Predictor(storage / "flow")
     config = predictor.config
     assert config.data.stream == "flow"
-    source = get_source(source_kwargs(config))
-    test = load_catalogs(config)["catalogs"]["test"]
+    source = get_source(source_kwargs(config.data))
+    test = load_catalogs(config.data)["catalogs"]["test"]
     compared = 0
     for video, path in zip(test.ids, test.paths, strict=True):
         if path == mini.bad["lying"]:

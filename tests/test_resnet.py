@@ -455,8 +455,8 @@ def test_build_model_for_with_weights_tiles_rgb_averages_flow_and_freezes_norm(r
 
     source, path = rgb_file
     config = Config.from_preset(None, backbone="resnet18", weights=str(path), hidden=6, run_name="x")
-    rgb = build_model_for(config, num_classes=4, in_channels=3)
-    flow = build_model_for(config, num_classes=4, in_channels=2)
+    rgb = build_model_for(config.model, num_classes=4, in_channels=3)
+    flow = build_model_for(config.model, num_classes=4, in_channels=2)
     conv = source.conv1.weight.detach()
     assert (conv[:, 0] - conv[:, 1]).abs().max().item() > 1e-3  # colour filters really differ per channel
     assert isinstance(rgb.encoder.bn1, FrozenBatchNorm2d) and rgb.encoder.norm == "frozen"
@@ -469,6 +469,6 @@ def test_build_model_for_with_weights_tiles_rgb_averages_flow_and_freezes_norm(r
     assert torch.allclose(rgb.normalizer.std, torch.tensor(IMAGENET_STD))
     assert torch.allclose(flow.normalizer.mean, torch.full((2,), 0.5))  # flow keeps x / 255 - 0.5
     scratch = build_model_for(
-        Config.from_preset(None, backbone="resnet18", run_name="x"), num_classes=4, in_channels=3
+        Config.from_preset(None, backbone="resnet18", run_name="x").model, num_classes=4, in_channels=3
     )
     assert isinstance(scratch.encoder.bn1, nn.GroupNorm)  # without weights: GroupNorm, trainable from scratch

@@ -351,7 +351,7 @@ def test_partial_augmentation_costs_its_per_frame_cpu_in_training_only():
     from raytrain_seq.data.sources import augment_videos, source_kwargs
 
     config = Config.from_preset("smoke", max_videos=8)
-    source = source_kwargs(config)
+    source = source_kwargs(config.data)
     per_frame = 2e-3
 
     def cpu(epoch):

@@ -154,7 +154,7 @@ def test_a_torchvision_state_dict_loads_through_weights_to_the_same_parameters(t
     head sized for the run's classes; a flow model's stem gets the TSN average."""
     state, path = _torchvision_file(tmp_path, arch)
     config = Config.from_preset(None, backbone=arch, weights=str(path), run_name="x")
-    model = build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
+    model = build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=3)
     loaded = model.encoder.net.state_dict()
     compared = [k for k in state if not k.startswith("fc.") and not k.endswith("num_batches_tracked")]
     assert len(compared) == len(loaded) > 50
@@ -163,11 +163,11 @@ def test_a_torchvision_state_dict_loads_through_weights_to_the_same_parameters(t
     assert model.head.weight.shape == (NUM_CLASSES, 512)
     assert isinstance(model.encoder.net.stem[1], FrozenBatchNorm)
     assert torch.allclose(model.normalizer.mean, torch.tensor(KINETICS_MEAN))
-    flow = build_model_for(config, num_classes=NUM_CLASSES, in_channels=2)
+    flow = build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=2)
     stem = state["stem.0.weight"]
     assert torch.equal(flow.encoder.net.stem[0].weight, stem.mean(1, keepdim=True).expand(-1, 2, -1, -1, -1))
     # The exported and reloaded model (model_from_state) is the same network, bit for bit.
-    again = model_from_state(config, model.state_dict(), num_classes=NUM_CLASSES, in_channels=3)
+    again = model_from_state(config.model, model.state_dict(), num_classes=NUM_CLASSES, in_channels=3)
     batch = _batch([[(0, A, 0), (5, N1, 1)]], t_max=8)
     with torch.no_grad():
         assert torch.equal(_logits(model.eval(), batch), _logits(again.eval(), batch))
@@ -178,14 +178,14 @@ def test_a_mismatched_file_names_the_file_the_architecture_and_the_key(tmp_path)
     _, path = _torchvision_file(tmp_path, "mc3_18")
     config = Config.from_preset(None, backbone="r2plus1d_18", weights=str(path), run_name="x")
     with pytest.raises(ValueError, match=r"mc3_18\.pth: key 'stem\.0\.weight' has shape .* in r2plus1d_18"):
-        build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
+        build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=3)
     foreign = tmp_path / "foreign.pth"
     torch.save({"fc.weight": torch.zeros(2, 2), "something.else": torch.zeros(3)}, foreign)
     config = Config.from_preset(None, backbone="mc3_18", weights=str(foreign), run_name="x")
     with pytest.raises(
         ValueError, match=r"foreign\.pth: key 'stem\.0\.weight' is missing.*torchvision mc3_18"
     ):
-        build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
+        build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=3)
 
 
 @pytest.mark.parametrize("arch", ["r2plus1d_18", "small", "factory"])
@@ -197,7 +197,7 @@ def test_test_views_score_every_backbone(arch):
     else:
         config = Config.from_preset(None, backbone=arch, run_name="x")
     torch.manual_seed(0)
-    model = build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
+    model = build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=3)
     batch = _batch([[(0, A, 0), (5, N1, 2)], [(0, N3, 1)]], t_max=8)
     views = [(0, 0, False), (2, 1, True)]
     result = evaluate(model, [batch], views=views, crop=6, micro_batch_size=4)
@@ -215,8 +215,8 @@ def test_test_views_score_every_backbone(arch):
 def test_the_model_factory_builds_a_sequence_classifier():
     """--model-factory: called with in_channels when it takes it, out_dim checked, a head on top."""
     config = Config.from_preset(None, model_factory="model_factory_example:build", run_name="x")
-    rgb = build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
-    flow = build_model_for(config, num_classes=NUM_CLASSES, in_channels=2)
+    rgb = build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=3)
+    flow = build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=2)
     assert isinstance(rgb, SequenceClassifier) and rgb.encoder.conv.in_channels == 3
     assert flow.encoder.conv.in_channels == 2 and rgb.head.in_features == 8
     plain = build_from_factory("model_factory_example:build_without_channels", 3)
@@ -256,7 +256,7 @@ def test_the_architecture_example_factory_builds_and_trains(tmp_path, monkeypatc
     (tmp_path / "mymodels_example.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     config = Config.from_preset(None, model_factory="mymodels_example:build", run_name="x")
-    model = build_model_for(config, num_classes=NUM_CLASSES, in_channels=3)
+    model = build_model_for(config.model, num_classes=NUM_CLASSES, in_channels=3)
     loss, count = sequence_loss(model, _batch([CONTEXTS[2][0], CONTEXTS[0][0]], t_max=12))
     loss.backward()
     assert count == 5 and model.encoder.conv.weight.grad.abs().sum().item() > 0

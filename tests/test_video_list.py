@@ -66,7 +66,7 @@ def test_every_container_probes_and_decodes_to_its_frames(tmp_path, ext):
 def test_catalogs_read_the_lists_and_skip_the_bad_videos_with_one_warning(mini, caplog):
     """train/val/test from the lists (val from --val-list), ids disjoint, classes named; bad ones listed."""
     with caplog.at_level(logging.WARNING):
-        loaded = load_catalogs(_config(mini))
+        loaded = load_catalogs(_config(mini).data)
     catalogs = loaded["catalogs"]
     assert loaded["class_names"] == ["jump", "run", "wave"]
     assert sorted(loaded["skipped"]) == sorted(mini.bad.values())
@@ -83,7 +83,7 @@ def test_catalogs_read_the_lists_and_skip_the_bad_videos_with_one_warning(mini, 
             rel = str(Path(path).relative_to(mini.root))
             assert (label, length) == (mini.videos[rel][0], -(-mini.videos[rel][1] // 2))
     # Without --val-list the validation videos are held out of the training list.
-    held = load_catalogs(_config(mini, val_list=None))["catalogs"]
+    held = load_catalogs(_config(mini, val_list=None).data)["catalogs"]
     assert len(held["val"]) >= 3 and len(held["train"]) + len(held["val"]) == len(mini.train[1]) - 2
 
 
@@ -140,8 +140,8 @@ def test_data_check_probes_every_list(mini, capsys):
 def test_the_flow_stream_reads_a_list(mini):
     """--stream flow on a list: 2-channel flow of the catalog length for a training and a test video."""
     config = _config(mini, stream="flow")
-    catalogs = load_catalogs(config)["catalogs"]
-    source = get_source(source_kwargs(config))
+    catalogs = load_catalogs(config.data)["catalogs"]
+    source = get_source(source_kwargs(config.data))
     for split in ("train", "test"):
         video, length = int(catalogs[split].ids[0]), int(catalogs[split].lengths[0])
         window, report = source.load(video, 0 if split == "train" else None, 0, 20)

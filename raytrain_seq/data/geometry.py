@@ -15,30 +15,30 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.config import DataConfig, RunSetupError
 from raytrain_seq.data.sources import CHANNELS, SPLITS, get_source, source_kwargs
 from raytrain_seq.rows.assembly import max_sequences_bound
 
 __all__ = ["Geometry", "data_geometry", "load_catalogs"]
 
 
-def load_catalogs(config: Config, *, warn: bool = True) -> dict[str, Any]:
+def load_catalogs(data: DataConfig, *, warn: bool = True) -> dict[str, Any]:
     """Catalogs of the three splits and what the model and summary need to know about them.
 
     Returns ``{"catalogs": {train, val, test}, "class_names", "skipped": [paths], "channels",
     "flow_method"}``. A reader's error (bad layout, split file, class or label) becomes a RunSetupError.
     """
-    source = get_source(source_kwargs(config))
+    source = get_source(source_kwargs(data))
     try:
         loaded = source.catalogs(warn=warn)
         method = source.flow_method  # imports OpenCV for a flow stream: missing, it fails here, at start
     except RunSetupError:
         raise
     except (ValueError, ImportError) as exc:
-        if config.data.dataset == "synthetic":
+        if data.dataset == "synthetic":
             raise
         raise RunSetupError(str(exc)) from exc
-    return {**loaded, "channels": CHANNELS[config.data.stream], "flow_method": method}
+    return {**loaded, "channels": CHANNELS[data.stream], "flow_method": method}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
@@ -64,14 +64,13 @@ class Geometry:
     """The optical-flow algorithm of a flow stream; None for RGB."""
 
 
-def data_geometry(config: Config, *, warn: bool = True) -> Geometry:
+def data_geometry(data: DataConfig, *, warn: bool = True) -> Geometry:
     """Catalogs, t_max, max_sequences, the evaluation strategy and the sources' facts (channels, class
     names, skipped videos, flow method); RunSetupError for a bad fit (a video longer than t_max).
     ``warn=False``: skipped videos are logged at DEBUG (the feed actor rebuilds the catalog the driver's
     check already warned about)."""
-    loaded = load_catalogs(config, warn=warn)
+    loaded = load_catalogs(data, warn=warn)
     catalogs = loaded["catalogs"]
-    data = config.data
     # t_max None: the longest video of ANY split, so evaluation never cuts a video that training would
     # not have cut (a small max_videos subset often has a longer val/test video than train video).
     longest = max(int(catalogs[split].lengths.max()) for split in SPLITS)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.algorithms.augment import partial_augment, rand_augment, resize_video
-from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.config import DataConfig, RunSetupError
 from raytrain_seq.data.flow import flow_window
 from raytrain_seq.data.frame_cache import FrameCache, default_folder
 from raytrain_seq.seeds import partial_rng
@@ -54,15 +54,15 @@ _LIST_FILES = ("train_list", "test_list", "val_list", "class_names")
 _LOGGED_FIRST = 5  # per worker process: the first few length fixes are logged, then every 100th
 
 
-def render_size(config: Config) -> int:
+def render_size(data: DataConfig) -> int:
     """Side at which the synthetic set is rendered: the cache size (>= 8, the renderer's minimum), so the
     partial augmentation's resize is the identity and only the random transform costs CPU."""
-    return max(8, config.data.cache_size)
+    return max(8, data.cache_size)
 
 
-def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
-    """The hashable arguments of ``get_source`` for ``config`` (what a task needs to find its videos)."""
-    data = config.data
+def source_kwargs(data: DataConfig) -> tuple[tuple[str, Any], ...]:
+    """The hashable arguments of ``get_source`` for a config's ``data`` section (what a task needs to find
+    its videos)."""
     if data.stream == "fuse":
         raise ValueError(
             "data.stream='fuse' evaluates two finished runs and has no video source of its own: build the "
@@ -72,7 +72,7 @@ def source_kwargs(config: Config) -> tuple[tuple[str, Any], ...]:
         fields = ("num_classes", "stride", "seed", "max_videos", "val_fraction")
         return (
             *((name, getattr(data, name)) for name in fields),
-            ("size", render_size(config)),
+            ("size", render_size(data)),
             ("randaugment", (data.randaugment_ops, data.randaugment_magnitude)),
         )
     # "~" is expanded here, in the driver, so every worker opens the same absolute path.

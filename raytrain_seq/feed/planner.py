@@ -13,17 +13,18 @@ of the config, the geometry and the calls, so two planners of one seed agree, an
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raytrain_seq.algorithms.refurbish import RefurbishSchedule
-from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.feed.cache import Key, Launch, RefurbishCache
 from raytrain_seq.feed.plans import EVAL_KEYS, SPLITS, FeedPlans
 from raytrain_seq.feed.report import EpochCounts, FeedFacts, FeedTally, RestartLog
 from raytrain_seq.outputs.reports import FeedReport
+from raytrain_seq.parts import FeedSettings
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard
 
 __all__ = ["FeedPlanner", "check_int", "check_rank"]
@@ -49,8 +50,10 @@ class FeedPlanner:
     """Plans, the refurbish cache's bookkeeping, the evaluation splits, the counters and the restart log
     of one feed process (``restarted``: Ray restarted it, so nothing it had is cached)."""
 
-    def __init__(self, config: Config, geometry: Geometry, *, keep: int, restarted: bool = False) -> None:
-        self._config = config
+    def __init__(
+        self, settings: FeedSettings, geometry: Geometry, *, keep: int, restarted: bool = False
+    ) -> None:
+        self._settings = settings
         self.t_max, self.max_sequences = geometry.t_max, geometry.max_sequences
         self.channels = geometry.channels
         self._class_names = list(geometry.class_names)
@@ -63,7 +66,7 @@ class FeedPlanner:
             for v, n in zip(catalogs[split].ids, catalogs[split].lengths, strict=True)
         }
         self._kept_frames = int(train.lengths.sum())
-        data = config.data
+        data = settings.data
         schedule = RefurbishSchedule(len(train), reuse=data.reuse, seed=data.seed)
         self.cache = RefurbishCache(train.ids.tolist(), schedule, keep)
         self.plans = FeedPlans(
@@ -156,7 +159,7 @@ class FeedPlanner:
         self, split: str, epoch: int | None, rank: int, world_size: int, specs: Sequence[BlockSpec],
         recomputed: int, reused: int,
     ) -> EpochShard:  # fmt: skip
-        data = self._config.data
+        data = self._settings.data
         return EpochShard(
             split=split, epoch=epoch, rank=rank, world_size=world_size, blocks=tuple(specs), t_max=self.t_max,
             max_sequences=self.max_sequences, crop=data.crop, channels=self.channels, seed=data.seed,
@@ -196,6 +199,6 @@ class FeedPlanner:
     def restart_log(self) -> RestartLog | None:
         """The run's restart log in its run folder; None for a config with no run name (a feed a test or a
         bench starts outside a run has no folder, so its restarts are only logged)."""
-        if self._config.run.run_name is None:
+        if self._settings.run_dir is None:
             return None
-        return RestartLog(self._config.run_dir())
+        return RestartLog(Path(self._settings.run_dir))

@@ -180,7 +180,7 @@ def load_exported(path: str | Path):
         raise RunSetupError(f"{meta_path}: not the metadata of an export: export the run again")
     config = Config.from_preset(None, model=meta["model"], run_name="exported")
     model = model_from_state(
-        config, params, num_classes=meta["num_classes"], in_channels=meta["input"]["channels"]
+        config.model, params, num_classes=meta["num_classes"], in_channels=meta["input"]["channels"]
     )
     return model.eval(), meta
 

@@ -86,7 +86,7 @@ class Predictor:
             spec = model_spec(found, self.config)
             self.class_names, self.input = list(spec["class_names"]), input_spec(self.config, spec)
             model = model_from_state(
-                self.config,
+                self.config.model,
                 found.state.params,
                 num_classes=spec["num_classes"],
                 in_channels=spec["in_channels"],

@@ -45,7 +45,7 @@ from raytrain_seq.models.video import (
 )
 
 if TYPE_CHECKING:
-    from raytrain_seq.config import Config
+    from raytrain_seq.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -83,22 +83,21 @@ def _uses_frozen_norm(params: Mapping[str, torch.Tensor]) -> bool:
     return any(key.startswith("encoder.") and key.endswith("running_mean") for key in params)
 
 
-def _encoder_norm(config: Config, frozen: bool) -> str:
+def _encoder_norm(m: ModelConfig, frozen: bool) -> str:
     """The encoder's ``norm``: "batch" under ``model.norm="batchnorm"``, else "frozen" or "group"."""
-    if config.model.norm == "batchnorm":
+    if m.norm == "batchnorm":
         return "batch"
     return "frozen" if frozen else "group"
 
 
 def _build_sequence(
-    config: Config, num_classes: int, in_channels: int, *, frozen: bool, pretrained: bool
+    m: ModelConfig, num_classes: int, in_channels: int, *, frozen: bool, pretrained: bool
 ) -> SequenceClassifier:
     """A per-sequence encoder (the factory's, else the video backbone) under a linear head."""
-    m = config.model
     if m.model_factory is not None:
         encoder = build_from_factory(m.model_factory, in_channels)
         return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.model_factory))
-    encoder = VideoBackbone(m.backbone, in_channels, norm=_encoder_norm(config, frozen))
+    encoder = VideoBackbone(m.backbone, in_channels, norm=_encoder_norm(m, frozen))
     stats = {"mean": KINETICS_MEAN, "std": KINETICS_STD} if pretrained and in_channels == 3 else {}
     return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.backbone, **stats))
 
@@ -111,13 +110,12 @@ def _logged(model: SequenceClassifier) -> SequenceClassifier:
     return model
 
 
-def _build(config: Config, num_classes: int, in_channels: int, *, frozen: bool, imagenet: bool) -> nn.Module:
-    m = config.model
+def _build(m: ModelConfig, num_classes: int, in_channels: int, *, frozen: bool, imagenet: bool) -> nn.Module:
     if m.model_factory is not None or m.backbone in VIDEO_ARCHS:
-        return _build_sequence(config, num_classes, in_channels, frozen=frozen, pretrained=imagenet)
+        return _build_sequence(m, num_classes, in_channels, frozen=frozen, pretrained=imagenet)
     options: dict[str, Any] = {}
     if m.backbone != "small" or m.norm == "batchnorm":
-        options["encoder_options"] = {"norm": _encoder_norm(config, frozen)}
+        options["encoder_options"] = {"norm": _encoder_norm(m, frozen)}
     if imagenet and in_channels == 3:
         options.update(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     return build_model(
@@ -132,13 +130,13 @@ def _build(config: Config, num_classes: int, in_channels: int, *, frozen: bool, 
     )
 
 
-def _check_architecture(config: Config, source: checkpoint.Checkpoint, num_classes: int) -> None:
+def _check_architecture(m: ModelConfig, source: checkpoint.Checkpoint, num_classes: int) -> None:
     where = f"--init-from {source.folder.parent}"
     for name in _ARCHITECTURE:
         theirs = _model_field(source, name)
-        if theirs is not None and theirs != getattr(config.model, name):
+        if theirs is not None and theirs != getattr(m, name):
             raise ValueError(
-                f"{where}: that run has model.{name}={theirs!r}, this one {getattr(config.model, name)!r}: "
+                f"{where}: that run has model.{name}={theirs!r}, this one {getattr(m, name)!r}: "
                 f"pass --{name} {theirs} so the weights fit"
             )
     head = source.state.params.get("head.weight")
@@ -180,49 +178,43 @@ def _initialise(model: nn.Module, source: checkpoint.Checkpoint) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def build_model_for(config: Config, *, num_classes: int, in_channels: int) -> nn.Module:
-    """The classifier ``config.model`` describes, for ``num_classes`` classes and ``in_channels`` inputs.
+def build_model_for(model: ModelConfig, *, num_classes: int, in_channels: int) -> nn.Module:
+    """The classifier ``model`` (a config's model section) describes, for ``num_classes`` classes and ``in_channels`` inputs.
 
     Starting weights: ``model.init_from`` (with cross-modality init when the channels differ), else
     ``model.weights`` (ImageNet, frozen BatchNorm), else the caller's seeded random initialisation.
     """
-    m = config.model
+    m = model
     if m.init_from is not None:
         source = load_run_state(m.init_from)
-        _check_architecture(config, source, num_classes)
+        _check_architecture(m, source, num_classes)
         if m.weights is not None:
             logger.info("model.init_from %s is used; model.weights %s is not loaded", m.init_from, m.weights)
         imagenet = _model_field(source, "weights") is not None or m.weights is not None
-        model = _build(
-            config, num_classes, in_channels, frozen=_uses_frozen_norm(source.state.params), imagenet=imagenet
+        built = _build(
+            m, num_classes, in_channels, frozen=_uses_frozen_norm(source.state.params), imagenet=imagenet
         )
-        _initialise(model, source)
-        return model
-    model = _build(
-        config, num_classes, in_channels, frozen=m.weights is not None, imagenet=m.weights is not None
-    )
-    if m.weights is not None and isinstance(model.encoder, VideoBackbone):
-        load_video_weights(model.encoder, m.weights)  # the stem sees in_channels: flow 2 -> TSN average
+        _initialise(built, source)
+        return built
+    built = _build(m, num_classes, in_channels, frozen=m.weights is not None, imagenet=m.weights is not None)
+    if m.weights is not None and isinstance(built.encoder, VideoBackbone):
+        load_video_weights(built.encoder, m.weights)  # the stem sees in_channels: flow 2 -> TSN average
     elif m.weights is not None:
         # The encoder sees 2 * in_channels (frames + differences): RGB 6 -> tile, flow 4 -> TSN average.
-        load_imagenet_weights(model.encoder, m.weights, conv1="tile" if in_channels == 3 else "average")
-    return model
+        load_imagenet_weights(built.encoder, m.weights, conv1="tile" if in_channels == 3 else "average")
+    return built
 
 
 def model_from_state(
-    config: Config, params: Mapping[str, torch.Tensor], *, num_classes: int, in_channels: int
+    m: ModelConfig, params: Mapping[str, torch.Tensor], *, num_classes: int, in_channels: int
 ) -> nn.Module:
-    """A finished run's model: ``config`` (the run's) gives the architecture, ``params`` every tensor.
+    """A finished run's model: ``m`` (the run's model section) gives the architecture, ``params`` every tensor.
 
     Neither ``init_from`` nor ``weights`` is read (the params already hold the trained values); the
     norm follows the params and RGB frames get ImageNet statistics when the run was built with weights.
     """
     model = _build(
-        config,
-        num_classes,
-        in_channels,
-        frozen=_uses_frozen_norm(params),
-        imagenet=config.model.weights is not None,
+        m, num_classes, in_channels, frozen=_uses_frozen_norm(params), imagenet=m.weights is not None
     )
     model.load_state_dict(dict(params), strict=True)
     return model

@@ -1,6 +1,6 @@
 """``AveragerSettings``: everything the parameter-averaging actor is told, in one frozen value.
 
-Built from the config's ``train`` section (``AveragerSettings.from_config``) and passed whole to the
+Built from the config's ``train`` section (``parts.Parts.of``) and passed whole to the
 actor, so the driver copies no field by hand and a test states only what it changes from the defaults.
 The checks run at construction, in the driver, before any actor starts.
 """
@@ -8,13 +8,10 @@ The checks run at construction, in the driver, before any actor starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from raytrain_seq.algorithms.averaging import batch_may_grow
+from raytrain_seq.algorithms.averaging import AdaptiveBatchSize, batch_may_grow
 from raytrain_seq.checks import check_number
-
-if TYPE_CHECKING:
-    from raytrain_seq.config import Config
+from raytrain_seq.outputs.tracking import TRACKERS
 
 __all__ = ["AveragerSettings"]
 
@@ -61,8 +58,8 @@ class AveragerSettings:
     """Live tracking of the run history (``tracking.make_tracker``)."""
 
     def __post_init__(self) -> None:
-        # The round settings are checked by RoundBook, the batch rule's by AdaptiveBatchSize, where the
-        # averager builds them; these are the ones only the averager reads.
+        # Every setting is checked here, when the settings are built (the driver builds them from a
+        # Config, which checked the same fields), so no averager has to be built to find a bad one.
         for name in ("adaptive_batch", "merge_moments", "merge_bn_stats", "channels"):
             flag = getattr(self, name)
             if not isinstance(flag, bool):
@@ -71,31 +68,24 @@ class AveragerSettings:
         for name in ("shards", "epochs", "steps"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), 1)
+        self._check_rounds()
+        # The batch-size rule's own checks (b1, b2, B and its cap), as the averager's rule will make them.
+        AdaptiveBatchSize(self.batch_size, b1=self.b1, b2=self.b2, max_size=self.max_batch_size)
+        if self.tracker not in TRACKERS:
+            raise ValueError(f"tracker must be one of {TRACKERS}, got {self.tracker!r}: pick one of them")
+
+    def _check_rounds(self) -> None:
+        """The round book's settings: learners, the round timeout, the validation period."""
+        check_number("world_size", self.world_size, 1)
+        check_number("timeout_s", self.timeout_s, 0.001, int | float)
+        check_number("min_learners", self.min_learners, 1)
+        if self.min_learners > self.world_size:
+            raise ValueError(
+                f"min_learners {self.min_learners} > world_size {self.world_size}: lower min_learners"
+            )
+        check_number("validate_every", self.validate_every, 0)
 
     @property
     def shard_count(self) -> int:
         """S: ``shards``, or one per learner of the first group."""
         return self.shards if self.shards is not None else self.world_size
-
-    @classmethod
-    def from_config(cls, config: Config) -> AveragerSettings:
-        """The settings of a run: its ``train`` section (and ``run.tracker``)."""
-        train = config.train
-        return cls(
-            world_size=train.max_learners,
-            timeout_s=train.averager_timeout_s,
-            validate_every=train.validate_every,
-            batch_size=train.batch_size,
-            b1=train.b1,
-            b2=train.b2,
-            max_batch_size=train.max_batch_size,
-            adaptive_batch=train.adaptive_batch,
-            batch_growth=train.batch_growth,
-            merge_moments=train.merge_moments,
-            merge_bn_stats=train.merge_bn_stats,
-            shards=train.shards,
-            channels=train.averager_channels,
-            epochs=train.epochs,  # the last round's validation waits for the test pass
-            steps=train.steps,
-            tracker=config.run.tracker,
-        )

@@ -618,18 +618,18 @@ def create_averager(
 ):
     """Start the named ParameterAverager actor on the driver's node, with 0 CPUs and 0 GPUs.
 
-    settings are checked here first (without loading the run folder), so that a bad value fails in the
-    driver. Each waiting average()/join() call holds a concurrency slot, so the default leaves room for
-    several per learner. max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls
-    in flight are not retried by Ray (max_task_retries=0): the learners retry, since a round must be
-    resent after a rejoin.
+    settings were checked when they were built (``AveragerSettings``), in the driver. Each waiting
+    average()/join() call holds a concurrency slot, so the default leaves room for several per learner.
+    max_restarts: how often Ray restarts the actor after it dies (-1: always). Calls in flight are not
+    retried by Ray (max_task_retries=0): the learners retry, since a round must be resent after a rejoin.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raytrain_seq.runtime.shards import RayShards
 
-    ParameterAverager(settings)  # the checks, here; the actor starts the validator and loads the run
+    if not isinstance(settings, AveragerSettings):
+        raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)

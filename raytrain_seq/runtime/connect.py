@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.config import RunSetupError
+from raytrain_seq.parts import ConnectSettings
 from raytrain_seq.runtime.logs import quiet_ray_helpers
 
 logger = logging.getLogger(__name__)
@@ -59,14 +60,19 @@ def store_options(object_store_gb: float | None) -> dict:
     }
 
 
-def check_storage(config: Config) -> Path:
+def check_storage(settings: ConnectSettings) -> Path:
     """The run folder, checked before any training: writable, and new unless resuming."""
-    run_dir = config.run_dir()
-    if run_dir.exists() and not config.run.resume and any(run_dir.iterdir()):
+    if settings.run_dir is None:
+        raise ValueError(
+            "run.run_name is not set, so the run has no folder yet: pass --run-name NAME, or call "
+            "Config.named() first (the driver does when a run starts)"
+        )
+    run_dir = Path(settings.run_dir)
+    if run_dir.exists() and not settings.resume and any(run_dir.iterdir()):
         raise RunSetupError(
             f"run folder {run_dir} already exists: pass --resume to continue it, or a new --run-name"
         )
-    if config.run.resume and not run_dir.exists():
+    if settings.resume and not run_dir.exists():
         raise RunSetupError(f"--resume: no run folder {run_dir}: check --storage-path and --run-name")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +86,7 @@ def check_storage(config: Config) -> Path:
     return run_dir
 
 
-def connect(config: Config) -> bool:
+def connect(settings: ConnectSettings) -> bool:
     """Join the cluster the job runs in (RAY_ADDRESS), else the one `ray start` runs here, else start one;
     whether it started one (its resources are then all there will be: no autoscaler adds nodes)."""
     import ray
@@ -88,16 +94,16 @@ def connect(config: Config) -> bool:
     if ray.is_initialized():
         return False
     # ray.init sets its own logger's level (INFO by default): "Connecting to existing Ray cluster", ...
-    level = {} if config.run.verbose else {"logging_level": logging.WARNING}
+    level = {} if settings.verbose else {"logging_level": logging.WARNING}
     if os.environ.get("RAY_ADDRESS"):
         # Inside `ray job submit` (or with RAY_ADDRESS set): join that cluster.
         ray.init(address=os.environ["RAY_ADDRESS"], namespace=NAMESPACE, **level)
-        _store_not_ours(config)
+        _store_not_ours(settings.object_store_gb)
         return False
     try:
         # A cluster started on this machine with `ray start` (python jobs/ucf101.py run beside it).
         ray.init(address="auto", namespace=NAMESPACE, **level)
-        _store_not_ours(config)
+        _store_not_ours(settings.object_store_gb)
         return False
     except ConnectionError as exc:
         if "multiple" in str(exc):
@@ -105,11 +111,11 @@ def connect(config: Config) -> bool:
         logger.info("no running Ray cluster found: starting a local one")
     # No cluster: a local one, with a logical CPU for every learner and for the data tasks (logical
     # CPUs may exceed the cores; torch in each learner uses a thread).
-    cpus = max(os.cpu_count() or 1, config.train.max_learners + 2)
-    gb = config.run.object_store_gb
+    cpus = max(os.cpu_count() or 1, settings.max_learners + 2)
+    gb = settings.object_store_gb
     # Without a dashboard there is no State API, and Ray Train's placement-group cleaner warns about it
     # at every check: its process gets its logger raised (runtime/logs.py) unless the run is verbose.
-    if not config.run.verbose:
+    if not settings.verbose:
         level["runtime_env"] = {"worker_process_setup_hook": quiet_ray_helpers}
     try:
         ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **level)
@@ -124,14 +130,14 @@ def connect(config: Config) -> bool:
     return True
 
 
-def _store_not_ours(config: Config) -> None:
+def _store_not_ours(object_store_gb: float | None) -> None:
     """run.object_store_gb sizes only a cluster this run starts: say so when it joined a running one."""
-    if config.run.object_store_gb is not None:
+    if object_store_gb is not None:
         logger.warning(
             "run.object_store_gb=%g is ignored: this run joined a running Ray cluster, whose object store "
             "is set where it was started (`RAY_preallocate_plasma_memory=1 ray start ... "
             "--object-store-memory BYTES`, as in cluster.yaml)",
-            config.run.object_store_gb,
+            object_store_gb,
         )
 
 
@@ -182,7 +188,9 @@ def device_decision(use_gpu: bool | None, gpus: float, learners: int, per_learne
     )
 
 
-def choose_device(config: Config, *, own_cluster: bool, sleep: Callable[[float], None] = time.sleep) -> bool:
+def choose_device(
+    settings: ConnectSettings, *, own_cluster: bool, sleep: Callable[[float], None] = time.sleep
+) -> bool:
     """``device_decision`` on the connected cluster, logged once: whether the learners hold GPUs.
 
     ``--use-gpu`` on a cluster short of GPUs fails at once when this job started the cluster (nothing
@@ -190,7 +198,7 @@ def choose_device(config: Config, *, own_cluster: bool, sleep: Callable[[float],
     ``train.worker_start_timeout_s`` for them, checked every second, then fails the same way."""
     import ray
 
-    train = config.train
+    train = settings
 
     def decide() -> tuple[bool, str]:
         gpus = ray.cluster_resources().get("GPU", 0)
@@ -212,11 +220,11 @@ def choose_device(config: Config, *, own_cluster: bool, sleep: Callable[[float],
     return use
 
 
-def check_cpus(config: Config) -> None:
+def check_cpus(settings: ConnectSettings) -> None:
     """Fail fast where the data tasks could never run: each learner holds a CPU, they need one more."""
     import ray
 
-    cpus, least = ray.cluster_resources().get("CPU", 0), config.train.min_learners
+    cpus, least = ray.cluster_resources().get("CPU", 0), settings.min_learners
     if cpus < least + 1:
         raise RunSetupError(
             f"the Ray cluster has {cpus:g} CPUs: the {least} learners (at least) hold one each and the "

@@ -37,6 +37,7 @@ from raytrain_seq.outputs import accounting
 from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport, LearnerStop
 from raytrain_seq.outputs.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.outputs.tracking import make_tracker
+from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
@@ -100,6 +101,7 @@ class _Run:
     resumed: checkpoint.Checkpoint | None
     learner_resources: dict[str, float]
     geometry: Geometry | None  # the preflight's (data.geometry.data_geometry)
+    parts: Parts  # each part's settings, the preflight's (parts.Parts.of)
     use_gpu: bool = False
     launch: LearnerLaunch | None = None  # what every learner is launched with (runtime/launch.py)
     marks: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -140,18 +142,19 @@ def _prepare(
     quiet_driver(config.run.verbose)
     # The job's own check of this config already ran, so this one only takes its result (the catalogs).
     checked = preflight.check(config, reuse=True)
-    run_dir = check_storage(config)
+    parts = checked.parts
+    run_dir = check_storage(parts.connect)
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
     if config.run.resume and resumed is None:
         raise RunSetupError(
             f"--resume: {run_dir} holds no checkpoint that loads: start it again without --resume"
         )
     extra = _check_learner_resources(learner_resources)
-    state = _Run(config, began, began_wall, run_dir, resumed, extra, checked.geometry)
-    own_cluster = connect(config)
-    check_cpus(config)
+    state = _Run(config, began, began_wall, run_dir, resumed, extra, checked.geometry, parts)
+    own_cluster = connect(parts.connect)
+    check_cpus(parts.connect)
     # A GPU count that cannot hold the learners fails here, not in Ray Train's endless wait for them.
-    state.use_gpu = choose_device(config, own_cluster=own_cluster)
+    state.use_gpu = choose_device(parts.connect, own_cluster=own_cluster)
     state.marks["connected"] = time.time()
     suffix = uuid.uuid4().hex[:8]
     state.launch = LearnerLaunch(
@@ -181,8 +184,10 @@ def _start_actors(state: _Run) -> None:
     """The feed, then (its process starting) Ray Train's and torch's imports, then the averager."""
     from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
 
-    config, train, launch = state.config, state.config.train, state.launch
-    feed = create_feed(config, name=launch.feed, namespace=NAMESPACE, prefetch=False, geometry=state.geometry)
+    config, train, launch, parts = state.config, state.config.train, state.launch, state.parts
+    feed = create_feed(
+        parts.feed, name=launch.feed, namespace=NAMESPACE, prefetch=False, geometry=state.geometry
+    )
     if train.validate_every:
         # A failure to launch them is raised again by the evaluator's own eval_shard call.
         feed.prefetch_eval.remote("val")
@@ -190,7 +195,6 @@ def _start_actors(state: _Run) -> None:
     # order: docs/ARCHITECTURE.md, "Start-up order").
     for module in ("ray.train.v2.api.data_parallel_trainer", "raytrain_seq.runtime.learner"):
         importlib.import_module(module)
-    from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.evaluator import ThreadValidator
 
@@ -199,11 +203,11 @@ def _start_actors(state: _Run) -> None:
     validator = None
     by_evaluator = train.validator == "evaluator" or (train.validator == "auto" and not state.use_gpu)
     if train.validate_every and by_evaluator:
-        validator = ThreadValidator(config, feed_name=launch.feed, namespace=NAMESPACE)
+        validator = ThreadValidator(parts.evaluator, feed_name=launch.feed, namespace=NAMESPACE)
         state.launch = dataclasses.replace(launch, evaluator=True)
     state.averager = create_averager(
         launch.averager,
-        AveragerSettings.from_config(config),
+        parts.averager,
         namespace=NAMESPACE,
         max_restarts=train.averager_max_restarts,
         run_dir=state.run_dir,  # the averager reloads the latest checkpoint (resume, or its own restart)

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from raytrain_seq.config import Config
 from raytrain_seq.dataplane.payload import ObjectStore
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.parts import EvaluatorSettings
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.training.heap import keep_freed_memory
 from raytrain_seq.training.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
@@ -46,7 +46,13 @@ class Evaluator:
     """
 
     def __init__(
-        self, config: Config, *, feed: Any, store: ObjectStore, split: str = "val", threads: int | None = None
+        self,
+        settings: EvaluatorSettings,
+        *,
+        feed: Any,
+        store: ObjectStore,
+        split: str = "val",
+        threads: int | None = None,
     ) -> None:
         if split not in ("val", "test"):
             raise ValueError(f"split must be 'val' or 'test', got {split!r}")
@@ -55,12 +61,14 @@ class Evaluator:
                 f"threads must be an int >= 1 or None, got {threads!r}: pass e.g. 2, or None for one per learner"
             )
         spec = feed.model_spec()
-        self.model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+        self.model = build_model_for(
+            settings.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+        )
         # Never trained here: eval mode once, so that concurrent evaluate() calls never toggle it.
         self.model.eval()
         cores = len(os.sched_getaffinity(0))
-        self.threads = threads if threads is not None else max(1, min(cores, config.train.max_learners))
-        self.config, self.feed, self.store, self.split = config, feed, store, split
+        self.threads = threads if threads is not None else max(1, min(cores, settings.max_learners))
+        self.settings, self.feed, self.store, self.split = settings, feed, store, split
         self._rows: list[dict[str, torch.Tensor]] | None = None
         # The scoring threads live as long as the evaluator: new threads every validation would each
         # start from an empty heap arena and page-fault their activations in again.
@@ -83,7 +91,7 @@ class Evaluator:
         state = state.materialise(self.store.get)
         self.model.load_state_dict(dict(state.params))
         self.prepare()
-        micro = eval_micro_batch_size(self.config.train.micro_batch_size)
+        micro = eval_micro_batch_size(self.settings.micro_batch_size)
         # Batches dealt round-robin: 7 batches over 2 threads -> batches 0, 2, 4, 6 and 1, 3, 5.
         parts = [self._rows[i :: self.threads] for i in range(min(self.threads, len(self._rows)))]
         if len(parts) <= 1 or self._pool is None:
@@ -121,9 +129,14 @@ class ThreadValidator:
     """
 
     def __init__(
-        self, config: Config, *, feed_name: str, namespace: str, build: Callable[[], Evaluator] | None = None
+        self,
+        settings: EvaluatorSettings,
+        *,
+        feed_name: str,
+        namespace: str,
+        build: Callable[[], Evaluator] | None = None,
     ) -> None:
-        self.config, self.feed_name, self.namespace = config, feed_name, namespace
+        self.settings, self.feed_name, self.namespace = settings, feed_name, namespace
         self.build = build  # None: the run's evaluator (the feed by name, Ray's object store); tests pass one
         self._thread: ThreadPoolExecutor | None = None
         self._evaluator: Future[Evaluator] | None = None
@@ -137,7 +150,7 @@ class ThreadValidator:
             return
         # Process-wide, as in a learner: one intra-op thread per scoring thread, freed memory kept.
         torch.set_num_threads(1)
-        if self.config.train.keep_freed_memory:
+        if self.settings.keep_freed_memory:
             keep_freed_memory()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="evaluator")
         self._evaluator = self._thread.submit(self._prepared)
@@ -156,7 +169,7 @@ class ThreadValidator:
         # This thread is in the averager, an asyncio actor: its reads wait on the objects' futures, off the
         # event loop, where ray.get would log that it blocks the loop (runtime.off_loop).
         feed = LearnerFeed(get_feed(self.feed_name, namespace=self.namespace), get=off_loop_get)
-        return Evaluator(self.config, feed=feed, store=RayStore(get=off_loop_get))
+        return Evaluator(self.settings, feed=feed, store=RayStore(get=off_loop_get))
 
     def error(self) -> str | None:
         """Why the evaluator could not be built (its validation rows assembled), once that is known."""

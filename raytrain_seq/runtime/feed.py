@@ -23,12 +23,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from raytrain_seq.config import Config
+from raytrain_seq.config import DataConfig
 from raytrain_seq.data.geometry import Geometry, data_geometry
 from raytrain_seq.feed.cache import Key, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_int, check_rank
 from raytrain_seq.feed.plans import EVAL_KEYS
 from raytrain_seq.feed.report import RESTARTS_FILE, RestartLog
+from raytrain_seq.parts import FeedSettings
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import EpochShard
 from raytrain_seq.runtime.feed_tasks import FeedTasks
@@ -51,10 +52,10 @@ class FeedUnavailableError(RuntimeError):
     """The feed actor stayed unreachable (dead past train.feed_max_restarts) through a learner's retries."""
 
 
-def feed_geometry(config: Config, *, warn: bool = True) -> Geometry:
+def feed_geometry(data: DataConfig, *, warn: bool = True) -> Geometry:
     """The run's data geometry (``data.geometry.data_geometry``: catalogs, t_max, max_sequences, the
     evaluation strategy, channels, class names, skipped videos, flow method); RunSetupError for a bad fit."""
-    return data_geometry(config, warn=warn)
+    return data_geometry(data, warn=warn)
 
 
 def _reconstructed(verbose: bool = False) -> bool:
@@ -85,7 +86,7 @@ class BlockFeed:
 
     def __init__(
         self,
-        config: Config,
+        settings: FeedSettings,
         *,
         videos_per_task: int = 16,
         partial_cpus: float = 1.0,
@@ -93,25 +94,27 @@ class BlockFeed:
         geometry: Geometry | None = None,
         launch: Callable[[list[int], list[int | None], Sequence[int] | None], list[Any]] | None = None,
     ) -> None:
-        """``geometry``: the driver's ``feed_geometry(config)``, so a run probes its videos once (a pass over
+        """``geometry``: the driver's ``feed_geometry(settings.data)``, so a run probes its videos once (a pass over
         full UCF101 opens every file); None computes it here. ``launch(videos, epochs, renewal)``: what
         starts the partial augmentations and says where each video's array will be; None = Ray tasks
         (tests plan and serve epochs without Ray by passing placeholders)."""
-        if not isinstance(config, Config):
-            raise TypeError(f"BlockFeed needs a raytrain_seq.config.Config, got {type(config).__name__}")
+        if not isinstance(settings, FeedSettings):
+            raise TypeError(
+                f"BlockFeed needs a raytrain_seq.parts.FeedSettings, got {type(settings).__name__}"
+            )
         videos_per_task = check_int(videos_per_task, "videos_per_task", 1, "use e.g. 16")
         keep = check_int(keep_epochs, "keep_epochs", 1, "keep at least the current epoch")
         if geometry is None:
-            geometry = feed_geometry(config, warn=False)
+            geometry = feed_geometry(settings.data, warn=False)
         self.t_max, self.max_sequences = geometry.t_max, geometry.max_sequences
-        self._max_epochs = config.train.max_epochs
+        self._max_epochs = settings.max_epochs
         # Ray restarted this actor (train.feed_max_restarts): the cache and every object the dead one owned
         # are gone. Each epoch a learner asks for is recomputed from the source with the same seeds (the
         # resume path), and the restart is written down, since this process lost its predecessor's totals.
-        restarted = _reconstructed(config.run.verbose)
-        self._planner = FeedPlanner(config, geometry, keep=keep, restarted=restarted)
+        restarted = _reconstructed(settings.verbose)
+        self._planner = FeedPlanner(settings, geometry, keep=keep, restarted=restarted)
         self._tasks = FeedTasks(
-            config, self._planner.frames, geometry.channels, videos_per_task=videos_per_task,
+            settings, self._planner.frames, geometry.channels, videos_per_task=videos_per_task,
             partial_cpus=float(partial_cpus),
         )  # fmt: skip
         self._launcher = launch if launch is not None else self._tasks.launch
@@ -276,7 +279,7 @@ def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[d
 
 # --------------------------------------------------------------------------------------------- ray glue
 def create_feed(
-    config: Config,
+    settings: FeedSettings,
     *,
     name: str | None = None,
     namespace: str | None = None,
@@ -291,37 +294,37 @@ def create_feed(
 
     The configuration is checked here first (or given: ``geometry``, the preflight's ``feed_geometry``),
     so a bad t_max fails in the driver; the actor gets the catalogs built for that check instead of
-    probing the videos again. ``prefetch_world_size`` (default ``config.train.learners``) orders epoch 0's
+    probing the videos again. ``prefetch_world_size`` (default ``settings.learners``) orders epoch 0's
     tasks by the learners' consumption.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if not isinstance(config, Config):
-        raise TypeError(f"create_feed needs a raytrain_seq.config.Config, got {type(config).__name__}")
-    geometry = geometry if geometry is not None else feed_geometry(config)
+    if not isinstance(settings, FeedSettings):
+        raise TypeError(f"create_feed needs a raytrain_seq.parts.FeedSettings, got {type(settings).__name__}")
+    geometry = geometry if geometry is not None else feed_geometry(settings.data)
     if not ray.is_initialized():
         raise RuntimeError("ray is not initialised: call ray.init() (or run inside a Ray job) first")
     driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     options = {"num_cpus": 0, "num_gpus": 0, "scheduling_strategy": driver_node, "max_concurrency": 32}
     # A killed feed is restarted by Ray with the same arguments; calls in flight then are resent to it
     # (every method may run twice: planning and serving an epoch are idempotent).
-    restarts = config.train.feed_max_restarts
+    restarts = settings.max_restarts
     options.update(max_restarts=restarts, max_task_retries=-1 if restarts else 0)
     if name is not None:
         options.update(name=name, namespace=namespace, get_if_exists=False)
     feed = (
         ray.remote(BlockFeed)
         .options(**options)
-        .remote(config, videos_per_task=videos_per_task, partial_cpus=partial_cpus, geometry=geometry)
+        .remote(settings, videos_per_task=videos_per_task, partial_cpus=partial_cpus, geometry=geometry)
     )
     if prefetch:
-        feed.prefetch.remote(0, prefetch_world_size or config.train.learners)
+        feed.prefetch.remote(0, prefetch_world_size or settings.learners)
     return feed
 
 
 def get_feed(name: str, *, namespace: str | None = None):
-    """The handle of a feed started by ``create_feed(config, name=name)``."""
+    """The handle of a feed started by ``create_feed(settings, name=name)``."""
     import ray
 
     return ray.get_actor(name, namespace=namespace)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from raytrain_seq.config import Config
 from raytrain_seq.data.frame_cache import home_nodes
 from raytrain_seq.data.sources import source_kwargs
+from raytrain_seq.parts import FeedSettings
 from raytrain_seq.runtime.partial_tasks import (
     OBJECT_BYTES,
     CachedArray,
@@ -38,17 +38,17 @@ class FeedTasks:
 
     def __init__(
         self,
-        config: Config,
+        settings: FeedSettings,
         frames: dict[int, int],
         channels: int,
         *,
         videos_per_task: int,
         partial_cpus: float,
     ) -> None:
-        self._config = config
+        self._data, self._max_learners = settings.data, settings.max_learners
         self._frames, self._channels = frames, channels  # video id -> cached frames; frame channels
         self._videos_per_task, self._partial_cpus = videos_per_task, partial_cpus
-        self._flow_once = config.data.stream == "flow"
+        self._flow_once = settings.data.stream == "flow"
         # Flow once: a flow run computes each training video's whole-frame flow once and keeps its ref for
         # the run (Ray spills it when the store is full); a refurbish then only cuts a window out of it.
         self._flows: dict[int, CachedArray] = {}  # training video id -> its whole-frame flow
@@ -68,7 +68,7 @@ class FeedTasks:
         if self._flow_once:
             return self._launch_windows(videos, epochs, renewal)
         task = augment_task()
-        source, data, seed = source_kwargs(self._config), self._config.data, self._config.data.seed
+        source, data, seed = source_kwargs(self._data), self._data, self._data.seed
         placed_at: dict[int, CachedArray] = {}  # position in videos -> where its array will be
         # A task holds videos of one renewal epoch and one home node (the node whose frame cache has them).
         home = self._homes(videos)
@@ -102,7 +102,7 @@ class FeedTasks:
     def _homes(self, videos: list[int]) -> dict[int, str]:
         """Each video's home node (``frame_cache.home_nodes`` over the alive nodes with CPUs, weighted by
         them) when real RGB videos go through the frame cache, else none (any node will do)."""
-        data = self._config.data
+        data = self._data
         if data.dataset == "synthetic" or data.stream != "rgb" or data.frame_cache_gib == 0:
             return {}
         import ray
@@ -130,7 +130,7 @@ class FeedTasks:
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        learners = self._config.train.max_learners
+        learners = self._max_learners
         return lane_waits(tasks, eval_lanes(cpus, learners, before_learners=self.before_learners))
 
     def _launch_windows(
@@ -141,7 +141,7 @@ class FeedTasks:
         A training video's flow is kept for the run, so its later refurbishes are window tasks on the
         stored flow; an evaluation video's (epoch None) is dropped once its one window is cut.
         """
-        source, data, seed = source_kwargs(self._config), self._config.data, self._config.data.seed
+        source, data, seed = source_kwargs(self._data), self._data, self._data.seed
         flows = {v: self._flows[v] for v in videos if v in self._flows}
         todo = [(v, e) for v, e in zip(videos, epochs, strict=True) if v not in flows]
         chunks = task_chunks(len(todo), self._videos_per_task, None)
@@ -185,5 +185,5 @@ class FeedTasks:
 
     def _bounds(self, ids: list[int]) -> list[tuple[int, int]]:
         """How a task's videos share objects: of at least ``OBJECT_BYTES`` each, or one video if larger."""
-        size, channels = self._config.data.cache_size, self._channels
+        size, channels = self._data.cache_size, self._channels
         return object_bounds([self._frames[v] * size * size * channels for v in ids], OBJECT_BYTES)

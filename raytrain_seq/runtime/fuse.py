@@ -27,6 +27,7 @@ import torch
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.outputs.summary import SUMMARY_FILE, RunSummary
+from raytrain_seq.parts import Parts
 from raytrain_seq.runtime.connect import check_storage, connect
 
 logger = logging.getLogger(__name__)
@@ -116,19 +117,21 @@ def _evaluate(
     from raytrain_seq.training.step import collate_rows, eval_micro_batch_size, view_probabilities
 
     began = time.perf_counter()
-    geometry = feed_geometry(
-        run_config
-    )  # a bad layout or t_max fails here, in the driver, with its own message
+    # A bad layout or t_max fails here, in the driver, with its own message.
+    geometry = feed_geometry(run_config.data)
     feed = (
         ray.remote(BlockFeed)
         .options(num_cpus=0, num_gpus=0, max_concurrency=32)
-        .remote(run_config, geometry=geometry)
+        .remote(Parts.of(run_config).feed, geometry=geometry)
     )
     try:
         spec = ray.get(feed.model_spec.remote())
         device = _device(fuse_config)
         model = model_from_state(
-            run_config, found.state.params, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+            run_config.model,
+            found.state.params,
+            num_classes=spec["num_classes"],
+            in_channels=spec["in_channels"],
         ).to(device)
         model.eval()
         shard = ray.get(feed.eval_shard.remote("test"))
@@ -214,8 +217,9 @@ def run_fuse(config: Config) -> RunSummary:
     began = time.perf_counter()
     config = config.named()  # its dated folder when no --run-name was given
     runs = _load_runs(config)
-    run_dir = check_storage(config)
-    connect(config)
+    settings = Parts.of(config).connect
+    run_dir = check_storage(settings)
+    connect(settings)
     results = {
         stream: _evaluate(stream, folder, run_config, found, config)
         for stream, (folder, run_config, found) in runs.items()

@@ -109,7 +109,7 @@ class Learner:
         spec = self.model_spec = feed.model_spec()
         self.in_channels = spec["in_channels"]  # 2: optical flow, whose flip negates x
         self.model = build_model_for(
-            config, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+            config.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
         ).to(device)
         self.optimizer = build_optimizer(
             train.optimizer, self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay
