@@ -444,7 +444,7 @@ class Rounds:
             joined = ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(actors[:n])])
             interleaved = reference is None and n == 2 and shards is None and actors is self.actors
             seen = self._rounds(averager, actors[:n], count, channels, interleaved, reference)
-            rounds_ = ray.get(averager.summary.remote())["hub_load"]
+            rounds_ = ray.get(averager.summary.remote()).hub_load
             hub = (
                 max(a["received"] + a["sent"] for a in rounds_[-1]["actors"].values()) / joined[0]["payload"]
             )

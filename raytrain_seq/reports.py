@@ -101,16 +101,7 @@ class AveragingReport:
     test: dict[str, Any] | None
     """The summed test tallies (``rounds.tally.ShareTally.totals``); None before a test pass."""
     validator_error: str | None = None
-    """Why the evaluator could not validate (the driver raises it); None when it could (key left out)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data; ``validator_error`` only when set."""
-        return _to_dict(self, omit_if_none=("validator_error",))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AveragingReport:
-        """Inverse of ``to_dict``; ValueError naming missing or unknown keys."""
-        return _from_dict(cls, d)
+    """Why the evaluator could not validate (the driver raises it); None when it could."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,15 +130,6 @@ class FeedReport:
     """Refurbishing's r: each partial augmentation serves r epochs."""
     restarts: list[dict[str, Any]]
     """The feed's restarts by Ray: ``{time, kind, detail}`` (wall time)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data, the keys ``stats()`` always had."""
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FeedReport:
-        """Inverse of ``to_dict``; ValueError naming missing or unknown keys."""
-        return _from_dict(cls, d)
 
 
 @dataclass(frozen=True, kw_only=True)

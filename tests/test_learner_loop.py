@@ -496,7 +496,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     assert "report_validation" not in transport.calls  # nobody on the learner's side validated
     assert evaluator.scored == [2, 4] and sorted(scores) == [2, 4]
     assert tested == {2: False, 4: True}  # round 4 ends the 2 epochs (4 steps each, K=2): after the test
-    history = summary["validation_history"]
+    history = summary.validation_history
     assert [(v["round"], v["accuracy"]) for v in history] == [
         (r, s["accuracy"]) for r, s in sorted(scores.items())
     ]
@@ -568,7 +568,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
     with pytest.raises(OSError, match="videos are gone"):
         asyncio.run(failing(state))
     assert "videos are gone" in failing.error()
-    assert "videos are gone" in asyncio.run(averager.summary())["validator_error"]
+    assert "videos are gone" in asyncio.run(averager.summary()).validator_error
 
 
 def test_evaluator_threads_score_exactly_what_one_thread_scores():

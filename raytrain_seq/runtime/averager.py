@@ -592,9 +592,9 @@ class ParameterAverager:
         """The averaging shard actors (created now if not yet); empty when this process merges."""
         return self._pool.handles()
 
-    async def summary(self, *, settle: bool = False) -> dict[str, Any]:
+    async def summary(self, *, settle: bool = False) -> AveragingReport:
         """Per-learner totals, histories, drops, membership and recoveries, B and validations: a
-        ``reports.AveragingReport`` as a dict.
+        ``reports.AveragingReport``.
 
         settle: first wait (at most ``timeout_s``) for a validation still being scored. At the run's end
         no next round waits for the final round's accuracy, and the history should hold it."""
@@ -615,7 +615,7 @@ class ParameterAverager:
             test=self._test.totals(),
             # The driver raises it: no validation round was scored.
             validator_error=self._validator_error(),
-        ).to_dict()
+        )
 
     def _validator_error(self) -> str | None:
         """Why the validator could not score anything (its ``error()``); None when it could or is none."""

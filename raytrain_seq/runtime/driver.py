@@ -285,14 +285,14 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
 
     config, averager, feed = state.config, state.averager, state.feed
     # With the final round's validation.
-    averaging = AveragingReport.from_dict(ray.get(averager.summary.remote(settle=True)))
+    averaging: AveragingReport = ray.get(averager.summary.remote(settle=True))
     if averaging.validator_error:  # every validation failed; the checkpoints are in the run folder
         _release(averager, feed)
         raise RuntimeError(
             "the evaluator could not be built or its validation rows assembled: "
             f"{averaging.validator_error} (the averager's log says more)"
         )
-    stats = FeedReport.from_dict(ray.get(feed.stats.remote(wait=True)))
+    stats: FeedReport = ray.get(feed.stats.remote(wait=True))
     summary = build_summary(
         config, metrics, averaging, stats, ray.get(feed.model_spec.remote())["class_names"]
     )

@@ -29,6 +29,7 @@ from raytrain_seq.feed.cache import Key, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_int, check_rank
 from raytrain_seq.feed.plans import EVAL_KEYS
 from raytrain_seq.feed.report import RESTARTS_FILE, RestartLog
+from raytrain_seq.reports import FeedReport
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import EpochShard
 from raytrain_seq.runtime.feed_tasks import FeedTasks
@@ -236,9 +237,9 @@ class BlockFeed:
         """What the learners' model must take: {"num_classes", "in_channels", "class_names"}."""
         return self._planner.model_spec()
 
-    def stats(self, wait: bool = False, ids: bool = False) -> dict[str, Any]:
+    def stats(self, wait: bool = False, ids: bool = False) -> FeedReport:
         """Per epoch: recomputed, reused, packing stats, partial-augmentation videos and seconds; totals
-        (a ``reports.FeedReport`` as a dict, built by the planner's ``FeedTally``).
+        (a ``reports.FeedReport``, built by the planner's ``FeedTally``).
 
         A flow run (flow once) adds per epoch and in the totals: ``flow_videos`` (whole-frame flows
         computed for the epoch), ``flow_seconds`` (their CPU seconds of decoding and flow) and
@@ -262,11 +263,11 @@ class BlockFeed:
                 infos, ids=ids, tasks_pending=len(self._tasks.reports),
                 actor_cpu_s=time.process_time() - self._cpu_began,
             )  # fmt: skip
-            return report.to_dict()
+            return report
 
 
 def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[dict[str, Any]]:
-    """The run summary's ``feed_restart`` recoveries from ``stats()["restarts"]`` (``FeedReport.restarts``):
+    """The run summary's ``feed_restart`` recoveries from ``stats().restarts`` (``FeedReport.restarts``):
     ``{time_s, kind, detail}``, time_s counted from ``since`` (rank 0's first step, the start of the
     training clock; None: wall time)."""
     return [

@@ -240,8 +240,8 @@ def run_fuse(config: Config) -> RunSummary:
         stream: {names[c]: correct / total for c, (correct, total) in table.items()}
         for stream, table in fused["per_class"].items()
     }
-    videos = dict(rgb["stats"]["videos"])
-    videos["skipped"] = sorted(set(videos["skipped"]) | set(flow["stats"]["videos"]["skipped"]))
+    videos = dict(rgb["stats"].videos)
+    videos["skipped"] = sorted(set(videos["skipped"]) | set(flow["stats"].videos["skipped"]))
     rgb_config = runs["rgb"][1]
     evaluation = rgb["seconds"] + flow["seconds"]
     summary = RunSummary(
@@ -254,7 +254,7 @@ def run_fuse(config: Config) -> RunSummary:
         config=config.to_dict(),
         videos=videos,
         stream="fuse",
-        flow_method=flow["stats"].get("flow_method"),
+        flow_method=flow["stats"].flow_method,
         per_class_accuracy=per_class["fused"],
         extra={
             "fuse": {
