@@ -31,6 +31,7 @@ from raytrain_seq.members.errors import AveragerUnavailableError, MembershipErro
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.reports import LearnerReport, RoundMetrics
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned, Unreachable
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
@@ -287,7 +288,7 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     feed = Feed()
     averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
-    reports: list[tuple[dict, list[str]]] = []
+    reports: list[tuple[RoundMetrics | LearnerReport, list[str]]] = []
 
     def report(metrics, folder: Path | None) -> None:
         saved = None
@@ -326,13 +327,13 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     start = build_model_for(config, num_classes=CLASSES, in_channels=3).state_dict()
     assert any(not torch.allclose(start[k], expected[k]) for k in expected)
     # 8 rows / B=2 = 4 steps an epoch, K=2: rounds 1-2 in epoch 1, 3-4 in epoch 2; every=2 -> 2, final 4.
-    rounds = [(m["round"], saved is not None) for m, saved in reports]
+    rounds = [(m.round, saved is not None) for m, saved in reports]
     assert rounds == [(2, True), (4, True)]
     final = reports[-1][1]
-    assert final.state.round == 4 and reports[-1][0]["test_accuracy"] is not None
+    assert final.state.round == 4 and reports[-1][0].test_accuracy is not None
     assert all(torch.equal(final.state.params[k], got[k]) for k in got)
     assert final.position == {**EpochPosition(2, steps=8).as_dict(), "round": 4}
-    assert reports[-1][0]["steps_trained"] == 8 and reports[-1][0]["epochs_trained"] == 2
+    assert reports[-1][0].steps_trained == 8 and reports[-1][0].epochs_trained == 2
     # Without an evaluator every round's result asks the learner to score its share (here: all of it).
     assert transport.calls.count("average") == 4 and transport.calls.count("report_validation_share") == 4
     history = averager._history.summary()["validation_history"]
@@ -351,7 +352,7 @@ def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restar
     def train(seed=lambda: None) -> tuple[Learner, list[tuple[dict, object]], list[str]]:
         averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
         transport = InProcess(averager)
-        reports: list[tuple[dict, object]] = []
+        reports: list[tuple[RoundMetrics | LearnerReport, object]] = []
 
         def report(metrics, folder: Path | None) -> None:
             reports.append((metrics, None if folder is None else checkpoint.load(folder)))
@@ -373,11 +374,11 @@ def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restar
     # Not vacuous: 4 steps (the one epoch asked for) end elsewhere.
     four = _reference(config, feed, steps=4)
     assert any(not torch.allclose(four[k], expected[k], rtol=0, atol=1e-6) for k in expected)
-    assert [(m["round"], saved is not None) for m, saved in reports] == [(2, True), (3, True)]
+    assert [(m.round, saved is not None) for m, saved in reports] == [(2, True), (3, True)]
     assert calls.count("average") == 3 and learner.step.steps == 5
     final_metrics, final = reports[-1]
     assert final.position == {**EpochPosition(1, (), 1, 2, steps=5).as_dict(), "round": 3}
-    assert final_metrics["steps_trained"] == 5 and final_metrics["epochs_trained"] == 1.25
+    assert final_metrics.steps_trained == 5 and final_metrics.epochs_trained == 1.25
     resumed, _, calls = train(seed=lambda: reports[0][1].state)
     assert resumed.steps_done == 5 and resumed.step.steps == 1 and calls.count("average") == 1
     again = resumed.model.state_dict()
@@ -425,7 +426,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
         report_validation_share=[True, True],
         checkpoint_contents=[],
     )
-    reports: list[dict] = []
+    reports: list[RoundMetrics] = []
     learner = Learner(
         config,
         rank=0,
@@ -445,7 +446,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     assert installed[-1] == 3 and all(
         torch.equal(v, others[k]) for k, v in learner.model.state_dict().items()
     )
-    assert [r["round"] for r in reports] == [2]  # rounds 1 and 3 are no checkpoint rounds (every=2)
+    assert [r.round for r in reports] == [2]  # rounds 1 and 3 are no checkpoint rounds (every=2)
     final = learner.train_epoch(end)
     assert final == EpochPosition(1, steps=4)
     assert feed.epoch_calls == [(0, 0), (0, 4)]  # the second pass skipped the 4 rows the others took
@@ -610,12 +611,12 @@ class TestRowsFeed(Feed):
         return super().eval_rows(split, rank, world_size, uncropped=uncropped)
 
 
-def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
+def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[RoundMetrics | LearnerReport]]:
     """Rank 0 alone; the reports end with the final one (``keep_final``), which ``run`` also returns."""
     averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
-    reports: list[dict] = []
-    finals: list[tuple[dict, list[str]]] = []
+    reports: list[RoundMetrics] = []
+    finals: list[tuple[LearnerReport, list[str]]] = []
     try:
         learner = Learner(
             config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
@@ -630,7 +631,7 @@ def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
     assert len(finals) == 1 and finals[0][1] == sorted(
         [checkpoint.STATE_FILE, checkpoint.POSITION_FILE, checkpoint.VALIDATION_FILE]
     )
-    assert returned is finals[0][0] and all(r["round"] < returned["round"] for r in reports)
+    assert returned is finals[0][0] and all(r.round < returned.round for r in reports)
     return learner, [*reports, returned]
 
 
@@ -646,9 +647,9 @@ def test_test_rows_are_assembled_while_the_last_epochs_train():
     assert feed.test_asks == [(2, "test-rows")]  # asked once epoch 1's rows were: 2 epochs from the end
     final = reports[-1]
     expected = evaluate(learner.model, [collate_rows(_rows(7, 6))], micro_batch_size=4)
-    assert final["test_accuracy"] == expected.accuracy and final["test_sequences"] == expected.sequences
+    assert final.test_accuracy == expected.accuracy and final.test_sequences == expected.sequences
     assert expected.sequences > 0  # not vacuous
-    timeline = final["timeline"]
+    timeline = final.timeline
     assert timeline["test_rows"] <= timeline["trained"] <= timeline["test_scored"]
 
 

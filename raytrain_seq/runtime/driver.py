@@ -45,7 +45,7 @@ from raytrain_seq.reports import AveragingReport, FeedReport, LearnerReport, Lea
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
-from raytrain_seq.runtime.launch import LearnerLaunch
+from raytrain_seq.runtime.launch import LearnerLaunch, LoopConfig
 from raytrain_seq.runtime.logs import quiet_driver, train_logging
 from raytrain_seq.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.tracking import make_tracker
@@ -245,11 +245,11 @@ def _fit(state: _Run) -> LearnerReport:
     state.marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
-    if not isinstance(result.return_value, dict):  # the learners stopped on a checkpoint write
+    if not isinstance(result.return_value, LearnerReport):  # the learners stopped on a checkpoint write
         _release(state.averager, state.feed)
         stop = result.return_value
         raise checkpoint.stopped_error(state.run_dir, stop.message if isinstance(stop, LearnerStop) else None)
-    return LearnerReport.from_dict(result.return_value)
+    return result.return_value
 
 
 def _trainer(state: _Run) -> Any:
@@ -263,7 +263,7 @@ def _trainer(state: _Run) -> Any:
     gpu = {"GPU": train.gpus_per_learner} if state.use_gpu else {}
     return DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": config.to_dict(), "launch": state.launch},
+        train_loop_config=LoopConfig(config=config.to_dict(), launch=state.launch),
         scaling_config=ScalingConfig(
             num_workers=train.learners,
             use_gpu=state.use_gpu,
