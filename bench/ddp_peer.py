@@ -54,7 +54,7 @@ def ddp_loop(loop_config: dict) -> None:
     feed = LearnerFeed(handle, epochs=config.train.epochs)
     spec = feed.model_spec()
     torch.manual_seed(config.data.seed)
-    model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    model = build_model_for(config, num_classes=spec.num_classes, in_channels=spec.in_channels)
     # Some ranks may get only filler rows in a last step: their forward then skips the CNN.
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     train = config.train

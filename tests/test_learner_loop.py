@@ -26,6 +26,7 @@ from conftest import InProcess
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
+from raytrain_seq.data.geometry import ModelSpec
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessStore
 from raytrain_seq.members.errors import AveragerUnavailableError, MembershipError, StaleRoundError
 from raytrain_seq.members.retry import Backoff
@@ -101,8 +102,10 @@ class Feed:
     def __init__(self) -> None:
         self.epoch_calls: list[tuple[int, int]] = []
 
-    def model_spec(self) -> dict:
-        return {"num_classes": CLASSES, "in_channels": 3, "class_names": [f"c{i}" for i in range(CLASSES)]}
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(
+            num_classes=CLASSES, in_channels=3, class_names=tuple(f"c{i}" for i in range(CLASSES))
+        )
 
     def epoch(self, epoch: int) -> list[dict[str, np.ndarray]]:
         return _rows(100 + epoch, self.ROWS)
@@ -265,7 +268,7 @@ def _reference(config: Config, feed: Feed, steps: int | None = None) -> dict[str
     (``steps``: stop after that many steps, epochs or not)."""
     torch.manual_seed(config.data.seed)
     spec = feed.model_spec()
-    model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    model = build_model_for(config, num_classes=spec.num_classes, in_channels=spec.in_channels)
     train = config.train
     optimizer = build_optimizer(train.optimizer, model.parameters(), lr=train.lr)
     step = InnerStep(model, optimizer, micro_batch_size=train.micro_batch_size, device="cpu")

@@ -266,7 +266,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
     monkeypatch.setattr(pipeline, "data_geometry", probe)
     feed = pipeline.BlockFeed(config, geometry=geometry)
     assert calls == [] and feed.t_max == geometry.t_max and feed.max_sequences == geometry.max_sequences
-    assert feed.model_spec()["num_classes"] == len(geometry.class_names)
+    assert feed.model_spec().num_classes == len(geometry.class_names)
     with pytest.raises(RuntimeError, match="probed"):  # not vacuous: without geometry the feed probes
         pipeline.BlockFeed(config)
     assert len(calls) == 1

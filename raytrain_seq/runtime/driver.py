@@ -294,7 +294,7 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
         )
     stats: FeedReport = ray.get(feed.stats.remote(wait=True))
     summary = build_summary(
-        config, metrics, averaging, stats, ray.get(feed.model_spec.remote())["class_names"]
+        config, metrics, averaging, stats, list(ray.get(feed.model_spec.remote()).class_names)
     )
     # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
     # its first step, "write" runs from its final metrics (checkpoint, Ray Train's shutdown, summary).

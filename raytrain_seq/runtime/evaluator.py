@@ -62,7 +62,7 @@ class Evaluator:
                 f"threads must be an int >= 1 or None, got {threads!r}: pass e.g. 2, or None for one per learner"
             )
         spec = feed.model_spec()
-        self.model = build_model_for(config, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+        self.model = build_model_for(config, num_classes=spec.num_classes, in_channels=spec.in_channels)
         # Never trained here: eval mode once, so that concurrent evaluate() calls never toggle it.
         self.model.eval()
         cores = len(os.sched_getaffinity(0))

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from raytrain_seq.config import Config
-from raytrain_seq.data.geometry import Geometry, data_geometry
+from raytrain_seq.data.geometry import Geometry, ModelSpec, data_geometry
 from raytrain_seq.feed.cache import Key, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_int, check_rank
 from raytrain_seq.feed.plans import EVAL_KEYS
@@ -233,8 +233,8 @@ class BlockFeed:
         with self._lock:
             return [self._arrays[key] for key in self._planner.keys(ids, epoch)]
 
-    def model_spec(self) -> dict[str, Any]:
-        """What the learners' model must take: {"num_classes", "in_channels", "class_names"}."""
+    def model_spec(self) -> ModelSpec:
+        """What the learners' model must take (``data.geometry.ModelSpec``)."""
         return self._planner.model_spec()
 
     def stats(self, wait: bool = False, ids: bool = False) -> FeedReport:

@@ -136,7 +136,7 @@ def _evaluate(
         spec = ray.get(feed.model_spec.remote())
         device = _device(fuse_config)
         model = model_from_state(
-            run_config, found.state.params, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+            run_config, found.state.params, num_classes=spec.num_classes, in_channels=spec.in_channels
         ).to(device)
         model.eval()
         shard = ray.get(feed.eval_shard.remote("test"))
@@ -176,7 +176,7 @@ def _evaluate(
     return {
         "probs": {v: sums[v] / counts[v] for v in sums},
         "labels": labels,
-        "class_names": spec["class_names"],
+        "class_names": list(spec.class_names),
         "stats": stats,
         "seconds": seconds,
     }

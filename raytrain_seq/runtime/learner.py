@@ -121,10 +121,10 @@ class Learner:
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(config.data.seed)
         spec = self.model_spec = feed.model_spec()
-        self.in_channels = spec["in_channels"]  # 2: optical flow, whose flip negates x
-        self.model = build_model_for(
-            config, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
-        ).to(device)
+        self.in_channels = spec.in_channels  # 2: optical flow, whose flip negates x
+        self.model = build_model_for(config, num_classes=spec.num_classes, in_channels=spec.in_channels).to(
+            device
+        )
         self.optimizer = build_optimizer(
             train.optimizer, self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay
         )
@@ -465,7 +465,7 @@ class Learner:
                 history=history,
                 config=self.config.to_dict(),
                 position=position.as_dict(),
-                model_spec=self.model_spec,
+                model_spec=self.model_spec.as_dict(),
             )
             yield Path(folder)
 
