@@ -12,7 +12,10 @@ never guess a key; none is written as JSON (``summary.RunSummary`` is the run's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raytrain_seq.rounds.tally import TestTotals
 
 __all__ = ["AveragingReport", "FeedReport", "LearnerReport", "LearnerStop", "RoundMetrics"]
 
@@ -62,7 +65,7 @@ class AveragingReport:
     """Channel generations: ``{enabled, generations, live, ended}``."""
     hub_load: list[dict[str, Any]]
     """Per round, the bytes each averaging actor moved."""
-    test: dict[str, Any] | None
+    test: TestTotals | None
     """The summed test tallies (``rounds.tally.ShareTally.totals``); None before a test pass."""
     validator_error: str | None = None
     """Why the evaluator could not validate (the driver raises it); None when it could."""

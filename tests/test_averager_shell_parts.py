@@ -51,7 +51,7 @@ def test_a_test_pass_answers_every_learner_with_the_sum_once_all_are_in():
         return await first, second, tests
 
     first, second, tests = _run(both())
-    assert first == second and first["correct"] == 3 and first["sequences"] == 4 and first["learners"] == 2
+    assert first == second and first.correct == 3 and first.sequences == 4 and first.learners == 2
     assert tests.tested.is_set() and tests.totals() == first
 
 
@@ -65,8 +65,8 @@ def test_a_test_pass_sums_those_in_after_the_timeout_and_a_new_pass_starts_over(
         return alone, over, again, tests
 
     alone, over, again, tests = _run(short())
-    assert alone["learners"] == 1 and alone["correct"] == 1 and not over  # summed without the other
-    assert again["correct"] == 2 and again["learners"] == 1 and tests.tested.is_set()  # its share replaced
+    assert alone.learners == 1 and alone.correct == 1 and not over  # summed without the other
+    assert again.correct == 2 and again.learners == 1 and tests.tested.is_set()  # its share replaced
     with pytest.raises(ValueError, match="sequences"):
         _run(TestPass(1.0).report(0, {"correct": 1}, 1))
 

@@ -521,12 +521,12 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
         ))  # fmt: skip
 
     first, second = asyncio.run(report_both())
-    assert first == second and first["learners"] == 2
-    assert first["sequences"] == whole.sequences and first["accuracy"] == whole.accuracy
-    assert first["per_class"] == {str(k): list(v) for k, v in whole.per_class.items()}
-    assert first["top5_accuracy"] == whole.top5_accuracy
-    assert first["mean_class_accuracy"] == pytest.approx(whole.mean_class_accuracy)
-    assert first["confusion"] == {f"{t},{p}": n for (t, p), n in whole.confusion.items()}
+    assert first == second and first.learners == 2
+    assert first.sequences == whole.sequences and first.accuracy == whole.accuracy
+    assert first.per_class == {str(k): list(v) for k, v in whole.per_class.items()}
+    assert first.top5_accuracy == whole.top5_accuracy
+    assert first.mean_class_accuracy == pytest.approx(whole.mean_class_accuracy)
+    assert first.confusion == {f"{t},{p}": n for (t, p), n in whole.confusion.items()}
     assert 0 < shares[0].sequences < whole.sequences  # not vacuous: each share is a real part
 
 

@@ -47,6 +47,7 @@ from raytrain_seq.members.errors import AveragerError, AveragerUnavailableError
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
+from raytrain_seq.rounds.tally import TestTotals
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ class AveragerClient:
             logger.warning("round %d: validation share not taken (%s)", round, exc)
             return False
 
-    def report_test(self, tallies: Mapping[str, Any]) -> dict[str, Any]:
+    def report_test(self, tallies: Mapping[str, Any]) -> TestTotals:
         """Send this learner's test tallies (its shard of the test split); returns the group's sums."""
         return self.call("report_test", self.learner, dict(tallies), self.world_size)
 

@@ -81,7 +81,7 @@ from raytrain_seq.rounds.recovery import GroupRecovery
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
-from raytrain_seq.rounds.test_pass import TestPass
+from raytrain_seq.rounds.test_pass import TestPass, TestTotals
 from raytrain_seq.rounds.validation import (
     AskLearners,
     Averaged,
@@ -553,7 +553,7 @@ class ParameterAverager:
 
     async def report_test(
         self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int
-    ) -> dict[str, Any]:
+    ) -> TestTotals:
         """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
         of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
         most ``timeout_s``; then the sums of those that did, with ``learners`` saying how many)."""

@@ -78,8 +78,7 @@ __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
 # on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run
-# folder. The final checkpoint goes to a ``keep_final`` of the same shape, on rank 0 only (``finish``),
-# with the final metrics.
+# folder. The final checkpoint and metrics go to a ``keep_final`` of the same shape, rank 0 only (``finish``).
 Report = Callable[[RoundMetrics | LearnerReport, Path | None], None]
 
 
@@ -504,18 +503,18 @@ class Learner:
         extra.update(test_sequences_mine=mine.sequences, test_s=time.perf_counter() - began)
         if self.rank == 0:
             extra.update(
-                test_accuracy=totals["accuracy"],
-                test_sequences=totals["sequences"],
-                test_learners=totals["learners"],
-                per_class=totals["per_class"],
-                top5_accuracy=totals["top5_accuracy"],
-                mean_class_accuracy=totals["mean_class_accuracy"],
-                confusion=totals["confusion"],
+                test_accuracy=totals.accuracy,
+                test_sequences=totals.sequences,
+                test_learners=totals.learners,
+                per_class=totals.per_class,
+                top5_accuracy=totals.top5_accuracy,
+                mean_class_accuracy=totals.mean_class_accuracy,
+                confusion=totals.confusion,
             )
             logger.info(
                 "test accuracy %.4f (top-5 %.4f, mean class %.4f) over %d sequences (%d learners' shares)",
-                totals["accuracy"], totals["top5_accuracy"], totals["mean_class_accuracy"],
-                totals["sequences"], totals["learners"],
+                totals.accuracy, totals.top5_accuracy, totals.mean_class_accuracy,
+                totals.sequences, totals.learners,
             )  # fmt: skip
         extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
         self.marks["final_report"] = extra["final_report_wall"]
