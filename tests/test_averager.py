@@ -302,7 +302,7 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
             results.append((await asyncio.gather(*sends))[0])
             if r == 1:  # the checkpoint Ray Train keeps after round 1
                 state, history = await first.checkpoint_contents()
-                checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
+                checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history.as_dict())
         second = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)  # Ray's restart
         reloaded = await second.latest()
         seed = results[-1].state  # what each learner holds: round 2's averaged state
@@ -432,7 +432,9 @@ def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
         await asyncio.gather(*(averager.average(n, 1, 2, _tiny(k + 1), None) for k, n in enumerate("ab")))
         await averager.report_validation(1, 0.3)
         state, history = await averager.checkpoint_contents()
-        folder = checkpoint.save(tmp_path / checkpoint.folder_name(state.round), state=state, history=history)
+        folder = checkpoint.save(
+            tmp_path / checkpoint.folder_name(state.round), state=state, history=history.as_dict()
+        )
         torch.load(folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
         restarted = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4)
         await restarted.restore(checkpoint.load(folder))
@@ -509,8 +511,8 @@ def test_a_restored_due_validation_is_scored_or_missed_but_never_waited_for(tmp_
             await first.join(name, 2, incarnation=name)
         await asyncio.gather(*(first.average(n, 1, 2, _tiny(1), None) for n in "ab"))
         state, history = await first.checkpoint_contents()
-        assert history["validation_due"] == 1  # nobody reported it before the stop
-        checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
+        assert history.validation_due == 1  # nobody reported it before the stop
+        checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history.as_dict())
         again = local_averager(2, **options, validator=evaluator)
         joins = [await again.join(n, 2, incarnation=f"{n}2") for n in "ab"]
         began = time.monotonic()

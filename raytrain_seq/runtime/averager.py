@@ -80,7 +80,7 @@ from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
-from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
+from raytrain_seq.rounds.state import AveragedState, CheckpointHistory, JoinReply, RoundResult
 from raytrain_seq.rounds.test_pass import TestPass, TestTotals
 from raytrain_seq.rounds.validation import (
     AskLearners,
@@ -576,10 +576,9 @@ class ParameterAverager:
         """The latest averaged state (round 0, params None before the first round)."""
         return await self._held_state()
 
-    async def checkpoint_contents(self) -> tuple[AveragedState, dict[str, Any]]:
+    async def checkpoint_contents(self) -> tuple[AveragedState, CheckpointHistory]:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
-        history = self._history.checkpoint_part()
-        history.update(validation_due=self._validation.due, dropped_log=list(self._book.dropped_log))
+        history = self._history.checkpoint_part(due=self._validation.due, dropped=self._book.dropped_log)
         return await self._held_state(), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:

@@ -461,7 +461,7 @@ class Learner:
             checkpoint.save(
                 folder,
                 state=state,
-                history=history,
+                history=history.as_dict(),
                 config=self.config.to_dict(),
                 position=position.as_dict(),
                 model_spec=self.model_spec.as_dict(),
