@@ -566,7 +566,7 @@ def _split(seen: dict, populated: list[float], count: int) -> dict[str, float]:
     # store_memory.StoreMemory; absent where it was not populated.
     if populated:
         split["populate_s"] = float(max(populated))
-    shard_populated = [m["seconds"] for m in seen["shard_memory"] if m["seconds"] is not None]
+    shard_populated = [m.seconds for m in seen["shard_memory"] if m.seconds is not None]
     if shard_populated:
         split["shard_populate_s"] = float(max(shard_populated))
     if count:
