@@ -973,7 +973,7 @@ MAX_MODULE_LINES = 600
 # They are the parts an open issue splits next (docs/ARCHITECTURE.md, "Layout").
 BIG_CLASSES: dict[str, int] = {
     "raytrain_seq/rounds/book.py:RoundBook": 25,
-    "raytrain_seq/runtime/averager.py:ParameterAverager": 32,
+    "raytrain_seq/runtime/averager.py:ParameterAverager": 24,
     "raytrain_seq/runtime/learner.py:Learner": 21,
 }
 BIG_MODULES: dict[str, int] = {
@@ -981,7 +981,6 @@ BIG_MODULES: dict[str, int] = {
     "raytrain_seq/config.py": 824,
     "raytrain_seq/data/sources.py": 682,
     "raytrain_seq/dataplane/payload.py": 661,
-    "raytrain_seq/runtime/averager.py": 688,
     "raytrain_seq/runtime/learner.py": 660,
     "raytrain_seq/step.py": 626,
 }
