@@ -54,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -78,6 +77,7 @@ from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.held_state import HeldState
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
+from raytrain_seq.rounds.round_wait import RoundWait
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, CheckpointHistory, JoinReply, RoundResult
@@ -106,12 +106,13 @@ class ParameterAverager:
 
     A thin shell: each call hands its decisions to plain parts (the round book, ``rounds.book``; the
     checks of a round's senders, ``rounds.arrivals``; the batch-size rule, ``rounds.batch_rule``; the
-    validations' state machine, ``rounds.validation``, whose actions it runs; the test pass,
-    ``rounds.test_pass``; the round's mean and result, ``rounds.merging``; a new group's or a re-seed's
-    recovery, ``rounds.recovery``; the run folder, ``rounds.run_folder``; the channel generations,
-    ``dataplane.channel_session``; the shards' placement, ``dataplane.placement``; the hub load,
-    ``dataplane.hub_load``; the run history, ``rounds.events``) and keeps the round's futures, its
-    tasks, the evaluator's task and the latest state itself.
+    validations' state machine, ``rounds.validation``, whose actions ``rounds.validation_runner`` runs;
+    the test pass, ``rounds.test_pass``; the round's mean and result, ``rounds.merging``; the open
+    round's future and timer, ``rounds.round_wait``; a new group's or a re-seed's recovery,
+    ``rounds.recovery``; the run folder, ``rounds.run_folder``; the latest round's copy in this process,
+    ``rounds.held_state``; the channel generations, ``dataplane.channel_session``; the shards' placement,
+    ``dataplane.placement``; the hub load, ``dataplane.hub_load``; the run history, ``rounds.events``) and
+    keeps its tasks and the latest state itself.
 
     settings: ``rounds.settings.AveragerSettings`` (from the config's ``train`` section). run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
@@ -134,8 +135,6 @@ class ParameterAverager:
             raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
         self.settings = settings
         self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
-        self._round_future: asyncio.Future | None = None
-        self._timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._validator = validator
         self._build_data_plane(shard_pool)
@@ -183,6 +182,8 @@ class ParameterAverager:
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
         # Who may send a round, the rows cap they send, and how long each waited for the others.
         self._arrivals = Arrivals(self._book, shards=self._pool.count, merge_moments=settings.merge_moments)
+        # The open round's future, which its senders await, and the timer that closes it at the deadline.
+        self._wait = RoundWait(self._book, self._arrivals, spawn=self._spawn, close=self._close_round)
         self._merge = RoundMerge(
             settings,
             pool=self._pool,
@@ -222,27 +223,6 @@ class ParameterAverager:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _expire(self, opening: int, deadline: float) -> None:
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        if self._book.phase is RoundPhase.OPEN and self._book.opening == opening:
-            self._start_close()
-
-    def _start_close(self) -> None:
-        self._arrivals.mark_closed(self._book.round)
-        if self._timer is not None and self._timer is not asyncio.current_task():
-            self._timer.cancel()
-        self._timer = None
-        self._spawn(self._close_round(self._book.close(), self._round_future))
-
-    def _fail_round(self, why: str) -> None:
-        """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""
-        self._channels.end(why)
-        if self._timer is not None:
-            self._timer.cancel()
-        future, self._timer, self._round_future = self._round_future, None, None
-        if future is not None and not future.done():
-            future.set_exception(StaleRoundError("group", self._book.round, self._book.round, why))
-
     async def _close_round(self, closed: RoundClose, future: asyncio.Future) -> None:
         try:
             if closed.error is not None:
@@ -250,7 +230,14 @@ class ParameterAverager:
             await self._validating.settle(closed)
             closed, result = await self._merge.result(closed)
             result = await self._plan_channels(result)
-            self._publish(closed, result)
+            self._history.record_round(
+                result.state.round,
+                seconds=result.seconds,
+                batch_size=result.state.batch_size,
+                position=result.state.position,
+                stats=[(learner, arrival.stats) for learner, arrival in closed.present],
+            )
+            self._state = result.state
             if result.state.flat is not None:
                 self._held.reading = self._spawn(self._held.read(result.state))
             self._book.finish(ok=True)
@@ -266,8 +253,8 @@ class ParameterAverager:
             self._history.record_failed_round(closed.round, exc)
             future.set_exception(exc)
         finally:
-            if self._round_future is future:
-                self._round_future = None
+            if self._wait.future is future:
+                self._wait.future = None
 
     # -------------------------------------------------------------------------------- channels
     async def _plan_channels(self, result: RoundResult) -> RoundResult:
@@ -284,17 +271,6 @@ class ParameterAverager:
         """A member's channels for ``generation`` (``ChannelSession.link``); None: its rounds go through
         the store."""
         return await self._channels.link(generation, learner, link)
-
-    def _publish(self, closed: RoundClose, result: RoundResult) -> None:
-        state = result.state
-        self._history.record_round(
-            state.round,
-            seconds=result.seconds,
-            batch_size=state.batch_size,
-            position=state.position,
-            stats=[(learner, arrival.stats) for learner, arrival in closed.present],
-        )
-        self._state = state
 
     # ------------------------------------------------------------------------------ learner-facing
     async def join(
@@ -317,13 +293,14 @@ class ParameterAverager:
         if node is not None:
             self._placement.place(learner, node, self._book.world_size)
         self._history.start_clock()
-        while self._book.phase is RoundPhase.CLOSING and self._round_future is not None:
-            await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
+        while self._book.phase is RoundPhase.CLOSING and self._wait.future is not None:
+            await asyncio.wait({self._wait.future})  # the round's outcome is its senders' business
         self._channels.end(f"learner {learner!r} (re)joined")
         generation = self._book.generation
         self._book.join(learner, world_size, incarnation)
         if self._book.generation != generation:
-            self._fail_round("the learner group was restarted")
+            self._channels.end("the learner group was restarted")
+            self._wait.fail("the learner group was restarted")
             self._recovery.on_new_group(self._state)
             self._validation.on(NewGroup())  # the new group scores its own shares
         if seed is not None:
@@ -344,7 +321,9 @@ class ParameterAverager:
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours."""
         if self._recovery.newer(seed, self._state):
-            self._fail_round(f"learner {learner!r} re-seeded round {seed.round}")
+            why = f"learner {learner!r} re-seeded round {seed.round}"
+            self._channels.end(why)
+            self._wait.fail(why)
             self._state = self._recovery.adopt(learner, seed, held=self._state.round)
             self._validating.act(
                 self._validation.on(Reseeded(self._state.round))
@@ -388,11 +367,10 @@ class ParameterAverager:
             opening = self._book.phase is RoundPhase.IDLE
             complete = self._book.arrive(learner, round, world_size, arrival, incarnation)
             if opening:
-                self._round_future = asyncio.get_running_loop().create_future()
-                self._timer = self._spawn(self._expire(self._book.opening, self._book.deadline))
-            future = self._round_future
+                self._wait.open()
+            future = self._wait.future
             if complete:
-                self._start_close()
+                self._wait.start_close()
             result = await asyncio.shield(future)
             if learner in result.dropped:
                 # Its slices could not be read: the round was averaged without it, so it rejoins.
@@ -461,7 +439,7 @@ class ParameterAverager:
         self._channels.end(f"learner {learner!r} left")
         self._book.leave(learner)
         if self._book.complete:
-            self._start_close()
+            self._wait.start_close()
 
     # ------------------------------------------------------------------------ checkpoints, summary
     async def latest(self) -> AveragedState:
