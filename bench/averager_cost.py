@@ -343,7 +343,7 @@ def bandwidth(
     round, which creates the shard actors, and the shards' own one-time mapping, which their first merge
     starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
-    by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
+    by the actors: ``ParameterAverager.summary().hub_load``), over one learner's payload; the same with
     one shard (the star) for n in ``star``. ``round_s_2_by_tensors``: the round of 2 learners as above
     (their weights in ``TENSORS`` tensors) and with the same bytes in ``many_tensors`` tensors (None: not
     measured), so that what a round costs per tensor shows beside what it costs per byte (its split is

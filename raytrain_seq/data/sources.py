@@ -37,7 +37,7 @@ A reader error (missing split file, unknown class, label out of range: each name
 Bad videos. Unreadable at catalog time: skipped with one warning naming the file and listed in
 ``skipped``. Readable then but failing to decode inside a task (corrupt packets after a good header):
 the run goes on, the task returns an all-zero clip of the catalog length (the plan was made from that
-length), logs a warning naming the file and reports it, so ``feed.stats()["videos"]["skipped"]`` and the
+length), logs a warning naming the file and reports it, so ``feed.stats().videos["skipped"]`` and the
 summary list it; a black clip is a constant input that carries no class evidence. A decoded length
 that differs from the catalog's (a header that lies) is trimmed, or padded by repeating the last frame,
 to the catalog length, with a rate-limited warning. A file that was readable at catalog time and can no

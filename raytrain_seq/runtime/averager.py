@@ -17,7 +17,7 @@ in a cluster, one actor per slice; ``InProcessShards`` in tests) and hands out t
 merged slices, owned by it, which every learner reads from the object store; once a group is linked
 (``channels``, ``dataplane.generations``) the same round's parts and merged slices go through shared-memory
 channels instead, and this actor reads the merged ones in place as its copy. Payloads of tensors (a
-re-seed, direct callers) are still averaged here, in a worker thread. ``summary()["hub_load"]`` counts
+re-seed, direct callers) are still averaged here, in a worker thread. ``summary().hub_load`` counts
 the bytes each averaging actor moved per round.
 
 Validation and B: round r's averaged model (r % m == 0) is validated and its accuracy decides B for the

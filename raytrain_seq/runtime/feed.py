@@ -8,7 +8,7 @@ actor on the driver's node, ``create_feed``) launches the Ray tasks a planner's 
 (``runtime.feed_tasks``: home nodes, lanes, flow once's flows), keeps their ``CachedArray`` refs under
 the planner's ``(video, computing epoch)`` keys, drops the keys the planner no longer names, and serves
 ``epoch_shard`` / ``eval_shard`` (block specs), ``refs`` (the arrays a shard reads) and ``stats``
-(``reports.FeedReport`` as a dict). Epoch e+1's recompute starts as soon as e is served; e's refs stay
+(a ``reports.FeedReport``). Epoch e+1's recompute starts as soon as e is served; e's refs stay
 until the newest ``keep_epochs`` move past it. A restarted actor (``train.feed_max_restarts``)
 recomputes what a learner asks for from the source with the same seeds. docs/ARCHITECTURE.md ("The
 pipeline, call by call", "Data refurbishing").
