@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from raytrain_seq.dataplane.channel_session import ChannelSession
@@ -30,7 +31,8 @@ __all__ = ["HeldState"]
 
 class HeldState:
     """The read of the latest round's merged slices (``reading``, a task of the averager's loop) and the
-    state a join or a checkpoint gets from it."""
+    state a join or a checkpoint gets from it; ``latest`` returns the averager's latest state (read anew
+    after every wait: a round may close meanwhile)."""
 
     def __init__(
         self,
@@ -40,9 +42,10 @@ class HeldState:
         loads: HubLoad,
         batch: BatchRule,
         history: RunHistory,
+        latest: Callable[[], AveragedState],
     ) -> None:
         self._channels, self._pool, self._loads = channels, pool, loads
-        self._batch, self._history = batch, history
+        self._batch, self._history, self._latest = batch, history, latest
         self.reading: asyncio.Task | None = None  # the latest round's read (``read``), once one closed
 
     async def read(self, state: AveragedState) -> tuple[AveragedState, list[Any]]:
@@ -58,22 +61,24 @@ class HeldState:
         self._loads.add_received(state.round, sum(part_nbytes(part) for part in parts))
         return state, parts
 
-    async def held(self, latest: AveragedState) -> AveragedState:
-        """The ``latest`` state with its tensors in this process when it can be had: for joins and
+    async def held(self) -> AveragedState:
+        """The latest state with its tensors in this process when it can be had: for joins and
         checkpoints. A failed read is logged and the references are handed out instead (their objects
         may be gone)."""
         task = self.reading
-        if task is not None and latest.flat is not None:
+        if task is not None and self._latest().flat is not None:
             try:
                 local, parts = await asyncio.shield(task)
-                if local.round == latest.round:
+                if local.round == self._latest().round:
                     local = await asyncio.to_thread(local.materialise, lambda refs: parts)
             except Exception as exc:
-                logger.error("averager: reading round %d's merged state failed: %r", latest.round, exc)
+                logger.error(
+                    "averager: reading round %d's merged state failed: %r", self._latest().round, exc
+                )
             else:
-                if local.round == latest.round:
+                if local.round == self._latest().round:
                     return self.current(local)
-        return self.current(latest)
+        return self.current(self._latest())
 
     def current(self, state: AveragedState) -> AveragedState:
         """``state`` with the batch size decided since and the clock's reading now."""

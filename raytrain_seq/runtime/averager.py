@@ -203,12 +203,9 @@ class ParameterAverager:
         # The latest flat state read into this process once (off the learners' path): what a (re)joining
         # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
         self._held = HeldState(
-            channels=self._channels,
-            pool=self._pool,
-            loads=self._loads,
-            batch=self._batch,
-            history=self._history,
-        )
+            channels=self._channels, pool=self._pool, loads=self._loads, batch=self._batch,
+            history=self._history, latest=lambda: self._state,
+        )  # fmt: skip
         # What the validation machine decides, done: scores and misses recorded, the evaluator started.
         self._validating = ValidationRunner(
             self._validation, validator=self._validator, batch=self._batch, history=self._history,
@@ -305,7 +302,7 @@ class ParameterAverager:
             self._validation.on(NewGroup())  # the new group scores its own shares
         if seed is not None:
             self._adopt(learner, seed)
-        state = await self._held.held(self._state)
+        state = await self._held.held()
         # A due validation of the state it starts from (a resumed run's): the evaluator starts on it, or
         # the learners are asked to score it.
         validate = self._validating.act(self._validation.on(Joined(state.round, state.position)), state)
@@ -444,12 +441,12 @@ class ParameterAverager:
     # ------------------------------------------------------------------------ checkpoints, summary
     async def latest(self) -> AveragedState:
         """The latest averaged state (round 0, params None before the first round)."""
-        return await self._held.held(self._state)
+        return await self._held.held()
 
     async def checkpoint_contents(self) -> tuple[AveragedState, CheckpointHistory]:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
         history = self._history.checkpoint_part(due=self._validation.due, dropped=self._book.dropped_log)
-        return await self._held.held(self._state), history
+        return await self._held.held(), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:
         """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""
