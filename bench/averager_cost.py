@@ -343,7 +343,7 @@ def bandwidth(
     round, which creates the shard actors, and the shards' own one-time mapping, which their first merge
     starts; the longest of each is ``split_s[n]["populate_s"]`` and ``["shard_populate_s"]``.
     ``hub_load[n]``: the most bytes any one averaging actor received plus sent in the last round (counted
-    by the actors: ``ParameterAverager.summary()["hub_load"]``), over one learner's payload; the same with
+    by the actors: ``ParameterAverager.summary().hub_load``), over one learner's payload; the same with
     one shard (the star) for n in ``star``. ``round_s_2_by_tensors``: the round of 2 learners as above
     (their weights in ``TENSORS`` tensors) and with the same bytes in ``many_tensors`` tensors (None: not
     measured), so that what a round costs per tensor shows beside what it costs per byte (its split is
@@ -444,7 +444,7 @@ class Rounds:
             joined = ray.get([a.join.remote(averager, j, n, channels) for j, a in enumerate(actors[:n])])
             interleaved = reference is None and n == 2 and shards is None and actors is self.actors
             seen = self._rounds(averager, actors[:n], count, channels, interleaved, reference)
-            rounds_ = ray.get(averager.summary.remote())["hub_load"]
+            rounds_ = ray.get(averager.summary.remote()).hub_load
             hub = (
                 max(a["received"] + a["sent"] for a in rounds_[-1]["actors"].values()) / joined[0]["payload"]
             )
@@ -566,7 +566,7 @@ def _split(seen: dict, populated: list[float], count: int) -> dict[str, float]:
     # store_memory.StoreMemory; absent where it was not populated.
     if populated:
         split["populate_s"] = float(max(populated))
-    shard_populated = [m["seconds"] for m in seen["shard_memory"] if m["seconds"] is not None]
+    shard_populated = [m.seconds for m in seen["shard_memory"] if m.seconds is not None]
     if shard_populated:
         split["shard_populate_s"] = float(max(shard_populated))
     if count:

@@ -29,7 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raytrain_seq.outputs.reports import AveragingReport
 
 SLOT = "learner_slot"
 WAIT_S = 150.0  # the longest wait for a recovery before the soak gives up on that event
@@ -201,8 +204,8 @@ class Soak:
         )
 
     def drops(self) -> int:
-        state = self.state() or {}
-        return sum(r["kind"] == "dropped" for r in state.get("recoveries", []))
+        state = self.state()
+        return 0 if state is None else sum(r["kind"] == "dropped" for r in state.recoveries)
 
     # ------------------------------------------------------------------------------------ the run
     def start(self, config, before: set[str]) -> None:
@@ -236,7 +239,7 @@ class Soak:
             self.handles[which] = self.ray.get_actor(names[0], namespace=self.namespace)
         return self.handles[which]
 
-    def state(self) -> dict[str, Any] | None:
+    def state(self) -> AveragingReport | None:
         """The averager's summary; None while it restarts."""
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -406,7 +409,7 @@ def accounting(summary, config) -> dict[str, Any]:
 def averaged_round(soak: Soak) -> int | None:
     """The latest averaged round (None while the averager restarts)."""
     state = soak.state()
-    return None if state is None else state["next_round"] - 1
+    return None if state is None else state.next_round - 1
 
 
 def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, float, list[dict[str, Any]]]:
@@ -427,11 +430,9 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
             # the others wait in Ray Train's report (a barrier) for the frozen learner and never time out.
             def calm() -> bool:
                 state = soak.state()
-                return (
-                    state is not None and state["world_size"] == 2 and (state["next_round"] - 1) % every != 0
-                )
+                return state is not None and state.world_size == 2 and (state.next_round - 1) % every != 0
 
-            soak.wait(lambda: (s := soak.state()) is not None and s["world_size"] == 2, "a group of 2")
+            soak.wait(lambda: (s := soak.state()) is not None and s.world_size == 2, "a group of 2")
             now = averaged_round(soak) or 0
             soak.wait(lambda now=now: (averaged_round(soak) or 0) > now and calm(), "a round of 2 learners")
         if soak.done:
@@ -446,9 +447,7 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
         # Recovered: the group has the size the learner slots allow (a node's loss or gain has taken
         # effect: Ray Train restarted the group), then RECOVERY_ROUNDS more rounds were averaged.
         size = min(2, len(soak.slots))
-        soak.wait(
-            lambda n=size: (s := soak.state()) is not None and s["world_size"] == n, f"a group of {size}"
-        )
+        soak.wait(lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}")
         settled = max(averaged_round(soak) or 0, round_at)
         soak.wait(
             lambda r=settled: (averaged_round(soak) or 0) >= r + RECOVERY_ROUNDS, f"recovery from {kind}"

@@ -54,7 +54,7 @@ def ddp_loop(loop_config: dict) -> None:
     feed = LearnerFeed(handle, epochs=config.train.epochs)
     spec = feed.model_spec()
     torch.manual_seed(config.data.seed)
-    model = build_model_for(config.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    model = build_model_for(config.model, num_classes=spec.num_classes, in_channels=spec.in_channels)
     # Some ranks may get only filler rows in a last step: their forward then skips the CNN.
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     train = config.train
@@ -72,7 +72,7 @@ def ddp_loop(loop_config: dict) -> None:
         micro = eval_micro_batch_size(train.micro_batch_size)
         return evaluate(model, eval_rows[split], micro_batch_size=micro).accuracy
 
-    flow = spec["in_channels"] == 2
+    flow = spec.in_channels == 2
     for epoch in range(train.epochs):
         stream, _ = feed.epoch_rows(epoch, rank, world)
         while stream is not None and (rows := stream.take(train.batch_size)) is not None:

@@ -128,7 +128,7 @@ def run_ray(config: Config, args: argparse.Namespace, pace: float | None = None)
         learner.close()
     stats = ray.get(feed.stats.remote(wait=True))
     for e in epochs:
-        e["recomputed"] = stats["epochs"].get(e["epoch"], {}).get("recomputed", 0)
+        e["recomputed"] = stats.epochs.get(e["epoch"], {}).get("recomputed", 0)
     ray.kill(feed)
     return {"epochs": epochs, "seconds": seconds, "stats": stats, "sample": sample}
 
@@ -295,7 +295,7 @@ def measure(config: Config, args: argparse.Namespace) -> dict[str, Any]:
         else None
     )
     ray.shutdown()
-    t_max = drained["stats"]["t_max"]
+    t_max = drained["stats"].t_max
     loader = run_dataloader(config, t_max, args)
     return {
         "drained": drained,
@@ -350,7 +350,7 @@ def print_rates(
 def print_waits(runs: dict[str, Any]) -> None:
     """Per epoch: the partial augmentations recomputed and their CPU, and the paced consumers' waits."""
     drained, paced, learner_rate = runs["drained"], runs["paced"], runs["learner_rate"]
-    stats = drained["stats"]["epochs"]
+    stats = drained["stats"].epochs
     print(
         f"\nwhere the learners wait: consumers paced at the model's rate ({learner_rate:.0f} frames/s each), "
         "so a wait is time a learner with its own device would idle"

@@ -71,8 +71,8 @@ def feed_config(footage: Any, codec: str, stride: int, reuse: int, epochs: int, 
 
 def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
     """Every epoch's rows through ``LEARNERS`` row streams; per epoch the window in which its rows were
-    drained (wall clock, the CPU of every process and of this one), and the feed's report with each
-    task's span."""
+    drained (wall clock, the CPU of every process and of this one), and the feed report's epochs with
+    each task's span."""
     import ray
 
     from raytrain_seq.runtime.feed import create_feed
@@ -119,7 +119,7 @@ def drain_feed(config: Config, videos_per_task: int) -> dict[str, Any]:
         stream.close()
     stats = ray.get(feed.stats.remote(wait=True, ids=True))
     ray.kill(feed)
-    return {"windows": windows, "stats": stats, "startup": startup}
+    return {"windows": windows, "epochs": stats.epochs, "startup": startup}
 
 
 def overlap(span: list[float], window: list[float]) -> float:
@@ -136,7 +136,7 @@ def feed_rows(run: dict[str, Any], codec: str, stride: int, reuse: int) -> list[
     process's row streams, start-up in epoch 0) counts in the epoch whose window it was spent in: a
     window's CPU less the tasks' CPU inside it (each task's CPU spread evenly over its span).
     """
-    epochs = {int(e): entry for e, entry in run["stats"]["epochs"].items()}
+    epochs = {int(e): entry for e, entry in run["epochs"].items()}
     spans = [span for entry in epochs.values() for span in entry.get("task_spans", [])]
     windows = run["windows"]
     for window in windows:

@@ -258,9 +258,9 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
     )
     assert torch.equal(joined.state.params["w"], torch.full((4,), 1.0))
     assert joined.state.position["rows_done"] == 4
-    [recovery] = summary["recoveries"]
+    [recovery] = summary.recoveries
     assert recovery["kind"] == "live_recovery" and "round 1" in recovery["detail"]
-    groups = [e for e in summary["membership"] if e["event"] == "group"]
+    groups = [e for e in summary.membership if e["event"] == "group"]
     assert [g["learners"] for g in groups] == [3, 2] and "abandoned" in groups[1]["detail"]
 
 
@@ -278,7 +278,7 @@ def test_actor_counts_the_wait_for_the_last_arrival_apart_from_the_rest_of_the_r
         await early
         return await averager.summary()
 
-    learners = asyncio.run(asyncio.wait_for(scenario(), 20))["learners"]
+    learners = asyncio.run(asyncio.wait_for(scenario(), 20)).learners
     assert 0.25 <= learners["a"]["waiting_s"] <= learners["a"]["averaging_s"] < 5.0
     assert learners["b"]["waiting_s"] == pytest.approx(0.0, abs=0.05) and learners["b"]["averaging_s"] < 5.0
 
@@ -302,7 +302,7 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
             results.append((await asyncio.gather(*sends))[0])
             if r == 1:  # the checkpoint Ray Train keeps after round 1
                 state, history = await first.checkpoint_contents()
-                checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
+                checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history.as_dict())
         second = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)  # Ray's restart
         reloaded = await second.latest()
         seed = results[-1].state  # what each learner holds: round 2's averaged state
@@ -319,12 +319,12 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
     assert joins[0].state.position["rows_done"] == 4
     assert torch.equal(joins[1].state.params["w"], torch.full((4,), 20.5))
     assert third.state.round == 3 and third.learners == ("a", "b")  # round 3 follows round 2: no round lost
-    assert [r["kind"] for r in summary["recoveries"]] == ["averager_restart", "reseeded"]
+    assert [r["kind"] for r in summary.recoveries] == ["averager_restart", "reseeded"]
     # Round 1 from the checkpoint, round 2 from the events log (after the checkpoint), round 3 live.
-    assert [h["round"] for h in summary["loss_history"]] == [1, 2, 3]
-    assert summary["learners"]["a"]["rounds"] == 3 and summary["rounds_completed"] == 3
+    assert [h["round"] for h in summary.loss_history] == [1, 2, 3]
+    assert summary.learners["a"]["rounds"] == 3 and summary.rounds_completed == 3
     # The events log outlives the actor: the second one read the first one's membership back.
-    assert [e["event"] for e in summary["membership"]][:3] == ["group", "join", "join"]
+    assert [e["event"] for e in summary.membership][:3] == ["group", "join", "join"]
     assert (tmp_path / "events.jsonl").exists()
 
 
@@ -432,7 +432,9 @@ def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
         await asyncio.gather(*(averager.average(n, 1, 2, _tiny(k + 1), None) for k, n in enumerate("ab")))
         await averager.report_validation(1, 0.3)
         state, history = await averager.checkpoint_contents()
-        folder = checkpoint.save(tmp_path / checkpoint.folder_name(state.round), state=state, history=history)
+        folder = checkpoint.save(
+            tmp_path / checkpoint.folder_name(state.round), state=state, history=history.as_dict()
+        )
         torch.load(folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
         restarted = local_averager(2, timeout_s=30.0, validate_every=1, batch_size=4)
         await restarted.restore(checkpoint.load(folder))
@@ -442,7 +444,7 @@ def test_actor_checkpoint_survives_save_and_load_and_restores(tmp_path):
     assert (joined.next_round, joined.state.round) == (2, 1)
     assert torch.equal(joined.state.params["w"], torch.full((4,), 1.5))
     assert joined.state.adaptive_state["best"] == 0.3 and joined.state.source == "checkpoint"
-    assert summary["validation_history"][0]["accuracy"] == 0.3
+    assert summary.validation_history[0]["accuracy"] == 0.3
 
 
 def _tallies(correct: int, sequences: int = 10, label: int = 0) -> dict:
@@ -474,7 +476,7 @@ def test_learners_validation_shares_sum_exactly_and_a_missing_one_costs_no_wait(
 
     first, taken, second, third, waited, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert all(r.validate for r in (*first, *second, *third)) and taken == [True, True, False]
-    [one, two] = summary["validation_history"]
+    [one, two] = summary.validation_history
     assert (one["round"], one["accuracy"], one["missed"]) == (1, 9 / 15, False)
     assert one["mean_class_accuracy"] == pytest.approx((7 / 10 + 2 / 5) / 2)
     assert (two["round"], two["missed"]) == (2, True) and waited < 5.0
@@ -509,8 +511,8 @@ def test_a_restored_due_validation_is_scored_or_missed_but_never_waited_for(tmp_
             await first.join(name, 2, incarnation=name)
         await asyncio.gather(*(first.average(n, 1, 2, _tiny(1), None) for n in "ab"))
         state, history = await first.checkpoint_contents()
-        assert history["validation_due"] == 1  # nobody reported it before the stop
-        checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history)
+        assert history.validation_due == 1  # nobody reported it before the stop
+        checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history.as_dict())
         again = local_averager(2, **options, validator=evaluator)
         joins = [await again.join(n, 2, incarnation=f"{n}2") for n in "ab"]
         began = time.monotonic()
@@ -519,7 +521,7 @@ def test_a_restored_due_validation_is_scored_or_missed_but_never_waited_for(tmp_
 
     joins, second, waited, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert waited < 5.0 and [r.state.round for r in second] == [2, 2]
-    [restored] = [v for v in summary["validation_history"] if v["round"] == 1]
+    [restored] = [v for v in summary.validation_history if v["round"] == 1]
     if mode == "learners":
         assert [j.validate for j in joins] == [True, True]  # asked; these fakes do not report it
         assert restored["missed"]
@@ -589,8 +591,8 @@ def test_ray_round_equals_single_process_reference(ray_cluster, averagers):
     assert not torch.equal(expected["0.weight"], plain)
     assert not any(torch.equal(expected["0.weight"], p["0.weight"]) for p in params)
     summary = ray.get(actor.summary.remote())
-    assert [summary["learners"][name]["frames"] for name in LEARNERS] == [10.0, 20.0, 30.0]
-    assert summary["rounds_completed"] == 1
+    assert [summary.learners[name]["frames"] for name in LEARNERS] == [10.0, 20.0, 30.0]
+    assert summary.rounds_completed == 1
 
 
 @pytest.mark.ray
@@ -664,9 +666,9 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
                 ray.kill(shards[0], no_restart=False)
         summary = ray.get(actor.summary.remote())
         payload_bytes = FlatLayout.of(params[0], opt_states[0]).nbytes
-        loads = summary["hub_load"][-1]["actors"]
+        loads = summary.hub_load[-1]["actors"]
         hub = max((a["received"] + a["sent"]) / payload_bytes for a in loads.values())
-        assert 1.9 <= hub <= 2.1 and summary["shards"] == 3
+        assert 1.9 <= hub <= 2.1 and summary.shards == 3
     finally:
         ray.kill(actor)
 
@@ -734,7 +736,7 @@ def test_ray_missing_learner_is_dropped_then_rejoins(ray_cluster, averagers):
         assert result.dropped == ("c",) and result.learners == ("a", "b")
         assert result.state.optimizer_state is None
         assert torch.equal(result.state.params["w"], torch.full((4,), 0.5))
-    [record] = ray.get(actor.summary.remote())["dropped"]
+    [record] = ray.get(actor.summary.remote()).dropped
     assert record["learner"] == "c" and "did not send round 1 within 1 s" in record["reason"]
     with pytest.raises(StaleRoundError) as info:
         ray.get(actor.average.remote("c", 1, 3, _tiny(9.0), None))
@@ -786,7 +788,7 @@ def test_ray_validation_grows_batch_size_identically(ray_cluster, averagers):
     start = time.monotonic()
     assert round_(4, shares=[4, 4]) == {8}  # one share of round 3's never comes: B kept, nobody waits
     assert time.monotonic() - start < 0.9  # the round's timeout is 1 s: it was not waited for
-    history = ray.get(actor.summary.remote())["validation_history"]
+    history = ray.get(actor.summary.remote()).validation_history
     assert [(v["round"], v["batch_size"], v["missed"]) for v in history] == [
         (1, 4, False),
         (2, 8, False),

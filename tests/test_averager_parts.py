@@ -99,9 +99,9 @@ def test_a_tally_sums_shares_as_evalresult_combine_does():
     assert not tally.add(0, _tallies(1, 2, label=0), 2)
     assert tally.add(1, _tallies(2, 2, label=1), 2)
     totals = tally.totals()
-    assert (totals["correct"], totals["sequences"], totals["learners"]) == (3, 4, 2)
-    assert totals["per_class"] == {"0": [1, 2], "1": [2, 2]}
-    assert totals["confusion"] == {"0,0": 1, "0,1": 1, "1,1": 2}
+    assert (totals.correct, totals.sequences, totals.learners) == (3, 4, 2)
+    assert totals.per_class == {"0": [1, 2], "1": [2, 2]}
+    assert totals.confusion == {"0,0": 1, "0,1": 1, "1,1": 2}
     tally.clear()
     assert (len(tally), tally.world, tally.complete) == (0, None, False)
 

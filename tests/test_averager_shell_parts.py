@@ -1,6 +1,6 @@
 """The averager's parts, without Ray: the test pass (``rounds.test_pass``), the channel session (``dataplane.channel_session``), the hub load
 (``dataplane.hub_load``), the round merge (``rounds.merging``), the arrival checks (``rounds.arrivals``),
-the group recovery (``rounds.recovery``), the shard placement (``dataplane.placement``) and the run folder
+the group recovery (``rounds.recovery``), the open round's wait (``rounds.round_wait``), the shard placement (``dataplane.placement``) and the run folder
 (``rounds.run_folder``), each built with fakes through its constructor."""
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessShards, InProcessStore
 from raytrain_seq.dataplane.placement import ShardPlacement
+from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
+from raytrain_seq.rounds.round_wait import RoundWait
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, check_payload
@@ -51,7 +53,7 @@ def test_a_test_pass_answers_every_learner_with_the_sum_once_all_are_in():
         return await first, second, tests
 
     first, second, tests = _run(both())
-    assert first == second and first["correct"] == 3 and first["sequences"] == 4 and first["learners"] == 2
+    assert first == second and first.correct == 3 and first.sequences == 4 and first.learners == 2
     assert tests.tested.is_set() and tests.totals() == first
 
 
@@ -65,8 +67,8 @@ def test_a_test_pass_sums_those_in_after_the_timeout_and_a_new_pass_starts_over(
         return alone, over, again, tests
 
     alone, over, again, tests = _run(short())
-    assert alone["learners"] == 1 and alone["correct"] == 1 and not over  # summed without the other
-    assert again["correct"] == 2 and again["learners"] == 1 and tests.tested.is_set()  # its share replaced
+    assert alone.learners == 1 and alone.correct == 1 and not over  # summed without the other
+    assert again.correct == 2 and again.learners == 1 and tests.tested.is_set()  # its share replaced
     with pytest.raises(ValueError, match="sequences"):
         _run(TestPass(1.0).report(0, {"correct": 1}, 1))
 
@@ -410,3 +412,45 @@ def test_a_run_folder_tells_a_restart_by_ray_from_a_new_run(tmp_path):
     assert folder.load(tmp_path, restarted_by_ray=True, state=empty) is empty
     assert book.restarted and _kinds(history) == ["averager_restart"]
     assert [h["round"] for h in history.loss_history] == [1]  # its round since the checkpoint, replayed
+
+
+# ------------------------------------------------------------------------------------------ round wait
+def test_the_round_wait_closes_at_the_deadline_or_at_once_and_fails_a_round_the_book_moved_past():
+    async def scenario():
+        book = RoundBook(2, timeout_s=0.05)
+        for name in "ab":
+            book.join(name)
+        closed, tasks = [], set()
+
+        async def close(round_close, future):
+            closed.append((round_close.round, sorted(round_close.dropped), future))
+            book.finish(ok=True)
+
+        def spawn(coro):
+            task = asyncio.ensure_future(coro)
+            tasks.add(task)
+            return task
+
+        wait = RoundWait(book, Arrivals(book, shards=1, merge_moments=False), spawn=spawn, close=close)
+        book.arrive("a", 1, 2, object())
+        wait.open()
+        late = wait.future
+        await asyncio.sleep(0.3)  # b never sends round 1: the deadline closes it without b
+        book.join("b")
+        book.arrive("a", 2, 2, object())
+        wait.open()
+        assert book.arrive("b", 2, 2, object())  # complete: closed at once, the timer stopped
+        wait.start_close()
+        prompt = wait.future
+        await asyncio.sleep(0.3)
+        book.arrive("a", 3, 2, object())
+        wait.open()
+        stale = wait.future
+        wait.fail("the learner group was restarted")
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return closed, late, prompt, stale, wait.future
+
+    closed, late, prompt, stale, after = asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert closed == [(1, ["b"], late), (2, [], prompt)]  # round 2 closed once, when complete
+    assert after is None and isinstance(stale.exception(), StaleRoundError)
+    assert "restarted" in str(stale.exception())

@@ -1148,7 +1148,7 @@ def _drained(task_spans: dict[int, list], windows: list[tuple[float, float, floa
             {"served": 100, "wall": [a, b], "tree_cpu_s": tree, "own_cpu_s": own}
             for a, b, tree, own in windows
         ],
-        "stats": {"epochs": epochs},
+        "epochs": epochs,
         "startup": {"tree_cpu_s": 0.5, "own_cpu_s": 0.1},
     }
 

@@ -292,7 +292,7 @@ def test_a_shard_restarted_by_ray_ends_the_generation_and_the_round_is_resent_th
             2,
         ]
         summary = ray.get(averager.summary.remote())
-        assert summary["next_round"] == 6
+        assert summary.next_round == 6
     finally:
         for actor in (*learners, averager):
             ray.kill(actor)
@@ -326,7 +326,7 @@ def test_a_member_that_misses_a_round_is_dropped_and_the_others_round_goes_throu
             2,
             2,
         ]
-        assert [d["learner"] for d in ray.get(averager.summary.remote())["dropped"]] == [1]
+        assert [d["learner"] for d in ray.get(averager.summary.remote()).dropped] == [1]
     finally:
         for actor in (*learners, averager):
             ray.kill(actor)

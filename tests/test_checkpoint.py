@@ -261,6 +261,7 @@ def test_the_learners_report_puts_the_folder_prunes_and_reports_the_metrics_only
     import ray.train
     import ray.train.collective
 
+    from raytrain_seq.outputs.reports import RoundMetrics
     from raytrain_seq.runtime import learner
 
     reported = []
@@ -272,15 +273,19 @@ def test_the_learners_report_puts_the_folder_prunes_and_reports_the_metrics_only
         saved = checkpoint.save(
             tmp_path / f"m{r}", state=_state(r), history=_history({k: v for k, v in scores.items() if k < r})
         )
-        learner._ray_train_report({"round": r}, saved, run_dir=run_dir, keep=1)
+        learner._ray_train_report(
+            RoundMetrics(round=r, epoch=0, batch_size=4), saved, run_dir=run_dir, keep=1
+        )
     assert [p.name for p in checkpoint.candidates(run_dir)] == [
         checkpoint.folder_name(4),
         checkpoint.folder_name(1),  # the best
     ]
-    assert reported == [({"round": r}, {}) for r in range(1, 5)]
+    assert reported == [({"round": r, "epoch": 0, "batch_size": 4}, {}) for r in range(1, 5)]
     (run_dir / checkpoint.folder_name(5)).write_text("a file where the folder must go")
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint_round_000005"):
-        learner._ray_train_report({"round": 5}, saved, run_dir=run_dir, keep=1)
+        learner._ray_train_report(
+            RoundMetrics(round=5, epoch=0, batch_size=4), saved, run_dir=run_dir, keep=1
+        )
     assert len(reported) == 4  # no report after a failed put: every rank raised instead
 
 

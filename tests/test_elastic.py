@@ -23,7 +23,7 @@ from averager_fixtures import local_averager
 from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.members.retry import Backoff
-from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport
+from raytrain_seq.outputs.reports import FeedReport, LearnerReport
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
@@ -225,8 +225,7 @@ def test_summary_fills_elastic_and_video_fields():
         restarts=[],
     )
     metrics = final_metrics(test_accuracy=0.5, per_class={"0": [1, 2], "2": [0, 0], "3": [3, 3]})
-    report = AveragingReport.from_dict(averaging)  # what the driver reads from the averager's dict
-    summary = build_summary(config, metrics, report, feed, ["walk", "run", "jump", "swim"])
+    summary = build_summary(config, metrics, averaging, feed, ["walk", "run", "jump", "swim"])
     assert summary.learners == 1 and summary.frames_total == 7 and result.state.round == 1
     assert [m["learners"] for m in summary.membership] == [2, 1]
     assert [r["kind"] for r in summary.recoveries] == ["restart_from_scratch"]

@@ -25,6 +25,7 @@ import pytest
 
 from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
+from raytrain_seq.outputs.reports import AveragingReport
 from raytrain_seq.parts import Parts
 
 pytestmark = [pytest.mark.ray, pytest.mark.fault]
@@ -112,7 +113,7 @@ class Run:
             self._handle = self.ray.get_actor(name, namespace=self.namespace)
         return self._handle
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> AveragingReport:
         return self.ray.get(self.averager().summary.remote(), timeout=30)
 
     def wait(self, condition: Callable[[], Any], what: str, timeout: float = 240.0, poll: float = 0.5) -> Any:
@@ -176,12 +177,10 @@ def _group_starts(run_dir) -> list[dict[str, Any]]:
     ]
 
 
-def _rounds_since(state: dict[str, Any], generation: int) -> int:
+def _rounds_since(state: AveragingReport, generation: int) -> int:
     """Rounds averaged by the group of ``generation`` or later (the membership log marks group starts)."""
-    starts = [
-        e["round"] for e in state["membership"] if e["event"] == "group" and e["generation"] >= generation
-    ]
-    return state["next_round"] - min(starts) if starts else 0
+    starts = [e["round"] for e in state.membership if e["event"] == "group" and e["generation"] >= generation]
+    return state.next_round - min(starts) if starts else 0
 
 
 def test_lost_node_shrinks_the_group_then_a_new_node_grows_it(cluster, tmp_path):
@@ -193,13 +192,13 @@ def test_lost_node_shrinks_the_group_then_a_new_node_grows_it(cluster, tmp_path)
     # got shorter again (2026-11-24, evening) 5 epochs did too, once in four runs: the check runs every 2 s.
     config = _config(tmp_path, "shrink-grow", learners="1:2", epochs=5, resize_interval_s=2.0)
     run = Run(config)
-    run.wait(lambda: (s := run.state())["world_size"] == 2 and s["rounds_completed"] >= 1, "a round of 2")
-    killed_at = run.state()["elapsed_s"]  # the run's training clock, as in summary.membership
+    run.wait(lambda: (s := run.state()).world_size == 2 and s.rounds_completed >= 1, "a round of 2")
+    killed_at = run.state().elapsed_s  # the run's training clock, as in summary.membership
     cluster.kill_slot()
-    run.wait(lambda: (s := run.state())["world_size"] == 1 and _rounds_since(s, 2) >= 1, "a round of 1")
-    added_at = run.state()["elapsed_s"]
+    run.wait(lambda: (s := run.state()).world_size == 1 and _rounds_since(s, 2) >= 1, "a round of 1")
+    added_at = run.state().elapsed_s
     cluster.add_slot()
-    run.wait(lambda: run.state()["world_size"] == 2 and run.state()["generation"] >= 3, "the group to grow")
+    run.wait(lambda: run.state().world_size == 2 and run.state().generation >= 3, "the group to grow")
     summary = run.finish()
 
     counts = [m["learners"] for m in summary.membership]
@@ -233,7 +232,7 @@ def test_killed_averager_comes_back_and_the_run_finishes(cluster, tmp_path):
     # polls; on CI the run once finished unkilled), so poll every 50 ms with several windows to hit.
     every = config.train.checkpoint_every
     held = run.wait(
-        lambda: (r := run.state()["next_round"] - 1) > every and r % every in (1, 2) and r,
+        lambda: (r := run.state().next_round - 1) > every and r % every in (1, 2) and r,
         "round 4n+1 or 4n+2",
         poll=0.05,
     )

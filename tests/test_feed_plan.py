@@ -202,9 +202,9 @@ def test_the_report_has_stats_keys_and_the_restart_log_round_trips(tmp_path):
     ]
     info = {"ids": [launches[0].videos[0]], "epochs": [0], "seconds": 2.0, "cpu_s": 1.0, "frames": [5]}
     report = planner.report([info], ids=True, tasks_pending=1, actor_cpu_s=0.5)
-    again = FeedReport.from_dict(report.to_dict())
-    assert again.epochs[0]["partial_ids"] == [launches[0].videos[0]] and again.totals["tasks_pending"] == 1
-    assert again.restarts == [] and again.reuse == config.data.reuse
+    assert type(report) is FeedReport
+    assert report.epochs[0]["partial_ids"] == [launches[0].videos[0]] and report.totals["tasks_pending"] == 1
+    assert report.restarts == [] and report.reuse == config.data.reuse
     log = planner.restart_log()
     assert log.path == tmp_path / "plan" / RESTARTS_FILE
     log.record(12.5)

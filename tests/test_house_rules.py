@@ -20,7 +20,12 @@ Rules pinned, each by a checker function and a test of the real tree:
 12. no class of raytrain_seq/ has over 20 methods and no module over 600 lines (the listed exceptions may
     not grow, and leave the list once within the bar);
 13. no module docstring of raytrain_seq/, jobs/ or bench/ is over 15 lines;
-14. every section of docs/ARCHITECTURE.md that a file cites by name is a heading there.
+14. every section of docs/ARCHITECTURE.md that a file cites by name is a heading there;
+15. raytrain_seq/ holds at most 8 modules beside its folders, each folder's ``__init__`` says in one
+    paragraph what it holds;
+16. no parameter or return annotation between runtime/ and the learners (every function of
+    runtime/learner.py; the public methods of the averager, the feed and the learners' proxies of them)
+    holds a ``dict[str, Any]`` or a bare ``dict``.
 
 Each checker also gets a synthetic counterexample (``test_checker_*``), so that no rule passes vacuously.
 """
@@ -987,7 +992,6 @@ MAX_MODULE_LINES = 600
 # They are the parts an open issue splits next (docs/ARCHITECTURE.md, "Layout").
 BIG_CLASSES: dict[str, int] = {
     "raytrain_seq/rounds/book.py:RoundBook": 25,
-    "raytrain_seq/runtime/averager.py:ParameterAverager": 32,
     "raytrain_seq/runtime/learner.py:Learner": 21,
 }
 BIG_MODULES: dict[str, int] = {
@@ -995,7 +999,6 @@ BIG_MODULES: dict[str, int] = {
     "raytrain_seq/config.py": 822,
     "raytrain_seq/data/sources.py": 682,
     "raytrain_seq/dataplane/payload.py": 661,
-    "raytrain_seq/runtime/averager.py": 688,
     "raytrain_seq/runtime/learner.py": 660,
     "raytrain_seq/training/step.py": 626,
 }
@@ -1190,3 +1193,114 @@ def test_checker_finds_a_crowded_top_level_and_a_silent_folder(tmp_path):
         "pkg/quiet/__init__.py: a one-paragraph docstring, not 0",
     ]
     assert layout_violations(pkg, 3) == [v for v in layout_violations(pkg, 2) if "holds" not in v]
+
+
+# ------------------------------------------ rule 16: no dict of Any between runtime/ and the learners
+# What crosses between runtime/ and a learner process is typed: the learner's module (every function and
+# method: its Ray Train entry, its reports, the loop) and the public methods of the actors the learners
+# call across the process boundary and of the learner-side proxies they call them through.
+LEARNER_BOUNDARY: dict[str, tuple[str, ...] | None] = {
+    "raytrain_seq/runtime/learner.py": None,  # None: every function and method of the module
+    "raytrain_seq/runtime/averager.py": ("ParameterAverager",),
+    "raytrain_seq/runtime/feed.py": ("BlockFeed",),
+    "raytrain_seq/runtime/learner_feed.py": ("LearnerFeed",),
+    "raytrain_seq/rounds/client.py": ("AveragerClient",),
+}
+DICT_NAMES = frozenset({"dict", "Dict", "typing.Dict"})
+
+
+def _dict_of_any(annotation: ast.expr | None) -> bool:
+    """Whether ``annotation`` holds, anywhere (``X | None``, ``tuple[X, ...]``, a string annotation), a
+    bare ``dict``/``Dict`` or a ``dict[str, Any]``/``Dict[str, Any]``."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    if annotation is None:
+        return False
+    subscripted = {id(n.value) for n in ast.walk(annotation) if isinstance(n, ast.Subscript)}
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Subscript) and _dotted(node.value) in DICT_NAMES:
+            args = node.slice.elts if isinstance(node.slice, ast.Tuple) else []
+            if len(args) == 2 and _dotted(args[0]) == "str" and _dotted(args[1]) in ("Any", "typing.Any"):
+                return True
+        elif _dotted(node) in DICT_NAMES and id(node) not in subscripted:
+            return True
+    return False
+
+
+def _boundary_functions(tree: ast.Module, classes: tuple[str, ...] | None) -> Iterator[ast.FunctionDef]:
+    """Every function of the module (``classes`` None), else the public methods of ``classes``."""
+    functions = ast.FunctionDef | ast.AsyncFunctionDef
+    if classes is None:
+        yield from (node for node in ast.walk(tree) if isinstance(node, functions))
+        return
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            yield from (f for f in node.body if isinstance(f, functions) and not f.name.startswith("_"))
+
+
+def untyped_boundary(root: Path, boundary: dict[str, tuple[str, ...] | None]) -> list[str]:
+    """``path:line name(parameter): annotation`` of each parameter or return annotation in ``boundary``
+    that holds a dict of Any; a named file or class that is missing is reported too."""
+    found = []
+    for name, classes in boundary.items():
+        path = root / name
+        if not path.is_file():
+            found.append(f"{name} is missing: it is part of the learners' boundary")
+            continue
+        tree = ast.parse(path.read_text())
+        defined = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+        found += [f"{name}:{c} is missing" for c in classes or () if c not in defined]
+        for function in _boundary_functions(tree, classes):
+            a = function.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *(p for p in (a.vararg, a.kwarg) if p)]
+            slots = [(p.arg, p.annotation) for p in params] + [("return", function.returns)]
+            found += [
+                f"{name}:{function.lineno} {function.name}({slot}): {ast.unparse(annotation)}"
+                for slot, annotation in slots
+                if _dict_of_any(annotation)
+            ]
+    return found
+
+
+def test_nothing_between_runtime_and_the_learners_is_a_dict_of_any():
+    """The learner's module and the public methods of the averager, the feed and the learners' proxies of
+    them take and return typed values (``LearnerLaunch``, ``LearnerReport``, ``ModelSpec``, ...), never a
+    ``dict[str, Any]`` or a bare ``dict``."""
+    assert untyped_boundary(ROOT, LEARNER_BOUNDARY) == []
+
+
+def test_checker_finds_a_dict_of_any_in_the_learners_boundary(tmp_path):
+    """A bare dict, a ``Dict[str, Any]`` inside a union, a string annotation and a ``dict[str, Any]``
+    in a tuple are caught; a private method of a listed class, a class not listed and a typed dict are not."""
+    _write_tree(
+        tmp_path,
+        {
+            "pkg/learner.py": textwrap.dedent(
+                """\
+                from typing import Any, Dict
+                def loop(config: dict) -> "dict[str, Any] | None":
+                    def inner(x: dict[str, int]) -> Dict[str, Any] | None: ...
+                """
+            ),
+            "pkg/actor.py": textwrap.dedent(
+                """\
+                class Actor:
+                    def stats(self, *, ids: bool = False) -> tuple[int, dict[str, Any]]: ...
+                    async def spec(self, **kw: Dict) -> dict[str, float]: ...
+                    def _private(self) -> dict[str, Any]: ...
+                class Other:
+                    def stats(self) -> dict[str, Any]: ...
+                """
+            ),
+        },
+    )
+    boundary = {"pkg/learner.py": None, "pkg/actor.py": ("Actor", "Gone"), "pkg/gone.py": ("X",)}
+    assert untyped_boundary(tmp_path, boundary) == [
+        "pkg/learner.py:2 loop(config): dict",
+        "pkg/learner.py:2 loop(return): 'dict[str, Any] | None'",
+        "pkg/learner.py:3 inner(return): Dict[str, Any] | None",
+        "pkg/actor.py:Gone is missing",
+        "pkg/actor.py:2 stats(return): tuple[int, dict[str, Any]]",
+        "pkg/actor.py:3 spec(kw): Dict",
+        "pkg/gone.py is missing: it is part of the learners' boundary",
+    ]

@@ -26,11 +26,13 @@ from conftest import InProcess
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
+from raytrain_seq.data.geometry import ModelSpec
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessStore
 from raytrain_seq.members.errors import AveragerUnavailableError, MembershipError, StaleRoundError
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
 from raytrain_seq.models.factory import build_model_for
+from raytrain_seq.outputs.reports import LearnerReport, RoundMetrics
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned, Unreachable
 from raytrain_seq.rounds.position import EpochPosition
@@ -101,8 +103,10 @@ class Feed:
     def __init__(self) -> None:
         self.epoch_calls: list[tuple[int, int]] = []
 
-    def model_spec(self) -> dict:
-        return {"num_classes": CLASSES, "in_channels": 3, "class_names": [f"c{i}" for i in range(CLASSES)]}
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(
+            num_classes=CLASSES, in_channels=3, class_names=tuple(f"c{i}" for i in range(CLASSES))
+        )
 
     def epoch(self, epoch: int) -> list[dict[str, np.ndarray]]:
         return _rows(100 + epoch, self.ROWS)
@@ -265,7 +269,7 @@ def _reference(config: Config, feed: Feed, steps: int | None = None) -> dict[str
     (``steps``: stop after that many steps, epochs or not)."""
     torch.manual_seed(config.data.seed)
     spec = feed.model_spec()
-    model = build_model_for(config.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"])
+    model = build_model_for(config.model, num_classes=spec.num_classes, in_channels=spec.in_channels)
     train = config.train
     optimizer = build_optimizer(train.optimizer, model.parameters(), lr=train.lr)
     step = InnerStep(model, optimizer, micro_batch_size=train.micro_batch_size, device="cpu")
@@ -288,7 +292,7 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     feed = Feed()
     averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
-    reports: list[tuple[dict, list[str]]] = []
+    reports: list[tuple[RoundMetrics | LearnerReport, list[str]]] = []
 
     def report(metrics, folder: Path | None) -> None:
         saved = None
@@ -327,13 +331,13 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     start = build_model_for(config.model, num_classes=CLASSES, in_channels=3).state_dict()
     assert any(not torch.allclose(start[k], expected[k]) for k in expected)
     # 8 rows / B=2 = 4 steps an epoch, K=2: rounds 1-2 in epoch 1, 3-4 in epoch 2; every=2 -> 2, final 4.
-    rounds = [(m["round"], saved is not None) for m, saved in reports]
+    rounds = [(m.round, saved is not None) for m, saved in reports]
     assert rounds == [(2, True), (4, True)]
     final = reports[-1][1]
-    assert final.state.round == 4 and reports[-1][0]["test_accuracy"] is not None
+    assert final.state.round == 4 and reports[-1][0].test_accuracy is not None
     assert all(torch.equal(final.state.params[k], got[k]) for k in got)
     assert final.position == {**EpochPosition(2, steps=8).as_dict(), "round": 4}
-    assert reports[-1][0]["steps_trained"] == 8 and reports[-1][0]["epochs_trained"] == 2
+    assert reports[-1][0].steps_trained == 8 and reports[-1][0].epochs_trained == 2
     # Without an evaluator every round's result asks the learner to score its share (here: all of it).
     assert transport.calls.count("average") == 4 and transport.calls.count("report_validation_share") == 4
     history = averager._history.summary()["validation_history"]
@@ -352,7 +356,7 @@ def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restar
     def train(seed=lambda: None) -> tuple[Learner, list[tuple[dict, object]], list[str]]:
         averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
         transport = InProcess(averager)
-        reports: list[tuple[dict, object]] = []
+        reports: list[tuple[RoundMetrics | LearnerReport, object]] = []
 
         def report(metrics, folder: Path | None) -> None:
             reports.append((metrics, None if folder is None else checkpoint.load(folder)))
@@ -374,11 +378,11 @@ def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restar
     # Not vacuous: 4 steps (the one epoch asked for) end elsewhere.
     four = _reference(config, feed, steps=4)
     assert any(not torch.allclose(four[k], expected[k], rtol=0, atol=1e-6) for k in expected)
-    assert [(m["round"], saved is not None) for m, saved in reports] == [(2, True), (3, True)]
+    assert [(m.round, saved is not None) for m, saved in reports] == [(2, True), (3, True)]
     assert calls.count("average") == 3 and learner.step.steps == 5
     final_metrics, final = reports[-1]
     assert final.position == {**EpochPosition(1, (), 1, 2, steps=5).as_dict(), "round": 3}
-    assert final_metrics["steps_trained"] == 5 and final_metrics["epochs_trained"] == 1.25
+    assert final_metrics.steps_trained == 5 and final_metrics.epochs_trained == 1.25
     resumed, _, calls = train(seed=lambda: reports[0][1].state)
     assert resumed.steps_done == 5 and resumed.step.steps == 1 and calls.count("average") == 1
     again = resumed.model.state_dict()
@@ -426,7 +430,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
         report_validation_share=[True, True],
         checkpoint_contents=[],
     )
-    reports: list[dict] = []
+    reports: list[RoundMetrics] = []
     learner = Learner(
         config,
         rank=0,
@@ -446,7 +450,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     assert installed[-1] == 3 and all(
         torch.equal(v, others[k]) for k, v in learner.model.state_dict().items()
     )
-    assert [r["round"] for r in reports] == [2]  # rounds 1 and 3 are no checkpoint rounds (every=2)
+    assert [r.round for r in reports] == [2]  # rounds 1 and 3 are no checkpoint rounds (every=2)
     final = learner.train_epoch(end)
     assert final == EpochPosition(1, steps=4)
     assert feed.epoch_calls == [(0, 0), (0, 4)]  # the second pass skipped the 4 rows the others took
@@ -499,7 +503,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     assert "report_validation" not in transport.calls  # nobody on the learner's side validated
     assert evaluator.scored == [2, 4] and sorted(scores) == [2, 4]
     assert tested == {2: False, 4: True}  # round 4 ends the 2 epochs (4 steps each, K=2): after the test
-    history = summary["validation_history"]
+    history = summary.validation_history
     assert [(v["round"], v["accuracy"]) for v in history] == [
         (r, s["accuracy"]) for r, s in sorted(scores.items())
     ]
@@ -520,12 +524,12 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
         ))  # fmt: skip
 
     first, second = asyncio.run(report_both())
-    assert first == second and first["learners"] == 2
-    assert first["sequences"] == whole.sequences and first["accuracy"] == whole.accuracy
-    assert first["per_class"] == {str(k): list(v) for k, v in whole.per_class.items()}
-    assert first["top5_accuracy"] == whole.top5_accuracy
-    assert first["mean_class_accuracy"] == pytest.approx(whole.mean_class_accuracy)
-    assert first["confusion"] == {f"{t},{p}": n for (t, p), n in whole.confusion.items()}
+    assert first == second and first.learners == 2
+    assert first.sequences == whole.sequences and first.accuracy == whole.accuracy
+    assert first.per_class == {str(k): list(v) for k, v in whole.per_class.items()}
+    assert first.top5_accuracy == whole.top5_accuracy
+    assert first.mean_class_accuracy == pytest.approx(whole.mean_class_accuracy)
+    assert first.confusion == {f"{t},{p}": n for (t, p), n in whole.confusion.items()}
     assert 0 < shares[0].sequences < whole.sequences  # not vacuous: each share is a real part
 
 
@@ -575,7 +579,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
     with pytest.raises(OSError, match="videos are gone"):
         asyncio.run(failing(state))
     assert "videos are gone" in failing.error()
-    assert "videos are gone" in asyncio.run(averager.summary())["validator_error"]
+    assert "videos are gone" in asyncio.run(averager.summary()).validator_error
 
 
 def test_evaluator_threads_score_exactly_what_one_thread_scores():
@@ -620,12 +624,12 @@ class TestRowsFeed(Feed):
         return super().eval_rows(split, rank, world_size, uncropped=uncropped)
 
 
-def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
+def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[RoundMetrics | LearnerReport]]:
     """Rank 0 alone; the reports end with the final one (``keep_final``), which ``run`` also returns."""
     averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     transport = InProcess(averager)
-    reports: list[dict] = []
-    finals: list[tuple[dict, list[str]]] = []
+    reports: list[RoundMetrics] = []
+    finals: list[tuple[LearnerReport, list[str]]] = []
     try:
         learner = Learner(
             config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
@@ -640,7 +644,7 @@ def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[dict]]:
     assert len(finals) == 1 and finals[0][1] == sorted(
         [checkpoint.STATE_FILE, checkpoint.POSITION_FILE, checkpoint.VALIDATION_FILE]
     )
-    assert returned is finals[0][0] and all(r["round"] < returned["round"] for r in reports)
+    assert returned is finals[0][0] and all(r.round < returned.round for r in reports)
     return learner, [*reports, returned]
 
 
@@ -656,9 +660,9 @@ def test_test_rows_are_assembled_while_the_last_epochs_train():
     assert feed.test_asks == [(2, "test-rows")]  # asked once epoch 1's rows were: 2 epochs from the end
     final = reports[-1]
     expected = evaluate(learner.model, [collate_rows(_rows(7, 6))], micro_batch_size=4)
-    assert final["test_accuracy"] == expected.accuracy and final["test_sequences"] == expected.sequences
+    assert final.test_accuracy == expected.accuracy and final.test_sequences == expected.sequences
     assert expected.sequences > 0  # not vacuous
-    timeline = final["timeline"]
+    timeline = final.timeline
     assert timeline["test_rows"] <= timeline["trained"] <= timeline["test_scored"]
 
 

@@ -380,7 +380,7 @@ def test_in_process_averager_over_flat_payloads_equals_the_reference_and_counts_
         state = result.state.materialise(store.get)
         assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
     payload = FlatLayout.of(params[0], moments[0]).nbytes
-    loads = summary["hub_load"][-1]["actors"]
+    loads = summary.hub_load[-1]["actors"]
     assert set(loads) == {"control", "shard0", "shard1", "shard2"}
     # The control plane passes references on; in the background it reads the merged state once (joins
     # and checkpoints get tensors), at most one payload, and that read may or may not be done by now.
@@ -437,7 +437,7 @@ def test_a_learner_whose_slices_cannot_be_read_is_dropped_and_the_others_are_mer
         state = result.state.materialise(store.get)
         assert same(state.params, expected) and same(state.optimizer_state, expected_moments)
     assert not same(expected, average_states(params, weights))  # not vacuous: learner 1 changes the mean
-    [drop] = summary["dropped"]
+    [drop] = summary.dropped
     assert (drop["round"], drop["learner"]) == (1, 1) and "unreadable for 7 s" in drop["reason"]
     assert rejoined.next_round == 2 and rejoined.state.round == 1  # it rejoins from the averaged round
 
@@ -460,7 +460,7 @@ def test_a_round_left_below_min_learners_by_unreadable_slices_fails_for_the_othe
     (unread, other), summary = _run(round_())
     assert isinstance(unread, AveragingTimeoutError) and isinstance(other, AveragingTimeoutError)
     assert other.missing == (0,) and other.arrived == (1,)
-    assert summary["next_round"] == 1 and [d["learner"] for d in summary["dropped"]] == [0]
+    assert summary.next_round == 1 and [d["learner"] for d in summary.dropped] == [0]
 
 
 def test_star_hub_load_is_about_two_payloads_per_learner():
@@ -474,7 +474,7 @@ def test_star_hub_load_is_about_two_payloads_per_learner():
         await asyncio.gather(*(averager.average(j, 1, 3, params[j], moments[j]) for j in range(3)))
         return await averager.summary()
 
-    loads = _run(round_())["hub_load"][-1]["actors"]
+    loads = _run(round_()).hub_load[-1]["actors"]
     payload = FlatLayout.of(params[0], moments[0]).nbytes
     hub = (loads["control"]["received"] + loads["control"]["sent"]) / payload
     assert 5.5 < hub < 6.5

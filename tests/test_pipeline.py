@@ -267,7 +267,7 @@ def test_feed_takes_the_drivers_catalogs_instead_of_probing_again(monkeypatch):
     monkeypatch.setattr(pipeline, "data_geometry", probe)
     feed = pipeline.BlockFeed(Parts.of(config).feed, geometry=geometry)
     assert calls == [] and feed.t_max == geometry.t_max and feed.max_sequences == geometry.max_sequences
-    assert feed.model_spec()["num_classes"] == len(geometry.class_names)
+    assert feed.model_spec().num_classes == len(geometry.class_names)
     with pytest.raises(RuntimeError, match="probed"):  # not vacuous: without geometry the feed probes
         pipeline.BlockFeed(Parts.of(config).feed)
     assert len(calls) == 1
@@ -390,16 +390,16 @@ def test_epochs_recompute_only_evicted_ids_in_background(served):
     catalog = _videos(served["config"]).catalog("train")
     ids = catalog.ids
     schedule = RefurbishSchedule(len(catalog), reuse=3, seed=SEED)
-    epochs = served["stats"]["epochs"]
+    epochs = served["stats"].epochs
     assert sorted(epochs) == [0, 1, 2]
     for epoch in (0, 1, 2):
         evicted = ids[schedule.evicted(epoch)].tolist()
         assert epochs[epoch]["partial_ids"] == sorted(evicted)
         assert epochs[epoch]["recomputed"] == len(evicted) and epochs[epoch]["reused"] == 40 - len(evicted)
     assert 0 < epochs[1]["recomputed"] < 40 and epochs[1]["packing"]["deleted"] == 0
-    before = served["before_epoch_2"]["epochs"]
+    before = served["before_epoch_2"].epochs
     assert before[2]["partial_ids"] == epochs[2]["partial_ids"] and "recomputed" not in before[2]
-    assert served["stats"]["eval"]["videos"] == 80 and served["stats"]["totals"]["tasks_pending"] == 0
+    assert served["stats"].eval["videos"] == 80 and served["stats"].totals["tasks_pending"] == 0
     shards = served["shards"][1, 2]
     assert all(s.recomputed == epochs[1]["recomputed"] and s.reused == epochs[1]["reused"] for s in shards)
 
@@ -634,7 +634,7 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
     finally:
         learner.close()
     stats = ray.get(feed.stats.remote(wait=True))
-    assert [r["kind"] for r in stats["restarts"]] == ["feed_restart"], stats["restarts"]
+    assert [r["kind"] for r in stats.restarts] == ["feed_restart"], stats.restarts
     assert (tmp_path / "feed-restart" / RESTARTS_FILE).is_file()
     assert learner.recoveries >= 1  # not vacuous: the stream did hit the dead feed and came back
     assert checked >= 3 * len(catalog)

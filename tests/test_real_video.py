@@ -520,8 +520,8 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
             assert np.array_equal(got, source.load(video, None, config.data.seed, SIZE)[0]), video
         held += ids
     stats = ray.get(feed.stats.remote(wait=True, ids=True))
-    epochs, totals = stats["epochs"], stats["totals"]
-    assert stats["flow_once"] and totals["tasks_pending"] == 0
+    epochs, totals = stats.epochs, stats.totals
+    assert stats.flow_once and totals["tasks_pending"] == 0
     assert epochs[0]["flow_videos"] == len(train) == epochs[0]["partial_videos"]
     assert epochs[0]["flow_seconds"] > 0 and epochs[0]["flow_seconds_saved"] == 0
     for epoch in (1, 2):
@@ -531,7 +531,7 @@ def test_flow_feed_computes_each_flow_once_and_counts_the_cpu_saved(ray_cluster,
     saved = epochs[1]["flow_seconds_saved"] + epochs[2]["flow_seconds_saved"]
     assert saved == pytest.approx(epochs[0]["flow_seconds"]) and totals["flow_videos"] == len(train)
     # The video that fails to decode (a zero clip) is reported once, by its flow task.
-    assert stats["eval"]["videos"] == len(held) and mini.bad["truncated"] in stats["videos"]["skipped"]
+    assert stats.eval["videos"] == len(held) and mini.bad["truncated"] in stats.videos["skipped"]
 
 
 @pytest.mark.ray
@@ -564,7 +564,7 @@ def test_rgb_feed_reads_the_frame_cache_within_its_budget_and_after_a_restart(ra
                 )
         stats = ray.get(feed.stats.remote(wait=True))
         ray.kill(feed)
-        return [stats["epochs"][e]["frame_cache"] for e in epochs]
+        return [stats.epochs[e]["frame_cache"] for e in epochs]
 
     first = served_by(create_feed(Parts.of(config).feed, videos_per_task=3), range(3))
     cached = sum(1 for _ in tmp_path.glob("*.npy"))

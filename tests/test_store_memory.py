@@ -135,7 +135,7 @@ def test_a_cuda_learner_registers_each_populated_mapping_once_after_populating_i
     # One registration a mapping, whole (a copy inside one is then one DMA), after every populate call.
     assert registered == [("register", 0x7F0000000000, GIB), ("register", 0x7F8000000000, 0x400000)]
     assert calls.index(registered[0]) == len(calls) - 2 and memory.registered_bytes == GIB + 0x400000
-    assert memory.report()["registered_bytes"] == GIB + 0x400000 and memory.register_error is None
+    assert memory.report().registered_bytes == GIB + 0x400000 and memory.register_error is None
 
 
 def test_a_refused_registration_is_logged_and_kept_and_a_store_left_alone_is_not_registered(caplog):

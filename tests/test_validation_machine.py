@@ -379,7 +379,7 @@ def _two_rounds(evaluator, *, timeout_s: float):
         await asyncio.sleep(0.05)
         await averager.average("a", 2, 1, _tiny(2), None)  # waits for round 1's score at most timeout_s
         await asyncio.sleep(0.3)  # a late evaluation comes back meanwhile
-        return (await averager.summary(settle=True))["validation_history"]
+        return (await averager.summary(settle=True)).validation_history
 
     return asyncio.run(asyncio.wait_for(scenario(), 20))
 
@@ -410,7 +410,7 @@ def test_a_learner_dropped_mid_scoring_misses_the_validation_with_its_name():
         await asyncio.gather(*(averager.average(n, 1, 2, _tiny(1), None) for n in "ab"))
         assert await averager.report_validation_share("a", 1, _tallies(7), 2, epoch=0)
         await averager.average("a", 2, 2, _tiny(2), None)  # b never sends round 2: dropped at the timeout
-        return (await averager.summary())["validation_history"]
+        return (await averager.summary()).validation_history
 
     [missed] = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert (missed["round"], missed["missed"]) == (1, True)

@@ -19,7 +19,7 @@ from raytrain_seq.config import DataConfig, RunSetupError
 from raytrain_seq.data.sources import CHANNELS, SPLITS, get_source, source_kwargs
 from raytrain_seq.rows.assembly import max_sequences_bound
 
-__all__ = ["Geometry", "data_geometry", "load_catalogs"]
+__all__ = ["Geometry", "ModelSpec", "data_geometry", "load_catalogs"]
 
 
 def load_catalogs(data: DataConfig, *, warn: bool = True) -> dict[str, Any]:
@@ -62,6 +62,27 @@ class Geometry:
     """Listed videos left out of the catalogs (unreadable, missing, zero frames)."""
     flow_method: str | None
     """The optical-flow algorithm of a flow stream; None for RGB."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What the learners' model must take (the feed's ``model_spec()``, from the ``Geometry``)."""
+
+    num_classes: int
+    """Labels the classifier scores."""
+    in_channels: int
+    """Input channels of a frame (3 RGB, 2 flow, whose flip negates x)."""
+    class_names: tuple[str, ...]
+    """The class of each label."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (``checkpoint.save``'s ``model_spec``: plain types, the class names a
+        list)."""
+        return {
+            "num_classes": self.num_classes,
+            "in_channels": self.in_channels,
+            "class_names": list(self.class_names),
+        }
 
 
 def data_geometry(data: DataConfig, *, warn: bool = True) -> Geometry:

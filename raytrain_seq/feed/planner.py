@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.algorithms.refurbish import RefurbishSchedule
-from raytrain_seq.data.geometry import Geometry
+from raytrain_seq.data.geometry import Geometry, ModelSpec
 from raytrain_seq.feed.cache import Key, Launch, RefurbishCache
 from raytrain_seq.feed.plans import EVAL_KEYS, SPLITS, FeedPlans
 from raytrain_seq.feed.report import EpochCounts, FeedFacts, FeedTally, RestartLog
@@ -180,10 +180,13 @@ class FeedPlanner:
         """The training keys whose refs the actor keeps (evaluation keys are kept for the run)."""
         return self.cache.live()
 
-    def model_spec(self) -> dict[str, Any]:
-        """What the learners' model must take: {"num_classes", "in_channels", "class_names"}."""
-        names = list(self._class_names)
-        return {"num_classes": len(names), "in_channels": self.channels, "class_names": names}
+    def model_spec(self) -> ModelSpec:
+        """What the learners' model must take."""
+        return ModelSpec(
+            num_classes=len(self._class_names),
+            in_channels=self.channels,
+            class_names=tuple(self._class_names),
+        )
 
     def report(
         self, infos: Sequence[dict[str, Any]], *, ids: bool, tasks_pending: int, actor_cpu_s: float

@@ -2,8 +2,8 @@
 
 ``EpochCounts``: a served epoch's copies recomputed and reused, its kept frames and its plan's packing
 stats. ``FeedTally`` keeps them with the tasks' reports (plain dicts, ``data.task_costs``) and builds the
-``reports.FeedReport`` whose ``to_dict`` is ``stats()``: its keys are read by the driver, the benches and
-the tests, so they stay as they are. ``RestartLog``: one JSON line per restart of the feed actor in the run
+``reports.FeedReport`` that ``stats()`` returns: its fields and the keys of its per-epoch entries are read
+by the driver, the benches and the tests, so they stay as they are. ``RestartLog``: one JSON line per restart of the feed actor in the run
 folder, read back whole (the counters cover one process; the log covers the run).
 """
 

@@ -3,54 +3,21 @@
 Three actors end a run knowing something the summary needs: the averager (``AveragingReport``, its
 ``summary()``: rounds, per-learner totals, histories, membership), the feed (``FeedReport``, its
 ``stats()``: videos, packing and refurbishing per epoch) and rank 0's learner (``LearnerReport``, its
-final metrics: the test scores and its own clock). Each producer builds its report and sends
-``to_dict()`` (plain data: Ray pickles it cheaply and the tests read it as a dict); the driver reads it
-back with ``from_dict``, which refuses a report that lacks a field or has one it does not know, naming
-them, so ``driver.build_summary`` reads fields and never guesses a default.
-
-Contract: ``from_dict(r.to_dict()) == r``; ``to_dict`` gives exactly the keys the producer always sent
-(an optional field that is None is left out where the producer left its key out).
+final metrics: the test scores and its own clock). Each producer returns its report as it is, a frozen
+dataclass that Ray pickles, so ``driver.build_summary``, the benches and the tests read fields and
+never guess a key; none is written as JSON (``summary.RunSummary`` is the run's summary.json).
+``RoundMetrics`` is what every learner hands Ray Train at a checkpoint round.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AveragingReport", "FeedReport", "LearnerReport", "LearnerStop"]
+if TYPE_CHECKING:
+    from raytrain_seq.rounds.tally import TestTotals
 
-_R = TypeVar("_R")
-
-
-def _to_dict(report: Any, omit_if_none: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fields as a dict (values as they are, not copied deeply), less the ``omit_if_none`` ones
-    that are None."""
-    out = {f.name: getattr(report, f.name) for f in dataclasses.fields(report)}
-    for name in omit_if_none:
-        if out[name] is None:
-            del out[name]
-    return out
-
-
-def _from_dict(cls: type[_R], d: Mapping[str, Any]) -> _R:
-    """``cls(**d)``, with an error naming the keys missing and unknown instead of a bare TypeError."""
-    if not isinstance(d, Mapping):
-        raise TypeError(f"{cls.__name__}.from_dict takes a dict, not {type(d).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    required = {
-        name
-        for name, f in fields.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    missing, unknown = sorted(required - set(d)), sorted(set(d) - set(fields))
-    if missing or unknown:
-        raise ValueError(
-            f"{cls.__name__}.from_dict: missing {missing}, unknown {unknown}: the producer and the driver "
-            "run different versions of raytrain_seq (reinstall the same one on every node)"
-        )
-    return cls(**d)
+__all__ = ["AveragingReport", "FeedReport", "LearnerReport", "LearnerStop", "RoundMetrics"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,19 +65,10 @@ class AveragingReport:
     """Channel generations: ``{enabled, generations, live, ended}``."""
     hub_load: list[dict[str, Any]]
     """Per round, the bytes each averaging actor moved."""
-    test: dict[str, Any] | None
+    test: TestTotals | None
     """The summed test tallies (``rounds.tally.ShareTally.totals``); None before a test pass."""
     validator_error: str | None = None
-    """Why the evaluator could not validate (the driver raises it); None when it could (key left out)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data; ``validator_error`` only when set."""
-        return _to_dict(self, omit_if_none=("validator_error",))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AveragingReport:
-        """Inverse of ``to_dict``; ValueError naming missing or unknown keys."""
-        return _from_dict(cls, d)
+    """Why the evaluator could not validate (the driver raises it); None when it could."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,15 +98,6 @@ class FeedReport:
     restarts: list[dict[str, Any]]
     """The feed's restarts by Ray: ``{time, kind, detail}`` (wall time)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data, the keys ``stats()`` always had."""
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FeedReport:
-        """Inverse of ``to_dict``; ValueError naming missing or unknown keys."""
-        return _from_dict(cls, d)
-
 
 @dataclass(frozen=True, kw_only=True)
 class LearnerStop:
@@ -165,6 +114,22 @@ class LearnerStop:
 
 
 STOP_REASONS = ("checkpoint",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundMetrics:
+    """What every learner reports to Ray Train at a checkpoint round (``ray.train.report``, a barrier)."""
+
+    round: int
+    """The averaged round."""
+    epoch: int
+    """The epoch of the position training goes on from."""
+    batch_size: int
+    """The batch size decided for the rounds after it."""
+
+    def to_dict(self) -> dict[str, int]:
+        """``ray.train.report``'s metrics (Ray Train takes a dict): the fields in their order."""
+        return {"round": self.round, "epoch": self.epoch, "batch_size": self.batch_size}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,12 +182,3 @@ class LearnerReport:
     """``{"true,pred": count}`` over the test split."""
     final_report_wall: float
     """Wall time rank 0 finished its test pass (the final checkpoint and the summary follow)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data: what ``finish`` returns (Ray Train's ``Result.return_value``)."""
-        return _to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LearnerReport:
-        """Inverse of ``to_dict``; ValueError naming missing or unknown keys."""
-        return _from_dict(cls, d)

@@ -28,7 +28,8 @@ from raytrain_seq.dataplane.payload import FlatPayload, InProcessStore, ObjectSt
 from raytrain_seq.members.errors import AveragerError, AveragerUnavailableError
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.members.retry import Backoff
-from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
+from raytrain_seq.rounds.state import AveragedState, CheckpointHistory, JoinReply, RoundResult
+from raytrain_seq.rounds.tally import TestTotals
 
 logger = logging.getLogger(__name__)
 
@@ -213,11 +214,11 @@ class AveragerClient:
             logger.warning("round %d: validation share not taken (%s)", round, exc)
             return False
 
-    def report_test(self, tallies: Mapping[str, Any]) -> dict[str, Any]:
+    def report_test(self, tallies: Mapping[str, Any]) -> TestTotals:
         """Send this learner's test tallies (its shard of the test split); returns the group's sums."""
         return self.call("report_test", self.learner, dict(tallies), self.world_size)
 
-    def checkpoint_contents(self, done: int) -> tuple[AveragedState, dict[str, Any]]:
+    def checkpoint_contents(self, done: int) -> tuple[AveragedState, CheckpointHistory]:
         """The averager's state and history for a checkpoint of round ``done``; an averager that
         restarted behind this learner is re-seeded first, so the checkpoint never holds older state."""
         state, history = self.call("checkpoint_contents")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from raytrain_seq.members.ids import LearnerId
+from raytrain_seq.rounds.state import CheckpointHistory
 
 logger = logging.getLogger(__name__)
 
@@ -231,13 +232,16 @@ class RunHistory:
         self.log.append({"type": "start", "actor": self.actor, "time": time.time()})
 
     # ------------------------------------------------------------------------- checkpoint, restart
-    def checkpoint_part(self) -> dict[str, Any]:
-        """The histories a checkpoint keeps (plain lists), for ``restore_checkpoint_part``."""
-        return {
-            "batch_size_history": list(self.batch_history),
-            "validation_history": list(self.validation_history),
-            "loss_history": list(self.loss_history),
-        }
+    def checkpoint_part(self, *, due: int | None, dropped: Sequence[dict[str, Any]]) -> CheckpointHistory:
+        """The histories a checkpoint keeps (plain lists), for ``restore_checkpoint_part``, with the
+        validation ``due`` and the round book's ``dropped`` log."""
+        return CheckpointHistory(
+            batch_size_history=list(self.batch_history),
+            validation_history=list(self.validation_history),
+            loss_history=list(self.loss_history),
+            validation_due=due,
+            dropped_log=list(dropped),
+        )
 
     def restore_checkpoint_part(self, part: Mapping[str, Any], elapsed_s: float) -> None:
         self.batch_history = list(part.get("batch_size_history", ()))

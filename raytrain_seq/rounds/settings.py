@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from raytrain_seq.algorithms.averaging import AdaptiveBatchSize, batch_may_grow
 from raytrain_seq.checks import check_number
-from raytrain_seq.outputs.tracking import TRACKERS
+from raytrain_seq.config import TRACKERS
 
 __all__ = ["AveragerSettings"]
 

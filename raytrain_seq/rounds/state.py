@@ -26,7 +26,15 @@ from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.payload import FlatPayload
 from raytrain_seq.members.ids import LearnerId
 
-__all__ = ["SOURCES", "Arrival", "AveragedState", "JoinReply", "RoundResult", "check_payload"]
+__all__ = [
+    "SOURCES",
+    "Arrival",
+    "AveragedState",
+    "CheckpointHistory",
+    "JoinReply",
+    "RoundResult",
+    "check_payload",
+]
 
 # Where a state came from: an averaging round of the live group, a checkpoint, a learner's re-seed, or
 # nothing yet. The averager records a group restart as a live or a checkpoint recovery by it.
@@ -143,6 +151,27 @@ class JoinReply:
     """S, the averaging shards: the learner cuts its flat buffers into S slices (``FlatLayout.split``)."""
     validate: bool = False
     """The state's validation is due and the learners score it: this learner scores its share first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointHistory:
+    """What a checkpoint keeps besides the state, so that a restored averager goes on where it was
+    (``ParameterAverager.checkpoint_contents``; ``checkpoint.save`` takes ``as_dict()``)."""
+
+    batch_size_history: list[dict[str, Any]]
+    """``{round, batch_size, time_s}`` from each round on."""
+    validation_history: list[dict[str, Any]]
+    """``{round, epoch, accuracy, time_s, ...}`` per validation."""
+    loss_history: list[dict[str, Any]]
+    """``{round, loss, time_s}`` per round."""
+    validation_due: int | None
+    """The round whose validation is open, or None."""
+    dropped_log: list[dict[str, Any]]
+    """The round book's drops."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain lists and numbers in the checkpoint's order (``torch.load(weights_only=True)``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)

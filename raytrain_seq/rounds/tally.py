@@ -9,13 +9,38 @@ add up scores of disjoint shards. Plain Python, no asyncio.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.training.step import EvalResult
 
-__all__ = ["ShareTally"]
+__all__ = ["ShareTally", "TestTotals"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestTotals:
+    """The learners' shares of a test pass, summed (``ShareTally.totals``): what ``report_test`` answers."""
+
+    __test__ = False  # not a pytest test class
+
+    correct: int
+    """Sequences scored right (top-1)."""
+    sequences: int
+    """Sequences scored."""
+    accuracy: float
+    """Top-1 over the summed shares."""
+    top5_accuracy: float
+    """Top-5 over the summed shares."""
+    mean_class_accuracy: float
+    """The mean of the classes' accuracies."""
+    per_class: dict[str, list[int]]
+    """``{class index: [correct, total]}``."""
+    confusion: dict[str, int]
+    """``{"true,pred": count}``."""
+    learners: int
+    """How many learners' shares the sums hold."""
 
 
 class ShareTally:
@@ -48,17 +73,17 @@ class ShareTally:
         """The sum of the shares held (``EvalResult.combine``)."""
         return EvalResult.combine(self.shares.values())
 
-    def totals(self) -> dict[str, Any]:
-        """The sum as the plain dict a test pass reports: counts, accuracies, per class, the confusion
-        cells ("true,pred") and how many learners' shares it holds."""
+    def totals(self) -> TestTotals:
+        """The sum as a test pass reports it: counts, accuracies, per class, the confusion cells
+        ("true,pred") and how many learners' shares it holds."""
         total = self.total()
-        return {
-            "correct": sum(c for c, _ in total.per_class.values()),
-            "sequences": total.sequences,
-            "accuracy": total.accuracy,
-            "top5_accuracy": total.top5_accuracy,
-            "mean_class_accuracy": total.mean_class_accuracy,
-            "per_class": {str(k): [c, t] for k, (c, t) in total.per_class.items()},
-            "confusion": {f"{t},{p}": n for (t, p), n in total.confusion.items()},
-            "learners": len(self.shares),
-        }
+        return TestTotals(
+            correct=sum(c for c, _ in total.per_class.values()),
+            sequences=total.sequences,
+            accuracy=total.accuracy,
+            top5_accuracy=total.top5_accuracy,
+            mean_class_accuracy=total.mean_class_accuracy,
+            per_class={str(k): [c, t] for k, (c, t) in total.per_class.items()},
+            confusion={f"{t},{p}": n for (t, p), n in total.confusion.items()},
+            learners=len(self.shares),
+        )

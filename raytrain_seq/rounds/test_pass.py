@@ -16,11 +16,11 @@ from typing import Any
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.members.ids import LearnerId, check_learner
-from raytrain_seq.rounds.tally import ShareTally
+from raytrain_seq.rounds.tally import ShareTally, TestTotals
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TestPass"]
+__all__ = ["TestPass", "TestTotals"]  # TestTotals: what a pass answers (``rounds.tally``)
 
 
 class TestPass:
@@ -34,7 +34,7 @@ class TestPass:
         self.tested = asyncio.Event()  # a pass completed: training is over
         self._done: asyncio.Event | None = None
 
-    async def report(self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int) -> dict[str, Any]:
+    async def report(self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int) -> TestTotals:
         """Take ``learner``'s tallies ({"correct", "sequences", "per_class": ...}); the sums once
         ``world_size`` learners reported or ``timeout_s`` passed."""
         check_learner(learner)
@@ -56,6 +56,6 @@ class TestPass:
             )  # fmt: skip
         return self.tally.totals()
 
-    def totals(self) -> dict[str, Any] | None:
+    def totals(self) -> TestTotals | None:
         """The sums of the shares in, for the summary; None before any share."""
         return self.tally.totals() if self.tally else None

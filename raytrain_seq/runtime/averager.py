@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,6 @@ from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad
-from raytrain_seq.dataplane.merge import part_nbytes
 from raytrain_seq.dataplane.payload import InProcessShards, ShardPool
 from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.members.errors import StaleRoundError
@@ -42,32 +40,24 @@ from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
+from raytrain_seq.rounds.held_state import HeldState
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
+from raytrain_seq.rounds.round_wait import RoundWait
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
-from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
-from raytrain_seq.rounds.test_pass import TestPass
+from raytrain_seq.rounds.state import AveragedState, CheckpointHistory, JoinReply, RoundResult
+from raytrain_seq.rounds.test_pass import TestPass, TestTotals
 from raytrain_seq.rounds.validation import (
-    AskLearners,
     Averaged,
-    AwaitEvaluator,
-    Closing,
-    EvaluatorReturned,
-    Ignored,
     Joined,
-    LearnerDropped,
-    Missed,
     NewGroup,
-    Record,
     Reported,
     Reseeded,
     ShareArrived,
-    StartEvaluator,
-    Step,
-    TimedOut,
     ValidationMachine,
 )
+from raytrain_seq.rounds.validation_runner import ValidationRunner
 from raytrain_seq.runtime.channels import read_round
 
 logger = logging.getLogger(__name__)
@@ -81,12 +71,13 @@ class ParameterAverager:
 
     A thin shell: each call hands its decisions to plain parts (the round book, ``rounds.book``; the
     checks of a round's senders, ``rounds.arrivals``; the batch-size rule, ``rounds.batch_rule``; the
-    validations' state machine, ``rounds.validation``, whose actions it runs; the test pass,
-    ``rounds.test_pass``; the round's mean and result, ``rounds.merging``; a new group's or a re-seed's
-    recovery, ``rounds.recovery``; the run folder, ``rounds.run_folder``; the channel generations,
-    ``dataplane.channel_session``; the shards' placement, ``dataplane.placement``; the hub load,
-    ``dataplane.hub_load``; the run history, ``rounds.events``) and keeps the round's futures, its
-    tasks, the evaluator's task and the latest state itself.
+    validations' state machine, ``rounds.validation``, whose actions ``rounds.validation_runner`` runs;
+    the test pass, ``rounds.test_pass``; the round's mean and result, ``rounds.merging``; the open
+    round's future and timer, ``rounds.round_wait``; a new group's or a re-seed's recovery,
+    ``rounds.recovery``; the run folder, ``rounds.run_folder``; the latest round's copy in this process,
+    ``rounds.held_state``; the channel generations, ``dataplane.channel_session``; the shards' placement,
+    ``dataplane.placement``; the hub load, ``dataplane.hub_load``; the run history, ``rounds.events``) and
+    keeps its tasks and the latest state itself.
 
     settings: ``rounds.settings.AveragerSettings`` (from the config's ``train`` section). run_dir: the run
     folder, whose latest checkpoint is reloaded at construction (a --resume, or a restart by Ray).
@@ -109,14 +100,8 @@ class ParameterAverager:
             raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
         self.settings = settings
         self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
-        self._round_future: asyncio.Future | None = None
-        self._timer: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        # The latest flat state read into this process once (off the learners' path): what a (re)joining
-        # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
-        self._local: asyncio.Task | None = None
         self._validator = validator
-        self._scoring: tuple[int, asyncio.Task] | None = None  # the evaluator's task and its round
         self._build_data_plane(shard_pool)
         actor = (actor_id or _actor_id)() if run_dir is not None else None
         self._build_rounds(run_dir, actor)
@@ -162,6 +147,8 @@ class ParameterAverager:
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
         # Who may send a round, the rows cap they send, and how long each waited for the others.
         self._arrivals = Arrivals(self._book, shards=self._pool.count, merge_moments=settings.merge_moments)
+        # The open round's future, which its senders await, and the timer that closes it at the deadline.
+        self._wait = RoundWait(self._book, self._arrivals, spawn=self._spawn, close=self._close_round)
         self._merge = RoundMerge(
             settings,
             pool=self._pool,
@@ -178,14 +165,18 @@ class ParameterAverager:
             book=self._book, batch=self._batch, validation=self._validation, history=self._history
         )
         self._recovery = GroupRecovery(book=self._book, batch=self._batch, history=self._history)
-
-    def _current(self) -> AveragedState:
-        """The latest averaged state with the batch size decided since and the clock's reading now."""
-        return self._state.replace(
-            batch_size=self._batch.size,
-            adaptive_state=self._batch.state_dict(),
-            elapsed_s=self._history.elapsed(),
-        )
+        # The latest flat state read into this process once (off the learners' path): what a (re)joining
+        # group and a checkpoint get, since the merged slices live on the learners' nodes and die with them.
+        self._held = HeldState(
+            channels=self._channels, pool=self._pool, loads=self._loads, batch=self._batch,
+            history=self._history, latest=lambda: self._state,
+        )  # fmt: skip
+        # What the validation machine decides, done: scores and misses recorded, the evaluator started.
+        self._validating = ValidationRunner(
+            self._validation, validator=self._validator, batch=self._batch, history=self._history,
+            book=self._book, test=self._test, held=self._held, rows_cap=lambda: self._arrivals.rows_cap,
+            spawn=self._spawn,
+        )  # fmt: skip
 
     # ----------------------------------------------------------------------------------- the rounds
     def _spawn(self, coro: Any) -> asyncio.Task:
@@ -194,41 +185,27 @@ class ParameterAverager:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _expire(self, opening: int, deadline: float) -> None:
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        if self._book.phase is RoundPhase.OPEN and self._book.opening == opening:
-            self._start_close()
-
-    def _start_close(self) -> None:
-        self._arrivals.mark_closed(self._book.round)
-        if self._timer is not None and self._timer is not asyncio.current_task():
-            self._timer.cancel()
-        self._timer = None
-        self._spawn(self._close_round(self._book.close(), self._round_future))
-
-    def _fail_round(self, why: str) -> None:
-        """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""
-        self._channels.end(why)
-        if self._timer is not None:
-            self._timer.cancel()
-        future, self._timer, self._round_future = self._round_future, None, None
-        if future is not None and not future.done():
-            future.set_exception(StaleRoundError("group", self._book.round, self._book.round, why))
-
     async def _close_round(self, closed: RoundClose, future: asyncio.Future) -> None:
         try:
             if closed.error is not None:
                 raise closed.error
-            await self._settle_validation(closed)
+            await self._validating.settle(closed)
             closed, result = await self._merge.result(closed)
             result = await self._plan_channels(result)
-            self._publish(closed, result)
+            self._history.record_round(
+                result.state.round,
+                seconds=result.seconds,
+                batch_size=result.state.batch_size,
+                position=result.state.position,
+                stats=[(learner, arrival.stats) for learner, arrival in closed.present],
+            )
+            self._state = result.state
             if result.state.flat is not None:
-                self._local = self._spawn(self._read_local(result.state))
+                self._held.reading = self._spawn(self._held.read(result.state))
             self._book.finish(ok=True)
             # A validation round: the evaluator starts on it, or its result asks the learners to score it.
             step = self._validation.on(Averaged(result.state.round, result.state.position))
-            if self._act(step, result.state):
+            if self._validating.act(step, result.state):
                 result = dataclasses.replace(result, validate=True)
             future.set_result(result)
         except Exception as exc:
@@ -238,111 +215,8 @@ class ParameterAverager:
             self._history.record_failed_round(closed.round, exc)
             future.set_exception(exc)
         finally:
-            if self._round_future is future:
-                self._round_future = None
-
-    # ------------------------------------------------------------------------------- validation
-    def _act(self, step: Step, state: AveragedState | None = None) -> bool:
-        """Run the validation machine's actions (``state``: the one a started evaluator scores); whether
-        the learners are asked to score. ``AwaitEvaluator`` is left to the caller, which awaits."""
-        for action in step.actions:
-            if isinstance(action, StartEvaluator):
-                self._scoring = (action.round, self._spawn(self._score(action, state)))
-            elif isinstance(action, Record):
-                decided = self._batch.decide(
-                    action.accuracy, val_size=action.val_size, rows_cap=action.rows_cap
-                )
-                self._history.record_validation(
-                    action.round, action.accuracy, batch_size=decided.size, grew=decided.grew,
-                    epoch=action.epoch, metrics=action.metrics,
-                )  # fmt: skip
-            elif isinstance(action, Missed):
-                size = self._batch.size
-                self._history.record_missed_validation(action.round, size, reason=action.reason)
-                logger.warning("averager: validation of round %d missed (%s); B stays %d",
-                               action.round, action.reason, size)  # fmt: skip
-            elif isinstance(action, Ignored):
-                log = logger.warning if action.source == "evaluator" else logger.info
-                log(
-                    "averager: %r's validation of round %d not taken (%s)",
-                    action.source,
-                    action.round,
-                    action.why,
-                )
-        return any(isinstance(action, AskLearners) for action in step.actions)
-
-    async def _settle_validation(self, closed: RoundClose) -> None:
-        """Before a round's result: the open validation is settled (one round of lag). The learners'
-        shares came before this round or will not come; the evaluator's score is waited for at most
-        ``timeout_s``; a validation nobody scores is missed at once."""
-        for learner in closed.dropped:
-            self._act(self._validation.on(LearnerDropped(learner)))
-        step = self._validation.on(Closing(closed.round, self._book.world_size))
-        self._act(step)
-        for action in step.actions:
-            if isinstance(action, AwaitEvaluator):
-                await self._await_score(action.round, action.timeout_s)
-
-    async def _await_score(self, round: int, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` for the evaluator's task of ``round``; then it is missed if unscored."""
-        if self._scoring is not None and self._scoring[0] == round:
-            await asyncio.wait({self._scoring[1]}, timeout=timeout_s)
-        if self._validation.scoring(round):
-            self._act(self._validation.on(TimedOut(round, timeout_s)))
-
-    async def _score(self, action: StartEvaluator, state: AveragedState) -> None:
-        """Have the validator score ``state`` and hand its return to the machine; the learners go on
-        meanwhile. The round that ends training is scored after the test pass (docs/ARCHITECTURE.md, "Validation")."""
-        if action.after_test:
-            try:
-                await asyncio.wait_for(self._test.tested.wait(), self._book.timeout_s)
-            except asyncio.TimeoutError:  # the learners stopped before testing: score it now
-                logger.warning("averager: no test pass in %g s after the last round", self._book.timeout_s)
-        scores = error = None
-        try:
-            if state.flat is not None and isinstance(state.flat.parts[0], Channelled):
-                state, _ = await asyncio.shield(self._local)  # the round's slices, from the channels
-            scores = dict(await self._validator(state))
-        except Exception as exc:  # a failed evaluation is a missed validation, at once
-            logger.error("averager: the evaluator failed on round %d: %r; B stays", action.round, exc)
-            error = repr(exc)
-        returned = EvaluatorReturned(
-            action.round, scores, error, epoch=action.epoch, rows_cap=self._arrivals.rows_cap
-        )
-        self._act(self._validation.on(returned))
-
-    async def _read_local(self, state: AveragedState) -> tuple[AveragedState, list[Any]]:
-        """Read a round's merged slices into this process (a secondary copy on the control plane's node);
-        counted in the round's hub load as bytes this actor received. The state and its parts: they
-        become tensors only when a join or a checkpoint needs them (``_held_state``), not every round,
-        since a layout of many tensors takes milliseconds to unpack (docs/ARCHITECTURE.md, "Measurements behind the code") and most rounds' states are never asked for."""
-        if isinstance(state.flat.parts[0], Channelled):
-            parts = await self._channels.read(state.flat.parts)
-            state = state.replace(flat=dataclasses.replace(state.flat, parts=tuple(parts)))
-        else:
-            parts = await self._pool.fetch(list(state.flat.parts))
-        self._loads.add_received(state.round, sum(part_nbytes(part) for part in parts))
-        return state, parts
-
-    async def _held_state(self) -> AveragedState:
-        """The latest state with its tensors in this process when it can be had: for joins and checkpoints.
-        A failed read is logged and the references are handed out instead (their objects may be gone)."""
-        task = self._local
-        if task is not None and self._state.flat is not None:
-            try:
-                local, parts = await asyncio.shield(task)
-                if local.round == self._state.round:
-                    local = await asyncio.to_thread(local.materialise, lambda refs: parts)
-            except Exception as exc:
-                logger.error("averager: reading round %d's merged state failed: %r", self._state.round, exc)
-            else:
-                if local.round == self._state.round:
-                    return local.replace(
-                        batch_size=self._batch.size,
-                        adaptive_state=self._batch.state_dict(),
-                        elapsed_s=self._history.elapsed(),
-                    )
-        return self._current()
+            if self._wait.future is future:
+                self._wait.future = None
 
     # -------------------------------------------------------------------------------- channels
     async def _plan_channels(self, result: RoundResult) -> RoundResult:
@@ -359,17 +233,6 @@ class ParameterAverager:
         """A member's channels for ``generation`` (``ChannelSession.link``); None: its rounds go through
         the store."""
         return await self._channels.link(generation, learner, link)
-
-    def _publish(self, closed: RoundClose, result: RoundResult) -> None:
-        state = result.state
-        self._history.record_round(
-            state.round,
-            seconds=result.seconds,
-            batch_size=state.batch_size,
-            position=state.position,
-            stats=[(learner, arrival.stats) for learner, arrival in closed.present],
-        )
-        self._state = state
 
     # ------------------------------------------------------------------------------ learner-facing
     async def join(
@@ -392,21 +255,22 @@ class ParameterAverager:
         if node is not None:
             self._placement.place(learner, node, self._book.world_size)
         self._history.start_clock()
-        while self._book.phase is RoundPhase.CLOSING and self._round_future is not None:
-            await asyncio.wait({self._round_future})  # the round's outcome is its senders' business
+        while self._book.phase is RoundPhase.CLOSING and self._wait.future is not None:
+            await asyncio.wait({self._wait.future})  # the round's outcome is its senders' business
         self._channels.end(f"learner {learner!r} (re)joined")
         generation = self._book.generation
         self._book.join(learner, world_size, incarnation)
         if self._book.generation != generation:
-            self._fail_round("the learner group was restarted")
+            self._channels.end("the learner group was restarted")
+            self._wait.fail("the learner group was restarted")
             self._recovery.on_new_group(self._state)
             self._validation.on(NewGroup())  # the new group scores its own shares
         if seed is not None:
             self._adopt(learner, seed)
-        state = await self._held_state()
+        state = await self._held.held()
         # A due validation of the state it starts from (a resumed run's): the evaluator starts on it, or
         # the learners are asked to score it.
-        validate = self._act(self._validation.on(Joined(state.round, state.position)), state)
+        validate = self._validating.act(self._validation.on(Joined(state.round, state.position)), state)
         return JoinReply(
             state=state,
             next_round=self._book.next_round_for(learner),
@@ -419,9 +283,13 @@ class ParameterAverager:
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours."""
         if self._recovery.newer(seed, self._state):
-            self._fail_round(f"learner {learner!r} re-seeded round {seed.round}")
+            why = f"learner {learner!r} re-seeded round {seed.round}"
+            self._channels.end(why)
+            self._wait.fail(why)
             self._state = self._recovery.adopt(learner, seed, held=self._state.round)
-            self._act(self._validation.on(Reseeded(self._state.round)))  # an open validation is gone
+            self._validating.act(
+                self._validation.on(Reseeded(self._state.round))
+            )  # an open validation is gone
 
     async def average(
         self,
@@ -461,11 +329,10 @@ class ParameterAverager:
             opening = self._book.phase is RoundPhase.IDLE
             complete = self._book.arrive(learner, round, world_size, arrival, incarnation)
             if opening:
-                self._round_future = asyncio.get_running_loop().create_future()
-                self._timer = self._spawn(self._expire(self._book.opening, self._book.deadline))
-            future = self._round_future
+                self._wait.open()
+            future = self._wait.future
             if complete:
-                self._start_close()
+                self._wait.start_close()
             result = await asyncio.shield(future)
             if learner in result.dropped:
                 # Its slices could not be read: the round was averaged without it, so it rejoins.
@@ -493,7 +360,7 @@ class ParameterAverager:
         step = self._validation.on(Reported(round, accuracy, learner, epoch, val_size, rows_cap, metrics))
         if step.refused is not None:
             raise step.refused  # a round not due: the caller's error
-        self._act(step)
+        self._validating.act(step)
         return self._batch.size
 
     async def report_validation_share(
@@ -510,15 +377,15 @@ class ParameterAverager:
         with round ``round``'s averaged model; once ``world_size`` learners' shares are in, their sum is
         reported as the round's validation (``report_validation``). Returns whether the share was taken
         (a share of a validation no longer due, e.g. already missed, is not). Answers at once: the
-        learner goes on training, and the round after waits for nothing (``_settle_validation``)."""
+        learner goes on training, and the round after waits for nothing (``ValidationRunner.settle``)."""
         cap = rows_cap if rows_cap is not None else self._arrivals.rows_cap
         step = self._validation.on(ShareArrived(learner, round, tallies, world_size, epoch, cap))
-        self._act(step)
+        self._validating.act(step)
         return step.taken
 
     async def report_test(
         self, learner: LearnerId, tallies: Mapping[str, Any], world_size: int
-    ) -> dict[str, Any]:
+    ) -> TestTotals:
         """One learner's test tallies ({"correct", "sequences", "per_class": {label: [correct, total]}})
         of its shard of the test split; returns the sums once ``world_size`` learners reported (waiting at
         most ``timeout_s``; then the sums of those that did, with ``learners`` saying how many)."""
@@ -534,18 +401,17 @@ class ParameterAverager:
         self._channels.end(f"learner {learner!r} left")
         self._book.leave(learner)
         if self._book.complete:
-            self._start_close()
+            self._wait.start_close()
 
     # ------------------------------------------------------------------------ checkpoints, summary
     async def latest(self) -> AveragedState:
         """The latest averaged state (round 0, params None before the first round)."""
-        return await self._held_state()
+        return await self._held.held()
 
-    async def checkpoint_contents(self) -> tuple[AveragedState, dict[str, Any]]:
+    async def checkpoint_contents(self) -> tuple[AveragedState, CheckpointHistory]:
         """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
-        history = self._history.checkpoint_part()
-        history.update(validation_due=self._validation.due, dropped_log=list(self._book.dropped_log))
-        return await self._held_state(), history
+        history = self._history.checkpoint_part(due=self._validation.due, dropped=self._book.dropped_log)
+        return await self._held.held(), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:
         """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""
@@ -557,14 +423,14 @@ class ParameterAverager:
         """The averaging shard actors (created now if not yet); empty when this process merges."""
         return self._pool.handles()
 
-    async def summary(self, *, settle: bool = False) -> dict[str, Any]:
+    async def summary(self, *, settle: bool = False) -> AveragingReport:
         """Per-learner totals, histories, drops, membership and recoveries, B and validations: a
-        ``reports.AveragingReport`` as a dict.
+        ``reports.AveragingReport``.
 
         settle: first wait (at most ``timeout_s``) for a validation still being scored. At the run's end
         no next round waits for the final round's accuracy, and the history should hold it."""
-        if settle and self._scoring is not None and self._validation.scoring(self._scoring[0]):
-            await self._await_score(self._scoring[0], self._book.timeout_s)
+        if settle:
+            await self._validating.settle_last()
         return AveragingReport(
             **self._history.summary(),
             next_round=self._book.round,
@@ -579,13 +445,8 @@ class ParameterAverager:
             hub_load=self._loads.as_list(),
             test=self._test.totals(),
             # The driver raises it: no validation round was scored.
-            validator_error=self._validator_error(),
-        ).to_dict()
-
-    def _validator_error(self) -> str | None:
-        """Why the validator could not score anything (its ``error()``); None when it could or is none."""
-        error = getattr(self._validator, "error", None)
-        return error() if error is not None else None
+            validator_error=self._validating.validator_error(),
+        )
 
 
 def _self_reader() -> tuple[Any, str]:

@@ -41,7 +41,7 @@ from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
-from raytrain_seq.runtime.launch import LearnerLaunch
+from raytrain_seq.runtime.launch import LearnerLaunch, LoopConfig
 from raytrain_seq.runtime.logs import quiet_driver, train_logging
 
 logger = logging.getLogger(__name__)
@@ -242,11 +242,11 @@ def _fit(state: _Run) -> LearnerReport:
     state.marks["fit_returned"] = time.time()
     if result.error is not None:
         raise result.error
-    if not isinstance(result.return_value, dict):  # the learners stopped on a checkpoint write
+    if not isinstance(result.return_value, LearnerReport):  # the learners stopped on a checkpoint write
         _release(state.averager, state.feed)
         stop = result.return_value
         raise checkpoint.stopped_error(state.run_dir, stop.message if isinstance(stop, LearnerStop) else None)
-    return LearnerReport.from_dict(result.return_value)
+    return result.return_value
 
 
 def _trainer(state: _Run) -> Any:
@@ -260,7 +260,7 @@ def _trainer(state: _Run) -> Any:
     gpu = {"GPU": train.gpus_per_learner} if state.use_gpu else {}
     return DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config={"config": config.to_dict(), "launch": state.launch},
+        train_loop_config=LoopConfig(config=config.to_dict(), launch=state.launch),
         scaling_config=ScalingConfig(
             num_workers=train.learners,
             use_gpu=state.use_gpu,
@@ -282,16 +282,16 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
 
     config, averager, feed = state.config, state.averager, state.feed
     # With the final round's validation.
-    averaging = AveragingReport.from_dict(ray.get(averager.summary.remote(settle=True)))
+    averaging: AveragingReport = ray.get(averager.summary.remote(settle=True))
     if averaging.validator_error:  # every validation failed; the checkpoints are in the run folder
         _release(averager, feed)
         raise RuntimeError(
             "the evaluator could not be built or its validation rows assembled: "
             f"{averaging.validator_error} (the averager's log says more)"
         )
-    stats = FeedReport.from_dict(ray.get(feed.stats.remote(wait=True)))
+    stats: FeedReport = ray.get(feed.stats.remote(wait=True))
     summary = build_summary(
-        config, metrics, averaging, stats, ray.get(feed.model_spec.remote())["class_names"]
+        config, metrics, averaging, stats, list(ray.get(feed.model_spec.remote()).class_names)
     )
     # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
     # its first step, "write" runs from its final metrics (checkpoint, Ray Train's shutdown, summary).

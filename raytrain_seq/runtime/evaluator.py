@@ -62,7 +62,7 @@ class Evaluator:
             )
         spec = feed.model_spec()
         self.model = build_model_for(
-            settings.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+            settings.model, num_classes=spec.num_classes, in_channels=spec.in_channels
         )
         # Never trained here: eval mode once, so that concurrent evaluate() calls never toggle it.
         self.model.eval()

@@ -8,7 +8,7 @@ actor on the driver's node, ``create_feed``) launches the Ray tasks a planner's 
 (``runtime.feed_tasks``: home nodes, lanes, flow once's flows), keeps their ``CachedArray`` refs under
 the planner's ``(video, computing epoch)`` keys, drops the keys the planner no longer names, and serves
 ``epoch_shard`` / ``eval_shard`` (block specs), ``refs`` (the arrays a shard reads) and ``stats``
-(``reports.FeedReport`` as a dict). Epoch e+1's recompute starts as soon as e is served; e's refs stay
+(a ``reports.FeedReport``). Epoch e+1's recompute starts as soon as e is served; e's refs stay
 until the newest ``keep_epochs`` move past it. A restarted actor (``train.feed_max_restarts``)
 recomputes what a learner asks for from the source with the same seeds. docs/ARCHITECTURE.md ("The
 pipeline, call by call", "Data refurbishing").
@@ -24,11 +24,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from raytrain_seq.config import DataConfig
-from raytrain_seq.data.geometry import Geometry, data_geometry
+from raytrain_seq.data.geometry import Geometry, ModelSpec, data_geometry
 from raytrain_seq.feed.cache import Key, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_int, check_rank
 from raytrain_seq.feed.plans import EVAL_KEYS
 from raytrain_seq.feed.report import RESTARTS_FILE, RestartLog
+from raytrain_seq.outputs.reports import FeedReport
 from raytrain_seq.parts import FeedSettings
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import EpochShard
@@ -235,13 +236,13 @@ class BlockFeed:
         with self._lock:
             return [self._arrays[key] for key in self._planner.keys(ids, epoch)]
 
-    def model_spec(self) -> dict[str, Any]:
-        """What the learners' model must take: {"num_classes", "in_channels", "class_names"}."""
+    def model_spec(self) -> ModelSpec:
+        """What the learners' model must take (``data.geometry.ModelSpec``)."""
         return self._planner.model_spec()
 
-    def stats(self, wait: bool = False, ids: bool = False) -> dict[str, Any]:
+    def stats(self, wait: bool = False, ids: bool = False) -> FeedReport:
         """Per epoch: recomputed, reused, packing stats, partial-augmentation videos and seconds; totals
-        (a ``reports.FeedReport`` as a dict, built by the planner's ``FeedTally``).
+        (a ``reports.FeedReport``, built by the planner's ``FeedTally``).
 
         A flow run (flow once) adds per epoch and in the totals: ``flow_videos`` (whole-frame flows
         computed for the epoch), ``flow_seconds`` (their CPU seconds of decoding and flow) and
@@ -265,11 +266,11 @@ class BlockFeed:
                 infos, ids=ids, tasks_pending=len(self._tasks.reports),
                 actor_cpu_s=time.process_time() - self._cpu_began,
             )  # fmt: skip
-            return report.to_dict()
+            return report
 
 
 def feed_restarts(restarts: list[dict[str, Any]], since: float | None) -> list[dict[str, Any]]:
-    """The run summary's ``feed_restart`` recoveries from ``stats()["restarts"]`` (``FeedReport.restarts``):
+    """The run summary's ``feed_restart`` recoveries from ``stats().restarts`` (``FeedReport.restarts``):
     ``{time_s, kind, detail}``, time_s counted from ``since`` (rank 0's first step, the start of the
     training clock; None: wall time)."""
     return [

@@ -130,8 +130,8 @@ def _evaluate(
         model = model_from_state(
             run_config.model,
             found.state.params,
-            num_classes=spec["num_classes"],
-            in_channels=spec["in_channels"],
+            num_classes=spec.num_classes,
+            in_channels=spec.in_channels,
         ).to(device)
         model.eval()
         shard = ray.get(feed.eval_shard.remote("test"))
@@ -146,7 +146,7 @@ def _evaluate(
         while (part := rows.take(micro)) is not None:
             batch = {k: v.to(device) for k, v in collate_rows(part).items()}
             if multi:  # the softmax averaged over the views, each cut from the uncropped frames
-                flow = spec["in_channels"] == 2
+                flow = spec.in_channels == 2
                 probs, targets = view_probabilities(model, batch, views, crop=run_config.data.crop, flow=flow)
             else:
                 logits, targets = predict(model, batch)
@@ -171,7 +171,7 @@ def _evaluate(
     return {
         "probs": {v: sums[v] / counts[v] for v in sums},
         "labels": labels,
-        "class_names": spec["class_names"],
+        "class_names": list(spec.class_names),
         "stats": stats,
         "seconds": seconds,
     }
@@ -236,8 +236,8 @@ def run_fuse(config: Config) -> RunSummary:
         stream: {names[c]: correct / total for c, (correct, total) in table.items()}
         for stream, table in fused["per_class"].items()
     }
-    videos = dict(rgb["stats"]["videos"])
-    videos["skipped"] = sorted(set(videos["skipped"]) | set(flow["stats"]["videos"]["skipped"]))
+    videos = dict(rgb["stats"].videos)
+    videos["skipped"] = sorted(set(videos["skipped"]) | set(flow["stats"].videos["skipped"]))
     rgb_config = runs["rgb"][1]
     evaluation = rgb["seconds"] + flow["seconds"]
     summary = RunSummary(
@@ -250,7 +250,7 @@ def run_fuse(config: Config) -> RunSummary:
         config=config.to_dict(),
         videos=videos,
         stream="fuse",
-        flow_method=flow["stats"].get("flow_method"),
+        flow_method=flow["stats"].flow_method,
         per_class_accuracy=per_class["fused"],
         extra={
             "fuse": {

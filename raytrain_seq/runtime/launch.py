@@ -11,8 +11,9 @@ learner rebuilds exactly the tree the driver checked.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
-__all__ = ["LearnerLaunch"]
+__all__ = ["LearnerLaunch", "LoopConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,3 +45,11 @@ class LearnerLaunch:
             or self.torch_threads < 1
         ):
             raise ValueError(f"LearnerLaunch.torch_threads must be an int >= 1, got {self.torch_threads!r}")
+
+
+class LoopConfig(TypedDict):
+    """Ray Train's ``train_loop_config`` of the learners (Ray Train hands the loop a dict): the run's
+    ``Config.to_dict()`` and its ``LearnerLaunch``."""
+
+    config: dict[str, Any]
+    launch: LearnerLaunch

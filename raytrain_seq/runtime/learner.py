@@ -36,11 +36,12 @@ from raytrain_seq.config import Config
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.outputs import accounting
-from raytrain_seq.outputs.reports import LearnerReport, LearnerStop
+from raytrain_seq.outputs.reports import LearnerReport, LearnerStop, RoundMetrics
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
+from raytrain_seq.runtime.launch import LoopConfig
 from raytrain_seq.training.heap import keep_freed_memory
 from raytrain_seq.training.step import (
     InnerStep,
@@ -65,8 +66,8 @@ __all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
 
 # report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
 # on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run
-# folder. The final checkpoint goes to a ``keep_final`` of the same shape, on rank 0 only (``finish``).
-Report = Callable[[dict[str, Any], Path | None], None]
+# folder. The final checkpoint and metrics go to a ``keep_final`` of the same shape, rank 0 only (``finish``).
+Report = Callable[[RoundMetrics | LearnerReport, Path | None], None]
 
 
 class _NoMetrics:
@@ -107,9 +108,9 @@ class Learner:
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(config.data.seed)
         spec = self.model_spec = feed.model_spec()
-        self.in_channels = spec["in_channels"]  # 2: optical flow, whose flip negates x
+        self.in_channels = spec.in_channels  # 2: optical flow, whose flip negates x
         self.model = build_model_for(
-            config.model, num_classes=spec["num_classes"], in_channels=spec["in_channels"]
+            config.model, num_classes=spec.num_classes, in_channels=spec.in_channels
         ).to(device)
         self.optimizer = build_optimizer(
             train.optimizer, self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay
@@ -152,7 +153,7 @@ class Learner:
         self._trained_ids: list[int] = []  # video ids of the rows trained since the last round
 
     # ------------------------------------------------------------------------------------- training
-    def run(self) -> dict[str, Any] | None:
+    def run(self) -> LearnerReport | None:
         """Train, test, keep the final checkpoint; rank 0 returns the final metrics (``finish``)."""
         position = self.start()
         while not self.finished(position):
@@ -350,7 +351,9 @@ class Learner:
             latest_is_final=final,
         )
         for round_ in rounds:
-            self.report({"round": round_, "epoch": latest.epoch, "batch_size": self.client.batch_size}, None)
+            self.report(
+                RoundMetrics(round=round_, epoch=latest.epoch, batch_size=self.client.batch_size), None
+            )
 
     # ----------------------------------------------------------------------------------- evaluation
     def _near_end(self, epoch: int, shard_rows: int) -> bool:
@@ -424,22 +427,19 @@ class Learner:
         )
 
     # ------------------------------------------------------------------------------- reports, finish
-    def _report(self, position: EpochPosition, *, with_checkpoint: bool, extra: dict | None = None) -> None:
+    def _report(self, position: EpochPosition, *, with_checkpoint: bool) -> None:
         """``report`` on every rank (a barrier); rank 0 attaches the checkpoint."""
-        metrics = self._metrics(position, extra)
+        metrics = self._metrics(position)
         if not with_checkpoint or self.rank != 0:
             self.report(metrics, None)
             return
-        with self._checkpoint_folder(position, metrics["round"]) as folder:
+        with self._checkpoint_folder(position, metrics.round) as folder:
             self.report(metrics, folder)
 
-    def _metrics(self, position: EpochPosition, extra: dict | None) -> dict[str, Any]:
-        return {
-            "round": self.client.next_round - 1,
-            "epoch": position.epoch,
-            "batch_size": self.client.batch_size,
-            **(extra or {}),
-        }
+    def _metrics(self, position: EpochPosition) -> RoundMetrics:
+        return RoundMetrics(
+            round=self.client.next_round - 1, epoch=position.epoch, batch_size=self.client.batch_size
+        )
 
     @contextlib.contextmanager
     def _checkpoint_folder(self, position: EpochPosition, done: int) -> Iterator[Path]:
@@ -449,14 +449,14 @@ class Learner:
             checkpoint.save(
                 folder,
                 state=state,
-                history=history,
+                history=history.as_dict(),
                 config=self.config.to_dict(),
                 position=position.as_dict(),
-                model_spec=self.model_spec,
+                model_spec=self.model_spec.as_dict(),
             )
             yield Path(folder)
 
-    def finish(self, position: EpochPosition | None = None) -> dict[str, Any] | None:
+    def finish(self, position: EpochPosition | None = None) -> LearnerReport | None:
         """Every rank scores its share of the test split and the averager sums the tallies; rank 0 hands
         the final checkpoint and the summed test results to ``keep_final`` and returns those metrics (the
         train function's return value, Ray Train's ``Result.return_value``); the other ranks return None.
@@ -491,25 +491,25 @@ class Learner:
         extra.update(test_sequences_mine=mine.sequences, test_s=time.perf_counter() - began)
         if self.rank == 0:
             extra.update(
-                test_accuracy=totals["accuracy"],
-                test_sequences=totals["sequences"],
-                test_learners=totals["learners"],
-                per_class=totals["per_class"],
-                top5_accuracy=totals["top5_accuracy"],
-                mean_class_accuracy=totals["mean_class_accuracy"],
-                confusion=totals["confusion"],
+                test_accuracy=totals.accuracy,
+                test_sequences=totals.sequences,
+                test_learners=totals.learners,
+                per_class=totals.per_class,
+                top5_accuracy=totals.top5_accuracy,
+                mean_class_accuracy=totals.mean_class_accuracy,
+                confusion=totals.confusion,
             )
             logger.info(
                 "test accuracy %.4f (top-5 %.4f, mean class %.4f) over %d sequences (%d learners' shares)",
-                totals["accuracy"], totals["top5_accuracy"], totals["mean_class_accuracy"],
-                totals["sequences"], totals["learners"],
+                totals.accuracy, totals.top5_accuracy, totals.mean_class_accuracy,
+                totals.sequences, totals.learners,
             )  # fmt: skip
         extra["final_report_wall"] = time.time()  # from here on: the final checkpoint and the summary
         self.marks["final_report"] = extra["final_report_wall"]
         if self.rank != 0:
             return None  # no barrier at the end: nothing waits for this learner
-        metrics = LearnerReport.from_dict(self._metrics(position, extra)).to_dict()  # every field, checked
-        with self._checkpoint_folder(position, metrics["round"]) as folder:
+        metrics = LearnerReport(**self._metrics(position).to_dict(), **extra)  # every field, checked
+        with self._checkpoint_folder(position, metrics.round) as folder:
             self.keep_final(metrics, folder)
         return metrics
 
@@ -539,7 +539,7 @@ def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
 
 # --------------------------------------------------------------------------------------------- ray glue
 def _ray_train_report(
-    metrics: dict[str, Any], folder: Path | None, *, run_dir: Path, keep: int | None = None
+    metrics: RoundMetrics, folder: Path | None, *, run_dir: Path, keep: int | None = None
 ) -> None:
     import ray.train
     from ray.train.collective import broadcast_from_rank_zero
@@ -553,13 +553,13 @@ def _ray_train_report(
     problem = None
     if folder is not None:
         try:
-            checkpoint.put(folder, run_dir, metrics["round"], keep=keep)
+            checkpoint.put(folder, run_dir, metrics.round, keep=keep)
         except checkpoint.CheckpointError as exc:
             problem = str(exc)
     problem = broadcast_from_rank_zero(problem)
     if problem is not None:
         raise checkpoint.CheckpointError(problem)
-    ray.train.report(metrics)
+    ray.train.report(metrics.to_dict())
 
 
 def _latest_state(config: Config) -> AveragedState | None:
@@ -568,10 +568,10 @@ def _latest_state(config: Config) -> AveragedState | None:
     return None if found is None else found.state
 
 
-def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | LearnerStop | None:
+def train_loop_per_worker(loop_config: LoopConfig) -> LearnerReport | LearnerStop | None:
     """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "launch": LearnerLaunch}.
 
-    Rank 0 returns its final metrics (``LearnerReport.to_dict``), or a ``LearnerStop`` when a checkpoint
+    Rank 0 returns its final metrics (a ``LearnerReport``), or a ``LearnerStop`` when a checkpoint
     could not be written; the other ranks return None."""
     import ray
     import ray.train
@@ -628,7 +628,7 @@ def train_loop_per_worker(loop_config: dict) -> dict[str, Any] | LearnerStop | N
             _ray_train_report, run_dir=config.run_dir(), keep=config.run.keep_checkpoints
         ),
         keep_final=lambda metrics, folder: checkpoint.put(
-            folder, config.run_dir(), metrics["round"], keep=config.run.keep_checkpoints
+            folder, config.run_dir(), metrics.round, keep=config.run.keep_checkpoints
         ),
         # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
         checkpoint_seed=lambda: _latest_state(config),

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.checks import check_number
+from raytrain_seq.data.geometry import ModelSpec
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
@@ -111,7 +112,7 @@ class LearnerFeed:
 
         return ray.get(refs)
 
-    def model_spec(self) -> dict[str, Any]:
+    def model_spec(self) -> ModelSpec:
         return self._retry("model_spec", lambda: self.get(self.handle.model_spec.remote()))
 
     def _source(self, rank: int, world_size: int):

@@ -111,7 +111,7 @@ def feed_rows_reader(feed: Any) -> Callable[[int, int], int | None]:
     import ray
 
     def rows(epoch: int, world_size: int) -> int | None:
-        epochs = ray.get(feed.stats.remote()).get("epochs", {})
+        epochs = ray.get(feed.stats.remote()).epochs
         packing = (epochs.get(epoch) or epochs.get(str(epoch)) or {}).get("packing")
         return -(-packing["blocks"] // world_size) if packing else None
 
@@ -122,4 +122,4 @@ def averager_position_reader(averager: Any) -> Callable[[], Mapping[str, Any] | 
     """``position()`` from the averager's summary: where the latest averaged round left the epoch."""
     import ray
 
-    return lambda: ray.get(averager.summary.remote()).get("position")
+    return lambda: ray.get(averager.summary.remote()).position

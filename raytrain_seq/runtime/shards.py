@@ -27,7 +27,7 @@ from raytrain_seq.checks import check_number
 # Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.members.ids import LearnerId
-from raytrain_seq.runtime.store_memory import StoreMemory, cuda_host_register
+from raytrain_seq.runtime.store_memory import MemoryReport, StoreMemory, cuda_host_register
 
 if TYPE_CHECKING:
     from raytrain_seq.dataplane.payload import FlatPayload
@@ -192,7 +192,7 @@ class AveragingShard:
             return False
         return True
 
-    def store_memory(self, timeout: float | None = None) -> dict:
+    def store_memory(self, timeout: float | None = None) -> MemoryReport:
         """Whether this shard populates its mapping of the object store ahead (decided at its first merge)
         and how long that took (``StoreMemory.report``)."""
         return self.memory.report(timeout)

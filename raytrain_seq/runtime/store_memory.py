@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CHUNK_BYTES",
     "ROUNDS",
+    "MemoryReport",
     "StoreMemory",
     "cuda_host_register",
     "cuda_host_unregister",
@@ -110,6 +112,20 @@ def _read_maps() -> str:
         return ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class MemoryReport:
+    """What a ``StoreMemory`` decided and did (``StoreMemory.report``, a shard's ``store_memory()``)."""
+
+    decision: str | None
+    """Why the mapping was, or was not, populated; None before the first round's bytes were known."""
+    seconds: float | None
+    """How long populating took; None when none was started or it is still running."""
+    bytes: int
+    """Bytes of the mapping populated."""
+    registered_bytes: int
+    """Bytes of the mapping registered with the device."""
+
+
 class StoreMemory:
     """Populates this process's mapping of the object store once, in a background thread, when the
     rounds' bytes warrant it (the module's rule), and then registers each mapping through ``register``
@@ -186,15 +202,15 @@ class StoreMemory:
                 )
         self.seconds = time.perf_counter() - began
 
-    def report(self, timeout: float | None = None) -> dict:
+    def report(self, timeout: float | None = None) -> MemoryReport:
         """What was decided and done, after waiting up to ``timeout`` for a running populate."""
         seconds = self.wait(timeout)
-        return {
-            "decision": self.decision,
-            "seconds": seconds,
-            "bytes": self.populated_bytes,
-            "registered_bytes": self.registered_bytes,
-        }
+        return MemoryReport(
+            decision=self.decision,
+            seconds=seconds,
+            bytes=self.populated_bytes,
+            registered_bytes=self.registered_bytes,
+        )
 
     def wait(self, timeout: float | None = None) -> float | None:
         """The seconds populating took, once it has finished; None if none was started or it is still
