@@ -7,7 +7,8 @@ times). Two layers:
 * ``check_paths(config)``: the paths (no torch, no video opened): the data root and its split files (read
   and checked line by line; unreadable ones named), the video decoder of ``--decoder`` (installed here), ``--num-classes`` against the classes the lists name,
   ``--weights`` readable, ``--init-from``, the two ``--fuse`` runs and the ``--resume`` run (each must hold
-  a checkpoint folder), and the tracker's package.
+  a checkpoint folder; a run stopped before its first checkpoint, its event log only, resumes from the
+  start), and the tracker's package.
 * ``check(config)``: the paths, then what the data and the model say. The data geometry
   (``data.geometry.data_geometry``: the catalogs, so the class count and every video's strided length,
   against ``--t-max``), ``--warmup-steps`` against the most optimizer steps the run can take, and, when a
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config, RunSetupError
+from raytrain_seq.rounds.events import EVENTS_FILE
 from raytrain_seq.tracking import tracker_available
 
 if TYPE_CHECKING:  # data.sources loads numpy and the readers: the path checks run before it
@@ -135,7 +137,8 @@ def check_paths(config: Config) -> None:
     if config.data.stream == "fuse" and config.model.fuse is not None:
         for folder in config.model.fuse:
             _run_folder("--fuse", folder, "pass the folders of a finished RGB run and a finished flow run")
-    if config.run.resume:
+    # A run stopped before its first checkpoint (its driver killed) left its event log only: it starts over.
+    if config.run.resume and not (config.run_dir() / EVENTS_FILE).is_file():
         _run_folder("--resume", config.run_dir(), "check --storage-path and --run-name, or drop --resume")
 
 

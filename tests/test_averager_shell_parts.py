@@ -413,7 +413,7 @@ def test_a_resume_names_the_rounds_a_killed_run_averaged_after_its_checkpoint_an
     folder.load(tmp_path, restarted_by_ray=False, state=AveragedState(batch_size=4))
     [resumed] = history.recoveries
     assert resumed["kind"] == "resumed" and book.round == 4
-    assert "checkpoint_round_000003 (round 3); rounds 4-5" in resumed["detail"], resumed
+    assert "checkpoint_round_000003 (round 3); rounds 4-5 of the stopped run" in resumed["detail"], resumed
     for round_ in (4, 5, 6):
         history.record_round(round_, seconds=0.5, batch_size=8, position=None, stats=[(0, {"loss": 1.0})])
     logged = [
@@ -421,6 +421,20 @@ def test_a_resume_names_the_rounds_a_killed_run_averaged_after_its_checkpoint_an
     ]
     assert logged[5:] == [("actor-2", 4, True), ("actor-2", 5, True), ("actor-2", 6, False)]
     assert _kinds(history) == ["resumed"] and history.summary()["rounds_completed"] == 3
+
+
+def test_a_resume_of_a_run_stopped_before_its_first_checkpoint_starts_over_and_says_so(tmp_path):
+    _, _, _, killed = _parts(tmp_path)
+    killed.mark_start()
+    killed.record_round(1, seconds=0.5, batch_size=4, position=None, stats=[(0, {"loss": 2.0})])
+    folder, book, _, history, _ = _folder(tmp_path, None)
+    history.actor = "actor-2"
+    empty = AveragedState(batch_size=4)
+    assert folder.load(tmp_path, restarted_by_ray=False, state=empty) is empty and book.round == 1
+    [resumed] = history.recoveries
+    assert resumed["detail"].startswith("run resumed from the start (no checkpoint yet); round 1 of the")
+    history.record_round(1, seconds=0.5, batch_size=4, position=None, stats=[(0, {"loss": 2.0})])
+    assert [r.get("redo", False) for r in history.log.read() if r["type"] == "round"] == [False, True]
 
 
 def test_an_event_log_cut_short_by_a_kill_reads_back_and_the_next_writer_starts_a_new_line(tmp_path, caplog):

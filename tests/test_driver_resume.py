@@ -1,16 +1,17 @@
 """A driver killed mid-run (SIGKILL: its averager, feed, Ray Train controller and learners die with it),
 then the same command with ``--resume``, as the next ``ray job submit`` would run it (issue 53, item 5).
 
-Contract pinned: the killed driver's actors leave the cluster (every CPU free again); the resumed job
-continues from the newest checkpoint and finishes; the run's rounds are 1..N, each once, in the loss
-history; every round the killed run averaged after its newest checkpoint (lost with the averager, which
-held it only in memory) is averaged again to the same loss, bit for bit; each checkpointed round is kept
-as it was; and per epoch the video ids of the rounds that count (the killed run's up to the checkpoint,
-the resumed run's after it) are the epoch's plan: every row once per epoch.
+Contract pinned, over two kills of one run: the killed driver's actors leave the cluster; a run killed
+before its first checkpoint resumes from the start; a run killed later resumes from its newest
+checkpoint, and the last resume finishes; every round a killed run averaged after its newest checkpoint
+(held only in memory by the averager that died) is averaged again to the same loss, bit for bit, and
+logged ``redo``, so the round log reads 1..N with each repeat marked; the loss history holds rounds
+1..N once each; and per epoch the video ids of the rounds that count (each round's last record) are
+the epoch's plan: every row once per epoch.
 
 A finished round, in the code's terms: a round whose folder ``checkpoint_round_NNNNNN`` rank 0 has put
 into the run folder (``checkpoint.put``, before Ray Train's report of that round); rounds after the newest
-one (``--checkpoint-every`` > 1, or the round in flight) are averaged again on resume. Both drivers are
+one (``--checkpoint-every`` > 1, or the round in flight) are averaged again on resume. The drivers are
 subprocesses joined to this module's cluster through ``RAY_ADDRESS``, as ``ray job submit`` runs them.
 """
 
@@ -96,60 +97,74 @@ def _ids_per_epoch(records: list[dict]) -> dict[int, dict[str, int]]:
     return per_epoch({"all": totals})
 
 
+def _kill(ray, job: subprocess.Popen) -> None:
+    """SIGKILL the driver, then wait until Ray has ended its actors (its averager, feed, Ray Train
+    controller and, through it, the learners): no averager or feed named, every CPU free again."""
+    job.send_signal(signal.SIGKILL)
+    job.wait(10)
+    total = ray.cluster_resources()["CPU"]
+
+    def ended() -> bool:
+        named = ray.util.list_named_actors(all_namespaces=True)
+        ours = [a for a in named if a["name"].startswith(("averager-", "feed-"))]
+        return not ours and ray.available_resources().get("CPU", 0) == total
+
+    _wait(ended, "the killed run's actors to end", None, 60)
+
+
 def test_a_killed_driver_leaves_a_run_that_resume_finishes_without_losing_a_finished_round(
     ray_cluster, tmp_path
 ):
     ray = ray_cluster
     run_dir = tmp_path / "killed"
     began = time.monotonic()
+    # 1. Killed before its first checkpoint (round 3's): --resume starts the run over.
     first = _job(ray, tmp_path, log="first.log")
-    # Kill after a round the newest checkpoint does not hold (round 4 or 5: the checkpoint is round 3's).
+    _wait(lambda: _rounds(run_dir), "a first round", first)
+    _kill(ray, first)
+    lost = [r["round"] for r in _rounds(run_dir)]
+    assert not checkpoint.candidates(run_dir), f"killed too late: rounds {lost} done"
+    # 2. That resume, killed after a round its newest checkpoint (round 3's) does not hold.
+    second = _job(ray, tmp_path, "--resume", log="second.log")
     _wait(
         lambda: checkpoint.candidates(run_dir) and any(r["round"] > EVERY for r in _rounds(run_dir)),
         "a round after the first checkpoint",
-        first,
+        second,
     )
-    first.send_signal(signal.SIGKILL)
-    first.wait(10)
-    killed_rounds = _rounds(run_dir)
+    _kill(ray, second)
     kept = checkpoint.load_latest(run_dir)
     assert kept is not None and kept.round == EVERY, [p.name for p in checkpoint.candidates(run_dir)]
-    lost = [r["round"] for r in killed_rounds if r["round"] > kept.round]
-    assert lost and max(lost) < EPOCHS, f"killed too late to test anything: {lost}"
-    # Ray ends the dead driver's actors (its averager, feed, controller and, through it, the learners).
-    total = ray.cluster_resources()["CPU"]
-    _wait(lambda: ray.available_resources().get("CPU", 0) == total, "the killed run's CPUs freed", None, 60)
-
-    second = _job(ray, tmp_path, "--resume", log="second.log")
-    assert second.wait(240) == 0, (tmp_path / "second.log").read_text()[-4000:]
-    assert "summary written to" in (tmp_path / "second.log").read_text().splitlines()[-1]
+    killed = [r for r in _rounds(run_dir) if r["actor"] != _rounds(run_dir)[0]["actor"]]
+    lost += [r["round"] for r in killed if r["round"] > kept.round]
+    assert lost[-1] > kept.round and max(lost) < EPOCHS, f"killed too late to test anything: {lost}"
+    # 3. The next resume continues from round 3's checkpoint and finishes.
+    third = _job(ray, tmp_path, "--resume", log="third.log")
+    assert third.wait(240) == 0, (tmp_path / "third.log").read_text()[-4000:]
+    assert "summary written to" in (tmp_path / "third.log").read_text().splitlines()[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
-    print(f"killed after rounds {[r['round'] for r in killed_rounds]}, resumed from round {kept.round}; "
-          f"{time.monotonic() - began:.0f} s")  # fmt: skip
+    print(f"rounds lost with the killed drivers {lost}; {time.monotonic() - began:.0f} s")
 
-    # Rounds 1..N once each; the checkpoint's rounds kept as they were, the rest averaged again.
-    history = summary["loss_history"]
-    assert [h["round"] for h in history] == list(range(1, EPOCHS + 1)), history
-    before = {r["round"]: r["loss"] for r in killed_rounds}
-    assert [h["loss"] for h in history[: kept.round]] == [before[r] for r in range(1, kept.round + 1)]
+    # The round log reads 1..N, each repeat marked redo (bench/chaos.py's rounds_contiguous), and a
+    # round averaged again has the loss it had, bit for bit: nothing is redone differently.
     logged = _rounds(run_dir)
-    resumed = [r for r in logged if r["actor"] != killed_rounds[0]["actor"]]
-    assert [r["round"] for r in resumed] == list(range(kept.round + 1, EPOCHS + 1))
-    # The round log reads 1..N, each repeat marked redo (bench/chaos.py's rounds_contiguous).
     assert [r["round"] for r in logged if not r.get("redo")] == list(range(1, EPOCHS + 1))
     assert [r["round"] for r in logged if r.get("redo")] == lost
-    again = {r["round"]: r["loss"] for r in resumed}
-    assert [again[r].hex() for r in lost] == [before[r].hex() for r in lost], (
-        "a lost round came out different"
-    )
-    assert summary["rounds"] == EPOCHS - kept.round
-    [resume] = [r for r in summary["recoveries"] if r["kind"] == "resumed"]
-    assert checkpoint.folder_name(kept.round) in resume["detail"], resume
-    assert f"round {lost[0]}" in resume["detail"] or f"rounds {lost[0]}-{lost[-1]}" in resume["detail"]
+    losses: dict[int, set[str]] = {}
+    for record in logged:
+        losses.setdefault(record["round"], set()).add(record["loss"].hex())
+    assert all(len(hexes) == 1 for hexes in losses.values()), f"a lost round came out different: {losses}"
+    # The summary: rounds 1..N once each, the checkpoint's history kept, both resumes recorded.
+    history = summary["loss_history"]
+    assert [h["round"] for h in history] == list(range(1, EPOCHS + 1)), history
+    assert [{h["loss"].hex()} for h in history] == [losses[r] for r in range(1, EPOCHS + 1)]
+    assert summary["rounds"] == EPOCHS - kept.round  # averaged by the last run
+    resumes = [r["detail"] for r in summary["recoveries"] if r["kind"] == "resumed"]
+    assert len(resumes) == 2 and resumes[0].startswith("run resumed from the start"), resumes
+    assert f"{checkpoint.folder_name(kept.round)} (round {kept.round}); round" in resumes[1], resumes
 
-    # Every row once per epoch: the killed run's rounds up to the checkpoint, then the resumed run's.
+    # Every row once per epoch: per round, the record that counts (the last one), against the plan.
     config = Config.from_preset("smoke", epochs=EPOCHS)
-    counted = [r for r in killed_rounds if r["round"] <= kept.round] + resumed
+    counted = list({r["round"]: r for r in logged}.values())
     assert _ids_per_epoch(counted) == _plan_checksums(config)
     trained = {int(e): c for e, c in summary["trained_ids"].items()}
     assert trained == {e: c for e, c in _plan_checksums(config).items() if e >= kept.round}
