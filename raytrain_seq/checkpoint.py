@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "EVENTS_FILE",
     "POSITION_FILE",
     "PREFIX",
     "STATE_FILE",
@@ -54,6 +55,7 @@ PREFIX = "checkpoint_round_"
 STATE_FILE = "state.pt"
 POSITION_FILE = "position.json"
 VALIDATION_FILE = "validation.json"  # {"scores": [[round, accuracy], ...]}: the retention's scores
+EVENTS_FILE = "events.jsonl"  # the run folder's membership and recovery log (rounds.events)
 # Ray Train 2.60's list of the checkpoints handed to ray.train.report, in the run folder (see ``retain``).
 _RAY_TRAIN_SNAPSHOT = "checkpoint_manager_snapshot.json"
 FORMAT = 2

@@ -1,10 +1,10 @@
 """Every fact about a run's input that is knowable before Ray starts, checked then: ``check(config)``.
 
-A wrong input is found in the first seconds, not after connecting to a cluster or inside a learner
-(where Ray Train may retry it). Two layers:
+A wrong input is found in the first seconds, not after connecting or inside a learner. Two layers:
 * ``check_paths(config)`` (no torch, no video opened): the data root and split files (read line by line),
   the decoder, ``--num-classes`` against the lists' classes, ``--weights``, ``--init-from``, ``--fuse``
-  and ``--resume`` runs (each holding a checkpoint), the tracker's package.
+  and ``--resume`` runs (each holding a checkpoint; a run stopped before its first, its event log only,
+  starts over), the tracker's package.
 * ``check(config)``: the paths, then the data geometry (``data.geometry.data_geometry``: classes and every
   video's strided length against ``--t-max``), ``--warmup-steps`` against the most steps the run can take,
   and a model from ``--weights``, ``--init-from`` or ``--model-factory`` built once on the CPU as each
@@ -127,7 +127,8 @@ def check_paths(config: Config) -> None:
     if config.data.stream == "fuse" and config.model.fuse is not None:
         for folder in config.model.fuse:
             _run_folder("--fuse", folder, "pass the folders of a finished RGB run and a finished flow run")
-    if config.run.resume:
+    # A run stopped before its first checkpoint (its driver killed) left its event log only: it starts over.
+    if config.run.resume and not (config.run_dir() / checkpoint.EVENTS_FILE).is_file():
         _run_folder("--resume", config.run_dir(), "check --storage-path and --run-name, or drop --resume")
 
 

@@ -400,6 +400,62 @@ def test_a_run_folder_resumes_from_its_latest_checkpoint(tmp_path):
     assert _kinds(history) == ["resumed"] and history.loss_history == [{"round": 3, "loss": 1.0}]
 
 
+def test_a_resume_names_the_rounds_a_killed_run_averaged_after_its_checkpoint_and_logs_them_redone(tmp_path):
+    """A driver killed after round 5 with checkpoint 3 in its folder: the rounds its averager held only in
+    memory (4, 5) are averaged again by the resumed run, which says so and logs them ``redo``, so the
+    round log reads 1..N with each repeat marked (bench/chaos.py's ``rounds_contiguous``)."""
+    _, _, _, killed = _parts(tmp_path)
+    for round_ in range(1, 6):
+        killed.record_round(
+            round_, seconds=0.5, batch_size=4, position=None, stats=[(0, {"loss": 2.0, "sequences": 2})]
+        )
+    found = checkpoint.Checkpoint(folder=tmp_path / "checkpoint_round_000003", state=_state(3, batch=8))
+    folder, book, _, history, _ = _folder(tmp_path, found)
+    history.actor = "actor-2"  # the resumed run's averager
+    folder.load(tmp_path, restarted_by_ray=False, state=AveragedState(batch_size=4))
+    [resumed] = history.recoveries
+    assert resumed["kind"] == "resumed" and book.round == 4
+    assert "checkpoint_round_000003 (round 3); rounds 4-5 of the stopped run" in resumed["detail"], resumed
+    for round_ in (4, 5, 6):
+        history.record_round(round_, seconds=0.5, batch_size=8, position=None, stats=[(0, {"loss": 1.0})])
+    logged = [
+        (r["actor"], r["round"], r.get("redo", False)) for r in history.log.read() if r["type"] == "round"
+    ]
+    assert logged[5:] == [("actor-2", 4, True), ("actor-2", 5, True), ("actor-2", 6, False)]
+    assert _kinds(history) == ["resumed"] and history.summary()["rounds_completed"] == 3
+
+
+def test_a_resume_of_a_run_stopped_before_its_first_checkpoint_starts_over_and_says_so(tmp_path):
+    _, _, _, killed = _parts(tmp_path)
+    killed.mark_start()
+    killed.record_round(1, seconds=0.5, batch_size=4, position=None, stats=[(0, {"loss": 2.0})])
+    folder, book, _, history, _ = _folder(tmp_path, None)
+    history.actor = "actor-2"
+    empty = AveragedState(batch_size=4)
+    assert folder.load(tmp_path, restarted_by_ray=False, state=empty) is empty and book.round == 1
+    [resumed] = history.recoveries
+    assert resumed["detail"].startswith("run resumed from the start (no checkpoint yet); round 1 of the")
+    history.record_round(1, seconds=0.5, batch_size=4, position=None, stats=[(0, {"loss": 2.0})])
+    assert [r.get("redo", False) for r in history.log.read() if r["type"] == "round"] == [False, True]
+
+
+def test_an_event_log_cut_short_by_a_kill_reads_back_and_the_next_writer_starts_a_new_line(tmp_path, caplog):
+    from raytrain_seq.rounds.events import EventLog
+
+    path = tmp_path / EVENTS_FILE
+    EventLog(path).append({"type": "start", "n": 1})
+    with path.open("a") as out:
+        out.write('{"type": "round", "rou')  # the writer killed mid-line
+    with caplog.at_level("WARNING"):
+        assert EventLog(path).read() == [{"type": "start", "n": 1}]
+    assert f"{EVENTS_FILE}:2 skipped" in caplog.text
+    later = EventLog(path)
+    later.append({"type": "start", "n": 2})
+    later.append({"type": "start", "n": 3})
+    assert [r["n"] for r in EventLog(path).read()] == [1, 2, 3]
+    assert path.read_text().count("\n") == 4  # the torn line closed once, then one line a record
+
+
 def test_a_run_folder_tells_a_restart_by_ray_from_a_new_run(tmp_path):
     empty = AveragedState(batch_size=4)
     folder, book, _, history, _ = _folder(tmp_path, None)

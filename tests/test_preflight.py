@@ -57,6 +57,7 @@ def test_every_bad_path_is_named_with_its_fix(tmp_path, mini):
         ({"init_from": empty_run}, "--init-from .*empty: holds no checkpoint_round_"),
         ({"stream": "fuse", "fuse": (good_run, empty_run)}, "--fuse .*empty: holds no checkpoint_round_"),
         ({"resume": True, "run_name": "absent", "storage_path": str(tmp_path)}, "--resume .*absent"),
+        ({"resume": True, "run_name": "empty", "storage_path": str(tmp_path)}, "--resume .*empty: holds no"),
     ]
     for overrides, message in cases:
         config = Config.from_preset(None, **{"run_name": "x", **overrides})
@@ -64,6 +65,10 @@ def test_every_bad_path_is_named_with_its_fix(tmp_path, mini):
             check_paths(config)
     fine = {"dataset": "ucf101", "data_root": str(mini.root), "init_from": good_run, "run_name": "x"}
     check_paths(Config.from_preset(None, **fine))  # no error: the lists read, the run has a checkpoint
+    # A run whose driver died before its first checkpoint left its event log: --resume starts it over.
+    (tmp_path / "stopped").mkdir()
+    (tmp_path / "stopped" / "events.jsonl").write_text('{"type": "start"}\n')
+    check_paths(Config.from_preset(None, resume=True, run_name="stopped", storage_path=str(tmp_path)))
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from raytrain_seq.checkpoint import EVENTS_FILE
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.rounds.state import CheckpointHistory
 
@@ -36,24 +37,43 @@ __all__ = [
     "recovery_entries",
 ]
 
-EVENTS_FILE = "events.jsonl"
-
 
 class EventLog:
-    """Append-only JSON lines at ``path`` (None: memory only, nothing written); ``read()`` loads them back."""
+    """Append-only JSON lines at ``path`` (None: memory only, nothing written); ``read()`` loads them back.
+
+    A writer killed mid-line (its driver or node gone) leaves a line cut short: ``read`` skips a line that
+    does not parse, with a warning naming it, and the next writer's first ``append`` starts a new line
+    after it, so a resumed run never glues its first record onto the torn one."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._line_started = False  # whether this writer has checked that the file ends a line
 
     def append(self, record: Mapping[str, Any]) -> None:
-        if self.path is not None:
-            with self.path.open("a") as out:
-                out.write(json.dumps(dict(record), default=str) + "\n")
+        if self.path is None:
+            return
+        text = json.dumps(dict(record), default=str) + "\n"
+        if not self._line_started:
+            if self.path.exists() and self.path.stat().st_size:
+                with self.path.open("rb") as log:
+                    log.seek(-1, 2)
+                    text = ("" if log.read(1) == b"\n" else "\n") + text
+            self._line_started = True
+        with self.path.open("a") as out:
+            out.write(text)
 
     def read(self) -> list[dict[str, Any]]:
         if self.path is None or not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                logger.warning("%s:%d skipped: a record cut short by a crash (%s)", self.path, number, exc)
+        return records
 
     def replay(self) -> dict[str, Any]:
         """The log sorted back into {membership, dropped, recoveries, rounds, validations} lists, the actor
@@ -97,6 +117,8 @@ class RunHistory:
         # averager logged and then died before any learner took its result is averaged again after the
         # restart (the learners resend it), and only that second record may count.
         self._recorded: dict[int, tuple[list, float]] = {}
+        # Rounds an earlier run logged past the checkpoint this resumed run starts from (``expect_redo``).
+        self._lost: set[int] = set()
         self.failed_rounds: list[dict[str, Any]] = []
         self.recoveries: list[dict[str, Any]] = []
         self._clock_offset, self._clock_start = 0.0, None
@@ -163,11 +185,12 @@ class RunHistory:
 
         A round recorded before (its record logged by this actor before a restart, its result held by no
         learner, so the learners sent it again) replaces the earlier record: totals and histories count
-        each round once, and the log marks the new record ``redo``."""
-        redo = round in self._recorded
-        if redo:
+        each round once, and the log marks the new record ``redo``; so does a round of ``expect_redo``."""
+        redo = round in self._recorded or round in self._lost
+        if round in self._recorded:
             self._forget_round(round)
             self.recover("round_redone", f"round {round} averaged again after a restart: no learner held it")
+        self._lost.discard(round)
         losses, added = [], []
         for learner, learner_stats in stats:
             totals = self._learner(learner)
@@ -253,6 +276,11 @@ class RunHistory:
         """Take the recoveries and the clock of a replayed log (a resume or a restart)."""
         self.recoveries = list(past["recoveries"])
         self.continue_clock(past["elapsed_s"])
+
+    def expect_redo(self, rounds: Iterable[int]) -> None:
+        """Rounds a stopped run logged after the checkpoint a resume starts from: their averaged state was
+        lost with that run's averager, so this run averages them again and logs each one as a ``redo``."""
+        self._lost.update(rounds)
 
     def replay_rounds(self, past: Mapping[str, Any], *, after: int) -> None:
         """After a restart: this actor's rounds and validations from the log, so that totals and histories

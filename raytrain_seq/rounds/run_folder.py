@@ -5,7 +5,9 @@ membership, drops, recoveries and the clock) and restores the latest checkpoint.
 Ray (its actor id wrote the log before) from a first start (a new run, or a --resume): a restarted
 averager keeps the run's clock going, takes back its own rounds since the checkpoint from the log
 (``RunHistory.replay_rounds``) and records the restart, since the learners ahead of the checkpoint will
-re-seed it; a resumed run records the resume. ``restore`` puts a checkpoint's state into the round book,
+re-seed it; a resumed run records the resume (from the start when its run stopped before the first
+checkpoint), naming the rounds the stopped run averaged after the checkpoint (lost with its averager:
+they are averaged again, logged as ``redo``). ``restore`` puts a checkpoint's state into the round book,
 the batch rule, the validation machine (its due validation comes back due) and the history, keeping the
 log's drops when the log was read (it has the drops since the checkpoint too), and returns the state to
 hold. Plain Python and files: the checkpoint loader is injected.
@@ -63,8 +65,18 @@ class RunFolder:
             self._history.recover(
                 "averager_restart", f"Ray restarted the averager; {what}: learners ahead of it re-seed it"
             )
-        elif found is not None:
-            self._history.recover("resumed", f"run resumed from {found.folder.name} (round {found.round})")
+        elif found is not None or self._events_loaded:  # a resume (a new run's folder has no log)
+            # Rounds the stopped run averaged after its newest checkpoint died with its averager: redone.
+            after = 0 if found is None else found.round
+            lost = sorted({r["round"] for r in past["rounds"] if r["round"] > after})
+            self._history.expect_redo(lost)
+            detail = "run resumed from the start (no checkpoint yet)"
+            if found is not None:
+                detail = f"run resumed from {found.folder.name} (round {found.round})"
+            if lost:
+                span = f"round {lost[0]}" if len(lost) == 1 else f"rounds {lost[0]}-{lost[-1]}"
+                detail += f"; {span} of the stopped run, lost with its averager, averaged again"
+            self._history.recover("resumed", detail)
         return state
 
     def restore(self, found: checkpoint.Checkpoint) -> AveragedState:

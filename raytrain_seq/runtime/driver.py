@@ -38,7 +38,7 @@ from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerRep
 from raytrain_seq.outputs.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.parts import Parts
-from raytrain_seq.rounds.events import membership_entries, recovery_entries
+from raytrain_seq.rounds.events import EVENTS_FILE, membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.runtime.launch import LearnerLaunch, LoopConfig
@@ -146,9 +146,12 @@ def _prepare(
     run_dir = check_storage(parts.connect)
     resumed = checkpoint.load_latest(run_dir) if config.run.resume else None
     if config.run.resume and resumed is None:
-        raise RunSetupError(
-            f"--resume: {run_dir} holds no checkpoint that loads: start it again without --resume"
-        )
+        if checkpoint.candidates(run_dir) or not (run_dir / EVENTS_FILE).is_file():
+            raise RunSetupError(
+                f"--resume: {run_dir} holds no checkpoint that loads: start it again under a new --run-name"
+            )
+        # Its driver stopped before the first checkpoint: nothing was kept, so the run starts over.
+        logger.warning("--resume: %s holds no checkpoint yet: the run starts from the beginning", run_dir)
     extra = _check_learner_resources(learner_resources)
     state = _Run(config, began, began_wall, run_dir, resumed, extra, checked.geometry, parts)
     own_cluster = connect(parts.connect)
