@@ -467,8 +467,32 @@ def accuracy_levels(res: dict, head: dict) -> list[str]:
     n = len(res["runs"])
     return [
         f"Test accuracy after {res['epochs']} epochs on the {res['test_videos']} whole test videos "
-        f"({runs_phrase(n).replace('runs', 'seeds')}; chance {100 * chance:.0f} %): " + ", ".join(parts) + "."
+        f"({runs_phrase(n).replace('runs', 'seeds')}; chance {100 * chance:.0f} %): "
+        + ", ".join(parts)
+        + ". "
+        + chance_sentence(head, list(res["results"]), n)
     ]
+
+
+def chance_sentence(head: dict, names: list[str], n: int) -> str:
+    """Which arms this size leaves near chance (mean within two se of it, or one seed only), and so whether
+    it can show accuracy at all: the accuracy gaps below compare with a baseline at chance otherwise."""
+    chance = head["chance"]
+    near = [
+        name
+        for name in names
+        if head[f"test_accuracy_{name}_se"] is None
+        or head[f"test_accuracy_{name}"] - 2 * head[f"test_accuracy_{name}_se"] <= chance
+    ]
+    if n < 3:
+        return f"Over {n} seed(s) this run cannot show accuracy (a gain or a loss needs 3 or more)."
+    if {"sampling", "mix"} & set(near):
+        return (
+            f"Within two se of chance: {', '.join(near)}; this size cannot show accuracy against the paper's "
+            "baselines (they barely learn in it), so the gaps below say how far a packer got past an arm at "
+            "chance, not the paper's comparison."
+        )
+    return f"Within two se of chance: {', '.join(near) or 'none'}."
 
 
 def accuracy_verdicts(res: dict, head: dict) -> list[str]:

@@ -68,13 +68,13 @@ HEADLINES = {
         ),
         (
             "accuracy_bload_minus_sampling_text",
-            "test accuracy, bload - sampling (points +- se)",
+            "test accuracy, bload - sampling (points +- se over seeds; see the section for the arms near chance)",
             "{}",
             "+2.1 (recall@20)",
         ),
         (
             "accuracy_bload_minus_mix_text",
-            "test accuracy, bload - mix pad (points +- se)",
+            "test accuracy, bload - mix pad (points +- se over seeds; the same)",
             "{}",
             "+1.2 (recall@20)",
         ),
