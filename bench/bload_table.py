@@ -43,10 +43,10 @@ the same number of sequences; the micro-batch is a fixed frame budget (``micro``
 strategy (for chunk and sampling also on test videos cut like their training pieces, as the job would
 score them; sampling's cut drops the test videos shorter than a piece).
 
-    python bench/bload_table.py            # default size (the one make bench runs)
+    python bench/bload_table.py            # default size (1000 videos, 5 epochs; one run)
     python bench/bload_table.py --tiny     # seconds (tests)
     python bench/bload_table.py --full     # the demo's 3000 videos, 10 epochs
-    python bench/bload_table.py --videos 300 --epochs 3   # the default's table, fewer videos and epochs
+    python bench/bload_table.py --videos 300 --epochs 3 --runs 3   # make bench and the README: 3 seeds
 """
 
 from __future__ import annotations
