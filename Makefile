@@ -41,7 +41,7 @@ bench: $(STAMP)
 	mkdir -p bench/results
 	$(PY) bench/packing.py --out bench/results/packing.md
 	$(PY) bench/microbatch.py
-	$(PY) bench/bload_table.py
+	$(PY) bench/bload_table.py --videos 300 --epochs 3 --runs 3
 	$(PY) bench/refurbish.py
 	$(PY) bench/refurbish.py --real
 	$(PY) bench/video_feed.py

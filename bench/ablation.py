@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import local_ray, mean_se, seed_gap_text, seed_word
+from benchlib import local_ray, mean_se, seed_gap_text, seed_word, spread_keys
 
 ROOT = Path(__file__).resolve().parent
 
@@ -511,7 +511,11 @@ def report_headline(res: dict) -> dict:
     for rule in RULES:
         g = head["by_rule"][rule][HEADLINE_START]["gaps"]
         key = rule.replace("-", "_")
-        out[f"{key}_aavg2_minus_1"] = g["aavg2_minus_1_val"]["text"]
-        out[f"{key}_aavg3_minus_2"] = g["aavg3_minus_2_val"]["text"]
-    out["aavg4_minus_scratch"] = res["aavg4"]["flow_minus_scratch"]["text"]
+        for step in ("aavg2_minus_1", "aavg3_minus_2"):
+            gap = g[f"{step}_val"]
+            out[f"{key}_{step}"] = gap["text"]
+            spread_keys(out, f"{key}_{step}", gap["n"], gap["se"])
+    gap = res["aavg4"]["flow_minus_scratch"]
+    out["aavg4_minus_scratch"] = gap["text"]
+    spread_keys(out, "aavg4_minus_scratch", gap["n"], gap["se"])
     return {**out, **head}

@@ -33,7 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ablation
 import ddp_peer
 from averager_cost import bandwidth, cost_model
-from benchlib import LocalData, Result, add_size_flags, command_line, fmt, new_figure, try_plot, write_results
+from benchlib import (
+    LocalData,
+    Result,
+    add_size_flags,
+    command_line,
+    fmt,
+    new_figure,
+    spread_keys,
+    try_plot,
+    write_results,
+)
 
 from raytrain_seq.algorithms.packing import pack, shard
 from raytrain_seq.config import Config
@@ -352,6 +362,16 @@ def _baseline_head(res: dict, head: dict) -> None:
     head["test_aavg_k1"] = ks[1]["test"] if 1 in ks else None
     head["test_ddp"] = res["ddp"]["test"] if res["ddp"] is not None else None
     head["runs"], head["seed"] = 1, res["size"]["seed"]
+    for key in (
+        "test_aavg_k_epoch",
+        "test_aavg_k1",
+        "test_ddp",
+        "share_k_epoch",
+        "share_k1",
+        "ddp_over_aavg_time",
+    ):
+        if key in head:
+            spread_keys(head, key, 1, None)
 
 
 def _k_verdict(res: dict, head: dict) -> list[str]:

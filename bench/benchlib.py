@@ -310,6 +310,14 @@ def seed_gap_text(diff: float | None, se: float | None, n: int) -> str:
     return f"{points} (n = {n}, {seed_word(diff, se, n)})"
 
 
+def spread_keys(head: dict, key: str, n: int, se: float | None) -> None:
+    """Beside headline ``key``: ``key_n``, the seeds or runs behind it, and ``key_se``, its standard error
+    over them (None for one run). tests/test_readme.py requires both of every figure the README quotes.
+
+    spread_keys(head, "share_k1", 1, None) -> head["share_k1_n"] == 1, head["share_k1_se"] is None."""
+    head[f"{key}_n"], head[f"{key}_se"] = n, se
+
+
 def tree_cpu_seconds(root: int | None = None) -> float:
     """CPU seconds (user + system) of process ``root`` (default: this one) and every live descendant,
     plus the children they already reaped (``cutime``/``cstime``), read from /proc: Ray's raylet, GCS and

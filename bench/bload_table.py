@@ -9,9 +9,8 @@ round-robin within each epoch. Two times per epoch: the job's model never encode
 ``chunk`` keeps shorter videos whole; ``mix`` is the paper's "mix pad" (``benchlib.mix_pad_plan``).
 Equal optimizer steps per epoch and micro-batch frame budget for all; accuracy on whole test videos.
 
-    python bench/bload_table.py            # default size (the one make bench runs)
-    python bench/bload_table.py --tiny     # seconds (tests)
-    python bench/bload_table.py --full     # the demo's 3000 videos, 10 epochs
+    python bench/bload_table.py [--tiny | --full]   # 1000 videos, 5 epochs; seconds; 3000 videos, 10
+    python bench/bload_table.py --videos 300 --epochs 3 --runs 3   # make bench and the README: 3 seeds
 """
 
 from __future__ import annotations
@@ -35,9 +34,12 @@ from benchlib import (
     Result,
     add_size_flags,
     command_line,
-    compare_accuracy,
     fmt,
+    load_average,
+    machine_info,
+    mean_se,
     new_figure,
+    seed_gap_text,
     try_plot,
     write_results,
 )
@@ -230,7 +232,8 @@ def score(data: LocalData, arm: Arm, dense: Arm | None, epochs: int) -> dict:
     return entry
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, seed: int) -> dict:
+    """One run of every strategy at ``seed`` (the synthetic set, the plans and the initial weights)."""
     size = SIZES[args.size]
     videos = args.videos or size["videos"]
     epochs = args.epochs or size["epochs"]
@@ -242,57 +245,118 @@ def run(args: argparse.Namespace) -> dict:
         epochs=epochs,
         batch_size=batch,
         micro_batch_size=args.micro,
-        seed=args.seed,
+        seed=seed,
     )
     data = LocalData(config)
     arms, dense = build_arms(args, config, data)
+    before = load_average()
     partial_s = train_all(data, arms, dense, epochs, batch)
     results = {name: score(data, arm, dense.get(name), epochs) for name, arm in arms.items()}
     return {
         "results": results, "videos": len(data.catalogs["train"]), "test_videos": len(data.catalogs["test"]),
         "epochs": epochs, "batch": batch, "t_max": data.t_max, "top_k": TOP_K, "classes": data.num_classes,
-        "partial_s": partial_s, "threads": args.threads, "every_frame": bool(dense),
+        "partial_s": partial_s, "threads": args.threads, "every_frame": bool(dense), "seed": seed,
+        "load": [before, load_average()],
     }  # fmt: skip
 
 
-def _times(a: float | None, b: float | None) -> str:
-    return "n/a" if a is None or b is None or b == 0 else f"{a / b:,.1f}x"
+def run_all(args: argparse.Namespace) -> dict:
+    """``args.runs`` runs one after another (seeds ``args.seed``, ``args.seed + 1``, ...; within each the
+    strategies take turns every epoch, so load hits them alike), and their mean per strategy."""
+    runs = []
+    for i in range(args.runs):
+        print(f"run {i + 1}/{args.runs}, seed {args.seed + i}, load average {load_average():.2f}", flush=True)
+        runs.append(run(args, args.seed + i))
+    merged = {**runs[0], "results": _mean_tree([r["results"] for r in runs]), "runs": runs}
+    merged["partial_s"] = float(np.mean([r["partial_s"] for r in runs]))
+    return merged
 
 
-def padding_verdicts(r: dict, head: dict) -> list[str]:
-    """Naive padding's padding over each packer's (named), beside the paper's 145x."""
+def _mean_tree(items: list):
+    """The mean of same-shaped results, leaf by leaf; an int leaf equal in every item stays that int."""
+    first = items[0]
+    if isinstance(first, dict):
+        return {k: _mean_tree([i[k] for i in items]) for k in first if all(k in i for i in items)}
+    if isinstance(first, bool | str | list) or first is None:
+        return first
+    if isinstance(first, int) and all(i == first for i in items):
+        return first
+    return float(np.mean(items))
+
+
+def _per_run(res: dict, strategy: str, *keys: str) -> list[float]:
+    """One figure of ``strategy`` in every run: ``_per_run(res, "pad", "stats", "padding")``."""
+    out = []
+    for one in res["runs"]:
+        value = one["results"][strategy]
+        for key in keys:
+            value = value[key]
+        out.append(float(value))
+    return out
+
+
+def put(head: dict, key: str, values: list[float]) -> tuple[float | None, float | None]:
+    """Headline ``key``: the mean over runs, beside it ``key_se`` (the standard error over runs; None for
+    one run), ``key_n`` and ``key_runs`` (each run's value). Returns (mean, se)."""
+    mean, se = mean_se(values)
+    head.update({key: mean, f"{key}_se": se, f"{key}_n": len(values), f"{key}_runs": list(values)})
+    return mean, se
+
+
+def pm(mean: float | None, se: float | None, spec: str, unit: str = "") -> str:
+    """'3.43x +- 0.05x'; without a standard error (one run) '3.43x'."""
+    if mean is None:
+        return "n/a"
+    return f"{mean:{spec}}{unit}" + ("" if se is None else f" +- {se:{spec}}{unit}")
+
+
+def runs_phrase(n: int) -> str:
+    """'one run' or 'mean +- se over 3 runs'."""
+    return "one run" if n == 1 else f"mean +- se over n = {n} runs"
+
+
+def _cut(pad: float, own: float) -> float:
+    return pad / own if own else float("inf")
+
+
+def padding_verdicts(res: dict, head: dict) -> list[str]:
+    """Naive padding's padding over each packer's (named), per run, beside the paper's 145x."""
+    r = res["results"]
     if "pad" not in r:
         return []
     paper_cut = PAPER["padding"]["pad"] / PAPER["padding"]["bload"]
-    pad = r["pad"]["stats"]["padding"]
+    pad = _per_run(res, "pad", "stats", "padding")
     parts = []
     for name, label in (
         ("bload", "bload (the paper's random fill)"),
         ("optimal", "optimal (the job's default packer)"),
+        ("mix", "mix pad"),
     ):
         if name in r:
-            own = r[name]["stats"]["padding"]
-            cut = pad / own if own else float("inf")
-            head[f"padding_cut_{name}"] = cut
-            word = "beats" if cut > paper_cut else "trails"
-            parts.append(f"{label} {own:,}, {_times(pad, own)} less ({word} the paper's {paper_cut:,.0f}x)")
-    if "mix" in r:
-        own = r["mix"]["stats"]["padding"]
-        paper = PAPER["padding"]["pad"] / PAPER["padding"]["mix"]
-        parts.append(f"mix pad {own:,}, {_times(pad, own)} less (the paper's mix pad {paper:.0f}x)")
-    return (
-        [f"Padding: naive padding adds {pad:,} frames per epoch; " + "; ".join(parts) + "."] if parts else []
-    )
+            own = _per_run(res, name, "stats", "padding")
+            cuts = [_cut(p, o) for p, o in zip(pad, own, strict=True)]
+            mean, se = put(head, f"padding_cut_{name}", cuts)
+            if name == "mix":
+                paper = f"the paper's mix pad {PAPER['padding']['pad'] / PAPER['padding']['mix']:.0f}x"
+            else:
+                word = "above" if min(cuts) > paper_cut else "below" if max(cuts) < paper_cut else "around"
+                paper = f"{word} the paper's {paper_cut:,.0f}x on Action Genome"
+            parts.append(f"{label} {np.mean(own):,.0f}, {pm(mean, se, ',.1f', 'x')} less ({paper})")
+    return [
+        f"Padding ({runs_phrase(len(pad))}, each run its own synthetic set): naive padding adds "
+        f"{np.mean(pad):,.0f} frames per epoch; " + "; ".join(parts) + "."
+    ]
 
 
 def deleted_verdicts(r: dict) -> list[str]:
-    """Frames each strategy deletes: none for the packers, the baselines' share beside the paper's."""
+    """Frames each strategy deletes (mean over runs): none for the packers, the baselines' share beside the
+    paper's."""
     deleted = {n: r[n]["stats"]["deleted"] for n in r}
     kept = [n for n in ("bload", "optimal", "pad") if n in deleted]
     if not kept:
         return []
     zero = all(deleted[n] == 0 for n in kept)
-    line = f"Frames deleted: {', '.join(f'{n} {deleted[n]:,}' for n in kept)}" + (
+    line = f"Frames deleted: {', '.join(f'{n} {deleted[n]:,.0f}' for n in kept)}" + (
         " (none, as in the paper)" if zero else " (NOT zero: a defect)"
     )
     total = PAPER["train_frames"]
@@ -307,74 +371,120 @@ def deleted_verdicts(r: dict) -> list[str]:
             st = r[name]["stats"]
             frames = st["frames"] + deleted[name]
             line += (
-                f"; {name} deletes {deleted[name]:,} ({deleted[name] / frames:.0%} of the frames) and pads "
-                f"{st['padding']:,} ({st['padding'] / frames:.0%}; {how[name]})"
+                f"; {name} deletes {deleted[name]:,.0f} ({deleted[name] / frames:.0%} of the frames) and pads "
+                f"{st['padding']:,.0f} ({st['padding'] / frames:.0%}; {how[name]})"
             )
     return [line + "."]
 
 
-def time_verdicts(r: dict, head: dict) -> list[str]:
-    """Time per epoch against naive padding, like for like (every frame encoded) and with the job's model."""
-    out = []
-    dense = {n: e["epoch_s_every_frame"] for n, e in r.items() if "epoch_s_every_frame" in e}
+def time_verdicts(res: dict, head: dict) -> list[str]:
+    """Time per epoch against naive padding, per run: like for like (every frame encoded) and with the
+    job's model."""
+    out, r = [], res["results"]
     minutes = PAPER["minutes"]
-    if "pad" in dense and "bload" in dense:
-        pairs = [(n, dense["pad"] / dense[n]) for n in ("bload", "optimal") if n in dense]
-        head.update({f"epoch_speedup_{n}_vs_pad_every_frame": v for n, v in pairs})
+    n = len(res["runs"])
+    if all("epoch_s_every_frame" in r.get(k, {}) for k in ("pad", "bload")):
+        dense = {k: _per_run(res, k, "epoch_s_every_frame") for k in r if "epoch_s_every_frame" in r[k]}
+        parts = []
+        for name in ("bload", "optimal"):
+            if name in dense:
+                ratios = [a / b for a, b in zip(dense["pad"], dense[name], strict=True)]
+                parts.append(
+                    f"naive / {name} "
+                    + pm(*put(head, f"epoch_speedup_{name}_vs_pad_every_frame", ratios), ".2f", "x")
+                )
         line = (
-            "Time per epoch, like for like (the model encodes every frame it is given, as the paper's DDS does): "
-            + ", ".join(f"naive / {n} {v:.2f}x" for n, v in pairs)
-            + f" (the paper: naive / block pad {minutes['pad'] / minutes['bload']:.1f}x)"
+            "Time per epoch on this machine's CPU, like for like (the model encodes every frame it is given, as "
+            f"the paper's DDS does; {runs_phrase(n)}): "
+            + ", ".join(parts)
+            + f" (the paper, on 8 A100 GPUs: naive / block pad {minutes['pad'] / minutes['bload']:.1f}x)"
         )
         for base in ("mix", "sampling"):
             if base in dense:
-                ratio = dense[base] / dense["bload"]
-                head[f"epoch_ratio_{base}_vs_bload_every_frame"] = ratio
-                line += f"; {base} / bload {ratio:.2f}x (the paper {minutes[base] / minutes['bload']:.2f}x)"
+                ratios = [a / b for a, b in zip(dense[base], dense["bload"], strict=True)]
+                text = pm(*put(head, f"epoch_ratio_{base}_vs_bload_every_frame", ratios), ".2f", "x")
+                line += f"; {base} / bload {text} (the paper, GPUs: {minutes[base] / minutes['bload']:.2f}x)"
         out.append(line + ".")
     if "pad" in r and "bload" in r:
-        speed = r["pad"]["epoch_s"] / r["bload"]["epoch_s"]
-        head["epoch_speedup_bload_vs_pad"] = speed
+        ratios = [
+            a / b
+            for a, b in zip(_per_run(res, "pad", "epoch_s"), _per_run(res, "bload", "epoch_s"), strict=True)
+        ]
+        text = pm(*put(head, "epoch_speedup_bload_vs_pad", ratios), ".2f", "x")
         out.append(
-            f"Time per epoch with the job's model (it gathers the real frames and never encodes padding): naive / "
-            f"bload {speed:.2f}x, since padding costs it only row assembly and per-row overhead; that model's gain "
-            "is in compute never spent, which the like-for-like column shows the paper's kind of model pays."
+            f"Time per epoch with the job's model on the CPU (it gathers the real frames and never encodes padding; "
+            f"{runs_phrase(n)}): naive / bload {text}, since padding costs it only row assembly and per-row "
+            "overhead; that model's gain is in compute never spent, which the like-for-like column shows the "
+            "paper's kind of model pays."
         )
     return out
 
 
-def _noise(diff: float, se: float) -> str:
-    """compare_accuracy's reading of a gap: within noise below two standard errors."""
-    return "within noise" if abs(diff) <= 2 * se else "above noise" if diff > 0 else "below noise"
+def accuracy_levels(res: dict, head: dict) -> list[str]:
+    """Each strategy's test accuracy on whole test videos, mean +- se over the runs' seeds, beside chance."""
+    chance = 1 / res["classes"]
+    head["chance"] = chance
+    parts = []
+    for name in res["results"]:
+        mean, se = put(head, f"test_accuracy_{name}", _per_run(res, name, "test_accuracy"))
+        parts.append(f"{name} {pm(100 * mean, None if se is None else 100 * se, '.1f')} %")
+    n = len(res["runs"])
+    return [
+        f"Test accuracy after {res['epochs']} epochs on the {res['test_videos']} whole test videos "
+        f"({runs_phrase(n).replace('runs', 'seeds')}; chance {100 * chance:.0f} %): "
+        + ", ".join(parts)
+        + ". "
+        + chance_sentence(head, list(res["results"]), n)
+    ]
 
 
-def accuracy_verdicts(r: dict, head: dict) -> list[str]:
-    """Each packer's test accuracy against the cutting baselines, with the standard error of the gap."""
-    out = []
+def chance_sentence(head: dict, names: list[str], n: int) -> str:
+    """Which arms this size leaves near chance (mean within two se of it, or one seed only), and so whether
+    it can show accuracy at all: the accuracy gaps below compare with a baseline at chance otherwise."""
+    chance = head["chance"]
+    near = [
+        name
+        for name in names
+        if head[f"test_accuracy_{name}_se"] is None
+        or head[f"test_accuracy_{name}"] - 2 * head[f"test_accuracy_{name}_se"] <= chance
+    ]
+    if n < 3:
+        return f"Over {n} seed(s) this run cannot show accuracy (a gain or a loss needs 3 or more)."
+    if {"sampling", "mix"} & set(near):
+        return (
+            f"Within two se of chance: {', '.join(near)}; this size cannot show accuracy against the paper's "
+            "baselines (they barely learn in it), so the gaps below say how far a packer got past an arm at "
+            "chance, not the paper's comparison."
+        )
+    return f"Within two se of chance: {', '.join(near) or 'none'}."
+
+
+def accuracy_verdicts(res: dict, head: dict) -> list[str]:
+    """Each packer's test accuracy against the cutting baselines, paired by seed: the mean difference, its
+    standard error over seeds and ``seed_word``'s call (a gain or a loss only over 3 seeds or more)."""
+    out, r = [], res["results"]
     labels = {
         "sampling": "the paper's sampling baseline (the paper's comparison: block pad +2.1 recall@20 over it)",
         "mix": "the paper's mix pad (the paper: block pad +1.2 recall@20 over it)",
         "chunk": "chunk (pads short videos, deletes only tails: not a baseline of the paper)",
     }
     for baseline, label in labels.items():
-        if baseline not in r:
-            continue
         for name in ("bload", "optimal"):
-            if name not in r:
+            if baseline not in r or name not in r:
                 continue
-            n = r[name]["test_sequences"]
-            diff, se, word = compare_accuracy(r[name]["test_accuracy"], r[baseline]["test_accuracy"], n)
-            k_diff, k_se, _ = compare_accuracy(r[name]["test_top_k"], r[baseline]["test_top_k"], n)
-            head[f"accuracy_points_{name}_minus_{baseline}"] = diff
-            head[f"accuracy_points_{name}_minus_{baseline}_se"] = se
-            head[f"top{TOP_K}_points_{name}_minus_{baseline}"] = k_diff
-            head[f"top{TOP_K}_points_{name}_minus_{baseline}_se"] = k_se
-            head[f"accuracy_{name}_minus_{baseline}_text"] = f"{diff:+.1f} +- {se:.1f} ({_noise(diff, se)})"
+            gaps = {}
+            for metric, key in (("test_accuracy", "accuracy_points"), ("test_top_k", f"top{TOP_K}_points")):
+                diffs = [
+                    100 * (a - b)
+                    for a, b in zip(_per_run(res, name, metric), _per_run(res, baseline, metric), strict=True)
+                ]
+                mean, se = put(head, f"{key}_{name}_minus_{baseline}", diffs)
+                gaps[metric] = seed_gap_text(mean, se, len(diffs))
+            head[f"accuracy_{name}_minus_{baseline}_text"] = gaps["test_accuracy"]
             pieces = r[baseline].get("piece_accuracy")
             out.append(
-                f"Accuracy against {label}: {name} {100 * r[name]['test_accuracy']:.1f} % vs {baseline} "
-                f"{100 * r[baseline]['test_accuracy']:.1f} % top-1 on the {n} whole test videos ({diff:+.1f} +- "
-                f"{se:.1f} points: {name} {word} {baseline}); top-{TOP_K} {k_diff:+.1f} +- {k_se:.1f} points"
+                f"Accuracy against {label}: {name} - {baseline} top-1 {gaps['test_accuracy']} points, paired by "
+                f"seed; top-{TOP_K} {gaps['test_top_k']} points"
                 + (
                     f"; {baseline} on test pieces cut like its training: {100 * pieces:.1f} %."
                     if pieces is not None
@@ -385,12 +495,26 @@ def accuracy_verdicts(r: dict, head: dict) -> list[str]:
 
 
 def verdicts(res: dict) -> tuple[list[str], dict]:
-    """Sentences comparing the measured numbers with the paper's Table I and with the baselines."""
-    r, head = res["results"], {}
+    """Sentences comparing the measured numbers with the paper's Table I and with the baselines, and the
+    headline: each figure's mean over runs with its se, n and per-run values."""
+    head: dict = {}
     lines = (
-        padding_verdicts(r, head) + deleted_verdicts(r) + time_verdicts(r, head) + accuracy_verdicts(r, head)
+        padding_verdicts(res, head)
+        + deleted_verdicts(res["results"])
+        + time_verdicts(res, head)
+        + accuracy_levels(res, head)
+        + accuracy_verdicts(res, head)
+    )
+    loads = [x for one in res["runs"] for x in one["load"]]
+    head.update(
+        runs=len(res["runs"]), seeds=[one["seed"] for one in res["runs"]], load=[min(loads), max(loads)]
     )
     return lines, head
+
+
+def _count(value: float) -> str:
+    """A count, or a mean count over runs: 79 -> '79', 79.33 -> '79.3'."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
 
 
 def table(res: dict) -> tuple[list[str], list[list[str]]]:
@@ -402,12 +526,18 @@ def table(res: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for name, e in res["results"].items():
         s = e["stats"]
+
+        def spread(*keys: str, scale: float = 1.0, spec: str = ".2f", unit: str = "", name=name) -> str:
+            mean, se = mean_se([scale * v for v in _per_run(res, name, *keys)])
+            return pm(mean, se, spec, unit)
+
         rows.append(
             [
-                name, str(e["t_max"]), f"{s['blocks']:,}", f"{s['padding']:,}", f"{100 * s['padding_fraction']:.2f}",
-                f"{s['deleted']:,}", f"{s['cut']:,}", fmt(e["rows_per_step"], ".1f"), fmt(e["steps_per_epoch"], ".0f"),
-                fmt(e["epoch_s"], ".2f"), fmt(e.get("epoch_s_every_frame"), ".2f"), fmt(e["frames_per_s"], ",.0f"),
-                f"{100 * e['test_accuracy']:.1f} %", f"{100 * e['test_top_k']:.1f} %",
+                name, str(e["t_max"]), _count(s["blocks"]), _count(s["padding"]), f"{100 * s['padding_fraction']:.2f}",
+                _count(s["deleted"]), _count(s["cut"]), fmt(e["rows_per_step"], ".1f"), fmt(e["steps_per_epoch"], ".0f"),
+                spread("epoch_s"), spread("epoch_s_every_frame") if "epoch_s_every_frame" in e else "n/a",
+                fmt(e["frames_per_s"], ",.0f"), spread("test_accuracy", scale=100, spec=".1f", unit=" %"),
+                spread("test_top_k", scale=100, spec=".1f", unit=" %"),
             ]
         )  # fmt: skip
     return header, rows
@@ -430,8 +560,20 @@ def plot(res: dict):
     a2.set_title("time per epoch (s)")
     a3.bar(names, [100 * r[n]["test_accuracy"] for n in names], color=colours)
     a3.set_title("test accuracy (%), whole videos")
-    fig.suptitle(f"BLoad Table I on the synthetic set ({res['videos']} videos, {res['epochs']} epochs)")
+    fig.suptitle(
+        f"BLoad Table I on the synthetic set ({res['videos']} videos, {res['epochs']} epochs, "
+        f"mean of {len(res['runs'])} run(s), CPU)"
+    )
     return fig
+
+
+def _machine_words() -> str:
+    info = machine_info()
+    return (
+        f"{info['cpu']}, {info['cores']} CPU cores, no GPU"
+        if info["gpu"] == "none"
+        else f"{info['cpu']}, GPU {info['gpu']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -441,7 +583,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=None, help="epochs (default: by size)")
     parser.add_argument("--batch", type=int, default=None, help="optimal's rows per step (default: by size)")
     parser.add_argument("--micro", type=int, default=4, help="micro-batch: rows of the longest t_max")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first run's seed")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="runs, one after another, at seeds --seed, --seed + 1, ..."
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: what a learner gets)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument(
@@ -452,14 +597,16 @@ def main(argv: list[str] | None = None) -> dict:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
-    if args.micro < 1 or args.threads < 1:
-        parser.error("--micro and --threads must be >= 1")
-    res = run(args)
+    if args.micro < 1 or args.threads < 1 or args.runs < 1:
+        parser.error("--micro, --threads and --runs must be >= 1")
+    res = run_all(args)
     header, rows = table(res)
     lines, head = verdicts(res)
     notes = [
-        f"{res['videos']} training videos, {res['test_videos']} test videos, {res['epochs']} epochs, seed "
-        f"{args.seed}, t_max {res['t_max']} (the longest video; sampling, mix and chunk: round(mean length)), "
+        f"{res['videos']} training videos, {res['test_videos']} test videos, {res['epochs']} epochs, "
+        f"{len(res['runs'])} run(s) at seeds {head['seeds']} (each seed its own synthetic set, plans and initial "
+        "weights; the table's counts and rates are means over the runs, its times and accuracies mean +- se), "
+        f"t_max {res['t_max']} in the first run (the longest video; sampling, mix and chunk: round(mean length)), "
         f"{res['threads']} "
         "torch thread(s), one process, no Ray: the pipeline's row assembly and the learner's InnerStep, "
         "not 4 Ray jobs (much cheaper; the Ray path adds the same per-row work for every strategy).",
@@ -467,6 +614,11 @@ def main(argv: list[str] | None = None) -> dict:
         "the same micro-batch frame budget; the partial augmentation (computed once per epoch for all "
         f"strategies, {res['partial_s']:.1f} s in total) is outside 'time/epoch'.",
         "'padding frames' counts one epoch's plan (epoch 0); bload's count varies by seed.",
+        "Machine: "
+        + _machine_words()
+        + "; the 1-minute load average before and after each run: "
+        + ", ".join(f"seed {one['seed']} {one['load'][0]:.1f} -> {one['load'][1]:.1f}" for one in res["runs"])
+        + ". Times are wall-clock, so load moves them; the ratios compare arms that took turns every epoch.",
         "'time/epoch s (every frame)': the same model, steps and rows made to encode every frame of its rows "
         "(EncodeEveryFrame: the padding as zero frames in the encoder's batched call, their features dropped), "
         "trained from the same initial weights beside the job's model; its test accuracy is the job's model's "

@@ -37,6 +37,7 @@ from benchlib import (
     new_figure,
     seed_gap_text,
     seed_word,
+    spread_keys,
     try_plot,
     write_results,
 )
@@ -119,7 +120,7 @@ def headline(res: dict) -> dict:
     vd, vse, vn = paired([r["val"] for r in runs["merge"]], [r["val"] for r in runs["plain"]])
     excess = [c["var_excess_mean"] for c in checks if c["var_excess_mean"] is not None]
     top = [c["var_excess_max"] for c in checks if c["var_excess_max"] is not None]
-    return {
+    head = {
         "seeds": res["seeds"], "n": n, "merge_test_mean": merge["test_mean"], "merge_test_se": merge["test_se"],
         "plain_test_mean": plain["test_mean"], "plain_test_se": plain["test_se"], "test_diff": td,
         "test_diff_se": tse, "test_call": seed_word(td, tse, n), "test_diff_text": seed_gap_text(td, tse, n),
@@ -129,6 +130,9 @@ def headline(res: dict) -> dict:
         "bn_channels": checks[0]["channels"] if checks else 0,
         "arms_differ": any((c["var_excess_max"] or 0) > 0 for c in checks), "chance": res["chance"],
     }  # fmt: skip
+    spread_keys(head, "test_diff_text", n, tse)
+    spread_keys(head, "var_excess_mean", len(excess), mean_se(excess)[1] if len(excess) > 1 else None)
+    return head
 
 
 def _pct(x: float | None) -> str:

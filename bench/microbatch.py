@@ -35,6 +35,7 @@ from benchlib import (
     compare_accuracy,
     fmt,
     new_figure,
+    spread_keys,
     try_plot,
     write_results,
 )
@@ -358,7 +359,7 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
     rows, micro = res["rows"], res["micro"]
     head: dict = {}
     lines = [
-        _overhead_verdict(rows, micro, head),
+        _overhead_verdict(rows, micro, head, "GPU" if res["cuda"] else "CPU"),
         _gradient_verdict(rows, res, head),
         _accuracy_verdict(res, micro, head),
         _memory_verdict(res, rows, head),
@@ -366,7 +367,7 @@ def verdicts(res: dict) -> tuple[list[str], dict]:
     return [line for line in lines if line is not None], head
 
 
-def _overhead_verdict(rows: list[dict], micro: int, head: dict) -> str | None:
+def _overhead_verdict(rows: list[dict], micro: int, head: dict, hardware: str) -> str | None:
     """Streaming's time per sample against plain steps of the micro-batch that fits (the paper's
     epoch-time comparison); None when no size above the micro-batch was timed both ways."""
     big = [r["vs_fit"] for r in rows if r["size"] > micro and r["vs_fit"] is not None]
@@ -374,11 +375,12 @@ def _overhead_verdict(rows: list[dict], micro: int, head: dict) -> str | None:
         return None
     med = statistics.median(big)
     head["overhead_vs_fit_median"] = med
+    spread_keys(head, "overhead_vs_fit_median", 1, None)  # one run (a median over sizes, not over seeds)
     line = (
         f"Overhead: streaming a mini-batch of {rows[1]['size'] if len(rows) > 1 else micro}..{rows[-1]['size']} "
         f"in micro-batches of {micro} costs {100 * med:+.1f} % per sample (median; range {100 * min(big):+.1f} to "
-        f"{100 * max(big):+.1f} %) against plain steps of the {micro} that fit; target <= 3 %: "
-        f"{'met' if med <= 0.03 else 'NOT met'}; the paper measured +0.3 to +5.1 % (ResNet-50 at 16/8: "
+        f"{100 * max(big):+.1f} %) against plain steps of the {micro} that fit, on this {hardware}; target <= 3 %: "
+        f"{'met' if med <= 0.03 else 'NOT met'}; the paper measured +0.3 to +5.1 % on GPUs (ResNet-50 at 16/8: "
         f"{100 * PAPER_OVERHEAD['resnet50_16']:+.1f} %), so this {'beats or matches' if med <= 0.011 else 'trails'} "
         "its best figure."
     )
@@ -405,6 +407,7 @@ def _gradient_verdict(rows: list[dict], res: dict, head: dict) -> str | None:
     f64 = res["float64"]
     worst = max(r["grad_worst"] for r in rows if r["grad_worst"] is not None)
     head.update(grad_diff=max(diffs), grad_worst=worst, grad_float64=f64["diff"])
+    spread_keys(head, "grad_diff", 1, None)  # one run
     return (
         f"Gradients: the streamed gradient equals the whole-batch gradient to {max(diffs):.1e} relative over all "
         f"parameters (float32, largest over the sizes where plain ran; the worst single parameter tensor "

@@ -7,7 +7,9 @@ use t_max = round(mean length) instead: sampling is the BLoad paper's "sampling"
 padding; pieces of exactly t_max, every shorter sequence and every tail deleted: ``benchlib.sampling_plan``),
 chunk cuts the same pieces but keeps a shorter sequence whole and pads it. bload (the paper's Fig. 7
 with the authors' draw: a fitting length, then a sequence of that length) is averaged over 5 seeds.
-Under each table: padding(pad) / padding(optimal) and optimal's blocks against first-fit-decreasing.
+Under each table: padding(pad) / padding(optimal), optimal's blocks against first-fit-decreasing. With
+``--out``, a JSON beside it: on the train list per stride, naive padding's padding over bload's (per
+seed, with mean, standard error and n) and over optimal's (seed-independent).
 
     python bench/packing.py [--out results.md]
 """
@@ -15,13 +17,14 @@ Under each table: padding(pad) / padding(optimal) and optimal's blocks against f
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from benchlib import sampling_plan
+from benchlib import command_line, machine_info, mean_se, sampling_plan
 
 from raytrain_seq.algorithms.packing import apply_stride, pack, read_lengths
 
@@ -114,6 +117,25 @@ def bench_million() -> str:
     )
 
 
+def headline(split: str = "train") -> dict:
+    """Per stride of ``split``: naive padding's padding over bload's and over optimal's for each of the
+    bload seeds, beside their mean (the key), ``_se`` (standard error over seeds), ``_n`` and ``_runs``."""
+    head: dict = {"seeds": list(range(BLOAD_SEEDS)), "split": split}
+    for stride in STRIDES:
+        lens = apply_stride(load(split), stride)
+        t_max = int(lens.max())
+        pad = pack(lens, t_max, strategy="pad").stats()["padding"]
+        for strategy in ("bload", "optimal"):
+            own = [
+                pack(lens, t_max, strategy=strategy, seed=s).stats()["padding"] for s in range(BLOAD_SEEDS)
+            ]
+            cuts = [pad / o if o else float("inf") for o in own]
+            key = f"{split}_stride{stride}_padding_cut_{strategy}"
+            mean, se = mean_se(cuts)
+            head.update({key: mean, f"{key}_se": se, f"{key}_n": len(cuts), f"{key}_runs": cuts})
+    return head
+
+
 def plain_table(rows: list[list[str]]) -> str:
     widths = [max(len(c) for c in col) for col in zip(COLUMNS, *rows, strict=True)]
     lines = [
@@ -147,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(markdown))
-        print(f"wrote {args.out}")
+        data = {
+            "name": "packing", "command": command_line(argv, "packing.py"),
+            "headline": headline("train"), "machine": machine_info(),
+        }  # fmt: skip
+        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
     return 0
 
 

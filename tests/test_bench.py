@@ -29,6 +29,7 @@ import flat_device  # noqa: E402
 import gpu_report  # noqa: E402
 import learner_device  # noqa: E402
 import microbatch  # noqa: E402
+import packing as packing_bench  # noqa: E402
 import randaugment  # noqa: E402
 import refurbish as rb  # noqa: E402
 import refurbish_loader as rl  # noqa: E402
@@ -172,6 +173,63 @@ def test_bload_table_tiny_run_writes_a_consistent_table(tmp_path):
     assert "epoch_speedup_bload_vs_pad_every_frame" in data["headline"]
 
 
+def test_bload_table_runs_give_each_figure_its_runs_n_and_se(tmp_path):
+    """--runs 2: each headline figure is the mean over the runs' seeds with its se, n and per-run values;
+    accuracy gaps are paired by seed and called within noise below 3 seeds; the load of each run is kept."""
+    res = bload_table.main(
+        ["--videos", "10", "--epochs", "1", "--batch", "2", "--runs", "2", "--seed", "5",
+         "--strategies", "pad", "sampling", "bload", "optimal", "--results", str(tmp_path)]
+    )  # fmt: skip
+    head = json.loads((tmp_path / "bload_table.json").read_text())["headline"]
+    assert head["runs"] == 2 and head["seeds"] == [5, 6] and [r["seed"] for r in res["runs"]] == [5, 6]
+    for key in ("padding_cut_optimal", "epoch_speedup_bload_vs_pad_every_frame", "test_accuracy_bload"):
+        values = head[f"{key}_runs"]
+        assert head[f"{key}_n"] == 2 and len(values) == 2
+        assert head[key] == pytest.approx(np.mean(values))
+        assert head[f"{key}_se"] == pytest.approx(np.std(values, ddof=1) / np.sqrt(2))
+    cuts = [
+        one["results"]["pad"]["stats"]["padding"] / one["results"]["optimal"]["stats"]["padding"]
+        for one in res["runs"]
+    ]
+    assert head["padding_cut_optimal_runs"] == pytest.approx(cuts)
+    assert head["accuracy_bload_minus_sampling_text"].endswith("(n = 2, within noise)")
+    assert all(len(one["load"]) == 2 for one in res["runs"]) and len(head["load"]) == 2
+    text = (tmp_path / "bload_table.md").read_text()
+    assert (
+        "2 run(s) at seeds [5, 6]" in text
+        and "mean +- se over n = 2 runs" in text
+        and "on 8 A100 GPUs" in text
+    )
+
+
+def test_packing_headline_gives_each_seed_and_the_mean_se_n():
+    """bench/packing.py's JSON headline: per stride, naive padding over bload's for each of the 5 seeds and
+    over optimal's (the same every seed), with mean, se and n."""
+    head = packing_bench.headline("test")
+    assert head["seeds"] == [0, 1, 2, 3, 4]
+    for stride in packing_bench.STRIDES:
+        key = f"test_stride{stride}_padding_cut_bload"
+        assert head[f"{key}_n"] == 5 and head[key] == pytest.approx(np.mean(head[f"{key}_runs"]))
+        assert head[f"{key}_se"] == pytest.approx(np.std(head[f"{key}_runs"], ddof=1) / np.sqrt(5))
+        optimal = head[f"test_stride{stride}_padding_cut_optimal_runs"]
+        assert len(set(optimal)) == 1 and head[f"test_stride{stride}_padding_cut_optimal_se"] == 0.0
+        assert optimal[0] > head[key]  # the job's packer pads less than the random fill
+
+
+def test_report_headline_cell_writes_the_se_and_n_beside_a_figure():
+    assert (
+        report.headline_cell({"x": 3.4321, "x_n": 3, "x_se": 0.051}, "x", "{:.2f}x")
+        == "3.43x +- 0.05x (n = 3)"
+    )
+    assert report.headline_cell({"x": 5.02, "x_n": 1, "x_se": None}, "x", "{:.2f}x") == "5.02x (one run)"
+    assert report.headline_cell(
+        {"x": "+1.0 +- 2.0 (n = 3, within noise)", "x_n": 3, "x_se": 2.0}, "x", "{}"
+    ) == ("+1.0 +- 2.0 (n = 3, within noise)")
+    assert report.headline_cell({"x": 5.0}, "x", "{:.1f}x") == "5.0x" and report.headline_cell(
+        {}, "x", "{}"
+    ) == ("not measured")
+
+
 def test_mix_pad_is_one_sample_of_the_mean_length_per_video():
     """mix_pad_plan: the docstring's example; Table I's counts (deleted + padding = videos x 22) hold."""
     plan = benchlib.mix_pad_plan([50, 30, 10], 22, seed=0)
@@ -253,8 +311,15 @@ def test_refurbish_headline_pairs_by_seed_and_carries_standard_errors():
     head = rb.headline(stats)
     assert head["feed"] == "job" and set(head["by_r"]) == {"1", "3"}
     assert {"samples_s", "cpu_ms_per_sample", "step_cpu_cv", "acc_mean", "acc_se"} <= set(head["by_r"]["3"])
-    lines, _ = rb.verdicts({"stats": stats, "spread": spreads, "runs": runs, "cores": 2})
+    lines, head = rb.verdicts({"stats": stats, "spread": spreads, "runs": runs, "cores": 2})
+    for key, se in (
+        ("speedup", "speedup_se"),
+        ("cpu_saving", "cpu_saving_se"),
+        ("accuracy", "acc_points_se"),
+    ):
+        assert head[f"r3_{key}_text_n"] == 3 and head[f"r3_{key}_text_se"] == stats[3][se]
     text = " ".join(lines)
+    assert "the paper's 1.03-2.04x, measured on GPUs (this run: CPU cores)" in text
     assert "target >= 1.5x: NOT met" in text  # 1.49x: the verdict follows the number
     assert "target (within one standard error of r = 1's): met" in text
 
@@ -304,6 +369,8 @@ def test_microbatch_verdict_names_a_device_that_one_micro_batch_does_not_fill():
 
     out, head = microbatch.verdicts(res(0.0012, 0.0013))
     assert "does not fill this device" in out[0] and "1.08x" in out[0] and head["plain_2x_over_1x"] < 1.5
+    assert "that fit, on this GPU" in out[0] and "+0.3 to +5.1 % on GPUs" in out[0]
+    assert (head["overhead_vs_fit_median_n"], head["overhead_vs_fit_median_se"]) == (1, None)  # one run
     out, head = microbatch.verdicts(res(0.0073, 0.0134))
     assert "does not fill" not in " ".join(out) and head["plain_2x_over_1x"] == pytest.approx(1.84, abs=0.01)
 
@@ -877,7 +944,9 @@ def test_ablation_calls_no_two_seed_difference_a_gain_or_a_loss():
     text = " ".join(ablation.gap_verdicts(two))
     assert "AAVG3 - AAVG2 +22.5 +- 2.5 validation points, within noise (n = 2): no gain is measured" in text
     assert "above noise" not in text and "beyond one se" not in text
-    assert ablation.report_headline(two)["paper_aavg3_minus_2"] == "+22.5 +- 2.5 (n = 2, within noise)"
+    report = ablation.report_headline(two)
+    assert report["paper_aavg3_minus_2"] == "+22.5 +- 2.5 (n = 2, within noise)"
+    assert (report["paper_aavg3_minus_2_n"], report["paper_aavg3_minus_2_se"]) == (2, pytest.approx(2.5))
     loss = {"diff": -6.6, "se": 5.9, "n": 3}
     assert (
         ablation.step_call(loss, 1.9) == "a loss beyond one se (n = 3): no gain is measured; the paper +1.9"
