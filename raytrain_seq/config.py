@@ -555,8 +555,8 @@ class TrainConfig:
         number(
             "train.averager_timeout_s",
             self.averager_timeout_s,
-            "> 0",
-            lambda v: v > 0,
+            ">= 0.001",
+            lambda v: v >= 0.001,
             "use e.g. 60.0 seconds",
         )
         int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")

@@ -140,7 +140,8 @@ def test_a_killed_driver_leaves_a_run_that_resume_finishes_without_losing_a_fini
     # 3. The next resume continues from round 3's checkpoint and finishes.
     third = _job(ray, tmp_path, "--resume", log="third.log")
     assert third.wait(240) == 0, (tmp_path / "third.log").read_text()[-4000:]
-    assert "summary written to" in (tmp_path / "third.log").read_text().splitlines()[-1]
+    # The driver's own line; a worker's log line forwarded by Ray may still come after it.
+    assert "summary written to" in (tmp_path / "third.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     print(f"rounds lost with the killed drivers {lost}; {time.monotonic() - began:.0f} s")
 
