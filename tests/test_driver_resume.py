@@ -75,7 +75,7 @@ def _plan_checksums(config: Config) -> dict[int, dict[str, int]]:
     from raytrain_seq.runtime.feed import feed_geometry
     from raytrain_seq.seeds import plan_seed
 
-    geometry = feed_geometry(config, warn=False)
+    geometry = feed_geometry(config.data, warn=False)
     train = geometry.catalogs["train"]
     out = {}
     for epoch in range(config.train.epochs):
