@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import local_ray, mean_se, seed_gap_text, seed_word, spread_keys
+from benchlib import local_ray, mean_se, pct, pct_mean_se, seed_gap_text, seed_word, spread_keys
 
 ROOT = Path(__file__).resolve().parent
 
@@ -141,17 +141,6 @@ def headline(res: dict) -> dict:
     }  # fmt: skip
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
-
-
-def _pm(mean: float | None, se: float | None, n: int) -> str:
-    """'62.3 % +- 2.3 (n = 3)': a mean over n seeds with its standard error."""
-    if mean is None:
-        return "n/a"
-    return f"{100 * mean:.1f} %" + ("" if se is None else f" +- {100 * se:.1f}") + f" (n = {n})"
-
-
 def grid_rows(res: dict) -> list[list[str]]:
     """One row per (start, rule, variant); AAVG1 (no batch rule) once per start."""
     rows = []
@@ -164,8 +153,8 @@ def grid_rows(res: dict) -> list[list[str]]:
                 rows.append([
                     start, "-" if name == "AAVG1" else rule, name, str(switch["merge_moments"]),
                     str(switch["merge_bn_stats"]), str(s["steps"]), f"{sum(s['epochs']) / len(s['epochs']):.1f}",
-                    str(s["max_b"]), _pm(s["val_mean"], s["val_se"], s["val_n"]),
-                    _pm(s["test_mean"], s["test_se"], s["test_n"]),
+                    str(s["max_b"]), pct_mean_se(s["val_mean"], s["val_se"], s["val_n"]),
+                    pct_mean_se(s["test_mean"], s["test_se"], s["test_n"]),
                     f"{PAPER[name]:.1f} %",
                 ])  # fmt: skip
     return rows
@@ -181,12 +170,18 @@ def video_rows(video: dict) -> list[list[str]]:
     for key, (run, init, lr) in labels.items():
         s = video["stats"][key]
         rows.append([
-            run, init, lr, _pm(s["first_val_mean"], s["first_val_se"], s["first_val_n"]),
-            _pm(s["test_mean"], s["test_se"], s["test_n"]),
+            run, init, lr, pct_mean_se(s["first_val_mean"], s["first_val_se"], s["first_val_n"]),
+            pct_mean_se(s["test_mean"], s["test_se"], s["test_n"]),
         ])  # fmt: skip
     fused = video["fused"]
     rows.append(
-        ["two-stream fusion (RGB + AAVG4 flow)", "-", "-", "-", _pm(fused["mean"], fused["se"], fused["n"])]
+        [
+            "two-stream fusion (RGB + AAVG4 flow)",
+            "-",
+            "-",
+            "-",
+            pct_mean_se(fused["mean"], fused["se"], fused["n"]),
+        ]
     )
     return rows
 
@@ -266,10 +261,10 @@ def aavg4_verdicts(video: dict) -> list[str]:
         d, se, k = video["diffs"][f"{flow}-{scratch}"]
         lines.append(
             f"AAVG4 at the {tag} learning rate: the flow stream from the RGB run "
-            f"{_pm(s[flow]['test_mean'], s[flow]['test_se'], s[flow]['test_n'])} test accuracy against "
-            f"{_pm(s[scratch]['test_mean'], s[scratch]['test_se'], s[scratch]['test_n'])} from scratch (paired "
-            f"{gap_text(d, se, k)} points; after epoch 1: {_pct(s[flow]['first_val_mean'])} against "
-            f"{_pct(s[scratch]['first_val_mean'])} validation)"
+            f"{pct_mean_se(s[flow]['test_mean'], s[flow]['test_se'], s[flow]['test_n'])} test accuracy against "
+            f"{pct_mean_se(s[scratch]['test_mean'], s[scratch]['test_se'], s[scratch]['test_n'])} from scratch (paired "
+            f"{gap_text(d, se, k)} points; after epoch 1: {pct(s[flow]['first_val_mean'])} against "
+            f"{pct(s[scratch]['first_val_mean'])} validation)"
         )
     d, se, k = video["diffs"]["flow-flow_scratch"]
     word = seed_word(d, se, k)
@@ -299,8 +294,8 @@ def verdicts(res: dict) -> list[str]:
     lines = []
     if warm is not None:
         lines.append(
-            f"Warm start: AAVG1 from scratch for {warm['epochs']} epochs reached {_pct(warm['val'])} validation "
-            f"and {_pct(warm['test'])} test accuracy (chance {_pct(chance)}); 'scratch' rows start from a fresh "
+            f"Warm start: AAVG1 from scratch for {warm['epochs']} epochs reached {pct(warm['val'])} validation "
+            f"and {pct(warm['test'])} test accuracy (chance {pct(chance)}); 'scratch' rows start from a fresh "
             "initialisation instead."
         )
     equal = headline(res)["equal_steps"]
@@ -348,8 +343,8 @@ def _run(config) -> dict:
 
 
 def _say(label: str, out: dict) -> None:
-    print(f"{label}: {out['steps']} steps ({out['epochs']:.2f} epochs), val {_pct(out['val'])}, test "
-          f"{_pct(out['test'])}, B max {out['max_b']}, {out['wall_s']:.0f} s", flush=True)  # fmt: skip
+    print(f"{label}: {out['steps']} steps ({out['epochs']:.2f} epochs), val {pct(out['val'])}, test "
+          f"{pct(out['test'])}, B max {out['max_b']}, {out['wall_s']:.0f} s", flush=True)  # fmt: skip
 
 
 def bn_pair_count() -> int:

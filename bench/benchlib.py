@@ -302,6 +302,18 @@ def seed_word(diff: float | None, se: float | None, n: int) -> str:
     return "within noise"
 
 
+def pct(x: float | None) -> str:
+    """An accuracy as a percentage: 0.6234 -> '62.3 %'; None -> 'n/a'."""
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
+def pct_mean_se(mean: float | None, se: float | None, n: int) -> str:
+    """'62.3 % +- 2.3 (n = 3)': a mean accuracy over n seeds with its standard error."""
+    if mean is None:
+        return "n/a"
+    return f"{100 * mean:.1f} %" + ("" if se is None else f" +- {100 * se:.1f}") + f" (n = {n})"
+
+
 def seed_gap_text(diff: float | None, se: float | None, n: int) -> str:
     """A paired difference in points with its se, n and call: '+0.0 +- 5.8 (n = 3, within noise)'."""
     if diff is None:

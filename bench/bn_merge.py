@@ -35,6 +35,8 @@ from benchlib import (
     local_ray,
     mean_se,
     new_figure,
+    pct,
+    pct_mean_se,
     seed_gap_text,
     seed_word,
     spread_keys,
@@ -135,16 +137,6 @@ def headline(res: dict) -> dict:
     return head
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f} %"
-
-
-def _pm(mean: float | None, se: float | None, n: int) -> str:
-    if mean is None:
-        return "n/a"
-    return f"{100 * mean:.1f} %" + ("" if se is None else f" +- {100 * se:.1f}") + f" (n = {n})"
-
-
 def table(res: dict) -> tuple[list[str], list[list[str]]]:
     seeds = res["seeds"]
     header = ["arm", "train.merge_bn_stats"] + [f"test, seed {s}" for s in seeds]
@@ -152,8 +144,8 @@ def table(res: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for arm, flag in ARMS.items():
         runs, st = res["runs"][arm], arm_stats(res["runs"][arm])
-        rows.append([arm, str(flag), *(_pct(r["test"]) for r in runs), _pm(st["test_mean"], st["test_se"], st["test_n"]),
-                     _pm(st["val_mean"], st["val_se"], st["val_n"])])  # fmt: skip
+        rows.append([arm, str(flag), *(pct(r["test"]) for r in runs), pct_mean_se(st["test_mean"], st["test_se"], st["test_n"]),
+                     pct_mean_se(st["val_mean"], st["val_se"], st["val_n"])])  # fmt: skip
     head = headline(res)
     rows.append(["merge - plain (points, paired)", "-", *(
         "n/a" if a["test"] is None or b["test"] is None else f"{100 * (a['test'] - b['test']):+.1f}"
@@ -175,7 +167,7 @@ def check_table(res: dict) -> tuple[str, list[str], list[list[str]]]:
             "n/a" if check["var_excess_mean"] is None else f"{check['var_excess_mean']:.2e}",
             "n/a" if check["var_excess_max"] is None else f"{check['var_excess_max']:.2e}",
             "n/a" if check["var_above"] is None else f"{100 * check['var_above']:.0f} % of {check['channels']}",
-            " ".join(_pct(v) for v in a["val_curve"]), " ".join(_pct(v) for v in b["val_curve"]),
+            " ".join(pct(v) for v in a["val_curve"]), " ".join(pct(v) for v in b["val_curve"]),
             f"{a['loss']:.3f} / {b['loss']:.3f}" if a["loss"] is not None and b["loss"] is not None else "n/a",
         ])  # fmt: skip
     caption = ("What the arms did, per seed: their final averaged models compared tensor by tensor (the "
@@ -188,8 +180,8 @@ def verdicts(res: dict) -> list[str]:
     head = headline(res)
     n = head["n"]
     lines = [
-        f"Test accuracy: merge {_pm(head['merge_test_mean'], head['merge_test_se'], n)}, plain "
-        f"{_pm(head['plain_test_mean'], head['plain_test_se'], n)} (chance {_pct(head['chance'])}); merge - plain "
+        f"Test accuracy: merge {pct_mean_se(head['merge_test_mean'], head['merge_test_se'], n)}, plain "
+        f"{pct_mean_se(head['plain_test_mean'], head['plain_test_se'], n)} (chance {pct(head['chance'])}); merge - plain "
         f"{head['test_diff_text']} points. Last validation: merge - plain "
         f"{seed_gap_text(head['val_diff'], head['val_diff_se'], n)} points."
     ]
@@ -290,7 +282,7 @@ def run(size_name: str, seeds: list[int] | None = None) -> dict:
                 for arm in ARMS:
                     out, models[arm] = _run(_config(size, storage, arm, seed))
                     runs[arm].append(out)
-                    print(f"{arm} seed {seed}: test {_pct(out['test'])}, val {_pct(out['val'])}, {out['steps']} "
+                    print(f"{arm} seed {seed}: test {pct(out['test'])}, val {pct(out['val'])}, {out['steps']} "
                           f"steps, {out['wall_s']:.0f} s, load {out['load']:.1f}", flush=True)  # fmt: skip
                 checks.append(bn_compare(models["merge"], models["plain"]))
     finally:

@@ -27,6 +27,10 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from chaos import plan_checksums
+
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.rounds.events import EVENTS_FILE, EventLog
@@ -65,25 +69,6 @@ def _wait(condition, what: str, job: subprocess.Popen | None, timeout: float = 1
             raise AssertionError(f"the job exited ({job.returncode}) before {what}")
         time.sleep(poll)
     raise AssertionError(f"waited {timeout:g} s for {what}")
-
-
-def _plan_checksums(config: Config) -> dict[int, dict[str, int]]:
-    """Per epoch, the checksum of the video ids of the epoch's BLoad plan (bench/chaos.py's)."""
-    from raytrain_seq.algorithms.packing import pack
-    from raytrain_seq.outputs.accounting import checksum
-    from raytrain_seq.rows.assembly import plan_specs
-    from raytrain_seq.runtime.feed import feed_geometry
-    from raytrain_seq.seeds import plan_seed
-
-    geometry = feed_geometry(config.data, warn=False)
-    train = geometry.catalogs["train"]
-    out = {}
-    for epoch in range(config.train.epochs):
-        seed = plan_seed(config.data.seed, epoch)
-        plan = pack(train.lengths, geometry.t_max, strategy=config.data.packing, seed=seed)
-        [specs] = plan_specs(plan, 1, train.ids.tolist(), train.labels.tolist(), None)
-        out[epoch] = checksum(i for spec in specs for i in spec.ids)
-    return out
 
 
 def _ids_per_epoch(records: list[dict]) -> dict[int, dict[str, int]]:
@@ -166,6 +151,6 @@ def test_a_killed_driver_leaves_a_run_that_resume_finishes_without_losing_a_fini
     # Every row once per epoch: per round, the record that counts (the last one), against the plan.
     config = Config.from_preset("smoke", epochs=EPOCHS)
     counted = list({r["round"]: r for r in logged}.values())
-    assert _ids_per_epoch(counted) == _plan_checksums(config)
+    assert _ids_per_epoch(counted) == plan_checksums(config)
     trained = {int(e): c for e, c in summary["trained_ids"].items()}
-    assert trained == {e: c for e, c in _plan_checksums(config).items() if e >= kept.round}
+    assert trained == {e: c for e, c in plan_checksums(config).items() if e >= kept.round}
