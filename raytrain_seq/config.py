@@ -638,7 +638,7 @@ class RunConfig:
     storage_path: str = "~/raytrain_seq_runs"
     """Parent folder of all runs ("~" is expanded by Config.run_dir())."""
     run_name: str | None = None
-    """Folder of this run under storage_path; None = "ucf101-<dataset>-<UTC timestamp>", fixed at creation."""
+    """Folder of this run under storage_path; None: the driver names it "ucf101-<dataset>-<UTC timestamp>" as it starts."""
     resume: bool = False
     """Continue the run named run_name from its latest checkpoint."""
     tracker: str = "tensorboard"

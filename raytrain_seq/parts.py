@@ -2,14 +2,16 @@
 
 The ``Config`` stays the user's one file and flag surface; a component takes only its own small frozen
 settings (the feed ``FeedSettings``, connect ``ConnectSettings``, the evaluator ``EvaluatorSettings``, the
-averager ``rounds.settings.AveragerSettings``), or its own section of the tree (the model factory and the
-data sources: ``config.model``, ``config.data``), never the whole tree. ``preflight.check`` builds the
+learners ``LearnerSettings`` with their step's ``StepSettings``, the averager
+``rounds.settings.AveragerSettings``), or its own section of the tree (the model factory and the data
+sources: ``config.model``, ``config.data``, as torchtitan hands its parts), never the whole tree. ``preflight.check`` builds the
 parts once, before Ray starts, so a bad setting fails there (tests/test_config_flow.py measures where the
 whole tree still travels).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from raytrain_seq.config import Config, DataConfig, ModelConfig
     from raytrain_seq.rounds.settings import AveragerSettings
 
-__all__ = ["ConnectSettings", "EvaluatorSettings", "FeedSettings", "Parts"]
+__all__ = ["ConnectSettings", "EvaluatorSettings", "FeedSettings", "LearnerSettings", "Parts", "StepSettings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +81,78 @@ class EvaluatorSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepSettings:
+    """What a learner's inner step (``training.step.InnerStep``), its optimizer and its learning rate read."""
+
+    optimizer: str
+    """``train.optimizer``: "adam", "adamw" or "sgd"."""
+    lr: float
+    """``train.lr``: the peak learning rate."""
+    weight_decay: float
+    """``train.weight_decay``."""
+    lr_schedule: str
+    """``train.lr_schedule``: "constant" or "cosine"."""
+    warmup_steps: int
+    """``train.warmup_steps``: linear warm-up steps."""
+    micro_batch_size: int | str
+    """``train.micro_batch_size``: blocks per forward/backward, or "auto"."""
+    precision: str
+    """``train.precision``: "fp32", "bf16" or "fp16"."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerSettings:
+    """What every learner (``runtime.learner``) is told: its model, step, rounds, data and checkpoints."""
+
+    model: ModelConfig
+    """The classifier it trains (the config's ``model`` section)."""
+    step: StepSettings
+    """Its inner step."""
+    seed: int
+    """``data.seed``: every learner's initial weights (AAVG's one w~)."""
+    crop: int
+    """``data.crop``: the side of the crops the step cuts on the device."""
+    cache_size: int
+    """``data.cache_size``: the side of the cached rows the test views are cut from."""
+    test_views: str
+    """``data.test_views``: the views each test row is scored on."""
+    epochs: int
+    """``train.epochs``."""
+    steps: int | None
+    """``train.steps``: a step budget that ends training inside an epoch; None: whole epochs."""
+    max_epochs: int
+    """``train.max_epochs``: the epochs the feed serves (make-up layouts included)."""
+    k: int
+    """``train.k``: local steps between rounds (-1: once an epoch)."""
+    merge_moments: bool
+    """``train.merge_moments``: average Adam's moments with the weights."""
+    merge_bn_stats: bool
+    """``train.merge_bn_stats``: average BatchNorm's running statistics with the weights."""
+    validate_every: int
+    """``train.validate_every``: rounds between validations (0: none)."""
+    checkpoint_every: int
+    """``train.checkpoint_every``: rounds between checkpoints."""
+    averager_timeout_s: float
+    """``train.averager_timeout_s``: the client's round timeout is three of these plus two minutes."""
+    averager_channels: bool
+    """``train.averager_channels``: rounds' tensors through compiled-graph channels."""
+    keep_freed_memory: bool
+    """``train.keep_freed_memory``: keep freed host memory for the next step (``training.heap``)."""
+    verbose: bool
+    """``run.verbose``: keep Ray Train's per-round INFO lines."""
+    run_dir: str | None
+    """The run folder, where rank 0 puts checkpoints; None: a learner outside a run (tests)."""
+    keep_checkpoints: int | None
+    """``run.keep_checkpoints``: the newest checkpoints kept (None: all)."""
+    record: str
+    """The run's ``Config.to_dict()`` as JSON: the record each checkpoint carries (``checkpoint.save``)."""
+
+    def config_record(self) -> dict[str, object]:
+        """The run's configuration as plain data, for a checkpoint."""
+        return json.loads(self.record)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Parts:
     """Every part's settings of one run, built once from its ``Config`` (``Parts.of``)."""
 
@@ -86,6 +160,7 @@ class Parts:
     connect: ConnectSettings
     evaluator: EvaluatorSettings
     averager: AveragerSettings
+    learner: LearnerSettings
     model: ModelConfig
     data: DataConfig
 
@@ -117,4 +192,20 @@ class Parts:
             epochs=train.epochs,  # the last round's validation waits for the test pass
             steps=train.steps, tracker=run.tracker,
         )  # fmt: skip
-        return cls(feed=feed, connect=connect, evaluator=evaluator, averager=averager, model=model, data=data)
+        step = StepSettings(
+            optimizer=train.optimizer, lr=train.lr, weight_decay=train.weight_decay, lr_schedule=train.lr_schedule,
+            warmup_steps=train.warmup_steps, micro_batch_size=train.micro_batch_size, precision=train.precision,
+        )  # fmt: skip
+        learner = LearnerSettings(
+            model=model, step=step, seed=data.seed, crop=data.crop, cache_size=data.cache_size,
+            test_views=data.test_views, epochs=train.epochs, steps=train.steps, max_epochs=train.max_epochs,
+            k=train.k, merge_moments=train.merge_moments, merge_bn_stats=train.merge_bn_stats,
+            validate_every=train.validate_every, checkpoint_every=train.checkpoint_every,
+            averager_timeout_s=train.averager_timeout_s, averager_channels=train.averager_channels,
+            keep_freed_memory=train.keep_freed_memory, verbose=run.verbose, run_dir=run_dir,
+            keep_checkpoints=run.keep_checkpoints, record=json.dumps(config.to_dict(), sort_keys=True),
+        )  # fmt: skip
+        return cls(
+            feed=feed, connect=connect, evaluator=evaluator, averager=averager, learner=learner, model=model,
+            data=data,
+        )  # fmt: skip

@@ -240,15 +240,18 @@ class ConfigFlow:
         return False
 
     def _plain(self, scope: _Scope, node: ast.AST) -> bool:
-        """``node`` holds the tree as plain data (``x.to_dict()`` of a bearer, or a dict holding one)."""
+        """``node`` holds the tree as plain data: ``x.to_dict()`` of a bearer, or a dict, tuple, list or
+        call holding one (``LoopConfig(config=config.to_dict(), ...)``, a record wrapped for the trip)."""
         if isinstance(node, ast.Dict):
             return any(self._plain(scope, v) for v in node.values)
-        return (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == PLAIN
-            and self._bears(scope, node.func.value)
-        )
+        if isinstance(node, ast.Tuple | ast.List):
+            return any(self._plain(scope, v) for v in node.elts)
+        if not isinstance(node, ast.Call):
+            return False
+        if isinstance(node.func, ast.Attribute) and node.func.attr == PLAIN:
+            return self._bears(scope, node.func.value)
+        inner = [*node.args, *(k.value for k in node.keywords)]
+        return any(self._bears(scope, v) or self._plain(scope, v) for v in inner)
 
     def _instance(self, scope: _Scope, node: ast.AST) -> _Class | None:
         """The package class ``node`` constructs (``C(...)``) or returns (``f(...)`` annotated ``-> C``)."""
@@ -558,6 +561,35 @@ def test_checker_follows_the_tree_through_calls_fields_and_classes(tmp_path):
     assert flow.returns == 4  # preflight, driver, factory, feed
     # climbs: runtime/driver (1) -> preflight (0), feed (1) -> preflight (0)
     assert flow.climbs == 2
+
+
+def test_checker_follows_a_record_wrapped_for_another_process(tmp_path):
+    """The tree's plain data inside a launch value handed to an outside call (Ray Train's trainer) with a
+    package function: the function is walked, and its ``Config.from_dict`` is a visit of its file."""
+    wrapped = dict(PLANTED)
+    wrapped["runtime/driver.py"] = """
+        from ray.train import Trainer
+        from raytrain_seq.config import Config
+        from raytrain_seq.runtime.launch import Loop
+        from raytrain_seq.runtime.learner import loop
+
+        def run(config: Config) -> None:
+            Trainer(loop, train_loop_config=Loop(config=config.to_dict(), launch=1)).fit()
+    """
+    wrapped["runtime/launch.py"] = """
+        class Loop(dict):
+            pass
+    """
+    wrapped["runtime/learner.py"] = """
+        from raytrain_seq.config import Config
+        from raytrain_seq.runtime.connect import connect
+
+        def loop(loop_config) -> None:
+            config = Config.from_dict(loop_config["config"])
+            connect(config)
+    """
+    flow = config_flow(_package(tmp_path, wrapped))
+    assert flow.stays == ["runtime/driver.py", "runtime/learner.py", "runtime/connect.py"], flow.visits
 
 
 def test_checker_leaves_a_narrowed_package_alone(tmp_path):

@@ -303,7 +303,7 @@ def test_learner_loop_with_one_learner_matches_a_plain_loop(tmp_path):
     store = RecordingStore()
     try:
         learner = Learner(
-            config, rank=0, world_size=1, device="cpu", client=_client(transport, store=store), feed=feed,
+            Parts.of(config).learner, rank=0, world_size=1, device="cpu", client=_client(transport, store=store), feed=feed,
             report=report,
         )  # fmt: skip
         learner.run()
@@ -363,7 +363,7 @@ def test_steps_end_the_run_mid_epoch_past_epochs_and_the_count_survives_a_restar
 
         try:
             learner = Learner(
-                config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
+                Parts.of(config).learner, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
                 report=report, checkpoint_seed=seed,
             )  # fmt: skip
             learner.run()
@@ -395,7 +395,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     config = _config(epochs=1)
     feed = Feed()
     template = Learner(
-        config,
+        Parts.of(config).learner,
         rank=0,
         world_size=1,
         device="cpu",
@@ -432,7 +432,7 @@ def test_dropped_learner_takes_the_others_state_and_makes_the_missed_reports():
     )
     reports: list[RoundMetrics] = []
     learner = Learner(
-        config,
+        Parts.of(config).learner,
         rank=0,
         world_size=1,
         device="cpu",
@@ -492,7 +492,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     transport = InProcess(averager)
     try:
         learner = Learner(
-            config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
+            Parts.of(config).learner, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
             report=lambda m, f: None, validate=False,
         )  # fmt: skip
         learner.run()
@@ -632,7 +632,7 @@ def _run_one(config: Config, feed: Feed) -> tuple[Learner, list[RoundMetrics | L
     finals: list[tuple[LearnerReport, list[str]]] = []
     try:
         learner = Learner(
-            config, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
+            Parts.of(config).learner, rank=0, world_size=1, device="cpu", client=_client(transport), feed=feed,
             report=lambda metrics, folder: reports.append(metrics),
             keep_final=lambda metrics, folder: finals.append((metrics, sorted(p.name for p in folder.iterdir()))),
         )  # fmt: skip

@@ -263,7 +263,7 @@ def _trainer(state: _Run) -> Any:
     gpu = {"GPU": train.gpus_per_learner} if state.use_gpu else {}
     return DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config=LoopConfig(config=config.to_dict(), launch=state.launch),
+        train_loop_config=LoopConfig(settings=state.parts.learner, launch=state.launch),
         scaling_config=ScalingConfig(
             num_workers=train.learners,
             use_gpu=state.use_gpu,

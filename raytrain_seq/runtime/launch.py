@@ -4,14 +4,17 @@
 (pickled with the learner's function), and is all a learner needs to find the run's other processes:
 the named feed and averager actors in ``namespace``, whether the run is fresh (rank 0 then starts the
 feed's epoch 0 while the learners build their models), and whether an evaluator scores validation (the
-learners then do not). The run's ``Config`` travels beside it as a plain dict (``Config.to_dict``), so a
-learner rebuilds exactly the tree the driver checked.
+learners then do not). The learners' own settings (``parts.LearnerSettings``, built by ``Parts.of`` from
+the ``Config`` the driver checked) travel beside it; the whole tree never does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from raytrain_seq.parts import LearnerSettings
 
 __all__ = ["LearnerLaunch", "LoopConfig"]
 
@@ -48,8 +51,8 @@ class LearnerLaunch:
 
 
 class LoopConfig(TypedDict):
-    """Ray Train's ``train_loop_config`` of the learners (Ray Train hands the loop a dict): the run's
-    ``Config.to_dict()`` and its ``LearnerLaunch``."""
+    """Ray Train's ``train_loop_config`` of the learners (Ray Train hands the loop a dict): their
+    ``LearnerSettings`` and ``LearnerLaunch``."""
 
-    config: dict[str, Any]
+    settings: LearnerSettings
     launch: LearnerLaunch

@@ -32,11 +32,11 @@ import torch
 
 from raytrain_seq import checkpoint
 from raytrain_seq.algorithms.augment import test_views
-from raytrain_seq.config import Config
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.outputs import accounting
 from raytrain_seq.outputs.reports import LearnerReport, LearnerStop, RoundMetrics
+from raytrain_seq.parts import LearnerSettings
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
@@ -83,7 +83,7 @@ class Learner:
 
     def __init__(
         self,
-        config: Config,
+        settings: LearnerSettings,
         *,
         rank: int,
         world_size: int,
@@ -96,42 +96,42 @@ class Learner:
         metrics: Any = None,
         validate: bool = True,
     ) -> None:
-        self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
+        self.settings, self.rank, self.world_size, self.device = settings, rank, world_size, device
         self.client, self.feed, self.report = client, feed, report
         self.keep_final = keep_final or report  # rank 0's final checkpoint and metrics (``finish``)
         self.checkpoint_seed = checkpoint_seed
         # True: the learners score validation shares (no evaluator), so this one assembles its share of
         # the validation rows ahead; the averager asks for each validation (``RoundResult.validate``).
-        self.validates = validate and bool(config.train.validate_every)
+        self.validates = validate and bool(settings.validate_every)
         self.metrics = metrics or _NoMetrics()
-        train = config.train
+        step = settings.step
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
-        torch.manual_seed(config.data.seed)
+        torch.manual_seed(settings.seed)
         spec = self.model_spec = feed.model_spec()
         self.in_channels = spec.in_channels  # 2: optical flow, whose flip negates x
         self.model = build_model_for(
-            config.model, num_classes=spec.num_classes, in_channels=spec.in_channels
+            settings.model, num_classes=spec.num_classes, in_channels=spec.in_channels
         ).to(device)
         self.optimizer = build_optimizer(
-            train.optimizer, self.model.parameters(), lr=train.lr, weight_decay=train.weight_decay
+            step.optimizer, self.model.parameters(), lr=step.lr, weight_decay=step.weight_decay
         )
         schedule = None
-        if train.lr_schedule != "constant" or train.warmup_steps:
-            schedule = LearningRate(train.lr, train.lr_schedule, train.warmup_steps)
+        if step.lr_schedule != "constant" or step.warmup_steps:
+            schedule = LearningRate(step.lr, step.lr_schedule, step.warmup_steps)
         self.step = InnerStep(
             self.model,
             self.optimizer,
-            micro_batch_size=train.micro_batch_size,
+            micro_batch_size=step.micro_batch_size,
             device=device,
-            precision=train.precision,
+            precision=step.precision,
             lr=schedule,
             # The mini-batch stays in (pinned) host memory; each micro-batch is copied to the device and
             # cropped there while the previous one computes (micro-batch streaming, input included).
-            stage=MicroBatchStage(device, crop=config.data.crop, flow=self.in_channels == 2),
+            stage=MicroBatchStage(device, crop=settings.crop, flow=self.in_channels == 2),
         )
         self.rounds = LocalRounds(
-            client, self.model, self.optimizer, k=train.k, merge_moments=train.merge_moments,
-            merge_bn_stats=train.merge_bn_stats, device=device,
+            client, self.model, self.optimizer, k=settings.k, merge_moments=settings.merge_moments,
+            merge_bn_stats=settings.merge_bn_stats, device=device,
         )  # fmt: skip
         # The next mini-batch is collated (on CUDA into pinned memory, in a thread) while this one trains.
         self.prefetcher = RowPrefetcher(device)
@@ -166,7 +166,7 @@ class Learner:
 
     def finished(self, position: EpochPosition) -> bool:
         """Whether training ends at ``position`` (``train.steps`` steps, else ``train.epochs`` epochs)."""
-        return position.ends_training(epochs=self.config.train.epochs, steps=self.config.train.steps)
+        return position.ends_training(epochs=self.settings.epochs, steps=self.settings.steps)
 
     def start(self) -> EpochPosition:
         """Join the averager and take its latest state; returns where this group starts."""
@@ -198,7 +198,7 @@ class Learner:
         )
         self.shard_rows = shard_rows  # the rows a learner has in this layout: B never grows past them
         rows_done = position.rows_done
-        limit = self.config.train.steps
+        limit = self.settings.steps
         cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
         ahead = self._stage(stream, self.client.batch_size, cold)
         while ahead is not None:
@@ -211,7 +211,7 @@ class Learner:
             if limit is not None:
                 progress = self.steps_done / limit
             else:
-                progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.config.train.epochs
+                progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.settings.epochs
             self._trained_ids += batch.pop("ids").flatten().tolist() if "ids" in batch else []
             stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
             self.steps_done += 1
@@ -314,7 +314,7 @@ class Learner:
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
                 time.perf_counter() - self.started, result.state.round,
-                _progress(position, self.shard_rows, self.config.train.epochs), stats["loss"],
+                _progress(position, self.shard_rows, self.settings.epochs), stats["loss"],
                 self.client.batch_size, self.rounds.last_seconds,
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
@@ -322,7 +322,7 @@ class Learner:
         if result.validate:
             self._validate_share(round_, position)
         final = self.finished(after)
-        if checkpoint.is_due(round_, every=self.config.train.checkpoint_every, final=final):
+        if checkpoint.is_due(round_, every=self.settings.checkpoint_every, final=final):
             self._report(after, with_checkpoint=True)
         return None if after.same_place(position) else after
 
@@ -347,7 +347,7 @@ class Learner:
         rounds = missed_checkpoint_rounds(
             decision.first_missed,
             state.round,
-            every=self.config.train.checkpoint_every,
+            every=self.settings.checkpoint_every,
             latest_is_final=final,
         )
         for round_ in rounds:
@@ -359,9 +359,9 @@ class Learner:
     def _near_end(self, epoch: int, shard_rows: int) -> bool:
         """Whether training is within ``TEST_LEAD_EPOCHS`` epochs of its end (``train.steps``: within as
         many epochs' steps), where the test rows' assembly starts."""
-        limit = self.config.train.steps
+        limit = self.settings.steps
         if limit is None:
-            return epoch >= self.config.train.epochs - TEST_LEAD_EPOCHS
+            return epoch >= self.settings.epochs - TEST_LEAD_EPOCHS
         return (limit - self.steps_done) * self.client.batch_size <= TEST_LEAD_EPOCHS * shard_rows
 
     def _assemble_ahead(self, split: str, *, shard: bool) -> None:
@@ -383,8 +383,8 @@ class Learner:
 
     def _collect_rows(self, split: str, *, shard: bool) -> list[dict[str, torch.Tensor]]:
         """This learner's share (``shard``) or all of ``split``'s rows, as CPU tensors in batches of 16."""
-        data = self.config.data
-        multi = split == "test" and data.test_views != "center"  # rows uncropped, views cut by evaluate
+        # The test split's rows stay uncropped when its views are cut by evaluate.
+        multi = split == "test" and self.settings.test_views != "center"
         where = (self.rank, self.world_size) if shard else (0, 1)
         rows = collate_stream(self.feed.eval_rows(split, *where, uncropped=multi))
         self.marks[f"{split}_rows"] = time.time()
@@ -405,10 +405,11 @@ class Learner:
     def evaluate(self, split: str, *, shard: bool = False):
         """Accuracy of the current (averaged) model on the val or test split, rows cached in memory;
         ``shard``: only this learner's share of it (``feed.eval_shard(split, rank, world_size)``)."""
-        data = self.config.data
         # The test split can be scored on several views (data.test_views): rows uncropped, views cut here.
-        views = test_views(data.test_views, data.cache_size, data.crop) if split == "test" else None
-        multi = views is not None and data.test_views != "center"
+        settings, views = self.settings, None
+        if split == "test":
+            views = test_views(settings.test_views, settings.cache_size, settings.crop)
+        multi = views is not None and settings.test_views != "center"
         if split not in self._eval_rows:
             ahead_shard, ahead = self._eval_ahead.pop(split, (shard, None))
             if ahead is not None and ahead_shard == shard:
@@ -419,11 +420,11 @@ class Learner:
             self.model,
             self._eval_rows[split],
             views=views if multi else None,
-            crop=data.crop,
+            crop=settings.crop,
             flow=self.in_channels == 2,
-            micro_batch_size=eval_micro_batch_size(self.config.train.micro_batch_size, self.device),
+            micro_batch_size=eval_micro_batch_size(self.settings.step.micro_batch_size, self.device),
             device=self.device,
-            precision=self.config.train.precision,
+            precision=self.settings.step.precision,
         )
 
     # ------------------------------------------------------------------------------- reports, finish
@@ -450,7 +451,7 @@ class Learner:
                 folder,
                 state=state,
                 history=history.as_dict(),
-                config=self.config.to_dict(),
+                config=self.settings.config_record(),
                 position=position.as_dict(),
                 model_spec=self.model_spec.as_dict(),
             )
@@ -467,7 +468,7 @@ class Learner:
         position; by default the end of ``train.epochs``).
         """
         if position is None:
-            position = EpochPosition(self.config.train.epochs).with_steps(self.steps_done)
+            position = EpochPosition(self.settings.epochs).with_steps(self.steps_done)
         self.marks["trained"] = time.time()
         totals = dict(self.tally.totals)
         extra: dict[str, Any] = {
@@ -562,14 +563,14 @@ def _ray_train_report(
     ray.train.report(metrics.to_dict())
 
 
-def _latest_state(config: Config) -> AveragedState | None:
+def _latest_state(run_dir: Path) -> AveragedState | None:
     """The newest loadable checkpoint of the run, as a seed for an averager that holds nothing."""
-    found = checkpoint.load_latest(config.run_dir())
+    found = checkpoint.load_latest(run_dir)
     return None if found is None else found.state
 
 
 def train_loop_per_worker(loop_config: LoopConfig) -> LearnerReport | LearnerStop | None:
-    """Ray Train V2 entry: ``loop_config`` = {"config": Config.to_dict(), "launch": LearnerLaunch}.
+    """Ray Train V2 entry: ``loop_config`` = {"settings": LearnerSettings, "launch": LearnerLaunch}.
 
     Rank 0 returns its final metrics (a ``LearnerReport``), or a ``LearnerStop`` when a checkpoint
     could not be written; the other ranks return None."""
@@ -587,8 +588,9 @@ def train_loop_per_worker(loop_config: LoopConfig) -> LearnerReport | LearnerSto
     from raytrain_seq.runtime.transport import RayTransport
 
     entered = time.time()
-    config, launch = Config.from_dict(loop_config["config"]), loop_config["launch"]
-    if config.train.keep_freed_memory:
+    settings, launch = loop_config["settings"], loop_config["launch"]
+    run_dir = Path(settings.run_dir)  # the driver's Parts.of a named Config: never None here
+    if settings.keep_freed_memory:
         keep_freed_memory()  # every step reallocates what the last one freed (heap.py)
     torch.set_num_threads(launch.torch_threads)
     context = ray.train.get_context()
@@ -598,8 +600,7 @@ def train_loop_per_worker(loop_config: LoopConfig) -> LearnerReport | LearnerSto
     # it once; a resumed run's learners learn their epoch from the averager first).
     started = feed.start.remote(world_size) if rank == 0 and launch.fresh else None
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    quiet_learner(config.run.verbose)  # Ray Train's per-round INFO lines (runtime/logs.py)
-    train = config.train
+    quiet_learner(settings.verbose)  # Ray Train's per-round INFO lines (runtime/logs.py)
     # The worker sees its own GPU(s) only (no process group shares them): make it the current device, as
     # a TorchTrainer would, so that pinned copies and new CUDA tensors land there.
     device = ray.train.torch.get_device()
@@ -611,27 +612,25 @@ def train_loop_per_worker(loop_config: LoopConfig) -> LearnerReport | LearnerSto
         world_size=world_size,
         incarnation=uuid.uuid4().hex,  # this process: a restarted group's learners get new ones
         # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
-        round_timeout_s=3 * train.averager_timeout_s + 120.0,
+        round_timeout_s=3 * settings.averager_timeout_s + 120.0,
         backoff=Backoff(),
-        store=RayStore(timeout_s=3 * train.averager_timeout_s + 120.0, cuda=device.type == "cuda"),
+        store=RayStore(timeout_s=3 * settings.averager_timeout_s + 120.0, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
-        channels=RayChannelEnds() if train.averager_channels else None,
+        channels=RayChannelEnds() if settings.averager_channels else None,
     )
     learner = Learner(
-        config,
+        settings,
         rank=rank,
         world_size=world_size,
         device=device,
         client=client,
-        feed=LearnerFeed(feed, epochs=train.max_epochs),
-        report=functools.partial(
-            _ray_train_report, run_dir=config.run_dir(), keep=config.run.keep_checkpoints
-        ),
+        feed=LearnerFeed(feed, epochs=settings.max_epochs),
+        report=functools.partial(_ray_train_report, run_dir=run_dir, keep=settings.keep_checkpoints),
         keep_final=lambda metrics, folder: checkpoint.put(
-            folder, config.run_dir(), metrics.round, keep=config.run.keep_checkpoints
+            folder, run_dir, metrics.round, keep=settings.keep_checkpoints
         ),
         # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
-        checkpoint_seed=lambda: _latest_state(config),
+        checkpoint_seed=lambda: _latest_state(run_dir),
         metrics=LearnerMetrics(rank),
         validate=not launch.evaluator,  # the driver started an evaluator: it validates
     )
