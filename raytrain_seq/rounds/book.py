@@ -10,7 +10,8 @@ the policy is unit-tested without a cluster or an event loop; ``runtime.averager
 Elastic groups: every learner process joins with a fresh ``incarnation``, so the first join of a new
 process under a known id (or with another world size) starts a new generation: the old group's open
 round is abandoned, members and world size replaced, old incarnations refused. A learner joining
-mid-round takes part in the open round, which can keep the others waiting up to ``timeout_s``.
+mid-round takes part in the open round, which can keep the others waiting up to ``timeout_s``. Live
+groups (``live=True``, ``rounds.group``): a loss (``lose``) or a newcomer changes it at the next close.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from raytrain_seq.checks import check_number
 from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
 from raytrain_seq.members.ids import LearnerId, check_learner
+from raytrain_seq.rounds.group import LiveGroup
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ class RoundClose:
     dropped: tuple[LearnerId, ...]
     opened_at: float
     error: AveragingTimeoutError | None = None
+    group: tuple[LearnerId, ...] | None = None
+    """Live groups: the group after this round (None: unchanged), applied when it finishes."""
 
 
 class RoundBook:
@@ -63,6 +67,7 @@ class RoundBook:
     caller averages) -> finish() -> round n+1 "idle". A learner that joins while n is open starts from
     round n-1's state and is expected in n; one that joins while n is closing takes part from n+1.
     Rounds start at 1 as in Algorithm 1. ``sink`` receives every membership record as it is logged.
+    ``live``: group changes wait for a round's close (``rounds.group``; ``live`` holds them, else None).
     No ray, no asyncio; the clock is injected.
     """
 
@@ -74,6 +79,7 @@ class RoundBook:
         min_learners: int = 1,
         clock: Callable[[], float] = time.monotonic,
         sink: Callable[[dict[str, Any]], None] | None = None,
+        live: bool = False,
     ) -> None:
         self.world_size = check_number("world_size", world_size, 1)
         self.timeout_s = float(check_number("timeout_s", timeout_s, 0.001, int | float))
@@ -95,6 +101,7 @@ class RoundBook:
         self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
+        self.live = LiveGroup() if live else None
 
     @property
     def expected(self) -> list[LearnerId]:
@@ -116,7 +123,8 @@ class RoundBook:
     @property
     def quorum(self) -> int:
         """Arrivals a round needs before it may close early: the world less the dropped and the departed."""
-        return max(1, self.world_size - len(self._dropped) - len(self._gone))
+        lost = set(self.live.lost) - set(self._dropped) - self._gone if self.live is not None else ()
+        return max(1, self.world_size - len(self._dropped) - len(self._gone) - len(lost))
 
     @property
     def first_payload(self) -> Any:
@@ -144,14 +152,6 @@ class RoundBook:
         if self._sink is not None:
             self._sink(record)
 
-    def starts_group(self, learner: LearnerId, world_size: int | None, incarnation: str | None) -> bool:
-        """Whether this join is the first of a new learner group (Ray Train started or restarted one)."""
-        if incarnation is None:
-            return False
-        known = self._incarnations.get(learner)
-        resized = world_size is not None and world_size != self.world_size
-        return self.generation == 0 or resized or (known is not None and known != incarnation)
-
     def regroup(self, world_size: int) -> list[LearnerId]:
         """Start a new generation of ``world_size`` learners; returns the open round's abandoned senders.
 
@@ -172,6 +172,8 @@ class RoundBook:
             {},
         )
         self.world_size, self.generation = world_size, self.generation + 1
+        if self.live is not None:
+            self.live = LiveGroup()
         if first:
             why = "learners rejoined the restarted averager" if self.restarted else "learners started"
         else:
@@ -197,14 +199,19 @@ class RoundBook:
         """Register (or re-register) a learner; returns the round it must send next.
 
         With an ``incarnation`` (one id per learner process) the first join of a new group regroups.
+        Live, once the first group joined: a newcomer, or a new process of a member (the old one is then
+        lost), waits in ``live.joining`` for the next close; it returns the earliest round it can send.
         """
         check_learner(learner)
         if incarnation is not None and incarnation in self._retired:
             why = "its learner group was replaced by a newer one; this process should exit"
             raise MembershipError(learner, world_size or self.world_size, self.world_size, why)
-        if self.starts_group(learner, world_size, incarnation):
+        if _starts_group(self, learner, world_size, incarnation):
             self.regroup(world_size or self.world_size)
-        if world_size is not None and world_size != self.world_size:
+        if self.live is not None and _joins_later(self, learner, incarnation):
+            return self.round + (2 if self.phase == RoundPhase.CLOSING else 1)
+        formed = self.live is not None and self.live.group is not None  # live: the reply gives the size
+        if world_size is not None and world_size != self.world_size and not formed:
             raise MembershipError(learner, world_size, self.world_size)
         members = self._active | self._pending
         if learner not in members and len(members) >= self.world_size:
@@ -224,6 +231,44 @@ class RoundBook:
                 self._expected |= {learner}  # it starts from round n-1's state, so it can send round n
         self._log_member(event, learner, change=returning)
         return self.next_round_for(learner)
+
+    def lose(self, learner: LearnerId, incarnation: str | None = None) -> bool:
+        """Live: ``learner``'s process died. The open round stops waiting for it at once (a payload it
+        sent stays averaged, its rows of the round become missed) and it leaves the group at the next
+        close; a waiting newcomer is forgotten; a launched learner that never joined the forming group
+        is not waited for. Returns whether anything changed: an unknown learner, one lost already, or an
+        ``incarnation`` other than the known one (already replaced) changes nothing."""
+        if self.live is None:
+            raise RuntimeError("lose() needs a live round book: RoundBook(..., live=True)")
+        live, members = self.live, _members(self)
+        known = self._incarnations.get(learner)
+        deciding = live.deciding is not None and learner in live.deciding[2]  # the closing round takes it in
+        if learner in live.joining and incarnation in (None, live.joining[learner]) and not deciding:
+            gone = live.joining.pop(learner)
+            if gone is not None:
+                self._retired.add(gone)
+            self._log_member("lose", learner, "a newcomer was lost while it waited")
+            _apply_if_idle(self)
+            return True
+        if deciding and incarnation in (None, live.joining[learner]):
+            known = live.joining[learner]
+        elif learner in members and learner not in live.lost:
+            if incarnation is not None and known is not None and known != incarnation:
+                return False
+        elif live.group is None and learner not in members | set(live.lost):
+            if len(members | set(live.lost)) >= self.world_size:
+                return False
+            known = incarnation  # a launched learner that never joined the forming group
+        else:
+            return False
+        live.lost[learner] = known
+        if known is not None:
+            self._retired.add(known)
+        if learner not in self._arrivals:
+            self._expected -= {learner}
+        self._log_member("lose", learner, "its process was lost: it leaves at the next close")
+        _apply_if_idle(self)
+        return True
 
     def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good (scale-down); an open round stops waiting for it."""
@@ -258,6 +303,9 @@ class RoundBook:
         if incarnation is not None and self._incarnations.get(learner, incarnation) != incarnation:
             why = "another process of this learner joined since (its group was restarted)"
             raise MembershipError(learner, world_size, self.world_size, why)
+        if self.live is not None and learner in self.live.lost:
+            why = "it was lost: this process should exit (a new process of its slot may join)"
+            raise MembershipError(learner, world_size, self.world_size, why)
         if learner in self._dropped:
             record = self._dropped[learner]
             why = f"it was dropped from round {record['round']}: {record['reason']}"
@@ -287,19 +335,11 @@ class RoundBook:
         self.check(learner, round, world_size, incarnation)
         if self.phase == RoundPhase.IDLE:
             self.phase, self.opening = RoundPhase.OPEN, self.opening + 1
-            self._expected = frozenset(self._active)
+            self._expected = frozenset(self._active - set(self.live.lost if self.live is not None else ()))
             self.opened_at = self._clock()
             self.deadline = self.opened_at + self.timeout_s
         self._arrivals[learner] = payload
         return self.complete
-
-    def _drop(self, learner: LearnerId, reason: str) -> None:
-        record = {"round": self.round, "learner": learner, "reason": reason, "time": time.time()}
-        self._dropped[learner] = record
-        self._active.discard(learner)
-        self.dropped_log.append(record)
-        self._log_member("drop", learner, reason, change=True)
-        logger.warning("averager: dropped learner %r from round %d: %s", learner, self.round, reason)
 
     def close(self) -> RoundClose:
         """Close the open round (complete, or past its deadline): drop the missing, check min_learners.
@@ -315,8 +355,10 @@ class RoundBook:
             raise RuntimeError(f"round {self.round} is waiting for {self.missing} until its deadline")
         missing = self.missing
         for learner in missing:
-            self._drop(
-                learner, f"did not send round {self.round} within {self.timeout_s:g} s of the first arrival"
+            _drop(
+                self,
+                learner,
+                f"did not send round {self.round} within {self.timeout_s:g} s of the first arrival",
             )
         present = self.arrived
         if len(present) < self.quorum:
@@ -333,7 +375,7 @@ class RoundBook:
             return closed
         self.phase = RoundPhase.CLOSING
         pairs = tuple((learner, self._arrivals[learner]) for learner in present)
-        return RoundClose(self.round, pairs, tuple(missing), self.opened_at)
+        return RoundClose(self.round, pairs, tuple(missing), self.opened_at, group=_decide(self))
 
     def drop_unread(self, closed: RoundClose, learners: Any, reason: str) -> RoundClose:
         """While closing: drop ``learners``, whose payloads arrived but could not be read, and return the
@@ -345,7 +387,7 @@ class RoundBook:
             )
         gone = set(learners)
         for learner in _order(gone):
-            self._drop(learner, reason)
+            _drop(self, learner, reason)
         present = tuple(pair for pair in closed.present if pair[0] not in gone)
         dropped = (*closed.dropped, *_order(gone - set(closed.dropped)))
         if len(present) < self.min_learners:
@@ -353,7 +395,7 @@ class RoundBook:
             error = AveragingTimeoutError(self.round, _order(set(dropped)), arrived, self.timeout_s)
             logger.warning("averager: %s", error)
             return RoundClose(self.round, (), dropped, closed.opened_at, error)
-        return RoundClose(self.round, present, dropped, closed.opened_at)
+        return RoundClose(self.round, present, dropped, closed.opened_at, group=closed.group)
 
     def finish(self, ok: bool = True) -> None:
         """After close(): ok advances to the next round; not ok keeps it."""
@@ -361,7 +403,34 @@ class RoundBook:
             raise RuntimeError(f"round {self.round} is {self.phase.value}: call close() first")
         if ok:
             self.round += 1
+            if self.live is not None and self.live.deciding is not None:
+                self._apply_group()
+        elif self.live is not None:
+            self.live.deciding = None  # the changes wait for the round's next close
         self._settle()
+
+    def _apply_group(self) -> None:
+        """Live: the group ``live.deciding`` holds takes over: its lost leave, its newcomers enter."""
+        live = self.live
+        group, lost, joining = live.deciding
+        live.deciding = None
+        for learner in lost:
+            self._active.discard(learner)
+            self._pending.discard(learner)
+            self._dropped.pop(learner, None)
+            self._incarnations.pop(learner, None)
+            live.lost.pop(learner, None)
+        for learner, incarnation in joining.items():
+            if live.joining.get(learner) == incarnation:
+                del live.joining[learner]
+            self._active.add(learner)
+            if incarnation is not None:
+                self._incarnations[learner] = incarnation
+            live.admitted[learner] = incarnation
+        old, self.world_size, live.group = self.world_size, len(group), group
+        live.changes += 1
+        why = f"{_order(lost)} lost, {_order(joining)} joined: group {list(group)} ({old} -> {len(group)})"
+        self._log_member("group", None, why, change=True)
 
     def _settle(self) -> None:
         self.phase, self.opened_at, self.deadline = RoundPhase.IDLE, None, None
@@ -377,3 +446,88 @@ class RoundBook:
         if dropped_log is not None:
             self.dropped_log = [dict(record) for record in dropped_log]
         self._log_member("restore", None, f"from round {last_round}")
+
+
+def _drop(book: RoundBook, learner: LearnerId, reason: str) -> None:
+    record = {"round": book.round, "learner": learner, "reason": reason, "time": time.time()}
+    book._dropped[learner] = record
+    book._active.discard(learner)
+    book.dropped_log.append(record)
+    book._log_member("drop", learner, reason, change=True)
+    logger.warning("averager: dropped learner %r from round %d: %s", learner, book.round, reason)
+
+
+def _starts_group(
+    book: RoundBook, learner: LearnerId, world_size: int | None, incarnation: str | None
+) -> bool:
+    """Whether this join is the first of a new learner group (Ray Train started or restarted one). Live:
+    only the first group (or the learners rejoining a restarted averager); later changes are live."""
+    if incarnation is None:
+        return False
+    if book.live is not None:
+        return book.generation == 0
+    known = book._incarnations.get(learner)
+    resized = world_size is not None and world_size != book.world_size
+    return book.generation == 0 or resized or (known is not None and known != incarnation)
+
+
+def _joins_later(book: RoundBook, learner: LearnerId, incarnation: str | None) -> bool:
+    """Live: whether this join waits for the next close (then it is queued in ``live.joining``): a
+    newcomer, or a new process of a member (whose old one is lost). A member's own process rejoining
+    (a realignment), or a launched learner while the first group forms, joins at once."""
+    live = book.live
+    if book.generation == 0:
+        return False
+    members = _members(book)
+    if learner in members and learner not in live.lost:
+        known = book._incarnations.get(learner)
+        if incarnation is None or known is None or known == incarnation:
+            return False
+        book.lose(learner, known)
+    elif (
+        live.group is None
+        and learner not in members | set(live.lost) | set(live.joining)
+        and len(book._active | book._pending | set(live.lost)) < book.world_size
+    ):
+        return False  # a launched learner of the forming first group
+    old = live.joining.get(learner)
+    if old is not None and old != incarnation:
+        book._retired.add(old)  # an earlier process of this slot that was still waiting
+    live.joining[learner] = incarnation
+    book._log_member("join", learner, "waits for the next round's close")
+    _apply_if_idle(book)
+    return True
+
+
+def _members(book: RoundBook) -> set[LearnerId]:
+    return book._active | book._pending | set(book._dropped)
+
+
+def _decide(book: RoundBook) -> tuple[LearnerId, ...] | None:
+    """Live, at a close: the next group when changes are pending (kept in ``live.deciding`` until the
+    round finishes), else None; a first group complete with nothing pending fixes its ranks."""
+    live = book.live
+    if live is None:
+        return None
+    members = _members(book)
+    if live.group is None and not live.pending and len(members) == book.world_size:
+        live.group = tuple(_order(members))
+    group = live.next_group(members) if live.pending else ()
+    if not group:
+        return None  # nothing pending, or nobody left: the driver decides
+    live.deciding = (group, frozenset(live.lost), dict(live.joining))
+    return group
+
+
+def _apply_if_idle(book: RoundBook) -> None:
+    """Live: apply the pending changes at once when no round is open and no member is left to send
+    one (every sender was lost): the newcomers then start from the latest state."""
+    live = book.live
+    if book.phase != RoundPhase.IDLE or book.generation == 0 or not live.pending:
+        return
+    if (book._active | book._pending) - set(live.lost):
+        return
+    group = live.next_group(_members(book))
+    if group:
+        live.deciding = (group, frozenset(live.lost), dict(live.joining))
+        book._apply_group()

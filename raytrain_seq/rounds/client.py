@@ -7,11 +7,11 @@ averager (``Unreachable``) is retried on the ``Backoff`` schedule, then ``Averag
 silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
 ``AveragingTimeoutError``) is not an error: the client rejoins with ``held`` as the seed and returns a
 decision, ``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went on; continue from
-``reply.state``); a rejoin that finds the same round still due resends the same payload (at most
-``max_rejoins`` times). States arrive as refs and are read at once through the injected ``store``
-(``AveragedState.fetched``), so what the learner holds survives a dead averager. Channels: once a result
-plans a generation, the client links it in a background thread (``channels``, injected) and sends
-through it; any refusal, join or failed write sends the round through the store.
+``reply.state``; a live ``group`` in either sets the world size it sends); a rejoin that finds the same
+round still due resends the same payload (at most ``max_rejoins`` times). States arrive as refs and are
+read at once through the ``store`` (``AveragedState.fetched``), so what the learner holds survives a
+dead averager. Channels: once a result plans a generation, the client links it in a background thread
+(``channels``, injected) and sends through it; any refusal, join or failed write uses the store.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class AveragerClient:
         if reply.state.flat is not None:
             reply = replace(reply, state=reply.state.materialise(self._get))
         self.shards = reply.shards
-        self._take(reply.state, reply.next_round)
+        self._take(reply.state, reply.next_round, reply.group)
         return reply
 
     def start(self, checkpoint_seed: Callable[[], AveragedState | None]) -> JoinReply:
@@ -191,7 +191,7 @@ class AveragerClient:
                     logger.warning("learner %s: round %d's slices were lost (%s): rejoining",
                                    self.learner, sent, exc)  # fmt: skip
                     return Realigned(self.join(seed=self.held), sent)
-            self._take(result.state, result.state.round + 1)
+            self._take(result.state, result.state.round + 1, result.group)
             if result.channels is not None:
                 self._link(result.channels)
             return Averaged(result)
@@ -285,6 +285,8 @@ class AveragerClient:
             self._linking.join(timeout)
         return self.channels is not None and self.channels.generation is not None
 
-    def _take(self, state: AveragedState, next_round: int) -> None:
+    def _take(self, state: AveragedState, next_round: int, group: tuple | None = None) -> None:
         self.next_round, self.batch_size = next_round, state.batch_size
         self.held = None if state.empty else state
+        if group is not None:  # a live group: its size is what this learner sends from now on
+            self.world_size = len(group)

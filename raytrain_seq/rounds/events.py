@@ -33,6 +33,7 @@ __all__ = [
     "EventLog",
     "RunHistory",
     "describe_position",
+    "describe_progress",
     "membership_entries",
     "recovery_entries",
 ]
@@ -362,6 +363,17 @@ def describe_position(position: Mapping | None) -> str:
         return f"start of epoch {position['epoch'] + 1}"
     rows, world = position["rows_done"], position["world_size"]
     return f"epoch {position['epoch'] + 1}, {rows} rows taken by each of {world} learners"
+
+
+def describe_progress(position: Any, shard_rows: int, epochs: int) -> str:
+    """Where a round falls: "epoch 3/10 done" at an epoch's end, or "epoch 4/10, 32/109 rows" inside.
+    A round at a layout's last row (K = -1: every round) still carries that row's position, 109 of 109:
+    the epoch is done there too."""
+    if position.rows_done == 0:
+        return f"epoch {position.epoch}/{epochs} done"
+    if position.rows_done >= shard_rows and not position.history:
+        return f"epoch {position.epoch + 1}/{epochs} done"
+    return f"epoch {position.epoch + 1}/{epochs}, {position.rows_done}/{shard_rows} rows"
 
 
 def membership_entries(membership: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

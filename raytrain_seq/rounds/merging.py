@@ -9,7 +9,8 @@ slices a shard cannot read is dropped from the round (``RoundBook.drop_unread``)
 again. The hub load of each round is recorded. ``result`` turns a closed round into its ``RoundResult``:
 the mean, the batch size decided so far (the batch rule's), the run's clock, and the learners'
 position settled against the latest state's (``rounds.position.settle_dict``: the rows of the layout's
-ranks absent from the round are recorded as missed). No Ray here: the pool is injected
+ranks absent from the round are recorded as missed), dealt over the next group when a live group
+changes at this close (``for_group``; ``rounds.group``). No Ray here: the pool is injected
 (``InProcessShards`` in tests, ``runtime.shards.RayShards`` in a cluster).
 """
 
@@ -30,7 +31,7 @@ from raytrain_seq.dataplane.payload import FlatPayload, merge_extras
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose
-from raytrain_seq.rounds.position import settle_dict
+from raytrain_seq.rounds.position import EpochPosition, settle_dict
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, RoundResult
 
@@ -82,7 +83,7 @@ class RoundMerge:
             flat=flat,
             batch_size=self._batch.size,
             adaptive_state=self._batch.state_dict(),
-            position=self._position(closed.round, arrivals, present),
+            position=self._position(closed, arrivals, present),
             elapsed_s=self._elapsed(),
             source="live",
         )
@@ -92,19 +93,28 @@ class RoundMerge:
             dropped=closed.dropped,
             seconds=time.monotonic() - closed.opened_at,
             weights=tuple(weights),
+            group=closed.group,
         )
         return closed, result
 
-    def _position(self, round: int, arrivals: list, present: list) -> dict | None:
-        """The round's position: the first arrival's, settled (a disagreement is logged)."""
+    def _position(self, closed: RoundClose, arrivals: list, present: list) -> dict | None:
+        """The round's position: the first arrival's, settled (a disagreement is logged), and dealt over
+        the next group when the group changes at this close."""
         positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
         if len(positions) > 1:
-            logger.warning("averager: round %d learners disagree on the position: %s", round, positions)
+            logger.warning(
+                "averager: round %d learners disagree on the position: %s", closed.round, positions
+            )
         if arrivals[0].position is None:
             return None
         # The rows of the layout's ranks absent from this round never reach an averaged state: the
         # position records them as missed, and the layout's end deals them again (rounds.position).
-        return settle_dict(dict(arrivals[0].position), self._latest().position, present, self._rows_cap())
+        # Live groups: the learners are slots, whose ranks are their places in the current group.
+        ranks = present if self._book.live is None else self._book.live.ranks(present)
+        settled = settle_dict(dict(arrivals[0].position), self._latest().position, ranks, self._rows_cap())
+        if closed.group is None:
+            return settled
+        return EpochPosition.from_dict(settled).for_group(len(closed.group)).as_dict()
 
     def tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""

@@ -56,11 +56,13 @@ class AveragerSettings:
     """The step budget (``train.steps``); None: epochs end the run."""
     tracker: str = "none"
     """Live tracking of the run history (``tracking.make_tracker``)."""
+    live: bool = False
+    """Live groups (``rounds.group``): a lost learner or a newcomer changes the group at a round's close."""
 
     def __post_init__(self) -> None:
         # Every setting is checked here, when the settings are built (the driver builds them from a
         # Config, which checked the same fields), so no averager has to be built to find a bad one.
-        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats", "channels"):
+        for name in ("adaptive_batch", "merge_moments", "merge_bn_stats", "channels", "live"):
             flag = getattr(self, name)
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")

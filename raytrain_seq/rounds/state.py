@@ -136,6 +136,8 @@ class RoundResult:
     """A channel generation for this round's learners to link (``dataplane.generations.ChannelPlan``), or None."""
     validate: bool = False
     """The learners score this state's validation: each its share, reported before its next round."""
+    group: tuple[LearnerId, ...] | None = None
+    """Live groups: the group from the next round on (rank = index, world size = length); None: unchanged."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +153,8 @@ class JoinReply:
     """S, the averaging shards: the learner cuts its flat buffers into S slices (``FlatLayout.split``)."""
     validate: bool = False
     """The state's validation is due and the learners score it: this learner scores its share first."""
+    group: tuple[LearnerId, ...] | None = None
+    """Live groups: the group this learner is in (its rank is its index); None: the first group forms."""
 
 
 @dataclass(frozen=True, kw_only=True)

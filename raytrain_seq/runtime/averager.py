@@ -9,9 +9,9 @@ is kept for joins. It is the control plane only: it hands shard i the refs of ev
 (``runtime.shards``) and hands out the merged slices' refs, or, once a group is linked, reads them from
 the channels (``dataplane.generations``). The validations are one ``ValidationMachine`` it feeds and
 obeys; ``report_test`` sums the test pass's shares. Restartable: it reloads the run folder's newest
-checkpoint and ``events.jsonl``, and the first learner ahead re-seeds it (``join(seed=...)``).
-Learners reach it through ``rounds.client.AveragerClient`` over ``runtime.transport.RayTransport``; ray is
-imported only inside the functions that talk to a cluster (docs/ARCHITECTURE.md, "The averaging round").
+checkpoint and ``events.jsonl``, and the first learner ahead re-seeds it (``join(seed=...)``). Live
+groups (``settings.live``, ``rounds.group``): ``lose`` and newcomers change the group at a round's close.
+Learners call it through ``rounds.client.AveragerClient`` (docs/ARCHITECTURE.md, "The averaging round").
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
+from raytrain_seq.rounds.group import GroupChanges
 from raytrain_seq.rounds.held_state import HeldState
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
@@ -143,8 +144,9 @@ class ParameterAverager:
         live = make_tracker(settings.tracker, run_dir)
         events = None if run_dir is None else Path(run_dir) / EVENTS_FILE
         self._history = RunHistory(events, actor=actor, tracker=live)
-        book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners}
+        book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners, "live": settings.live}
         self._book = RoundBook(settings.world_size, **book, sink=self._history.on_member)
+        self._changes = GroupChanges()  # live groups: wakes the newcomers when a close takes them in
         # Who may send a round, the rows cap they send, and how long each waited for the others.
         self._arrivals = Arrivals(self._book, shards=self._pool.count, merge_moments=settings.merge_moments)
         # The open round's future, which its senders await, and the timer that closes it at the deadline.
@@ -191,7 +193,8 @@ class ParameterAverager:
                 raise closed.error
             await self._validating.settle(closed)
             closed, result = await self._merge.result(closed)
-            result = await self._plan_channels(result)
+            if result.group is None:  # a group that changes at this close links no channels
+                result = await _plan_channels(self._channels, self._book, result)
             self._history.record_round(
                 result.state.round,
                 seconds=result.seconds,
@@ -203,6 +206,8 @@ class ParameterAverager:
             if result.state.flat is not None:
                 self._held.reading = self._spawn(self._held.read(result.state))
             self._book.finish(ok=True)
+            if result.group is not None:
+                self._changes.changed()  # the newcomers it took in start from this state
             # A validation round: the evaluator starts on it, or its result asks the learners to score it.
             step = self._validation.on(Averaged(result.state.round, result.state.position))
             if self._validating.act(step, result.state):
@@ -219,16 +224,6 @@ class ParameterAverager:
                 self._wait.future = None
 
     # -------------------------------------------------------------------------------- channels
-    async def _plan_channels(self, result: RoundResult) -> RoundResult:
-        """A round that every member took part in, through the store, plans a channel generation for
-        them (``dataplane.generations``): the result tells them to link."""
-        flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
-        book = self._book
-        plan = await self._channels.plan(
-            result.learners, book.expected, result.dropped, flat, book.world_size
-        )
-        return result if plan is None else dataclasses.replace(result, channels=plan)
-
     async def link(self, generation: int, learner: LearnerId, link: Link) -> list[Any] | None:
         """A member's channels for ``generation`` (``ChannelSession.link``); None: its rounds go through
         the store."""
@@ -248,7 +243,8 @@ class ParameterAverager:
         incarnation: one id per learner process; the first join of a new process starts a new group
         (Ray Train restarted or resized it). seed: the learner's last averaged state, adopted when newer
         than the averager's (after an averager restart), so no finished round is lost. node: the
-        learner's node id, where shard ``learner`` is placed (a hint).
+        learner's node id, where shard ``learner`` is placed (a hint). Live: a newcomer (or a new
+        process of a member) waits for the close that takes it in; the reply carries the group.
         """
         check_learner(learner)
         self._recovery.check_seed(seed)
@@ -258,9 +254,15 @@ class ParameterAverager:
         while self._book.phase is RoundPhase.CLOSING and self._wait.future is not None:
             await asyncio.wait({self._wait.future})  # the round's outcome is its senders' business
         self._channels.end(f"learner {learner!r} (re)joined")
-        generation = self._book.generation
+        generation, live = self._book.generation, self._book.live
+        changes = None if live is None else live.changes
         self._book.join(learner, world_size, incarnation)
-        if self._book.generation != generation:
+        live = self._book.live  # a new generation starts a new one
+        if live is not None and live.waiting(learner, incarnation):
+            if live.changes != changes:
+                self._changes.changed()  # applied at once: nobody was left to close a round
+            await self._changes.admitted(live, learner, incarnation)
+        elif self._book.generation != generation:
             self._channels.end("the learner group was restarted")
             self._wait.fail("the learner group was restarted")
             self._recovery.on_new_group(self._state)
@@ -278,6 +280,7 @@ class ParameterAverager:
             shards=self._pool.count,
             # The learners score a due validation of the state they start from (a resumed run's).
             validate=validate,
+            group=None if self._book.live is None else self._book.live.group,
         )
 
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
@@ -396,6 +399,20 @@ class ParameterAverager:
         self._channels.end(f"the group was resized to {world_size}")
         self._book.set_world_size(world_size)
 
+    async def lose(self, learner: LearnerId, incarnation: str | None = None) -> bool:
+        """Live groups: ``learner``'s process is dead (the driver saw its actor fail). The open round
+        stops waiting for it and closes if everyone else is in; the group shrinks at that close. Returns
+        whether anything changed (an unknown or already replaced incarnation: nothing)."""
+        changes = self._book.live.changes if self._book.live is not None else None
+        if not self._book.lose(learner, incarnation):
+            return False
+        self._channels.end(f"learner {learner!r} was lost")
+        if self._book.complete:
+            self._wait.start_close()
+        if self._book.live.changes != changes:
+            self._changes.changed()  # applied at once: nobody was left to close a round
+        return True
+
     async def leave(self, learner: LearnerId) -> None:
         """Remove a learner for good; an open round stops waiting for it."""
         self._channels.end(f"learner {learner!r} left")
@@ -447,6 +464,14 @@ class ParameterAverager:
             # The driver raises it: no validation round was scored.
             validator_error=self._validating.validator_error(),
         )
+
+
+async def _plan_channels(channels: ChannelSession, book: RoundBook, result: RoundResult) -> RoundResult:
+    """A round that every member took part in, through the store, plans a channel generation for them
+    (``dataplane.generations``): the result tells them to link."""
+    flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
+    plan = await channels.plan(result.learners, book.expected, result.dropped, flat, book.world_size)
+    return result if plan is None else dataclasses.replace(result, channels=plan)
 
 
 def _self_reader() -> tuple[Any, str]:

@@ -38,6 +38,8 @@ from raytrain_seq.outputs import accounting
 from raytrain_seq.outputs.reports import LearnerReport, LearnerStop, RoundMetrics
 from raytrain_seq.parts import LearnerSettings
 from raytrain_seq.rounds.client import AveragerClient, Realigned
+from raytrain_seq.rounds.events import describe_progress
+from raytrain_seq.rounds.group import place
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
@@ -174,6 +176,8 @@ class Learner:
         if self.validates:
             self._assemble_ahead("val", shard=True)  # this learner's validation rows, while it joins
         reply = self.client.start(self.checkpoint_seed)
+        if reply.group is not None:  # live groups: a newcomer's rank and world size are its group's
+            self.rank, self.world_size = place(reply.group, self.client.learner)
         self.marks["joined"] = time.time()
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
@@ -292,8 +296,8 @@ class Learner:
     def average(self, position: EpochPosition) -> EpochPosition | None:
         """One averaging round; ``position`` is where training stands once it is averaged (at a layout's
         end: its last row). Returns the position to continue from when it is not ``position``'s place (the
-        layout ended: the next epoch or a make-up layout of rows a dropped learner missed; or the others
-        went on without this learner), else None."""
+        layout ended: the next epoch or a make-up layout of rows a dropped learner missed; the others went
+        on without this learner; or a live group moved its rank: its shard is re-read), else None."""
         stats = self.tally.flush()
         # The epoch of the rows since the last round: an epoch ends on a round, so they share one.
         epoch = position.epoch - 1 if position.rows_done == 0 else position.epoch
@@ -302,6 +306,10 @@ class Learner:
         decision = self.rounds.sync(stats=stats, position=position, rows=self.shard_rows or None)
         self.metrics.add("averaging_seconds", self.rounds.last_seconds)
         self.metrics.set("batch_size", self.client.batch_size)
+        before = (self.rank, self.world_size)
+        group = decision.reply.group if isinstance(decision, Realigned) else decision.result.group
+        if group is not None:  # live groups: the group changed at this close; the shard is re-read
+            self.rank, self.world_size = place(group, self.client.learner)
         if isinstance(decision, Realigned):
             state = decision.reply.state
             self._catch_up_reports(decision)
@@ -314,7 +322,7 @@ class Learner:
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
                 time.perf_counter() - self.started, result.state.round,
-                _progress(position, self.shard_rows, self.settings.epochs), stats["loss"],
+                describe_progress(position, self.shard_rows, self.settings.epochs), stats["loss"],
                 self.client.batch_size, self.rounds.last_seconds,
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
@@ -324,7 +332,7 @@ class Learner:
         final = self.finished(after)
         if checkpoint.is_due(round_, every=self.settings.checkpoint_every, final=final):
             self._report(after, with_checkpoint=True)
-        return None if after.same_place(position) else after
+        return None if after.same_place(position) and before == (self.rank, self.world_size) else after
 
     def _settled(self, state: AveragedState, sent: EpochPosition) -> EpochPosition:
         """Where training goes on after an averaged round: the averaged state's position (the averager
@@ -525,17 +533,6 @@ def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
     world = position.world_size or 1
     total = done + world * max(shard_rows, position.rows_done)
     return position.epoch + (done + world * position.rows_done) / max(total, 1)
-
-
-def _progress(position: EpochPosition, shard_rows: int, epochs: int) -> str:
-    """Where a round falls: "epoch 3/10 done" at an epoch's end, or "epoch 4/10, 32/109 rows" inside.
-    A round at a layout's last row (K = -1: every round) still carries that row's position, 109 of 109:
-    the epoch is done there too."""
-    if position.rows_done == 0:
-        return f"epoch {position.epoch}/{epochs} done"
-    if position.rows_done >= shard_rows and not position.history:
-        return f"epoch {position.epoch + 1}/{epochs} done"
-    return f"epoch {position.epoch + 1}/{epochs}, {position.rows_done}/{shard_rows} rows"
 
 
 # --------------------------------------------------------------------------------------------- ray glue
