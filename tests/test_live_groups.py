@@ -1,0 +1,199 @@
+"""Live groups (issue 53) without a cluster: the round book's live transitions and the averager's lose.
+
+Contracts pinned: in a live book (``RoundBook(live=True)``) a lost learner stops the open round waiting
+for it at once and leaves the group at that round's close, which publishes the next group; a newcomer
+(or a new process of a member) waits for the next close; old incarnations are refused, survivors are
+never asked to rejoin; a book nobody is left to close a round in applies the change at once; a non-live
+book keeps today's behaviour (``lose`` refused). The averager's ``lose`` closes the open round, whose
+mean is the single-process mean of the present updates and whose position is dealt over the new group;
+a newcomer's join returns after that close with the group, the state and its position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from averager_fixtures import local_averager
+
+from raytrain_seq.algorithms.averaging import average_states
+from raytrain_seq.members.errors import MembershipError
+from raytrain_seq.rounds.book import RoundBook, RoundPhase
+from raytrain_seq.rounds.group import place
+from raytrain_seq.rounds.position import EpochPosition, settle
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _live_book(world: int = 3, **kwargs) -> RoundBook:
+    book = RoundBook(world, timeout_s=5.0, clock=FakeClock(), live=True, **kwargs)
+    for slot in range(world):
+        assert book.join(slot, world, incarnation=f"p{slot}") == 1
+    return book
+
+
+def _round(book: RoundBook, senders, world: int):
+    """Every sender sends the open round; returns the close once the book says it may close."""
+    complete = False
+    for slot in senders:
+        complete = book.arrive(slot, book.round, world, f"payload{slot}", incarnation=f"p{slot}")
+    return complete
+
+
+# ------------------------------------------------------------------------------------------ the book
+def test_a_lost_learner_stops_the_open_round_waiting_and_leaves_at_its_close():
+    book = _live_book()
+    assert not _round(book, [0, 1], 3) and book.missing == [2]
+    assert book.lose(2, "p2") and book.complete  # no deadline needed
+    assert not book.lose(2, "p2") and not book.lose(7)  # idempotent; an unknown slot changes nothing
+    closed = book.close()
+    assert [slot for slot, _ in closed.present] == [0, 1] and closed.dropped == () and closed.group == (0, 1)
+    assert book.world_size == 3  # the group changes when the round finishes, not before
+    book.finish()
+    assert (book.round, book.world_size, book.live.group, book.live.lost) == (2, 2, (0, 1), {})
+    assert book.dropped_log == [] and book.live.changes == 1 and book.generation == 1
+    # Survivors send the next round with the new size, as the same processes: nothing asks them to rejoin.
+    assert _round(book, [0, 1], 2)
+    # The lost process is refused (its incarnation was retired), whatever it sends.
+    with pytest.raises(MembershipError, match="replaced by a newer one"):
+        book.join(2, 3, incarnation="p2")
+    records = [r for r in book.membership_log if r["event"] in ("lose", "group")]
+    assert [r["event"] for r in records] == ["group", "lose", "group"] and records[2]["change"]
+    records = records[1:]  # the first: the launched group started
+    assert "[2] lost" in records[1]["detail"] and "(3 -> 2)" in records[1]["detail"]
+
+
+def test_a_payload_sent_before_the_loss_stays_averaged_and_a_stale_incarnation_is_a_no_op():
+    book = _live_book()
+    _round(book, [2, 0], 3)
+    assert not book.lose(2, "an-older-process")  # not the known process: already replaced
+    assert book.lose(2)
+    assert not book.complete and book.missing == [1]  # slot 1 is still expected
+    with pytest.raises(MembershipError, match="it was lost"):
+        book.check(2, 1, 3, incarnation="p2")
+    assert _round(book, [1], 3)
+    closed = book.close()
+    assert [slot for slot, _ in closed.present] == [0, 1, 2] and closed.group == (0, 1)
+
+
+def test_a_newcomer_waits_for_the_next_close_and_a_new_process_of_a_member_replaces_it():
+    book = _live_book()
+    assert book.join(5, incarnation="n5") == 2  # queued: enters at the close of round 1
+    assert book.live.waiting(5, "n5") and book.world_size == 3 and 5 not in book.expected
+    _round(book, [0], 3)
+    assert 5 not in book.expected
+    # Slot 1's process restarted before the driver's lose: lose(old) + a newcomer.
+    assert book.join(1, 3, incarnation="q1") == 2
+    assert book.live.lost == {1: "p1"} and book.live.waiting(1, "q1") and book.missing == [2]
+    assert _round(book, [2], 3)
+    closed = book.close()
+    assert closed.group == (0, 1, 2, 5)
+    book.join(6, incarnation="n6")  # joins while the round closes: it enters at the next close
+    book.finish()
+    assert (book.world_size, book.live.group, book.live.admitted) == (4, (0, 1, 2, 5), {1: "q1", 5: "n5"})
+    assert book.live.joining == {6: "n6"}
+    assert place(book.live.group, 5) == (3, 4)
+    assert _round(book, [0, 2], 4) is False  # the newcomers are expected from now on
+    book.arrive(1, 2, 4, "new1", incarnation="q1")
+    assert book.arrive(5, 2, 4, "p5", incarnation="n5")
+    with pytest.raises(MembershipError, match="another process of this learner"):
+        book.check(1, 2, 4, incarnation="p1")
+    assert book.close().group == (0, 1, 2, 5, 6)
+
+
+def test_changes_apply_at_once_when_nobody_is_left_to_close_a_round():
+    book = _live_book(2)
+    assert _round(book, [0, 1], 2)
+    book.close()
+    book.finish()
+    assert book.lose(0) and book.lose(1) and book.live.changes == 0  # pending: no group would be left
+    assert book.join(9, incarnation="n9")
+    assert book.live.changes == 1 and book.live.group == (9,) and book.world_size == 1
+    assert book.phase is RoundPhase.IDLE and book.round == 2 and not book.live.pending
+
+
+def test_a_launched_learner_that_never_joined_is_not_waited_for():
+    """While the first group forms (ids are ranks), lose() of a launched slot that never joined lets the
+    round close without a deadline, and that close fixes the group without it."""
+    book = RoundBook(3, timeout_s=5.0, clock=FakeClock(), live=True)
+    for slot in (0, 1):
+        book.join(slot, 3, incarnation=f"p{slot}")
+    _round(book, [0, 1], 3)
+    assert not book.complete and book.quorum == 3
+    assert book.lose(2) and book.complete and book.quorum == 2
+    assert book.close().group == (0, 1)
+    book.finish()
+    assert book.world_size == 2 and book.live.ranks([0, 1]) == [0, 1]
+
+
+def test_a_round_that_fails_keeps_the_changes_pending_and_a_plain_book_refuses_lose():
+    book = _live_book(3, min_learners=2)
+    _round(book, [0], 3)
+    book.lose(1)
+    book.lose(2)
+    closed = book.close()
+    assert closed.error is not None and closed.group is None  # fewer than min_learners: no group
+    assert book.live.lost.keys() == {1, 2} and book.world_size == 3
+    plain = RoundBook(2, timeout_s=5.0, clock=FakeClock())
+    with pytest.raises(RuntimeError, match="live round book"):
+        plain.lose(0)
+
+
+# -------------------------------------------------------------------------------------- the averager
+def _params(slot: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.arange(4, dtype=torch.float32) * (slot + 1), "b": torch.full((2,), float(slot))}
+
+
+def test_the_averager_closes_on_lose_with_the_present_mean_and_a_waiting_join_gets_the_new_group():
+    """Three slots at rows 2 of 4: slot 2 is lost before sending round 1. lose() closes the round at once
+    (timeout 60 s) with the mean of slots 0 and 1, exactly a single-process mean of those two updates;
+    the group shrinks to (0, 1) and the position records slot 2's rows as missed, dealt over the two. A
+    newcomer's join waits for the next close (round 2) and gets its state, the group and the position."""
+
+    async def scenario():
+        averager = local_averager(3, timeout_s=60.0, live=True, batch_size=2, adaptive_batch=False)
+        for slot in range(3):
+            await averager.join(slot, 3, incarnation=f"p{slot}")
+
+        def send(slot: int, round_: int, world: int, position: EpochPosition) -> asyncio.Future:
+            return asyncio.ensure_future(averager.average(
+                slot, round_, world, _params(slot), None, weight=1.0 + slot, position=position.as_dict(),
+                rows=4 if world == 3 else 5, incarnation=f"p{slot}",
+            ))  # fmt: skip
+
+        sends = [send(s, 1, 3, EpochPosition(0, (), 3, 2, steps=1)) for s in (0, 1)]
+        await asyncio.sleep(0.05)
+        assert not any(f.done() for f in sends)  # everyone waits for slot 2
+        assert not await averager.lose(2, "other-process") and await averager.lose(2, "p2")
+        first = await asyncio.wait_for(asyncio.gather(*sends), 5)
+        newcomer = asyncio.ensure_future(averager.join(7, incarnation="n7"))
+        await asyncio.sleep(0.05)
+        assert not newcomer.done()  # it waits for round 2's close
+        at = EpochPosition.from_dict(first[0].state.position).after(1).with_steps(2)
+        sends = [send(s, 2, 2, at) for s in (0, 1)]
+        second = await asyncio.wait_for(asyncio.gather(*sends), 5)
+        reply = await asyncio.wait_for(newcomer, 5)
+        return first[0], second[0], reply, await averager.summary()
+
+    first, second, reply, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert first.group == (0, 1) and first.learners == (0, 1)
+    expected = average_states([_params(0), _params(1)], [1.0, 2.0])
+    assert all(torch.allclose(first.state.params[k], expected[k]) for k in expected)
+    settled = settle(EpochPosition(0, (), 3, 2, steps=1), None, [0, 1], 4)
+    assert settled.missed == ((2, 0, 2),)
+    dealt = EpochPosition.from_dict(first.state.position)
+    assert dealt == settled.for_group(2) == EpochPosition(0, ((3, 2, ((2, 0, 2),)),), 2, 0, steps=1)
+    assert second.group == (0, 1, 7) and second.learners == (0, 1)
+    assert EpochPosition.from_dict(second.state.position) == EpochPosition(
+        0, ((3, 2, ((2, 0, 2),)), (2, 1)), 3, 0, steps=2
+    )
+    assert reply.group == (0, 1, 7) and reply.world_size == 3 and reply.next_round == 3
+    assert reply.state.round == 2 and reply.state.position == second.state.position
+    assert summary.world_size == 3 and summary.dropped == []  # no timeout, no drop
