@@ -197,3 +197,222 @@ def test_the_averager_closes_on_lose_with_the_present_mean_and_a_waiting_join_ge
     assert reply.group == (0, 1, 7) and reply.world_size == 3 and reply.next_round == 3
     assert reply.state.round == 2 and reply.state.position == second.state.position
     assert summary.world_size == 3 and summary.dropped == []  # no timeout, no drop
+
+
+# ------------------------------------------------------------------------- learners, a loss and a join
+class _Lost(Exception):
+    """The doomed learner's process dies here."""
+
+
+class _Dying:
+    """A row stream that kills its learner on its ``dies_at``-th take."""
+
+    def __init__(self, stream, dies_at: int) -> None:
+        self.stream, self.takes, self.dies_at = stream, 0, dies_at
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.stream.wait_seconds
+
+    def take(self, n: int):
+        self.takes += 1
+        if self.takes == self.dies_at:
+            raise _Lost("the learner's node was lost")
+        return self.stream.take(n)
+
+
+class _PlanFeed:
+    """A feed that serves a real packing plan's layouts (``layout_specs``) as rows carrying their video ids,
+    the same plan every epoch; slot ``doomed`` dies at its 3rd take; epochs >= 1 wait for ``gate``."""
+
+    def __init__(self, doomed: int, gate) -> None:
+        import numpy as np
+
+        from raytrain_seq.algorithms.packing import pack
+        from raytrain_seq.rows.assembly import plan_specs
+
+        rng = np.random.default_rng(5)
+        lengths = rng.integers(3, 9, size=40)
+        plan = pack(lengths, 12, seed=5)
+        ids, labels = (np.arange(40) + 100).tolist(), (np.arange(40) % 4).tolist()
+        fresh = rng.random(40) < 0.4
+        self.split = lambda w: plan_specs(plan, w, ids, labels, fresh)
+        self.plan_ids = [i for spec in self.split(1)[0] for i in spec.ids]
+        self.doomed, self.gate = doomed, gate
+        self.rows_served: list[tuple] = []
+
+    def model_spec(self):
+        from test_learner_loop import Feed
+
+        return Feed().model_spec()
+
+    def eval_rows(self, split, rank=0, world_size=1, *, uncropped=False):
+        from test_learner_loop import Feed
+
+        return Feed().eval_rows(split, rank, world_size, uncropped=uncropped)
+
+    def _row(self, spec) -> dict:
+        import numpy as np
+        from test_learner_loop import SIZE, T_MAX
+
+        rng = np.random.default_rng(abs(hash((spec.plan_index, spec.offsets))) % 2**32)
+        frames = np.zeros((T_MAX, SIZE, SIZE, 3), dtype=np.uint8)
+        frames[: sum(spec.lengths)] = rng.integers(0, 256, size=(sum(spec.lengths), SIZE, SIZE, 3))
+        pad = 4 - len(spec.ids)
+        return {
+            "frames": frames,
+            "starts": np.array([*spec.starts, *[-1] * pad], dtype=np.int64),
+            "lengths": np.array([*spec.lengths, *[-1] * pad], dtype=np.int64),
+            "labels": np.array([*spec.labels, *[-1] * pad], dtype=np.int64),
+            "num_sequences": np.array(len(spec.ids), dtype=np.int64),
+            "weight": np.array(spec.weight, dtype=np.float32),
+            "block": np.array(spec.plan_index, dtype=np.int64),
+            "ids": np.array([*spec.ids, *[-1] * pad], dtype=np.int64),
+        }
+
+    def for_slot(self, slot: int):
+        feed = self
+
+        class Mine:
+            model_spec, eval_rows = feed.model_spec, feed.eval_rows
+
+            def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
+                from test_learner_loop import Rows
+
+                from raytrain_seq.rounds.position import layout_specs
+                from raytrain_seq.rows.assembly import BlockRowStream
+
+                if epoch >= 1 and not feed.gate.wait(60):
+                    raise TimeoutError("the newcomer never queued")
+                specs = layout_specs(feed.split, history, world_size)
+                rows = [feed._row(spec) for spec in specs[rank][skip:]]
+                feed.rows_served.append((slot, epoch, rank, world_size, len(history), skip))
+                stream = BlockRowStream(Rows(rows)) if rows else None
+                if slot == feed.doomed and stream is not None:
+                    stream = _Dying(stream, 3)
+                return stream, len(specs[0])
+
+        return Mine()
+
+
+def test_survivors_train_on_through_a_loss_and_a_newcomer_and_every_row_is_averaged_once():
+    """Three learners (slots 0-2) against one live in-process averager; slot 2's process dies in epoch 0
+    after its first round and the driver calls lose(); later slot 5 joins as a newcomer. The survivors
+    never rejoin and never see a refusal, the group becomes (0, 1) then (0, 1, 5), no round waits for
+    a timeout, and over three epochs the averaged rounds hold every video id of the plan exactly once an
+    epoch (the averager's accounting against the plan's checksum)."""
+    import threading
+    import time
+
+    from conftest import InProcess
+    from test_learner_loop import _client, _config
+
+    from raytrain_seq.outputs import accounting
+    from raytrain_seq.parts import Parts
+    from raytrain_seq.runtime.learner import Learner
+
+    class Recording(InProcess):
+        def __call__(self, method, *args, timeout=None, **kwargs):
+            slot = args[0] if args and method in ("join", "average") else None
+            self.log.append((method, slot))
+            try:
+                return super().__call__(method, *args, timeout=timeout, **kwargs)
+            except Exception as exc:
+                self.errors.append((method, slot, type(exc).__name__))
+                raise
+
+    config = _config(epochs=3, k=1, checkpoint_every=100)
+    gate = threading.Event()
+    feed = _PlanFeed(doomed=2, gate=gate)
+    averager = local_averager(3, timeout_s=120.0, live=True, batch_size=2, adaptive_batch=False)
+    transport = Recording(averager)
+    transport.log, transport.errors = [], []
+    outcome: dict[int, object] = {}
+
+    def learner(slot: int, world: int, incarnation: str) -> Learner:
+        client = _client(transport, learner=slot, world_size=world, incarnation=incarnation)
+        return Learner(
+            Parts.of(config).learner, rank=slot if slot < world else 0, world_size=world, device="cpu",
+            client=client, feed=feed.for_slot(slot), report=lambda m, f: None,
+            keep_final=lambda m, f: None, validate=False,
+        )  # fmt: skip
+
+    def run(slot: int, learner: Learner) -> None:
+        try:
+            learner.run()
+            outcome[slot] = learner
+        except BaseException as exc:  # the doomed learner's death, or a failure the test reports
+            outcome[slot] = exc
+
+    learners = {slot: learner(slot, 3, f"p{slot}") for slot in range(3)}
+    threads = {slot: threading.Thread(target=run, args=(slot, one)) for slot, one in learners.items()}
+    try:
+        for thread in threads.values():
+            thread.start()
+        threads[2].join(120)
+        assert isinstance(outcome.get(2), _Lost), outcome.get(2)
+        assert transport("lose", 2, "p2") is True
+        live = averager._book.live
+        deadline = time.monotonic() + 60
+        while live.changes < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the survivors' open round closes on the loss
+        assert live.group == (0, 1)
+        newcomer = learner(5, 1, "n5")
+        threads[5] = threading.Thread(target=run, args=(5, newcomer))
+        threads[5].start()
+        while 5 not in live.joining and 5 not in live.admitted and time.monotonic() < deadline:
+            time.sleep(0.02)  # queued for the next close (which may have taken it in already)
+        assert 5 in live.joining or live.admitted == {5: "n5"}
+        gate.set()
+        for slot in (0, 1, 5):
+            threads[slot].join(180)
+        summary = transport("summary")
+    finally:
+        gate.set()
+        transport.close()
+    assert all(isinstance(outcome[s], Learner) for s in (0, 1, 5)), outcome
+    assert live.group == (0, 1, 5) and summary.world_size == 3
+    assert [(learners[s].rank, learners[s].world_size) for s in (0, 1)] == [(0, 3), (1, 3)]
+    assert (newcomer.rank, newcomer.world_size) == (2, 3)
+    # Survivors never rejoined nor were refused; nothing was dropped at a deadline.
+    assert [m for m, s in transport.log if m == "join" and s in (0, 1)] == ["join", "join"]
+    assert transport.errors == [] and summary.dropped == []
+    assert all(learners[s].steps_done == newcomer.steps_done for s in (0, 1))
+    # Every video id of the plan reached exactly one averaged round in each epoch.
+    want = accounting.checksum(feed.plan_ids)
+    assert accounting.per_epoch(summary.learners) == {e: want for e in range(3)}
+    # Not vacuous: the survivors re-read their shards in epoch 0 under the new group, and slot 5 trained.
+    assert any(s in (0, 1) and e == 0 and w == 2 for s, e, _, w, _, _ in feed.rows_served)
+    assert any(s == 5 for s, *_ in feed.rows_served) and summary.learners[5]["rounds"] > 0
+    assert summary.learners[2]["rounds"] == 1
+
+
+# ------------------------------------------------------------------------------- the actor on local ray
+RAY_CLUSTER = {"log_to_driver": False}
+
+
+def test_the_actor_loses_a_learner_and_answers_a_waiting_join_at_the_next_close(ray_cluster):
+    """Through Ray: lose() is an actor method that closes the open round at once (timeout 60 s), whose
+    result carries the group (0,); a newcomer's join stays pending until the next round closes, then
+    answers with the group (0, 4), rank 1 of 2."""
+    from raytrain_seq.rounds.settings import AveragerSettings
+    from raytrain_seq.runtime.averager import create_averager
+
+    ray = ray_cluster
+    actor = create_averager("avg-live", AveragerSettings(world_size=2, timeout_s=60.0, live=True))
+    try:
+        ray.get([actor.join.remote(slot, 2, incarnation=f"p{slot}") for slot in (0, 1)], timeout=60)
+        first = actor.average.remote(0, 1, 2, _params(0), None, incarnation="p0")
+        assert ray.get(actor.lose.remote(1, "p1"), timeout=30) is True
+        result = ray.get(first, timeout=30)
+        assert result.group == (0,) and result.learners == (0,)
+        assert ray.get(actor.lose.remote(1, "p1"), timeout=30) is False
+        joining = actor.join.remote(4, incarnation="n4")
+        ready, _ = ray.wait([joining], timeout=1.0)
+        assert not ready  # it waits for round 2's close
+        second = ray.get(actor.average.remote(0, 2, 1, _params(0), None, incarnation="p0"), timeout=30)
+        reply = ray.get(joining, timeout=30)
+        assert second.group == (0, 4) and reply.group == (0, 4) and place(reply.group, 4) == (1, 2)
+        assert reply.state.round == 2 and reply.next_round == 3 and reply.world_size == 2
+    finally:
+        ray.kill(actor)
