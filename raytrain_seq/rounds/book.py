@@ -91,7 +91,7 @@ class RoundBook:
         self._expected: frozenset[LearnerId] = frozenset()
         self._arrivals: dict[LearnerId, Any] = {}
         self._dropped: dict[LearnerId, dict[str, Any]] = {}
-        self._incarnations: dict[LearnerId, str] = {}
+        self.incarnations: dict[LearnerId, str] = {}  # this generation's learners -> their processes' ids
         self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
@@ -148,7 +148,7 @@ class RoundBook:
         """Whether this join is the first of a new learner group (Ray Train started or restarted one)."""
         if incarnation is None:
             return False
-        known = self._incarnations.get(learner)
+        known = self.incarnations.get(learner)
         resized = world_size is not None and world_size != self.world_size
         return self.generation == 0 or resized or (known is not None and known != incarnation)
 
@@ -163,8 +163,8 @@ class RoundBook:
         check_number("world_size", world_size, max(1, self.min_learners))
         abandoned = self.abandon()
         old, first = self.world_size, self.generation == 0
-        self._retired |= set(self._incarnations.values())
-        self._active, self._pending, self._gone, self._dropped, self._incarnations = (
+        self._retired |= set(self.incarnations.values())
+        self._active, self._pending, self._gone, self._dropped, self.incarnations = (
             set(),
             set(),
             set(),
@@ -215,7 +215,7 @@ class RoundBook:
         self._dropped.pop(learner, None)
         self._gone.discard(learner)
         if incarnation is not None:
-            self._incarnations[learner] = incarnation
+            self.incarnations[learner] = incarnation
         if self.phase == RoundPhase.CLOSING and learner not in self._arrivals:
             self._pending.add(learner)  # the round is being averaged without it: it takes part in the next
         else:
@@ -255,7 +255,7 @@ class RoundBook:
         check_number("round", round, 1)
         if world_size != self.world_size:
             raise MembershipError(learner, world_size, self.world_size)
-        if incarnation is not None and self._incarnations.get(learner, incarnation) != incarnation:
+        if incarnation is not None and self.incarnations.get(learner, incarnation) != incarnation:
             why = "another process of this learner joined since (its group was restarted)"
             raise MembershipError(learner, world_size, self.world_size, why)
         if learner in self._dropped:
