@@ -476,13 +476,15 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
         # Recovered: the group has the size the learner slots allow (a node's loss or gain has taken
         # effect: Ray Train restarted the group), then RECOVERY_ROUNDS more rounds were averaged.
         size = min(2, len(soak.slots))
-        soak.wait(lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}")
+        grouped = soak.wait(
+            lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}"
+        )
         settled = max(averaged_round(soak) or 0, round_at)
-        soak.wait(
+        enough = soak.wait(
             lambda r=settled: (averaged_round(soak) or 0) >= r + RECOVERY_ROUNDS, f"recovery from {kind}"
         )
         injected[-1]["recovered_s"] = round(time.monotonic() - began, 1)
-        recovered_at = time.time()
+        recovered_at = time.time() if grouped and enough else None  # None: the run ended first
         after = soak.wait(soak.processes, "the learner processes in the averager's report") or ()
         added = (soak.added_node, up_at) if kind == "node_added" and soak.added_node else None
         lost = tuple(soak.lost_nodes)

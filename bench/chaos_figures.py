@@ -7,11 +7,11 @@ killed node or the stalled one is the event's lost learner; the others are its s
 ``first_step_wall`` (a ``redo`` replaces its round's first record). Per event:
 ``survivor_restarts``: survivors' incarnations in neither the recovered report nor a later round;
 ``survivor_steps_ratio``: the survivors' processes' steps per second in the rounds closed during the
-recovery window over those in a window of equal length just before the injection (clamped at the run's
-first round); 0.0 when they did not step, None when they did not step before it either;
-``replacement_first_step_s``: from the injection (a stall) or from the next added node's being up (a
-killed node) to the first step a round holds from a learner on the lost learner's or the added node;
-None when the event lost no learner or no node came back. Plain Python: no ray.
+recovery over those in a window of equal length just before the injection, which starts no earlier than
+the run's first round or the last event's recovery; 0.0 when they did not step, None without a step before;
+``replacement_first_step_s``: from the injection (a stall) or the next added node's being up (a killed
+node) to the first step a round holds from a learner on the lost learner's or the added node; None when
+nobody was lost or no node came back. All are None for an event the run ended before it recovered. No ray.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ Process = tuple[str, "str | None"]  # (incarnation, node)
 
 NOTES = {
     "survivor_restarts": "learner processes not lost in an event yet gone after it (a new incarnation "
-    "in their place); null: the averager's report named no process before the event",
+    "in their place); null: the averager's report named no process before or after the event",
     "survivor_steps_ratio": "survivors' steps per second, rounds closed during the recovery over a window "
-    "of equal length before the fault (which may hold the previous event's recovery); null: the survivors "
-    "took no step before the fault",
+    "of equal length before the fault, cut short where it would reach back into the run's start or the "
+    "previous event's recovery; null: the survivors took no step in that window",
     "replacement_first_step_s": "fault (a stall) or the next added node up (a killed node) to the first "
     "step of a learner on the lost learner's or the added node; null: the event lost no learner "
     "(node_added, averager_killed, feed_killed, shard_killed) or no node came back",
+    "null figures": "every figure of an event is null when the run ended before the event recovered",
 }
 
 
@@ -40,7 +41,7 @@ class Probe:
 
     kind: str
     injected_at: float
-    recovered_at: float
+    recovered_at: float | None  # None: the run ended before the event recovered
     before: tuple[Process, ...]  # the report's processes just before the injection
     after: tuple[Process, ...]  # and once recovered
     lost_nodes: tuple[str, ...] = ()  # the nodes whose learner the event took (killed, stalled)
@@ -91,7 +92,7 @@ def survivors(probe: Probe) -> set[str] | None:
 def survivor_restarts(probe: Probe, rounds: Sequence[RoundSteps]) -> int | None:
     """Survivors whose incarnation is in neither the recovered report nor a round closed after it."""
     alive = survivors(probe)
-    if alive is None:
+    if alive is None or probe.recovered_at is None or not probe.after:
         return None
     later = {incarnation for r in rounds if r.time > probe.recovered_at for incarnation in r.steps}
     return len(alive - {incarnation for incarnation, _ in probe.after} - later)
@@ -128,7 +129,7 @@ def replacement_first_step(probes: Sequence[Probe], index: int, rounds: Sequence
     """Event ``index``'s lost learner's replacement: a stalled learner's node from the injection; a
     killed node's learner on the node the next ``node_added`` brought, from when it was up."""
     probe = probes[index]
-    if not any(node in probe.lost_nodes for _, node in probe.before):
+    if probe.recovered_at is None or not any(node in probe.lost_nodes for _, node in probe.before):
         return None  # the event lost no learner
     if probe.kind != "node_killed":
         return first_step_after(rounds, probe.lost_nodes, probe.injected_at)
@@ -141,10 +142,10 @@ def event_figures(probes: Sequence[Probe], rounds: Sequence[RoundSteps]) -> list
     start = rounds[0].time if rounds else float("inf")
     out = []
     for index, probe in enumerate(probes):
-        alive = survivors(probe)
-        ratio = None
-        if alive is not None:
+        alive, ratio = survivors(probe), None
+        if alive is not None and probe.recovered_at is not None:
             ratio = steps_ratio(rounds, alive, start, probe.injected_at, probe.recovered_at)
+        start = max(start, probe.recovered_at or start)  # the next event's window starts after this one
         first = replacement_first_step(probes, index, rounds)
         out.append(
             {

@@ -138,9 +138,11 @@ def test_survivor_restarts_count_the_processes_not_lost_that_are_gone_after_the_
     assert survivor_restarts(added, []) == 1
     # Absent from the report at the recovery but sending rounds after it: alive, not restarted.
     late = [RoundSteps(21.0, {"a": 2.0}, ())]
-    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, (("a", "n1"),), ()), late) == 0
-    # No vacuous 0: a report without processes, or a lost node the processes do not name, says None.
-    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, (), ()), []) is None
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, (("b", "n2"),)), late) == 0
+    # No vacuous 0: a report without processes (before or after), or a lost node the processes do not
+    # name, says None.
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, (), before), []) is None
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, ()), []) is None
     unknown = Probe("node_killed", 10.0, 20.0, (("a", None), ("b", None)), (), lost_nodes=("n2",))
     assert survivor_restarts(unknown, []) is None
     assert total_restarts([{"survivor_restarts": 1}, {"survivor_restarts": 2}]) == 3
@@ -197,3 +199,24 @@ def test_replacement_first_step_counts_from_the_fault_or_from_the_node_that_came
     assert [f["survivor_steps_ratio"] for f in figures[:2]] == [stalled_ratio, 0.0]
     # A killed node that never came back has no replacement to time.
     assert event_figures([kill], rounds)[0]["replacement_first_step_s"] is None
+
+
+def test_the_window_before_a_fault_stops_at_the_last_recovery_and_an_unrecovered_event_has_no_figures():
+    # "a" steps 2 a second until a node kill at t=10.5 restarts it as "c" (recovered at 20); "c" steps
+    # 2 a second from t=15 to a node add at t=22.5, after which it steps 2 a second until the run ends.
+    log = _steady(1, 10, [(0, "a", "n1")]) + _steady(15, 30, [(0, "c", "n1")])
+    rounds = round_steps(log)
+    kill = Probe("node_killed", 10.5, 20.0, (("a", "n1"), ("b", "n2")), (("c", "n1"),), ("n2",))
+    grow = Probe("node_added", 22.5, 29.5, (("c", "n1"),), (("c", "n1"),), added=("n3", 23.0))
+    # The window before the add is (20, 22.5], not (15.5, 22.5]: the kill's recovery is no baseline.
+    figures = event_figures([kill, grow], rounds)
+    assert figures[1]["survivor_steps_ratio"] == pytest.approx(round((14 / 7) / (4 / 2.5), 3))
+    # The run ended before the add recovered: the report names nobody and no figure is made up.
+    ended = Probe("node_added", 22.5, None, (("c", "n1"),), (), added=("n3", 23.0))
+    assert event_figures([kill, ended], rounds)[1] == {
+        "survivor_restarts": None,
+        "survivor_steps_ratio": None,
+        "replacement_first_step_s": None,
+    }
+    # Nor does the kill before it get a replacement from a node that never stepped.
+    assert event_figures([kill, ended], rounds)[0]["replacement_first_step_s"] is None
