@@ -22,6 +22,7 @@ import math
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -546,11 +547,9 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
     # Dead raylets are noticed after ~5 missed 1-second health checks instead of Ray's default ~30 s.
     system = {**WORKER_REUSE, "health_check_period_ms": 1000, "health_check_failure_threshold": 5}
     # The dashboard serves Ray's state API (ray.util.state), where the soak finds the learner and shard
-    # processes it stalls and kills.
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 3, "include_dashboard": True, "_system_config": system},
-    )
+    # processes it stalls and kills; on a free port, since another cluster on the box may hold Ray's.
+    head = {"num_cpus": 3, "include_dashboard": True, "dashboard_port": free_port(), "_system_config": system}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     try:
         soak = Soak(cluster, NAMESPACE, args.timeout)
@@ -587,6 +586,13 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
         "stall_drops": soak.stall_drops,
         "probes": soak.probes,
     }
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
