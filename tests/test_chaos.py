@@ -72,12 +72,16 @@ def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_
     assert out["missed_rows"] >= 1
     assert {"feed_restart", "live_recovery", "dropped"} <= set(out["recoveries"]), out["recoveries"]
     assert out["accuracy"] >= ACCURACY_FLOOR and out["undisturbed_accuracy"] >= ACCURACY_FLOOR
-    # The survivor figures are measured (what they are is the target, not pinned here): the
-    # report named the learner processes before every event, and the killed node lost a learner.
-    assert isinstance(out["survivor_restarts"], int), out["survivor_restarts"]
-    assert all(isinstance(e["survivor_restarts"], int) for e in out["schedule"]), out["schedule"]
+    # The survivor figures are measured (what they are is the target, not pinned here). An event
+    # the run ended before it recovered has null figures (seen: the node add, whose group the lone
+    # learner's last rounds outran), so the sum may be null; the stall recovers before the run goes on.
+    figures = ("survivor_restarts", "survivor_steps_ratio", "replacement_first_step_s")
+    assert all(set(figures) <= set(event) for event in out["schedule"]), out["schedule"]
+    counts = [event["survivor_restarts"] for event in out["schedule"]]
+    assert out["survivor_restarts"] == (None if None in counts else sum(counts)), out
+    [stall] = [event for event in out["schedule"] if event["kind"] == "learner_stalled"]
+    assert stall["survivor_restarts"] is not None and stall["replacement_first_step_s"] is not None, stall
     for event in out["schedule"]:
-        assert {"survivor_steps_ratio", "replacement_first_step_s"} <= set(event), event
         if event["kind"] in ("node_added", "feed_killed"):
             assert event["replacement_first_step_s"] is None, event
 
