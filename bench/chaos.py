@@ -1,15 +1,15 @@
 """Chaos soak: one training run takes many faults of every kind; its own accounting says what was lost.
 
-One run on a several-raylet local cluster (``ray.cluster_utils.Cluster``, one learner slot a worker
-raylet) takes ``--events N`` faults from a seeded schedule, then the same seed runs undisturbed. The kinds
-(``FAULTS``, pluggable): ``node_killed``, ``node_added``, ``averager_killed``, ``feed_killed``,
-``learner_stalled`` (SIGSTOP until dropped, then SIGCONT: it realigns) and ``shard_killed``. Event i fires
-1..``MAX_GAP`` rounds after event i-1 recovered, and the run is sized to hold them (``size_epochs``).
-The verdict comes from the run's own records: ``every_row_once_per_epoch`` compares per epoch the
-{count, sum, sum of squares} of the trained video ids (``summary.json`` ``trained_ids``) with the
-plan's (``rows_short`` must be 0); ``rounds_contiguous`` reads ``events.jsonl``: rounds 1..N, each once,
-in order (a ``redo`` replaces its first record). ``ok`` is false (exit 1) when fewer faults were
-injected, a stall did not get its learner dropped, or a check fails. The last line is one JSON object.
+On a several-raylet local cluster (``ray.cluster_utils.Cluster``, one learner slot a worker raylet) a run
+takes ``--events N`` faults of a seeded schedule (``FAULTS``: ``node_killed``, ``node_added``,
+``averager_killed``, ``feed_killed``, ``shard_killed``, ``learner_stalled``: SIGSTOP until dropped),
+each 1..``MAX_GAP`` rounds after the last recovered; the same seed also runs undisturbed. The verdict
+reads the run's records: ``every_row_once_per_epoch`` (per epoch the trained ids' {count, sum, sum of
+squares} against the plan's), ``rounds_contiguous`` (``events.jsonl``: rounds 1..N once, in order); ``ok``
+is false (exit 1) when fewer faults were injected, a stall dropped nobody or a check fails. Survivor
+figures (chaos_figures.py): ``survivor_restarts``, processes of learners not lost yet restarted; per
+event ``survivor_steps_ratio``, survivors' steps per second in the recovery over just before the fault,
+and ``replacement_first_step_s``, to the lost learner's replacement's first step. Last line: one JSON.
 
     python bench/chaos.py --events 8 --json   # --kinds node_killed,feed_killed,... picks the kinds
 """
@@ -22,6 +22,7 @@ import math
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from chaos_figures import NOTES, Probe, event_figures, round_steps, total_restarts
 
 if TYPE_CHECKING:
     from raytrain_seq.outputs.reports import AveragingReport
@@ -116,16 +119,22 @@ class Soak:
         self.handles: dict[str, Any] = {}
         self.stall_drops: list[bool] = []  # per stall: whether the averager dropped the frozen learner
         self.earlier: set[str] = set()  # ids of the actors alive when the run under test started
+        self.lost_nodes: list[str] = []  # the nodes whose learner the last injection took (killed, stalled)
+        self.added_node: str | None = None  # the node the last node_added brought
+        self.probes: list[Probe] = []  # per event injected: what the soak saw around it
 
     # ------------------------------------------------------------------------------------ cluster
     def add_node(self) -> str:
         node = self.cluster.add_node(num_cpus=1, resources={SLOT: 1})
         self.cluster.wait_for_nodes()
         self.slots.append(node)
+        self.added_node = node.node_id
         return f"node added ({len(self.slots)} learner slots)"
 
     def kill_node(self) -> str:
-        self.cluster.remove_node(self.slots.pop(), allow_graceful=False)
+        node = self.slots.pop()
+        self.lost_nodes.append(node.node_id)
+        self.cluster.remove_node(node, allow_graceful=False)
         return f"learner node killed ({len(self.slots)} learner slots)"
 
     def kill_actor(self, which: str) -> str:
@@ -145,9 +154,10 @@ class Soak:
         earlier run's may linger). A restarted actor keeps its id, so a shard Ray restarted still counts."""
         return [a for a in self.alive(class_name) if a.actor_id not in self.earlier]
 
-    def learner_pids(self) -> list[int]:
-        """The pids of this run's live learner processes (Ray Train workers; any of the group's will do)."""
-        return [int(a.pid) for a in self.run_actors("RayTrainWorker")]
+    def processes(self) -> tuple[tuple[str, str | None], ...] | None:
+        """(incarnation, node) of each learner process in the averager's report; None while it restarts."""
+        state = self.state()
+        return None if state is None else tuple((p.incarnation, p.node) for p in state.processes)
 
     def kill_shard(self) -> str:
         """SIGKILL one of this run's averager shard actors (unnamed: found in the GCS actor table); Ray
@@ -167,10 +177,12 @@ class Soak:
         wait in the report (Ray Train's barrier, which the frozen learner must reach too) and send no
         round; so each try is capped (twice the timeout and 20 s), the learner thawed, and the stall tried
         again once the group has moved on, up to ``attempts`` times."""
-        pids = self.learner_pids()
-        if len(pids) < 2:
+        workers = self.run_actors("RayTrainWorker")  # this run's live learner processes
+        if len(workers) < 2:
+            pids = [a.pid for a in workers]
             raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
-        pid, cap = pids[0], 2 * self.timeout_s + 20.0
+        pid, cap = int(workers[0].pid), 2 * self.timeout_s + 20.0
+        self.lost_nodes.append(workers[0].node_id)
         began, dropped, tries = time.monotonic(), False, 0
         while not dropped and tries < attempts and not self.done:
             if tries:
@@ -406,6 +418,20 @@ def accounting(summary, config) -> dict[str, Any]:
     }
 
 
+def survivor_figures(summary, probes: list[Probe], injected: list[dict[str, Any]]) -> int | None:
+    """Each injected event's ``survivor_steps_ratio``, ``replacement_first_step_s`` and
+    ``survivor_restarts`` (chaos_figures.py) from its probe and the run's round log, added to its entry;
+    returns the survivor restarts summed (None when an event's count is unknown)."""
+    from raytrain_seq.rounds.events import EVENTS_FILE, EventLog
+
+    if len(probes) != len(injected):
+        raise RuntimeError(f"{len(injected)} events injected but {len(probes)} probed: the soak lost one")
+    figures = event_figures(probes, round_steps(EventLog(Path(summary.path) / EVENTS_FILE).read()))
+    for entry, figure in zip(injected, figures, strict=True):
+        entry.update(figure)
+    return total_restarts(figures)
+
+
 def averaged_round(soak: Soak) -> int | None:
     """The latest averaged round (None while the averager restarts)."""
     state = soak.state()
@@ -438,21 +464,32 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
         if soak.done:
             print(f"  run finished before round {last + gap}: {kind} not injected", flush=True)
             break
+        # The learner processes before the fault (the survivor figures, chaos_figures.py).
+        before = soak.wait(soak.processes, "the learner processes in the averager's report") or ()
+        soak.lost_nodes, soak.added_node = [], None
         round_at = averaged_round(soak) or 0
-        began = time.monotonic()
+        began, injected_at = time.monotonic(), time.time()
         detail = FAULTS[kind].inject(soak)
+        up_at = time.time()  # a node_added's node is up once its injection returns
         print(f"  [{time.monotonic() - soak.began:5.0f} s] round {round_at}: {kind}: {detail}", flush=True)
         injected.append({"kind": kind, "round": round_at, "detail": detail})
 
         # Recovered: the group has the size the learner slots allow (a node's loss or gain has taken
         # effect: Ray Train restarted the group), then RECOVERY_ROUNDS more rounds were averaged.
         size = min(2, len(soak.slots))
-        soak.wait(lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}")
+        grouped = soak.wait(
+            lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}"
+        )
         settled = max(averaged_round(soak) or 0, round_at)
-        soak.wait(
+        enough = soak.wait(
             lambda r=settled: (averaged_round(soak) or 0) >= r + RECOVERY_ROUNDS, f"recovery from {kind}"
         )
         injected[-1]["recovered_s"] = round(time.monotonic() - began, 1)
+        recovered_at = time.time() if grouped and enough else None  # None: the run ended first
+        after = soak.wait(soak.processes, "the learner processes in the averager's report") or ()
+        added = (soak.added_node, up_at) if kind == "node_added" and soak.added_node else None
+        lost = tuple(soak.lost_nodes)
+        soak.probes.append(Probe(kind, injected_at, recovered_at, tuple(before), after, lost, added))
         last = averaged_round(soak) or last
     summary, seconds = soak.finish()
     return summary, seconds, injected
@@ -510,11 +547,9 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
     # Dead raylets are noticed after ~5 missed 1-second health checks instead of Ray's default ~30 s.
     system = {**WORKER_REUSE, "health_check_period_ms": 1000, "health_check_failure_threshold": 5}
     # The dashboard serves Ray's state API (ray.util.state), where the soak finds the learner and shard
-    # processes it stalls and kills.
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 3, "include_dashboard": True, "_system_config": system},
-    )
+    # processes it stalls and kills; on a free port, since another cluster on the box may hold Ray's.
+    head = {"num_cpus": 3, "include_dashboard": True, "dashboard_port": free_port(), "_system_config": system}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
     try:
         soak = Soak(cluster, NAMESPACE, args.timeout)
@@ -549,7 +584,15 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
         "config": config,
         "epochs": epochs,
         "stall_drops": soak.stall_drops,
+        "probes": soak.probes,
     }
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -559,6 +602,7 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
     seconds, calm_seconds, epochs = runs["seconds"], runs["calm_seconds"], runs["epochs"]
     stall_drops = runs["stall_drops"]
     checks = accounting(summary, runs["config"])
+    survivor_restarts = survivor_figures(summary, runs["probes"], injected)
     by_kind = {k: sum(e["kind"] == k for e in injected) for k in FAULTS}
     scores = (summary.test_accuracy, calm.test_accuracy)
     within = None not in scores and abs(scores[0] - scores[1]) <= 0.05
@@ -581,6 +625,7 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
         "undisturbed_accuracy": calm.test_accuracy,
         "seconds": round(seconds, 1),
         "undisturbed_seconds": round(calm_seconds, 1),
+        "survivor_restarts": survivor_restarts,
         "ok": not problems,
         "problems": problems,
         "events_requested": args.events,
@@ -595,7 +640,7 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
         "undisturbed_rounds": calm.rounds,
         "recoveries": sorted({r["kind"] for r in summary.recoveries}),
         "schedule": injected,
-        "notes": {k: f.note for k, f in FAULTS.items() if f.note},
+        "notes": {**{k: f.note for k, f in FAULTS.items() if f.note}, **NOTES},
         "seed": args.seed,
     }
     return out, checks
@@ -612,6 +657,13 @@ def print_outcome(out: dict[str, Any], checks: dict[str, Any], runs: dict[str, A
     by_kind, problems = out["by_kind"], out["problems"]
     print(f"events {out['events']} {by_kind}")
     print(f"recoveries: {out['recoveries']}")
+    for e in out["schedule"]:
+        print(
+            f"  round {e['round']} {e['kind']}: recovered {e.get('recovered_s')} s, survivor restarts "
+            f"{e.get('survivor_restarts')}, survivor steps ratio {e.get('survivor_steps_ratio')}, "
+            f"replacement's first step {e.get('replacement_first_step_s')} s"
+        )
+    print(f"survivor restarts: {out['survivor_restarts']}")
     for epoch, v in checks["epochs"].items():
         print(f"epoch {epoch}: plan {v['plan']}, trained {v['trained']}")
     print(

@@ -264,6 +264,51 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
     assert [g["learners"] for g in groups] == [3, 2] and "abandoned" in groups[1]["detail"]
 
 
+def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_steps(tmp_path):
+    """The report names each learner's process (incarnation, node) of the current group; a round's record
+    in events.jsonl holds its wall time and per learner its process and first step's wall time, which
+    the per-learner totals do not sum. A restarted group's processes replace the old ones."""
+    from raytrain_seq.outputs.reports import LearnerProcess
+    from raytrain_seq.rounds.events import EventLog
+    from raytrain_seq.rounds.sync import Tally
+
+    began = time.time()
+    tallies = {name: Tally() for name in "ab"}
+    for tally in tallies.values():
+        tally.add_step(frames=10, sequences=2, seconds=0.1, loss=1.0)
+        tally.add_step(frames=10, sequences=2, seconds=0.1, loss=1.0)
+    stats = {name: tally.flush() for name, tally in tallies.items()}
+
+    async def scenario():
+        averager = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=lambda: "actor-1")
+        for name in "ab":
+            await averager.join(name, 2, incarnation=f"old-{name}", node=f"node-{name}")
+        position = {"epoch": 0, "history": [], "world_size": 2, "rows_done": 2}
+        await asyncio.gather(
+            *(averager.average(n, 1, 2, _tiny(1), None, stats=stats[n], position=position) for n in "ab")
+        )
+        before = await averager.summary()
+        await averager.join("a", 1, incarnation="new-a", node="node-a")  # Ray Train restarted the group
+        return before, await averager.summary()
+
+    before, after = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert before.processes == (
+        LearnerProcess(learner="a", incarnation="old-a", node="node-a"),
+        LearnerProcess(learner="b", incarnation="old-b", node="node-b"),
+    )
+    assert after.processes == (LearnerProcess(learner="a", incarnation="new-a", node="node-a"),)
+    assert before.learners["a"]["steps"] == 2 and "first_step_wall" not in before.learners["a"]
+    [record] = [r for r in EventLog(tmp_path / "events.jsonl").read() if r["type"] == "round"]
+    assert began <= record["time"] <= time.time()
+    for proc, name in zip(record["processes"], "ab", strict=True):
+        assert proc["learner"] == name and proc["incarnation"] == f"old-{name}"
+        assert proc["node"] == f"node-{name}" and began <= proc["first_step_wall"] <= record["time"]
+    assert [stats for _, stats in record["stats"]] == [
+        {k: v for k, v in stats[n].items() if k not in {"loss", "first_step_wall"}} for n in "ab"
+    ]
+    assert all(tally.first_step_wall is None for tally in tallies.values())  # the flush reset it
+
+
 def test_actor_counts_the_wait_for_the_last_arrival_apart_from_the_rest_of_the_round():
     """A learner that arrives 0.3 s before the other has waited ~0.3 s of its averaging time for it; the
     last one waited for nobody. Both spent the whole call in averaging (waiting included)."""

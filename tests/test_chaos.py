@@ -12,7 +12,7 @@ well above chance. Not pinned here: the soak's "within 5 points of the undisturb
 the models are still undertrained and a phase with 1 learner takes twice the optimizer steps per epoch
 of 2, so the two scores can differ by more than the faults make them (0.87 against 0.68 at 3 epochs;
 0.89 against 0.87 at 4: docs/LOG.md). Heavy (two runs, about 3 minutes on 2 cores): marked ``fault``,
-run by ``make test``.
+run by ``make test``. The survivor figures' arithmetic (bench/chaos_figures.py) is tested on fakes.
 """
 
 from __future__ import annotations
@@ -25,12 +25,25 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.ray, pytest.mark.fault]
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from chaos_figures import (  # noqa: E402
+    Probe,
+    RoundSteps,
+    event_figures,
+    first_step_after,
+    round_steps,
+    steps_ratio,
+    survivor_restarts,
+    total_restarts,
+)
+
 ACCURACY_FLOOR = 0.45  # chance is 1/4; the undisturbed run scores about 0.68 (tests/test_faults.py)
 
 
+@pytest.mark.ray
+@pytest.mark.fault
 def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_path):
     pytest.importorskip("ray")
     kinds = "node_killed,node_added,learner_stalled,feed_killed"
@@ -59,3 +72,155 @@ def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_
     assert out["missed_rows"] >= 1
     assert {"feed_restart", "live_recovery", "dropped"} <= set(out["recoveries"]), out["recoveries"]
     assert out["accuracy"] >= ACCURACY_FLOOR and out["undisturbed_accuracy"] >= ACCURACY_FLOOR
+    # The survivor figures are measured (what they are is the issue's target, not pinned here). An event
+    # the run ended before it recovered has null figures (seen: the node add, whose group the lone
+    # learner's last rounds outran), so the sum may be null; the stall recovers before the run goes on.
+    figures = ("survivor_restarts", "survivor_steps_ratio", "replacement_first_step_s")
+    assert all(set(figures) <= set(event) for event in out["schedule"]), out["schedule"]
+    counts = [event["survivor_restarts"] for event in out["schedule"]]
+    assert out["survivor_restarts"] == (None if None in counts else sum(counts)), out
+    [stall] = [event for event in out["schedule"] if event["kind"] == "learner_stalled"]
+    assert stall["survivor_restarts"] is not None and stall["replacement_first_step_s"] is not None, stall
+    for event in out["schedule"]:
+        if event["kind"] in ("node_added", "feed_killed"):
+            assert event["replacement_first_step_s"] is None, event
+
+
+# --------------------------------------------------------------- the survivor figures, from fakes
+def _round(record_round: int, at: float, learners: list[tuple[int, str, str, float, float]]) -> dict:
+    """An events.jsonl round record as ``RunHistory.record_round`` writes it: per learner (id,
+    incarnation, node, steps, first step's wall time)."""
+    return {
+        "type": "round",
+        "round": record_round,
+        "time": at,
+        "stats": [[learner, {"steps": steps, "frames": 8.0}] for learner, _, _, steps, _ in learners],
+        "processes": [
+            {"learner": learner, "incarnation": inc, "node": node, "first_step_wall": first}
+            for learner, inc, node, _, first in learners
+        ],
+    }
+
+
+def _steady(first: int, last: int, learners: list[tuple[int, str, str]], every: float = 1.0) -> list[dict]:
+    """Rounds ``first``..``last`` closing at t = round x ``every``, each learner 2 steps, its first step
+    half a round before the close."""
+    return [
+        _round(
+            r,
+            r * every,
+            [(learner, inc, node, 2.0, r * every - every / 2) for learner, inc, node in learners],
+        )
+        for r in range(first, last + 1)
+    ]
+
+
+def test_round_steps_read_the_log_by_process_and_a_redo_replaces_its_first_record():
+    records = [
+        *_steady(1, 2, [(0, "a", "n1"), (1, "b", "n2")]),
+        _round(3, 3.0, [(0, "a", "n1", 2.0, 2.5)]),
+        {**_round(3, 3.5, [(0, "a", "n1", 2.0, 2.6), (1, "b", "n2", 2.0, 2.7)]), "redo": True},
+        {"type": "membership", "round": 3, "time": 3.2},
+        {"type": "round", "round": 4, "stats": []},  # a record without a wall time (an older log): skipped
+    ]
+    rounds = round_steps(records)
+    assert [r.time for r in rounds] == [1.0, 2.0, 3.5]
+    assert rounds[-1].steps == {"a": 2.0, "b": 2.0}
+    assert rounds[-1].first_steps == (("n1", 2.6), ("n2", 2.7))
+
+
+def test_survivor_restarts_count_the_processes_not_lost_that_are_gone_after_the_event():
+    before = (("a", "n1"), ("b", "n2"))
+    # Today's node kill: Ray Train restarts the group, so the survivor on n1 comes back as "c".
+    killed = Probe("node_killed", 10.0, 20.0, before, (("c", "n1"),), lost_nodes=("n2",))
+    assert survivor_restarts(killed, []) == 1
+    kept = Probe("node_killed", 10.0, 20.0, before, (("a", "n1"),), lost_nodes=("n2",))
+    assert survivor_restarts(kept, []) == 0
+    # Nobody is lost in an averager kill or a node add: every changed incarnation is a restart.
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, before), []) == 0
+    added = Probe("node_added", 10.0, 20.0, (("a", "n1"),), (("c", "n1"), ("d", "n3")))
+    assert survivor_restarts(added, []) == 1
+    # Absent from the report at the recovery but sending rounds after it: alive, not restarted.
+    late = [RoundSteps(21.0, {"a": 2.0}, ())]
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, (("b", "n2"),)), late) == 0
+    # No vacuous 0: a report without processes (before or after), or a lost node the processes do not
+    # name, says None.
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, (), before), []) is None
+    assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, ()), []) is None
+    unknown = Probe("node_killed", 10.0, 20.0, (("a", None), ("b", None)), (), lost_nodes=("n2",))
+    assert survivor_restarts(unknown, []) is None
+    assert total_restarts([{"survivor_restarts": 1}, {"survivor_restarts": 2}]) == 3
+    assert total_restarts([{"survivor_restarts": 1}, {"survivor_restarts": None}]) is None
+
+
+def test_steps_ratio_is_the_survivors_rate_during_the_recovery_over_the_rate_before():
+    # One survivor "a", 2 steps a round, a round a second; the fault at t=10.5, recovered at t=14.5.
+    steady = round_steps(_steady(1, 20, [(0, "a", "n1")]))
+    assert steps_ratio(steady, {"a"}, 1.0, 10.5, 14.5) == pytest.approx(1.0)
+    # It stops stepping at the fault (torn down, restarted as "c"): only its own process counts.
+    restarted = round_steps(_steady(1, 10, [(0, "a", "n1")]) + _steady(13, 20, [(0, "c", "n1")]))
+    assert steps_ratio(restarted, {"a"}, 1.0, 10.5, 14.5) == 0.0
+    # Half the rate during the recovery (a round every 2 s).
+    slow = round_steps(
+        _steady(1, 10, [(0, "a", "n1")]) + [_round(r, r, [(0, "a", "n1", 2.0, r - 1)]) for r in (12, 14)]
+    )
+    assert steps_ratio(slow, {"a"}, 1.0, 10.5, 14.5) == pytest.approx(0.5)
+    # The window before starts at the first round (t=1): rounds 2 and 3, 4 steps in 2.5 s; then 12 in 6 s.
+    assert steps_ratio(steady, {"a"}, 1.0, 3.5, 9.5) == pytest.approx((12 / 6) / (4 / 2.5))
+    # No vacuous 0: a log whose rounds name no process (or survivors that never stepped) gives None.
+    nameless = [RoundSteps(float(r), {}, ()) for r in range(1, 21)]
+    assert steps_ratio(nameless, {"a"}, 1.0, 10.5, 14.5) is None
+    assert steps_ratio(steady, {"x"}, 1.0, 10.5, 14.5) is None
+
+
+def test_replacement_first_step_counts_from_the_fault_or_from_the_node_that_came_back():
+    two = [(0, "a", "n1"), (1, "b", "n2")]
+    log = [
+        *_steady(1, 10, two),  # the stall at t=10.2 freezes b on n2
+        _round(11, 11.0, [(0, "a", "n1", 2.0, 10.5)]),
+        _round(12, 22.0, [(0, "a", "n1", 2.0, 21.0), (1, "b", "n2", 2.0, 21.5)]),  # b realigned: 11.3 s
+        *_steady(13, 19, two, every=2.0),  # until t=38
+    ]
+    rounds = round_steps(log)
+    assert first_step_after(rounds, ["n2"], 10.2) == pytest.approx(11.3)
+    stall = Probe(
+        "learner_stalled", 10.2, 24.0, (("a", "n1"), ("b", "n2")), (("a", "n1"), ("b", "n2")), ("n2",)
+    )
+    # A node kill at t=40 (n2 lost), and n3 added at t=50, up at t=52, whose learner first steps at 60.5.
+    after_kill = [_round(r, r, [(0, "c", "n1", 2.0, r - 0.5)]) for r in range(41, 50)]
+    added = [
+        _round(r, r, [(0, "e", "n1", 2.0, r - 0.5), (1, "f", "n3", 2.0, r - 0.5)]) for r in range(61, 70)
+    ]
+    rounds = round_steps(log + after_kill + added)
+    kill = Probe("node_killed", 40.0, 48.0, (("a", "n1"), ("b", "n2")), (("c", "n1"),), ("n2",))
+    averager = Probe("averager_killed", 44.0, 46.0, (("c", "n1"),), (("c", "n1"),))
+    grow = Probe("node_added", 50.0, 64.0, (("c", "n1"),), (("e", "n1"), ("f", "n3")), added=("n3", 52.0))
+    figures = event_figures([stall, kill, averager, grow], rounds)
+    assert [f["replacement_first_step_s"] for f in figures] == [11.3, 8.5, None, None]
+    assert [f["survivor_restarts"] for f in figures] == [0, 1, 0, 1]
+    # The stall: "a" stepped 4 times in (10.2, 24] against 18 in (1, 10.2]; the kill: "a" never again.
+    stalled_ratio = round((4 / 13.8) / (18 / 9.2), 3)
+    assert [f["survivor_steps_ratio"] for f in figures[:2]] == [stalled_ratio, 0.0]
+    # A killed node that never came back has no replacement to time.
+    assert event_figures([kill], rounds)[0]["replacement_first_step_s"] is None
+
+
+def test_the_window_before_a_fault_stops_at_the_last_recovery_and_an_unrecovered_event_has_no_figures():
+    # "a" steps 2 a second until a node kill at t=10.5 restarts it as "c" (recovered at 20); "c" steps
+    # 2 a second from t=15 to a node add at t=22.5, after which it steps 2 a second until the run ends.
+    log = _steady(1, 10, [(0, "a", "n1")]) + _steady(15, 30, [(0, "c", "n1")])
+    rounds = round_steps(log)
+    kill = Probe("node_killed", 10.5, 20.0, (("a", "n1"), ("b", "n2")), (("c", "n1"),), ("n2",))
+    grow = Probe("node_added", 22.5, 29.5, (("c", "n1"),), (("c", "n1"),), added=("n3", 23.0))
+    # The window before the add is (20, 22.5], not (15.5, 22.5]: the kill's recovery is no baseline.
+    figures = event_figures([kill, grow], rounds)
+    assert figures[1]["survivor_steps_ratio"] == pytest.approx(round((14 / 7) / (4 / 2.5), 3))
+    # The run ended before the add recovered: the report names nobody and no figure is made up.
+    ended = Probe("node_added", 22.5, None, (("c", "n1"),), (), added=("n3", 23.0))
+    assert event_figures([kill, ended], rounds)[1] == {
+        "survivor_restarts": None,
+        "survivor_steps_ratio": None,
+        "replacement_first_step_s": None,
+    }
+    # Nor does the kill before it get a replacement from a node that never stepped.
+    assert event_figures([kill, ended], rounds)[0]["replacement_first_step_s"] is None

@@ -17,7 +17,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from raytrain_seq.rounds.tally import TestTotals
 
-__all__ = ["AveragingReport", "FeedReport", "LearnerReport", "LearnerStop", "RoundMetrics"]
+__all__ = ["AveragingReport", "FeedReport", "LearnerProcess", "LearnerReport", "LearnerStop", "RoundMetrics"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LearnerProcess:
+    """One learner process of the current group, as the averager knows it from its join."""
+
+    learner: int | str
+    """Its learner id (its rank)."""
+    incarnation: str
+    """The id the process joined with, fresh in every process (a restart changes it)."""
+    node: str | None
+    """The Ray node it runs on; None when it did not say."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +81,8 @@ class AveragingReport:
     """The summed test tallies (``rounds.tally.ShareTally.totals``); None before a test pass."""
     validator_error: str | None = None
     """Why the evaluator could not validate (the driver raises it); None when it could."""
+    processes: tuple[LearnerProcess, ...] = ()
+    """The current group's learner processes that joined, in learner order."""
 
 
 @dataclass(frozen=True, kw_only=True)

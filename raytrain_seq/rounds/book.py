@@ -97,7 +97,7 @@ class RoundBook:
         self._expected: frozenset[LearnerId] = frozenset()
         self._arrivals: dict[LearnerId, Any] = {}
         self._dropped: dict[LearnerId, dict[str, Any]] = {}
-        self._incarnations: dict[LearnerId, str] = {}
+        self.incarnations: dict[LearnerId, str] = {}  # this generation's learners -> their processes' ids
         self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
@@ -163,8 +163,8 @@ class RoundBook:
         check_number("world_size", world_size, max(1, self.min_learners))
         abandoned = self.abandon()
         old, first = self.world_size, self.generation == 0
-        self._retired |= set(self._incarnations.values())
-        self._active, self._pending, self._gone, self._dropped, self._incarnations = (
+        self._retired |= set(self.incarnations.values())
+        self._active, self._pending, self._gone, self._dropped, self.incarnations = (
             set(),
             set(),
             set(),
@@ -222,7 +222,7 @@ class RoundBook:
         self._dropped.pop(learner, None)
         self._gone.discard(learner)
         if incarnation is not None:
-            self._incarnations[learner] = incarnation
+            self.incarnations[learner] = incarnation
         if self.phase == RoundPhase.CLOSING and learner not in self._arrivals:
             self._pending.add(learner)  # the round is being averaged without it: it takes part in the next
         else:
@@ -241,7 +241,7 @@ class RoundBook:
         if self.live is None:
             raise RuntimeError("lose() needs a live round book: RoundBook(..., live=True)")
         live, members = self.live, _members(self)
-        known = self._incarnations.get(learner)
+        known = self.incarnations.get(learner)
         deciding = live.deciding is not None and learner in live.deciding[2]  # the closing round takes it in
         if learner in live.joining and incarnation in (None, live.joining[learner]) and not deciding:
             gone = live.joining.pop(learner)
@@ -300,7 +300,7 @@ class RoundBook:
         check_number("round", round, 1)
         if world_size != self.world_size:
             raise MembershipError(learner, world_size, self.world_size)
-        if incarnation is not None and self._incarnations.get(learner, incarnation) != incarnation:
+        if incarnation is not None and self.incarnations.get(learner, incarnation) != incarnation:
             why = "another process of this learner joined since (its group was restarted)"
             raise MembershipError(learner, world_size, self.world_size, why)
         if self.live is not None and learner in self.live.lost:
@@ -418,14 +418,14 @@ class RoundBook:
             self._active.discard(learner)
             self._pending.discard(learner)
             self._dropped.pop(learner, None)
-            self._incarnations.pop(learner, None)
+            self.incarnations.pop(learner, None)
             live.lost.pop(learner, None)
         for learner, incarnation in joining.items():
             if live.joining.get(learner) == incarnation:
                 del live.joining[learner]
             self._active.add(learner)
             if incarnation is not None:
-                self._incarnations[learner] = incarnation
+                self.incarnations[learner] = incarnation
             live.admitted[learner] = incarnation
         old, self.world_size, live.group = self.world_size, len(group), group
         live.changes += 1
@@ -466,7 +466,7 @@ def _starts_group(
         return False
     if book.live is not None:
         return book.generation == 0
-    known = book._incarnations.get(learner)
+    known = book.incarnations.get(learner)
     resized = world_size is not None and world_size != book.world_size
     return book.generation == 0 or resized or (known is not None and known != incarnation)
 
@@ -480,7 +480,7 @@ def _joins_later(book: RoundBook, learner: LearnerId, incarnation: str | None) -
         return False
     members = _members(book)
     if learner in members and learner not in live.lost:
-        known = book._incarnations.get(learner)
+        known = book.incarnations.get(learner)
         if incarnation is None or known is None or known == incarnation:
             return False
         book.lose(learner, known)

@@ -28,6 +28,9 @@ from raytrain_seq.rounds.state import CheckpointHistory
 
 logger = logging.getLogger(__name__)
 
+# A learner's round stats that are not totals: the mean loss, and the wall time of its first step.
+UNSUMMED = ("loss", "first_step_wall")
+
 __all__ = [
     "EVENTS_FILE",
     "EventLog",
@@ -181,25 +184,30 @@ class RunHistory:
         batch_size: int,
         position: Mapping | None,
         stats: Iterable[tuple[LearnerId, Mapping[str, float]]],
+        processes: Mapping[LearnerId, Mapping[str, Any]] | None = None,
     ) -> None:
         """A finished round: add each learner's stats to its totals, log the sequence-weighted mean loss.
 
         A round recorded before (its record logged by this actor before a restart, its result held by no
         learner, so the learners sent it again) replaces the earlier record: totals and histories count
-        each round once, and the log marks the new record ``redo``; so does a round of ``expect_redo``."""
+        each round once, and the log marks the new record ``redo``; so does a round of ``expect_redo``.
+        The record also holds its wall ``time`` and, per learner, its process (``processes``: incarnation
+        and node) with the wall time of its first step since its last round (``first_step_wall``)."""
         redo = round in self._recorded or round in self._lost
         if round in self._recorded:
             self._forget_round(round)
             self.recover("round_redone", f"round {round} averaged again after a restart: no learner held it")
         self._lost.discard(round)
-        losses, added = [], []
+        losses, added, procs = [], [], []
         for learner, learner_stats in stats:
             totals = self._learner(learner)
             totals["rounds"] += 1
-            summed = {key: value for key, value in learner_stats.items() if key != "loss"}  # loss: a mean
+            summed = {key: value for key, value in learner_stats.items() if key not in UNSUMMED}
             for key, value in summed.items():
                 totals[key] = totals.get(key, 0) + value
             added.append([learner, summed])
+            proc = {"learner": learner, **(processes or {}).get(learner, {})}
+            procs.append({**proc, "first_step_wall": learner_stats.get("first_step_wall")})
             loss, n = learner_stats.get("loss", math.nan), learner_stats.get("sequences", 0)
             if math.isfinite(loss) and n > 0:
                 losses.append((loss, n))
@@ -211,6 +219,7 @@ class RunHistory:
         self._recorded[round] = (added, seconds)
         record = {"type": "round", "actor": self.actor, "round": round, "seconds": seconds}
         record.update(loss=mean, batch_size=batch_size, elapsed_s=now, stats=added, position=position)
+        record.update(time=time.time(), processes=procs)
         if redo:
             record["redo"] = True
         self.log.append(record)

@@ -10,7 +10,8 @@ the learner's tensors live (``dataplane.flat_storage``, bound at the first round
 put and the mean is written back in place; a state the buffers cannot hold is put piece by piece. The
 shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through the
 averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
-seconds, the weighted loss), sent as the learner's stats. Plain torch and Python: no ray.
+seconds, the weighted loss, the first step's wall time), sent as the learner's stats. Plain torch and
+Python: no ray.
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ class Tally:
     compute_s: float = 0.0
     data_wait_s: float = 0.0
     loss_sum: float = 0.0
+    first_step_wall: float | None = None  # wall time of the first step since the last flush
     totals: dict[str, float] = field(default_factory=dict)
 
     def add_step(self, frames: int, sequences: int, seconds: float, loss: float) -> None:
+        if self.first_step_wall is None:
+            self.first_step_wall = time.time()
         self.frames += frames
         self.sequences += sequences
         self.steps += 1
@@ -67,8 +71,12 @@ class Tally:
         for key, value in delta.items():
             self.totals[key] = self.totals.get(key, 0.0) + value
         mean_loss = self.loss_sum / self.sequences if self.sequences else float("nan")
+        if self.first_step_wall is not None:
+            # A time, not a total: the averager keeps it apart (``rounds.events.RunHistory.record_round``).
+            delta["first_step_wall"] = self.first_step_wall
         self.frames = self.sequences = self.steps = 0
         self.compute_s = self.data_wait_s = self.loss_sum = 0.0
+        self.first_step_wall = None
         delta["loss"] = mean_loss
         return delta
 

@@ -34,7 +34,7 @@ from raytrain_seq.dataplane.payload import InProcessShards, ShardPool
 from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.members.ids import LearnerId, check_learner
-from raytrain_seq.outputs.reports import AveragingReport
+from raytrain_seq.outputs.reports import AveragingReport, LearnerProcess
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
@@ -103,6 +103,7 @@ class ParameterAverager:
         self._state = AveragedState(batch_size=settings.batch_size)  # round 0: nothing averaged yet
         self._tasks: set[asyncio.Task] = set()
         self._validator = validator
+        self._nodes: dict[str, str] = {}  # incarnation -> the node its process joined from
         self._build_data_plane(shard_pool)
         actor = (actor_id or _actor_id)() if run_dir is not None else None
         self._build_rounds(run_dir, actor)
@@ -201,6 +202,10 @@ class ParameterAverager:
                 batch_size=result.state.batch_size,
                 position=result.state.position,
                 stats=[(learner, arrival.stats) for learner, arrival in closed.present],
+                processes={
+                    p.learner: {"incarnation": p.incarnation, "node": p.node}
+                    for p in _processes(self._book, self._nodes)
+                },
             )
             self._state = result.state
             if result.state.flat is not None:
@@ -257,6 +262,8 @@ class ParameterAverager:
         generation, live = self._book.generation, self._book.live
         changes = None if live is None else live.changes
         self._book.join(learner, world_size, incarnation)
+        if incarnation is not None and node is not None:
+            self._nodes[incarnation] = node  # a process never moves: kept once its join is accepted
         live = self._book.live  # a new generation starts a new one
         if live is not None and live.waiting(learner, incarnation):
             if live.changes != changes:
@@ -463,6 +470,7 @@ class ParameterAverager:
             test=self._test.totals(),
             # The driver raises it: no validation round was scored.
             validator_error=self._validating.validator_error(),
+            processes=_processes(self._book, self._nodes),
         )
 
 
@@ -472,6 +480,16 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
     flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
     plan = await channels.plan(result.learners, book.expected, result.dropped, flat, book.world_size)
     return result if plan is None else dataclasses.replace(result, channels=plan)
+
+
+def _processes(book: RoundBook, nodes: Mapping[str, str]) -> tuple[LearnerProcess, ...]:
+    """The book's current group of learner processes that joined: id, incarnation and node (``nodes``:
+    incarnation -> node), in learner order."""
+    joined = sorted(book.incarnations.items(), key=lambda pair: (isinstance(pair[0], str), pair[0]))
+    return tuple(
+        LearnerProcess(learner=learner, incarnation=incarnation, node=nodes.get(incarnation))
+        for learner, incarnation in joined
+    )
 
 
 def _self_reader() -> tuple[Any, str]:
