@@ -27,7 +27,8 @@ from conftest import InProcess
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import ModelSpec
-from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessStore
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
+from raytrain_seq.dataplane.stores import InProcessStore
 from raytrain_seq.members.errors import AveragerUnavailableError, MembershipError, StaleRoundError
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
@@ -465,7 +466,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     history holds the Evaluator's accuracy of exactly those rounds; the last round's is scored only once
     the test pass is over (it would take CPU from it). The final test pass: each of two learners scores its
     share and the averager's sums equal one model scoring the whole split."""
-    from raytrain_seq.dataplane.payload import InProcessStore
+    from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
     from raytrain_seq.training.step import evaluate
 
@@ -549,7 +550,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
     which the averager's summary carries for the driver to raise."""
     import pickle
 
-    from raytrain_seq.dataplane.payload import InProcessStore
+    from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
 
     config = _config()
@@ -585,7 +586,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
 def test_evaluator_threads_score_exactly_what_one_thread_scores():
     """Three scoring threads over disjoint parts of the rows give one thread's counts, per class and
     confusion; the model stays in eval mode (concurrent scorers never toggle it)."""
-    from raytrain_seq.dataplane.payload import InProcessStore
+    from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator
 
     torch.manual_seed(0)

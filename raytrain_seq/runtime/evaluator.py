@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from raytrain_seq.dataplane.payload import ObjectStore
+from raytrain_seq.dataplane.stores import ObjectStore
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.parts import EvaluatorSettings
 from raytrain_seq.rounds.state import AveragedState
