@@ -39,7 +39,7 @@ import startup  # noqa: E402
 from raytrain_seq.algorithms.packing import pack, shard  # noqa: E402
 from raytrain_seq.config import Config  # noqa: E402
 from raytrain_seq.models.factory import build_model_for  # noqa: E402
-from raytrain_seq.training.step import stage_rows  # noqa: E402
+from raytrain_seq.training.staging import stage_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")

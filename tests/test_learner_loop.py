@@ -40,7 +40,8 @@ from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
 from raytrain_seq.rounds.sync import missed_checkpoint_rounds
 from raytrain_seq.runtime.learner import Learner
-from raytrain_seq.training.step import InnerStep, build_optimizer, collate_rows
+from raytrain_seq.training.staging import collate_rows
+from raytrain_seq.training.step import InnerStep, build_optimizer
 
 T_MAX, SIZE, SLOTS, CLASSES = 12, 16, 3, 4
 
@@ -468,7 +469,7 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     share and the averager's sums equal one model scoring the whole split."""
     from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
-    from raytrain_seq.training.step import evaluate
+    from raytrain_seq.training.evaluation import evaluate
 
     class RecordingEvaluator(Evaluator):
         def validate(self, state):
@@ -653,7 +654,7 @@ def test_test_rows_are_assembled_while_the_last_epochs_train():
     """The test share is asked for once, in the second-last of 3 epochs (TEST_LEAD_EPOCHS = 2), on a thread
     of its own; the final test pass scores exactly those rows (one model scoring them in one go)."""
     from raytrain_seq.runtime.learner import TEST_LEAD_EPOCHS
-    from raytrain_seq.training.step import evaluate
+    from raytrain_seq.training.evaluation import evaluate
 
     feed = TestRowsFeed()
     learner, reports = _run_one(_config(epochs=3), feed)
