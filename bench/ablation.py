@@ -41,7 +41,7 @@ SIZES = {
 K = 4
 M = 2
 MAX_B = (
-    576  # the paper's cap; the rows a learner has per epoch cap B first here (averaging.AdaptiveBatchSize)
+    576  # the paper's cap; the rows a learner has per epoch cap B first here (batchsize.AdaptiveBatchSize)
 )
 RULES = ("paper", "noise-aware")
 HEADLINE_RULE, HEADLINE_START = "paper", "warm"  # the paper's setting: its rule, a pretrained start

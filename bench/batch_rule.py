@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 UCF101_TRAIN_VIDEOS = 9537  # the synthetic set's train + val pool (UCF101 split 1's training list)
 # The arms at equal epochs. The job's default ("steps") is not among them: under epochs it holds B, so it
-# is the fixed run (averaging.batch_may_grow, pinned by tests/test_bench.py); it runs under --steps N.
+# is the fixed run (batchsize.batch_may_grow, pinned by tests/test_bench.py); it runs under --steps N.
 RULES = {
     "fixed": {"adaptive_batch": False},
     "always": {"batch_growth": "always"},
@@ -193,7 +193,7 @@ def headline(res: dict) -> dict:
     return {
         "seeds": res["seeds"], "sets": sets,
         "always_minus_fixed_text": f"{always_text} (n = {', '.join(map(str, ns))})" if sets else None,
-        "default_at_equal_epochs": "the fixed run (B held, averaging.batch_may_grow): pinned by a unit test, not run",
+        "default_at_equal_epochs": "the fixed run (B held, batchsize.batch_may_grow): pinned by a unit test, not run",
         "steps_set": res.get("steps_set"),
         "steps_default_minus_fixed": st["diff"], "steps_default_minus_fixed_se": st["se"], "steps_n": st["n"],
         "steps_call": st["call"],
@@ -246,7 +246,7 @@ def verdicts(res: dict) -> list[str]:
         )
     lines.append(
         'The default (batch_growth="steps") is not run at equal epochs: under an epoch budget it holds B at its '
-        "start (averaging.batch_may_grow), so it IS the fixed run. This is pinned by a unit test "
+        "start (batchsize.batch_may_grow), so it IS the fixed run. This is pinned by a unit test "
         "(tests/test_bench.py), not measured."
     )
     steps = res.get("steps_runs") or []

@@ -41,7 +41,7 @@ from raytrain_seq.config import Config
 from raytrain_seq.data.synthetic import SyntheticVideos
 from raytrain_seq.rows.assembly import EpochShard, assemble_rows, max_sequences_bound, plan_specs, shard_items
 from raytrain_seq.seeds import partial_rng, plan_seed
-from raytrain_seq.training.step import collate_rows
+from raytrain_seq.training.staging import collate_rows
 
 logger = logging.getLogger(__name__)
 

@@ -46,13 +46,14 @@ from benchlib import (
 
 from raytrain_seq.config import Config
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.training.step import InnerStep, build_optimizer, evaluate
+from raytrain_seq.training.evaluation import evaluate
+from raytrain_seq.training.step import InnerStep, build_optimizer
 
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("pad", "sampling", "mix", "chunk", "bload", "optimal")
 CUTTING = ("sampling", "mix", "chunk")  # the baselines that cut at round(mean length)
-TOP_K = 5  # step.evaluate's top-5 accuracy stands in for the paper's recall@20 (5 of 10 synthetic classes)
+TOP_K = 5  # evaluate's top-5 accuracy stands in for the paper's recall@20 (5 of 10 synthetic classes)
 # Table I of the paper: naive padding ("0 padding"), sampling, mix pad, block pad (BLoad).
 PAPER = {
     "padding": {"pad": 534_831, "sampling": 0, "mix": 37_712, "bload": 3_695},

@@ -3,7 +3,7 @@
 One Ray Train worker loop (``TorchTrainer(ddp_loop, ...)``) that reuses everything of the AAVG job except
 the synchronisation: the data come the AAVG learner's way (``runtime.learner_feed.LearnerFeed``: the
 job's feed actor, a persistent row stream per rank, the same refurbished, packed block rows, cropped and
-flipped in the loop by ``step.stage_rows``), the model from
+flipped in the loop by ``staging.stage_rows``), the model from
 ``models.factory.build_model_for``, the step from ``step.InnerStep`` (micro-batch streaming) and the
 allocator options (``heap.keep_freed_memory`` when ``train.keep_freed_memory``); the
 model is wrapped in ``DistributedDataParallel``, so every backward all-reduces the gradients (gloo on
@@ -33,15 +33,10 @@ def ddp_loop(loop_config: dict) -> None:
     from raytrain_seq.models.factory import build_model_for
     from raytrain_seq.runtime.feed import get_feed
     from raytrain_seq.runtime.learner_feed import LearnerFeed
+    from raytrain_seq.training.evaluation import eval_micro_batch_size, evaluate
     from raytrain_seq.training.heap import keep_freed_memory
-    from raytrain_seq.training.step import (
-        InnerStep,
-        build_optimizer,
-        collate_stream,
-        eval_micro_batch_size,
-        evaluate,
-        stage_rows,
-    )
+    from raytrain_seq.training.staging import collate_stream, stage_rows
+    from raytrain_seq.training.step import InnerStep, build_optimizer
 
     config = Config.from_dict(loop_config["config"])
     if config.train.keep_freed_memory:

@@ -3,7 +3,7 @@
 Both ways on the same videos, epoch by epoch under the same balanced eviction (``--reuse``), in one
 process, timed by this thread's CPU clock: **recompute** (the feed before flow once: decode the pairs,
 cut the epoch's window, flow on the window) and **flow once** (epoch 0 computes the whole-frame flow,
-``sources.flow_videos``, then every refurbish cuts its window, ``sources.window_videos``; the bytes differ
+``task_bodies.flow_videos``, then every refurbish cuts its window, ``task_bodies.window_videos``; the bytes differ
 near the window's borders, where the solver now sees real pixels). The videos are
 the miniature UCF101 of ``tests/video_fixtures.py``, decoded up to ``--size``; OpenCV runs one thread.
 The table gives per epoch the videos recomputed and each mode's CPU seconds; the summary line the mean
@@ -60,7 +60,8 @@ def measure(args: argparse.Namespace, root: Path) -> dict:
     from raytrain_seq.algorithms.refurbish import RefurbishSchedule
     from raytrain_seq.config import Config
     from raytrain_seq.data.geometry import load_catalogs
-    from raytrain_seq.data.sources import flow_videos, get_source, source_kwargs, window_videos
+    from raytrain_seq.data.sources import get_source, source_kwargs
+    from raytrain_seq.data.task_bodies import flow_videos, window_videos
 
     cv2.setNumThreads(1)  # one CPU per feed task: OpenCV's pool would count other cores' time
     make_mini_ucf101(root, classes=args.classes, groups=args.groups, clips=args.clips)

@@ -3,8 +3,8 @@
 A GPU learner's rate is what the data pipeline must outrun. For a preset's model and row shape, rows
 laid out by the packer from the real UCF101 split-1 lengths (random pixels), three ways interleaved:
 1. **learner** (``runtime.learner``'s): uncropped rows collated ahead into pinned memory
-   (``step.RowPrefetcher``), each micro-batch copied, cropped and flipped on the device
-   (``step.MicroBatchStage``) while the previous one computes; 2. **whole batch**: the same rows staged
+   (``staging.RowPrefetcher``), each micro-batch copied, cropped and flipped on the device
+   (``staging.MicroBatchStage``) while the previous one computes; 2. **whole batch**: the same rows staged
    whole (``stage_rows``) between steps; 3. **host crop**: rows cropped on the host beforehand (the same
    frames). Prints each one's useful frames/s, learner / whole batch and learner / host crop, the staging
    share, and on CUDA the peak memory. ``--memory-cap-gib G --batch-size 576`` (CUDA) checks instead that
@@ -34,7 +34,8 @@ from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.config import BACKBONES, PRECISIONS, Config
 from raytrain_seq.data.lengths import strided, ucf101_lengths
 from raytrain_seq.models.factory import build_model_for
-from raytrain_seq.training.step import InnerStep, MicroBatchStage, RowPrefetcher, build_optimizer, stage_rows
+from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher, stage_rows
+from raytrain_seq.training.step import InnerStep, build_optimizer
 
 DRAWS = ("tops", "lefts", "flips")
 

@@ -39,7 +39,8 @@ from raytrain_seq.data.synthetic import SyntheticVideos
 from raytrain_seq.models import build_model
 from raytrain_seq.parts import Parts
 from raytrain_seq.seeds import partial_rng
-from raytrain_seq.training.step import InnerStep, build_optimizer, stage_rows
+from raytrain_seq.training.staging import stage_rows
+from raytrain_seq.training.step import InnerStep, build_optimizer
 
 CONSUMERS = 2
 _BASELINE_STREAM = 0x42415345  # "BASE": the baseline's final-augmentation stream

@@ -9,7 +9,7 @@ learner's blocks with ``rows.assembly.spread_fresh`` instead. Measured on the sa
   in the plan's order;
 - ``composed_steps``: the paper's ``RefurbishSchedule.compose`` mini-batches of as many videos.
 A step's cost is the measured CPU of its fresh videos' partial augmentations
-(``data.sources.augment_videos``, thread CPU) plus its blocks' assembly and crop and flip (``RowCost``):
+(``data.task_bodies.augment_videos``, thread CPU) plus its blocks' assembly and crop and flip (``RowCost``):
 the work each step puts on the cluster, the quantity the paper keeps constant.
 """
 
@@ -27,7 +27,8 @@ from raytrain_seq.algorithms.packing import pack
 from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import Geometry
-from raytrain_seq.data.sources import augment_videos, source_kwargs
+from raytrain_seq.data.sources import source_kwargs
+from raytrain_seq.data.task_bodies import augment_videos
 from raytrain_seq.parts import Parts
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, plan_specs, shard_items
 from raytrain_seq.seeds import plan_seed

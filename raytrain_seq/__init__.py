@@ -1,9 +1,9 @@
 """raytrain_seq: elastic training on Ray for models that learn from whole variable-length sequences.
 
-The four algorithm modules (``algorithms/``: ``packing``, ``microbatch``, ``averaging``, ``refurbish``)
-are pure (numpy/torch only) and import neither ray nor each other; the other folders hold one concept
-each, and ``raytrain_seq.runtime`` is the only package that imports ray. docs/ARCHITECTURE.md ("Layout")
-maps the folders and the contracts.
+The algorithm modules (``algorithms/``: ``packing``, ``microbatch``, ``averaging``, ``batchsize``,
+``refurbish``) are pure (numpy/torch only) and import neither ray nor each other; the other folders
+hold one concept each, and ``raytrain_seq.runtime`` is the only package that imports ray.
+docs/ARCHITECTURE.md ("Layout") maps the folders and the contracts.
 
 The Python API (README, "From Python")::
 

@@ -199,8 +199,8 @@ def _frame_cache(config: Config, geometry: Geometry) -> None:
 
 def _batch_growth(config: Config) -> None:
     """Say once when AAVG's batch rule is on but may not grow B (an epoch budget under batch_growth "steps",
-    ``averaging.batch_may_grow``): a preset or a --batch-rule would otherwise read as if B grew."""
-    from raytrain_seq.algorithms.averaging import batch_may_grow
+    ``batchsize.batch_may_grow``): a preset or a --batch-rule would otherwise read as if B grew."""
+    from raytrain_seq.algorithms.batchsize import batch_may_grow
 
     train = config.train
     if not train.adaptive_batch or train.max_batch_size <= train.batch_size:

@@ -14,7 +14,7 @@ from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundPhase
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.tally import ShareTally
-from raytrain_seq.training.step import EvalResult
+from raytrain_seq.training.evaluation import EvalResult
 
 
 def _tallies(correct: int, sequences: int, label: int = 0) -> dict:

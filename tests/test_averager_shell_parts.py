@@ -17,8 +17,9 @@ from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes
-from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessShards, InProcessStore
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
 from raytrain_seq.dataplane.placement import ShardPlacement
+from raytrain_seq.dataplane.stores import InProcessShards, InProcessStore
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule

@@ -39,7 +39,7 @@ import startup  # noqa: E402
 from raytrain_seq.algorithms.packing import pack, shard  # noqa: E402
 from raytrain_seq.config import Config  # noqa: E402
 from raytrain_seq.models.factory import build_model_for  # noqa: E402
-from raytrain_seq.training.step import stage_rows  # noqa: E402
+from raytrain_seq.training.staging import stage_rows  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -1122,9 +1122,9 @@ def test_batch_rule_statistics_pair_seeds_and_call_gains_only_beyond_the_se():
 
 def test_batch_rule_default_is_the_fixed_run_under_epochs_and_grows_only_under_steps(tmp_path):
     """Why the bench runs no `default` arm at equal epochs: every set's config with the job's defaults
-    (batch_growth "steps") and an epoch budget may not grow B (averaging.batch_may_grow), so it holds B at
+    (batch_growth "steps") and an epoch budget may not grow B (batchsize.batch_may_grow), so it holds B at
     its start as the fixed run does; the same config with --steps N may. Also for a bare Config()."""
-    from raytrain_seq.algorithms.averaging import batch_may_grow
+    from raytrain_seq.algorithms.batchsize import batch_may_grow
     from raytrain_seq.config import Config
 
     assert "default" not in batch_rule.RULES and set(batch_rule.RULES) == {"fixed", "always"}

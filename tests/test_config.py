@@ -352,9 +352,9 @@ def test_fps_and_a_stride_both_picking_frames_is_refused():
 
 
 def test_batch_growth_choices_are_the_rules():
-    """train.batch_growth takes exactly the values averaging.batch_may_grow knows (config imports no torch,
+    """train.batch_growth takes exactly the values batchsize.batch_may_grow knows (config imports no torch,
     so it keeps its own copy of the tuple); the default grows B only under train.steps."""
-    from raytrain_seq.algorithms.averaging import BATCH_GROWTH
+    from raytrain_seq.algorithms.batchsize import BATCH_GROWTH
     from raytrain_seq.config import BATCH_GROWTH as CONFIG_BATCH_GROWTH
 
     assert CONFIG_BATCH_GROWTH == BATCH_GROWTH
@@ -364,8 +364,8 @@ def test_batch_growth_choices_are_the_rules():
 def test_batch_rule_puts_the_papers_numbers_one_flag_away():
     """train.batch_rule "paper" is AAVG's test with the paper's b1 = 1, b2 = 2, B up to 576; the default is
     noise-aware (b1 none); an older config that set only b1 keeps the paper's test it meant; a margin
-    beside the noise-aware rule is refused naming the fix; the choices are averaging.BATCH_RULES."""
-    from raytrain_seq.algorithms.averaging import BATCH_RULES
+    beside the noise-aware rule is refused naming the fix; the choices are batchsize.BATCH_RULES."""
+    from raytrain_seq.algorithms.batchsize import BATCH_RULES
     from raytrain_seq.config import BATCH_RULES as CONFIG_BATCH_RULES
 
     assert CONFIG_BATCH_RULES == BATCH_RULES

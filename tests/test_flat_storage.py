@@ -25,7 +25,8 @@ from torch import nn
 
 from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.flat_storage import FlatStorage
-from raytrain_seq.dataplane.payload import FlatLayout, InProcessStore
+from raytrain_seq.dataplane.payload import FlatLayout
+from raytrain_seq.dataplane.stores import InProcessStore
 from raytrain_seq.rounds.client import AveragerClient
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.sync import LocalRounds

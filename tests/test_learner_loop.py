@@ -27,7 +27,8 @@ from conftest import InProcess
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import ModelSpec
-from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, InProcessStore
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
+from raytrain_seq.dataplane.stores import InProcessStore
 from raytrain_seq.members.errors import AveragerUnavailableError, MembershipError, StaleRoundError
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
@@ -39,7 +40,8 @@ from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState, JoinReply, RoundResult
 from raytrain_seq.rounds.sync import missed_checkpoint_rounds
 from raytrain_seq.runtime.learner import Learner
-from raytrain_seq.training.step import InnerStep, build_optimizer, collate_rows
+from raytrain_seq.training.staging import collate_rows
+from raytrain_seq.training.step import InnerStep, build_optimizer
 
 T_MAX, SIZE, SLOTS, CLASSES = 12, 16, 3, 4
 
@@ -465,9 +467,9 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     history holds the Evaluator's accuracy of exactly those rounds; the last round's is scored only once
     the test pass is over (it would take CPU from it). The final test pass: each of two learners scores its
     share and the averager's sums equal one model scoring the whole split."""
-    from raytrain_seq.dataplane.payload import InProcessStore
+    from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
-    from raytrain_seq.training.step import evaluate
+    from raytrain_seq.training.evaluation import evaluate
 
     class RecordingEvaluator(Evaluator):
         def validate(self, state):
@@ -549,7 +551,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
     which the averager's summary carries for the driver to raise."""
     import pickle
 
-    from raytrain_seq.dataplane.payload import InProcessStore
+    from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
 
     config = _config()
@@ -585,7 +587,7 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
 def test_evaluator_threads_score_exactly_what_one_thread_scores():
     """Three scoring threads over disjoint parts of the rows give one thread's counts, per class and
     confusion; the model stays in eval mode (concurrent scorers never toggle it)."""
-    from raytrain_seq.dataplane.payload import InProcessStore
+    from raytrain_seq.dataplane.stores import InProcessStore
     from raytrain_seq.runtime.evaluator import Evaluator
 
     torch.manual_seed(0)
@@ -652,7 +654,7 @@ def test_test_rows_are_assembled_while_the_last_epochs_train():
     """The test share is asked for once, in the second-last of 3 epochs (TEST_LEAD_EPOCHS = 2), on a thread
     of its own; the final test pass scores exactly those rows (one model scoring them in one go)."""
     from raytrain_seq.runtime.learner import TEST_LEAD_EPOCHS
-    from raytrain_seq.training.step import evaluate
+    from raytrain_seq.training.evaluation import evaluate
 
     feed = TestRowsFeed()
     learner, reports = _run_one(_config(epochs=3), feed)

@@ -22,16 +22,10 @@ from conftest import adam_learners
 
 from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane import merge
+from raytrain_seq.dataplane.extras import OptimizerExtras, merge_extras
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts
-from raytrain_seq.dataplane.payload import (
-    FlatLayout,
-    FlatPayload,
-    InProcessShards,
-    InProcessStore,
-    OptimizerExtras,
-    Slot,
-    merge_extras,
-)
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload, Slot
+from raytrain_seq.dataplane.stores import InProcessShards, InProcessStore
 from raytrain_seq.members.errors import AveragingTimeoutError, StaleRoundError
 from raytrain_seq.rounds.state import AveragedState
 

@@ -516,7 +516,7 @@ def test_learner_streams_serve_every_epoch_and_equal_the_independent_recomputati
     frames equal final_augment(partial_augment(render)) with the documented seeds; a stream restarted
     mid-epoch at a position (a realignment) serves exactly the rest."""
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.training.step import stage_rows
+    from raytrain_seq.training.staging import stage_rows
 
     config = _config()
     feed = create_feed(Parts.of(config).feed, videos_per_task=8)
@@ -595,7 +595,7 @@ def test_a_killed_feed_restarts_and_the_streams_lose_no_row(ray_cluster, tmp_pat
     from raytrain_seq.members.retry import Backoff
     from raytrain_seq.runtime.feed import RESTARTS_FILE
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.training.step import stage_rows
+    from raytrain_seq.training.staging import stage_rows
 
     ray = ray_cluster
     config = _config(storage_path=str(tmp_path), run_name="feed-restart", feed_max_restarts=2)

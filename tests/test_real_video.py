@@ -32,17 +32,9 @@ from raytrain_seq.algorithms.augment import resize_video
 from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.flow import FLOW_BOUND, compute_flow, dequantize, flow_method, pair_flow
 from raytrain_seq.data.geometry import load_catalogs
-from raytrain_seq.data.sources import (
-    RealVideos,
-    balanced_subset,
-    fit_length,
-    flow_offset,
-    flow_videos,
-    get_source,
-    holdout,
-    source_kwargs,
-    window_videos,
-)
+from raytrain_seq.data.sources import RealVideos, fit_length, flow_offset, get_source, source_kwargs
+from raytrain_seq.data.splits import balanced_subset, holdout
+from raytrain_seq.data.task_bodies import flow_videos, window_videos
 from raytrain_seq.data.video import decode, decode_pairs
 from raytrain_seq.models import build_model
 from raytrain_seq.models.factory import build_model_for, load_run_state

@@ -10,18 +10,9 @@ import torch
 
 from raytrain_seq.algorithms.averaging import merge_adam_states
 from raytrain_seq.models import build_model, predict, sequence_loss
-from raytrain_seq.training.step import (
-    EvalResult,
-    InnerStep,
-    LearningRate,
-    build_optimizer,
-    collate_rows,
-    collate_stream,
-    eval_micro_batch_size,
-    evaluate,
-    load_averaged,
-    useful_frames,
-)
+from raytrain_seq.training.evaluation import EvalResult, eval_micro_batch_size, evaluate
+from raytrain_seq.training.staging import collate_rows, collate_stream
+from raytrain_seq.training.step import InnerStep, LearningRate, build_optimizer, load_averaged, useful_frames
 
 T_MAX, SIZE, SLOTS, CLASSES = 24, 8, 3, 4
 
@@ -395,7 +386,7 @@ def test_multi_view_scores_average_the_views_softmax():
     """The centre view of uncropped rows scores exactly as the centre-cropped rows; several views average
     their softmax (checked against scoring each view's crop on its own)."""
     from raytrain_seq.algorithms.augment import center_crop, test_views
-    from raytrain_seq.training.step import view_probabilities
+    from raytrain_seq.training.evaluation import view_probabilities
 
     size, crop = 10, 8
     rng = np.random.default_rng(0)
@@ -456,7 +447,7 @@ def test_streamed_micro_batches_cropped_on_the_device_equal_the_whole_staged_bat
     device and cropped there (``MicroBatchStage``). One step equals, in float64, the step on the whole
     mini-batch staged and cropped at once (``stage_rows``, one micro-batch): the same frames reach the
     model and the gradient is exactly the full-batch one."""
-    from raytrain_seq.training.step import MicroBatchStage, host_rows, stage_rows
+    from raytrain_seq.training.staging import MicroBatchStage, host_rows, stage_rows
 
     rows = _uncropped()
     streamed, whole = _model(), _model()
@@ -485,7 +476,7 @@ def test_no_more_than_two_micro_batches_of_input_are_on_the_device_at_once():
     import gc
     import weakref
 
-    from raytrain_seq.training.step import MicroBatchStage, host_rows
+    from raytrain_seq.training.staging import MicroBatchStage, host_rows
 
     live, peak, staged = [0], [0], []
     stage = MicroBatchStage("cpu", crop=SIZE, flow=False)
@@ -515,7 +506,7 @@ def test_an_out_of_memory_while_staging_halves_the_micro_batch_and_stays_exact()
     """``micro_batch_size="auto"`` probes with the streamed layout: an out-of-memory raised while a
     micro-batch is staged (copied or cropped on the device) is handled like one in the step: the size is
     halved, the mini-batch restarted, and the update is still exactly the full-batch one."""
-    from raytrain_seq.training.step import MicroBatchStage, host_rows, stage_rows
+    from raytrain_seq.training.staging import MicroBatchStage, host_rows, stage_rows
 
     rows = _uncropped(seed=4)
     stage, sizes = MicroBatchStage("cpu", crop=SIZE, flow=False), []
@@ -546,7 +537,7 @@ def test_a_learner_stages_every_mini_batch_on_one_side_stream():
     mini-batches and asks it once per mini-batch. A new stream per mini-batch would leave each earlier
     stream's staging blocks reserved (the allocator reuses a block only on its own stream)."""
     from raytrain_seq.algorithms.microbatch import SideStreams
-    from raytrain_seq.training.step import MicroBatchStage, host_rows
+    from raytrain_seq.training.staging import MicroBatchStage, host_rows
 
     made = []
     streams = SideStreams(factory=lambda device: made.append(device) or f"stream {len(made)}")
@@ -582,7 +573,7 @@ def test_cuda_side_stream_staging_gives_the_whole_batch_gradient(micro_batch_siz
     float32 with TF32 off: relative difference of the flattened gradients <= 1e-4 (summation order and
     cuDNN's kernels, not a dropped or doubled micro-batch, which would differ by far more), and the
     same over two mini-batches in a row on the one side stream."""
-    from raytrain_seq.training.step import MicroBatchStage, host_rows, stage_rows
+    from raytrain_seq.training.staging import MicroBatchStage, host_rows, stage_rows
 
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
@@ -626,7 +617,7 @@ def test_cuda_evaluate_in_bf16_is_fp32_within_bf16s_rounding():
 def _learner_under_cap(rank: int, cap_bytes: int, steps: int, results) -> None:
     """One of two learners sharing the GPU (--gpus-per-learner 0.5): capped at ``cap_bytes``, it trains
     ``steps`` streamed mini-batches and reports its reserved memory after the second and the last."""
-    from raytrain_seq.training.step import MicroBatchStage, RowPrefetcher
+    from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher
 
     torch.cuda.set_per_process_memory_fraction(
         cap_bytes / torch.cuda.get_device_properties(0).total_memory, 0

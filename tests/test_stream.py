@@ -12,7 +12,7 @@ import torch
 from raytrain_seq.algorithms.augment import final_augment_batch
 from raytrain_seq.rows.assembly import BlockSpec, EpochShard, assemble_rows, shard_items
 from raytrain_seq.rows.stream import RowStream
-from raytrain_seq.training.step import RowPrefetcher, host_rows, stage_rows
+from raytrain_seq.training.staging import RowPrefetcher, host_rows, stage_rows
 
 
 def _shard(blocks, *, channels: int, epoch: int = 4, center: bool = False) -> EpochShard:

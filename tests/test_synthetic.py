@@ -348,7 +348,8 @@ def test_partial_augmentation_costs_its_per_frame_cpu_in_training_only():
     import time
 
     from raytrain_seq.config import Config
-    from raytrain_seq.data.sources import augment_videos, source_kwargs
+    from raytrain_seq.data.sources import source_kwargs
+    from raytrain_seq.data.task_bodies import augment_videos
 
     config = Config.from_preset("smoke", max_videos=8)
     source = source_kwargs(config.data)

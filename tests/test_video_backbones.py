@@ -30,7 +30,7 @@ from raytrain_seq.models import (
     sequence_loss,
 )
 from raytrain_seq.models.factory import build_model_for, model_from_state
-from raytrain_seq.training.step import evaluate
+from raytrain_seq.training.evaluation import evaluate
 
 HW, NUM_CLASSES = 8, 4
 

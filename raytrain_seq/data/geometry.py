@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from raytrain_seq.config import DataConfig, RunSetupError
-from raytrain_seq.data.sources import CHANNELS, SPLITS, get_source, source_kwargs
+from raytrain_seq.data.sources import CHANNELS, get_source, source_kwargs
+from raytrain_seq.data.splits import SPLITS
 from raytrain_seq.rows.assembly import max_sequences_bound
 
 __all__ = ["Geometry", "ModelSpec", "data_geometry", "load_catalogs"]

@@ -1,17 +1,16 @@
 """Video sources of the refurbishing pipeline: the synthetic set and real videos (UCF101, HMDB51, lists).
 
-``augment_videos`` is the Ray task body the feed submits for a batch of ids: the expensive, cached half of
-Revamper's split augmentation. It decodes each video (``data.decoder``, resolved once by
-``source_kwargs``; one thread, the task holds one CPU), resizes it to ``data.cache_size`` and applies the
-partial augmentation seeded by ``seeds.partial_rng(seed, video, computing epoch)``: a recompute anywhere
-gives the same bytes. ``epoch=None`` is the deterministic evaluation resize.
-Flow is computed ONCE per video over the whole frame (``flow_videos``: ``RealVideos.flow`` on each kept
-frame and its successor) and kept by the feed; a flow refurbish is ``window_videos``, a slice
-``flow.flow_window(flow, size, flow_offset(seed, video, epoch))``. Contract: ``window(whole-frame flow,
-offset)``.
+A source gives the feed its catalogs (``catalogs``) and a task worker one video's partial augmentation
+(``load``: decode with ``data.decoder``, resolved once by ``source_kwargs``; resize to the cache size;
+``partial_augment`` seeded by ``seeds.partial_rng(seed, video, computing epoch)``, so a recompute
+anywhere gives the same bytes; epoch None is the deterministic evaluation resize). ``get_source`` keeps
+one per process and configuration; the task bodies that call it are ``data.task_bodies``. Flow is
+computed once per video over the whole frame (``RealVideos.flow``: each kept frame and its successor)
+and a window of it cut per refurbish at ``flow_offset``. Contract: ``window(whole-frame flow, offset)``.
 Bad videos: unreadable at catalog time, skipped and listed; failing inside a task, an all-zero clip of
 the catalog length, a warning, and ``stats()["videos"]["skipped"]``; a decoded length that differs from
-the catalog's is trimmed or padded to it. Catalogs: ``data.geometry.load_catalogs``.
+the catalog's is trimmed or padded to it (``fit_length``). Which videos train, validate and test:
+``data.splits``. Catalogs: ``data.geometry.load_catalogs``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import dataclasses
 import functools
 import logging
 import os
-import re
 import time
 from typing import Any
 
@@ -30,21 +28,17 @@ from raytrain_seq.algorithms.augment import partial_augment, rand_augment, resiz
 from raytrain_seq.config import DataConfig, RunSetupError
 from raytrain_seq.data.flow import flow_window
 from raytrain_seq.data.frame_cache import FrameCache, default_folder
+from raytrain_seq.data.splits import SPLITS, balanced_subset, catalog_subset, clip_group, holdout
 from raytrain_seq.seeds import partial_rng
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CHANNELS", "SPLITS", "RealVideos", "SyntheticSource", "augment_videos", "balanced_subset", "busy",
-    "fit_length", "flow_offset", "flow_videos", "get_source", "holdout", "render_size",
-    "source_kwargs", "window_videos",
+    "CHANNELS", "RealVideos", "SyntheticSource", "fit_length", "flow_offset", "get_source",
+    "render_size", "source_kwargs",
 ]  # fmt: skip
 
-SPLITS = ("train", "val", "test")
 CHANNELS = {"rgb": 3, "flow": 2}
-_VAL_SALT = 0x56414C44  # "VALD": the validation hold-out of class c
-_SUBSET_SALT = 0x53554253  # "SUBS": the max_videos subset of class c
-_GROUP = re.compile(r"_g(\d+)_c\d+\.[^.]+$")  # UCF101: v_<Class>_g08_c01.avi -> group "08"
 _REAL_FIELDS = (
     "dataset", "data_root", "split", "stream", "num_classes", "max_videos", "stride", "fps", "seed",
     "val_fraction", "train_list", "test_list", "val_list", "class_names", "decoder", "frame_cache_gib",
@@ -107,130 +101,6 @@ def get_source(kwargs: tuple[tuple[str, Any], ...]) -> SyntheticSource | RealVid
     if "dataset" in options:
         return RealVideos(**options)
     return SyntheticSource(**options)
-
-
-def busy(seconds: float) -> None:
-    """Burn ``seconds`` of this thread's CPU time (``data.augment_cost``: makes augmentation the
-    bottleneck on purpose). CPU time, not wall time: on a loaded machine a wall-clock spin would get
-    only its share of a core, and the cost it stands for would shrink with the load."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
-def augment_videos(
-    source: tuple,
-    video_ids: list[int],
-    epochs: list[int | None],
-    seed: int,
-    size: int,
-    cost: float,
-    frame_cost: float = 0.0,
-) -> tuple:
-    """Task body: decode + partial augmentation of each video; epoch None = evaluation resize.
-
-    ``cost`` busy CPU seconds per video (``data.augment_cost``), and ``frame_cost`` per frame of a
-    training video (``data.augment_cost_per_frame``: a per-frame transform such as RandAugment; the
-    evaluation resize has none). Returns one uint8 array per video, then ``{"ids", "epochs", "seconds",
-    "failed", "refit", "flow_method"}`` (one extra return): ``failed`` lists ``[path, reason]`` of videos
-    served as zero clips, ``refit`` ``[path, decoded, catalog]`` of lengths fixed to the catalog's.
-    """
-    videos = get_source(source)
-    began, cpu = time.perf_counter(), time.process_time()
-    out, failed, refit = [], [], []
-    stages: dict[str, float] = {}
-    cache = {"hits": 0, "misses": 0}
-    for video, epoch in zip(video_ids, epochs, strict=True):
-        frames, report = videos.load(video, epoch, seed, size)
-        out.append(frames)
-        failed += report.get("failed", [])
-        refit += report.get("refit", [])
-        for key, value in report.get("stages", {}).items():
-            stages[key] = stages.get(key, 0.0) + value
-        for key, value in report.get("frame_cache", {}).items():
-            cache[key] += value
-        busy(cost + (frame_cost * len(frames) if epoch is not None else 0.0))
-    info = {
-        "ids": list(video_ids),
-        "epochs": list(epochs),
-        "seconds": time.perf_counter() - began,
-        # CPU of the whole process (decoder threads included) while it ran the body: a task worker runs
-        # one task at a time, so this is the task's cost in CPU-seconds, which holds on a busy machine.
-        "cpu_s": time.process_time() - cpu,
-        "wall": [time.time() - (time.perf_counter() - began), time.time()],  # when it ran (epoch seconds)
-        "frames": [len(frames) for frames in out],
-        "stages": stages,
-        "frame_cache": cache,
-        "failed": failed,
-        "refit": refit,
-        "flow_method": videos.flow_method,
-    }
-    return (*out, info)
-
-
-def flow_videos(source: tuple, video_ids: list[int], epochs: list[int | None], size: int) -> tuple:
-    """Task body of the flow stream's once-per-video half: ``RealVideos.flow`` of each video.
-
-    Returns one uint8 ``[T, H, W, 2]`` whole-frame flow per video (short side ``size``), then ``{"kind":
-    "flow", "ids", "epochs", "seconds", "cpu_s", "frames", "flow_seconds", "failed", "refit", "flow_method"}``:
-    ``flow_seconds`` is each video's CPU seconds of decoding and flow (this thread's CPU time, so a busy
-    machine does not inflate it): what a recompute of that video would pay again. ``epochs`` are the
-    computing epochs that first needed each flow (None: evaluation), echoed for the feed's statistics;
-    the flow does not depend on them.
-    """
-    videos = get_source(source)
-    began, process = time.perf_counter(), time.process_time()
-    out, each, failed, refit = [], [], [], []
-    for video in video_ids:
-        cpu = time.thread_time()
-        flow, report = videos.flow(video, size)
-        each.append(time.thread_time() - cpu)
-        out.append(flow)
-        failed += report.get("failed", [])
-        refit += report.get("refit", [])
-    info = {
-        "kind": "flow",
-        "ids": list(video_ids),
-        "epochs": list(epochs),
-        "seconds": time.perf_counter() - began,
-        "cpu_s": time.process_time() - process,  # as augment_videos': the feed's cost in CPU-seconds
-        "frames": [len(flow) for flow in out],
-        "flow_seconds": each,
-        "failed": failed,
-        "refit": refit,
-        "flow_method": videos.flow_method,
-    }
-    return (*out, info)
-
-
-def window_videos(
-    video_ids: list[int], epochs: list[int | None], seed: int, size: int, cost: float, *flows: np.ndarray
-) -> tuple:
-    """Task body of the flow stream's refurbish: each stored flow's window for ``(seed, video, epoch)``.
-
-    ``flows`` are ``flow_videos``'s arrays (Ray resolves the refs passed in their place). Returns one
-    uint8 ``[T, size, size, 2]`` per video, then ``{"kind": "window", "ids", "epochs", "seconds", "cpu_s", "frames",
-    "failed", "refit", "flow_method"}`` (no decode happens here, so nothing fails or is refitted).
-    """
-    if len(flows) != len(video_ids):
-        raise ValueError(f"window_videos needs one flow per video, got {len(flows)} for {len(video_ids)} ids")
-    began, process = time.perf_counter(), time.process_time()
-    out = []
-    for video, epoch, flow in zip(video_ids, epochs, flows, strict=True):
-        out.append(flow_window(flow, size, flow_offset(seed, video, epoch)))
-        busy(cost)
-    info = {
-        "kind": "window",
-        "ids": list(video_ids),
-        "epochs": list(epochs),
-        "seconds": time.perf_counter() - began,
-        "cpu_s": time.process_time() - process,
-        "frames": [len(window) for window in out],
-        "failed": [],
-        "refit": [],
-        "flow_method": None,
-    }
-    return (*out, info)
 
 
 def flow_offset(seed: int, video: int, epoch: int | None) -> float | None:
@@ -297,71 +167,6 @@ def partial(
 
 
 # ------------------------------------------------------------------------------------------ real videos
-def holdout(labels: np.ndarray, groups: list[str], fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask of the validation videos: whole groups, about ``fraction`` of each class.
-
-    Per class c, its groups in a seeded random order are taken until they hold at least
-    ``max(1, round(fraction * n_c))`` videos, never every group (the class keeps a training video; a
-    class with one group gives none). Example: a class of 8 videos in groups g1..g4 (2 each), fraction
-    0.1: target max(1, round(0.8)) = 1, so the first group of the order (2 videos) is held out.
-    """
-    labels = np.asarray(labels)
-    keys = np.asarray(groups, dtype=object)
-    mask = np.zeros(len(labels), dtype=bool)
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
-        names = sorted(set(keys[members].tolist()))
-        if len(names) < 2:
-            continue
-        order = np.random.default_rng([seed, _VAL_SALT, int(label)]).permutation(len(names))
-        target, taken = max(1, round(fraction * len(members))), 0
-        for j in order[:-1]:
-            if taken >= target:
-                break
-            chosen = members[keys[members] == names[j]]
-            mask[chosen] = True
-            taken += len(chosen)
-    return mask
-
-
-def balanced_subset(labels: np.ndarray, limit: int | None, seed: int) -> np.ndarray:
-    """Sorted positions of at most ``limit`` videos, dealt round-robin over the classes.
-
-    Each class's videos are put in a seeded random order; round r takes the r-th video of every class
-    that still has one (classes ascending). Labels [0, 0, 0, 1, 2, 2] with limit 4: round 0 takes one
-    video of classes 0, 1, 2, round 1 the second of class 0: classes 0, 0, 1, 2.
-    """
-    labels = np.asarray(labels)
-    if limit is None or limit >= len(labels):
-        return np.arange(len(labels))
-    queues = [
-        members[np.random.default_rng([seed, _SUBSET_SALT, int(label)]).permutation(len(members))]
-        for label in np.unique(labels)
-        for members in [np.flatnonzero(labels == label)]
-    ]
-    picks = [int(q[r]) for r in range(max(len(q) for q in queues)) for q in queues if r < len(q)]
-    return np.sort(np.asarray(picks[:limit], dtype=np.int64))
-
-
-def _subset(catalog, positions: np.ndarray, split: str):
-    return dataclasses.replace(
-        catalog,
-        ids=catalog.ids[positions],
-        labels=catalog.labels[positions],
-        lengths=catalog.lengths[positions],
-        frames=None if catalog.frames is None else catalog.frames[positions],
-        paths=tuple(catalog.paths[int(k)] for k in positions),
-        split=split,
-    )
-
-
-def _group(path: str) -> str:
-    """UCF101's group of a clip (``v_X_g08_c01.avi`` -> ``"08"``); any other file is its own group."""
-    name = os.path.basename(path)
-    match = _GROUP.search(name)
-    return match.group(1) if match else name
-
-
 class RealVideos:
     """UCF101, HMDB51 or annotation lists under ``data_root``: catalogs for the feed, ``load`` for the
     task workers."""
@@ -464,7 +269,7 @@ class RealVideos:
         parts = self._with_validation(built)
         train = built["train"]
         catalogs = {
-            split: _subset(c, balanced_subset(c.labels, self.max_videos, self.seed), split)
+            split: catalog_subset(c, balanced_subset(c.labels, self.max_videos, self.seed), split)
             for split, c in parts.items()
         }
         missing = sorted(set(range(k)) - set(catalogs["train"].labels.tolist()))
@@ -482,7 +287,7 @@ class RealVideos:
         if "val" in built:
             return {split: built[split] for split in SPLITS}
         train = built["train"]
-        val_mask = holdout(train.labels, [_group(p) for p in train.paths], self.val_fraction, self.seed)
+        val_mask = holdout(train.labels, [clip_group(p) for p in train.paths], self.val_fraction, self.seed)
         if not val_mask.any():
             raise ValueError(
                 f"{self.dataset}: no validation video could be held out of {len(train)} training videos "
@@ -490,8 +295,8 @@ class RealVideos:
                 + (", or pass --val-list FILE" if self.dataset == "list" else "")
             )
         return {
-            "train": _subset(train, np.flatnonzero(~val_mask), "train"),
-            "val": _subset(train, np.flatnonzero(val_mask), "val"),
+            "train": catalog_subset(train, np.flatnonzero(~val_mask), "train"),
+            "val": catalog_subset(train, np.flatnonzero(val_mask), "val"),
             "test": built["test"],
         }
 

@@ -1,6 +1,6 @@
 """What the feed's tasks cost: their reports tallied by the epoch they computed for, and a run's feed block.
 
-A partial-augmentation task (``data.sources.augment_videos``, and the flow stream's two) reports its ids,
+A partial-augmentation task (``data.task_bodies.augment_videos``, and the flow stream's two) reports its ids,
 computing epochs, wall seconds, process CPU-seconds (``cpu_s``), kept frames, CPU by stage (decode and
 probe, cache read, partial augmentation) and frame-cache hits and misses. ``task_tallies`` sums them per
 computing epoch (None: evaluation) for ``BlockFeed.stats``; ``feed_cost`` turns the feed's report and

@@ -1,2 +1,3 @@
-"""The data plane of a round, Ray-free: flat payloads and their layouts, the sharded merge, the learners'
-flat storage, and the channel generations that carry a stable group's bytes."""
+"""The data plane of a round, Ray-free: flat payloads, their layouts and the values that travel beside them,
+the stores and shard pools that carry and merge them, the learners' flat storage, and the channel
+generations that carry a stable group's bytes."""

@@ -9,7 +9,7 @@ variance) and ``max`` (AMSGrad's max). ``merge_parts`` merges one shard's slice 
 process (``runtime.shards``) loads no torch, and starts about a CPU-second sooner (docs/ARCHITECTURE.md, "Measurements behind the code"): at a run's start the shards start beside the learners' first steps, and a shard
 that Ray restarts mid-run does so on a round's critical path.
 
-``ShardMerge`` is what a pool of shards returns for a round (``payload.ShardPool``).
+``ShardMerge`` is what a pool of shards returns for a round (``stores.ShardPool``).
 """
 
 from __future__ import annotations

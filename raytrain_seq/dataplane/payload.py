@@ -8,48 +8,32 @@ Shard i merges slice i of every learner (``dataplane.merge``); learners read the
 ``mean`` (weights, exp_avg, exp_avg_sq), ``pmean``/``pvar`` (BatchNorm (mean, var) pairs at equal offsets,
 merged by total variance), ``max`` (AMSGrad). Every rule is elementwise, so a merged slice equals that slice
 of ``average_states``/``merge_adam_states`` bit for bit. Integer buffers and Adam's ``step`` travel by
-value in ``FlatPayload.extras`` (``_by_value``, ``OptimizerExtras``); steps must agree, integer buffers are
-learner 0's. bfloat16 travels widened to float32 and is rounded back once.
-``ObjectStore`` (``runtime.shards.RayStore`` or ``InProcessStore``) is how a payload reaches the shards;
-``ShardPool`` (``RayShards`` or ``InProcessShards``) who merges. Plain numpy and torch: no ray.
+value in ``FlatPayload.extras`` (``dataplane.extras``); steps must agree, integer buffers are learner 0's.
+bfloat16 travels widened to float32 and is rounded back once. How a payload reaches the shards and who
+merges it: ``dataplane.stores``. Plain numpy and torch: no ray.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import copy
 import itertools
 import math
-import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from raytrain_seq.algorithms.averaging import bn_pairs
-from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
+from raytrain_seq.dataplane.extras import OptimizerExtras, by_value, state_value
 
-__all__ = [
-    "FlatLayout",
-    "FlatPayload",
-    "InProcessShards",
-    "InProcessStore",
-    "ObjectStore",
-    "OptimizerExtras",
-    "ShardPool",
-    "Slot",
-    "merge_extras",
-]
+__all__ = ["FlatLayout", "FlatPayload", "Slot"]
 
 _MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
-# Dtypes that go to numpy and come back as themselves (torch.tensor(array)): the extras travel as numpy.
-_NUMPY_EXACT = (*_NUMPY_FLOATS, torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
@@ -221,7 +205,7 @@ class FlatLayout:
 
     def extras(self, params: Mapping[str, Tensor], moments: Mapping | None) -> dict[str, Any]:
         """What is not averaged (copies): integer buffers, and Adam's step and non-tensor values. Tensors
-        travel as numpy arrays where numpy has their dtype (``_by_value``), the optimizer's one-value
+        travel as numpy arrays where numpy has their dtype (``by_value``), the optimizer's one-value
         tensors (the steps) as columns (``OptimizerExtras``); ``unpack`` makes them tensors again."""
         optimizer = None
         if self.moment_keys is not None and moments is not None:
@@ -236,7 +220,7 @@ class FlatLayout:
                 }
             )
         return {
-            "model": {k: _by_value(t) for k, t in params.items() if not t.is_floating_point()},
+            "model": {k: by_value(t) for k, t in params.items() if not t.is_floating_point()},
             "optimizer": optimizer,
         }
 
@@ -308,7 +292,9 @@ class FlatLayout:
             }
         params = {}
         for key in self.model_keys:
-            params[key] = found[("model", key)] if ("model", key) in found else _tensor(extras["model"][key])
+            params[key] = (
+                found[("model", key)] if ("model", key) in found else state_value(extras["model"][key])
+            )
         if self.moment_keys is None:
             return params, None
         kept = extras["optimizer"].entries()
@@ -319,7 +305,7 @@ class FlatLayout:
                 entry[name] = (
                     found[("optimizer", (index, name))]
                     if ("optimizer", (index, name)) in found
-                    else _tensor(kept[index][name])
+                    else state_value(kept[index][name])
                 )
             moments[index] = entry
         return params, moments
@@ -387,23 +373,6 @@ _LAYOUTS: dict[tuple[Any, ...], FlatLayout] = {}
 _LAYOUTS_KEPT = 4
 
 
-def _by_value(tensor: Tensor) -> np.ndarray | Tensor:
-    """A tensor that is not averaged, as it travels through the control plane: a numpy copy where numpy
-    has its dtype, else a tensor copy. Why: every message of a round carries one Adam step per parameter
-    tensor (and the integer buffers), and Ray pickles a torch tensor through ``torch.save``, a fixed cost
-    per tensor that the control plane pays for every learner's message in and every reply out, where a
-    numpy array pickles as its bytes (docs/ARCHITECTURE.md, "Measurements behind the code")."""
-    tensor = tensor.detach().cpu()
-    if tensor.dtype in _NUMPY_EXACT:
-        return np.array(tensor.numpy(), copy=True)
-    return tensor.clone()
-
-
-def _tensor(value: Any) -> Any:
-    """An extras value as the state holds it: a tensor (a copy, writable) for a numpy array, else as is."""
-    return torch.tensor(value) if isinstance(value, np.ndarray) else value
-
-
 def _joined(key: str, pieces: Sequence[np.ndarray]) -> np.ndarray:
     """The pieces of buffer ``key``'s slice as one flat array."""
     return np.concatenate([np.empty(0, dtype=np.dtype(key.split("/")[1])), *pieces])
@@ -416,77 +385,6 @@ def _flat_numpy(tensor: Tensor) -> np.ndarray:
     if flat.dtype not in _NUMPY_FLOATS:
         flat = flat.to(torch.float32)
     return flat.numpy()
-
-
-@dataclass(frozen=True)
-class OptimizerExtras:
-    """An optimizer state's values that are not averaged, per parameter index (Adam's ``step``, any other
-    entry that is not a moment), as they travel in every message of a round.
-
-    A one-value tensor per parameter (the step) pickled on its own costs a pickle per parameter in every
-    learner's message and every reply, most of a large model's message cost (docs/ARCHITECTURE.md, "Measurements behind the code").
-    So such values travel as one numpy column per name and dtype, and anything else as a copy. E.g.
-    Adam over 3 parameters at step 10: ``columns = {"step/float32": ("step", (0, 1, 2), array([10., 10.,
-    10.], dtype=float32))}``, ``other = {}``.
-    """
-
-    columns: dict[str, tuple[str, tuple[Any, ...], np.ndarray]]
-    """"NAME/DTYPE" -> (name, the parameter indices, their values in that order)."""
-    other: dict[Any, dict[str, Any]]
-    """Per parameter index, the values that are not one-value tensors of a numpy dtype (copies)."""
-
-    @classmethod
-    def of(cls, entries: Mapping[Any, Mapping[str, Any]]) -> OptimizerExtras:
-        """From per-index ``{name: value}`` (the optimizer's own values: columns and copies are made)."""
-        gathered: dict[tuple[str, torch.dtype], tuple[list[Any], list[Any]]] = {}
-        other: dict[Any, dict[str, Any]] = {}
-        for index, entry in entries.items():
-            for name, value in entry.items():
-                if isinstance(value, Tensor) and value.dim() == 0 and value.dtype in _NUMPY_EXACT:
-                    indices, values = gathered.setdefault((name, value.dtype), ([], []))
-                    indices.append(index)
-                    values.append(value.item())  # exact: a Python float or int holds any of these dtypes
-                else:
-                    copied = _by_value(value) if isinstance(value, Tensor) else copy.deepcopy(value)
-                    other.setdefault(index, {})[name] = copied
-        columns = {}
-        for (name, dtype), (indices, values) in gathered.items():
-            column = torch.tensor(values, dtype=dtype).numpy()
-            columns[f"{name}/{column.dtype}"] = (name, tuple(indices), column)
-        return cls(columns, other)
-
-    def entries(self) -> dict[Any, dict[str, Any]]:
-        """Per index, its values by name: a column's value as a 0-d numpy array (a view of the column:
-        ``unpack`` makes a tensor copy of it), the others as they travelled."""
-        out: dict[Any, dict[str, Any]] = {index: dict(entry) for index, entry in self.other.items()}
-        for name, indices, values in self.columns.values():
-            for index, value in zip(indices, values.reshape(-1, 1), strict=True):
-                out.setdefault(index, {})[name] = value.reshape(())
-        return out
-
-    def items(self) -> Iterator[tuple[Any, str, Any]]:
-        """(index, name, value) of every value: a column's as a 0-d tensor view of the column (one
-        ``copy_`` writes it into the optimizer's own tensor, no tensor built per value first), the others
-        as ``unpack`` gives them."""
-        for name, indices, values in self.columns.values():
-            column = torch.from_numpy(values)
-            for index, value in zip(indices, column, strict=True):
-                yield index, name, value
-        for index, entry in self.other.items():
-            for name, value in entry.items():
-                yield index, name, _tensor(value)
-
-    def steps(self) -> dict[Any, float]:
-        """Per index, its ``step`` as a number (what every learner of a round must agree on)."""
-        out = {}
-        for name, indices, values in self.columns.values():
-            if name == "step":
-                out.update(zip(indices, values.tolist(), strict=True))
-        for index, entry in self.other.items():
-            if "step" in entry:
-                value = entry["step"]
-                out[index] = float(value.item()) if isinstance(value, Tensor | np.ndarray) else value
-        return out
 
 
 @dataclass(frozen=True)
@@ -506,137 +404,3 @@ class FlatPayload:
         """Whether the parts are the arrays themselves (read from the store, or in process), not
         references: reading them then needs no store."""
         return all(isinstance(part, Mapping) for part in self.parts)
-
-
-# ------------------------------------------------------------------------------------------ merging
-def merge_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The round's extras: learner 0's, after checking that every learner's Adam steps agree (the bias
-    correction 1 - beta^step depends on it; AAVG learners take the same number of local steps)."""
-    first = extras[0]
-    if first.get("optimizer") is None:
-        return first
-    steps = first["optimizer"].steps()
-    for j, other in enumerate(extras[1:], start=1):
-        theirs = other["optimizer"].steps() if other.get("optimizer") is not None else {}
-        for index, mine in steps.items():
-            if theirs.get(index) != mine:
-                raise ValueError(
-                    f"param {index}: step differs across learners (learner 0 {mine}, learner {j} "
-                    f"{theirs.get(index)}): merge states of one averaging round"
-                )
-    return first
-
-
-# --------------------------------------------------------------------------------- stores and pools
-class ObjectStore(Protocol):
-    """Where a learner puts its parts and reads the merged ones."""
-
-    def put(self, value: Any) -> Any: ...
-
-    def get(self, refs: Sequence[Any]) -> list[Any]: ...
-
-    def expect(self, nbytes: int) -> bool:
-        """This process will move about ``nbytes`` through the store each round (a hint: a store may
-        prepare for it); whether it does."""
-        ...
-
-
-class InProcessStore:
-    """The objects are their own references; ``put`` copies the arrays, as ``ray.put`` does."""
-
-    def put(self, value: Any) -> Any:
-        return {
-            key: np.array(array, copy=True) if isinstance(array, np.ndarray)
-            else tuple(np.array(piece, copy=True) for piece in array)
-            for key, array in value.items()
-        }  # fmt: skip
-
-    def get(self, refs: Sequence[Any]) -> list[Any]:
-        return list(refs)
-
-    def expect(self, nbytes: int) -> bool:
-        return False  # the arrays live in this process's heap: nothing to prepare
-
-
-class ShardPool(Protocol):
-    """Merges a round's flat payloads, one shard per slice; ``count`` shards. A pool whose
-    ``supports_channels`` is True also opens channel generations (``dataplane.generations``; ``RayShards``):
-    ``targets`` and ``open_channels``."""
-
-    count: int
-    supports_channels: bool
-
-    def place(self, learner: Any, node: str | None) -> None:
-        """Where learner ``learner`` runs (a hint: shard i goes to learner i's node)."""
-
-    def handles(self) -> list[Any]:
-        """The shard actors (empty in process)."""
-
-    def prepare(self) -> None:
-        """Start the shards now (the learners' nodes are known), so the first round does not wait."""
-
-    async def fetch(self, refs: Sequence[Any]) -> list[Any]:
-        """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
-
-    async def merge(
-        self,
-        round: int,
-        payloads: Sequence[FlatPayload],
-        weights: Sequence[float],
-        timeout_s: float | None = None,
-        write: bool = False,
-    ) -> ShardMerge:
-        """Merge every shard's slices, or say which payloads a shard could not read within ``timeout_s``.
-        ``write``: into the live generation's channels (``ShardMerge.channelled``). Awaited on the
-        control plane's event loop, which it must not block."""
-
-
-class InProcessShards:
-    """``count`` shards merged in this process, one after the other: the pool of tests and one-process
-    runs. Bytes sent are counted as the merged part times the learners that read it. No channels: the
-    parts are this process's arrays already."""
-
-    supports_channels = False
-
-    def __init__(self, count: int) -> None:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"shards must be an int >= 1, got {count!r}")
-        self.count = count
-
-    def place(self, learner: Any, node: str | None) -> None:
-        pass
-
-    def handles(self) -> list[Any]:
-        return []
-
-    def prepare(self) -> None:
-        pass
-
-    async def fetch(self, refs: Sequence[Any]) -> list[Any]:
-        return list(refs)
-
-    async def merge(
-        self,
-        round: int,
-        payloads: Sequence[FlatPayload],
-        weights: Sequence[float],
-        timeout_s: float | None = None,
-        write: bool = False,
-    ) -> ShardMerge:
-        # The arithmetic runs in a worker thread: the caller's event loop keeps answering meanwhile. The
-        # parts are in this process: every one is readable, so timeout_s has nothing to bound.
-        return await asyncio.to_thread(self._merge, payloads, weights)
-
-    def _merge(self, payloads: Sequence[FlatPayload], weights: Sequence[float]) -> ShardMerge:
-        merged, loads = [], []
-        for i in range(self.count):
-            began = time.perf_counter()
-            parts = [payload.parts[i] for payload in payloads]
-            out = merge_parts(parts, weights)
-            merged.append(out)
-            received = sum(part_nbytes(p) for p in parts)
-            sent = part_nbytes(out) * len(payloads)
-            loads.append(
-                {"shard": i, "received": received, "sent": sent, "seconds": time.perf_counter() - began}
-            )
-        return ShardMerge(tuple(merged), tuple(loads))

@@ -16,7 +16,7 @@ __all__ = ["ShardPlacement"]
 
 
 class ShardPlacement:
-    """The known learner nodes of a shard ``pool`` (``dataplane.payload.ShardPool``)."""
+    """The known learner nodes of a shard ``pool`` (``dataplane.stores.ShardPool``)."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool

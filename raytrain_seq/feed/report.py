@@ -84,7 +84,7 @@ class FeedTally:
         self._infos: list[dict[str, Any]] = []
 
     def add(self, infos: Sequence[dict[str, Any]]) -> None:
-        """Finished tasks' reports (``data.sources``' task reports)."""
+        """Finished tasks' reports (``data.task_bodies``' reports)."""
         self._infos.extend(infos)
 
     def report(

@@ -123,11 +123,11 @@ class Predictor:
 
     def _scores(self, frames: np.ndarray, views: list[tuple[int, int, bool]] | None) -> np.ndarray:
         """The softmax of cropped ``frames`` (``views`` None), or the mean softmax of the ``views`` cut
-        from uncropped ones (``step.view_probabilities``, the test split's multi-view scoring)."""
+        from uncropped ones (``evaluation.view_probabilities``, the test split's multi-view scoring)."""
         import torch
 
         from raytrain_seq.models import predict
-        from raytrain_seq.training.step import view_probabilities
+        from raytrain_seq.training.evaluation import view_probabilities
 
         t = frames.shape[0]
         batch = {

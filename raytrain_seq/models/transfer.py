@@ -1,6 +1,6 @@
 """Host-to-device copies inside a forward pass that do not stall the host, and the convolutions' layout.
 
-The reset table of a batch of block rows stays on the host (``step.MicroBatchStage``), so the models build
+The reset table of a batch of block rows stays on the host (``staging.MicroBatchStage``), so the models build
 their gather indices, lengths and labels there and move them to the device during the forward pass. A
 copy from pageable host memory to a GPU makes the host wait until the GPU has caught up with everything
 queued before it; in the learner that wait cancels the overlap of micro-batch i + 1's staging with

@@ -2,7 +2,7 @@
 
 Every m-th round's averaged model is validated (``rounds.validation``) and its accuracy decides B for the
 round after next: ``AdaptiveBatchSize``, held at its start when the run's batch growth says so
-(``averaging.batch_may_grow``), and not asked at all when the batch is not adaptive (an ablation). The
+(``batchsize.batch_may_grow``), and not asked at all when the batch is not adaptive (an ablation). The
 averager tells the rule each scored validation, hands its B out with every round's result and keeps its
 state in checkpoints (``adaptive_state``). Plain Python, no asyncio.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raytrain_seq.algorithms.averaging import AdaptiveBatchSize, batch_may_grow
+from raytrain_seq.algorithms.batchsize import AdaptiveBatchSize, batch_may_grow
 from raytrain_seq.rounds.settings import AveragerSettings
 
 __all__ = ["BatchDecision", "BatchRule"]

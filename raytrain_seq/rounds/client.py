@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from raytrain_seq.dataplane.generations import ChannelEnds, Channelled, ChannelLost
-from raytrain_seq.dataplane.payload import FlatPayload, InProcessStore, ObjectStore
+from raytrain_seq.dataplane.payload import FlatPayload
+from raytrain_seq.dataplane.stores import InProcessStore, ObjectStore
 from raytrain_seq.members.errors import AveragerError, AveragerUnavailableError
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.members.retry import Backoff

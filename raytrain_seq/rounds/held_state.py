@@ -19,7 +19,7 @@ from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import part_nbytes
-from raytrain_seq.dataplane.payload import ShardPool
+from raytrain_seq.dataplane.stores import ShardPool
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.events import RunHistory
 from raytrain_seq.rounds.state import AveragedState

@@ -25,9 +25,10 @@ from typing import Any
 
 from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
+from raytrain_seq.dataplane.extras import merge_extras
 from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
-from raytrain_seq.dataplane.payload import FlatPayload, merge_extras
+from raytrain_seq.dataplane.payload import FlatPayload
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose

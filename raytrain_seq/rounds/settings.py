@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raytrain_seq.algorithms.averaging import AdaptiveBatchSize, batch_may_grow
+from raytrain_seq.algorithms.batchsize import AdaptiveBatchSize, batch_may_grow
 from raytrain_seq.checks import check_number
 from raytrain_seq.config import TRACKERS
 
@@ -41,7 +41,7 @@ class AveragerSettings:
     adaptive_batch: bool = True
     """False keeps B whatever validation says (an AAVG ablation)."""
     batch_growth: str = "steps"
-    """"steps": B grows only under a step budget (``averaging.batch_may_grow``); "always": under epochs too."""
+    """"steps": B grows only under a step budget (``batchsize.batch_may_grow``); "always": under epochs too."""
     merge_moments: bool = True
     """False averages the weights only; each learner keeps its own Adam moments (AAVG2)."""
     merge_bn_stats: bool = True

@@ -30,8 +30,8 @@ from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad
-from raytrain_seq.dataplane.payload import InProcessShards, ShardPool
 from raytrain_seq.dataplane.placement import ShardPlacement
+from raytrain_seq.dataplane.stores import InProcessShards, ShardPool
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.outputs.reports import AveragingReport, LearnerProcess

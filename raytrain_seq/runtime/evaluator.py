@@ -6,7 +6,7 @@ validation rounds: when round r (r % m == 0) closes, the ``ParameterAverager`` h
 reports the accuracy to itself; every learner trains on, and round r+1's result waits for it at most
 ``timeout_s`` (the one-round lag of the batch-size rule). It runs on threads of the averager actor (0
 CPUs), one scoring thread per learner; it builds the run's model once, assembles the validation rows
-once (the feed's "val" shard) and scores with ``step.evaluate``.
+once (the feed's "val" shard) and scores with ``evaluation.evaluate``.
 ``Evaluator`` is the plain class (tested in process with a fake feed and an ``InProcessStore``);
 ``ThreadValidator`` is the picklable callable the control plane awaits, which builds the real feed,
 store and ``Evaluator`` on its thread. ray is imported only inside the functions that talk to a cluster.
@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
-from raytrain_seq.dataplane.payload import ObjectStore
+from raytrain_seq.dataplane.stores import ObjectStore
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.parts import EvaluatorSettings
 from raytrain_seq.rounds.state import AveragedState
+from raytrain_seq.training.evaluation import EvalResult, eval_micro_batch_size, evaluate
 from raytrain_seq.training.heap import keep_freed_memory
-from raytrain_seq.training.step import EvalResult, collate_stream, eval_micro_batch_size, evaluate
+from raytrain_seq.training.staging import collate_stream
 
 logger = logging.getLogger(__name__)
 

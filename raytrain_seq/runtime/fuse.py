@@ -114,7 +114,8 @@ def _evaluate(
     from raytrain_seq.models.factory import model_from_state
     from raytrain_seq.runtime.feed import BlockFeed, feed_geometry
     from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.training.step import collate_rows, eval_micro_batch_size, view_probabilities
+    from raytrain_seq.training.evaluation import eval_micro_batch_size, view_probabilities
+    from raytrain_seq.training.staging import collate_rows
 
     began = time.perf_counter()
     # A bad layout or t_max fails here, in the driver, with its own message.

@@ -44,18 +44,10 @@ from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
 from raytrain_seq.runtime.launch import LoopConfig
+from raytrain_seq.training.evaluation import eval_micro_batch_size, evaluate
 from raytrain_seq.training.heap import keep_freed_memory
-from raytrain_seq.training.step import (
-    InnerStep,
-    LearningRate,
-    MicroBatchStage,
-    RowPrefetcher,
-    Staged,
-    build_optimizer,
-    collate_stream,
-    eval_micro_batch_size,
-    evaluate,
-)
+from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher, Staged, collate_stream
+from raytrain_seq.training.step import InnerStep, LearningRate, build_optimizer
 
 logger = logging.getLogger(__name__)
 

@@ -195,7 +195,7 @@ class LearnerFeed:
         """The rows of learner ``rank``'s share of the ``split`` ("val" or "test") evaluation blocks (all of
         them by default), centre-cropped, assembled here like the training rows (a Ray Data dataset would
         pay its start-up for a copy and a crop). ``uncropped``: the cached frames whole, for multi-view
-        testing (``step.evaluate(views=...)`` cuts the views on the learner's device)."""
+        testing (``evaluation.evaluate(views=...)`` cuts the views on the learner's device)."""
 
         def activate():
             return self.get(self.handle.eval_shard.remote(split, rank, world_size))

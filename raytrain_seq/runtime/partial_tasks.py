@@ -1,6 +1,6 @@
 """The partial-augmentation Ray tasks of the feed, and the objects their videos travel in.
 
-A task computes ``videos_per_task`` videos (``data.sources``: ``augment_videos``, and for the flow stream
+A task computes ``videos_per_task`` videos (``data.task_bodies``: ``augment_videos``, and for the flow stream
 ``flow_videos`` once per video then ``window_videos`` per refurbish) and returns them as a few objects plus
 one report: consecutive small videos share an object of at least ``OBJECT_BYTES`` (``object_bounds``), a
 larger video is an object of its own. The feed (``runtime.feed``) keeps, per video, a ``CachedArray``
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from raytrain_seq.data.sources import augment_videos, flow_videos, window_videos
+from raytrain_seq.data.task_bodies import augment_videos, flow_videos, window_videos
 
 __all__ = [
     "OBJECT_BYTES",
