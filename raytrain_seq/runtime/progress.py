@@ -112,7 +112,7 @@ def feed_rows_reader(feed: Any) -> Callable[[int, int], int | None]:
 
     def rows(epoch: int, world_size: int) -> int | None:
         epochs = ray.get(feed.stats.remote()).epochs
-        packing = (epochs.get(epoch) or epochs.get(str(epoch)) or {}).get("packing")
+        packing = epochs.get(epoch, {}).get("packing")  # FeedReport.epochs: int keys
         return -(-packing["blocks"] // world_size) if packing else None
 
     return rows
