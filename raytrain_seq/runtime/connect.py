@@ -19,7 +19,6 @@ from pathlib import Path
 
 from raytrain_seq.config import RunSetupError
 from raytrain_seq.parts import ConnectSettings
-from raytrain_seq.runtime.logs import quiet_ray_helpers
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +112,6 @@ def connect(settings: ConnectSettings) -> bool:
     # CPUs may exceed the cores; torch in each learner uses a thread).
     cpus = max(os.cpu_count() or 1, settings.max_learners + 2)
     gb = settings.object_store_gb
-    # Without a dashboard there is no State API, and Ray Train's placement-group cleaner warns about it
-    # at every check: its process gets its logger raised (runtime/logs.py) unless the run is verbose.
-    if not settings.verbose:
-        level["runtime_env"] = {"worker_process_setup_hook": quiet_ray_helpers}
     try:
         ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **level)
     except Exception as exc:
