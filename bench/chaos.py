@@ -287,7 +287,6 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
         "validate_every": 1000,  # validation is not what the soak looks at: skip its cost
         "adaptive_batch": False,
         "worker_start_timeout_s": 8.0,
-        "resize_interval_s": 5.0,
         "averager_timeout_s": args.timeout,
         "checkpoint_every": 4,
         "max_failures": args.events + 5,

@@ -627,7 +627,7 @@ class RunConfig:
     keep_checkpoints: int | None = 2
     """Checkpoint folders kept: the newest this many plus the best by validation accuracy; None = all."""
     verbose: bool = False
-    """Print Ray's and Ray Train's own progress lines and the job's debug lines too (False: the job's lines)."""
+    """Print Ray's own progress lines and the job's debug lines too (False: the job's lines)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.storage_path, os.PathLike):
