@@ -146,8 +146,8 @@ class Soak:
         return [a for a in self.alive(class_name) if a.actor_id not in self.earlier]
 
     def learner_pids(self) -> list[int]:
-        """The pids of this run's live learner processes (Ray Train workers; any of the group's will do)."""
-        return [int(a.pid) for a in self.run_actors("RayTrainWorker")]
+        """The pids of this run's live learner processes (runtime/fleet.py's actors; any will do)."""
+        return [int(a.pid) for a in self.run_actors("LearnerProcess")]
 
     def kill_shard(self) -> str:
         """SIGKILL one of this run's averager shard actors (unnamed: found in the GCS actor table); Ray
@@ -212,7 +212,7 @@ class Soak:
         from raytrain_seq.runtime.driver import run
 
         self.result, self.handles, self._before = {}, {}, before
-        self.earlier = {a.actor_id for name in ("RayTrainWorker", "AveragingShard") for a in self.alive(name)}
+        self.earlier = {a.actor_id for name in ("LearnerProcess", "AveragingShard") for a in self.alive(name)}
         self.began = time.monotonic()
 
         def target() -> None:

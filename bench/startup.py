@@ -39,6 +39,7 @@ SAMPLE_S = 0.25
 # Process title -> role. Ray names a worker process "ray::<actor class or task>" (plus ".method" while a
 # method runs); an idle task worker is "ray::IDLE". The first matching prefix wins.
 ROLES = (
+    ("ray::LearnerProcess", "learners"),
     ("ray::RayTrainWorker", "learners (Ray Train workers)"),
     ("ray::TrainController", "Ray Train: controller"),
     ("ray::SynchronizationActor", "Ray Train: helpers"),

@@ -1,8 +1,9 @@
 """The learners as a fleet of Ray actors, one per slot, and the driver's supervisor of them.
 
-``LearnerProcess`` is one learner slot's process: its constructor does the slow start-up (torch, the
-device Ray gave it, the feed and averager handles, the client, the model), so that Ray's restart of a
-dead actor in place (``max_restarts``) brings a replacement up alone; ``run(group)`` trains until the end.
+``LearnerProcess`` is one learner slot's process: its constructor starts the slow start-up (torch, the
+device Ray gave it, the feed and averager handles, the client, the model) on a thread, so that Ray's
+restart of a dead actor in place (``max_restarts``) brings a replacement up alone, and ``ready()`` says
+the process is placed; ``run(group)`` waits for the start-up and trains until the end.
 ``LearnerFleet`` (the driver's) creates an actor per slot up to ``train.max_learners`` (a pending one is
 demand the autoscaler sees), starts the first group with the ready ones, starts each later one alone
 (``run(None)``: it joins the running group at a round boundary), tells the averager at once when a
@@ -18,9 +19,11 @@ import dataclasses
 import functools
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +51,24 @@ class LearnerProcess:
 
     def __init__(self, settings: LearnerSettings, launch: LearnerLaunch, slot: int) -> None:
         import ray
-        import torch
+
+        self.slot, self.launch, self.settings = slot, launch, settings
+        self.incarnation = uuid.uuid4().hex  # this process: a restarted actor gets a new one
+        self.node = ray.get_runtime_context().get_node_id()
+        # The slow start-up runs beside the actor's calls: ready() answers once the process is placed (what
+        # train.worker_start_timeout_s bounds), and run() waits for the start-up, raising its error.
+        self._built: Future = Future()
+        threading.Thread(target=self._start_up, name="learner-start-up", daemon=True).start()
+
+    def _start_up(self) -> None:
+        """torch, the device Ray gave this actor, the feed and averager handles, the client, the model."""
+        try:
+            self._built.set_result(self._build())
+        except BaseException as exc:  # raised again by run(), in the actor's call
+            self._built.set_exception(exc)
+
+    def _build(self) -> Any:
+        import ray
 
         from raytrain_seq.runtime.feed import get_feed
         from raytrain_seq.runtime.learner import Learner
@@ -57,13 +77,10 @@ class LearnerProcess:
         from raytrain_seq.runtime.metrics import LearnerMetrics
         from raytrain_seq.training.heap import keep_freed_memory
 
-        entered = time.time()
-        self.slot, self.launch, self.settings = slot, launch, settings
-        self.incarnation = uuid.uuid4().hex  # this process: a restarted actor gets a new one
+        entered, settings, launch, slot = time.time(), self.settings, self.launch, self.slot
         run_dir = Path(settings.run_dir)  # the driver's Parts.of a named Config: never None here
         if settings.keep_freed_memory:
             keep_freed_memory()  # every step reallocates what the last one freed (heap.py)
-        torch.set_num_threads(launch.torch_threads)
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         quiet_learner(settings.verbose)  # Ray's own INFO lines (runtime/logs.py)
         self.device = _device(ray.get_gpu_ids())
@@ -71,18 +88,18 @@ class LearnerProcess:
         self.client = _client(settings, launch, slot, self.incarnation, self.device)
         put = functools.partial(put_checkpoint, run_dir=run_dir, keep=settings.keep_checkpoints)
         # The rank and world size are the group's, set by run() (a newcomer's come from its join).
-        self.learner = Learner(
+        learner = Learner(
             settings, rank=0, world_size=1, device=self.device, client=self.client,
             feed=LearnerFeed(self.feed, epochs=settings.max_epochs), report=put, keep_final=put,
             # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
             checkpoint_seed=lambda: _latest_state(run_dir),
             metrics=LearnerMetrics(slot), validate=not launch.evaluator,  # an evaluator validates
         )  # fmt: skip
-        self.learner.marks["loop_entered"] = entered
-        self.node = ray.get_runtime_context().get_node_id()
+        learner.marks["loop_entered"] = entered
+        return learner
 
     def ready(self) -> dict[str, Any]:
-        """This process is up: its slot, incarnation, node and pid (cheap: the start-up is done)."""
+        """This process is up: its slot, incarnation, node and pid (cheap: the start-up runs beside it)."""
         return {"slot": self.slot, "incarnation": self.incarnation, "node": self.node, "pid": os.getpid()}
 
     def run(self, group: tuple[int, ...] | None) -> LearnerReport | LearnerStop | None:
@@ -92,15 +109,25 @@ class LearnerProcess:
         Returns rank 0's final metrics, a ``LearnerStop`` when a checkpoint could not be written (the
         driver then stops every learner), or None (any other rank)."""
         import ray
+        import torch
 
-        learner, client = self.learner, self.client
         rank = None if group is None else group.index(self.slot)
         world_size = None if group is None else len(group)
-        learner.rank, learner.world_size, client.world_size = rank, world_size, world_size
         logging.getLogger().setLevel(logging.INFO if rank == 0 else logging.WARNING)
-        # A fresh run's epoch 0 starts now (the feed launches it once); a later learner's epoch is the
-        # averager's.
-        started = self.feed.start.remote(world_size) if rank == 0 and self.launch.fresh else None
+        # A fresh run's epoch 0 starts now, while the model may still be built (the feed launches it
+        # once); a later learner's epoch is the averager's.
+        feed = self.feed if self._built.done() else None
+        if feed is None:
+            from raytrain_seq.runtime.feed import get_feed
+
+            feed = get_feed(self.launch.feed, namespace=self.launch.namespace)
+        started = feed.start.remote(world_size) if rank == 0 and self.launch.fresh else None
+        learner = self._built.result()  # raises what the start-up raised
+        learner.rank, learner.world_size, self.client.world_size = rank, world_size, world_size
+        # Per thread: this call's thread steps (intra-op threads, the current CUDA device).
+        torch.set_num_threads(self.launch.torch_threads)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         try:
             if started is not None:
                 ray.get(started)  # raises here what the feed raised
