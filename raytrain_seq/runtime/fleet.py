@@ -35,6 +35,8 @@ from raytrain_seq.runtime.launch import LearnerLaunch
 
 logger = logging.getLogger(__name__)
 
+LEARNER_THREADS = 4  # a learner actor's call threads: run(), and Ray's own calls on it beside it
+
 __all__ = [
     "FleetSettings",
     "LearnerFleet",
@@ -275,6 +277,9 @@ class LearnerFleet:
             self.handles[slot] = remote.options(
                 num_cpus=1, num_gpus=settings.gpus, resources=dict(settings.resources) or None,
                 max_restarts=settings.max_failures, max_task_retries=0,
+                # run() holds one thread for the whole run: others serve what Ray calls on the actor
+                # meanwhile (a channel's set-up on a reader's node runs there), as Ray Train's workers did.
+                max_concurrency=LEARNER_THREADS,
             ).remote(self.learner, self.launch, slot)  # fmt: skip
             self._ready[self.handles[slot].ready.remote()] = slot
         deadline = self.clock() + settings.start_timeout_s
