@@ -164,7 +164,9 @@ def _start_actors(state: _Run) -> None:
         state.launch = dataclasses.replace(launch, evaluator=True)
     state.averager = create_averager(
         launch.averager,
-        parts.averager,
+        # Live groups: a lost learner leaves and a newcomer joins at a round boundary, the others
+        # training on (rounds/, docs/ARCHITECTURE.md "Failure and recovery"); the fleet tells it of losses.
+        dataclasses.replace(parts.averager, live=True),
         namespace=NAMESPACE,
         max_restarts=train.averager_max_restarts,
         run_dir=state.run_dir,  # the averager reloads the latest checkpoint (resume, or its own restart)
