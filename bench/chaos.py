@@ -159,6 +159,10 @@ class Soak:
         state = self.state()
         return None if state is None else tuple((p.incarnation, p.node) for p in state.processes)
 
+    def learner_pids(self) -> list[int]:
+        """The pids of this run's live learner processes (runtime/fleet.py's actors; any will do)."""
+        return [int(a.pid) for a in self.run_actors("LearnerProcess")]
+
     def kill_shard(self) -> str:
         """SIGKILL one of this run's averager shard actors (unnamed: found in the GCS actor table); Ray
         restarts it and re-runs an interrupted merge (max_restarts, max_task_retries)."""
@@ -173,11 +177,10 @@ class Soak:
         """Freeze one learner until the averager drops it, then thaw it. A fixed freeze of a little over
         the timeout may end before the others' round times out on it: the deadline runs from the round's
         FIRST arrival, which comes only after the others' K steps, so the thawed learner would still make
-        the round. A freeze that lands between a round and a checkpoint report drops nobody: the others
-        wait in the report (Ray Train's barrier, which the frozen learner must reach too) and send no
-        round; so each try is capped (twice the timeout and 20 s), the learner thawed, and the stall tried
-        again once the group has moved on, up to ``attempts`` times."""
-        workers = self.run_actors("RayTrainWorker")  # this run's live learner processes
+        the round. A freeze that drops nobody (the run moved on without a round, or ended) is capped (twice
+        the timeout and 20 s), the learner thawed, and the stall tried again once the group has moved on,
+        up to ``attempts`` times."""
+        workers = self.run_actors("LearnerProcess")  # this run's live learner processes (runtime/fleet.py)
         if len(workers) < 2:
             pids = [a.pid for a in workers]
             raise RuntimeError(f"a stall needs 2 learners, found {pids}: the schedule's model is off")
@@ -224,7 +227,7 @@ class Soak:
         from raytrain_seq.runtime.driver import run
 
         self.result, self.handles, self._before = {}, {}, before
-        self.earlier = {a.actor_id for name in ("RayTrainWorker", "AveragingShard") for a in self.alive(name)}
+        self.earlier = {a.actor_id for name in ("LearnerProcess", "AveragingShard") for a in self.alive(name)}
         self.began = time.monotonic()
 
         def target() -> None:
@@ -299,7 +302,6 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
         "validate_every": 1000,  # validation is not what the soak looks at: skip its cost
         "adaptive_batch": False,
         "worker_start_timeout_s": 8.0,
-        "resize_interval_s": 5.0,
         "averager_timeout_s": args.timeout,
         "checkpoint_every": 4,
         "max_failures": args.events + 5,
@@ -452,8 +454,8 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
 
         soak.wait(reached, f"round {last + gap}")
         if kind == "learner_stalled":
-            # A group of 2 that averaged a round together, and not right after a checkpoint round: there
-            # the others wait in Ray Train's report (a barrier) for the frozen learner and never time out.
+            # A group of 2 that averaged a round together, and not at a checkpoint round (where rank 0
+            # writes the checkpoint before it steps on).
             def calm() -> bool:
                 state = soak.state()
                 return state is not None and state.world_size == 2 and (state.next_round - 1) % every != 0
@@ -475,7 +477,7 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
         injected.append({"kind": kind, "round": round_at, "detail": detail})
 
         # Recovered: the group has the size the learner slots allow (a node's loss or gain has taken
-        # effect: Ray Train restarted the group), then RECOVERY_ROUNDS more rounds were averaged.
+        # effect: a round's close changed the live group), then RECOVERY_ROUNDS more rounds were averaged.
         size = min(2, len(soak.slots))
         grouped = soak.wait(
             lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}"
@@ -517,8 +519,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--videos", type=int, default=240, help="synthetic videos (all splits)")
     parser.add_argument("--k", type=int, default=2, help="local steps between rounds")
     # 10 s: a stall lasts until the others' round times out on it, so the timeout sets its cost. A killed
-    # node's learner is often dropped by the survivors' round before Ray Train restarts the group (its
-    # raylet is declared dead after ~5 s): its rows are then made up like a stalled learner's.
+    # node's learner leaves the rounds as soon as Ray reports its actor dead (LearnerFleet -> lose).
     parser.add_argument("--timeout", type=float, default=10.0, help="averager timeout (s)")
     parser.add_argument("--storage", default=None, help="run folders (default: a temporary folder)")
     parser.add_argument(

@@ -2,7 +2,7 @@
 start of a bare Ray Train trainer on the same machine.
 
 Two runs, each on a fresh local Ray cluster of ``--cpus`` logical CPUs: 1. **bare**: a Ray Train
-``DataParallelTrainer`` with the job's settings (``driver.train_env``) whose function imports torch and
+``DataParallelTrainer`` polling as the job's driver does, whose function imports torch and
 builds Adam, ``fit()`` to a torch learner ready: the floor Ray Train sets here; 2. **job**: ``driver.run``
 of the demo preset, a thread reading every process's CPU from /proc every ``SAMPLE_S``, with the
 summary's ``seconds.startup`` and timeline. Printed: each role's CPU between ``fit()`` and the first
@@ -17,6 +17,7 @@ and each Ray process started in that window in order with its CPU. ``--json``: o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ SAMPLE_S = 0.25
 # Process title -> role. Ray names a worker process "ray::<actor class or task>" (plus ".method" while a
 # method runs); an idle task worker is "ray::IDLE". The first matching prefix wins.
 ROLES = (
+    ("ray::LearnerProcess", "learners"),
     ("ray::RayTrainWorker", "learners (Ray Train workers)"),
     ("ray::TrainController", "Ray Train: controller"),
     ("ray::SynchronizationActor", "Ray Train: helpers"),
@@ -162,8 +164,6 @@ def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str,
     from ray.train import RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from raytrain_seq.runtime.driver import train_env
-
     gpu = bool(config.train.use_gpu)
     resources = {"CPU": 1, **({"GPU": config.train.gpus_per_learner} if gpu else {})}
     trainer = DataParallelTrainer(
@@ -173,7 +173,7 @@ def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str,
         ),
         run_config=RunConfig(name=f"bare-{time.time_ns()}", storage_path=str(storage)),
     )
-    with ProcSampler() as sampler, train_env(config):
+    with ProcSampler() as sampler, _poll_env(config.train.poll_interval_s):
         fit = time.time()
         result = trainer.fit()
         returned = time.time()
@@ -183,6 +183,21 @@ def run_bare(config: Config, storage: Path) -> tuple[dict[str, float], dict[str,
     by_role = cpu_by_role(sampler.samples, fit, metrics["ready"], _role_of_this_driver)
     times = {"function_started": metrics["started"] - fit, "ready": metrics["ready"] - fit}
     return {**times, "end": returned - metrics["ended"]}, by_role
+
+
+@contextlib.contextmanager
+def _poll_env(seconds: float):
+    """Ray Train's controller polls its workers every ``seconds`` (its env var, carried to the controller),
+    as the job's driver checks its learners (``train.poll_interval_s``); restored afterwards."""
+    name, before = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
+    os.environ[name] = f"{seconds:g}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _role_of_this_driver(title: str, pid: int) -> str:

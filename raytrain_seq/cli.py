@@ -40,6 +40,7 @@ import yaml
 from raytrain_seq import preflight
 from raytrain_seq.config import (
     PRESETS,
+    RETIRED,
     Config,
     DataConfig,
     ModelConfig,
@@ -82,9 +83,7 @@ ADVANCED: frozenset[str] = frozenset(
         "data.frame_cache_dir",
         "train.max_failures",
         "train.worker_start_timeout_s",
-        "train.resize_interval_s",
         "train.poll_interval_s",
-        "train.preemption_watcher",
         "train.averager_max_restarts",
         "train.feed_max_restarts",
         "train.keep_freed_memory",
@@ -142,6 +141,11 @@ class _Parser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             first = next((e for e in extras if e.startswith("-")), extras[0])
+            field = first.split("=", 1)[0].lstrip("-").rsplit(".", 1)[-1].replace("-", "_")
+            if field.startswith("no_") and field[3:] in RETIRED:
+                field = field[3:]
+            if field in RETIRED:
+                self.error(f"{first} was retired with Ray Train: {RETIRED[field][0]}; drop it")
             close = difflib.get_close_matches(first.split("=", 1)[0], self.flags, n=1)
             hint = f": did you mean {close[0]}?" if close else ""
             what = "flag" if first.startswith("-") else "argument"
@@ -392,7 +396,9 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
         else:
             known = [f.name for f in dataclasses.fields(SECTIONS[section])]
             unknown += [
-                _hint(f"{section}.{key}", known, section, owners) for key in values if key not in known
+                _hint(f"{section}.{key}", known, section, owners)
+                for key in values
+                if key not in known and not (section == "train" and key in RETIRED)  # Config.from_dict's
             ]
     if unknown:
         raise ValueError(

@@ -400,17 +400,13 @@ class TrainConfig:
     section: ClassVar[str] = "train"
 
     learners: int | tuple[int, int] = 2
-    """AAVG learners (Ray Train workers, P in the paper): a count, or (min, max) / "MIN:MAX" for elastic."""
+    """AAVG learners (actors, one per slot; P in the paper): a count, or (min, max) / "MIN:MAX" for elastic."""
     max_failures: int = 3
-    """Worker-group restarts Ray Train may make after a learner fails (FailureConfig); -1 = no limit."""
+    """Learner losses (process or node) the run survives, each slot restarted in place by Ray; -1 = no limit."""
     worker_start_timeout_s: float = 60.0
-    """Seconds Ray Train waits for a (re)started worker group before retrying with what is there."""
-    resize_interval_s: float = 60.0
-    """Seconds between Ray Train's checks for room to grow an elastic group (ScalingConfig)."""
+    """Seconds to wait for the first learners, and for min_learners again after losses."""
     poll_interval_s: float = 0.5
-    """Seconds between Ray Train's polls of the learners: the end of training and a dead learner show then."""
-    preemption_watcher: bool = False
-    """Start Ray Train's PreemptionWatcher actor per worker group (it logs node drains; learners ignore them)."""
+    """Seconds between the driver's checks of the learners (ray.wait): a lost learner is told then."""
     averager_max_restarts: int = 3
     """Restarts Ray may make of the averaging actor (it reloads the latest checkpoint); -1 = no limit."""
     feed_max_restarts: int = 3
@@ -485,23 +481,17 @@ class TrainConfig:
         self._check_lr_schedule()
 
     def _check_restarts_and_switches(self) -> None:
-        """Restart limits, Ray Train's timeouts and the on/off switches."""
+        """Restart limits, the learners' timeouts and the on/off switches."""
         for name in ("max_failures", "averager_max_restarts", "feed_max_restarts"):
             value = getattr(self, name)
             if not is_int(value) or value < -1:
                 raise ValueError(
                     f"train.{name} must be an int >= -1 (-1 = no limit), got {value!r}: use e.g. 3"
                 )
-        for name in ("worker_start_timeout_s", "resize_interval_s", "poll_interval_s"):
+        for name in ("worker_start_timeout_s", "poll_interval_s"):
             number(f"train.{name}", getattr(self, name), "> 0", lambda v: v > 0, "use e.g. 60.0 seconds")
-        for name in (
-            "adaptive_batch",
-            "merge_moments",
-            "merge_bn_stats",
-            "averager_channels",
-            "keep_freed_memory",
-            "preemption_watcher",
-        ):
+        switches = ["adaptive_batch", "merge_moments", "merge_bn_stats", "averager_channels"]
+        for name in (*switches, "keep_freed_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"train.{name} must be True or False, got {getattr(self, name)!r}: "
@@ -542,23 +532,12 @@ class TrainConfig:
         )
         number("train.lr", self.lr, "> 0", lambda v: v > 0, "use e.g. 1e-3")
         choice("train.optimizer", self.optimizer, OPTIMIZERS)
-        number(
-            "train.weight_decay",
-            self.weight_decay,
-            ">= 0",
-            lambda v: v >= 0,
-            "use 0.0 for none",
-        )
+        number("train.weight_decay", self.weight_decay, ">= 0", lambda v: v >= 0, "use 0.0 for none")
 
     def _check_averager_and_devices(self) -> None:
         """The averager's timeout, checkpoints and shards; GPUs, the validator and the precision."""
-        number(
-            "train.averager_timeout_s",
-            self.averager_timeout_s,
-            ">= 0.001",
-            lambda v: v >= 0.001,
-            "use e.g. 60.0 seconds",
-        )
+        timeout, why = self.averager_timeout_s, "use e.g. 60.0 seconds"
+        number("train.averager_timeout_s", timeout, ">= 0.001", lambda v: v >= 0.001, why)
         int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
         if self.averager_shards is not None:
             int_at_least(
@@ -648,7 +627,7 @@ class RunConfig:
     keep_checkpoints: int | None = 2
     """Checkpoint folders kept: the newest this many plus the best by validation accuracy; None = all."""
     verbose: bool = False
-    """Print Ray's and Ray Train's own progress lines and the job's debug lines too (False: the job's lines)."""
+    """Print Ray's own progress lines and the job's debug lines too (False: the job's lines)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.storage_path, os.PathLike):
@@ -698,6 +677,22 @@ class RunConfig:
 _SECTIONS: dict[str, type] = dict(data=DataConfig, model=ModelConfig, train=TrainConfig, run=RunConfig)
 # Field names are unique across sections (they are the flag names), so a flat override finds its section.
 _FIELD_SECTION: dict[str, str] = {f.name: s for s, c in _SECTIONS.items() for f in dataclasses.fields(c)}
+
+
+# Fields only Ray Train read (runtime/fleet.py): what replaced each, and the default older records hold.
+RETIRED: dict[str, tuple[str, Any]] = {
+    "resize_interval_s": ("a learner slot joins as soon as a node has room for it", 60.0),
+    "preemption_watcher": ("a drained node's learners are lost learners, restarted in their slots", False),
+}
+
+
+def _retired(key: str, value: Any, *, record: bool = True) -> bool:
+    """True for a retired field at its old default in a record; ValueError for any other use of one."""
+    if key not in RETIRED:
+        return False
+    if record and value == RETIRED[key][1]:
+        return True
+    raise ValueError(f"train.{key} was retired with Ray Train: {RETIRED[key][0]}; drop it (got {value!r})")
 
 
 def _unknown(keys: list[str], known: list[str], where: str) -> ValueError:
@@ -792,6 +787,7 @@ class Config:
                     f"write it like {name}: {{field: value}}"
                 )
             known = [f.name for f in dataclasses.fields(section_cls)]
+            values = {k: v for k, v in values.items() if not (name == "train" and _retired(k, v))}
             unknown = sorted(f"{name}.{k}" for k in set(values) - set(known))
             if unknown:
                 raise _unknown(unknown, known, f"{name}")
@@ -815,6 +811,8 @@ class Config:
                 merged.setdefault(key, {}).update(value)
             elif key in _FIELD_SECTION:
                 merged.setdefault(_FIELD_SECTION[key], {})[key] = value
+            elif key in RETIRED:
+                _retired(key, value, record=False)
             else:
                 raise _unknown([key], sorted(_FIELD_SECTION), "override")
         logger.debug("config from preset %s with overrides %s", name, sorted(overrides))

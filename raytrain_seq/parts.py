@@ -139,7 +139,7 @@ class LearnerSettings:
     keep_freed_memory: bool
     """``train.keep_freed_memory``: keep freed host memory for the next step (``training.heap``)."""
     verbose: bool
-    """``run.verbose``: keep Ray Train's per-round INFO lines."""
+    """``run.verbose``: keep Ray's INFO lines in the learners."""
     run_dir: str | None
     """The run folder, where rank 0 puts checkpoints; None: a learner outside a run (tests)."""
     keep_checkpoints: int | None

@@ -1041,7 +1041,8 @@ def test_bandwidth_references_are_summarised_like_the_rounds():
 
 def test_startup_roles_name_our_actors_ray_trains_and_the_driver():
     name = lambda title, pid=7: startup.role(title, driver=1, pid=pid)  # noqa: E731
-    assert name("ray::RayTrainWorker.run_train_fn") == "learners (Ray Train workers)"
+    assert name("ray::LearnerProcess.run") == "learners"  # the job's (runtime/fleet.py)
+    assert name("ray::RayTrainWorker.run_train_fn") == "learners (Ray Train workers)"  # the bare baseline
     assert name("ray::TrainController.run") == "Ray Train: controller"
     assert name("ray::_AutoscalingCoordinatorActor") == name("ray::DatasetManager") == "Ray Train: helpers"
     assert name("ray::BlockFeed.epoch_shard") == "ours: feed"

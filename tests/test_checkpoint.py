@@ -254,39 +254,28 @@ def test_put_of_a_round_already_there_replaces_it_whole(tmp_path):
     assert sorted(p.name for p in run_dir.iterdir()) == [checkpoint.folder_name(3)]
 
 
-def test_the_learners_report_puts_the_folder_prunes_and_reports_the_metrics_only(tmp_path, monkeypatch):
-    """runtime.learner's glue at a checkpoint round: rank 0 puts the saved folder into the run folder with
-    the run's keep (so older ones are pruned), then Ray Train gets the metrics alone (no checkpoint: its
-    own list would name the pruned folders); a folder it cannot put stops every rank with the same error."""
-    import ray.train
-    import ray.train.collective
-
+def test_the_learners_report_puts_the_folder_and_prunes_and_a_failed_put_raises(tmp_path):
+    """runtime.fleet's report at a checkpoint round: rank 0 puts the saved folder into the run folder with
+    the run's keep (so older ones are pruned); the others hand no folder and put nothing; a folder it
+    cannot put raises CheckpointError in that learner (its process returns a LearnerStop)."""
     from raytrain_seq.outputs.reports import RoundMetrics
-    from raytrain_seq.runtime import learner
+    from raytrain_seq.runtime.fleet import put_checkpoint
 
-    reported = []
-    monkeypatch.setattr(ray.train, "report", lambda metrics, **kw: reported.append((metrics, kw)))
-    monkeypatch.setattr(ray.train.collective, "broadcast_from_rank_zero", lambda value: value)
     run_dir = tmp_path / "run"
     scores = {1: 0.9, 2: 0.1, 3: 0.2}
     for r in range(1, 5):
         saved = checkpoint.save(
             tmp_path / f"m{r}", state=_state(r), history=_history({k: v for k, v in scores.items() if k < r})
         )
-        learner._ray_train_report(
-            RoundMetrics(round=r, epoch=0, batch_size=4), saved, run_dir=run_dir, keep=1
-        )
+        put_checkpoint(RoundMetrics(round=r, epoch=0, batch_size=4), saved, run_dir=run_dir, keep=1)
+        put_checkpoint(RoundMetrics(round=r, epoch=0, batch_size=4), None, run_dir=run_dir, keep=1)
     assert [p.name for p in checkpoint.candidates(run_dir)] == [
         checkpoint.folder_name(4),
         checkpoint.folder_name(1),  # the best
     ]
-    assert reported == [({"round": r, "epoch": 0, "batch_size": 4}, {}) for r in range(1, 5)]
     (run_dir / checkpoint.folder_name(5)).write_text("a file where the folder must go")
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint_round_000005"):
-        learner._ray_train_report(
-            RoundMetrics(round=5, epoch=0, batch_size=4), saved, run_dir=run_dir, keep=1
-        )
-    assert len(reported) == 4  # no report after a failed put: every rank raised instead
+        put_checkpoint(RoundMetrics(round=5, epoch=0, batch_size=4), saved, run_dir=run_dir, keep=1)
 
 
 def test_a_run_whose_checkpoints_ray_train_listed_keeps_them_all(tmp_path):

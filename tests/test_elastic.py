@@ -258,38 +258,42 @@ def test_storage_path_that_cannot_be_written_is_refused_before_ray(tmp_path):
     assert os.path.isfile(blocker)
 
 
-def test_train_env_sets_the_start_timeout_the_poll_and_the_watcher_for_the_fit_only(monkeypatch):
-    """The worker-group start timeout, the poll interval and the preemption watcher reach Ray Train
-    through env vars that it carries from the driver to its controller, during fit only; then they are
-    restored (unset, or the value they had)."""
-    from ray.train.v2._internal.constants import ENV_VARS_TO_PROPAGATE
+def test_the_fields_only_ray_train_read_are_refused_naming_what_replaced_them(tmp_path):
+    """train.resize_interval_s and train.preemption_watcher went with Ray Train: a preset override, a
+    config file or a flag that sets one is refused naming the fleet's behaviour instead; an older run's
+    record, which holds them at their defaults, still loads (fusion and export read those records)."""
+    from raytrain_seq import cli
 
-    from raytrain_seq.runtime.driver import (
-        POLL_INTERVAL_ENV,
-        PREEMPTION_WATCHER_ENV,
-        WORKER_START_TIMEOUT_ENV,
-        train_env,
-    )
-
-    # Set in the driver, they reach the controller only if Ray Train propagates them.
-    assert {POLL_INTERVAL_ENV, PREEMPTION_WATCHER_ENV, WORKER_START_TIMEOUT_ENV} <= ENV_VARS_TO_PROPAGATE
-    monkeypatch.delenv(WORKER_START_TIMEOUT_ENV, raising=False)
-    monkeypatch.delenv(PREEMPTION_WATCHER_ENV, raising=False)
-    monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
-    config = Config.from_preset("smoke", worker_start_timeout_s=7.5, poll_interval_s=0.25)
-    with train_env(config):
-        assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5" and os.environ[POLL_INTERVAL_ENV] == "0.25"
-        assert os.environ[PREEMPTION_WATCHER_ENV] == "0"  # off by default
-    assert WORKER_START_TIMEOUT_ENV not in os.environ and os.environ[POLL_INTERVAL_ENV] == "3"
-    assert PREEMPTION_WATCHER_ENV not in os.environ
-    with train_env(Config.from_preset("smoke", preemption_watcher=True)):
-        assert os.environ[PREEMPTION_WATCHER_ENV] == "1"
-    monkeypatch.setenv(WORKER_START_TIMEOUT_ENV, "99")
-    with train_env(config):
-        assert os.environ[WORKER_START_TIMEOUT_ENV] == "7.5"
-    assert os.environ[WORKER_START_TIMEOUT_ENV] == "99"
+    for key, value in (("resize_interval_s", 5.0), ("preemption_watcher", True)):
+        with pytest.raises(ValueError, match=rf"train\.{key} was retired with Ray Train"):
+            Config.from_preset("smoke", **{key: value})
+        record = Config.from_preset("smoke").to_dict()
+        record["train"][key] = value
+        with pytest.raises(ValueError, match=rf"train\.{key} was retired"):
+            Config.from_dict(record)
+    old = Config.from_preset("smoke").to_dict()
+    old["train"].update(resize_interval_s=60.0, preemption_watcher=False)
+    assert Config.from_dict(old) == Config.from_preset("smoke")
+    for flag in ("--resize-interval-s=2", "--preemption-watcher", "--no-preemption-watcher"):
+        with pytest.raises(SystemExit):
+            cli.parse([flag])
     with pytest.raises(ValueError, match=r"train\.poll_interval_s"):
         Config.from_preset("smoke", poll_interval_s=0)
+
+
+def test_the_first_group_is_what_the_alive_nodes_hold_within_the_learner_range():
+    """Like Ray Train's elastic policy: per alive node, how many learners its resources hold."""
+    from raytrain_seq.runtime.fleet import first_group_size
+
+    head = {"Alive": True, "Resources": {"CPU": 3.0}}
+    slot = {"Alive": True, "Resources": {"CPU": 1.0, "learner_slot": 1.0}}
+    dead = {"Alive": False, "Resources": {"CPU": 8.0, "learner_slot": 8.0}}
+    need = {"CPU": 1.0, "GPU": 0.0, "learner_slot": 1.0}
+    assert first_group_size([head, slot, slot, dead], need, 1, 4) == 2
+    assert first_group_size([head, slot], need, 2, 4) == 2  # never below the minimum: the wait decides
+    assert first_group_size([head], {"CPU": 1.0}, 1, 2) == 2
+    gpu = {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}}
+    assert first_group_size([gpu], {"CPU": 1.0, "GPU": 0.5}, 1, 4) == 2
 
 
 def test_feed_start_launches_epoch_0_once_and_epoch_shard_serves_it_without_a_second_launch():

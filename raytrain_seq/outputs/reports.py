@@ -6,7 +6,7 @@ Three actors end a run knowing something the summary needs: the averager (``Aver
 final metrics: the test scores and its own clock). Each producer returns its report as it is, a frozen
 dataclass that Ray pickles, so ``driver.build_summary``, the benches and the tests read fields and
 never guess a key; none is written as JSON (``summary.RunSummary`` is the run's summary.json).
-``RoundMetrics`` is what every learner hands Ray Train at a checkpoint round.
+``RoundMetrics`` is what every learner hands its ``report`` at a checkpoint round.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ STOP_REASONS = ("checkpoint",)
 
 @dataclass(frozen=True, kw_only=True)
 class RoundMetrics:
-    """What every learner reports to Ray Train at a checkpoint round (``ray.train.report``, a barrier)."""
+    """What every learner hands its ``report`` at a checkpoint round (``runtime.fleet.put_checkpoint``)."""
 
     round: int
     """The averaged round."""
@@ -142,7 +142,7 @@ class RoundMetrics:
     """The batch size decided for the rounds after it."""
 
     def to_dict(self) -> dict[str, int]:
-        """``ray.train.report``'s metrics (Ray Train takes a dict): the fields in their order."""
+        """The fields as a dict, in their order."""
         return {"round": self.round, "epoch": self.epoch, "batch_size": self.batch_size}
 
 

@@ -60,7 +60,7 @@ def read_round(channel: Any, round: int, timeout_s: float | None) -> Any:
 
 
 class RayChannelEnds:
-    """``ChannelEnds`` of a learner running in a Ray actor (a Ray Train worker is one)."""
+    """``ChannelEnds`` of a learner running in a Ray actor (the learners are: runtime/fleet.py)."""
 
     def __init__(self) -> None:
         self.generation: int | None = None
@@ -78,7 +78,9 @@ class RayChannelEnds:
 
         me = get_self_actor()
         if me is None:
-            raise RuntimeError("channels need the learner to run in a Ray actor (a Ray Train worker is one)")
+            raise RuntimeError(
+                "channels need the learner to run in a Ray actor (as runtime/fleet.py runs it)"
+            )
         sizes = tuple(part_nbytes(part) for part in slices)
         outputs = [
             BufferedSharedMemoryChannel(me, [shard], INPUT_BUFFERS, channel_slack(size))

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from raytrain_seq.config import RunSetupError
 from raytrain_seq.parts import ConnectSettings
-from raytrain_seq.runtime.logs import quiet_ray_helpers
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +112,6 @@ def connect(settings: ConnectSettings) -> bool:
     # CPUs may exceed the cores; torch in each learner uses a thread).
     cpus = max(os.cpu_count() or 1, settings.max_learners + 2)
     gb = settings.object_store_gb
-    # Without a dashboard there is no State API, and Ray Train's placement-group cleaner warns about it
-    # at every check: its process gets its logger raised (runtime/logs.py) unless the run is verbose.
-    if not settings.verbose:
-        level["runtime_env"] = {"worker_process_setup_hook": quiet_ray_helpers}
     try:
         ray.init(num_cpus=cpus, namespace=NAMESPACE, include_dashboard=False, **store_options(gb), **level)
     except Exception as exc:
@@ -157,7 +152,7 @@ def gpu_share(gpus: float, learners: int) -> float:
 def device_decision(use_gpu: bool | None, gpus: float, learners: int, per_learner: float) -> tuple[bool, str]:
     """Whether the learners train on GPUs, and why in one line, from ``train.use_gpu``, the cluster's GPU
     count and what the learners need (``learners`` x ``per_learner``). ``use_gpu=True`` on a cluster
-    with too few GPUs is a ``RunSetupError`` (Ray Train would wait for them forever); None picks the GPUs
+    with too few GPUs is a ``RunSetupError`` (the learners would wait for them forever); None picks the GPUs
     when they are enough. E.g. 1 GPU, 2 learners at 1 GPU each: the CPU, and "--gpus-per-learner 0.5"."""
     need = learners * per_learner
     hint = gpu_share(gpus, learners)
@@ -177,7 +172,7 @@ def device_decision(use_gpu: bool | None, gpus: float, learners: int, per_learne
             fix = f"share them ({share}), lower --learners" if share else "lower --learners"
         raise RunSetupError(
             f"--use-gpu: the Ray cluster has {gpus:g} GPUs and {learners} learners x {per_learner:g} GPU need "
-            f"{need:g}, so Ray Train would wait forever; {fix}, or add GPU nodes"
+            f"{need:g}, so the learners would wait forever; {fix}, or add GPU nodes"
         )
     if not gpus:
         return False, "training on CPUs: the cluster has no GPU"

@@ -1,31 +1,27 @@
-"""The driver of a run: connect to Ray, start the feed and the averager, fit the learners, write the summary.
+"""The driver of a run: connect to Ray, start the feed and the averager, run the learners, write the summary.
 
 ``run(config)`` is what ``jobs/ucf101.py`` calls: it connects to the cluster (or starts a local one),
-creates the driver-side actors (``BlockFeed``, ``ParameterAverager``), runs a Ray Train V2
-``DataParallelTrainer`` whose workers are the AAVG learners (``runtime.learner``), then joins rank 0's
-final metrics with the actors' reports into ``summary.json`` and its plots. Not a ``TorchTrainer``: the
-learners never call torch.distributed, and it would set up an unused process group at every start of
-the worker group (docs/ARCHITECTURE.md, "Measurements behind the code").
-Elastic learners: ``train.learners`` = (min, max) becomes ``ScalingConfig(num_workers=(min, max))``; the
-controller restarts the group when a learner fails (at most ``train.max_failures`` times) or grows it
-every ``train.resize_interval_s``; ``train.worker_start_timeout_s`` reaches it through its environment
-variable. New learners start from the averager's latest state; the summary records membership and
-recoveries. Resume: the averager is given the run folder and reloads its newest checkpoint itself (also
-when Ray restarts it), so the learners start from it and skip the rows already trained.
+creates the driver-side actors (``BlockFeed``, ``ParameterAverager``), runs the learners as a fleet of
+Ray actors, one per slot (``runtime.fleet``), then joins rank 0's final metrics with the actors' reports
+into ``summary.json`` and its plots. No Ray Train: its worker group restarts every learner when one is
+lost or added, where averaging learners are independent between rounds; Ray's own actor restarts, the
+autoscaler's view of pending actors and ``ray.wait`` serve instead (docs/ARCHITECTURE.md, "Failure and recovery").
+Elastic learners: ``train.learners`` = (min, max) gives max slots; the first group is what the cluster
+holds, a slot that comes up later joins alone, a lost learner's slot is restarted by Ray (at most
+``train.max_failures`` losses). New learners start from the averager's latest state; the summary records
+membership, recoveries and each slot's incarnations. Resume: the averager is given the run folder and
+reloads its newest checkpoint itself (also when Ray restarts it), so the learners start from it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
 import logging
 import math
-import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,60 +30,19 @@ from raytrain_seq.config import Config, RunSetupError
 from raytrain_seq.data.geometry import Geometry
 from raytrain_seq.data.task_costs import feed_cost
 from raytrain_seq.outputs import accounting
-from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport, LearnerStop
+from raytrain_seq.outputs.reports import AveragingReport, FeedReport, LearnerReport
 from raytrain_seq.outputs.summary import RunSummary, load_plotting, plot_confusion, plot_curves
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.events import EVENTS_FILE, membership_entries, recovery_entries
 from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
 from raytrain_seq.runtime.feed import feed_restarts
-from raytrain_seq.runtime.launch import LearnerLaunch, LoopConfig
-from raytrain_seq.runtime.logs import quiet_driver, train_logging
+from raytrain_seq.runtime.launch import LearnerLaunch
+from raytrain_seq.runtime.logs import quiet_driver
 
 logger = logging.getLogger(__name__)
 
-# Read by Ray Train's worker group and controller in the controller actor; the driver's values travel
-# there with the controller's runtime environment (ray.train.v2 get_env_vars_to_propagate).
-WORKER_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-POLL_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-__all__ = [
-    "POLL_INTERVAL_ENV",
-    "PREEMPTION_WATCHER_ENV",
-    "WORKER_START_TIMEOUT_ENV",
-    "build_summary",
-    "run",
-    "train_env",
-]
-
-
-@contextlib.contextmanager
-def train_env(config: Config) -> Iterator[None]:
-    """Ray Train's worker-group start timeout, poll interval and preemption watcher from the config, for
-    this fit only.
-
-    The poll: Ray Train's controller learns that the learners returned (or that one died) only at its
-    next poll of them, so its default of 2 s left the job waiting after the last report (docs/ARCHITECTURE.md, "Measurements behind the code").
-    A poll is one small actor call per learner (docs/ARCHITECTURE.md, "Measurements behind the code").
-    The watcher: Ray Train starts one actor per worker group that polls for draining nodes and logs them
-    and offers them to ``ray.train.get_preemption_info``, which the learners do not call (a drained
-    node's learners are lost learners like any other). Off by default: on a busy node its process start
-    competes with the learners' own (docs/ARCHITECTURE.md, "Measurements behind the code")."""
-    values = {
-        WORKER_START_TIMEOUT_ENV: f"{config.train.worker_start_timeout_s:g}",
-        POLL_INTERVAL_ENV: f"{config.train.poll_interval_s:g}",
-        PREEMPTION_WATCHER_ENV: "1" if config.train.preemption_watcher else "0",
-    }
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+__all__ = ["build_summary", "run"]
 
 
 @dataclasses.dataclass
@@ -107,6 +62,7 @@ class _Run:
     marks: dict[str, float] = dataclasses.field(default_factory=dict)
     feed: Any = None
     averager: Any = None
+    slots: dict[str, Any] = dataclasses.field(default_factory=dict)  # fleet.LearnerFleet.records()
 
 
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
@@ -121,7 +77,7 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     Four phases, in the order docs/ARCHITECTURE.md ("Start-up order") gives the reasons for: prepare
     (preflight, resume, connect), start the driver-side actors, fit the learners, finish (the summary).
     """
-    # The job's clock starts before the imports (ray, Ray Train, torch): the user waits for them too.
+    # The job's clock starts before the imports (ray, torch): the user waits for them too.
     began, began_wall = time.perf_counter(), time.time()
     config = config.named()  # a run without --run-name gets its dated folder here, once
     state = _prepare(config, learner_resources, began, began_wall)
@@ -156,7 +112,7 @@ def _prepare(
     state = _Run(config, began, began_wall, run_dir, resumed, extra, checked.geometry, parts)
     own_cluster = connect(parts.connect)
     check_cpus(parts.connect)
-    # A GPU count that cannot hold the learners fails here, not in Ray Train's endless wait for them.
+    # A GPU count that cannot hold the learners fails here, not in an endless wait for them.
     state.use_gpu = choose_device(parts.connect, own_cluster=own_cluster)
     state.marks["connected"] = time.time()
     suffix = uuid.uuid4().hex[:8]
@@ -184,7 +140,7 @@ def _check_learner_resources(learner_resources: Mapping[str, float] | None) -> d
 
 
 def _start_actors(state: _Run) -> None:
-    """The feed, then (its process starting) Ray Train's and torch's imports, then the averager."""
+    """The feed, then (its process starting) torch's import with the averager's, then the averager."""
     from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
 
     config, train, launch, parts = state.config, state.config.train, state.launch, state.parts
@@ -194,10 +150,8 @@ def _start_actors(state: _Run) -> None:
     if train.validate_every:
         # A failure to launch them is raised again by the evaluator's own eval_shard call.
         feed.prefetch_eval.remote("val")
-    # Ray Train and torch load now, while the feed's process loads its catalog (the reasons for this
-    # order: docs/ARCHITECTURE.md, "Start-up order").
-    for module in ("ray.train.v2.api.data_parallel_trainer", "raytrain_seq.runtime.learner"):
-        importlib.import_module(module)
+    # torch loads now (with the averager's module), while the feed's process loads its catalog (the
+    # reasons for this order: docs/ARCHITECTURE.md, "Start-up order").
     from raytrain_seq.runtime.averager import create_averager
     from raytrain_seq.runtime.evaluator import ThreadValidator
 
@@ -210,7 +164,9 @@ def _start_actors(state: _Run) -> None:
         state.launch = dataclasses.replace(launch, evaluator=True)
     state.averager = create_averager(
         launch.averager,
-        parts.averager,
+        # Live groups: a lost learner leaves and a newcomer joins at a round boundary, the others
+        # training on (rounds/, docs/ARCHITECTURE.md "Failure and recovery"); the fleet tells it of losses.
+        dataclasses.replace(parts.averager, live=True),
         namespace=NAMESPACE,
         max_restarts=train.averager_max_restarts,
         run_dir=state.run_dir,  # the averager reloads the latest checkpoint (resume, or its own restart)
@@ -223,11 +179,14 @@ def _start_actors(state: _Run) -> None:
 
 
 def _fit(state: _Run) -> LearnerReport:
-    """Ray Train fits the learners; rank 0's final metrics (``learner.Learner.finish``'s return)."""
+    """The learner fleet trains; rank 0's final metrics (``learner.Learner.finish``'s return)."""
+    from raytrain_seq.runtime.fleet import LearnerFleet
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
     train = state.config.train
-    trainer = _trainer(state)
+    fleet = LearnerFleet(
+        _fleet_settings(state), learner=state.parts.learner, launch=state.launch, averager=state.averager
+    )
     progress = RunProgress(
         train.epochs,
         position=averager_position_reader(state.averager),
@@ -238,44 +197,32 @@ def _fit(state: _Run) -> LearnerReport:
     threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
     state.marks["fit"] = time.time()
     try:
-        with train_env(state.config):
-            result = trainer.fit()
+        fleet.start()
+        result = fleet.supervise()
     finally:
         progress.close()
+        fleet.shutdown()
+        state.slots = fleet.records()
     state.marks["fit_returned"] = time.time()
-    if result.error is not None:
-        raise result.error
-    if not isinstance(result.return_value, LearnerReport):  # the learners stopped on a checkpoint write
+    if not isinstance(result, LearnerReport):  # the learner at a checkpoint could not write it
         _release(state.averager, state.feed)
-        stop = result.return_value
-        raise checkpoint.stopped_error(state.run_dir, stop.message if isinstance(stop, LearnerStop) else None)
-    return result.return_value
+        raise checkpoint.stopped_error(state.run_dir, result.message)
+    return result
 
 
-def _trainer(state: _Run) -> Any:
-    """Ray Train V2's DataParallelTrainer over the learners (not a TorchTrainer: the module docstring)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+def _fleet_settings(state: _Run) -> Any:
+    """What the learner fleet reads of ``train`` and of the driver's resource choice."""
+    from raytrain_seq.runtime.fleet import FleetSettings
 
-    from raytrain_seq.runtime.learner import train_loop_per_worker
-
-    config, train = state.config, state.config.train
-    gpu = {"GPU": train.gpus_per_learner} if state.use_gpu else {}
-    return DataParallelTrainer(
-        train_loop_per_worker,
-        train_loop_config=LoopConfig(settings=state.parts.learner, launch=state.launch),
-        scaling_config=ScalingConfig(
-            num_workers=train.learners,
-            use_gpu=state.use_gpu,
-            resources_per_worker={"CPU": 1, **gpu, **state.learner_resources},
-            elastic_resize_monitor_interval_s=train.resize_interval_s,
-        ),
-        run_config=RunConfig(
-            name=config.run.run_name,
-            storage_path=str(state.run_dir.parent),
-            failure_config=FailureConfig(max_failures=train.max_failures),
-            logging_config=train_logging(config.run.verbose),
-        ),
+    train = state.config.train
+    return FleetSettings(
+        min_learners=train.min_learners,
+        max_learners=train.max_learners,
+        max_failures=train.max_failures,
+        start_timeout_s=train.worker_start_timeout_s,
+        poll_interval_s=train.poll_interval_s,
+        gpus=train.gpus_per_learner if state.use_gpu else 0.0,
+        resources=state.learner_resources,
     )
 
 
@@ -297,7 +244,7 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
         config, metrics, averaging, stats, list(ray.get(feed.model_spec.remote()).class_names)
     )
     # Wall-clock stamps from rank 0 (same clock on one node; NTP-close across nodes): start-up ends at
-    # its first step, "write" runs from its final metrics (checkpoint, Ray Train's shutdown, summary).
+    # its first step, "write" runs from its final metrics (checkpoint, the learners' shutdown, summary).
     if metrics.first_step_wall is not None:
         summary.seconds["startup"] = max(0.0, metrics.first_step_wall - state.began_wall)
     marks = state.marks
@@ -310,6 +257,7 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
     # When each step of start-up, the test pass and the write ended, in seconds from the job's start.
     began_wall = state.began_wall
     summary.extra["timeline"] = {k: round(v - began_wall, 3) for k, v in sorted(marks.items(), key=_second)}
+    summary.extra["learner_slots"] = state.slots  # each slot's incarnations, nodes, losses, restarts
     summary.seconds["write"] = max(0.0, time.time() - metrics.final_report_wall)
     summary.seconds["total"] = time.perf_counter() - state.began  # only the summary's own write follows
     summary.write(state.run_dir)

@@ -120,7 +120,7 @@ class ThreadValidator:
     lives on a thread of the process holding this object, the averager actor.
 
     Why not an actor of its own: a process that imports torch and builds the model at the job's start
-    competes with Ray Train's start on a busy node, and the averager has torch loaded already. Interleaved
+    competes with the learners' start on a busy node, and the averager has torch loaded already. Interleaved
     demos on the 2-core box: start-up and the job shorter, the learners' rounds no less even (docs/ARCHITECTURE.md, "Measurements behind the code"). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
     validation maps its activations afresh and the learners beside it slow down (the same LOG entry).
 
@@ -158,7 +158,7 @@ class ThreadValidator:
 
     def _prepared(self) -> Evaluator:
         evaluator = self.build() if self.build is not None else self._evaluator_of_the_run()
-        evaluator.prepare()  # the validation rows, assembled while Ray Train starts the learners
+        evaluator.prepare()  # the validation rows, assembled while the learners start
         return evaluator
 
     def _evaluator_of_the_run(self) -> Evaluator:

@@ -118,13 +118,13 @@ class FeedTasks:
         """``lane_waits`` of a launch's ``tasks``: an evaluation split's (every epoch None) run in as many
         lanes as the cluster has CPUs beyond one per learner (at least one), and in at most one per
         learner when launched before the learners run (``prefetch_eval``); an epoch's run as CPUs come
-        free. The validation rows are launched as the feed starts, before Ray Train places the learners:
+        free. The validation rows are launched as the feed starts, before the learners are placed:
         all at once, their tasks took every free CPU, each in a worker process of its own (most of them
         then stayed idle for the run), and slowed the learners' start (docs/ARCHITECTURE.md, "Measurements behind the code"). In lanes of the CPUs beyond the learners, a node with more logical CPUs started more
         of those processes: Ray starts a bounded number of worker processes at once, so Ray Train's
         controller, helpers and learners queued behind them (bench/startup.py at 16 logical CPUs, "Start-up"
         in docs/ARCHITECTURE.md). Nobody needs the validation rows before the first round, so a lane per
-        learner starts with the job and the rest of the cluster's CPUs are left to Ray Train's start."""
+        learner starts with the job and the rest of the cluster's CPUs are left to the learners' start."""
         if not all(e is None for e in epochs):
             return lane_waits(tasks, None)
         import ray

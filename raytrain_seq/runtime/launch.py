@@ -1,22 +1,18 @@
 """What the driver hands every learner it launches: one frozen value instead of a dict of names.
 
-``LearnerLaunch`` crosses the process boundary once, as Ray Train's ``train_loop_config["launch"]``
-(pickled with the learner's function), and is all a learner needs to find the run's other processes:
-the named feed and averager actors in ``namespace``, whether the run is fresh (rank 0 then starts the
-feed's epoch 0 while the learners build their models), and whether an evaluator scores validation (the
-learners then do not). The learners' own settings (``parts.LearnerSettings``, built by ``Parts.of`` from
-the ``Config`` the driver checked) travel beside it; the whole tree never does.
+``LearnerLaunch`` crosses the process boundary with each learner actor's constructor (``runtime.fleet``),
+and is all a learner needs to find the run's other processes: the named feed and averager actors in
+``namespace``, whether the run is fresh (the first group's rank 0 then starts the feed's epoch 0), and
+whether an evaluator scores validation (the learners then do not). The learners' own settings
+(``parts.LearnerSettings``, built by ``Parts.of`` from the ``Config`` the driver checked) travel beside
+it with the learner's slot; the whole tree never does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
 
-if TYPE_CHECKING:
-    from raytrain_seq.parts import LearnerSettings
-
-__all__ = ["LearnerLaunch", "LoopConfig"]
+__all__ = ["LearnerLaunch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,7 +26,7 @@ class LearnerLaunch:
     namespace: str
     """The Ray namespace both actors live in."""
     fresh: bool
-    """No checkpoint to resume from: rank 0 starts the feed's epoch 0 as soon as it runs."""
+    """No checkpoint to resume from: the first group's rank 0 starts the feed's epoch 0 as soon as it runs."""
     evaluator: bool = False
     """An evaluator validates on the averager's thread; the learners do not score validation shares."""
     torch_threads: int = 1
@@ -48,11 +44,3 @@ class LearnerLaunch:
             or self.torch_threads < 1
         ):
             raise ValueError(f"LearnerLaunch.torch_threads must be an int >= 1, got {self.torch_threads!r}")
-
-
-class LoopConfig(TypedDict):
-    """Ray Train's ``train_loop_config`` of the learners (Ray Train hands the loop a dict): their
-    ``LearnerSettings`` and ``LearnerLaunch``."""
-
-    settings: LearnerSettings
-    launch: LearnerLaunch

@@ -1,4 +1,4 @@
-"""An AAVG learner: the Ray Train V2 worker loop, a plain PyTorch loop around the Ray-free pieces.
+"""An AAVG learner: a plain PyTorch loop around the Ray-free pieces (its process: ``runtime.fleet``).
 
 Per epoch the learner takes its shard of the plan (``LearnerFeed``: equal rows for every learner), steps
 on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Adam) and lets
@@ -6,23 +6,21 @@ on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Ad
 Every m rounds the averaged model is validated, by the averager's evaluator or, when the round's result
 asks (``RoundResult.validate``), by the learners, each its share before its next round; a later result
 carries B for everyone, so all take the same steps and meet at the same rounds.
-A group that Ray Train starts or restarts begins from the averager's latest state and position (or the
-newest checkpoint when it holds nothing); a layout's end settles on the next epoch or a make-up layout
-(``rounds.position.settle``), so every row reaches one averaged round; a ``Realigned`` learner takes the
-others' state and makes the ``ray.train.report`` calls it missed. Checkpoints follow
-``checkpoint.is_due``: rank 0 puts them, every rank reports; the final one is rank 0's alone, no report
-(``Learner.finish``). Collaborators come through the constructor, so a test runs the loop with fakes.
+A learner begins from the averager's latest state and position (or the newest checkpoint when it holds
+nothing); a layout's end settles on the next epoch or a make-up layout (``rounds.position.settle``), so
+every row reaches one averaged round; a ``Realigned`` learner takes the others' state. Checkpoints follow
+``checkpoint.is_due``: the round's rank 0 hands the folder to ``report``, which puts it in the run folder
+(no barrier); the final one likewise (``Learner.finish``). Collaborators come through the constructor, so
+a test runs the loop with fakes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -32,10 +30,9 @@ import torch
 
 from raytrain_seq import checkpoint
 from raytrain_seq.algorithms.augment import test_views
-from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.outputs import accounting
-from raytrain_seq.outputs.reports import LearnerReport, LearnerStop, RoundMetrics
+from raytrain_seq.outputs.reports import LearnerReport, RoundMetrics
 from raytrain_seq.parts import LearnerSettings
 from raytrain_seq.rounds.client import AveragerClient, Realigned
 from raytrain_seq.rounds.events import describe_progress
@@ -43,9 +40,7 @@ from raytrain_seq.rounds.group import place
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
-from raytrain_seq.runtime.launch import LoopConfig
 from raytrain_seq.training.evaluation import eval_micro_batch_size, evaluate
-from raytrain_seq.training.heap import keep_freed_memory
 from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher, Staged, collate_stream
 from raytrain_seq.training.step import InnerStep, LearningRate, build_optimizer
 
@@ -56,11 +51,11 @@ logger = logging.getLogger(__name__)
 # the last step, with the learners idle meanwhile (docs/ARCHITECTURE.md, "Measurements behind the code").
 TEST_LEAD_EPOCHS = 2
 
-__all__ = ["Learner", "epochs_trained", "train_loop_per_worker"]
+__all__ = ["Learner", "epochs_trained"]
 
-# report(metrics, checkpoint_folder): Ray Train's report (a barrier across the group); the folder, given
-# on rank 0 at checkpoint rounds, holds the files of ``checkpoint.save``, which rank 0 puts in the run
-# folder. The final checkpoint and metrics go to a ``keep_final`` of the same shape, rank 0 only (``finish``).
+# report(metrics, checkpoint_folder): called by every rank at a checkpoint round; the folder, given on
+# rank 0 only, holds the files of ``checkpoint.save``, which it puts in the run folder. The final
+# checkpoint and metrics go to a ``keep_final`` of the same shape, rank 0 only (``finish``).
 Report = Callable[[RoundMetrics | LearnerReport, Path | None], None]
 
 
@@ -429,7 +424,7 @@ class Learner:
 
     # ------------------------------------------------------------------------------- reports, finish
     def _report(self, position: EpochPosition, *, with_checkpoint: bool) -> None:
-        """``report`` on every rank (a barrier); rank 0 attaches the checkpoint."""
+        """``report`` on every rank; rank 0 attaches the checkpoint."""
         metrics = self._metrics(position)
         if not with_checkpoint or self.rank != 0:
             self.report(metrics, None)
@@ -459,13 +454,12 @@ class Learner:
 
     def finish(self, position: EpochPosition | None = None) -> LearnerReport | None:
         """Every rank scores its share of the test split and the averager sums the tallies; rank 0 hands
-        the final checkpoint and the summed test results to ``keep_final`` and returns those metrics (the
-        train function's return value, Ray Train's ``Result.return_value``); the other ranks return None.
+        the final checkpoint and the summed test results to ``keep_final`` and returns those metrics (its
+        process's ``run`` returns them to the driver: ``runtime.fleet``); the other ranks return None.
 
-        No ``ray.train.report`` at the end: Ray Train's controller would take one poll to collect it and
-        another to see the function return, where a return alone takes one (docs/ARCHITECTURE.md, "Measurements behind the code"). Every learner holds the same final averaged model, so the shares add up to the whole
-        split scored by that one model. ``position``: where training ended (the final checkpoint's
-        position; by default the end of ``train.epochs``).
+        Every learner holds the same final averaged model, so the shares add up to the whole split scored
+        by that one model. ``position``: where training ended (the final checkpoint's position; by
+        default the end of ``train.epochs``).
         """
         if position is None:
             position = EpochPosition(self.settings.epochs).with_steps(self.steps_done)
@@ -525,112 +519,3 @@ def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
     world = position.world_size or 1
     total = done + world * max(shard_rows, position.rows_done)
     return position.epoch + (done + world * position.rows_done) / max(total, 1)
-
-
-# --------------------------------------------------------------------------------------------- ray glue
-def _ray_train_report(
-    metrics: RoundMetrics, folder: Path | None, *, run_dir: Path, keep: int | None = None
-) -> None:
-    import ray.train
-    from ray.train.collective import broadcast_from_rank_zero
-
-    # Rank 0 puts the checkpoint into the run folder itself (checkpoint.put, as it does the final one) and
-    # prunes the old ones (run.keep_checkpoints): Ray Train's own checkpoint list would name folders the
-    # pruning removed, and its restore refuses a run folder where one is missing. A checkpoint that cannot
-    # be written (disk full, no permission) fails on rank 0 only, and a raise there makes Ray Train
-    # restart the group to fail again: every rank learns the verdict (each report call is collective, so
-    # the counts match).
-    problem = None
-    if folder is not None:
-        try:
-            checkpoint.put(folder, run_dir, metrics.round, keep=keep)
-        except checkpoint.CheckpointError as exc:
-            problem = str(exc)
-    problem = broadcast_from_rank_zero(problem)
-    if problem is not None:
-        raise checkpoint.CheckpointError(problem)
-    ray.train.report(metrics.to_dict())
-
-
-def _latest_state(run_dir: Path) -> AveragedState | None:
-    """The newest loadable checkpoint of the run, as a seed for an averager that holds nothing."""
-    found = checkpoint.load_latest(run_dir)
-    return None if found is None else found.state
-
-
-def train_loop_per_worker(loop_config: LoopConfig) -> LearnerReport | LearnerStop | None:
-    """Ray Train V2 entry: ``loop_config`` = {"settings": LearnerSettings, "launch": LearnerLaunch}.
-
-    Rank 0 returns its final metrics (a ``LearnerReport``), or a ``LearnerStop`` when a checkpoint
-    could not be written; the other ranks return None."""
-    import ray
-    import ray.train
-    import ray.train.torch
-
-    from raytrain_seq.runtime.averager import get_averager
-    from raytrain_seq.runtime.channels import RayChannelEnds
-    from raytrain_seq.runtime.feed import get_feed
-    from raytrain_seq.runtime.learner_feed import LearnerFeed
-    from raytrain_seq.runtime.logs import quiet_learner
-    from raytrain_seq.runtime.metrics import LearnerMetrics
-    from raytrain_seq.runtime.shards import RayStore
-    from raytrain_seq.runtime.transport import RayTransport
-
-    entered = time.time()
-    settings, launch = loop_config["settings"], loop_config["launch"]
-    run_dir = Path(settings.run_dir)  # the driver's Parts.of a named Config: never None here
-    if settings.keep_freed_memory:
-        keep_freed_memory()  # every step reallocates what the last one freed (heap.py)
-    torch.set_num_threads(launch.torch_threads)
-    context = ray.train.get_context()
-    rank, world_size = context.get_world_rank(), context.get_world_size()
-    feed = get_feed(launch.feed, namespace=launch.namespace)
-    # A fresh run's epoch 0 starts now, while the learners build their models and join (the feed launches
-    # it once; a resumed run's learners learn their epoch from the averager first).
-    started = feed.start.remote(world_size) if rank == 0 and launch.fresh else None
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
-    quiet_learner(settings.verbose)  # Ray Train's per-round INFO lines (runtime/logs.py)
-    # The worker sees its own GPU(s) only (no process group shares them): make it the current device, as
-    # a TorchTrainer would, so that pinned copies and new CUDA tensors land there.
-    device = ray.train.torch.get_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    client = AveragerClient(
-        RayTransport(get_averager(launch.averager, namespace=launch.namespace)),
-        learner=rank,
-        world_size=world_size,
-        incarnation=uuid.uuid4().hex,  # this process: a restarted group's learners get new ones
-        # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
-        round_timeout_s=3 * settings.averager_timeout_s + 120.0,
-        backoff=Backoff(),
-        store=RayStore(timeout_s=3 * settings.averager_timeout_s + 120.0, cuda=device.type == "cuda"),
-        node=ray.get_runtime_context().get_node_id(),  # the averager places shard `rank` on this node
-        channels=RayChannelEnds() if settings.averager_channels else None,
-    )
-    learner = Learner(
-        settings,
-        rank=rank,
-        world_size=world_size,
-        device=device,
-        client=client,
-        feed=LearnerFeed(feed, epochs=settings.max_epochs),
-        report=functools.partial(_ray_train_report, run_dir=run_dir, keep=settings.keep_checkpoints),
-        keep_final=lambda metrics, folder: checkpoint.put(
-            folder, run_dir, metrics.round, keep=settings.keep_checkpoints
-        ),
-        # The run folder is where rank 0 puts this run's checkpoints (storage every node sees).
-        checkpoint_seed=lambda: _latest_state(run_dir),
-        metrics=LearnerMetrics(rank),
-        validate=not launch.evaluator,  # the driver started an evaluator: it validates
-    )
-    learner.marks["loop_entered"] = entered
-    if started is not None:
-        ray.get(started)  # raises here what the feed raised (its launch is done or nearly so by now)
-    try:
-        return learner.run()  # rank 0's final metrics: the driver reads them as Result.return_value
-    except checkpoint.CheckpointError as exc:
-        # Every rank stops here at the same report (the final checkpoint: rank 0 alone, the others have
-        # returned), so the group ends without a failure that Ray Train would retry; rank 0's stop reaches
-        # the driver as its return value, which raises it.
-        logger.error("learner %d stops: %s", rank, exc)
-        return LearnerStop(reason="checkpoint", message=str(exc)) if rank == 0 else None

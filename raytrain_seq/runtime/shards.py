@@ -326,7 +326,7 @@ class RayStore:
 
         self.timeout_s = timeout_s
         self._get = get or ray.get  # an asyncio actor's thread passes runtime.off_loop.off_loop_get
-        # Only in an actor's process (a Ray Train worker is one), whose mapping of the store lasts as long
+        # Only in an actor's process (a learner is one), whose mapping of the store lasts as long
         # as the process. A driver that shut Ray down and started it again could map a new store where a
         # registered one was: CUDA keeps the old registration of those addresses, for pages no longer
         # mapped there, and refuses the new one (store_memory.cuda_host_unregister).

@@ -1,7 +1,7 @@
 """The learner's side of the wire to the averager actor: ``AveragerClient``'s transport over Ray.
 
 ``rounds.client.AveragerClient`` holds the retry and rejoin policy and takes its transport through its
-constructor (a fake in tests). ``RayTransport`` is the one for a Ray Train worker: each call is one actor
+constructor (a fake in tests). ``RayTransport`` is the one for a learner actor: each call is one actor
 method call, and the failures the client retries become ``Unreachable``. ray is imported only inside the
 call.
 """
@@ -16,7 +16,7 @@ __all__ = ["RayTransport"]
 
 
 class RayTransport:
-    """``AveragerClient``'s transport in a Ray Train worker: ``ray.get(handle.method.remote(...))``.
+    """``AveragerClient``'s transport in a learner actor: ``ray.get(handle.method.remote(...))``.
 
     A dead or restarting actor (``RayActorError``, which ``ActorUnavailableError`` is) and a call
     silent past ``timeout`` (``GetTimeoutError``) become ``Unreachable``; the client retries those.

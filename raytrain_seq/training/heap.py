@@ -2,7 +2,7 @@
 on them again.
 
 A step frees and reallocates the same large tensors every time, and glibc gives memory back to the kernel
-as soon as it can: Ray Train's training thread allocates in a secondary arena whose 64 MiB heaps are
+as soon as it can: a thread other than the main one allocates in a secondary arena whose 64 MiB heaps are
 unmapped once empty, the main arena trims its top, and large allocations get mappings of their own, so
 every step faults its activations in again. ``keep_freed_memory`` sets three process-wide ``mallopt``
 options: ``M_TOP_PAD`` (``top_pad``: the slack kept at an arena's top, which also keeps an empty heap

@@ -1,7 +1,7 @@
 """The learner's inner step, without Ray: stream a mini-batch's micro-batches, step the optimizer once.
 
 Everything a learner does between two averaging rounds lives here, in plain torch, so the same code runs
-inside a Ray Train worker and in a GPU benchmark on a machine that has no Ray. One step takes a mini-batch
+inside a learner actor and in a GPU benchmark on a machine that has no Ray. One step takes a mini-batch
 of B block rows (``frames [B, t_max, H, W, C]`` uint8 plus the reset tables), streams it to the device as
 micro-batches with :func:`raytrain_seq.algorithms.microbatch.accumulate` (so the gradient is exactly the full-batch
 gradient, normalised by the number of real sequences), then steps the optimizer once. AAVG's Algorithm 1
