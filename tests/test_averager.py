@@ -268,7 +268,7 @@ def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_step
     """The report names each learner's process (incarnation, node) of the current group; a round's record
     in events.jsonl holds its wall time and per learner its process and first step's wall time, which
     the per-learner totals do not sum. A restarted group's processes replace the old ones."""
-    from raytrain_seq.outputs.reports import LearnerProcess
+    from raytrain_seq.outputs.reports import JoinedProcess
     from raytrain_seq.rounds.events import EventLog
     from raytrain_seq.rounds.sync import Tally
 
@@ -293,10 +293,10 @@ def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_step
 
     before, after = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert before.processes == (
-        LearnerProcess(learner="a", incarnation="old-a", node="node-a"),
-        LearnerProcess(learner="b", incarnation="old-b", node="node-b"),
+        JoinedProcess(learner="a", incarnation="old-a", node="node-a"),
+        JoinedProcess(learner="b", incarnation="old-b", node="node-b"),
     )
-    assert after.processes == (LearnerProcess(learner="a", incarnation="new-a", node="node-a"),)
+    assert after.processes == (JoinedProcess(learner="a", incarnation="new-a", node="node-a"),)
     assert before.learners["a"]["steps"] == 2 and "first_step_wall" not in before.learners["a"]
     [record] = [r for r in EventLog(tmp_path / "events.jsonl").read() if r["type"] == "round"]
     assert began <= record["time"] <= time.time()

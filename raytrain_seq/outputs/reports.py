@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from raytrain_seq.rounds.tally import TestTotals
 
-__all__ = ["AveragingReport", "FeedReport", "LearnerProcess", "LearnerReport", "LearnerStop", "RoundMetrics"]
+__all__ = ["AveragingReport", "FeedReport", "JoinedProcess", "LearnerReport", "LearnerStop", "RoundMetrics"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class LearnerProcess:
+class JoinedProcess:
     """One learner process of the current group, as the averager knows it from its join."""
 
     learner: int | str
-    """Its learner id (its rank)."""
+    """Its learner id (its slot)."""
     incarnation: str
     """The id the process joined with, fresh in every process (a restart changes it)."""
     node: str | None
@@ -81,7 +81,7 @@ class AveragingReport:
     """The summed test tallies (``rounds.tally.ShareTally.totals``); None before a test pass."""
     validator_error: str | None = None
     """Why the evaluator could not validate (the driver raises it); None when it could."""
-    processes: tuple[LearnerProcess, ...] = ()
+    processes: tuple[JoinedProcess, ...] = ()
     """The current group's learner processes that joined, in learner order."""
 
 

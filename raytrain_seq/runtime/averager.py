@@ -34,7 +34,7 @@ from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.dataplane.stores import InProcessShards, ShardPool
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.members.ids import LearnerId, check_learner
-from raytrain_seq.outputs.reports import AveragingReport, LearnerProcess
+from raytrain_seq.outputs.reports import AveragingReport, JoinedProcess
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
@@ -482,12 +482,12 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
     return result if plan is None else dataclasses.replace(result, channels=plan)
 
 
-def _processes(book: RoundBook, nodes: Mapping[str, str]) -> tuple[LearnerProcess, ...]:
+def _processes(book: RoundBook, nodes: Mapping[str, str]) -> tuple[JoinedProcess, ...]:
     """The book's current group of learner processes that joined: id, incarnation and node (``nodes``:
     incarnation -> node), in learner order."""
     joined = sorted(book.incarnations.items(), key=lambda pair: (isinstance(pair[0], str), pair[0]))
     return tuple(
-        LearnerProcess(learner=learner, incarnation=incarnation, node=nodes.get(incarnation))
+        JoinedProcess(learner=learner, incarnation=incarnation, node=nodes.get(incarnation))
         for learner, incarnation in joined
     )
 

@@ -262,6 +262,7 @@ class LearnerFleet:
         self.losses = 0
         self.final: LearnerReport | None = None
         self._short_since: float | None = None  # since when fewer than min_learners run
+        self._again: dict[int, float] = {}  # slots restarting -> when to ask their ready() again
 
     # ------------------------------------------------------------------------------------ start
     def start(self) -> tuple[int, ...]:
@@ -311,6 +312,10 @@ class LearnerFleet:
 
         try:
             info = ray.get(ref)
+        except ray.exceptions.ActorUnavailableError:
+            # Ray is restarting the process (its loss was counted when its run failed): ask again soon.
+            self._again[slot] = self.clock() + self.settings.poll_interval_s
+            return False
         except ray.exceptions.RayActorError as exc:
             if exc.actor_init_failed:
                 self.shutdown()
@@ -332,8 +337,12 @@ class LearnerFleet:
 
         settings = self.settings
         ended_at: float | None = None
-        while self._running or (self.final is None and self._ready):
+        while self._running or (self.final is None and (self._ready or self._again)):
+            self._ask_again()
             refs = [*self._running, *self._ready, *self._lose]
+            if not refs:  # only restarting slots: their ready() is asked again after the interval
+                time.sleep(settings.poll_interval_s)
+                continue
             done, _ = ray.wait(refs, num_returns=1, timeout=settings.poll_interval_s)
             if done:
                 done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -385,6 +394,13 @@ class LearnerFleet:
         if isinstance(value, LearnerReport):
             self.final = value
         return None
+
+    def _ask_again(self) -> None:
+        """ready() again of the restarting slots whose wait is over."""
+        now = self.clock()
+        for slot in [s for s, at in self._again.items() if at <= now and self.final is None]:
+            del self._again[slot]
+            self._ready[self.handles[slot].ready.remote()] = slot
 
     def _lost(self, slot: int, exc: BaseException, *, incarnation: str | None) -> None:
         """A slot's process died: the averager stops waiting for it at once, Ray restarts it (ready()

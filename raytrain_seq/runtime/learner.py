@@ -131,10 +131,11 @@ class Learner:
         self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
         # time.time() of this process's start-up, test and final steps (summary extra["timeline"]).
         self.marks: dict[str, float] = {}
-        self._eval_rows: dict[str, list[dict[str, torch.Tensor]]] = {}
+        # split -> (the share's (rank, world size), its rows): a group change makes the share another.
+        self._eval_rows: dict[str, tuple[tuple[int, int], list[dict[str, torch.Tensor]]]] = {}
         # Rows of an evaluation split assembled on a background thread while the last epochs train:
         # split -> (this learner's share only, the rows' future).
-        self._eval_ahead: dict[str, tuple[bool, Future]] = {}
+        self._eval_ahead: dict[str, tuple[tuple[int, int], Future]] = {}
         self.shard_rows = 0
         # Optimizer steps each learner took over the run (the averaged position's count, then this
         # process's steps): the same on every learner, since they take equal rows with the same B.
@@ -160,11 +161,14 @@ class Learner:
     def start(self) -> EpochPosition:
         """Join the averager and take its latest state; returns where this group starts."""
         self.marks["learner_built"] = time.time()
-        if self.validates:
+        launched = self.rank is not None  # a newcomer (None) learns its rank from the group it joins
+        if self.validates and launched:
             self._assemble_ahead("val", shard=True)  # this learner's validation rows, while it joins
         reply = self.client.start(self.checkpoint_seed)
         if reply.group is not None:  # live groups: a newcomer's rank and world size are its group's
             self.rank, self.world_size = place(reply.group, self.client.learner)
+        if self.validates and not launched:
+            self._assemble_ahead("val", shard=True)
         self.marks["joined"] = time.time()
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
@@ -366,21 +370,25 @@ class Learner:
         do after training, when nothing else runs beside it). ``evaluate`` waits for the rows and raises
         what the thread raised."""
         future: Future = Future()
+        where = self._where(shard)  # the rank and group of now: a later group change re-collects
 
         def assemble() -> None:
             try:
-                future.set_result(self._collect_rows(split, shard=shard))
+                future.set_result(self._collect_rows(split, where))
             except BaseException as exc:  # handed to evaluate(), which raises it in the learner's thread
                 future.set_exception(exc)
 
-        self._eval_ahead[split] = (shard, future)
+        self._eval_ahead[split] = (where, future)
         threading.Thread(target=assemble, name=f"{split}-rows", daemon=True).start()
 
-    def _collect_rows(self, split: str, *, shard: bool) -> list[dict[str, torch.Tensor]]:
-        """This learner's share (``shard``) or all of ``split``'s rows, as CPU tensors in batches of 16."""
+    def _where(self, shard: bool) -> tuple[int, int]:
+        """(rank, world size) of this learner's share of a split (``shard``), or (0, 1): all of it."""
+        return (self.rank, self.world_size) if shard else (0, 1)
+
+    def _collect_rows(self, split: str, where: tuple[int, int]) -> list[dict[str, torch.Tensor]]:
+        """Share ``where`` = (rank, world size) of ``split``'s rows, as CPU tensors in batches of 16."""
         # The test split's rows stay uncropped when its views are cut by evaluate.
         multi = split == "test" and self.settings.test_views != "center"
-        where = (self.rank, self.world_size) if shard else (0, 1)
         rows = collate_stream(self.feed.eval_rows(split, *where, uncropped=multi))
         self.marks[f"{split}_rows"] = time.time()
         return rows
@@ -405,15 +413,16 @@ class Learner:
         if split == "test":
             views = test_views(settings.test_views, settings.cache_size, settings.crop)
         multi = views is not None and settings.test_views != "center"
-        if split not in self._eval_rows:
-            ahead_shard, ahead = self._eval_ahead.pop(split, (shard, None))
-            if ahead is not None and ahead_shard == shard:
-                self._eval_rows[split] = ahead.result()
+        where = self._where(shard)
+        if self._eval_rows.get(split, (None,))[0] != where:
+            ahead_where, ahead = self._eval_ahead.pop(split, (where, None))
+            if ahead is not None and ahead_where == where:
+                self._eval_rows[split] = (where, ahead.result())
             else:
-                self._eval_rows[split] = self._collect_rows(split, shard=shard)
+                self._eval_rows[split] = (where, self._collect_rows(split, where))
         return evaluate(
             self.model,
-            self._eval_rows[split],
+            self._eval_rows[split][1],
             views=views if multi else None,
             crop=settings.crop,
             flow=self.in_channels == 2,
