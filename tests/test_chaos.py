@@ -70,7 +70,10 @@ def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_
     # Not vacuous: the stall dropped a learner, whose rows the group then trained again.
     assert out["stalls_dropped"] == [True] and out["drops"] >= 1
     assert out["missed_rows"] >= 1
-    assert {"feed_restart", "live_recovery", "dropped"} <= set(out["recoveries"]), out["recoveries"]
+    assert {"feed_restart", "dropped"} <= set(out["recoveries"]), out["recoveries"]
+    # Issue 53: a lost node costs its learner only; the survivor goes on in the same process.
+    [killed] = [event for event in out["schedule"] if event["kind"] == "node_killed"]
+    assert killed["survivor_restarts"] == 0, killed
     assert out["accuracy"] >= ACCURACY_FLOOR and out["undisturbed_accuracy"] >= ACCURACY_FLOOR
     # The survivor figures are measured (what they are is the issue's target, not pinned here). An event
     # the run ended before it recovered has null figures (seen: the node add, whose group the lone
