@@ -1,8 +1,9 @@
 """The run's config tree itself (``raytrain_seq.config``): ``Config``, its four sections, and their plain form.
 
-``to_dict``/``from_dict`` give and rebuild nested plain types (workers, checkpoints, summary.json; retired
-fields of older records are dropped), ``from_preset`` lays overrides over a preset, ``named`` names the run
-folder and ``run_dir`` finds it. ``RunSetupError`` is a valid config that cannot start here.
+``to_dict``/``from_dict`` give and rebuild nested plain types (workers, checkpoints, summary.json; a
+``RETIRED`` field at its old default in a record is dropped, any other use refused), ``from_preset`` lays
+overrides over a preset, ``named`` names the run folder and ``run_dir`` finds it. ``RunSetupError`` is a
+valid config that cannot start here.
 """
 
 from __future__ import annotations
