@@ -34,7 +34,7 @@ from raytrain_seq.outputs.summary import RunSummary
 from raytrain_seq.parts import Parts
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG_FILE = ROOT / "raytrain_seq" / "config.py"
+CONFIG_FILES = sorted((ROOT / "raytrain_seq" / "config").rglob("*.py"))  # the tree's package, every module
 JOB_FILE = ROOT / "jobs" / "ucf101.py"
 FUSE_FILE = ROOT / "jobs" / "fuse.py"
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
@@ -63,9 +63,10 @@ def _fields_except_run_name(config: Config) -> dict:
 
 
 def _docstrings() -> dict[str, str]:
-    """``{"data.crop": its docstring}`` read straight from config.py's source (independent of cli)."""
+    """``{"data.crop": its docstring}`` read straight from the config package's source (independent of cli)."""
     out = {}
-    for cls in ast.parse(CONFIG_FILE.read_text()).body:
+    classes = [node for path in CONFIG_FILES for node in ast.parse(path.read_text()).body]
+    for cls in classes:
         if isinstance(cls, ast.ClassDef) and cls.name in {c.__name__ for c in SECTIONS.values()}:
             section = next(s for s, c in SECTIONS.items() if c.__name__ == cls.name)
             for node, doc in zip(cls.body, cls.body[1:], strict=False):
@@ -318,7 +319,7 @@ def test_a_field_type_without_a_flag_form_fails_when_the_parser_is_built(monkeyp
 
 
 def test_help_of_every_field_is_its_docstring_and_default():
-    """Each field flag's help is the field docstring from config.py plus [default X]."""
+    """Each field flag's help is the field docstring from the config package plus [default X]."""
     docs = _docstrings()
     assert len(docs) == len(CLI_VALUES)
     by_dest = {a.dest: a for a in cli.build_parser()._actions if a.help != argparse.SUPPRESS}
@@ -418,7 +419,7 @@ def test_print_config_then_config_repeats_a_run_in_a_new_folder(capsys, tmp_path
         check_storage(Parts.of(config).connect).joinpath("marker").write_text("a run wrote here")
         return _Recorder(storage)(config)
 
-    monkeypatch.setattr("raytrain_seq.config.datetime", Clock)
+    monkeypatch.setattr("raytrain_seq.config.tree.datetime", Clock)
     assert cli.main(["--config", str(file)], runner) == 0
     assert cli.main(["--config", str(file)], runner) == 0
     assert sorted(p.name for p in storage.iterdir()) == [

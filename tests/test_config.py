@@ -14,7 +14,7 @@ import pytest
 from raytrain_seq.config import PRESETS, Config, DataConfig, ModelConfig, RunConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG_FILE = ROOT / "raytrain_seq" / "config.py"
+CONFIG_FILES = sorted((ROOT / "raytrain_seq" / "config").rglob("*.py"))  # the tree's package, every module
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "run": RunConfig}
 
 
@@ -254,10 +254,12 @@ def test_validate_rechecks_after_in_place_change():
 
 
 def test_config_module_has_no_asserts_and_every_field_a_docstring():
-    """config.py never asserts (python -O), and each field has a one-line docstring on the next line."""
-    tree = ast.parse(CONFIG_FILE.read_text())
-    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Assert)]
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    """No module of the config package asserts (python -O), and each field has a one-line docstring on the
+    next line."""
+    trees = [ast.parse(path.read_text()) for path in CONFIG_FILES]
+    assert len(trees) > 1, "the config package's modules were not found"
+    assert not [n for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Assert)]
+    classes = {n.name: n for tree in trees for n in tree.body if isinstance(n, ast.ClassDef)}
     checked = 0
     for name in ("Config", *(cls.__name__ for cls in SECTIONS.values())):
         body = classes[name].body
@@ -357,6 +359,16 @@ def test_batch_growth_choices_are_the_rules():
 
     assert CONFIG_BATCH_GROWTH == BATCH_GROWTH
     assert Config().train.batch_growth == "steps"
+
+
+def test_decoder_choices_are_the_decoders_backends():
+    """data.decoder takes exactly the names data/decoders.py knows (data/ imports config/, so the config
+    package keeps its own copy of the tuple)."""
+    from raytrain_seq.config import DECODERS as CONFIG_DECODERS
+    from raytrain_seq.data.decoders import DECODERS
+
+    assert CONFIG_DECODERS == DECODERS
+    assert Config().data.decoder == "auto"
 
 
 def test_batch_rule_puts_the_papers_numbers_one_flag_away():

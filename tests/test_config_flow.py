@@ -16,7 +16,7 @@ The measure, on the source with the AST (nothing is imported or run):
   (``x.to_dict()``) is a record (summary.json, a checkpoint) and bears nothing, except where it crosses to
   another process to be rebuilt: a package function handed to an outside call together with a bearer or
   its ``to_dict()`` (Ray Train's ``train_loop_per_worker``) is walked, and it is a visit where it rebuilds
-  the tree (``Config.from_dict``). ``raytrain_seq/config.py`` is the tree's own home: calls into it are
+  the tree (``Config.from_dict``). ``raytrain_seq/config/`` is the tree's own home: calls into it are
   not visits. A function already on the walk's stack is not entered again.
 * **Stays.** The visits in walk order, consecutive visits of one file merged into one stay.
 * **Returns.** Stays in a file that an earlier stay was in (the tree came back to a file it had left).
@@ -42,7 +42,7 @@ START = ("runtime/driver.py", "run", "config")
 TARGET_RETURNS = 2 * 3  # issue 51: at most 6 returns
 TARGET_CLIMBS = 2  # and at most two climbs back up a floor
 TREE_CLASS = "Config"
-TREE_HOME = "config.py"  # the tree's own module: calls into it are not visits
+TREE_HOME = "config/"  # the tree's own package: calls into any of its modules are not visits
 TREE_METHODS = ("named",)  # Config methods whose result is the tree again
 PLAIN = "to_dict"  # the tree as plain data: a record, rebuilt only by Config.from_dict
 MAX_VISITS = 5000
@@ -381,7 +381,11 @@ class ConfigFlow:
             if any(self._bears(scope, v) or self._plain(scope, v) for v in values):
                 for arg in args:
                     callback = self.index.local(scope.module, arg.id) if isinstance(arg, ast.Name) else None
-                    if callback is not None and callback[0] == "function" and callback[1][0].rel != TREE_HOME:
+                    if (
+                        callback is not None
+                        and callback[0] == "function"
+                        and not callback[1][0].rel.startswith(TREE_HOME)
+                    ):
                         self._enter(*callback[1][:1], None, callback[1][1], {})
             return
         if not any(self._bears(scope, v) for v in values):
@@ -440,7 +444,7 @@ class ConfigFlow:
         self.visits.append((module.rel, name))
 
     def _visit(self, module: _Module, cls: _Class | None, node: ast.AST, bound: dict) -> None:
-        if module.rel == TREE_HOME:
+        if module.rel.startswith(TREE_HOME):
             return
         self._record(module, node.name if cls is None else f"{cls.node.name}.{node.name}")
         self._enter(module, cls, node, bound)
@@ -472,7 +476,7 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 PLANTED = {
-    "config.py": """
+    "config/__init__.py": """
         class Config:
             def named(self) -> "Config":
                 return self
