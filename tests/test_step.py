@@ -10,6 +10,7 @@ import torch
 
 from raytrain_seq.algorithms.averaging import merge_adam_states
 from raytrain_seq.models import build_model, predict, sequence_loss
+from raytrain_seq.training.eval_rows import EvalRows
 from raytrain_seq.training.evaluation import EvalResult, eval_micro_batch_size, evaluate
 from raytrain_seq.training.staging import collate_rows, collate_stream
 from raytrain_seq.training.step import InnerStep, LearningRate, build_optimizer, load_averaged, useful_frames
@@ -247,6 +248,54 @@ def test_collate_stream_keeps_every_row_in_batches_without_the_crop_draws():
     assert [len(b["block"]) for b in batches] == [16, 16, 8]
     assert torch.equal(torch.cat([b["block"] for b in batches]), torch.arange(40))
     assert all(set(b) == {"block"} for b in batches)
+
+
+class _SplitFeed:
+    """A feed whose ``eval_rows(split, rank, world)`` streams that share's row numbers (``rank::world``
+    of 40) and records each call; ``fail`` makes the next call's stream raise."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int, bool]] = []
+        self.fail = False
+
+    def eval_rows(self, split: str, rank: int, world: int, *, uncropped: bool):
+        self.calls.append((split, rank, world, uncropped))
+        left, fail = np.arange(40)[rank::world], self.fail
+
+        class Stream:
+            def take(self, n: int):
+                nonlocal left
+                if fail:
+                    raise OSError("the feed is gone")
+                if not len(left):
+                    return None
+                part, left = left[:n], left[n:]
+                return {"block": part}
+
+        return Stream()
+
+
+def test_eval_rows_hold_a_share_take_the_thread_s_rows_and_collect_a_new_share_anew():
+    """A share is collected once (ahead on a thread, or now) and held; another share (a group change) is
+    collected anew, a thread started for an old share is not used for it; the test split alone is
+    uncropped; a thread's error reaches ``rows``."""
+    feed, marks = _SplitFeed(), {}
+    held = EvalRows(feed, uncropped=lambda split: split == "test", marks=marks)
+    held.ahead("test", (1, 2))
+    assert held.pending("test")
+    first = held.rows("test", (1, 2))
+    assert not held.pending("test") and held.rows("test", (1, 2)) is first
+    assert torch.equal(torch.cat([b["block"] for b in first]), torch.arange(1, 40, 2))
+    assert feed.calls == [("test", 1, 2, True)] and "test_rows" in marks
+    held.ahead("val", (0, 2))
+    regrouped = held.rows("val", (0, 3))  # the group changed after the thread started
+    assert torch.equal(torch.cat([b["block"] for b in regrouped]), torch.arange(0, 40, 3))
+    assert ("val", 0, 3, False) in feed.calls
+    held.free("test")
+    feed.fail = True
+    held.ahead("test", (1, 2))
+    with pytest.raises(OSError, match="the feed is gone"):
+        held.rows("test", (1, 2))
 
 
 def test_scoring_uses_the_training_micro_batch():

@@ -19,10 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +38,9 @@ from raytrain_seq.rounds.group import place
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
+from raytrain_seq.training.eval_rows import EvalRows
 from raytrain_seq.training.evaluation import eval_micro_batch_size, evaluate
-from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher, Staged, collate_stream
+from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher, Staged
 from raytrain_seq.training.step import InnerStep, LearningRate, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -131,11 +130,9 @@ class Learner:
         self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
         # time.time() of this process's start-up, test and final steps (summary extra["timeline"]).
         self.marks: dict[str, float] = {}
-        # split -> (the share's (rank, world size), its rows): a group change makes the share another.
-        self._eval_rows: dict[str, tuple[tuple[int, int], list[dict[str, torch.Tensor]]]] = {}
-        # Rows of an evaluation split assembled on a background thread while the last epochs train:
-        # split -> (this learner's share only, the rows' future).
-        self._eval_ahead: dict[str, tuple[tuple[int, int], Future]] = {}
+        # The test split's rows stay uncropped when its views are cut by evaluate.
+        multi = settings.test_views != "center"
+        self.eval_rows = EvalRows(feed, uncropped=lambda split: multi and split == "test", marks=self.marks)
         self.shard_rows = 0
         # Optimizer steps each learner took over the run (the averaged position's count, then this
         # process's steps): the same on every learner, since they take equal rows with the same B.
@@ -163,12 +160,12 @@ class Learner:
         self.marks["learner_built"] = time.time()
         launched = self.rank is not None  # a newcomer (None) learns its rank from the group it joins
         if self.validates and launched:
-            self._assemble_ahead("val", shard=True)  # this learner's validation rows, while it joins
+            self.eval_rows.ahead("val", self._where(True))  # this learner's validation rows, while it joins
         reply = self.client.start(self.checkpoint_seed)
         if reply.group is not None:  # live groups: a newcomer's rank and world size are its group's
             self.rank, self.world_size = place(reply.group, self.client.learner)
         if self.validates and not launched:
-            self._assemble_ahead("val", shard=True)
+            self.eval_rows.ahead("val", self._where(True))
         self.marks["joined"] = time.time()
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
@@ -210,8 +207,8 @@ class Learner:
             self._trained_ids += batch.pop("ids").flatten().tolist() if "ids" in batch else []
             stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
             self.steps_done += 1
-            if "test" not in self._eval_ahead and self._near_end(position.epoch, shard_rows):
-                self._assemble_ahead("test", shard=True)
+            if not self.eval_rows.pending("test") and self._near_end(position.epoch, shard_rows):
+                self.eval_rows.ahead("test", self._where(True))
             rows_done += int(batch["num_sequences"].shape[0])
             # The crop and flip moved onto the learner: they are compute, as in the model's rate.
             self.tally.add_step(stats.frames, stats.sequences, stats.seconds + staged_s, stats.loss)
@@ -363,35 +360,9 @@ class Learner:
             return epoch >= self.settings.epochs - TEST_LEAD_EPOCHS
         return (limit - self.steps_done) * self.client.batch_size <= TEST_LEAD_EPOCHS * shard_rows
 
-    def _assemble_ahead(self, split: str, *, shard: bool) -> None:
-        """Assemble this learner's rows of ``split`` on a background thread, so that the test pass at the
-        end only runs the model: the feed computes the split's partial augmentations and this thread
-        copies them into rows while the last epochs train (the CPU work the test pass would otherwise
-        do after training, when nothing else runs beside it). ``evaluate`` waits for the rows and raises
-        what the thread raised."""
-        future: Future = Future()
-        where = self._where(shard)  # the rank and group of now: a later group change re-collects
-
-        def assemble() -> None:
-            try:
-                future.set_result(self._collect_rows(split, where))
-            except BaseException as exc:  # handed to evaluate(), which raises it in the learner's thread
-                future.set_exception(exc)
-
-        self._eval_ahead[split] = (where, future)
-        threading.Thread(target=assemble, name=f"{split}-rows", daemon=True).start()
-
     def _where(self, shard: bool) -> tuple[int, int]:
         """(rank, world size) of this learner's share of a split (``shard``), or (0, 1): all of it."""
         return (self.rank, self.world_size) if shard else (0, 1)
-
-    def _collect_rows(self, split: str, where: tuple[int, int]) -> list[dict[str, torch.Tensor]]:
-        """Share ``where`` = (rank, world size) of ``split``'s rows, as CPU tensors in batches of 16."""
-        # The test split's rows stay uncropped when its views are cut by evaluate.
-        multi = split == "test" and self.settings.test_views != "center"
-        rows = collate_stream(self.feed.eval_rows(split, *where, uncropped=multi))
-        self.marks[f"{split}_rows"] = time.time()
-        return rows
 
     def _validate_share(self, round_: int, position: EpochPosition) -> None:
         """Score this learner's share of the validation split with round ``round_``'s averaged model (the
@@ -413,16 +384,9 @@ class Learner:
         if split == "test":
             views = test_views(settings.test_views, settings.cache_size, settings.crop)
         multi = views is not None and settings.test_views != "center"
-        where = self._where(shard)
-        if self._eval_rows.get(split, (None,))[0] != where:
-            ahead_where, ahead = self._eval_ahead.pop(split, (where, None))
-            if ahead is not None and ahead_where == where:
-                self._eval_rows[split] = (where, ahead.result())
-            else:
-                self._eval_rows[split] = (where, self._collect_rows(split, where))
         return evaluate(
             self.model,
-            self._eval_rows[split][1],
+            self.eval_rows.rows(split, self._where(shard)),
             views=views if multi else None,
             crop=settings.crop,
             flow=self.in_channels == 2,
@@ -489,7 +453,7 @@ class Learner:
         began = time.perf_counter()
         self.marks["test_start"] = time.time()
         mine = self.evaluate("test", shard=True)
-        self._eval_rows.pop("test", None)  # scored once: free the rows
+        self.eval_rows.free("test")  # scored once
         self.marks["test_scored"] = time.time()
         totals = self.client.report_test(mine.tallies())
         extra.update(test_sequences_mine=mine.sequences, test_s=time.perf_counter() - began)
