@@ -270,7 +270,7 @@ def test_arrivals_refuse_a_bad_sender_and_one_unlike_the_rounds_first_without_fa
     book.arrive(0, 1, 2, first, "i0")
     with pytest.raises(ValueError, match="differ from the round's first"):
         _send(arrivals, 1, {"w": torch.zeros(3)})
-    assert book.arrived == [0] and arrivals.rows_cap == 12  # the round goes on without the odd one
+    assert book.current.arrived == [0] and arrivals.rows_cap == 12  # the round goes on without the odd one
     with pytest.raises(Exception, match="round"):
         _send(arrivals, 1, {"w": torch.zeros(2)}, round_=5, rows=99)  # a stale round is refused
     assert arrivals.rows_cap == 12  # a refused sender's rows are not taken

@@ -992,7 +992,6 @@ MAX_MODULE_LINES = 600
 # Today's exceptions, each at its size now: it may shrink (then lower or drop its entry), never grow.
 # They are the parts an open issue splits next (docs/ARCHITECTURE.md, "Layout").
 BIG_CLASSES: dict[str, int] = {
-    "raytrain_seq/rounds/book.py:RoundBook": 25,
     "raytrain_seq/runtime/learner.py:Learner": 21,
 }
 BIG_MODULES: dict[str, int] = {}
