@@ -17,7 +17,8 @@ from conftest import adam_learners
 from raytrain_seq import checkpoint
 from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
-from raytrain_seq.rounds.book import RoundBook, RoundPhase
+from raytrain_seq.rounds.book import RoundBook
+from raytrain_seq.rounds.current_round import RoundPhase
 
 LEARNERS = ["a", "b", "c"]
 
@@ -47,7 +48,7 @@ def test_book_round_completes_when_all_arrive():
     """A round completes exactly when every expected learner arrived; its deadline is first arrival + timeout."""
     book, clock = _book()
     assert not book.arrive("b", 1, 3, "pb")
-    assert book.deadline == 105.0 and book.missing == ["a", "c"]
+    assert book.current.deadline == 105.0 and book.current.missing == ["a", "c"]
     clock.now = 101.0
     assert not book.arrive("a", 1, 3, "pa")
     with pytest.raises(RuntimeError, match="waiting for"):
@@ -57,7 +58,7 @@ def test_book_round_completes_when_all_arrive():
     # Averaged in sorted order whatever the arrival order, with each learner's own payload.
     assert closed.present == (("a", "pa"), ("b", "pb"), ("c", "pc")) and closed.dropped == ()
     book.finish()
-    assert (book.round, book.phase, book.dropped_log) == (2, RoundPhase.IDLE, [])
+    assert (book.round, book.current.phase, book.dropped_log) == (2, RoundPhase.IDLE, [])
 
 
 def test_book_deadline_drops_the_missing_with_a_reason(caplog):
@@ -67,9 +68,9 @@ def test_book_deadline_drops_the_missing_with_a_reason(caplog):
     book.arrive("a", 1, 3)
     book.arrive("c", 1, 3)
     clock.now = 101.9
-    assert not book.expired()
+    assert not book.current.expired()
     clock.now = 102.0
-    assert book.expired()
+    assert book.current.expired()
     closed = book.close()
     assert [name for name, _ in closed.present] == ["a", "c"] and closed.dropped == ("b",)
     [record] = book.dropped_log
@@ -78,7 +79,7 @@ def test_book_deadline_drops_the_missing_with_a_reason(caplog):
     assert any("'b'" in m and record["reason"] in m for m in caplog.messages)
     book.finish()
     book.arrive("a", 2, 3)
-    assert book.expected == ["a", "c"] and book.arrive("c", 2, 3)  # b is not waited for
+    assert book.current.expected == ["a", "c"] and book.arrive("c", 2, 3)  # b is not waited for
 
 
 def test_book_drop_unread_leaves_the_readable_and_refuses_outside_closing():
@@ -91,12 +92,12 @@ def test_book_drop_unread_leaves_the_readable_and_refuses_outside_closing():
         book.drop_unread(closed.__class__(2, (), (), 0.0), ["a"], "why")
     kept = book.drop_unread(closed, ["b"], "unreadable")
     assert kept.present == (("a", "pa"), ("c", "pc")) and kept.dropped == ("b",) and kept.error is None
-    assert book.phase == RoundPhase.CLOSING and book.dropped == {"b": "unreadable"}
+    assert book.current.phase == RoundPhase.CLOSING and book.dropped == {"b": "unreadable"}
     failed = book.drop_unread(kept, ["c"], "unreadable too")
     assert failed.present == () and failed.dropped == ("b", "c")
     assert isinstance(failed.error, AveragingTimeoutError) and failed.error.arrived == ("a",)
     book.finish(ok=False)
-    assert (book.round, book.phase, book.quorum) == (1, RoundPhase.IDLE, 1)
+    assert (book.round, book.current.phase, book.quorum) == (1, RoundPhase.IDLE, 1)
     with pytest.raises(RuntimeError, match="not the one closing"):
         book.drop_unread(failed, ["a"], "idle now")
 
@@ -118,7 +119,7 @@ def test_book_stale_skipped_and_duplicate_rounds_name_the_learner():
     book.arrive("c", 2, 3)
     with pytest.raises(StaleRoundError, match="already sent"):
         book.arrive("c", 2, 3)
-    assert book.arrived == ["c"]  # the rejected calls recorded nothing
+    assert book.current.arrived == ["c"]  # the rejected calls recorded nothing
 
 
 def test_book_world_size_and_membership():
@@ -131,12 +132,12 @@ def test_book_world_size_and_membership():
         book.arrive("zed", 1, 3)
     with pytest.raises(MembershipError, match="group is full"):
         book.join("d")
-    assert book.phase == RoundPhase.IDLE  # nothing opened a round
+    assert book.current.phase == RoundPhase.IDLE  # nothing opened a round
     book.set_world_size(4)
     assert book.join("d") == 1
     with pytest.raises(MembershipError):
         book.arrive("a", 1, 3)  # the old size is now the wrong one
-    assert not book.arrive("a", 1, 4) and book.expected == ["a", "b", "c", "d"]
+    assert not book.arrive("a", 1, 4) and book.current.expected == ["a", "b", "c", "d"]
     assert [e["event"] for e in book.membership_log] == ["join"] * 3 + ["world_size", "join"]
 
 
@@ -153,7 +154,7 @@ def test_book_rejoin_after_drop():
     assert info.value.learner == "c" and info.value.expected_round == 2
     book.arrive("a", 2, 3)  # round 2 is open without c
     assert book.quorum == 2 and book.join("c") == 2  # it starts from round 1's state: it can send round 2
-    assert book.quorum == 3 and book.expected == ["a", "b", "c"]
+    assert book.quorum == 3 and book.current.expected == ["a", "b", "c"]
     assert not book.arrive("b", 2, 3)  # round 2 now waits for c too
     assert book.arrive("c", 2, 3)
     assert [name for name, _ in book.close().present] == ["a", "b", "c"]
@@ -173,7 +174,8 @@ def test_book_new_incarnation_starts_a_new_group():
     book.arrive(2, 1, 3, "p2", incarnation="old-2")
     # Ray Train restarted the group with 2 learners: rank 1's new process joins first.
     assert book.join(1, 2, incarnation="new-1") == 1  # the abandoned round is sent again
-    assert (book.generation, book.world_size, book.phase, book.arrived) == (2, 2, RoundPhase.IDLE, [])
+    assert (book.generation, book.world_size) == (2, 2)
+    assert (book.current.phase, book.current.arrived) == (RoundPhase.IDLE, [])
     [group] = [e for e in book.membership_log if e["event"] == "group" and e["generation"] == 2]
     assert "(3 -> 2)" in group["detail"] and "[0, 2] abandoned" in group["detail"] and group["learners"] == 2
     with pytest.raises(MembershipError, match="replaced by a newer one"):
@@ -194,7 +196,7 @@ def test_book_late_joiner_of_a_group_takes_part_in_the_open_round():
     book = RoundBook(2, timeout_s=5.0, clock=FakeClock())
     book.join(0, 2, incarnation="x0")
     assert not book.arrive(0, 1, 2, incarnation="x0")  # alone but 2 are due: the round waits
-    assert book.missing == [] and book.quorum == 2
+    assert book.current.missing == [] and book.quorum == 2
     assert book.join(1, 2, incarnation="x1") == 1
     assert book.arrive(1, 1, 2, incarnation="x1")
     assert [name for name, _ in book.close().present] == [0, 1]
@@ -208,7 +210,7 @@ def test_book_too_few_learners_fail_the_round_and_keep_its_number():
     closed = book.close()
     assert isinstance(closed.error, AveragingTimeoutError) and closed.present == ()
     assert (closed.error.missing, closed.error.arrived) == (("a", "c"), ("b",))
-    assert (book.round, book.phase) == (1, RoundPhase.IDLE)
+    assert (book.round, book.current.phase) == (1, RoundPhase.IDLE)
     book.join("a")
     book.arrive("b", 1, 3)
     assert book.arrive("a", 1, 3)  # c is dropped, so a and b complete round 1

@@ -1,6 +1,7 @@
 """The averager's plain parts, without Ray or asyncio: its settings (``rounds.settings``), the batch-size
-rule (``rounds.batch_rule``), the shares of an evaluation pass (``rounds.tally``) and the round's phase
-(``rounds.book.RoundPhase``). The validation machine has its own tests (``test_validation_machine.py``)."""
+rule (``rounds.batch_rule``), the shares of an evaluation pass (``rounds.tally``) and the round in progress
+(``rounds.current_round``: its phase, deadline, expected and arrived learners). The validation machine
+has its own tests (``test_validation_machine.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from raytrain_seq.config import Config
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.batch_rule import BatchRule
-from raytrain_seq.rounds.book import RoundBook, RoundPhase
+from raytrain_seq.rounds.book import RoundBook
+from raytrain_seq.rounds.current_round import CurrentRound, RoundPhase
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.tally import ShareTally
 from raytrain_seq.training.evaluation import EvalResult
@@ -109,10 +111,40 @@ def test_a_tally_sums_shares_as_evalresult_combine_does():
 def test_the_round_phase_is_an_enum_through_a_round():
     book = RoundBook(1, timeout_s=30.0)
     book.join("a")
-    assert book.phase is RoundPhase.IDLE
+    assert book.current.phase is RoundPhase.IDLE
     book.arrive("a", 1, 1, object())
-    assert book.phase is RoundPhase.OPEN
+    assert book.current.phase is RoundPhase.OPEN
     closed = book.close()
-    assert book.phase is RoundPhase.CLOSING and closed.round == 1
+    assert book.current.phase is RoundPhase.CLOSING and closed.round == 1
     book.finish(ok=True)
-    assert (book.phase, book.round) == (RoundPhase.IDLE, 2)
+    assert (book.current.phase, book.round) == (RoundPhase.IDLE, 2)
+
+
+def test_the_current_round_waits_for_the_expected_until_its_deadline_and_settles_empty():
+    """The first arrival opens the round with its expected set and a deadline from the injected clock;
+    a released learner is no longer waited for unless it sent already; settle empties it back to idle
+    and the next open counts a new opening (the timer of an earlier one is then stale)."""
+    now = [100.0]
+    current = CurrentRound(lambda: now[0])
+    assert (current.phase, current.opening, current.deadline) == (RoundPhase.IDLE, 0, None)
+    assert current.first_payload is None
+    assert not current.expired()  # an idle round has no deadline to pass
+    current.open({"b", 2, 1}, 5.0)
+    current.arrivals["b"], current.arrivals[1] = "pb", "p1"
+    assert (current.phase, current.opening) == (RoundPhase.OPEN, 1)
+    assert (current.opened_at, current.deadline) == (100.0, 105.0)
+    assert current.expected == [1, 2, "b"] and current.arrived == [1, "b"] and current.missing == [2]
+    assert current.first_payload == "pb"  # the first to arrive, whatever the sorted order
+    current.expect("c")
+    current.release(1)  # it sent already: its payload stays and it is not missing
+    current.release(2)
+    assert current.missing == ["c"] and current.arrived == [1, "b"]
+    now[0] = 105.0
+    assert current.expired()
+    current.phase = RoundPhase.CLOSING
+    assert not current.expired()  # a closing round is past waiting
+    current.settle()
+    assert (current.phase, current.opened_at, current.deadline) == (RoundPhase.IDLE, None, None)
+    assert current.arrivals == {} and current.expected == [] and current.opening == 1
+    current.open([], 1.0)
+    assert current.opening == 2 and current.deadline == 106.0

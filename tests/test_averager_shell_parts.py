@@ -270,7 +270,7 @@ def test_arrivals_refuse_a_bad_sender_and_one_unlike_the_rounds_first_without_fa
     book.arrive(0, 1, 2, first, "i0")
     with pytest.raises(ValueError, match="differ from the round's first"):
         _send(arrivals, 1, {"w": torch.zeros(3)})
-    assert book.arrived == [0] and arrivals.rows_cap == 12  # the round goes on without the odd one
+    assert book.current.arrived == [0] and arrivals.rows_cap == 12  # the round goes on without the odd one
     with pytest.raises(Exception, match="round"):
         _send(arrivals, 1, {"w": torch.zeros(2)}, round_=5, rows=99)  # a stale round is refused
     assert arrivals.rows_cap == 12  # a refused sender's rows are not taken
@@ -307,9 +307,8 @@ def test_arrivals_time_a_senders_wait_for_the_others_until_the_round_closed():
 # ------------------------------------------------------------------------------- recovery, run folder
 def _parts(tmp_path=None, *, world: int = 2):
     settings = AveragerSettings(world_size=world, batch_size=4, adaptive_batch=True)
-    book = RoundBook(world, timeout_s=5.0, min_learners=1)
     history = RunHistory(None if tmp_path is None else tmp_path / EVENTS_FILE, actor="actor-1")
-    book.sink = history.on_member
+    book = RoundBook(world, timeout_s=5.0, min_learners=1, sink=history.on_member)  # as the averager wires it
     return settings, book, BatchRule(settings), history
 
 

@@ -162,7 +162,7 @@ def test_membership_log_becomes_the_summary_entries():
     for rank in (0, 1):
         book.join(rank, 2, incarnation=f"c{rank}")  # and grew back to 2
     book.arrive(0, 1, 2, incarnation="c0")
-    book.deadline = -1.0  # past the deadline: rank 1 is dropped
+    book.current.deadline = -1.0  # past the deadline: rank 1 is dropped
     book.close()
     book.finish()
     book.join(1, 2, incarnation="c1")

@@ -19,7 +19,8 @@ from averager_fixtures import local_averager
 
 from raytrain_seq.algorithms.averaging import average_states
 from raytrain_seq.members.errors import MembershipError
-from raytrain_seq.rounds.book import RoundBook, RoundPhase
+from raytrain_seq.rounds.book import RoundBook
+from raytrain_seq.rounds.current_round import RoundPhase
 from raytrain_seq.rounds.group import place
 from raytrain_seq.rounds.position import EpochPosition, settle
 
@@ -50,7 +51,7 @@ def _round(book: RoundBook, senders, world: int):
 # ------------------------------------------------------------------------------------------ the book
 def test_a_lost_learner_stops_the_open_round_waiting_and_leaves_at_its_close():
     book = _live_book()
-    assert not _round(book, [0, 1], 3) and book.missing == [2]
+    assert not _round(book, [0, 1], 3) and book.current.missing == [2]
     assert book.lose(2, "p2") and book.complete  # no deadline needed
     assert not book.lose(2, "p2") and not book.lose(7)  # idempotent; an unknown slot changes nothing
     closed = book.close()
@@ -75,7 +76,7 @@ def test_a_payload_sent_before_the_loss_stays_averaged_and_a_stale_incarnation_i
     _round(book, [2, 0], 3)
     assert not book.lose(2, "an-older-process")  # not the known process: already replaced
     assert book.lose(2)
-    assert not book.complete and book.missing == [1]  # slot 1 is still expected
+    assert not book.complete and book.current.missing == [1]  # slot 1 is still expected
     with pytest.raises(MembershipError, match="it was lost"):
         book.check(2, 1, 3, incarnation="p2")
     assert _round(book, [1], 3)
@@ -86,12 +87,12 @@ def test_a_payload_sent_before_the_loss_stays_averaged_and_a_stale_incarnation_i
 def test_a_newcomer_waits_for_the_next_close_and_a_new_process_of_a_member_replaces_it():
     book = _live_book()
     assert book.join(5, incarnation="n5") == 2  # queued: enters at the close of round 1
-    assert book.live.waiting(5, "n5") and book.world_size == 3 and 5 not in book.expected
+    assert book.live.waiting(5, "n5") and book.world_size == 3 and 5 not in book.current.expected
     _round(book, [0], 3)
-    assert 5 not in book.expected
+    assert 5 not in book.current.expected
     # Slot 1's process restarted before the driver's lose: lose(old) + a newcomer.
     assert book.join(1, 3, incarnation="q1") == 2
-    assert book.live.lost == {1: "p1"} and book.live.waiting(1, "q1") and book.missing == [2]
+    assert book.live.lost == {1: "p1"} and book.live.waiting(1, "q1") and book.current.missing == [2]
     assert _round(book, [2], 3)
     closed = book.close()
     assert closed.group == (0, 1, 2, 5)
@@ -116,7 +117,7 @@ def test_changes_apply_at_once_when_nobody_is_left_to_close_a_round():
     assert book.lose(0) and book.lose(1) and book.live.changes == 0  # pending: no group would be left
     assert book.join(9, incarnation="n9")
     assert book.live.changes == 1 and book.live.group == (9,) and book.world_size == 1
-    assert book.phase is RoundPhase.IDLE and book.round == 2 and not book.live.pending
+    assert book.current.phase is RoundPhase.IDLE and book.round == 2 and not book.live.pending
 
 
 def test_a_launched_learner_that_never_joined_is_not_waited_for():

@@ -83,7 +83,7 @@ class Arrivals:
                 f"learner {learner!r} sent Adam moments but merge_moments=False: send the weights only "
                 "(the AAVG2 ablation keeps each learner's own moments)"
             )
-        first = self._book.first_payload
+        first = self._book.current.first_payload
         if first is not None and (arrival.signature, arrival.adam) != (first.signature, first.adam):
             raise ValueError(
                 f"learner {learner!r} sent params (keys, shapes, dtypes) or an optimizer kind that differ "

@@ -1,12 +1,12 @@
 """The policy of an AAVG averaging round, in plain Python: who is expected, who came, who is dropped.
 
-``RoundBook`` keeps the round number, the members, the arrivals and a deadline ``timeout_s`` after the
-first arrival. The round closes when every expected learner arrived and at least ``quorum`` (world size
-less the dropped) did, or at the deadline, when the missing are dropped with a recorded reason
-(``dropped_log``); so are those whose payload could not be read (``drop_unread``). A late, repeated or
-skipped-ahead round is a ``StaleRoundError``, a world-size disagreement a ``MembershipError``, fewer than
-``min_learners`` arrivals an ``AveragingTimeoutError`` (``members.errors``). The clock is injectable, so
-the policy is unit-tested without a cluster or an event loop; ``runtime.averager`` wraps it.
+``RoundBook`` keeps the round number and the members; ``current`` (``rounds.current_round``) holds the
+arrivals and a deadline ``timeout_s`` after the first one. The round closes when every expected learner
+arrived and at least ``quorum`` (world size less the dropped) did, or at the deadline, when the missing
+are dropped with a recorded reason (``dropped_log``); so are those whose payload could not be read
+(``drop_unread``). A late, repeated or skipped-ahead round is a ``StaleRoundError``, a world-size
+disagreement a ``MembershipError``, fewer than ``min_learners`` arrivals an ``AveragingTimeoutError``
+(``members.errors``). The clock is injected, so tests need no cluster; ``runtime.averager`` wraps the book.
 Elastic groups: every learner process joins with a fresh ``incarnation``, so the first join of a new
 process under a known id (or with another world size) starts a new generation: the old group's open
 round is abandoned, members and world size replaced, old incarnations refused. A learner joining
@@ -20,29 +20,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
-from raytrain_seq.members.ids import LearnerId, check_learner
+from raytrain_seq.members.ids import LearnerId, check_learner, ordered
+from raytrain_seq.rounds.current_round import CurrentRound, RoundPhase
 from raytrain_seq.rounds.group import LiveGroup
 
 logger = logging.getLogger(__name__)
-
-
-class RoundPhase(Enum):
-    """Where the current round stands in a ``RoundBook``: nobody sent it yet (IDLE), learners are
-    arriving (OPEN), or close() accepted it and the caller averages it (CLOSING)."""
-
-    IDLE = "idle"
-    OPEN = "open"
-    CLOSING = "closing"
-
-
-def _order(learners: Any) -> list[LearnerId]:
-    """Sorted ids (ints before strs): a round's result never depends on the order of arrival."""
-    return sorted(learners, key=lambda x: (isinstance(x, str), x))
 
 
 # ----------------------------------------------------------------------------------------- bookkeeping
@@ -66,6 +52,8 @@ class RoundBook:
     active members and deadline = first arrival + timeout_s) -> "closing" (close() accepted it; the
     caller averages) -> finish() -> round n+1 "idle". A learner that joins while n is open starts from
     round n-1's state and is expected in n; one that joins while n is closing takes part from n+1.
+    ``current`` (a ``CurrentRound``) holds round n's phase, opening, deadline, expected set and arrivals
+    (``current.phase``, ``current.missing``, ...); the book keeps the number ``round`` and the members.
     Rounds start at 1 as in Algorithm 1. ``sink`` receives every membership record as it is logged.
     ``live``: group changes wait for a round's close (``rounds.group``; ``live`` holds them, else None).
     No ray, no asyncio; the clock is injected.
@@ -86,34 +74,19 @@ class RoundBook:
         self.min_learners = check_number("min_learners", min_learners, 1)
         if min_learners > world_size:
             raise ValueError(f"min_learners {min_learners} > world_size {world_size}: lower min_learners")
-        self._clock, self._sink = clock, sink
-        self.round, self.phase, self.opening, self.generation = 1, RoundPhase.IDLE, 0, 0
+        self._sink = sink
+        self.round, self.generation = 1, 0
+        self.current = CurrentRound(clock)
         self.restarted = False  # set by an averager that came back from a crash: its first group rejoins
-        self.opened_at: float | None = None
-        self.deadline: float | None = None
         self._active: set[LearnerId] = set()
         self._pending: set[LearnerId] = set()
         self._gone: set[LearnerId] = set()
-        self._expected: frozenset[LearnerId] = frozenset()
-        self._arrivals: dict[LearnerId, Any] = {}
         self._dropped: dict[LearnerId, dict[str, Any]] = {}
         self.incarnations: dict[LearnerId, str] = {}  # this generation's learners -> their processes' ids
         self._retired: set[str] = set()
         self.dropped_log: list[dict[str, Any]] = []
         self.membership_log: list[dict[str, Any]] = []
         self.live = LiveGroup() if live else None
-
-    @property
-    def expected(self) -> list[LearnerId]:
-        return _order(self._expected)
-
-    @property
-    def arrived(self) -> list[LearnerId]:
-        return _order(self._arrivals)
-
-    @property
-    def missing(self) -> list[LearnerId]:
-        return _order(self._expected - set(self._arrivals))
 
     @property
     def dropped(self) -> dict[LearnerId, str]:
@@ -127,20 +100,15 @@ class RoundBook:
         return max(1, self.world_size - len(self._dropped) - len(self._gone) - len(lost))
 
     @property
-    def first_payload(self) -> Any:
-        """The payload of the open round's first arrival (None while idle)."""
-        return next(iter(self._arrivals.values()), None)
-
-    @property
     def complete(self) -> bool:
-        return self.phase == RoundPhase.OPEN and not self.missing and len(self._arrivals) >= self.quorum
-
-    def expired(self) -> bool:
-        return self.phase == RoundPhase.OPEN and self._clock() >= self.deadline
+        current = self.current
+        return (
+            current.phase == RoundPhase.OPEN and not current.missing and len(current.arrivals) >= self.quorum
+        )
 
     def next_round_for(self, learner: LearnerId) -> int:
         """The round this learner sends next: the open (or idle) one, or the one after a closing one."""
-        return self.round + 1 if self.phase == RoundPhase.CLOSING else self.round
+        return self.round + 1 if self.current.phase == RoundPhase.CLOSING else self.round
 
     def _log_member(
         self, event: str, learner: LearnerId | None, detail: str = "", change: bool = False
@@ -158,7 +126,7 @@ class RoundBook:
         The round number stays (the new group sends the round the old one could not finish); the old
         members, drops and incarnations are forgotten, and the old incarnations refused from now on.
         """
-        if self.phase == RoundPhase.CLOSING:
+        if self.current.phase == RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is being averaged: regroup after finish()")
         check_number("world_size", world_size, max(1, self.min_learners))
         abandoned = self.abandon()
@@ -189,9 +157,9 @@ class RoundBook:
 
     def abandon(self) -> list[LearnerId]:
         """Give up the open round (its senders are gone or its base was superseded); keeps its number."""
-        if self.phase == RoundPhase.CLOSING:
+        if self.current.phase == RoundPhase.CLOSING:
             raise RuntimeError(f"round {self.round} is being averaged: it cannot be abandoned")
-        abandoned = self.arrived if self.phase == RoundPhase.OPEN else []
+        abandoned = self.current.arrived if self.current.phase == RoundPhase.OPEN else []
         self._settle()
         return abandoned
 
@@ -209,13 +177,13 @@ class RoundBook:
         if _starts_group(self, learner, world_size, incarnation):
             self.regroup(world_size or self.world_size)
         if self.live is not None and _joins_later(self, learner, incarnation):
-            return self.round + (2 if self.phase == RoundPhase.CLOSING else 1)
+            return self.round + (2 if self.current.phase == RoundPhase.CLOSING else 1)
         formed = self.live is not None and self.live.group is not None  # live: the reply gives the size
         if world_size is not None and world_size != self.world_size and not formed:
             raise MembershipError(learner, world_size, self.world_size)
         members = self._active | self._pending
         if learner not in members and len(members) >= self.world_size:
-            why = f"the group is full with {_order(members)}; call set_world_size() first to grow it"
+            why = f"the group is full with {ordered(members)}; call set_world_size() first to grow it"
             raise MembershipError(learner, len(members) + 1, self.world_size, why)
         returning = learner in self._dropped or learner in self._gone
         event = "rejoin" if learner in members or returning else "join"
@@ -223,12 +191,12 @@ class RoundBook:
         self._gone.discard(learner)
         if incarnation is not None:
             self.incarnations[learner] = incarnation
-        if self.phase == RoundPhase.CLOSING and learner not in self._arrivals:
+        if self.current.phase == RoundPhase.CLOSING and learner not in self.current.arrivals:
             self._pending.add(learner)  # the round is being averaged without it: it takes part in the next
         else:
             self._active.add(learner)
-            if self.phase == RoundPhase.OPEN:
-                self._expected |= {learner}  # it starts from round n-1's state, so it can send round n
+            if self.current.phase == RoundPhase.OPEN:
+                self.current.expect(learner)  # it starts from round n-1's state, so it can send round n
         self._log_member(event, learner, change=returning)
         return self.next_round_for(learner)
 
@@ -264,8 +232,7 @@ class RoundBook:
         live.lost[learner] = known
         if known is not None:
             self._retired.add(known)
-        if learner not in self._arrivals:
-            self._expected -= {learner}
+        self.current.release(learner)
         self._log_member("lose", learner, "its process was lost: it leaves at the next close")
         _apply_if_idle(self)
         return True
@@ -278,8 +245,7 @@ class RoundBook:
         self._pending.discard(learner)
         self._dropped.pop(learner, None)
         self._gone.add(learner)
-        if learner not in self._arrivals:
-            self._expected -= {learner}
+        self.current.release(learner)
         self._log_member("leave", learner, change=True)
 
     def set_world_size(self, world_size: int) -> None:
@@ -288,7 +254,7 @@ class RoundBook:
         members = self._active | self._pending
         if len(members) > world_size:
             raise ValueError(
-                f"world_size {world_size} < {len(members)} registered learners {_order(members)}: "
+                f"world_size {world_size} < {len(members)} registered learners {ordered(members)}: "
                 "call leave() for the learners that go first"
             )
         old, self.world_size, self._gone = self.world_size, world_size, set()
@@ -314,13 +280,13 @@ class RoundBook:
             raise MembershipError(
                 learner, world_size, self.world_size, "it is not registered: call join() first"
             )
-        if self.phase == RoundPhase.CLOSING or learner in self._pending:
+        if self.current.phase == RoundPhase.CLOSING or learner in self._pending:
             why = f"round {self.round} is still being averaged and this learner takes part from the next one"
             raise StaleRoundError(learner, round, self.round + 1, why)
         if round != self.round:
             why = "that round is closed" if round < self.round else "it skipped ahead"
             raise StaleRoundError(learner, round, self.round, why)
-        if learner in self._arrivals:
+        if learner in self.current.arrivals:
             raise StaleRoundError(learner, round, round + 1, "it already sent this round")
 
     def arrive(
@@ -333,12 +299,10 @@ class RoundBook:
     ) -> bool:
         """Record that a learner sent round `round`; returns True when the round may close (complete)."""
         self.check(learner, round, world_size, incarnation)
-        if self.phase == RoundPhase.IDLE:
-            self.phase, self.opening = RoundPhase.OPEN, self.opening + 1
-            self._expected = frozenset(self._active - set(self.live.lost if self.live is not None else ()))
-            self.opened_at = self._clock()
-            self.deadline = self.opened_at + self.timeout_s
-        self._arrivals[learner] = payload
+        if self.current.phase == RoundPhase.IDLE:
+            lost = set(self.live.lost if self.live is not None else ())
+            self.current.open(self._active - lost, self.timeout_s)
+        self.current.arrivals[learner] = payload
         return self.complete
 
     def close(self) -> RoundClose:
@@ -347,60 +311,60 @@ class RoundBook:
         On success the book is "closing" until finish(); on failure it is idle again at the same round,
         with the missing dropped, so those present can resend it once enough learners are back.
         """
-        if self.phase != RoundPhase.OPEN:
+        if self.current.phase != RoundPhase.OPEN:
             raise RuntimeError(
-                f"round {self.round} is {self.phase.value}, not open: there is nothing to close"
+                f"round {self.round} is {self.current.phase.value}, not open: there is nothing to close"
             )
-        if not self.complete and not self.expired():
-            raise RuntimeError(f"round {self.round} is waiting for {self.missing} until its deadline")
-        missing = self.missing
+        if not self.complete and not self.current.expired():
+            raise RuntimeError(f"round {self.round} is waiting for {self.current.missing} until its deadline")
+        missing = self.current.missing
         for learner in missing:
             _drop(
                 self,
                 learner,
                 f"did not send round {self.round} within {self.timeout_s:g} s of the first arrival",
             )
-        present = self.arrived
+        present = self.current.arrived
         if len(present) < self.quorum:
             logger.warning(
                 "averager: round %d closes with %d of %d learners: the others never joined this group",
                 self.round, len(present), self.world_size,
             )  # fmt: skip
         if len(present) < self.min_learners:
-            absent = _order(set(missing) | set(self._dropped))
+            absent = ordered(set(missing) | set(self._dropped))
             error = AveragingTimeoutError(self.round, absent, present, self.timeout_s)
             logger.warning("averager: %s", error)
-            closed = RoundClose(self.round, (), tuple(missing), self.opened_at, error)
+            closed = RoundClose(self.round, (), tuple(missing), self.current.opened_at, error)
             self._settle()
             return closed
-        self.phase = RoundPhase.CLOSING
-        pairs = tuple((learner, self._arrivals[learner]) for learner in present)
-        return RoundClose(self.round, pairs, tuple(missing), self.opened_at, group=_decide(self))
+        self.current.phase = RoundPhase.CLOSING
+        pairs = tuple((learner, self.current.arrivals[learner]) for learner in present)
+        return RoundClose(self.round, pairs, tuple(missing), self.current.opened_at, group=_decide(self))
 
     def drop_unread(self, closed: RoundClose, learners: Any, reason: str) -> RoundClose:
         """While closing: drop ``learners``, whose payloads arrived but could not be read, and return the
         round's close without them (an error, as close() gives one, when fewer than min_learners remain).
         The book stays "closing" either way: finish() follows, not ok on an error."""
-        if self.phase != RoundPhase.CLOSING or closed.round != self.round:
+        if self.current.phase != RoundPhase.CLOSING or closed.round != self.round:
             raise RuntimeError(
-                f"round {closed.round} is not the one closing (round {self.round} is {self.phase.value})"
+                f"round {closed.round} is not the one closing (round {self.round} is {self.current.phase.value})"
             )
         gone = set(learners)
-        for learner in _order(gone):
+        for learner in ordered(gone):
             _drop(self, learner, reason)
         present = tuple(pair for pair in closed.present if pair[0] not in gone)
-        dropped = (*closed.dropped, *_order(gone - set(closed.dropped)))
+        dropped = (*closed.dropped, *ordered(gone - set(closed.dropped)))
         if len(present) < self.min_learners:
             arrived = [learner for learner, _ in present]
-            error = AveragingTimeoutError(self.round, _order(set(dropped)), arrived, self.timeout_s)
+            error = AveragingTimeoutError(self.round, ordered(set(dropped)), arrived, self.timeout_s)
             logger.warning("averager: %s", error)
             return RoundClose(self.round, (), dropped, closed.opened_at, error)
         return RoundClose(self.round, present, dropped, closed.opened_at, group=closed.group)
 
     def finish(self, ok: bool = True) -> None:
         """After close(): ok advances to the next round; not ok keeps it."""
-        if self.phase != RoundPhase.CLOSING:
-            raise RuntimeError(f"round {self.round} is {self.phase.value}: call close() first")
+        if self.current.phase != RoundPhase.CLOSING:
+            raise RuntimeError(f"round {self.round} is {self.current.phase.value}: call close() first")
         if ok:
             self.round += 1
             if self.live is not None and self.live.deciding is not None:
@@ -429,19 +393,20 @@ class RoundBook:
             live.admitted[learner] = incarnation
         old, self.world_size, live.group = self.world_size, len(group), group
         live.changes += 1
-        why = f"{_order(lost)} lost, {_order(joining)} joined: group {list(group)} ({old} -> {len(group)})"
+        why = f"{ordered(lost)} lost, {ordered(joining)} joined: group {list(group)} ({old} -> {len(group)})"
         self._log_member("group", None, why, change=True)
 
     def _settle(self) -> None:
-        self.phase, self.opened_at, self.deadline = RoundPhase.IDLE, None, None
-        self._arrivals, self._expected = {}, frozenset()
+        self.current.settle()
         self._active |= self._pending
         self._pending = set()
 
     def restore(self, last_round: int, dropped_log: Any = None) -> None:
         """Continue after `last_round` (a checkpoint's, or a re-seeding learner's); members are kept."""
-        if self.phase != RoundPhase.IDLE:
-            raise RuntimeError(f"round {self.round} is {self.phase.value}: restore only an idle averager")
+        if self.current.phase != RoundPhase.IDLE:
+            raise RuntimeError(
+                f"round {self.round} is {self.current.phase.value}: restore only an idle averager"
+            )
         self.round = check_number("round", last_round, 0) + 1
         if dropped_log is not None:
             self.dropped_log = [dict(record) for record in dropped_log]
@@ -511,7 +476,7 @@ def _decide(book: RoundBook) -> tuple[LearnerId, ...] | None:
         return None
     members = _members(book)
     if live.group is None and not live.pending and len(members) == book.world_size:
-        live.group = tuple(_order(members))
+        live.group = tuple(ordered(members))
     group = live.next_group(members) if live.pending else ()
     if not group:
         return None  # nothing pending, or nobody left: the driver decides
@@ -523,7 +488,7 @@ def _apply_if_idle(book: RoundBook) -> None:
     """Live: apply the pending changes at once when no round is open and no member is left to send
     one (every sender was lost): the newcomers then start from the latest state."""
     live = book.live
-    if book.phase != RoundPhase.IDLE or book.generation == 0 or not live.pending:
+    if book.current.phase != RoundPhase.IDLE or book.generation == 0 or not live.pending:
         return
     if (book._active | book._pending) - set(live.lost):
         return

@@ -16,7 +16,8 @@ from typing import Any
 
 from raytrain_seq.members.errors import StaleRoundError
 from raytrain_seq.rounds.arrivals import Arrivals
-from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
+from raytrain_seq.rounds.book import RoundBook, RoundClose
+from raytrain_seq.rounds.current_round import RoundPhase
 
 __all__ = ["RoundWait"]
 
@@ -39,11 +40,11 @@ class RoundWait:
     def open(self) -> None:
         """The round's first arrival: a new future, and the timer of the book's deadline."""
         self.future = asyncio.get_running_loop().create_future()
-        self._timer = self._spawn(self._expire(self._book.opening, self._book.deadline))
+        self._timer = self._spawn(self._expire(self._book.current.opening, self._book.current.deadline))
 
     async def _expire(self, opening: int, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        if self._book.phase is RoundPhase.OPEN and self._book.opening == opening:
+        if self._book.current.phase is RoundPhase.OPEN and self._book.current.opening == opening:
             self.start_close()
 
     def start_close(self) -> None:

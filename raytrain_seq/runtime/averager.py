@@ -38,7 +38,8 @@ from raytrain_seq.outputs.reports import AveragingReport, JoinedProcess
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
-from raytrain_seq.rounds.book import RoundBook, RoundClose, RoundPhase
+from raytrain_seq.rounds.book import RoundBook, RoundClose
+from raytrain_seq.rounds.current_round import RoundPhase
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.group import GroupChanges
 from raytrain_seq.rounds.held_state import HeldState
@@ -220,7 +221,7 @@ class ParameterAverager:
             future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
-            if self._book.phase is RoundPhase.CLOSING:
+            if self._book.current.phase is RoundPhase.CLOSING:
                 self._book.finish(ok=False)
             self._history.record_failed_round(closed.round, exc)
             future.set_exception(exc)
@@ -256,7 +257,7 @@ class ParameterAverager:
         if node is not None:
             self._placement.place(learner, node, self._book.world_size)
         self._history.start_clock()
-        while self._book.phase is RoundPhase.CLOSING and self._wait.future is not None:
+        while self._book.current.phase is RoundPhase.CLOSING and self._wait.future is not None:
             await asyncio.wait({self._wait.future})  # the round's outcome is its senders' business
         self._channels.end(f"learner {learner!r} (re)joined")
         generation, live = self._book.generation, self._book.live
@@ -336,7 +337,7 @@ class ParameterAverager:
                 incarnation,
                 rows,
             )
-            opening = self._book.phase is RoundPhase.IDLE
+            opening = self._book.current.phase is RoundPhase.IDLE
             complete = self._book.arrive(learner, round, world_size, arrival, incarnation)
             if opening:
                 self._wait.open()
@@ -458,7 +459,7 @@ class ParameterAverager:
         return AveragingReport(
             **self._history.summary(),
             next_round=self._book.round,
-            open_round={"phase": self._book.phase.value, "arrived": self._book.arrived},
+            open_round={"phase": self._book.current.phase.value, "arrived": self._book.current.arrived},
             world_size=self._book.world_size,
             generation=self._book.generation,
             dropped=list(self._book.dropped_log),
@@ -478,7 +479,7 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
     """A round that every member took part in, through the store, plans a channel generation for them
     (``dataplane.generations``): the result tells them to link."""
     flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
-    plan = await channels.plan(result.learners, book.expected, result.dropped, flat, book.world_size)
+    plan = await channels.plan(result.learners, book.current.expected, result.dropped, flat, book.world_size)
     return result if plan is None else dataclasses.replace(result, channels=plan)
 
 
