@@ -45,6 +45,10 @@ RECOVERY_ROUNDS = 2  # rounds averaged after an event before it counts as recove
 # a group of 2 (a stall) and while a recovery runs (the others train on). What an event took in all on the
 # 2-core box: docs/LOG.md, 2026-11-24, figures moved out of comments.
 SLACK_ROUNDS = 2
+# Epochs at one learner that a node's arrival spans: the lone survivor steps on while the newcomer's
+# process starts, imports torch, builds its model and joins, wall-clock work that the rounds of this small
+# set do not pace (docs/LOG.md, 2026-11-28, 18:20 UTC: a default-size 8-event soak ended during it).
+JOIN_EPOCHS = 4
 
 
 @dataclass(frozen=True)
@@ -346,12 +350,14 @@ def plan_checksums(config) -> dict[int, dict[str, int]]:
     return out
 
 
-def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
+def size_epochs(config, events: int, stalls: int = 0, arrivals: int = 0) -> tuple[int, int]:
     """Epochs enough for ``events`` events MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS rounds apart (and 3 at
     least), counting the rounds of an epoch at 2 learners (fewer learners make more rounds); and that
     count of rounds an epoch. Each of the ``stalls`` adds an epoch at one learner (twice the rounds): the
     survivor trains on alone until the dropped learner rejoins, and a run that used those rounds up ended
-    before the next events (seen once in the 4-event soak of tests/test_chaos.py, docs/LOG.md)."""
+    before the next events (seen once in the 4-event soak of tests/test_chaos.py, docs/LOG.md). Each of
+    the ``arrivals`` (node_added events with an event after them) adds ``JOIN_EPOCHS`` epochs at one
+    learner, for the same reason."""
     from raytrain_seq.algorithms.packing import pack
     from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
@@ -366,7 +372,7 @@ def size_epochs(config, events: int, stalls: int = 0) -> tuple[int, int]:
     per_round = config.train.batch_size * config.train.k
     rounds = max(1, math.ceil(len(shard) / per_round))
     needed = 2 + events * (MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS) + 2  # from round 1, a margin
-    needed += stalls * 2 * rounds
+    needed += stalls * 2 * rounds + arrivals * JOIN_EPOCHS * 2 * rounds
     return max(3, math.ceil(needed / rounds)), rounds
 
 
@@ -558,7 +564,9 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
             soak.add_node()
         plan = schedule(args.events, kinds, args.seed)
         stalls = sum(kind == "learner_stalled" for _, kind in plan)
-        sized, per_epoch = size_epochs(make_config(storage, "sizing", args, 1), args.events, stalls)
+        arrivals = sum(kind == "node_added" for _, kind in plan[:-1])  # a last one has no event to wait
+        sizing = make_config(storage, "sizing", args, 1)
+        sized, per_epoch = size_epochs(sizing, args.events, stalls, arrivals)
         epochs = args.epochs or sized
         print(f"{epochs} epochs ({per_epoch} rounds an epoch at 2 learners); undisturbed run ...", flush=True)
         calm_config = make_config(storage, f"undisturbed-{args.seed}", args, epochs)

@@ -114,10 +114,11 @@ class AveragerClient:
                 if attempt == len(delays) or silent_round:
                     seconds = time.monotonic() - began
                     raise AveragerUnavailableError(method, attempt + 1, seconds, str(exc)) from exc
-                logger.warning(
-                    "learner %s: %s() failed (%s); retry %d/%d in %.1f s",
-                    self.learner, method, exc, attempt + 1, len(delays), delays[attempt],
-                )  # fmt: skip
+                if attempt & (attempt + 1) == 0:  # tries 1, 2, 4, 8, ...: a steady retry logs a few lines
+                    logger.warning(
+                        "learner %s: %s() failed (%s); retry %d/%d in %.1f s",
+                        self.learner, method, exc, attempt + 1, len(delays), delays[attempt],
+                    )  # fmt: skip
                 self._sleep(delays[attempt])
         raise AssertionError("unreachable: the loop returns or raises")
 
