@@ -47,7 +47,7 @@ RECOVERY_ROUNDS = 2  # rounds averaged after an event before it counts as recove
 SLACK_ROUNDS = 2
 # Epochs at one learner that a node's arrival spans: the lone survivor steps on while the newcomer's
 # process starts, imports torch, builds its model and joins, wall-clock work that the rounds of this small
-# set do not pace (docs/LOG.md, 2026-11-28, 18:20 UTC: a default-size 8-event soak ended during it).
+# set do not pace (docs/LOG.md, 2026-11-28, 17:14-18:30 UTC: a default-size 8-event soak ended in one).
 JOIN_EPOCHS = 4
 
 
