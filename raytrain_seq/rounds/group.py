@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from raytrain_seq.members.errors import MembershipError
-from raytrain_seq.members.ids import LearnerId
+from raytrain_seq.members.ids import LearnerId, ordered
 
 __all__ = ["GroupChanges", "LiveGroup", "place"]
 
@@ -65,7 +65,7 @@ class LiveGroup:
     def next_group(self, members: Iterable[LearnerId]) -> tuple[LearnerId, ...]:
         """The group once the pending changes apply to ``members`` (the current ones)."""
         after = (set(members) - set(self.lost)) | set(self.joining)
-        return tuple(sorted(after, key=lambda x: (isinstance(x, str), x)))
+        return tuple(ordered(after))
 
 
 class GroupChanges:

@@ -33,7 +33,7 @@ from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.dataplane.stores import InProcessShards, ShardPool
 from raytrain_seq.members.errors import StaleRoundError
-from raytrain_seq.members.ids import LearnerId, check_learner
+from raytrain_seq.members.ids import LearnerId, check_learner, ordered
 from raytrain_seq.outputs.reports import AveragingReport, JoinedProcess
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.rounds.arrivals import Arrivals
@@ -486,7 +486,7 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
 def _processes(book: RoundBook, nodes: Mapping[str, str]) -> tuple[JoinedProcess, ...]:
     """The book's current group of learner processes that joined: id, incarnation and node (``nodes``:
     incarnation -> node), in learner order."""
-    joined = sorted(book.incarnations.items(), key=lambda pair: (isinstance(pair[0], str), pair[0]))
+    joined = [(learner, book.incarnations[learner]) for learner in ordered(book.incarnations)]
     return tuple(
         JoinedProcess(learner=learner, incarnation=incarnation, node=nodes.get(incarnation))
         for learner, incarnation in joined
