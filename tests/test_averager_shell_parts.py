@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 from conftest import adam_learners
@@ -25,6 +26,7 @@ from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
+from raytrain_seq.rounds.held_state import HeldState
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
 from raytrain_seq.rounds.round_wait import RoundWait
@@ -109,7 +111,7 @@ class _Pool:
     async def targets(self):
         return [("shard0", "node0")]
 
-    async def open_channels(self, generation, inputs, readers, nbytes):
+    async def open_channels(self, generation, inputs, readers, nbytes, timeout_s=None):
         if self.fail:
             raise RuntimeError("no shard")
         self.opened.append((generation, len(readers), nbytes))
@@ -163,6 +165,51 @@ def test_a_generation_that_cannot_open_or_is_short_of_a_member_ends_and_the_stor
 
     first, last, session = _run(failing())
     assert first is None and last is None and session.report()["ended"] == 1 and not session.report()["live"]
+
+
+# ------------------------------------------------------------------------------------------ held state
+class _CopyingPool(_Pool):
+    """A pool of one shard that kept its copy of the rounds it wrote into its channel."""
+
+    def __init__(self, copies: dict) -> None:
+        super().__init__()
+        self.copies, self.asked = copies, []
+
+    async def results(self, round_):
+        self.asked.append(round_)
+        return [self.copies[round_]]
+
+
+def test_the_held_state_falls_back_to_the_shards_copies_when_its_channel_read_fails_and_ends_the_generation():
+    """A channel read that fails (Ray's "Reader missed a value" after a member's node died) leaves the
+    averager no readable place among the readers: it reads the shards' copies and ends the generation,
+    so that a joiner or a checkpoint still gets the round."""
+    layout = FlatLayout.of({"w": torch.zeros(4)}, None)
+    copy = {"mean/float32": np.arange(4, dtype=np.float32)}
+
+    def broken(channel, round_, timeout):
+        raise RuntimeError("Reader missed a value. Are you sure there are num_readers many readers?")
+
+    async def reading(read_round):
+        pool = _CopyingPool({5: copy})
+        session = ChannelSession(ChannelBook(enabled=True), pool=pool, timeout_s=0.2,
+                                 self_reader=lambda: ("me", "node0"), read_round=read_round)  # fmt: skip
+        plan = await session.plan([0], [0], [], True, 1)
+        await session.link(plan.generation, 0, _link())
+        loads = HubLoad()
+        loads.record(5, [])  # the round's close recorded its merge
+        held = HeldState(channels=session, pool=pool, loads=loads, batch=None, history=None, latest=None)
+        marker = Channelled(plan.generation, 0, 5)
+        state = AveragedState(round=5, batch_size=4, flat=FlatPayload(layout, (marker,)))
+        return await held.read(state), pool, session, loads
+
+    (state, parts), pool, session, loads = _run(reading(broken))
+    assert pool.asked == [5] and parts == [copy] and state.flat.parts == (copy,)
+    assert not session.book.live and session.report()["ended"] == 1
+    assert loads.as_list()[-1]["actors"]["control"]["received"] == 16  # its copy counts in the hub load
+    # Vacuity guard: with readable channels, the shards are not asked and the generation stays live.
+    (_, parts), pool, session, _ = _run(reading(lambda channel, round_, timeout: copy))
+    assert pool.asked == [] and parts == [copy] and session.book.live
 
 
 # ------------------------------------------------------------------------------------------ round merge

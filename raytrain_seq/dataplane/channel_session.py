@@ -85,7 +85,9 @@ class ChannelSession:
         book, event = self.book, self._linked
         readers = [*book.readers(), self._self_reader()]
         try:
-            inputs = await self._pool.open_channels(generation, book.shard_inputs(), readers, nbytes)
+            inputs = await self._pool.open_channels(
+                generation, book.shard_inputs(), readers, nbytes, timeout_s=self._timeout_s
+            )
         except Exception as exc:
             logger.error("averager: opening generation %d's channels failed: %r", generation, exc)
             self.end(f"generation {generation} could not be opened")

@@ -57,7 +57,7 @@ class InProcessStore:
 class ShardPool(Protocol):
     """Merges a round's flat payloads, one shard per slice; ``count`` shards. A pool whose
     ``supports_channels`` is True also opens channel generations (``dataplane.generations``; ``RayShards``):
-    ``targets`` and ``open_channels``."""
+    ``targets``, ``open_channels``, and ``results`` (each shard's copy of a round it wrote into them)."""
 
     count: int
     supports_channels: bool

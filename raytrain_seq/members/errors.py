@@ -3,8 +3,9 @@ the fix.
 
 ``AveragerError`` is the base; a late, repeated or skipped-ahead round is a ``StaleRoundError``, a
 disagreement on the world size (or an unregistered caller) a ``MembershipError``, a round with fewer
-than ``min_learners`` arrivals an ``AveragingTimeoutError`` listing the missing ones, and an averager
-that does not answer within a learner's retry budget an ``AveragerUnavailableError``. Each keeps its
+than ``min_learners`` arrivals an ``AveragingTimeoutError`` listing the missing ones, a round whose
+merge a shard never answered a ``ShardUnavailableError``, and an averager that does not answer within a
+learner's retry budget an ``AveragerUnavailableError``. Each keeps its
 fields through pickling: Ray ships it from the averager's process to the learners' by class path, and
 both sides run the same code.
 """
@@ -20,6 +21,7 @@ __all__ = [
     "AveragerUnavailableError",
     "AveragingTimeoutError",
     "MembershipError",
+    "ShardUnavailableError",
     "StaleRoundError",
 ]
 
@@ -91,4 +93,19 @@ class AveragerUnavailableError(AveragerError):
             f"the averager did not answer {self.call}() in {self.attempts} tries over {self.seconds:.0f} s "
             f"(last error: {self.cause}): it died past train.averager_max_restarts or its node is gone; "
             "raise --averager-max-restarts, or --resume the run from its latest checkpoint"
+        )
+
+
+class ShardUnavailableError(AveragerError):
+    """A shard did not answer a call of a round's close (``dataplane.shard_calls.answers``): the round
+    fails, and its learners rejoin and resend it."""
+
+    def __init__(self, call: str, shard: int, detail: str) -> None:
+        super().__init__(call=call, shard=shard, detail=detail)
+
+    def _message(self) -> str:
+        return (
+            f"shard {self.shard} did not answer {self.call}: {self.detail}; the round fails and its learners "
+            "resend it (Ray restarts a shard on another node when its node dies: if this repeats, "
+            "`ray status` shows whether a node can host it)"
         )

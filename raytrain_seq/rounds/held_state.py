@@ -3,8 +3,9 @@
 Once a round closes, its merged slices are read into the averager's process once, off the learners' path
 (``read``): the merged slices live on the learners' nodes and die with them, so a (re)joining group, a
 checkpoint and a channelled evaluation get this copy. Reading a channelled round copies its slices out of
-the channels; the bytes count in the round's hub load as received by this actor. ``held`` turns the copy
-into tensors only when asked (most rounds' states never are) and stamps the batch size and the clock.
+the channels (when that fails, from the shards' copies, and the generation ends); the bytes count in the
+round's hub load as received by this actor. ``held`` turns the copy into tensors only when asked (most
+rounds' states never are) and stamps the batch size and the clock.
 """
 
 from __future__ import annotations
@@ -54,7 +55,15 @@ class HeldState:
         become tensors only when a join or a checkpoint needs them (``held``), not every round,
         since a layout of many tensors takes milliseconds to unpack (docs/ARCHITECTURE.md, "Measurements behind the code") and most rounds' states are never asked for."""
         if isinstance(state.flat.parts[0], Channelled):
-            parts = await self._channels.read(state.flat.parts)
+            try:
+                parts = await self._channels.read(state.flat.parts)
+            except Exception as exc:  # e.g. Ray's "Reader missed a value" after a member's node died
+                # This actor's place among the channels' readers is lost: no later round could be read
+                # either. The shards kept their copies of the round they wrote: read those instead.
+                logger.warning("averager: reading round %d from the channels failed (%r): the "
+                               "shards' copies instead", state.round, exc)  # fmt: skip
+                self._channels.end(f"the averager could not read round {state.round} from its channels")
+                parts = await self._pool.results(state.round)
             state = state.replace(flat=dataclasses.replace(state.flat, parts=tuple(parts)))
         else:
             parts = await self._pool.fetch(list(state.flat.parts))

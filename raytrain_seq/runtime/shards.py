@@ -9,15 +9,17 @@ merged slice is written to the shard's own; a restarted shard has no channels an
 (``load["lost_channels"]``). A shard waits for its slices at most the round's timeout and otherwise names
 the unreadable or lost ones (``ShardMerge.unreadable``) for the control plane to drop.
 Placement: shard i on learner i's node (soft affinity), created once the learners joined (``prepare``).
-Shards hold no state a merge depends on, so a lost one is restarted by Ray and its merge re-run. The
-first merge starts mapping the store ahead (``store_memory``). ``hub_load`` counts the bytes each shard
-read and sent (an upper bound). ray is imported only inside the functions that talk to a cluster.
+Shards hold no merge's state: Ray restarts a lost one, and a lost call is made again
+(``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``). ``hub_load``
+counts the bytes each shard read and sent (an upper bound). ray is imported only where a cluster is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,7 @@ from raytrain_seq.checks import check_number
 
 # Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
+from raytrain_seq.dataplane.shard_calls import answers
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.runtime.store_memory import MemoryReport, StoreMemory, cuda_host_register
 
@@ -68,18 +71,44 @@ class AveragingShard:
 
         return ray.get_runtime_context().get_node_id()
 
-    def open_channels(self, generation: int, inputs: list, readers: list, nbytes: int) -> Any:
+    def open_channels(
+        self, generation: int, inputs: list, readers: list, nbytes: int, timeout_s: float | None = None
+    ) -> Any:
         """Generation ``generation``: read member j's slices from ``inputs[j]``; returns this shard's
-        channel of merged slices, which ``readers`` (every member: (handle, node)) read."""
+        channel of merged slices, which ``readers`` (every member: (handle, node)) read.
+
+        Ray's set-up of a channel calls each reader on another node and waits for it without a deadline:
+        a reader whose node died and whose actor waits for room to restart held this one-call-at-a-time
+        actor, and every merge queued behind it, until a node came (the fault tests' lost node). So the
+        set-up runs in a thread, waited for at most ``timeout_s``; then TimeoutError (the averager ends
+        the generation) and a channel the thread makes later is dropped."""
         from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
         from ray.experimental.channel.utils import get_self_actor
 
         from raytrain_seq.runtime.channels import OUTPUT_BUFFERS, channel_slack
 
+        me, made = get_self_actor(), {}
+
+        def make() -> None:
+            try:
+                made["channel"] = BufferedSharedMemoryChannel(
+                    me, [tuple(r) for r in readers], OUTPUT_BUFFERS, channel_slack(nbytes)
+                )
+            except BaseException as exc:  # handed to the caller below, raised there
+                made["error"] = exc
+
+        thread = threading.Thread(target=make, name=f"shard-{self.index}-channels", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            raise TimeoutError(
+                f"shard {self.index}: generation {generation}'s channel waited {timeout_s:g} s for its "
+                "readers (one is on a lost node, or restarting): the rounds go through the store"
+            )
+        if "error" in made:
+            raise made["error"]
         self._generation, self._inputs, self._read = generation, list(inputs), (0, {})
-        self._output = BufferedSharedMemoryChannel(
-            get_self_actor(), [tuple(r) for r in readers], OUTPUT_BUFFERS, channel_slack(nbytes)
-        )
+        self._output = made["channel"]
         return self._output
 
     def result(self, round: int) -> dict | None:
@@ -262,13 +291,18 @@ class RayShards:
         timeout_s: float | None = None,
         write: bool = False,
     ) -> ShardMerge:
-        calls = [
-            shard.merge.options(num_returns=2).remote(
-                round, [p.parts[i] for p in payloads], list(weights), len(payloads), timeout_s, write
+        shards = self._ensure()
+
+        def submit(i: int) -> Any:
+            return (
+                shards[i]
+                .merge.options(num_returns=2)
+                .remote(round, [p.parts[i] for p in payloads], list(weights), len(payloads), timeout_s, write)
             )
-            for i, shard in enumerate(self._ensure())
-        ]
-        loads = await asyncio.gather(*(load for _, load in calls))
+
+        # A merge waits up to timeout_s for the slices, for the channels' reads and for its write.
+        wait_s = 3 * timeout_s + FETCH_TIMEOUT_S if timeout_s is not None else math.inf
+        calls, loads = await self._answers("merge()", submit, give_up_s=wait_s)
         if any(load.get("lost_channels") for load in loads):
             return ShardMerge(loads=tuple(loads), lost_channels=True)
         unreadable = frozenset(i for load in loads for i in load.get("unreadable", ()))
@@ -281,7 +315,7 @@ class RayShards:
             # learners read every slice from the store, so the written ones are asked for again.
             calls = [
                 (merged, None) if not load.get("channelled") else (shard.result.remote(round), None)
-                for (merged, _), load, shard in zip(calls, loads, self._ensure(), strict=True)
+                for (merged, _), load, shard in zip(calls, loads, shards, strict=True)
             ]
         return ShardMerge(tuple(merged for merged, _ in calls), tuple(loads))
 
@@ -291,25 +325,66 @@ class RayShards:
     async def targets(self) -> list[tuple[Any, str]]:
         """Per shard, (its handle, its node): where every member's channel to it goes."""
         handles = self._ensure()
-        nodes = await asyncio.gather(*(shard.node.remote() for shard in handles))
+        _, nodes = await self._answers("node()", lambda i: (handles[i].node.remote(),))
         return list(zip(handles, nodes, strict=True))
 
+    async def results(self, round: int) -> list[Any]:
+        """Each shard's copy of ``round``'s merged slice, which it wrote into its channel (``result``):
+        for the control plane when reading it from the channels failed. ChannelLost when a shard no
+        longer has it (it merged a newer round, or Ray restarted it)."""
+        from raytrain_seq.dataplane.generations import ChannelLost
+
+        handles = self._ensure()
+        _, parts = await self._answers("result()", lambda i: (handles[i].result.remote(round),))
+        missing = [i for i, part in enumerate(parts) if part is None]
+        if missing:
+            raise ChannelLost(f"shards {missing} no longer hold round {round}'s merged slice")
+        return parts
+
+    async def _answers(
+        self, what: str, submit: Callable[[int], Any], give_up_s: float = FETCH_TIMEOUT_S
+    ) -> tuple[list[Any], list[Any]]:
+        """Every shard's answer to ``submit(i)``, a call made again where it was lost
+        (``dataplane.shard_calls.answers`` says when and why)."""
+        from ray.exceptions import ActorUnavailableError
+
+        handles = self._ensure()
+        return await answers(
+            what,
+            self.count,
+            submit,
+            lambda i: handles[i].node.remote(),
+            retry_on=(ActorUnavailableError,),
+            give_up_s=give_up_s,
+        )
+
     async def open_channels(
-        self, generation: int, inputs: list[list[Any]], readers: list[tuple[Any, str]], nbytes: Sequence[int]
+        self,
+        generation: int,
+        inputs: list[list[Any]],
+        readers: list[tuple[Any, str]],
+        nbytes: Sequence[int],
+        timeout_s: float | None = None,
     ) -> list[Any]:
-        """Open generation ``generation`` on every shard; shard i's channel of merged slices at i.
+        """Open generation ``generation`` on every shard (each waits for its readers at most
+        ``timeout_s``: ``AveragingShard.open_channels``); shard i's channel of merged slices at i.
 
         A reader on shard i's node is named to it by shard i's own handle: a channel counts its readers
         on the writer's node and never calls them, and a shard that unpickled a learner's handle would
         load the learner's class, and torch with it (``runtime.channels.for_readers`` says what that
         cost). A reader on another node is named by its own handle: the channel has it make its copy of
         the buffer there."""
-        calls = []
         # The shards' nodes as they are now (a shard Ray restarted since the plan may have moved).
-        for i, (shard, node_i) in enumerate(await self.targets()):
+        targets = await self.targets()
+
+        def submit(i: int) -> Any:
+            shard, node_i = targets[i]
             named = [(shard if node == node_i else handle, node) for handle, node in readers]
-            calls.append(shard.open_channels.remote(generation, inputs[i], named, nbytes[i]))
-        return list(await asyncio.gather(*calls))
+            return (shard.open_channels.remote(generation, inputs[i], named, nbytes[i], timeout_s),)
+
+        wait_s = (timeout_s or 0.0) + FETCH_TIMEOUT_S
+        _, channels = await self._answers("open_channels()", submit, give_up_s=wait_s)
+        return channels
 
 
 class RayStore:

@@ -1,0 +1,114 @@
+"""``dataplane.shard_calls.answers`` with fake shards (no Ray): a lost call is made again, a slow one is
+not, an unavailable one is retried, and a shard that never answers fails the round with a typed error."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raytrain_seq.dataplane.shard_calls import answers
+from raytrain_seq.members.errors import AveragerError, ShardUnavailableError
+
+
+class Unavailable(Exception):
+    """Stands for Ray's ActorUnavailableError."""
+
+
+class FakeShards:
+    """Shard i answers call k (counted from 0) as ``plan[i][k]``: a value after ``delay`` seconds, "lost"
+    (never answered), or "unavailable" (fails at once). Pings answer at once unless ``silent``."""
+
+    def __init__(self, plan: dict[int, list], *, delay: float = 0.0, silent: frozenset = frozenset()):
+        self.plan, self.delay, self.silent = plan, delay, silent
+        self.calls = dict.fromkeys(plan, 0)
+        self.pings = dict.fromkeys(plan, 0)
+
+    def submit(self, i: int) -> tuple:
+        k, self.calls[i] = self.calls[i], self.calls[i] + 1
+        return ("other return", self._answer(self.plan[i][min(k, len(self.plan[i]) - 1)]))
+
+    async def _answer(self, outcome):
+        if outcome == "lost":
+            await asyncio.Event().wait()  # never set
+        if outcome == "unavailable":
+            raise Unavailable("the actor is temporarily unavailable")
+        await asyncio.sleep(self.delay)
+        return outcome
+
+    async def ping(self, i: int) -> str:
+        self.pings[i] += 1
+        if i in self.silent:
+            await asyncio.Event().wait()
+        return "node"
+
+
+def _answers(shards: FakeShards, **kwargs):
+    options = {"retry_on": (Unavailable,), "ping_every_s": 0.01, "give_up_s": 5.0, **kwargs}
+    return asyncio.run(answers("merge()", len(shards.plan), shards.submit, shards.ping, **options))
+
+
+def test_answers_in_shard_order_with_each_call_made_once_when_nothing_is_lost():
+    shards = FakeShards({0: ["a"], 1: ["b"], 2: ["c"]})
+    calls, values = _answers(shards)
+    assert values == ["a", "b", "c"]
+    assert [call[0] for call in calls] == ["other return"] * 3
+    assert shards.calls == {0: 1, 1: 1, 2: 1}
+
+
+def test_a_lost_call_is_made_again_once_later_pings_were_answered():
+    shards = FakeShards({0: ["a"], 1: ["lost", "b"]})
+    _, values = _answers(shards, confirm=2)
+    assert values == ["a", "b"]
+    assert shards.calls == {0: 1, 1: 2}
+    assert shards.pings[1] >= 2  # two answered pings confirmed the loss
+
+
+def test_a_slow_call_whose_shard_answers_no_ping_is_waited_for_not_made_again():
+    # The shard is busy with the call (its pings queue behind it): slower than many ping intervals.
+    shards = FakeShards({0: ["a"], 1: ["b"]}, delay=0.2, silent=frozenset({0, 1}))
+    _, values = _answers(shards)
+    assert values == ["a", "b"]
+    assert shards.calls == {0: 1, 1: 1}
+    assert shards.pings[0] == 1  # one ping at a time, not one per interval
+
+
+def test_an_unavailable_call_is_made_again_and_an_unlisted_error_is_raised_as_it_is():
+    shards = FakeShards({0: ["unavailable", "unavailable", "a"]})
+    _, values = _answers(shards)
+    assert values == ["a"] and shards.calls[0] == 3
+
+    class Broken:
+        def submit(self, i):
+            return (self._fail(),)
+
+        async def _fail(self):
+            raise ValueError("a bug in the merge")
+
+        async def ping(self, i):
+            return "node"
+
+    with pytest.raises(ValueError, match="a bug in the merge"):
+        asyncio.run(answers("merge()", 1, Broken().submit, Broken().ping, retry_on=(Unavailable,)))
+
+
+def test_a_call_lost_every_time_fails_after_its_tries_with_a_typed_error_the_learners_rejoin_on():
+    shards = FakeShards({0: ["a"], 1: ["lost"]})
+    with pytest.raises(ShardUnavailableError, match=r"shard 1 did not answer merge\(\): 3 calls") as caught:
+        _answers(shards, tries=3)
+    assert isinstance(caught.value, AveragerError)  # the client rejoins and resends on an AveragerError
+    assert shards.calls[1] == 3
+
+
+def test_a_shard_silent_past_give_up_fails_the_call():
+    shards = FakeShards({0: ["lost"]}, silent=frozenset({0}))
+    with pytest.raises(ShardUnavailableError, match=r"nothing answered for 0\.1 s"):
+        _answers(shards, give_up_s=0.1)
+    assert shards.calls[0] == 1  # never made again: no ping confirmed the loss
+
+
+def test_the_error_survives_pickling_as_ray_ships_it():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ShardUnavailableError("merge()", 2, "3 calls")))
+    assert (error.call, error.shard, error.detail) == ("merge()", 2, "3 calls")
