@@ -10,7 +10,7 @@ import pytest
 
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import data_geometry
-from raytrain_seq.feed.cache import Launch
+from raytrain_seq.feed.cache import EpochNotServedError, Launch
 from raytrain_seq.feed.planner import FeedPlanner, check_rank
 from raytrain_seq.feed.report import RESTARTS_FILE, EpochCounts, RestartLog
 from raytrain_seq.outputs.reports import FeedReport
@@ -163,7 +163,7 @@ def test_the_cache_keeps_the_newest_epochs_and_names_what_it_dropped():
     assert planner.cache.served_epochs == [1, 2]
     assert not set(planner.keys(ids, 1)) - planner.live()
     assert (ids[0], 0) not in planner.live() and (ids[0], 3) in planner.live()  # epoch 3 is pending
-    with pytest.raises(ValueError, match="epoch 0 is not served"):
+    with pytest.raises(EpochNotServedError, match="epoch 0 is not served"):
         planner.keys(ids, 0)
     with pytest.raises(ValueError, match="not in the cache of epoch 1"):
         planner.keys([-5], 1)

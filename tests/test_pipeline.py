@@ -497,13 +497,17 @@ def test_videos_share_an_object_only_with_videos_recomputed_in_the_same_epoch(ra
 
 @pytest.mark.ray
 def test_refs_of_a_dropped_epoch_raise(served):
-    """The feed keeps the newest 2 epochs; refs or a shard of an older one raise a ValueError naming the fix."""
+    """The feed keeps the newest 2 epochs; refs or a shard of an older one raise a ValueError naming the fix.
+    Refs of an epoch not served are an ``EpochNotServedError``: a learner's stream retries it as a feed
+    restart (it activates the epoch again), as a restarted feed serves no epoch until asked."""
     import ray
+
+    from raytrain_seq.feed.cache import EpochNotServedError
 
     feed = served["feed"]
     video = served["shards"][2, 2][0].blocks[0].ids[0]
     assert len(ray.get(feed.refs.remote([video], 2))) == 1
-    with pytest.raises(ray.exceptions.RayTaskError, match="call epoch_shard"):
+    with pytest.raises(EpochNotServedError, match="call epoch_shard"):
         ray.get(feed.refs.remote([video], 0))
     with pytest.raises(ray.exceptions.RayTaskError, match="must not lag"):
         ray.get(feed.epoch_shard.remote(0, 0, 2))

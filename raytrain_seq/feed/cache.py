@@ -20,9 +20,14 @@ import numpy as np
 
 from raytrain_seq.algorithms.refurbish import RefurbishSchedule
 
-__all__ = ["Key", "Launch", "RefurbishCache"]
+__all__ = ["EpochNotServedError", "Key", "Launch", "RefurbishCache"]
 
 Key = tuple[int, int | None]  # (video id, computing epoch; None: the evaluation cache)
+
+
+class EpochNotServedError(ValueError):
+    """Refs asked of an epoch the feed does not serve: not yet activated (``epoch_shard``), pruned, or
+    the feed restarted since (its cache starts empty): the caller activates the epoch and asks again."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +132,11 @@ class RefurbishCache:
             del self._served[old]
 
     def keys(self, ids: Sequence[int], epoch: int) -> list[Key]:
-        """The keys of ``ids``' copies as served in ``epoch``; ValueError for an epoch not served or an id
-        not in it."""
+        """The keys of ``ids``' copies as served in ``epoch``; EpochNotServedError for an epoch not served
+        (a restarted feed serves none until asked), ValueError for an id not in it."""
         table = self._served.get(epoch)
         if table is None:
-            raise ValueError(
+            raise EpochNotServedError(
                 f"epoch {epoch} is not served (served: {sorted(self._served)}): call epoch_shard({epoch}, "
                 f"...) first; only the newest {self.keep} epochs are kept"
             )

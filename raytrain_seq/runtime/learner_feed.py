@@ -25,6 +25,7 @@ import numpy as np
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.data.geometry import ModelSpec
+from raytrain_seq.feed.cache import EpochNotServedError
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.rounds.position import parse_history
 from raytrain_seq.rows.assembly import BlockRowStream, EpochShard, RowFormat, assemble_rows, shard_items
@@ -82,7 +83,9 @@ class LearnerFeed:
         """``call()``, retried with bounded backoff while the feed actor is down or its arrays are lost."""
         import ray.exceptions
 
-        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
+        # EpochNotServedError: a feed restarted between a shard's epoch_shard and its refs serves no
+        # epoch yet; the retry activates the epoch again (``_batches``).
+        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, EpochNotServedError)
         delays = self._backoff.delays()
         for attempt in range(len(delays) + 1):
             try:
