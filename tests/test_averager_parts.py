@@ -16,7 +16,7 @@ from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.current_round import CurrentRound, RoundPhase
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.tally import ShareTally
-from raytrain_seq.training.evaluation import EvalResult
+from raytrain_seq.training.eval_result import EvalResult
 
 
 def _tallies(correct: int, sequences: int, label: int = 0) -> dict:
@@ -148,3 +148,25 @@ def test_the_current_round_waits_for_the_expected_until_its_deadline_and_settles
     assert current.arrivals == {} and current.expected == [] and current.opening == 1
     current.open([], 1.0)
     assert current.opening == 2 and current.deadline == 106.0
+
+
+def test_the_averager_module_imports_no_model_code():
+    """A restarted averager answers the learners only once its module is imported: it adds counts
+    (``EvalResult``) and tensors, and never builds a model, so neither the project's models nor
+    torchvision may come with it (they once did, through ``training.evaluation``)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, raytrain_seq.runtime.averager\n"
+        "print(sorted(m for m in ('torchvision', 'raytrain_seq.models', 'raytrain_seq.training.evaluation')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+    # Vacuity guard: the probe does see a module that is imported.
+    seen = subprocess.run(
+        [sys.executable, "-c", "import sys, raytrain_seq.training.evaluation; print('torchvision' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert seen.strip() == "True"

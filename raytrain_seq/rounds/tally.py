@@ -1,6 +1,6 @@
 """``ShareTally``: the learners' shares of one evaluation pass (validation or test), summed once all are in.
 
-Each learner scores its own share of a split and sends its tallies (``evaluation.EvalResult.tallies``); the
+Each learner scores its own share of a split and sends its tallies (``EvalResult.tallies``); the
 tally keeps one share per learner and says when the ``world_size`` learners of the latest share's group
 are in. The sum is ``EvalResult.combine``, the project's one way to
 add up scores of disjoint shards. Plain Python, no asyncio.
@@ -14,7 +14,7 @@ from typing import Any
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.members.ids import LearnerId, check_learner
-from raytrain_seq.training.evaluation import EvalResult
+from raytrain_seq.training.eval_result import EvalResult
 
 __all__ = ["ShareTally", "TestTotals"]
 

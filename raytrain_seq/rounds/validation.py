@@ -27,7 +27,7 @@ from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.tally import ShareTally
-from raytrain_seq.training.evaluation import EvalResult
+from raytrain_seq.training.eval_result import EvalResult
 
 __all__ = [
     "AskLearners",
