@@ -449,3 +449,41 @@ def test_the_forward_pass_moves_host_tensors_only_through_to_device():
                 if keyword.arg == "enforce_sorted" and getattr(keyword.value, "value", None) is False:
                     found.append(f"{name}:{node.lineno} enforce_sorted=False")
     assert found == []
+
+
+def test_the_backbone_names_are_the_registries():
+    """models.backbones names every builder without importing torchvision: the registries agree with it."""
+    from raytrain_seq.models import backbones
+    from raytrain_seq.models.resnet import RESNET_ARCHS
+    from raytrain_seq.models.video import VIDEO_BUILDERS
+
+    assert tuple(RESNET_ARCHS) == backbones.RESNET_NAMES
+    assert tuple(VIDEO_BUILDERS) == backbones.VIDEO_ARCHS
+    assert sorted(FRAME_ENCODERS) == sorted(["small", *backbones.RESNET_NAMES])
+    encoder = build_frame_encoder("resnet18", 3)  # the lazy builder builds the ResNet itself
+    assert type(encoder).__name__ == "ResNetEncoder" and encoder.out_dim == 512
+
+
+def test_a_small_model_process_imports_no_torchvision():
+    """A learner, the evaluator and the driver of a small-encoder run never import torchvision (its
+    import is seconds of a replacement learner's start-up: models.backbones); a ResNet's does."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import raytrain_seq.runtime.learner, raytrain_seq.runtime.fleet, raytrain_seq.runtime.evaluator\n"
+        "import raytrain_seq.runtime.driver, raytrain_seq.runtime.feed, raytrain_seq.models\n"
+        "from raytrain_seq.config import Config\n"
+        "from raytrain_seq.models.factory import build_model_for\n"
+        "build_model_for(Config.from_preset('smoke', backbone=BACKBONE).model, num_classes=4, in_channels=3)\n"
+        "print('torchvision' in sys.modules)"
+    )
+
+    def imports_torchvision(backbone: str) -> bool:
+        code = probe.replace("BACKBONE", repr(backbone))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return out.stdout.strip() == "True"
+
+    assert not imports_torchvision("small")
+    assert imports_torchvision("resnet18")  # not vacuous: the probe sees torchvision when it comes

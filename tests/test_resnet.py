@@ -179,6 +179,23 @@ def test_frozen_batchnorm_equals_batchnorm_in_eval_mode():
     assert not list(frozen.parameters())
 
 
+def test_frozen_batchnorm_is_torchvisions_bit_for_bit():
+    """models.norm writes its own FrozenBatchNorm (so the small encoder imports no torchvision): the same
+    buffers, keys, repr numbers and bits as torchvision.ops.FrozenBatchNorm2d on a frame batch."""
+    from torchvision.ops import FrozenBatchNorm2d as Torchvision
+
+    torch.manual_seed(1)
+    theirs, ours = Torchvision(6), FrozenBatchNorm2d(6)
+    for name, buffer in theirs.named_buffers():
+        buffer.copy_(torch.rand(6) + 0.5 if name == "running_var" else torch.randn(6))
+    ours.load_state_dict(theirs.state_dict())
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    x = torch.randn(4, 6, 5, 5)
+    assert torch.equal(ours(x), theirs(x))
+    assert not torch.equal(ours(x), x)  # not vacuous: the statistics act
+    assert repr(ours).endswith("(6, eps=1e-05)") and repr(theirs).endswith("(6, eps=1e-05)")
+
+
 def _swap_in_batchnorm(encoder):
     """Replace every FrozenBatchNorm2d by a training-mode nn.BatchNorm2d (the coupling the encoder avoids)."""
     for module in list(encoder.modules()):

@@ -25,24 +25,17 @@ import torch
 from torch import nn
 
 from raytrain_seq import checkpoint
-from raytrain_seq.models.classifier import build_model
-from raytrain_seq.models.hook import build_from_factory
-from raytrain_seq.models.resnet import (
+from raytrain_seq.models.backbones import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    ResNetEncoder,
-    cross_modality_init,
-    load_imagenet_weights,
-)
-from raytrain_seq.models.sequence import SequenceClassifier
-from raytrain_seq.models.video import (
-    FIRST_CONV,
     KINETICS_MEAN,
     KINETICS_STD,
     VIDEO_ARCHS,
-    VideoBackbone,
-    load_video_weights,
 )
+from raytrain_seq.models.classifier import build_model
+from raytrain_seq.models.frame_encoder import SmallFrameEncoder
+from raytrain_seq.models.hook import build_from_factory
+from raytrain_seq.models.sequence import SequenceClassifier
 
 if TYPE_CHECKING:
     from raytrain_seq.config import ModelConfig
@@ -97,6 +90,8 @@ def _build_sequence(
     if m.model_factory is not None:
         encoder = build_from_factory(m.model_factory, in_channels)
         return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.model_factory))
+    from raytrain_seq.models.video import VideoBackbone  # torchvision, only for its backbones
+
     encoder = VideoBackbone(m.backbone, in_channels, norm=_encoder_norm(m, frozen))
     stats = {"mean": KINETICS_MEAN, "std": KINETICS_STD} if pretrained and in_channels == 3 else {}
     return _logged(SequenceClassifier(num_classes, in_channels, encoder, name=m.backbone, **stats))
@@ -150,8 +145,15 @@ def _check_architecture(m: ModelConfig, source: checkpoint.Checkpoint, num_class
 def _first_conv(model: nn.Module) -> str | None:
     """The first conv's key (None: a factory's encoder, where the first 4-D or 5-D weight is taken)."""
     if isinstance(model, SequenceClassifier):
+        from raytrain_seq.models.video import FIRST_CONV, VideoBackbone
+
         return f"encoder.net.{FIRST_CONV}" if isinstance(model.encoder, VideoBackbone) else None
-    return "encoder.conv1.weight" if isinstance(model.encoder, ResNetEncoder) else "encoder.features.0.weight"
+    # The frame encoders are the small one and the ResNets (frame_encoder.FRAME_ENCODERS).
+    return (
+        "encoder.features.0.weight"
+        if isinstance(model.encoder, SmallFrameEncoder)
+        else "encoder.conv1.weight"
+    )
 
 
 def _initialise(model: nn.Module, source: checkpoint.Checkpoint) -> None:
@@ -160,6 +162,8 @@ def _initialise(model: nn.Module, source: checkpoint.Checkpoint) -> None:
     if key is None:
         key = next((k for k, v in target.items() if k.endswith("weight") and v.dim() in (4, 5)), "")
     if key in params and params[key].shape[1] != target[key].shape[1]:
+        from raytrain_seq.models.resnet import cross_modality_init
+
         # The classifier feeds [frames, differences] to its encoder, so the halves stay apart.
         state = cross_modality_init(target, params, key=key, groups=2 if model.motion else 1)
         logger.info(
@@ -197,12 +201,21 @@ def build_model_for(model: ModelConfig, *, num_classes: int, in_channels: int) -
         _initialise(built, source)
         return built
     built = _build(m, num_classes, in_channels, frozen=m.weights is not None, imagenet=m.weights is not None)
-    if m.weights is not None and isinstance(built.encoder, VideoBackbone):
-        load_video_weights(built.encoder, m.weights)  # the stem sees in_channels: flow 2 -> TSN average
-    elif m.weights is not None:
-        # The encoder sees 2 * in_channels (frames + differences): RGB 6 -> tile, flow 4 -> TSN average.
-        load_imagenet_weights(built.encoder, m.weights, conv1="tile" if in_channels == 3 else "average")
+    if m.weights is not None:
+        _load_weights(built, m.weights, in_channels)
     return built
+
+
+def _load_weights(built: nn.Module, weights: str, in_channels: int) -> None:
+    """``model.weights`` into the encoder: a Kinetics file into a video backbone, else an ImageNet one."""
+    from raytrain_seq.models.resnet import load_imagenet_weights  # torchvision: pretrained backbones only
+    from raytrain_seq.models.video import VideoBackbone, load_video_weights
+
+    if isinstance(built.encoder, VideoBackbone):
+        load_video_weights(built.encoder, weights)  # the stem sees in_channels: flow 2 -> TSN average
+    else:
+        # The encoder sees 2 * in_channels (frames + differences): RGB 6 -> tile, flow 4 -> TSN average.
+        load_imagenet_weights(built.encoder, weights, conv1="tile" if in_channels == 3 else "average")
 
 
 def model_from_state(

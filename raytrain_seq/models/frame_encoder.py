@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from raytrain_seq.models.backbones import RESNET_NAMES
 from raytrain_seq.models.norm import GroupNorm
-from raytrain_seq.models.resnet import RESNET_BUILDERS
 
 logger = logging.getLogger(__name__)
 
@@ -121,11 +121,24 @@ def _build_small(in_channels: int, **kwargs: Any) -> nn.Module:
     return SmallFrameEncoder(in_channels, **kwargs)
 
 
+def _resnet_builder(arch: str) -> Callable[..., nn.Module]:
+    def build(in_channels: int, **kwargs: Any) -> nn.Module:
+        # torchvision is imported here, when a ResNet is built, not with this module (models.backbones).
+        from raytrain_seq.models.resnet import RESNET_BUILDERS
+
+        return RESNET_BUILDERS[arch](in_channels, **kwargs)
+
+    build.__name__ = f"build_{arch}"
+    return build
+
+
 # The backbone seam: name -> builder(in_channels, **kwargs) returning an nn.Module that maps float
 # [N, in_channels, H, W] -> [N, out_dim] and exposes ``out_dim``. "resnet18" / "resnet50" / "resnet152"
 # (models/resnet.py) take ``norm`` and ``weights`` and drop the small encoder's width/depth/groups, which
 # the classifier passes to every backbone.
-FRAME_ENCODERS: dict[str, Callable[..., nn.Module]] = {"small": _build_small, **RESNET_BUILDERS}
+FRAME_ENCODERS: dict[str, Callable[..., nn.Module]] = {
+    "small": _build_small, **{arch: _resnet_builder(arch) for arch in RESNET_NAMES}
+}  # fmt: skip
 
 
 def build_frame_encoder(name: str, in_channels: int, **kwargs: Any) -> nn.Module:

@@ -9,7 +9,8 @@ Everywhere else it is ``nn.GroupNorm`` exactly (same parameters, state_dict and 
 effect: docs/ARCHITECTURE.md, "Measurements behind the code".
 ``FrozenBatchNorm`` is ``torchvision.ops.FrozenBatchNorm2d`` (fixed statistics and affine, BatchNorm's
 state_dict keys, a file's ``num_batches_tracked`` dropped on load) broadcast over any rank, so the video
-backbones' ``[N, C, T, H, W]`` use it too, keeping the input's precision.
+backbones' ``[N, C, T, H, W]`` use it too, keeping the input's precision; written here so that this
+module, which the small encoder uses, does not import torchvision (``models.backbones``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.ops import FrozenBatchNorm2d as TorchvisionFrozenBatchNorm
 
 __all__ = ["FrozenBatchNorm", "GroupNorm", "group_count"]
 
@@ -36,7 +36,7 @@ class GroupNorm(nn.GroupNorm):
             return F.group_norm(x, self.num_groups, weight, bias, self.eps)
 
 
-class FrozenBatchNorm(TorchvisionFrozenBatchNorm):
+class FrozenBatchNorm(nn.Module):
     """``y = (x - running_mean) / sqrt(running_var + eps) * weight + bias`` per channel (dim 1), any rank.
 
     Nothing is learned and each sample is normalised on its own, so a frame's or a clip's output never
@@ -44,8 +44,21 @@ class FrozenBatchNorm(TorchvisionFrozenBatchNorm):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5) -> None:
-        super().__init__(num_features, eps)
-        self.num_features = num_features
+        super().__init__()
+        self.num_features, self.eps = num_features, eps
+        # Buffers, not parameters: BatchNorm's state_dict keys, and nothing for an optimizer to step.
+        self.register_buffer("weight", torch.ones(num_features))
+        self.register_buffer("bias", torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A BatchNorm file's step counter has no place here (torchvision drops it too).
+        state_dict.pop(prefix + "num_batches_tracked", None)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:
         # [C] -> [1, C, 1, ...] for x of rank 4 (frames) or 5 (clips).

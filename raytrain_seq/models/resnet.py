@@ -26,6 +26,7 @@ from torch import nn
 from torchvision.models import ResNet
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+from raytrain_seq.models.backbones import IMAGENET_MEAN, IMAGENET_STD
 from raytrain_seq.models.norm import FrozenBatchNorm, GroupNorm
 from raytrain_seq.models.transfer import channels_last
 from raytrain_seq.models.weights import cross_modality_weight, load_backbone_weights
@@ -46,9 +47,6 @@ __all__ = [
     "load_imagenet_weights",
 ]
 
-# torchvision's ImageNet input statistics (RGB, images in [0, 1]); pass them to FrameNormalizer with weights.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 NORMS = ("frozen", "group", "batch")
 GROUPS = 32  # GroupNorm groups: every ResNet width (64 .. 2048) is a multiple of 32
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torchvision.models import video as tv_video
 
+from raytrain_seq.models.backbones import KINETICS_MEAN, KINETICS_STD, VIDEO_ARCHS
 from raytrain_seq.models.norm import FrozenBatchNorm, GroupNorm, group_count
 from raytrain_seq.models.transfer import channels_last
 from raytrain_seq.models.weights import load_backbone_weights
@@ -35,10 +36,6 @@ __all__ = [
     "KINETICS_MEAN", "KINETICS_STD", "VIDEO_ARCHS", "VIDEO_BUILDERS", "VideoBackbone", "load_video_weights",
 ]  # fmt: skip
 
-# The input statistics torchvision's Kinetics-400 video weights were trained with (RGB in [0, 1]).
-KINETICS_MEAN = (0.43216, 0.394666, 0.37645)
-KINETICS_STD = (0.22803, 0.22145, 0.216989)
-VIDEO_ARCHS: tuple[str, ...] = ("r2plus1d_18", "r3d_18", "mc3_18")
 NORMS = ("frozen", "group", "batch")
 FIRST_CONV = "stem.0.weight"  # every VideoResNet stem starts with its one Conv3d on the input
 
