@@ -390,13 +390,15 @@ def accounting(summary, config) -> dict[str, Any]:
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     # A record marked "redo" replaces the one before of its round: the averager logged that round and died
     # before any learner took its result, so the learners sent it again (no learner saw it twice).
-    rounds, redone, unmarked = [], 0, 0
+    rounds, redone, unmarked, lossless = [], 0, 0, set()
     for record in (r for r in records if r.get("type") == "round"):
         if record["round"] in rounds:
             redone += 1
             unmarked += not record.get("redo", False)
         else:
             rounds.append(record["round"])
+        if math.isnan(record.get("loss", 0.0)):  # only fillers stepped (a make-up layout's): no loss to plot
+            lossless.add(record["round"])
     drops = [r["round"] for r in records if r.get("type") == "membership" and r.get("event") == "drop"]
     # The rows the averaged positions recorded as missed (a dropped learner's rows, which the group then
     # trained again): the union of the ranges per (epoch, layout, rank) over the round log.
@@ -411,9 +413,10 @@ def accounting(summary, config) -> dict[str, Any]:
             for rank, first, end in rest[0] if rest else ():
                 missed.setdefault((where["epoch"], index, rank), set()).update(range(first, end))
     missed_rows = sum(len(rows) for rows in missed.values())
-    history = [h["round"] for h in summary.loss_history]
+    history = [h["round"] for h in summary.loss_history]  # the summary leaves the lossless rounds out
     expect = list(range(1, len(rounds) + 1))
-    contiguous = rounds == expect == history and len(rounds) == summary.rounds and not unmarked
+    contiguous = rounds == expect and history == [r for r in rounds if r not in lossless]
+    contiguous = contiguous and len(rounds) == summary.rounds and not unmarked
     return {
         "every_row_once_per_epoch": every_row,
         "rounds_contiguous": contiguous,

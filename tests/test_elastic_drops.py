@@ -89,6 +89,18 @@ def test_reference_run_with_drops_trains_every_block_of_the_plan_once(world, k, 
     assert sum(Counter(naive).values()) < sum(expected.values())
 
 
+def test_a_rank_absent_round_after_round_does_not_hold_the_others_in_make_up_layouts():
+    """Rank 0 stalled from round 3 on: the others make its rows up and the epoch ends. The make-up layouts
+    deal from a turning rank; from rank 0 each time, its lone last missed block went back to it in every
+    make-up layout, and rank 1 stepped on fillers until rank 0 came back (a soak's stall did so)."""
+    _, split = _plan(n=30, seed=2)
+    long_stall = {round_: {0} for round_ in range(3, 200)}  # rank 0 back only at round 200
+    averaged, layouts, rounds = _reference_epoch(split, 2, 2, long_stall, {})
+    assert Counter(averaged) == Counter(_keys(b for s in split(1) for b in s))
+    assert rounds < 50, f"the epoch took {rounds} rounds: rank 1 waited out rank 0's stall"
+    assert len({depth for depth, _, _ in layouts}) > 2  # not vacuous: make-up layouts were dealt
+
+
 def test_drop_in_a_layouts_last_round_makes_the_rows_up_in_a_make_up_layout():
     """Rank 1 left out of the last round of a 2-learner layout: the layout closes into a make-up layout
     of the same group dealing its rows; a drop inside the make-up layout makes another; then epoch 1."""

@@ -219,7 +219,7 @@ def settle_dict(
 
 
 def resplit(
-    specs: Sequence[Sequence[BlockSpec]], rows_done: int, world_size: int, missed: Missed = ()
+    specs: Sequence[Sequence[BlockSpec]], rows_done: int, world_size: int, missed: Missed = (), first: int = 0
 ) -> list[list[BlockSpec]]:
     """Deal the blocks no averaged round holds yet over ``world_size`` learners: equal counts, nothing
     dropped.
@@ -230,7 +230,9 @@ def resplit(
     plan: by descending frames, snake-wise, plus ``(-left) % world_size`` zero-weight fillers, so each
     block lands exactly once; each new shard is then ordered by ``spread_fresh``. Worked example: shards
     [[a, b, c], [d, e, F]] (F a filler), 1 row done, 3 learners: b, c and e are left, one each; with
-    missed ((1, 0, 1),) d is dealt again too.
+    missed ((1, 0, 1),) d is dealt again too. The snake starts at rank ``first`` (``layout_specs`` turns
+    it at every make-up layout): a lone missed block would otherwise go to rank 0 every time, and a rank 0
+    absent from round after round would have the others step on fillers, make-up after make-up.
     """
     lengths = {len(rank) for rank in specs}
     if len(lengths) > 1:
@@ -255,7 +257,7 @@ def resplit(
     ranks: list[list[int]] = [[] for _ in range(world_size)]
     for position, index in enumerate(by_fill):
         turn, slot = divmod(position, world_size)
-        ranks[slot if turn % 2 == 0 else world_size - 1 - slot].append(index)
+        ranks[((slot if turn % 2 == 0 else world_size - 1 - slot) + first) % world_size].append(index)
     out = []
     for indices in ranks:
         mine = [blocks[i] for i in sorted(indices)]
@@ -269,10 +271,12 @@ def layout_specs(
     """Every learner's blocks in the current layout of an epoch: ``split(w)`` (the epoch's plan sharded
     over w learners) for its first layout, then one ``resplit`` per change of layout (a new group size,
     or a make-up layout). With history ((4, 8),) and world_size 3: the plan over 4 learners, each one's
-    first 8 rows done, the rest over 3."""
+    first 8 rows done, the rest over 3. The n-th layout closed with missed rows deals from rank n."""
     layouts = [*((w, r, rest[0] if rest else ()) for w, r, *rest in parse_history(history))]
     layouts.append((int(world_size), 0, ()))
     specs = split(layouts[0][0])
+    make_ups = 0
     for (_, rows, missed), (world, _, _) in itertools.pairwise(layouts):
-        specs = resplit(specs, rows, world, missed)
+        make_ups += bool(missed)
+        specs = resplit(specs, rows, world, missed, first=make_ups)
     return specs
