@@ -235,9 +235,13 @@ def average_states(
 
 
 # -------------------------------------------------------------------------------------- optimizer states
-def _agreed_step(index: Any, steps: Sequence[Any]) -> Any:
-    """The common step of all learners; Adam's bias correction 1 - beta^step depends on it."""
+def _agreed_step(index: Any, steps: Sequence[Any], furthest: bool = False) -> Any:
+    """The common step of all learners (Adam's bias correction 1 - beta^step depends on it), or with
+    ``furthest`` the largest (learners that sent before the others' deferred rounds took fewer steps)."""
     values = [float(s.item()) if isinstance(s, Tensor) else float(s) for s in steps]
+    if furthest:
+        top = steps[max(range(len(values)), key=values.__getitem__)]
+        return top.detach().clone() if isinstance(top, Tensor) else top
     if any(v != values[0] for v in values):
         raise ValueError(
             f"param {index}: step differs across learners {values}; AAVG learners take the same number of "
@@ -267,6 +271,7 @@ def merge_adam_states(
     *,
     weights: Any = None,
     centred_pairs: Sequence[tuple[str, str]] = (),
+    furthest_step: bool = False,
 ) -> dict[Any, dict[str, Any]]:
     """Merge the learners' ``optimizer.state_dict()["state"]`` of torch.optim.Adam/AdamW (Algorithm 2).
 
@@ -279,7 +284,8 @@ def merge_adam_states(
     v_hat >= exp_avg_sq, since the mean of the exp_avg_sq is below the max of the v_hat.
     Each (mean_key, var_key) in centred_pairs names a gradient mean and a CENTRED variance (as an optimizer
     that tracks Var[g] keeps them) and is merged by the law of total variance (lines 1, 3 and 6).
-    step must agree across learners and keeps its type; any other floating tensor raises, since averaging
+    step must agree across learners (``furthest_step``: the largest is kept, as when some learners deferred
+    their rounds past the others') and keeps its type; any other floating tensor raises, since averaging
     state we do not understand could silently break the optimizer; other values must agree and are copied.
     Load the result with ``opt.load_state_dict({"state": merged, "param_groups": ...})``.
     """
@@ -314,15 +320,18 @@ def merge_adam_states(
                     [e[mean_key] for e in entries], [e[var_key] for e in entries], w
                 )
         out[index] = {
-            key: _merge_entry(index, key, [e[key] for e in entries], w, paired, merged) for key in entries[0]
+            key: _merge_entry(index, key, [e[key] for e in entries], w, paired, merged, furthest_step)
+            for key in entries[0]
         }
     return out
 
 
-def _merge_entry(index: Any, key: str, values: list[Any], w: Tensor, paired: set[str], merged: dict) -> Any:
+def _merge_entry(
+    index: Any, key: str, values: list[Any], w: Tensor, paired: set[str], merged: dict, furthest: bool = False
+) -> Any:
     where = f"param {index} key {key!r}"
     if key == "step":
-        return _agreed_step(index, values)
+        return _agreed_step(index, values, furthest)
     if key in paired:
         return merged[key]
     first = values[0]

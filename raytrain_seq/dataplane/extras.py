@@ -118,12 +118,16 @@ class OptimizerExtras:
         return out
 
 
-def merge_extras(extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_extras(extras: Sequence[Mapping[str, Any]], *, furthest_step: bool = False) -> dict[str, Any]:
     """The round's extras: learner 0's, after checking that every learner's Adam steps agree (the bias
-    correction 1 - beta^step depends on it; AAVG learners take the same number of local steps)."""
+    correction 1 - beta^step depends on it; AAVG learners take the same number of local steps). With
+    ``furthest_step`` (some learners deferred their rounds past the others'): the learner's with the most
+    steps, whose count the others take up, as they take its position."""
     first = extras[0]
     if first.get("optimizer") is None:
         return first
+    if furthest_step:
+        return max(extras, key=lambda e: sum(e["optimizer"].steps().values()))
     steps = first["optimizer"].steps()
     for j, other in enumerate(extras[1:], start=1):
         theirs = other["optimizer"].steps() if other.get("optimizer") is not None else {}

@@ -1,17 +1,17 @@
 """A learner's side of the averager: retries, join, average, rejoin and re-seed, as decisions.
 
 ``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
-state it holds (``held``: what re-seeds a restarted averager). The transport is injected
-(``runtime.transport.RayTransport``, or a fake in tests), so this module is plain Python. An unreachable
-averager (``Unreachable``) is retried on the ``Backoff`` schedule, then ``AveragerUnavailableError``; a
-silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
+state it holds (``held``: what re-seeds a restarted averager); its transport is injected (a fake in
+tests, ``runtime.transport.RayTransport``). An unreachable averager (``Unreachable``) is retried on the
+``Backoff`` schedule, then ``AveragerUnavailableError``; a silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
 ``AveragingTimeoutError``) is not an error: the client rejoins with ``held`` as the seed and returns a
 decision, ``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went on; continue from
 ``reply.state``; a live ``group`` in either sets the world size it sends); a rejoin that finds the same
-round still due resends the same payload (at most ``max_rejoins`` times). States arrive as refs and are
-read at once through the ``store`` (``AveragedState.fetched``), so what the learner holds survives a
-dead averager. Channels: once a result plans a generation, the client links it in a background thread
-(``channels``, injected) and sends through it; any refusal, join or failed write uses the store.
+round still due resends the same payload (at most ``max_rejoins`` times); ``average(defer=True)`` of an
+averager away (dead, restarting) returns ``Deferred`` at once. States arrive as refs and are read at once
+through the ``store`` (``AveragedState.fetched``), so what the learner holds survives a dead averager.
+Channels: once a result plans a generation, the client links it in a background thread (``channels``,
+injected) and sends through it; any refusal, join, deferral or failed write uses the store.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from raytrain_seq.rounds.tally import TestTotals
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Averaged", "AveragerClient", "Realigned", "Transport", "Unreachable"]
+__all__ = ["Averaged", "AveragerClient", "Deferred", "Realigned", "Transport", "Unreachable"]
 
 
 class Unreachable(Exception):
@@ -67,6 +67,13 @@ class Realigned:
     """The first round averaged without this learner (its own refused round)."""
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """The averager was away (dead or restarting): train on, and send this round again later."""
+
+    round: int
+
+
 class AveragerClient:
     """One learner's calls to the averager, with retries, and the averaged state it holds."""
 
@@ -84,6 +91,7 @@ class AveragerClient:
         store: ObjectStore | None = None,
         node: str | None = None,
         channels: ChannelEnds | None = None,
+        away: Callable[[], bool] | None = None,
     ) -> None:
         self.transport = transport
         self.learner, self.world_size, self.incarnation = learner, world_size, incarnation
@@ -95,6 +103,10 @@ class AveragerClient:
         self.node = node  # where this learner runs: the averager places its shard there
         # This learner's ends of a channel generation (dataplane.generations), or None: always the store.
         self.channels = channels
+        # Whether the averager is down now, asked without calling it (a call to a restarting actor waits in
+        # its queue until it is back): a round that may be deferred is, at once, while it says so.
+        self.away = away
+        self._deferred = False  # since the last round taken: an outage is logged once
         self._sent: list[Any] = []  # the last round's slices: put in the store if it must be resent
         self._linking: threading.Thread | None = None  # links a planned generation in the background
         self.shards = 1  # S, from the latest join
@@ -103,9 +115,11 @@ class AveragerClient:
         self.batch_size: int | None = None  # B of the next round, known from the first join on
 
     # --------------------------------------------------------------------------------------- calls
-    def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
-        """The averager's answer to ``method``, retried while it cannot be reached."""
-        delays, began = self.backoff.delays(), time.monotonic()
+    def call(
+        self, method: str, *args: Any, timeout: float | None = None, retry: bool = True, **kwargs: Any
+    ) -> Any:
+        """The averager's answer to ``method``, retried while it cannot be reached (``retry``)."""
+        delays, began = self.backoff.delays() if retry else [], time.monotonic()
         for attempt in range(len(delays) + 1):
             try:
                 return self.transport(method, *args, timeout=timeout, **kwargs)
@@ -160,10 +174,14 @@ class AveragerClient:
         stats: Mapping[str, float],
         position: Mapping | None,
         rows: int | None = None,
-    ) -> Averaged | Realigned:
-        """Send this learner's next round (``rows``: the rows it has this epoch, the batch-size cap); see
-        the module docstring for the decisions."""
+        defer: bool = False,
+    ) -> Averaged | Realigned | Deferred:
+        """Send this learner's next round (``rows``: the rows it has this epoch, the batch-size cap;
+        ``defer``: an averager that is away gives ``Deferred`` instead of the retries); see the module
+        docstring for the decisions."""
         sent = self.next_round
+        if defer and self.away is not None and self.away():
+            return self._defer(sent, "its actor is not alive")
         for attempt in range(self.max_rejoins):
             if attempt:  # a resend after a rejoin, which ended the channel generation
                 params = self._through_store(params)
@@ -171,10 +189,13 @@ class AveragerClient:
                 result = self.call(
                     "average", self.learner, sent, self.world_size, params, optimizer_state,
                     stats=dict(stats), position=None if position is None else dict(position),
-                    incarnation=self.incarnation, rows=rows, timeout=self.round_timeout_s,
+                    incarnation=self.incarnation, rows=rows, timeout=self.round_timeout_s, retry=not defer,
                 )  # fmt: skip
-            except AveragerUnavailableError:
-                raise
+            except AveragerUnavailableError as exc:
+                cause = exc.__cause__
+                if not defer or not isinstance(cause, Unreachable) or cause.silent:
+                    raise  # a silent round may be in the averager's hands: never sent again
+                return self._defer(sent, str(cause))
             except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
                 logger.warning("learner %s: round %d refused (%s): rejoining", self.learner, sent, exc)
                 # A join ends the channel generation: a resend goes through the store.
@@ -185,6 +206,7 @@ class AveragerClient:
                     "learner %s: the others averaged rounds %d-%d without it; continuing from round %d",
                     self.learner, sent, reply.state.round, reply.state.round,
                 )  # fmt: skip
+                self._deferred = False
                 return Realigned(reply, sent)
             if result.state.flat is not None:
                 try:
@@ -196,11 +218,22 @@ class AveragerClient:
             self._take(result.state, result.state.round + 1, result.group)
             if result.channels is not None:
                 self._link(result.channels)
+            self._deferred = False
             return Averaged(result)
         raise RuntimeError(
             f"learner {self.learner}: round {sent} was refused {self.max_rejoins} times in a row after "
             "rejoining: the averager and this learner disagree on the group; see the averager's log"
         )
+
+    def _defer(self, sent: int, why: str) -> Deferred:
+        if not self._deferred:  # once an outage: its further deferrals are expected
+            logger.warning("learner %s: the averager is away (%s): round %d deferred, training on",
+                           self.learner, why, sent)  # fmt: skip
+        self._deferred = True
+        if self.channels is not None:
+            # Its shards died with it: a write into their channels would wait for a reader.
+            self.channels.close()
+        return Deferred(sent)
 
     def report_validation_share(
         self, round: int, tallies: Mapping[str, Any], *, epoch: int, rows_cap: int | None = None

@@ -74,7 +74,9 @@ class RoundMerge:
         arrivals = [arrival for _, arrival in closed.present]
         weights = [arrival.weight for arrival in arrivals]
         if flat is None:
-            params, optimizer_state = await asyncio.to_thread(self.tensors, arrivals, weights)
+            params, optimizer_state = await asyncio.to_thread(
+                self.tensors, arrivals, weights, _uneven(closed)
+            )
             self._loads.record(closed.round, [], in_process=(arrivals, params, optimizer_state))
         present = [learner for learner, _ in closed.present]
         state = AveragedState(
@@ -99,25 +101,38 @@ class RoundMerge:
         return closed, result
 
     def _position(self, closed: RoundClose, arrivals: list, present: list) -> dict | None:
-        """The round's position: the first arrival's, settled (a disagreement is logged), and dealt over
-        the next group when the group changes at this close."""
-        positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
-        if len(positions) > 1:
-            logger.warning(
-                "averager: round %d learners disagree on the position: %s", closed.round, positions
-            )
+        """The round's position: the furthest arrival's (most steps; a learner that deferred its round
+        while the averager was away sends more), settled, and dealt over the next group when the group
+        changes at this close. A learner of the same layout that stopped short of it (it sent before the
+        others' deferred rounds) has the rows between recorded as missed; any other disagreement is
+        logged."""
         if arrivals[0].position is None:
             return None
-        # The rows of the layout's ranks absent from this round never reach an averaged state: the
-        # position records them as missed, and the layout's end deals them again (rounds.position).
         # Live groups: the learners are slots, whose ranks are their places in the current group.
         ranks = present if self._book.live is None else self._book.live.ranks(present)
-        settled = settle_dict(dict(arrivals[0].position), self._latest().position, ranks, self._rows_cap())
+        sent = [EpochPosition.from_dict(a.position) for a in arrivals]
+        furthest = max(range(len(sent)), key=lambda i: (sent[i].steps, -i))  # the first of the furthest
+        ahead = sent[furthest]
+        # Rounds are deferred only inside a layout (runtime.learner), so a learner short of the furthest
+        # stands in its layout: rank -> the rows it did.
+        short = {
+            rank: p.rows_done for rank, p in zip(ranks, sent, strict=True)
+            if p.layout == ahead.layout and p.rows_done < ahead.rows_done
+        }  # fmt: skip
+        positions = {json.dumps(a.position, sort_keys=True) for a in arrivals}
+        if len(positions) > 1:
+            logger.warning("averager: round %d learners disagree on the position (%s short of the furthest): %s",
+                           closed.round, sorted(short) or "none", positions)  # fmt: skip
+        # The rows of the layout's ranks absent from this round never reach an averaged state: the
+        # position records them as missed, and the layout's end deals them again (rounds.position).
+        settled = settle_dict(
+            dict(arrivals[furthest].position), self._latest().position, ranks, self._rows_cap(), short=short
+        )
         if closed.group is None:
             return settled
         return EpochPosition.from_dict(settled).for_group(len(closed.group)).as_dict()
 
-    def tensors(self, arrivals: list, weights: list[float]) -> tuple[dict, dict | None]:
+    def tensors(self, arrivals: list, weights: list[float], uneven: bool = False) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""
         params = average_states(
             [a.params for a in arrivals], weights, merge_bn_stats=self._settings.merge_bn_stats
@@ -126,7 +141,7 @@ class RoundMerge:
         if arrivals[0].adam and self._settings.merge_moments:
             states = [a.optimizer_state for a in arrivals]
             optimizer_state = merge_adam_states(
-                states, weights=weights, centred_pairs=self._settings.centred_pairs
+                states, weights=weights, centred_pairs=self._settings.centred_pairs, furthest_step=uneven
             )
         return params, optimizer_state
 
@@ -141,7 +156,7 @@ class RoundMerge:
         while True:
             payloads = [arrival.params for _, arrival in closed.present]
             weights = [arrival.weight for _, arrival in closed.present]
-            extras = merge_extras([p.extras for p in payloads])
+            extras = merge_extras([p.extras for p in payloads], furthest_step=_uneven(closed))
             marked = [p.parts[0] for p in payloads if isinstance(p.parts[0], Channelled)]
             write = len(marked) == len(payloads) and self._channels.book.accepts(
                 marked[0].generation, [learner for learner, _ in closed.present]
@@ -174,3 +189,9 @@ class RoundMerge:
             if write:  # a shard could not write: the learners read the store, and the generation ends
                 self._channels.end(f"round {closed.round}: a shard's channel write failed")
         return closed, FlatPayload(payloads[0].layout, parts, extras)
+
+
+def _uneven(closed: RoundClose) -> bool:
+    """Whether the round's learners took different step counts (some deferred their rounds while the
+    averager was away): the merge keeps the furthest's Adam step, as the round keeps its position."""
+    return len({(arrival.position or {}).get("steps") for _, arrival in closed.present}) > 1

@@ -179,6 +179,7 @@ def settle(
     previous: EpochPosition | None,
     present: Iterable[int],
     shard_rows: int | None = None,
+    short: Mapping[int, int] | None = None,
 ) -> EpochPosition:
     """The position an averaged round leaves: ``sent`` (where its learners stand) with the rows of every
     rank of the layout absent from the round recorded as missed, closed at the layout's end.
@@ -190,6 +191,9 @@ def settle(
     layout (``close_layout``). Example: 2 learners, previous rows 4, sent rows 6 with only rank 0
     present, 8 rows a shard -> missed ((1, 4, 6),), still 6 rows done; the round at row 8 with both
     present then starts the make-up layout ``(epoch, ((2, 8, ((1, 4, 6),)),), 2, 0)``.
+    ``short``: present ranks that stopped short of ``sent`` (rank -> its rows done): their rows from
+    there to ``sent.rows_done`` are missed too (rank 1 present at row 4 of a round sent at row 6:
+    (1, 4, 6)).
     """
     if sent.world_size is None:
         return sent  # a start position: no rows taken under any layout
@@ -198,6 +202,9 @@ def settle(
     ranges = [*sent.missed, *(previous.missed if same else ())]
     here = set(present)
     ranges += [(rank, start, sent.rows_done) for rank in range(sent.world_size) if rank not in here]
+    ranges += [
+        (rank, max(rows, start), sent.rows_done) for rank, rows in (short or {}).items() if rank in here
+    ]
     settled = dataclasses.replace(sent, missed=_merge(ranges))
     if shard_rows is not None and shard_rows > 0 and settled.rows_done >= shard_rows:
         return settled.close_layout()
@@ -205,7 +212,11 @@ def settle(
 
 
 def settle_dict(
-    sent: Mapping, previous: Mapping | None, present: Iterable, shard_rows: int | None = None
+    sent: Mapping,
+    previous: Mapping | None,
+    present: Iterable,
+    shard_rows: int | None = None,
+    short: Mapping[int, int] | None = None,
 ) -> dict:
     """``settle`` on ``as_dict()`` positions; ``sent`` itself when nothing changes (or the learner ids are
     not ranks, so the absent ones cannot be named)."""
@@ -214,7 +225,7 @@ def settle_dict(
         return dict(sent)
     before = None if previous is None else EpochPosition.from_dict(previous)
     mine = EpochPosition.from_dict(sent)
-    settled = settle(mine, before, learners, shard_rows)
+    settled = settle(mine, before, learners, shard_rows, short)
     return dict(sent) if settled == mine else settled.as_dict()
 
 

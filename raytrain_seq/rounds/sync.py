@@ -5,13 +5,12 @@ local steps, sends its weights and Adam moments and continues from the mean (K =
 end of every epoch). ``LocalRounds`` counts the local steps (``step()`` says when K are done;
 ``pending`` whether an epoch's last steps still need a round), sends the round through an
 ``AveragerClient`` and installs what comes back: the round's averaged state or, when the others went on
-without this learner, their latest. The round travels as flat buffers (``dataplane.payload``) in which
-the learner's tensors live (``dataplane.flat_storage``, bound at the first round), so each slice is one
-put and the mean is written back in place; a state the buffers cannot hold is put piece by piece. The
-shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through the
-averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
-seconds, the weighted loss, the first step's wall time), sent as the learner's stats. Plain torch and
-Python: no ray.
+without this learner, their latest (a ``Deferred`` one: nothing, its steps stay counted). The round
+travels as flat buffers (``dataplane.payload``) in which the learner's tensors live
+(``dataplane.flat_storage``, bound at the first round): each slice is one put, the mean is written back
+in place. The shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through
+the averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
+seconds, the weighted loss, the first step's wall time), sent as the learner's stats. No ray.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from raytrain_seq.checkpoint import is_due
 from raytrain_seq.dataplane.flat_storage import FlatStorage
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
 from raytrain_seq.models.recurrent import compact_recurrent, recurrent_keys
-from raytrain_seq.rounds.client import Averaged, AveragerClient, Realigned
+from raytrain_seq.rounds.client import Averaged, AveragerClient, Deferred, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.training.step import load_averaged
@@ -58,6 +57,20 @@ class Tally:
         self.steps += 1
         self.compute_s += seconds
         self.loss_sum += loss * sequences
+
+    def carry(self, delta: Mapping[str, float]) -> None:
+        """Take back a ``flush`` whose round was deferred: the next one sends it with its own."""
+        for key in ("frames", "sequences", "steps", "compute_s", "data_wait_s"):
+            self.totals[key] -= delta[key]
+        self.frames += int(delta["frames"])
+        self.sequences += int(delta["sequences"])
+        self.steps += int(delta["steps"])
+        self.compute_s += delta["compute_s"]
+        self.data_wait_s += delta["data_wait_s"]
+        if delta["sequences"]:
+            self.loss_sum += delta["loss"] * delta["sequences"]
+        if "first_step_wall" in delta:
+            self.first_step_wall = delta["first_step_wall"]
 
     def flush(self) -> dict[str, float]:
         """The deltas since the last flush, for a round's stats; resets them."""
@@ -110,9 +123,10 @@ class LocalRounds:
         self.unsupported: str | None = None  # why the state is put piece by piece instead, if it is
 
     def step(self) -> bool:
-        """Count one local optimizer step; True when K steps were taken since the last round."""
+        """Count one local optimizer step; True at every K steps since the last round (2K, 3K, ...: the
+        round was deferred)."""
         self.local_steps += 1
-        return self.k > 0 and self.local_steps == self.k
+        return self.k > 0 and self.local_steps % self.k == 0
 
     @property
     def pending(self) -> bool:
@@ -156,11 +170,16 @@ class LocalRounds:
         load_averaged(self.model, self.optimizer, _to_device(state.params, self.device), moments)
 
     def sync(
-        self, *, stats: Mapping[str, float], position: EpochPosition, rows: int | None = None
-    ) -> Averaged | Realigned:
+        self,
+        *,
+        stats: Mapping[str, float],
+        position: EpochPosition,
+        rows: int | None = None,
+        defer: bool = False,
+    ) -> Averaged | Realigned | Deferred:
         """Send this learner's round (``position``: where training stands once it is averaged; ``rows``:
-        its rows this epoch) and install the outcome: the round's mean, or the others' latest state
-        after a realignment."""
+        its rows this epoch; ``defer``: ``AveragerClient.average``'s) and install the outcome: the round's
+        mean, or the others' latest state after a realignment; nothing when it was deferred."""
         began = time.perf_counter()
         params, moments = self._live()
         storage = self.storage
@@ -177,9 +196,13 @@ class LocalRounds:
         store.expect(2 * layout.nbytes)  # each round puts the payload and reads the merged one back
         parts = self.client.send(slices)
         payload = FlatPayload(layout, parts, extras)
-        decision = self.client.average(payload, None, stats=stats, position=position.as_dict(), rows=rows)
+        decision = self.client.average(
+            payload, None, stats=stats, position=position.as_dict(), rows=rows, defer=defer
+        )
         self.last_seconds = time.perf_counter() - began
         self.averaging_s += self.last_seconds
+        if isinstance(decision, Deferred):
+            return decision  # the steps stay counted: the next try sends them with its own
         self.install(decision.result.state if isinstance(decision, Averaged) else decision.reply.state)
         self.local_steps = 0
         return decision

@@ -402,10 +402,11 @@ class ParameterAverager:
         most ``timeout_s``; then the sums of those that did, with ``learners`` saying how many)."""
         return await self._test.report(learner, tallies, world_size)
 
-    async def set_world_size(self, world_size: int) -> None:
-        """Resize the group (learners must send the new size from now on)."""
-        self._channels.end(f"the group was resized to {world_size}")
-        self._book.set_world_size(world_size)
+    async def watch(self) -> None:
+        """Never answers: a learner keeps this call open, and its failure tells the learner at once that
+        this process died (``runtime.transport.RayTransport.away``), before a round of its would wait in
+        the queue of the restarting actor."""
+        await asyncio.Event().wait()
 
     async def lose(self, learner: LearnerId, incarnation: str | None = None) -> bool:
         """Live groups: ``learner``'s process is dead (the driver saw its actor fail). The open round

@@ -176,8 +176,9 @@ def _client(
 
     # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.
     timeout_s = 3 * settings.averager_timeout_s + 120.0
+    transport = RayTransport(get_averager(launch.averager, namespace=launch.namespace))
     return AveragerClient(
-        RayTransport(get_averager(launch.averager, namespace=launch.namespace)),
+        transport,
         learner=slot,
         world_size=None,  # the group's: run() sets it
         incarnation=incarnation,
@@ -188,6 +189,7 @@ def _client(
         store=RayStore(timeout_s=timeout_s, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places a shard on this node
         channels=RayChannelEnds() if settings.averager_channels else None,
+        away=transport.away,  # a restarting averager: the learner trains on instead of queueing its round
     )
 
 

@@ -2,16 +2,16 @@
 
 Per epoch the learner takes its shard of the plan (``LearnerFeed``: equal rows for every learner), steps
 on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Adam) and lets
-``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``.
-Every m rounds the averaged model is validated, by the averager's evaluator or, when the round's result
-asks (``RoundResult.validate``), by the learners, each its share before its next round; a later result
-carries B for everyone, so all take the same steps and meet at the same rounds.
-A learner begins from the averager's latest state and position (or the newest checkpoint when it holds
-nothing); a layout's end settles on the next epoch or a make-up layout (``rounds.position.settle``), so
-every row reaches one averaged round; a ``Realigned`` learner takes the others' state. Checkpoints follow
-``checkpoint.is_due``: the round's rank 0 hands the folder to ``report``, which puts it in the run folder
-(no barrier); the final one likewise (``Learner.finish``). Collaborators come through the constructor, so
-a test runs the loop with fakes.
+``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``;
+a round the averager, away, cannot take is deferred: the learner trains on to the layout's end, whose
+round waits (the learners meet there). Every m rounds the averaged model
+is validated, by the averager's evaluator or by the learners' shares (``RoundResult.validate``); a later
+result carries B for everyone, so all take the same steps and meet at the same rounds.
+A learner begins from the averager's latest state and position (else the newest checkpoint); a layout's
+end settles on the next epoch or a make-up layout (``rounds.position.settle``), so every row reaches one
+averaged round; a ``Realigned`` learner takes the others' state. Checkpoints follow
+``checkpoint.is_due``: the round's rank 0 hands the folder to ``report`` for the run folder (no barrier);
+the final one likewise (``Learner.finish``). Collaborators come through the constructor (fakes in tests).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.outputs import accounting
 from raytrain_seq.outputs.reports import LearnerReport, RoundMetrics
 from raytrain_seq.parts import LearnerSettings
-from raytrain_seq.rounds.client import AveragerClient, Realigned
+from raytrain_seq.rounds.client import AveragerClient, Deferred, Realigned
 from raytrain_seq.rounds.events import describe_progress
 from raytrain_seq.rounds.group import place
 from raytrain_seq.rounds.position import EpochPosition
@@ -137,7 +137,7 @@ class Learner:
         # Optimizer steps each learner took over the run (the averaged position's count, then this
         # process's steps): the same on every learner, since they take equal rows with the same B.
         self.steps_done = 0
-        self._trained_ids: list[int] = []  # video ids of the rows trained since the last round
+        self._trained_ids: dict[int, list[int]] = {}  # per epoch, the video ids trained since the last round
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> LearnerReport | None:
@@ -204,7 +204,8 @@ class Learner:
                 progress = self.steps_done / limit
             else:
                 progress = (position.epoch + rows_done / max(shard_rows, 1)) / self.settings.epochs
-            self._trained_ids += batch.pop("ids").flatten().tolist() if "ids" in batch else []
+            if "ids" in batch:
+                self._trained_ids.setdefault(position.epoch, []).extend(batch.pop("ids").flatten().tolist())
             stats = self.step(batch, progress=progress)  # steps even on fillers: Adam steps stay in lockstep
             self.steps_done += 1
             if not self.eval_rows.pending("test") and self._near_end(position.epoch, shard_rows):
@@ -219,7 +220,7 @@ class Learner:
             if self.rounds.step() or last:
                 # The N-th step ends the run with a round wherever it falls, so it ends averaged.
                 at = position.after(rows_done).with_steps(self.steps_done)
-                moved = self.average(at)
+                moved = self.average(at, defer=not last)
                 if moved is not None:
                     return moved  # the layout ended (next epoch, or a make-up layout), or a realignment
                 if last:
@@ -229,6 +230,8 @@ class Learner:
         if self.rounds.pending:
             # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
             # every epoch ends on an averaged model (the same for every learner: equal rows and B).
+            # Never deferred: the learners meet here, so that none can be a layout ahead of another (the
+            # averager records where a learner stopped short of the others only inside a layout).
             moved = self.average(position.after(rows_done).with_steps(self.steps_done))
             if moved is not None:
                 return moved
@@ -281,18 +284,26 @@ class Learner:
                 seconds += extra_s
         return batch, seconds
 
-    def average(self, position: EpochPosition) -> EpochPosition | None:
+    def average(self, position: EpochPosition, *, defer: bool = False) -> EpochPosition | None:
         """One averaging round; ``position`` is where training stands once it is averaged (at a layout's
         end: its last row). Returns the position to continue from when it is not ``position``'s place (the
         layout ended: the next epoch or a make-up layout of rows a dropped learner missed; the others went
-        on without this learner; or a live group moved its rank: its shard is re-read), else None."""
-        stats = self.tally.flush()
-        # The epoch of the rows since the last round: an epoch ends on a round, so they share one.
-        epoch = position.epoch - 1 if position.rows_done == 0 else position.epoch
-        stats.update(accounting.round_stats(epoch, self._trained_ids))
-        self._trained_ids = []
-        decision = self.rounds.sync(stats=stats, position=position, rows=self.shard_rows or None)
+        on without this learner, or were further on; or a live group moved its rank: its shard is
+        re-read), else None. ``defer``: an averager that is away defers the round (None: train on)."""
+        delta = self.tally.flush()
+        # The epochs of the rows since the last round: one, as an epoch ends on a round (position.epoch - 1
+        # when the position is the next epoch's start).
+        ids, self._trained_ids = self._trained_ids, {}
+        stats = dict(delta)
+        for epoch, trained in (ids or {position.epoch - (position.rows_done == 0): []}).items():
+            stats.update(accounting.round_stats(epoch, trained))
+        decision = self.rounds.sync(stats=stats, position=position, rows=self.shard_rows or None, defer=defer)
         self.metrics.add("averaging_seconds", self.rounds.last_seconds)
+        if isinstance(decision, Deferred):
+            self.tally.carry(delta)
+            for epoch, trained in ids.items():  # sent with the next try
+                self._trained_ids.setdefault(epoch, [])[:0] = trained
+            return None
         self.metrics.set("batch_size", self.client.batch_size)
         before = (self.rank, self.world_size)
         group = decision.reply.group if isinstance(decision, Realigned) else decision.result.group
@@ -306,6 +317,9 @@ class Learner:
             return realigned
         result = decision.result
         after = self._settled(result.state, position)
+        # A learner that sent its round before the others' deferred ones goes on from their count: the
+        # averaged position is theirs, its own rows since recorded as missed (ParameterAverager).
+        self.steps_done = max(self.steps_done, after.steps)
         if self.rank == 0:
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",

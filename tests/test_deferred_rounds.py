@@ -1,0 +1,210 @@
+"""A learner trains on while the averager is away: its round is deferred, not waited for (issue 53).
+
+Contract pinned: ``AveragerClient.average(defer=True)`` of a dead or restarting averager (``Unreachable``,
+not silent) returns ``Deferred`` at once, without the retries, and lets go of its channels; a silent
+round still fails (it may be in the averager's hands). The learner keeps the round's steps and work
+(``Tally.carry``) and sends them at its next K steps, so one learner still ends on the plain loop's
+weights. A learner that sent before the others' deferred rounds stops short of them: the averager takes
+the furthest position and records the rows between as missed (``settle(short=...)``), which the layout's
+end makes up. No Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from averager_fixtures import local_averager
+from conftest import InProcess
+from test_learner_loop import Feed, Scripted, _client, _config, _reference, _state
+
+from raytrain_seq.members.errors import AveragerUnavailableError
+from raytrain_seq.parts import Parts
+from raytrain_seq.rounds.client import Averaged, Deferred, Unreachable
+from raytrain_seq.rounds.position import EpochPosition, settle
+from raytrain_seq.rounds.state import RoundResult
+from raytrain_seq.rounds.sync import Tally
+from raytrain_seq.runtime.learner import Learner
+
+
+class Ends:
+    """A learner's channel ends that only record being let go of."""
+
+    generation = 3
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self, generation=None) -> None:
+        self.closed += 1
+
+
+def test_an_averager_away_defers_the_round_at_once_and_a_silent_round_still_fails():
+    sleeps: list[float] = []
+    ends = Ends()
+    transport = Scripted(average=[Unreachable("ActorUnavailableError")])
+    client = _client(transport, sleep=sleeps.append, channels=ends)
+    decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
+    assert decision == Deferred(1) and client.next_round == 1  # the same round, sent again later
+    assert len(transport.calls) == 1 and sleeps == []  # no retry, no wait
+    assert ends.closed == 1  # its shards died with the averager: no write may wait for them
+    # While the averager is known to be down (its actor's state), a round that may be deferred is, with no
+    # call (a call to a restarting actor would wait in its queue); once it is up, the round is sent.
+    down = [True]
+    result = RoundResult(state=_state(1, 1.0), learners=(0,))
+    transport = Scripted(average=[result])
+    client = _client(transport, away=lambda: down[0])
+    assert client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True) == Deferred(1)
+    assert transport.calls == []
+    down[0] = False
+    decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
+    assert isinstance(decision, Averaged) and len(transport.calls) == 1
+    # Without defer the same failure is retried, as before.
+    transport = Scripted(average=[Unreachable("ActorUnavailableError"), result])
+    decision = _client(transport, sleep=sleeps.append).average(
+        {"w": torch.ones(1)}, None, stats={}, position=None
+    )
+    assert isinstance(decision, Averaged) and sleeps == [0.1]
+    # A silent round is never deferred (nor resent): the averager may hold it.
+    transport = Scripted(average=[Unreachable("no answer", silent=True)])
+    with pytest.raises(AveragerUnavailableError):
+        _client(transport).average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
+
+
+def test_a_carried_flush_goes_out_with_the_next_one():
+    """``Tally.carry`` undoes a flush: the next flush holds both rounds' work, the totals count it once."""
+    tally, whole = Tally(), Tally()
+    for t in (tally, whole):
+        t.add_step(frames=10, sequences=2, seconds=0.5, loss=1.0)
+    first = tally.flush()
+    tally.carry(first)
+    for t in (tally, whole):
+        t.add_step(frames=6, sequences=1, seconds=0.25, loss=4.0)
+    got, want = tally.flush(), whole.flush()
+    assert got.pop("first_step_wall") == first["first_step_wall"]  # the deferred round's first step
+    want.pop("first_step_wall")
+    assert got == want and got["steps"] == 2.0 and got["loss"] == pytest.approx(2.0)
+    assert tally.totals == whole.totals
+
+
+def test_settle_records_the_rows_a_present_rank_stopped_short_of():
+    """Rank 1 sent at row 4 of a round sent at row 6 (the others' deferred rounds held more rows): its
+    rows 4-6 are missed, and the layout's end makes them up."""
+    previous = EpochPosition(0, (), 2, 2, steps=1)
+    mid = settle(EpochPosition(0, (), 2, 6, steps=3), previous, [0, 1], shard_rows=8, short={1: 4})
+    assert mid.missed == ((1, 4, 6),)
+    assert settle(EpochPosition(0, (), 2, 6, steps=3), previous, [0, 1], shard_rows=8).missed == ()
+
+
+def test_the_averager_takes_the_furthest_position_and_records_the_short_rows():
+    """Learner 1 deferred its round (more steps) while learner 0 had sent: the round's position is
+    learner 1's, and learner 0's rows between are missed."""
+    short, ahead, missed = (
+        EpochPosition(0, (), 2, 2, steps=1),
+        EpochPosition(0, (), 2, 4, steps=2),
+        ((0, 2, 4),),
+    )
+
+    async def scenario():
+        averager = local_averager(2, timeout_s=5.0, batch_size=2, adaptive_batch=False)
+        for rank in range(2):
+            await averager.join(rank, 2, incarnation=f"p{rank}")
+        sends = [
+            averager.average(
+                rank, 1, 2, {"w": torch.full((2,), float(rank))}, None, position=p.as_dict(), rows=8
+            )
+            for rank, p in ((0, short), (1, ahead))
+        ]
+        return (await asyncio.gather(*sends))[0]
+
+    result = asyncio.run(asyncio.wait_for(scenario(), 20))
+    position = EpochPosition.from_dict(result.state.position)
+    assert position == dataclasses.replace(ahead, missed=missed)
+    assert result.learners == (0, 1) and not result.dropped  # both averaged, nobody dropped
+
+
+class Away:
+    """The in-process averager, away for this learner's first ``calls`` ``average`` calls (a restart)."""
+
+    def __init__(self, inner: InProcess, calls: int) -> None:
+        self.inner, self.left = inner, calls
+
+    def __call__(self, method, *args, timeout=None, **kwargs):
+        if method == "average" and self.left:
+            self.left -= 1
+            raise Unreachable("ActorUnavailableError: The actor is restarting")
+        return self.inner(method, *args, timeout=timeout, **kwargs)
+
+
+class FeedWithIds(Feed):
+    """``Feed`` whose rows name their sequences' videos (epoch * 1000 + row * 10 + slot; -1: padding)."""
+
+    def epoch(self, epoch: int) -> list[dict[str, np.ndarray]]:
+        rows = super().epoch(epoch)
+        for i, row in enumerate(rows):
+            real = row["lengths"] >= 0
+            row["ids"] = np.where(real, epoch * 1000 + i * 10 + np.arange(real.size), -1).astype(np.int64)
+        return rows
+
+
+@pytest.mark.parametrize(
+    ("away", "rounds"),
+    [
+        (1, [4, 2, 2]),  # round 1 (step 2) deferred: sent at step 4, the epoch's end
+        (3, [4, 2, 2]),  # steps 2 and 4 deferred; the layout's end waits (retried) for the averager
+    ],
+)
+def test_a_learner_trains_on_through_deferred_rounds_and_ends_on_the_plain_loops_weights(away, rounds):
+    """8 rows an epoch, B=2, K=2, 2 epochs: the averager is away for the first ``away`` tries and the
+    learner steps on. One learner's averaging is the identity, so it must end on the plain loop's
+    weights (no step skipped or repeated), every step and every video id of each epoch reaching a round
+    once. A layout's last round is never deferred: the learners meet there."""
+    config = _config()
+    feed = FeedWithIds()
+    averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
+    inner = InProcess(averager)
+    sent: list[float] = []
+
+    def count_steps(method, *args, timeout=None, **kwargs):
+        if method == "average":
+            sent.append(kwargs["stats"]["steps"])
+        return inner(method, *args, timeout=timeout, **kwargs)
+
+    try:
+        learner = Learner(
+            Parts.of(config).learner, rank=0, world_size=1, device="cpu",
+            client=_client(Away(count_steps, away)), feed=feed, report=lambda metrics, folder: None,
+        )  # fmt: skip
+        learner.run()
+    finally:
+        inner.close()
+    expected = _reference(config, feed)
+    got = learner.model.state_dict()
+    assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)
+    assert sent == rounds and learner.steps_done == 8  # the rounds the averager took, in steps
+    totals = averager._history.summary()["learners"][0]
+    for epoch in (0, 1):
+        ids = [int(i) for row in feed.epoch(epoch) for i in row["ids"] if i >= 0]
+        assert totals[f"ids_e{epoch}_count"] == len(ids) and totals[f"ids_e{epoch}_sum"] == sum(ids)
+
+
+def test_a_round_of_uneven_steps_keeps_the_furthest_adam_step():
+    """The learner short of the others' deferred rounds took fewer Adam steps: the merge keeps the
+    furthest's count (both paths), and without ``furthest_step`` a mismatch still fails loudly."""
+    from raytrain_seq.algorithms.averaging import merge_adam_states
+    from raytrain_seq.dataplane.extras import OptimizerExtras, merge_extras
+
+    def entry(step: float) -> dict:
+        return {0: {"step": torch.tensor(step), "exp_avg": torch.ones(2), "exp_avg_sq": torch.ones(2)}}
+
+    merged = merge_adam_states([entry(84.0), entry(96.0)], furthest_step=True)
+    assert merged[0]["step"].item() == 96.0
+    with pytest.raises(ValueError, match="step differs"):
+        merge_adam_states([entry(84.0), entry(96.0)])
+    extras = [{"optimizer": OptimizerExtras.of({0: {"step": torch.tensor(n)}})} for n in (84.0, 96.0)]
+    assert merge_extras(extras, furthest_step=True) is extras[1]
+    with pytest.raises(ValueError, match="step differs"):
+        merge_extras(extras)
