@@ -3,15 +3,15 @@
 ``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
 state it holds (``held``: what re-seeds a restarted averager); its transport is injected (a fake in
 tests, ``runtime.transport.RayTransport``). An unreachable averager (``Unreachable``) is retried on the
-``Backoff`` schedule, then ``AveragerUnavailableError``; a silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
-``AveragingTimeoutError``) is not an error: the client rejoins with ``held`` as the seed and returns a
-decision, ``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went on; continue from
-``reply.state``; a live ``group`` in either sets the world size it sends); a rejoin that finds the same
-round still due resends the same payload (at most ``max_rejoins`` times); ``average(defer=True)`` of an
-averager away (dead, restarting) returns ``Deferred`` at once. States arrive as refs and are read at once
-through the ``store`` (``AveragedState.fetched``), so what the learner holds survives a dead averager.
-Channels: once a result plans a generation, the client links it in a background thread (``channels``,
-injected) and sends through it; any refusal, join, deferral or failed write uses the store.
+``Backoff`` schedule, then ``AveragerUnavailableError``; a silent ``average`` is never resent. A refused
+round (``StaleRoundError``, ``MembershipError``, ``AveragingTimeoutError``) is not an error: the client
+rejoins with ``held`` as the seed and returns a decision, ``Averaged(result)`` or ``Realigned(reply,
+first_missed)`` (the others went on: continue from ``reply.state``; a live ``group`` sets the world size
+sent); a rejoin that finds the same round still due resends the same payload (at most ``max_rejoins``
+times); ``average(defer=True)`` of an averager away returns ``Deferred`` at once. States arrive as refs
+and are read at once through the ``store`` (``AveragedState.fetched``), so what it holds survives a dead
+averager. Channels: once a result plans a generation, the client links it in a background thread
+(``channels``) and sends through it; any refusal, join, deferral or failed write uses the store.
 """
 
 from __future__ import annotations

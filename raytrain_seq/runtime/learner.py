@@ -4,14 +4,14 @@ Per epoch the learner takes its shard of the plan (``LearnerFeed``: equal rows f
 on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Adam) and lets
 ``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``;
 a round the averager, away, cannot take is deferred: the learner trains on to the layout's end, whose
-round waits (the learners meet there). Every m rounds the averaged model
-is validated, by the averager's evaluator or by the learners' shares (``RoundResult.validate``); a later
-result carries B for everyone, so all take the same steps and meet at the same rounds.
-A learner begins from the averager's latest state and position (else the newest checkpoint); a layout's
-end settles on the next epoch or a make-up layout (``rounds.position.settle``), so every row reaches one
-averaged round; a ``Realigned`` learner takes the others' state. Checkpoints follow
-``checkpoint.is_due``: the round's rank 0 hands the folder to ``report`` for the run folder (no barrier);
-the final one likewise (``Learner.finish``). Collaborators come through the constructor (fakes in tests).
+round waits (the learners meet there). Every m rounds the averaged model is validated, by the averager's
+evaluator or by the learners' shares (``RoundResult.validate``); a later result carries B for everyone,
+so all take the same steps and meet at the same rounds. A learner begins from the averager's latest state
+and position (else the newest checkpoint); a layout's end settles on the next epoch or a make-up layout
+(``rounds.position.settle``), so every row reaches one averaged round; a ``Realigned`` learner takes the
+others' state. Checkpoints follow ``checkpoint.is_due``: the round's rank 0 hands the folder to
+``report`` for the run folder (no barrier); the final one likewise (``Learner.finish``). Collaborators
+come through the constructor (fakes in tests).
 """
 
 from __future__ import annotations
