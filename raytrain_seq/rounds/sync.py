@@ -181,8 +181,6 @@ class LocalRounds:
         its rows this epoch; ``defer``: ``AveragerClient.average``'s) and install the outcome: the round's
         mean, or the others' latest state after a realignment; nothing when it was deferred."""
         began = time.perf_counter()
-        if defer and (early := self.client.defers()) is not None:
-            return early  # before the slices are put: nothing to send while the averager is down
         params, moments = self._live()
         storage = self.storage
         if storage is not None and storage.holds(params, moments):
