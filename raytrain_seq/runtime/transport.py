@@ -63,13 +63,10 @@ class RayTransport:
     def _state(self) -> str | None:
         """The averager's state in the actor table (Ray's state API, which the head's dashboard serves);
         None, logged, when it cannot be read."""
-        import ray
         from ray.util.state import get_actor
 
         try:  # the handle's id: no public accessor (Ray's own libraries read it so too)
-            # This cluster's address: with none, the state API refuses when a box runs two Ray clusters.
-            address = ray.get_runtime_context().gcs_address
-            actor = get_actor(self.handle._actor_id.hex(), address=address, timeout=STATE_TIMEOUT_S)
+            actor = get_actor(self.handle._actor_id.hex(), timeout=STATE_TIMEOUT_S)
         except Exception as exc:  # a decision, logged: the round goes the waiting way
             logger.warning("the averager's state could not be read (%r): sending the round", exc)
             return None
