@@ -151,7 +151,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.weight_decay": (["1e-4"], 1e-4, []),
     "train.averager_timeout_s": (["30"], 30.0, []),
     "train.averager_shards": (["2"], 2, []),
-    "train.averager_channels": ([], False, []),
+    "train.averager_channels": ([], True, []),
     "train.checkpoint_every": (["2"], 2, []),
     "train.use_gpu": ([], True, []),
     "train.gpus_per_learner": (["0.5"], 0.5, []),

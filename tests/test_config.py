@@ -120,7 +120,7 @@ BAD_VALUES = [
     ("train.adaptive_batch", "no", False),
     ("train.merge_moments", 0, True),
     ("train.merge_bn_stats", "yes", False),
-    ("train.averager_channels", 1, True),
+    ("train.averager_channels", 1, False),
     ("train.k", 0, 1),
     ("train.k", -2, -1),
     ("train.k", 1.5, 2),

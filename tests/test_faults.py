@@ -41,6 +41,26 @@ class Harness:
 
     def __init__(self, cluster) -> None:
         self.cluster, self.slots = cluster, []
+        self.runs: list[Run] = []
+
+    def start(self, config: Config) -> Run:
+        run = Run(config)
+        self.runs.append(run)
+        return run
+
+    def end_runs(self, timeout: float = 120.0) -> None:
+        """A run its test left going (it failed midway) is ended before the next test: its learners'
+        nodes are removed, so the fleet fails for want of learners (train.worker_start_timeout_s) and the
+        driver ends its actors. Otherwise it would hold the slots, and every later test would fail to
+        start its own learners, hiding which test failed first."""
+        going = [run for run in self.runs if run.thread.is_alive()]
+        self.runs.clear()
+        if not going:
+            return
+        self.ensure_slots(0)
+        for run in going:
+            run.thread.join(timeout)
+            assert not run.thread.is_alive(), f"a run left going did not end within {timeout:g} s"
 
     def add_slot(self):
         node = self.cluster.add_node(num_cpus=1, resources={SLOT: 1})
@@ -77,6 +97,14 @@ def cluster():
     made.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _end_runs(request):
+    """After each test of the cluster, the run it left going (if it failed midway) is ended."""
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").end_runs()
+
+
 class Run:
     """``trainer.run`` in a thread (the test thread kills and adds nodes), and its averager's summary."""
 
@@ -87,7 +115,7 @@ class Run:
         from raytrain_seq.runtime.driver import run
 
         self.ray, self.namespace = ray, NAMESPACE
-        self.before = self._averagers()
+        self.before = self._named()
         self._handle = None  # the run's averager, looked up once: a restarted actor keeps its handle
         self.result: dict[str, Any] = {}
         self.began = time.monotonic()
@@ -102,10 +130,19 @@ class Run:
         self.thread.start()
 
     def _averagers(self) -> set[str]:
+        return {name for name in self._named() if name.startswith("averager-")}
+
+    def _named(self) -> set[str]:
+        """The named actors of the project's namespace (runs name their averager and feed)."""
         named = self.ray.util.list_named_actors(all_namespaces=True)
-        return {
-            a["name"] for a in named if a["namespace"] == self.namespace and a["name"].startswith("averager-")
-        }
+        return {a["name"] for a in named if a["namespace"] == self.namespace}
+
+    def left_over(self, timeout: float = 30.0) -> set[str]:
+        """The run's named actors still alive ``timeout`` s after it ended (none: the driver ended them)."""
+        deadline = time.monotonic() + timeout
+        while (left := self._named() - self.before) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
 
     def averager(self):
         if self._handle is None:
@@ -190,12 +227,20 @@ def _rounds_since(state: AveragingReport, generation: int) -> int:
     return state.next_round - min(starts) if starts else 0
 
 
+def _warnings(caplog) -> list[str]:
+    """The run's own warnings so far (the fleet's say which slot was lost and Ray's reason): a failed
+    check quotes them, so a CI failure tells what happened."""
+    return [
+        r.getMessage()[:600] for r in caplog.records if r.name.startswith("raytrain_seq") and r.levelno >= 30
+    ]
+
+
 def _processes(state: AveragingReport) -> dict[int | str, str]:
     """The averager's current group: learner slot -> the incarnation of its process."""
     return {p.learner: p.incarnation for p in state.processes}
 
 
-def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(cluster, tmp_path):
+def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(cluster, tmp_path, caplog):
     """(a)+(b), issue 53: 2 learners, one node killed -> the survivor trains on in the same process (its
     incarnation unchanged) and the group shrinks to 1 at a round's close -> a node added -> Ray restarts
     the lost slot's actor there, which joins alone: 2 again, the survivor still unrestarted. The job
@@ -204,7 +249,7 @@ def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(
     # 40 epochs of the smoke set: the survivor alone takes rounds of a few hundredths of a second, and the
     # run must outlast the new node's start and the restarted actor's (a new process: torch, the model).
     config = _config(tmp_path, "shrink-grow", learners="1:2", epochs=40)
-    run = Run(config)
+    run = cluster.start(config)
     run.wait(lambda: (s := run.state()).world_size == 2 and s.rounds_completed >= 1, "a round of 2")
     before = _processes(run.state())
     killed_at = run.state().elapsed_s  # the run's training clock, as in summary.membership
@@ -213,7 +258,7 @@ def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(
         lambda: (s := run.state()).world_size == 1 and len(s.processes) == 1 and s, "a group of 1"
     )
     survivor = _processes(alone)
-    assert survivor.items() <= before.items(), (before, survivor)  # the same process, not a restart
+    assert survivor.items() <= before.items(), (before, survivor, _warnings(caplog))  # not a restart
     rounds = alone.rounds_completed
     run.wait(lambda: run.state().rounds_completed > rounds, "a round of the survivor alone")
     added_at = run.state().elapsed_s
@@ -222,7 +267,7 @@ def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(
         lambda: (s := run.state()).world_size == 2 and len(s.processes) == 2 and s, "a group of 2"
     )
     after = _processes(grown)
-    assert survivor.items() <= after.items(), (survivor, after)  # still the survivor's first process
+    assert survivor.items() <= after.items(), (survivor, after, _warnings(caplog))  # its first process
     (lost,) = set(before) - set(survivor)
     assert after[lost] != before[lost]  # the lost slot came back as a new process
     summary = run.finish()
@@ -232,6 +277,8 @@ def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(
     assert summary.learners == 2
     slots = summary.extra["learner_slots"]
     assert slots[str(lost)]["losses"] == 1 and slots[str(lost)]["restarts"] == 1, slots
+    [cause] = slots[str(lost)]["causes"]  # Ray's error, on one line (its node died: unavailable, or dead)
+    assert re.match(r"\w*Actor\w*Error: ", cause), cause
     (kept,) = set(survivor)
     assert slots[str(kept)]["restarts"] == 0 and slots[str(kept)]["losses"] == 0, slots
     # Each training block exactly once per epoch, across the re-splits: the lost learner's rows since its
@@ -241,6 +288,7 @@ def test_a_lost_node_costs_only_its_learner_and_a_new_node_brings_it_back_alone(
     assert summary.frames_total <= expected and (dropped or summary.frames_total == expected)
     assert summary.test_accuracy >= ACCURACY_FLOOR
     print(f"node killed at {killed_at:.1f} s, node added at {added_at:.1f} s (run clock)")
+    print("learner slots:", slots)
     print("membership:", *summary.membership, sep="\n  ")
     print(f"test accuracy {summary.test_accuracy:.3f}, {time.monotonic() - run.began:.0f} s")
 
@@ -252,7 +300,7 @@ def test_killed_averager_comes_back_and_the_run_finishes(cluster, tmp_path):
     cluster.ensure_slots(2)
     # K=2 gives 24 rounds; after the first (model set-up: seconds) a round takes a fraction of a second.
     config = _config(tmp_path, "averager", learners=2, k=2, checkpoint_every=4, averager_max_restarts=2)
-    run = Run(config)
+    run = cluster.start(config)
     # Kill one or two rounds after a checkpoint (every 4: rounds 5, 6, 9, 10, ...), so the last checkpoint
     # holds an older round than the learners. Rounds are fast (here three once passed between two 0.5 s
     # polls; on CI the run once finished unkilled), so poll every 50 ms with several windows to hit.
@@ -290,7 +338,7 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
     cluster.ensure_slots(2)
     config = _config(tmp_path, "locked", learners=2, k=2, checkpoint_every=4)
     run_dir = config.run_dir()
-    run = Run(config)
+    run = cluster.start(config)
     run.wait(
         lambda: (run_dir / checkpoint.folder_name(4) / checkpoint.STATE_FILE).is_file(),
         "checkpoint 4",
@@ -312,6 +360,8 @@ def test_a_checkpoint_write_that_cannot_succeed_stops_the_run_with_one_clear_err
     assert found is not None and 4 <= found.round < blocked
     groups = _group_starts(run_dir)
     assert len(groups) == 1, groups  # the learners stopped together: Ray Train did not retry the write
+    # The run ended its averager and feed with its error: the caller's Ray session keeps none of them.
+    assert run.left_over() == set()
     print(f"stopped at checkpoint {blocked}: {message}")
 
 
@@ -326,7 +376,7 @@ def test_a_final_checkpoint_that_cannot_be_written_stops_the_run_with_the_same_c
     cluster.ensure_slots(2)
     config = _config(tmp_path, "final-locked", learners=2, k=-1, checkpoint_every=100)
     run_dir = config.run_dir()
-    run = Run(config)
+    run = cluster.start(config)
     run.wait(lambda: (run_dir / EVENTS_FILE).is_file(), "the run's event log", poll=0.05)
     final = run_dir / checkpoint.folder_name(3)
     final.write_text("a file where the final checkpoint folder must go")

@@ -87,8 +87,8 @@ class TrainConfig:
     """Seconds the averager waits for a learner in a round before dropping it from that round."""
     averager_shards: int | None = None
     """Averaging shard actors S, each merging a slice of the weights; None = one per learner (the max)."""
-    averager_channels: bool = True
-    """Move a stable group's averaging bytes through Ray's shared-memory channels instead of new objects."""
+    averager_channels: bool = False
+    """Move a stable group's bytes through Ray's shared-memory channels: only on nodes that are not lost."""
     checkpoint_every: int = 1
     """Save a checkpoint every this many averaging rounds."""
     use_gpu: bool | None = None

@@ -4,14 +4,14 @@ A store round makes new objects and passes references every round (docs/ARCHITEC
 costs beyond its bytes"); a channel (``ray.experimental.channel``) is a buffer its writer overwrites in
 place. Once a group averaged a round with every member present, the control plane plans a *generation*
 for that membership: learner m writes slice i into its channel to shard i; shard i writes its merged
-slice into one channel every member reads. The round's messages stay (``RoundBook`` decides), a part
-sent through a channel being named by a ``Channelled`` marker. Anything that changes who takes part (a
-drop, a join, a refused round, a shard that lost its channels) ends the generation and the rounds go
-through the store until the next full round plans another. Old channels are never closed (closing one
-mid-read crashes a raylet, ray-project/ray#63229); parts name generation and round, and every read and
-write is bounded by the round's timeout. A buffer lives until its maker exits, so early ends are capped
-at ``max_ended`` a run ("Measurements behind the code"). ``ChannelBook`` is the control plane's policy in
-plain Python (it returns decisions); ``ChannelEnds`` a learner's side (``runtime.channels``).
+slice into one channel every member reads; a ``Channelled`` marker names such a part in the round's
+messages. Anything that changes who takes part (a drop, a join, a refused round, a shard that lost its
+channels) ends the generation, and rounds go through the store until the next full round plans another.
+Old channels are never closed (closing one mid-read crashes a raylet, ray-project/ray#63229); every read
+and write is bounded by the round's timeout. A buffer lives until its maker exits, so early ends are
+capped at ``max_ended`` a run ("Measurements behind the code"). Opt-in (``train.averager_channels``): a
+node lost while channels link aborts the processes linking to it (a RAY_CHECK in Ray's core worker).
+``ChannelBook`` is the control plane's policy (it returns decisions); ``ChannelEnds`` a learner's side.
 """
 
 from __future__ import annotations

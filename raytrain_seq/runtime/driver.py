@@ -81,9 +81,13 @@ def run(config: Config, *, learner_resources: Mapping[str, float] | None = None)
     began, began_wall = time.perf_counter(), time.time()
     config = config.named()  # a run without --run-name gets its dated folder here, once
     state = _prepare(config, learner_resources, began, began_wall)
-    _start_actors(state)
-    metrics = _fit(state)
-    return _finish(state, metrics)
+    try:
+        _start_actors(state)
+        return _finish(state, _fit(state))
+    finally:
+        # Whatever ended the run (an error, a stop, the summary written), its driver-side actors end
+        # with it: a caller's own Ray session (a notebook, a test) outlives the run and must not keep them.
+        _release(state.averager, state.feed)
 
 
 def _prepare(
@@ -147,6 +151,7 @@ def _start_actors(state: _Run) -> None:
     feed = create_feed(
         parts.feed, name=launch.feed, namespace=NAMESPACE, prefetch=False, geometry=state.geometry
     )
+    state.feed = feed
     if train.validate_every:
         # A failure to launch them is raised again by the evaluator's own eval_shard call.
         feed.prefetch_eval.remote("val")
@@ -172,7 +177,6 @@ def _start_actors(state: _Run) -> None:
         run_dir=state.run_dir,  # the averager reloads the latest checkpoint (resume, or its own restart)
         validator=validator,
     )
-    state.feed = feed
     state.marks["actors_started"] = time.time()
     if state.resumed is not None:
         logger.info("resuming %s from %s", config.run.run_name, state.resumed.folder.name)
@@ -205,7 +209,6 @@ def _fit(state: _Run) -> LearnerReport:
         state.slots = fleet.records()
     state.marks["fit_returned"] = time.time()
     if not isinstance(result, LearnerReport):  # the learner at a checkpoint could not write it
-        _release(state.averager, state.feed)
         raise checkpoint.stopped_error(state.run_dir, result.message)
     return result
 
@@ -227,14 +230,13 @@ def _fleet_settings(state: _Run) -> Any:
 
 
 def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
-    """The summary from rank 0's metrics and the actors' statistics, its plots, then the actors' end."""
+    """The summary from rank 0's metrics and the actors' statistics, and its plots."""
     import ray
 
     config, averager, feed = state.config, state.averager, state.feed
     # With the final round's validation.
     averaging: AveragingReport = ray.get(averager.summary.remote(settle=True))
     if averaging.validator_error:  # every validation failed; the checkpoints are in the run folder
-        _release(averager, feed)
         raise RuntimeError(
             "the evaluator could not be built or its validation rows assembled: "
             f"{averaging.validator_error} (the averager's log says more)"
@@ -261,16 +263,16 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
     summary.seconds["write"] = max(0.0, time.time() - metrics.final_report_wall)
     summary.seconds["total"] = time.perf_counter() - state.began  # only the summary's own write follows
     summary.write(state.run_dir)
-    _release(averager, feed)
     return summary
 
 
 def _release(*actors: Any) -> None:
-    """End the run's driver-side actors (Ray would not restart them: the run is over)."""
+    """End the run's driver-side actors that were started (Ray would not restart them: the run is over)."""
     import ray
 
     for actor in actors:
-        ray.kill(actor, no_restart=True)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
 
 
 def _second(item: tuple[str, float]) -> float:

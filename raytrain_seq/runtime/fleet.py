@@ -227,9 +227,17 @@ class SlotRecord:
     nodes: list[str] = dataclasses.field(default_factory=list)
     losses: int = 0
     started: list[float] = dataclasses.field(default_factory=list)  # time.time() of each ready()
+    causes: list[str] = dataclasses.field(default_factory=list)  # each loss's error, on one line
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "restarts": max(0, len(self.incarnations) - 1)}
+
+
+def _brief(exc: BaseException, limit: int = 600) -> str:
+    """An error on one line, cut to ``limit`` characters: why Ray says an actor died (its node, its
+    process's exit, the memory monitor) comes a few lines into a message that runs to a page."""
+    line = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def first_group_size(nodes: list[Mapping[str, Any]], need: Mapping[str, float], low: int, high: int) -> int:
@@ -411,6 +419,7 @@ class LearnerFleet:
         is asked again, and a replacement starts alone); past ``max_failures`` losses the run fails."""
         self.losses += 1
         self.slots[slot].losses += 1
+        self.slots[slot].causes.append(_brief(exc))
         if incarnation is not None:
             self._lose.append(self.averager.lose.remote(slot, incarnation))
         limit = self.settings.max_failures
