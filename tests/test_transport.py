@@ -1,19 +1,15 @@
 """``RayTransport.away``: a restarting averager is seen without calling it (a call would wait in its queue).
 
-Pins the Ray pieces it reads: the state API's actor table (served by the dashboard) and the handle's
-``_actor_id`` (no public accessor), and the open ``watch()`` call that fails when the process dies. A
-cluster without the dashboard answers False: the round is sent.
+Pins the Ray pieces it reads, on a cluster without a dashboard (no state API): the open ``watch()`` call
+that fails when the process dies, and every actor's readiness probe (``__ray_ready__``), which answers
+once the restarted process is up and fails for an actor that is dead for good.
 """
 
 from __future__ import annotations
 
 import time
 
-import pytest
-
 from raytrain_seq.runtime.transport import RayTransport
-
-RAY_CLUSTER = {"include_dashboard": True}
 
 
 def _until(predicate, seconds: float) -> bool:
@@ -25,9 +21,7 @@ def _until(predicate, seconds: float) -> bool:
     return False
 
 
-def test_away_is_true_while_the_actor_restarts_and_false_when_it_answers(ray_cluster):
-    ray = ray_cluster
-
+def _slow_class(ray):
     class Slow:  # defined here: Ray ships it by value (this test module is not importable on a worker)
         """An actor whose restart takes seconds (as the averager's: a process, imports, a checkpoint)."""
 
@@ -43,38 +37,36 @@ def test_away_is_true_while_the_actor_restarts_and_false_when_it_answers(ray_clu
 
             await asyncio.Event().wait()
 
-    handle = ray.remote(max_restarts=1)(Slow).remote()
+    return Slow
+
+
+def test_away_is_true_while_the_actor_restarts_and_false_when_it_answers(ray_cluster):
+    ray = ray_cluster
+    handle = ray.remote(max_restarts=1)(_slow_class(ray)).remote()
     assert ray.get(handle.ping.remote()) == 1
     transport = RayTransport(handle)
     assert transport.away() is False
+    assert transport.away() is False  # the watch is open: no new call
     ray.kill(handle, no_restart=False)
     assert _until(transport.away, 10), "the restarting actor was never seen away"
+    began = time.monotonic()
     assert _until(lambda: not transport.away(), 30), "the restarted actor was never seen alive"
+    # The restart's 4 s sleep in __init__ passed before it answered: away() did not say back too early.
+    assert time.monotonic() - began > 1.0
     assert ray.get(handle.ping.remote(), timeout=30) == 1
+    # Its new watch is open on the new process: a second death is seen too.
+    ray.kill(handle, no_restart=True)
+    assert _until(transport.away, 10), "the dead actor was never seen away"
 
 
-def test_away_is_false_when_the_state_cannot_be_read(caplog, monkeypatch):
-    """No dashboard (the state API's server), or it does not answer: the round is sent, as before."""
-    state = pytest.importorskip("ray.util.state")
-
-    def unreachable(*args, **kwargs):
-        raise ConnectionError("no dashboard")
-
-    watches: list[int] = []
-
-    class Handle:
-        class _actor_id:  # the attribute of Ray's handle
-            @staticmethod
-            def hex() -> str:
-                return "ff" * 16
-
-        class watch:  # the method's ``.remote``
-            @staticmethod
-            def remote() -> int:
-                watches.append(1)
-                return 1
-
-    monkeypatch.setattr(state, "get_actor", unreachable)
-    assert RayTransport(Handle()).away() is False
-    assert "could not be read" in caplog.text and "no dashboard" in caplog.text
-    assert watches == [1]  # a watch is opened anyway: the next death is seen
+def test_an_actor_dead_for_good_stays_away(ray_cluster):
+    """No restart left: every probe fails and is asked again, and away() keeps saying so (the learner
+    trains on until its layout's end, where the round that is never deferred raises the actor's error)."""
+    ray = ray_cluster
+    handle = ray.remote(max_restarts=0)(_slow_class(ray)).remote()
+    transport = RayTransport(handle)
+    assert transport.away() is False
+    ray.kill(handle, no_restart=True)
+    assert _until(transport.away, 10), "the dead actor was never seen away"
+    time.sleep(0.5)
+    assert all(transport.away() for _ in range(3))

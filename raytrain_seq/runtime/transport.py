@@ -4,23 +4,17 @@
 constructor (a fake in tests). ``RayTransport`` is the one for a learner actor: each call is one actor
 method call, and the failures the client retries become ``Unreachable``. ``away`` says whether the averager
 is down without a call that would wait in a restarting actor's queue: an open ``watch()`` call fails the
-moment its process dies, and only then is the actor table read (Ray's state API) until it is back.
-ray is imported only inside the methods.
+moment its process dies, and only then is Ray's readiness probe asked until it answers (no dashboard or
+state API needed). ray is imported only inside the methods.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from raytrain_seq.rounds.client import Unreachable
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["RayTransport"]
-
-# The longest wait for the actor table (Ray's state API) before the round is sent anyway.
-STATE_TIMEOUT_S = 5
 
 
 class RayTransport:
@@ -33,6 +27,7 @@ class RayTransport:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self._watch: Any = None  # the open watch() call of the averager process last seen alive
+        self._probe: Any = None  # once a watch failed: the readiness call to the restarting actor
 
     def __call__(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         import ray
@@ -47,27 +42,28 @@ class RayTransport:
 
     def away(self) -> bool:
         """Whether the averager's actor is down now (restarting, or dead), where a call would wait in its
-        queue until Ray restarted it and a learner that knows can train on (``AveragerClient.away``). An
-        unanswered ``watch()`` says no at the cost of a ``ray.wait``; once it failed, the actor table
-        says, and a new watch goes to the process once it is alive. Unknown (no state API): False."""
+        queue until Ray restarted it and a learner that knows can train on (``AveragerClient.away``).
+
+        An open ``watch()`` call (it never answers) says no at the cost of a ``ray.wait``: it fails the
+        moment its process dies. Then Ray's readiness probe (``__ray_ready__``, every actor's; Ray Serve
+        asks a recovered actor so) waits in the restarting actor's queue, or fails while Ray restarts
+        it and is asked again: away until it answers, then a new watch goes to the new process. The
+        first call opens the first watch: the averager a learner has just joined is alive."""
         import ray
+        from ray.exceptions import RayActorError
 
-        if self._watch is not None and not ray.wait([self._watch], timeout=0)[0]:
-            return False  # the process that took the watch lives
-        state = self._state()
-        if state is None or state == "ALIVE":
+        if self._watch is None and self._probe is None:
             self._watch = self.handle.watch.remote()
-            return False
-        return True
-
-    def _state(self) -> str | None:
-        """The averager's state in the actor table (Ray's state API, which the head's dashboard serves);
-        None, logged, when it cannot be read."""
-        from ray.util.state import get_actor
-
-        try:  # the handle's id: no public accessor (Ray's own libraries read it so too)
-            actor = get_actor(self.handle._actor_id.hex(), timeout=STATE_TIMEOUT_S)
-        except Exception as exc:  # a decision, logged: the round goes the waiting way
-            logger.warning("the averager's state could not be read (%r): sending the round", exc)
-            return None
-        return None if actor is None else actor.state
+        if self._watch is not None:
+            if not ray.wait([self._watch], timeout=0)[0]:
+                return False  # the process that took the watch lives
+            self._watch, self._probe = None, self.handle.__ray_ready__.remote()
+        if not ray.wait([self._probe], timeout=0)[0]:
+            return True  # in the queue of the actor Ray is restarting
+        try:
+            ray.get(self._probe)
+        except RayActorError:  # unavailable while Ray restarts it (or dead: a call will say so)
+            self._probe = self.handle.__ray_ready__.remote()
+            return True
+        self._probe, self._watch = None, self.handle.watch.remote()
+        return False
