@@ -16,6 +16,7 @@ from conftest import adam_learners
 
 from raytrain_seq import checkpoint
 from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
+from raytrain_seq.dataplane.stores import InProcessShards
 from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.current_round import RoundPhase
@@ -336,8 +337,19 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
     def actor_id() -> str:
         return "actor-1"  # Ray keeps an actor's id over its restarts
 
+    prepared: list[int] = []  # per pool made, the shards' starts before the first join
+
+    class Pool(InProcessShards):
+        def prepare(self) -> None:
+            prepared[-1] += 1
+
+    def pool(count: int) -> Pool:
+        prepared.append(0)
+        return Pool(count)
+
     async def scenario():
-        first = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)
+        first = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id, shard_pool=pool)
+        assert prepared == [0]  # a first start waits for the learners' nodes
         for name in "ab":
             await first.join(name, 2, incarnation=name)
         results = []
@@ -350,7 +362,9 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
             if r == 1:  # the checkpoint Ray Train keeps after round 1
                 state, history = await first.checkpoint_contents()
                 checkpoint.save(tmp_path / checkpoint.folder_name(1), state=state, history=history.as_dict())
-        second = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id)  # Ray's restart
+        # Ray's restart: its shards start before any learner rejoins (the old ones died with it).
+        second = local_averager(2, timeout_s=30.0, run_dir=tmp_path, actor_id=actor_id, shard_pool=pool)
+        assert prepared[-1] == 1
         reloaded = await second.latest()
         seed = results[-1].state  # what each learner holds: round 2's averaged state
         joins = [await second.join(n, 2, incarnation=n, seed=seed) for n in "ab"]

@@ -112,6 +112,10 @@ class ParameterAverager:
             self._state = self._folder.load(
                 Path(run_dir), restarted_by_ray=actor is not None, state=self._state
             )
+            if self._book.restarted:
+                # The shards died with the process before: the new ones start now, while the learners
+                # rejoin, not on the first round's path. Their nodes are not known yet (no hints).
+                self._pool.prepare()
 
     def _build_data_plane(self, shard_pool: Callable[[int], ShardPool] | None) -> None:
         """The parts that move bytes: the shard pool, its placement, the channels and the hub load."""
