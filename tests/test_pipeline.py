@@ -573,6 +573,32 @@ def test_learner_streams_serve_every_epoch_and_equal_the_independent_recomputati
     assert checked >= 120
 
 
+@pytest.mark.ray
+def test_a_stream_whose_group_changed_at_an_epochs_end_serves_the_new_share(ray_cluster):
+    """A learner alone (rank 0 of 1) reads epoch 0 to its end while its stream reads epoch 1 ahead; the
+    group grows to 2 there (a newcomer joined at the epoch's last round) and this learner becomes rank 1:
+    its epoch-1 rows are rank 1 of 2's shard, not the whole epoch read ahead for rank 0 of 1 (which
+    trained rows twice in the lost-node fault test, docs/LOG.md)."""
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
+
+    config = _config()
+    feed = create_feed(Parts.of(config).feed, videos_per_task=8)
+    learner = LearnerFeed(feed, epochs=3, blocks_per_batch=3)
+    try:
+        view, alone = learner.epoch_rows(0, 0, 1)
+        while view.take(4) is not None:
+            pass
+        view, total = learner.epoch_rows(1, 1, 2)
+        ids: list[int] = []
+        while (rows := view.take(4)) is not None:
+            ids.extend(int(i) for i in rows["ids"].flatten().tolist() if i >= 0)
+        share = ray_cluster.get(feed.epoch_shard.remote(1, 1, 2))
+        assert total == len(share.blocks) < alone
+        assert sorted(ids) == sorted(i for spec in share.blocks for i in spec.ids)
+    finally:
+        learner.close()
+
+
 def _kill_and_lose(ray, feed, monkeypatch) -> None:
     """Kill the feed; the stream's next read of an array raises OwnerDiedError. On one node the dead
     owner's arrays stay readable from the local object store for a while (measured: over 30 s here); a

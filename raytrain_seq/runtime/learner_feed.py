@@ -74,6 +74,7 @@ class LearnerFeed:
         self._blocks_per_batch = blocks_per_batch
         self._depth = depth
         self._stream: RowStream | None = None
+        self._where: tuple[int, int] | None = None  # the stream's (rank, world size)
         # While Ray restarts a killed feed, calls fail and the arrays it owned are lost: retry this long.
         self._backoff = backoff or Backoff(base_s=0.5, cap_s=4.0, budget_s=120.0)
         self._sleep = sleep
@@ -173,7 +174,11 @@ class LearnerFeed:
         """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
         many rows its shard has in all; the stream is None when nothing is left."""
         history = parse_history(history)
-        if self._stream is None or not self._stream.continues(epoch, history, skip):
+        # The stream reads the next epoch ahead with the rank and world size it was opened with: a group
+        # that changed at an epoch's end (a learner joined or left there) needs a new one, or this learner
+        # would train its old share (rank 0 of 1: every row) while the others train theirs.
+        where = (rank, world_size)
+        if self._stream is None or self._where != where or not self._stream.continues(epoch, history, skip):
             if self._stream is not None:
                 self._stream.close()
             epochs = self._epochs if self._epochs is not None else epoch + 1
@@ -181,6 +186,7 @@ class LearnerFeed:
                 self._source(rank, world_size), epoch=epoch, epochs=epochs, history=history, skip=skip,
                 depth=self._depth,
             )  # fmt: skip
+            self._where = where
         view, rows = self._stream.epoch_rows(epoch)
         if skip >= rows:
             view.take(1)  # nothing left: read the epoch's end, so the stream goes on to the next epoch
