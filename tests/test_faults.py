@@ -15,6 +15,7 @@ on the 2-core box; they run in plain ``pytest`` (marker ``fault``, deselect with
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
@@ -251,7 +252,9 @@ def _warnings(caplog) -> list[str]:
     """The run's own warnings so far (the fleet's say which slot was lost and Ray's reason): a failed
     check quotes them, so a CI failure tells what happened."""
     return [
-        r.getMessage()[:600] for r in caplog.records if r.name.startswith("raytrain_seq") and r.levelno >= 30
+        r.getMessage()[:600]
+        for r in caplog.records
+        if r.name.startswith("raytrain_seq") and r.levelno >= logging.WARNING
     ]
 
 
