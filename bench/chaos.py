@@ -7,9 +7,8 @@ each 1..``MAX_GAP`` rounds after the last recovered; the same seed also runs und
 reads the run's records: ``every_row_once_per_epoch`` (per epoch the trained ids' {count, sum, sum of
 squares} against the plan's), ``rounds_contiguous`` (``events.jsonl``: rounds 1..N once, in order); ``ok``
 is false (exit 1) when fewer faults were injected, a stall dropped nobody or a check fails. Survivor
-figures (chaos_figures.py): ``survivor_restarts``, processes of learners not lost yet restarted; per
-event ``survivor_steps_ratio``, survivors' steps per second in the recovery over just before the fault,
-and ``replacement_first_step_s``, to the lost learner's replacement's first step. Last line: one JSON.
+figures (chaos_figures.py): ``survivor_restarts``; per event ``survivor_steps_ratio`` (recovery over
+before), ``survivor_longest_stall_s`` and ``replacement_first_step_s``. Last line: one JSON.
 
     python bench/chaos.py --events 8 --json   # --kinds node_killed,feed_killed,... picks the kinds
 """
@@ -673,7 +672,7 @@ def print_outcome(out: dict[str, Any], checks: dict[str, Any], runs: dict[str, A
         print(
             f"  round {e['round']} {e['kind']}: recovered {e.get('recovered_s')} s, survivor restarts "
             f"{e.get('survivor_restarts')}, survivor steps ratio {e.get('survivor_steps_ratio')}, "
-            f"replacement's first step {e.get('replacement_first_step_s')} s"
+            f"longest survivor stall {e.get('survivor_longest_stall_s')} s, replacement's first step {e.get('replacement_first_step_s')} s"
         )
     print(f"survivor restarts: {out['survivor_restarts']}")
     for epoch, v in checks["epochs"].items():

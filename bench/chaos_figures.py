@@ -1,17 +1,17 @@
 """The chaos soak's survivor figures (bench/chaos.py), from what the soak saw and the run's round log.
 
-Around each event the soak reads the averager's report (``AveragingReport.processes``: each learner's
-incarnation and node) just before the injection and once recovered (a ``Probe``). The learner on a
-killed node or the stalled one is the event's lost learner; the others are its survivors. The rounds of
-``events.jsonl`` give per round its wall ``time`` and per learner its process, ``steps`` and
-``first_step_wall`` (a ``redo`` replaces its round's first record). Per event:
-``survivor_restarts``: survivors' incarnations in neither the recovered report nor a later round;
+The soak reads the averager's report (``AveragingReport.processes``: incarnations, nodes) just before each
+injection and once recovered (a ``Probe``); the learner on a killed node or the stalled one is lost, the
+others survive. The rounds of ``events.jsonl`` give per round its wall ``time`` and per learner its
+process, ``steps``, ``first_step_wall`` and ``longest_gap_s`` (a ``redo`` replaces its first record).
+Per event: ``survivor_restarts``: survivors' incarnations in neither the recovered report nor a later round;
 ``survivor_steps_ratio``: the survivors' processes' steps per second in the rounds closed during the
 recovery over those in a window of equal length just before the injection, which starts no earlier than
-the run's first round or the last event's recovery; 0.0 when they did not step, None without a step before;
-``replacement_first_step_s``: from the injection (a stall) or the next added node's being up (a killed
-node) to the first step a round holds from a learner on the lost learner's or the added node; None when
-nobody was lost or no node came back. All are None for an event the run ended before it recovered. No ray.
+the run's first round or the last event's recovery (0.0: no step, None: no step before); in those rounds
+``survivor_longest_stall_s``, the survivors' longest gap between two steps; ``replacement_first_step_s``:
+from the injection (a stall) or the next added node's being up (a killed node) to the first step a round
+holds from a learner on the lost learner's or the added node (None: nobody lost or no node came back).
+All are None for an event the run ended before it recovered. No ray.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ NOTES = {
     "survivor_steps_ratio": "survivors' steps per second, rounds closed during the recovery over a window "
     "of equal length before the fault, cut short where it would reach back into the run's start or the "
     "previous event's recovery; null: the survivors took no step in that window",
+    "survivor_longest_stall_s": "the longest time from one step's end to the next of a survivor's process, "
+    "in the rounds closed during the recovery (a round's wait counts in the round after it); null: no step",
     "replacement_first_step_s": "fault (a stall) or the next added node up (a killed node) to the first "
     "step of a learner on the lost learner's or the added node; null: the event lost no learner "
     "(node_added, averager_killed, feed_killed, shard_killed) or no node came back",
@@ -54,6 +56,7 @@ class RoundSteps:
 
     time: float
     steps: Mapping[str, float]  # incarnation -> steps
+    gaps: Mapping[str, float]  # incarnation -> its longest gap between two steps (``Tally.longest_gap_s``)
     first_steps: tuple[tuple[str | None, float], ...]  # (node, first_step_wall)
 
 
@@ -68,16 +71,20 @@ def round_steps(records: Iterable[Mapping[str, Any]]) -> list[RoundSteps]:
     for record in sorted(latest.values(), key=lambda r: r["time"]):
         procs = {p["learner"]: p for p in record.get("processes", ())}
         steps: dict[str, float] = {}
+        gaps: dict[str, float] = {}
         for learner, stats in record["stats"]:
             incarnation = procs.get(learner, {}).get("incarnation")
             if incarnation is not None:
                 steps[incarnation] = steps.get(incarnation, 0.0) + float(stats.get("steps", 0.0))
+                gap = procs[learner].get("longest_gap_s")
+                if gap is not None:
+                    gaps[incarnation] = max(gaps.get(incarnation, 0.0), float(gap))
         firsts = tuple(
             (p.get("node"), float(p["first_step_wall"]))
             for p in procs.values()
             if p.get("first_step_wall") is not None
         )
-        out.append(RoundSteps(float(record["time"]), steps, firsts))
+        out.append(RoundSteps(float(record["time"]), steps, gaps, firsts))
     return out
 
 
@@ -118,6 +125,15 @@ def steps_ratio(
     return rate(fault, recovered) / before if before > 0 else None
 
 
+def longest_stall(
+    rounds: Sequence[RoundSteps], processes: set[str], fault: float, recovered: float
+) -> float | None:
+    """``processes``' longest gap between two steps in the rounds closed in (fault, recovered]; None when
+    no round there holds one."""
+    gaps = [g for r in rounds if fault < r.time <= recovered for i, g in r.gaps.items() if i in processes]
+    return max(gaps) if gaps else None
+
+
 def first_step_after(rounds: Sequence[RoundSteps], nodes: Iterable[str], since: float) -> float | None:
     """Seconds from ``since`` to the first step after it that a round holds from a learner on ``nodes``."""
     wanted = set(nodes)
@@ -138,19 +154,22 @@ def replacement_first_step(probes: Sequence[Probe], index: int, rounds: Sequence
 
 
 def event_figures(probes: Sequence[Probe], rounds: Sequence[RoundSteps]) -> list[dict[str, Any]]:
-    """Per probe: ``survivor_restarts``, ``survivor_steps_ratio`` and ``replacement_first_step_s``."""
+    """Per probe: ``survivor_restarts``, ``survivor_steps_ratio``, ``survivor_longest_stall_s`` and
+    ``replacement_first_step_s``."""
     start = rounds[0].time if rounds else float("inf")
     out = []
     for index, probe in enumerate(probes):
-        alive, ratio = survivors(probe), None
+        alive, ratio, stall = survivors(probe), None, None
         if alive is not None and probe.recovered_at is not None:
             ratio = steps_ratio(rounds, alive, start, probe.injected_at, probe.recovered_at)
+            stall = longest_stall(rounds, alive, probe.injected_at, probe.recovered_at)
         start = max(start, probe.recovered_at or start)  # the next event's window starts after this one
         first = replacement_first_step(probes, index, rounds)
         out.append(
             {
                 "survivor_restarts": survivor_restarts(probe, rounds),
                 "survivor_steps_ratio": None if ratio is None else round(ratio, 3),
+                "survivor_longest_stall_s": None if stall is None else round(stall, 1),
                 "replacement_first_step_s": None if first is None else round(first, 1),
             }
         )

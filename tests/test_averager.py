@@ -272,7 +272,7 @@ def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_step
     in events.jsonl holds its wall time and per learner its process and first step's wall time, which
     the per-learner totals do not sum. A restarted group's processes replace the old ones."""
     from raytrain_seq.outputs.reports import JoinedProcess
-    from raytrain_seq.rounds.events import EventLog
+    from raytrain_seq.rounds.events import UNSUMMED, EventLog
     from raytrain_seq.rounds.sync import Tally
 
     began = time.time()
@@ -306,8 +306,9 @@ def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_step
     for proc, name in zip(record["processes"], "ab", strict=True):
         assert proc["learner"] == name and proc["incarnation"] == f"old-{name}"
         assert proc["node"] == f"node-{name}" and began <= proc["first_step_wall"] <= record["time"]
+        assert proc["longest_gap_s"] == stats[name]["longest_gap_s"] >= 0.0  # kept apart, not summed
     assert [stats for _, stats in record["stats"]] == [
-        {k: v for k, v in stats[n].items() if k not in {"loss", "first_step_wall"}} for n in "ab"
+        {k: v for k, v in stats[n].items() if k not in UNSUMMED} for n in "ab"
     ]
     assert all(tally.first_step_wall is None for tally in tallies.values())  # the flush reset it
 

@@ -33,6 +33,7 @@ from chaos_figures import (  # noqa: E402
     RoundSteps,
     event_figures,
     first_step_after,
+    longest_stall,
     round_steps,
     steps_ratio,
     survivor_restarts,
@@ -90,16 +91,24 @@ def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_
 
 
 # --------------------------------------------------------------- the survivor figures, from fakes
-def _round(record_round: int, at: float, learners: list[tuple[int, str, str, float, float]]) -> dict:
+def _round(
+    record_round: int, at: float, learners: list[tuple[int, str, str, float, float]], gap: float = 0.5
+) -> dict:
     """An events.jsonl round record as ``RunHistory.record_round`` writes it: per learner (id,
-    incarnation, node, steps, first step's wall time)."""
+    incarnation, node, steps, first step's wall time), each with ``gap`` as its longest gap."""
     return {
         "type": "round",
         "round": record_round,
         "time": at,
         "stats": [[learner, {"steps": steps, "frames": 8.0}] for learner, _, _, steps, _ in learners],
         "processes": [
-            {"learner": learner, "incarnation": inc, "node": node, "first_step_wall": first}
+            {
+                "learner": learner,
+                "incarnation": inc,
+                "node": node,
+                "first_step_wall": first,
+                "longest_gap_s": gap,
+            }
             for learner, inc, node, _, first in learners
         ],
     }
@@ -144,7 +153,7 @@ def test_survivor_restarts_count_the_processes_not_lost_that_are_gone_after_the_
     added = Probe("node_added", 10.0, 20.0, (("a", "n1"),), (("c", "n1"), ("d", "n3")))
     assert survivor_restarts(added, []) == 1
     # Absent from the report at the recovery but sending rounds after it: alive, not restarted.
-    late = [RoundSteps(21.0, {"a": 2.0}, ())]
+    late = [RoundSteps(21.0, {"a": 2.0}, {}, ())]
     assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, (("b", "n2"),)), late) == 0
     # No vacuous 0: a report without processes (before or after), or a lost node the processes do not
     # name, says None.
@@ -171,9 +180,27 @@ def test_steps_ratio_is_the_survivors_rate_during_the_recovery_over_the_rate_bef
     # The window before starts at the first round (t=1): rounds 2 and 3, 4 steps in 2.5 s; then 12 in 6 s.
     assert steps_ratio(steady, {"a"}, 1.0, 3.5, 9.5) == pytest.approx((12 / 6) / (4 / 2.5))
     # No vacuous 0: a log whose rounds name no process (or survivors that never stepped) gives None.
-    nameless = [RoundSteps(float(r), {}, ()) for r in range(1, 21)]
+    nameless = [RoundSteps(float(r), {}, {}, ()) for r in range(1, 21)]
     assert steps_ratio(nameless, {"a"}, 1.0, 10.5, 14.5) is None
     assert steps_ratio(steady, {"x"}, 1.0, 10.5, 14.5) is None
+
+
+def test_longest_stall_is_the_survivors_longest_gap_in_the_rounds_of_the_recovery():
+    # Survivor "a" waited 6 s for the round that closed at t=17 (its gap shows in the round after, at 18);
+    # "b", lost, waited longer, and a gap of "a" before the fault does not count.
+    log = [
+        *(_round(r, r, [(0, "a", "n1", 2.0, r - 0.5), (1, "b", "n2", 2.0, r - 0.5)]) for r in range(1, 10)),
+        _round(10, 10.0, [(0, "a", "n1", 2.0, 9.5)], gap=9.0),
+        _round(17, 17.0, [(0, "a", "n1", 2.0, 10.5)]),
+        _round(18, 18.0, [(0, "a", "n1", 2.0, 17.5), (1, "b", "n2", 2.0, 17.5)], gap=6.0),
+    ]
+    log[-1]["processes"][1]["longest_gap_s"] = 20.0  # the lost learner's gap is not a survivor's
+    rounds = round_steps(log)
+    assert longest_stall(rounds, {"a"}, 10.5, 18.0) == 6.0
+    assert longest_stall(rounds, {"a"}, 10.5, 17.5) == 0.5  # the wait's round not yet closed
+    assert longest_stall(rounds, {"x"}, 10.5, 18.0) is None  # no vacuous 0
+    [figure] = event_figures([Probe("averager_killed", 10.5, 18.0, (("a", "n1"),), (("a", "n1"),))], rounds)
+    assert figure["survivor_longest_stall_s"] == 6.0
 
 
 def test_replacement_first_step_counts_from_the_fault_or_from_the_node_that_came_back():
@@ -223,6 +250,7 @@ def test_the_window_before_a_fault_stops_at_the_last_recovery_and_an_unrecovered
     assert event_figures([kill, ended], rounds)[1] == {
         "survivor_restarts": None,
         "survivor_steps_ratio": None,
+        "survivor_longest_stall_s": None,
         "replacement_first_step_s": None,
     }
     # Nor does the kill before it get a replacement from a node that never stepped.

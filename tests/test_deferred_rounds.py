@@ -86,8 +86,31 @@ def test_a_carried_flush_goes_out_with_the_next_one():
     got, want = tally.flush(), whole.flush()
     assert got.pop("first_step_wall") == first["first_step_wall"]  # the deferred round's first step
     want.pop("first_step_wall")
+    assert got.pop("longest_gap_s") >= first["longest_gap_s"] and want.pop("longest_gap_s") >= 0.0
     assert got == want and got["steps"] == 2.0 and got["loss"] == pytest.approx(2.0)
     assert tally.totals == whole.totals
+
+
+def test_the_longest_gap_between_steps_counts_a_rounds_wait_in_the_next_round():
+    """``longest_gap_s``: the longest time from one step's end to the next since the last flush; the wait
+    for a round (between a flush and the next step) shows in the next flush, and a carried flush keeps its
+    gap."""
+    now = [0.0]
+    tally = Tally(clock=lambda: now[0])
+    for t in (0.0, 1.0, 5.0):  # gaps of 1 and 4 s
+        now[0] = t
+        tally.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    first = tally.flush()
+    assert first["longest_gap_s"] == 4.0 and first["first_step_wall"] == 0.0
+    now[0] = 12.0  # 7 s waiting on the round, then a step
+    tally.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    second = tally.flush()
+    assert second["longest_gap_s"] == 7.0 and second["first_step_wall"] == 12.0
+    assert "longest_gap_s" not in Tally().flush()  # no step: no gap to tell
+    tally.carry(second)  # deferred: the next flush holds its gap, unless a longer one came since
+    now[0] = 13.0
+    tally.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    assert tally.flush()["longest_gap_s"] == 7.0
 
 
 def test_settle_records_the_rows_a_present_rank_stopped_short_of():

@@ -28,8 +28,9 @@ from raytrain_seq.rounds.state import CheckpointHistory
 
 logger = logging.getLogger(__name__)
 
-# A learner's round stats that are not totals: the mean loss, and the wall time of its first step.
-UNSUMMED = ("loss", "first_step_wall")
+# A learner's round stats that are not totals: the mean loss, the wall time of its first step and the
+# longest gap between two of its steps (``rounds.sync.Tally``).
+UNSUMMED = ("loss", "first_step_wall", "longest_gap_s")
 
 __all__ = [
     "EVENTS_FILE",
@@ -192,7 +193,8 @@ class RunHistory:
         learner, so the learners sent it again) replaces the earlier record: totals and histories count
         each round once, and the log marks the new record ``redo``; so does a round of ``expect_redo``.
         The record also holds its wall ``time`` and, per learner, its process (``processes``: incarnation
-        and node) with the wall time of its first step since its last round (``first_step_wall``)."""
+        and node) with the wall time of its first step since its last round (``first_step_wall``) and the
+        longest gap between two of its steps (``longest_gap_s``, the wait for the last round included)."""
         redo = round in self._recorded or round in self._lost
         if round in self._recorded:
             self._forget_round(round)
@@ -207,7 +209,8 @@ class RunHistory:
                 totals[key] = totals.get(key, 0) + value
             added.append([learner, summed])
             proc = {"learner": learner, **(processes or {}).get(learner, {})}
-            procs.append({**proc, "first_step_wall": learner_stats.get("first_step_wall")})
+            times = {key: learner_stats.get(key) for key in ("first_step_wall", "longest_gap_s")}
+            procs.append({**proc, **times})
             loss, n = learner_stats.get("loss", math.nan), learner_stats.get("sequences", 0)
             if math.isfinite(loss) and n > 0:
                 losses.append((loss, n))

@@ -10,14 +10,14 @@ travels as flat buffers (``dataplane.payload``) in which the learner's tensors l
 (``dataplane.flat_storage``, bound at the first round): each slice is one put, the mean is written back
 in place. The shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through
 the averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
-seconds, the weighted loss, the first step's wall time), sent as the learner's stats. No ray.
+seconds, the weighted loss, the first step's wall time, the longest gap between steps), sent as the learner's stats. No ray.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -47,11 +47,21 @@ class Tally:
     data_wait_s: float = 0.0
     loss_sum: float = 0.0
     first_step_wall: float | None = None  # wall time of the first step since the last flush
+    # The longest wall time from one step's end to the next one's since the last flush: a learner that
+    # waited on a round (or anything else) shows it here. The last step's time is kept across flushes, so
+    # the wait for a round counts in the next round's stats, where the first step after it falls.
+    longest_gap_s: float = 0.0
+    last_step_wall: float | None = None
     totals: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = field(default=time.time, repr=False)  # wall time (a fake in tests)
 
     def add_step(self, frames: int, sequences: int, seconds: float, loss: float) -> None:
+        now = self.clock()
         if self.first_step_wall is None:
-            self.first_step_wall = time.time()
+            self.first_step_wall = now
+        if self.last_step_wall is not None:
+            self.longest_gap_s = max(self.longest_gap_s, now - self.last_step_wall)
+        self.last_step_wall = now
         self.frames += frames
         self.sequences += sequences
         self.steps += 1
@@ -71,6 +81,7 @@ class Tally:
             self.loss_sum += delta["loss"] * delta["sequences"]
         if "first_step_wall" in delta:
             self.first_step_wall = delta["first_step_wall"]
+        self.longest_gap_s = max(self.longest_gap_s, delta.get("longest_gap_s", 0.0))
 
     def flush(self) -> dict[str, float]:
         """The deltas since the last flush, for a round's stats; resets them."""
@@ -87,8 +98,9 @@ class Tally:
         if self.first_step_wall is not None:
             # A time, not a total: the averager keeps it apart (``rounds.events.RunHistory.record_round``).
             delta["first_step_wall"] = self.first_step_wall
+            delta["longest_gap_s"] = self.longest_gap_s
         self.frames = self.sequences = self.steps = 0
-        self.compute_s = self.data_wait_s = self.loss_sum = 0.0
+        self.compute_s = self.data_wait_s = self.loss_sum = self.longest_gap_s = 0.0
         self.first_step_wall = None
         delta["loss"] = mean_loss
         return delta
