@@ -71,6 +71,10 @@ class ShardPool(Protocol):
     def prepare(self) -> None:
         """Start the shards now (the learners' nodes are known), so the first round does not wait."""
 
+    def node_lost(self, node: str) -> list[int]:
+        """A learner on ``node`` was lost: the shards placed there are replaced now, so that no merge waits
+        for a node that may be gone; returns their indices (none in process)."""
+
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
 
@@ -107,6 +111,9 @@ class InProcessShards:
 
     def prepare(self) -> None:
         pass
+
+    def node_lost(self, node: str) -> list[int]:
+        return []
 
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         return list(refs)

@@ -420,6 +420,9 @@ class ParameterAverager:
         if not self._book.lose(learner, incarnation):
             return False
         self._channels.end(f"learner {learner!r} was lost")
+        node = self._nodes.get(incarnation) if incarnation is not None else None
+        if node is not None and (replaced := self._pool.node_lost(node)):
+            logger.warning("shards %s on learner %r's node %s replaced", replaced, learner, node[:8])
         if self._book.complete:
             self._wait.start_close()
         if self._book.live.changes != changes:

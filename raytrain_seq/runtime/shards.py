@@ -9,8 +9,8 @@ merged slice is written to the shard's own; a restarted shard has no channels an
 (``load["lost_channels"]``). A shard waits for its slices at most the round's timeout and otherwise names
 the unreadable or lost ones (``ShardMerge.unreadable``) for the control plane to drop.
 Placement: shard i on learner i's node (soft affinity), created once the learners joined (``prepare``).
-Shards hold no merge's state: Ray restarts a lost one, and a lost call is made again
-(``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``). ``hub_load``
+Shards hold no merge's state: Ray restarts a lost one, a lost learner's node has its shards
+replaced at once (``node_lost``), and a lost call is made again (``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``). ``hub_load``
 counts the bytes each shard read and sent (an upper bound). ray is imported only where a cluster is.
 """
 
@@ -247,33 +247,56 @@ class RayShards:
         self.count = check_number("shards", count, 1)
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
+        self._placed: list[str | None] = []  # the node each shard was asked to start on (a soft hint)
 
     def place(self, learner: LearnerId, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
             self._nodes[learner] = node
 
     def _ensure(self) -> list[Any]:
+        if self._handles is None:
+            started = [self._start(i) for i in range(self.count)]
+            self._placed = [node for _, node in started]
+            self._handles = [handle for handle, _ in started]
+        return self._handles
+
+    def _start(self, i: int) -> tuple[Any, str | None]:
+        """Shard i's actor, on learner i's node when known, else on a known learner's node (soft)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        if self._handles is None:
-            known = [self._nodes[k] for k in sorted(self._nodes)]
-            handles = []
-            for i in range(self.count):
-                options: dict[str, Any] = {
-                    "num_cpus": 0,
-                    "max_restarts": -1,
-                    "max_task_retries": MERGE_RETRIES,
-                }
-                node = self._nodes.get(i) or (known[i % len(known)] if known else None)
-                if node is not None:
-                    options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
-                handles.append(ray.remote(AveragingShard).options(**options).remote(i))
-            self._handles = handles
-        return self._handles
+        known = [self._nodes[k] for k in sorted(self._nodes)]
+        # One byte of Ray's logical memory: Ray places an actor that asks for no resource on any node,
+        # its soft node affinity ignored (ray-project/ray#25344 mended the hard case only); asking for
+        # something, the shard goes where the hint says while that node lives.
+        options: dict[str, Any] = {
+            "num_cpus": 0, "memory": 1, "max_restarts": -1, "max_task_retries": MERGE_RETRIES,
+        }  # fmt: skip
+        node = self._nodes.get(i) or (known[i % len(known)] if known else None)
+        if node is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+        return ray.remote(AveragingShard).options(**options).remote(i), node
 
     def prepare(self) -> None:
         self._ensure()
+
+    def node_lost(self, node: str) -> list[int]:
+        """Replace the shards placed on ``node`` now. Ray restarts an actor whose node died only once it
+        has declared the node dead (missed heartbeats, seconds), and a merge sent to it waits that long;
+        a shard holds no state, so a new actor on a live learner's node takes its calls at once
+        (``_answers`` makes a lost call again on the current handle). The old actor is ended for good.
+        A learner's process can die on a node that lives: its shards are then restarted for nothing, a
+        process start off the learners' path."""
+        import ray
+
+        self._nodes = {k: v for k, v in self._nodes.items() if v != node}
+        if self._handles is None:
+            return []
+        replaced = [i for i, placed in enumerate(self._placed) if placed == node]
+        for i in replaced:
+            ray.kill(self._handles[i], no_restart=True)
+            self._handles[i], self._placed[i] = self._start(i)
+        return replaced
 
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         # Awaited, not ray.get: the control plane is an async actor, whose event loop must keep answering.
@@ -295,7 +318,7 @@ class RayShards:
 
         def submit(i: int) -> Any:
             return (
-                shards[i]
+                shards[i]  # the current handle: node_lost may replace it between two calls
                 .merge.options(num_returns=2)
                 .remote(round, [p.parts[i] for p in payloads], list(weights), len(payloads), timeout_s, write)
             )
@@ -346,15 +369,16 @@ class RayShards:
     ) -> tuple[list[Any], list[Any]]:
         """Every shard's answer to ``submit(i)``, a call made again where it was lost
         (``dataplane.shard_calls.answers`` says when and why)."""
-        from ray.exceptions import ActorUnavailableError
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
 
-        handles = self._ensure()
+        handles = self._ensure()  # the list node_lost replaces handles in: a ping goes to the current one
         return await answers(
             what,
             self.count,
             submit,
             lambda i: handles[i].node.remote(),
-            retry_on=(ActorUnavailableError,),
+            # Dead: a shard node_lost ended; its call is made again on the shard that replaced it.
+            retry_on=(ActorUnavailableError, ActorDiedError),
             give_up_s=give_up_s,
         )
 
