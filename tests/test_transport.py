@@ -70,3 +70,23 @@ def test_an_actor_dead_for_good_stays_away(ray_cluster):
     assert _until(transport.away, 10), "the dead actor was never seen away"
     time.sleep(0.5)
     assert all(transport.away() for _ in range(3))
+
+
+def test_until_back_ends_the_pause_when_a_restarted_actor_takes_calls(ray_cluster):
+    """The client's pause between retries: cut short once the restarted process answers (its 4 s
+    constructor over), the whole pause while the actor is up all along (the call failed for another
+    reason, and a plain backoff would wait)."""
+    ray = ray_cluster
+    handle = ray.remote(max_restarts=1)(_slow_class(ray)).remote()
+    transport = RayTransport(handle)
+    assert ray.get(handle.ping.remote()) == 1
+    began = time.monotonic()
+    transport.until_back(0.6)
+    assert time.monotonic() - began >= 0.6  # up all along: the whole pause
+    ray.kill(handle, no_restart=False)
+    assert _until(transport.away, 10), "the restarting actor was never seen away"
+    began = time.monotonic()
+    transport.until_back(60.0)
+    waited = time.monotonic() - began
+    assert 1.0 < waited < 30.0, waited  # the restart's 4 s constructor, not the 60 s pause
+    assert ray.get(handle.ping.remote(), timeout=1) == 1  # back: the next call is answered at once

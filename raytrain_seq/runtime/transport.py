@@ -5,16 +5,23 @@ constructor (a fake in tests). ``RayTransport`` is the one for a learner actor: 
 method call, and the failures the client retries become ``Unreachable``. ``away`` says whether the averager
 is down without a call that would wait in a restarting actor's queue: an open ``watch()`` call fails the
 moment its process dies, and only then is Ray's readiness probe asked until it answers (no dashboard or
-state API needed). ray is imported only inside the methods.
+state API needed). ``until_back`` is the client's pause between retries, cut short when a restarted
+averager can take the call. ray is imported only inside the methods.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from raytrain_seq.rounds.client import Unreachable
 
 __all__ = ["RayTransport"]
+
+# While the averager restarts its readiness probe fails at once: asked again this often.
+PROBE_EVERY_S = 0.1
+# A probe this slow waited in the queue of an actor that was not up: it was down, and is back.
+QUEUED_S = 0.25
 
 
 class RayTransport:
@@ -67,3 +74,32 @@ class RayTransport:
             return True
         self._probe, self._watch = None, self.handle.watch.remote()
         return False
+
+    def until_back(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less when the averager comes back from a restart: the client's pause
+        between retries (``AveragerClient(sleep=...)``), so that a learner rejoins a restarted averager
+        as soon as its process takes calls, not up to a whole backoff later. Ray's readiness probe fails
+        at once while Ray restarts the actor (asked again every ``PROBE_EVERY_S``) and waits in its
+        queue while the new process starts: a probe that failed or waited, then answered, means back.
+        One that answers at once finds the actor up all along (the call failed for another reason): the
+        whole pause is slept, as a plain backoff would."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        deadline = time.monotonic() + seconds
+        was_down = False
+        while (left := deadline - time.monotonic()) > 0:
+            asked = time.monotonic()
+            probe = self.handle.__ray_ready__.remote()
+            if not ray.wait([probe], timeout=left)[0]:
+                return  # still starting at the pause's end
+            try:
+                ray.get(probe)
+            except RayActorError:  # restarting (or dead for good: the next call says so)
+                was_down = True
+                time.sleep(min(PROBE_EVERY_S, max(0.0, deadline - time.monotonic())))
+                continue
+            if was_down or time.monotonic() - asked >= QUEUED_S:
+                return  # back
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return
