@@ -231,3 +231,28 @@ def test_a_round_of_uneven_steps_keeps_the_furthest_adam_step():
     assert merge_extras(extras, furthest_step=True) is extras[1]
     with pytest.raises(ValueError, match="step differs"):
         merge_extras(extras)
+
+
+def test_a_round_deferred_while_the_averager_is_down_puts_nothing():
+    """Known down (``away``): the round is deferred before its slices are put in the store (a model's and
+    its moments' bytes, each try), and the steps stay counted."""
+    from raytrain_seq.dataplane.stores import InProcessStore
+    from raytrain_seq.rounds.sync import LocalRounds
+
+    class CountingStore(InProcessStore):
+        puts = 0
+
+        def put(self, value):
+            CountingStore.puts += 1
+            return super().put(value)
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    client = _client(Scripted(), away=lambda: True, store=CountingStore())
+    rounds = LocalRounds(client, model, optimizer, k=2)
+    rounds.step(), rounds.step()
+    position = EpochPosition(0, (), 1, 2, steps=2)
+    rounds.last_seconds = 99.0  # what a previous round took
+    assert rounds.sync(stats={}, position=position, defer=True) == Deferred(1)
+    assert CountingStore.puts == 0 and rounds.local_steps == 2 and rounds.pending
+    assert rounds.last_seconds < 99.0  # this try's own time: the learner adds it to its averaging time

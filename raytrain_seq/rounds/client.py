@@ -180,8 +180,8 @@ class AveragerClient:
         ``defer``: an averager that is away gives ``Deferred`` instead of the retries); see the module
         docstring for the decisions."""
         sent = self.next_round
-        if defer and self.away is not None and self.away():
-            return self._defer(sent, "its actor is not alive")
+        if defer and (early := self.defers()) is not None:
+            return early
         for attempt in range(self.max_rejoins):
             if attempt:  # a resend after a rejoin, which ended the channel generation
                 params = self._through_store(params)
@@ -224,6 +224,13 @@ class AveragerClient:
             f"learner {self.learner}: round {sent} was refused {self.max_rejoins} times in a row after "
             "rejoining: the averager and this learner disagree on the group; see the averager's log"
         )
+
+    def defers(self) -> Deferred | None:
+        """The next round's ``Deferred`` when the averager is known to be down (``away``), else None:
+        asked before the round's slices are put, which a deferred round would waste."""
+        if self.away is not None and self.away():
+            return self._defer(self.next_round, "its actor is not alive")
+        return None
 
     def _defer(self, sent: int, why: str) -> Deferred:
         if not self._deferred:  # once an outage: its further deferrals are expected

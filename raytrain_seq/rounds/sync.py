@@ -193,6 +193,12 @@ class LocalRounds:
         its rows this epoch; ``defer``: ``AveragerClient.average``'s) and install the outcome: the round's
         mean, or the others' latest state after a realignment; nothing when it was deferred."""
         began = time.perf_counter()
+        if defer and (early := self.client.defers()) is not None:
+            # Before the slices are put (a device-to-host copy and a put of the whole state, each try):
+            # nothing is sent while the averager is known down.
+            self.last_seconds = time.perf_counter() - began
+            self.averaging_s += self.last_seconds
+            return early
         params, moments = self._live()
         storage = self.storage
         if storage is not None and storage.holds(params, moments):
