@@ -7,11 +7,11 @@ control plane: it survives the shard, and every learner reads that one object (`
 channel generation is live, parts are ``Channelled`` markers read from the members' channels and the
 merged slice is written to the shard's own; a restarted shard has no channels and says so
 (``load["lost_channels"]``). A shard waits for its slices at most the round's timeout and otherwise names
-the unreadable or lost ones (``ShardMerge.unreadable``) for the control plane to drop.
-Placement: shard i on learner i's node (soft affinity), created once the learners joined (``prepare``).
-Shards hold no merge's state: Ray restarts a lost one, a lost learner's node has its shards
-replaced at once (``node_lost``), and a lost call is made again (``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``). ``hub_load``
-counts the bytes each shard read and sent (an upper bound). ray is imported only where a cluster is.
+the unreadable or lost ones (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes
+on learner i's node (soft affinity) at the learners' join (``prepare``); shards hold no state: Ray
+restarts a lost one, a lost learner's node has its shards replaced at once (``node_lost``), a lost call
+is made again (``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``);
+``hub_load`` counts each shard's bytes (an upper bound). ray is imported only where a cluster is.
 """
 
 from __future__ import annotations
