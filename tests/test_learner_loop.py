@@ -682,3 +682,33 @@ def test_rounds_at_an_epochs_end_are_logged_as_the_epoch_done(caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[")]
     assert len(lines) == 2  # not vacuous: one round an epoch
     assert [line.split(", ")[1].split(":")[0] for line in lines] == ["epoch 1/2 done", "epoch 2/2 done"]
+
+
+class SlowShardFeed(Feed):
+    """Its streams start having waited ``WAITS[epoch]`` seconds for their shard (as a stream opened after
+    a group change waits for the feed)."""
+
+    WAITS = {0: 5.0, 1: 3.0}
+
+    def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
+        stream, rows = super().epoch_rows(epoch, rank, world_size, history=history, skip=skip)
+        stream.wait_seconds = self.WAITS[epoch]
+        return stream, rows
+
+
+def test_the_wait_for_an_epochs_shard_counts_as_data_wait():
+    """An epoch's first take counts the wait for its shard: epoch 1's 3 s are data wait; epoch 0's 5 s
+    come before the first step (start-up) and count nowhere in the rounds."""
+    config = _config()
+    averager = local_averager(1, timeout_s=30.0, validate_every=0, batch_size=2, adaptive_batch=False)
+    transport = InProcess(averager)
+    try:
+        learner = Learner(
+            Parts.of(config).learner, rank=0, world_size=1, device="cpu", client=_client(transport),
+            feed=SlowShardFeed(), report=lambda metrics, folder: None,
+        )  # fmt: skip
+        report = learner.run()
+    finally:
+        transport.close()
+    assert 3.0 <= report.data_wait_s < 5.0, report.data_wait_s
+    assert learner.times["cold_epoch"] < 5.0

@@ -128,6 +128,7 @@ class Learner:
         # The job's time outside compute, averaging and warm data waits (summary seconds), this process.
         self.times = {"cold_epoch": 0.0, "validation": 0.0, "test": 0.0}
         self.first_step_wall: float | None = None  # time.time() of the first step: the end of start-up
+        self._wait_counted = 0.0  # set per epoch (train_epoch)
         # time.time() of this process's start-up, test and final steps (summary extra["timeline"]).
         self.marks: dict[str, float] = {}
         # The test split's rows stay uncropped when its views are cut by evaluate.
@@ -189,6 +190,7 @@ class Learner:
             position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
         )
         self.shard_rows = shard_rows  # the rows a learner has in this layout: B never grows past them
+        self._wait_counted = 0.0  # of this epoch's stream.wait_seconds, the part counted as a wait
         rows_done = position.rows_done
         limit = self.settings.steps
         cold = position.epoch == 0  # the feed computes every partial augmentation while epoch 0 waits
@@ -245,9 +247,10 @@ class Learner:
         the stream is data wait (epoch 0: ``cold_epoch``)."""
         if stream is None:
             return None
-        waited = stream.wait_seconds
         rows = stream.take(size)
-        blocked = stream.wait_seconds - waited
+        # Blocked since the last count: an epoch's first take also counts the wait for its shard (long
+        # after a group change, whose new stream reads the shard afresh).
+        blocked, self._wait_counted = stream.wait_seconds - self._wait_counted, stream.wait_seconds
         if self.first_step_wall is None:
             blocked = 0.0  # before the first step the wait belongs to start-up: counted once, there
         if cold:
