@@ -685,14 +685,16 @@ def test_rounds_at_an_epochs_end_are_logged_as_the_epoch_done(caplog):
 
 
 class SlowShardFeed(Feed):
-    """Its streams start having waited ``WAITS[epoch]`` seconds for their shard (as a stream opened after
+    """Its streams start having waited ``waits[epoch]`` seconds for their shard (as a stream opened after
     a group change waits for the feed)."""
 
-    WAITS = {0: 5.0, 1: 3.0}
+    def __init__(self, waits: dict[int, float]) -> None:
+        super().__init__()
+        self.waits = waits
 
     def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
         stream, rows = super().epoch_rows(epoch, rank, world_size, history=history, skip=skip)
-        stream.wait_seconds = self.WAITS[epoch]
+        stream.wait_seconds = self.waits[epoch]
         return stream, rows
 
 
@@ -705,7 +707,7 @@ def test_the_wait_for_an_epochs_shard_counts_as_data_wait():
     try:
         learner = Learner(
             Parts.of(config).learner, rank=0, world_size=1, device="cpu", client=_client(transport),
-            feed=SlowShardFeed(), report=lambda metrics, folder: None,
+            feed=SlowShardFeed({0: 5.0, 1: 3.0}), report=lambda metrics, folder: None,
         )  # fmt: skip
         report = learner.run()
     finally:
