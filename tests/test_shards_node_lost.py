@@ -1,5 +1,6 @@
-"""``RayShards.node_lost``: the shards on a lost learner's node are replaced at once, and a call already
-sent to one of them is made again on its replacement.
+"""A lost learner costs no wait on Ray's failure detection: ``RayShards.node_lost`` replaces the shards on
+its node at once (a call already sent to one is made again on its replacement), and ``forget`` ends a
+merge's wait for its slices.
 
 Ray restarts an actor whose node died only once it has declared the node dead, and a call to it waits that
 long; the averager, told by the driver that a learner's process died, does not wait for that. On a
@@ -12,6 +13,7 @@ import asyncio
 
 import pytest
 
+from raytrain_seq.dataplane.payload import FlatPayload
 from raytrain_seq.runtime.shards import RayShards
 
 ray = pytest.importorskip("ray")
@@ -61,3 +63,30 @@ def test_shards_on_a_lost_node_are_replaced_and_a_call_in_flight_goes_to_the_new
     with pytest.raises(ray.exceptions.ActorDiedError):  # the old shard is ended for good
         ray.get(old[1].node.remote(), timeout=30)
     assert pool.node_lost(worker.node_id) == []  # nothing placed there any more
+
+
+def test_a_merge_stops_waiting_for_the_slices_of_a_learner_forgotten_beside_it(two_nodes):
+    """A merge waits up to its timeout for a slice that never comes (here: a call that does not return);
+    ``forget`` of that slice, run beside the merge, ends the wait at once with the slice named unreadable,
+    and a merge of another round still waits for it."""
+    pool = RayShards(1)
+    pool.prepare()
+    [shard] = pool.handles()
+
+    @ray.remote(num_cpus=0)
+    class Never:
+        def slice(self) -> None:
+            import time
+
+            time.sleep(120)
+
+    never = Never.remote()
+    part = never.slice.remote()  # a slice its learner never delivers
+    merged, load = shard.merge.options(num_returns=2).remote(7, [part], [1.0], 1, 60.0, False)
+    assert ray.wait([load], timeout=1.0)[1], "the merge did not wait: nothing to forget"
+    pool.forget(7, FlatPayload(None, (part,)))
+    assert ray.get(load, timeout=20)["unreadable"] == [0] and ray.get(merged) is None
+    # Another round's merge is not affected: it waits for the slice until its timeout ends it.
+    _, other = shard.merge.options(num_returns=2).remote(8, [part], [1.0], 1, 1.0, False)
+    load = ray.get(other, timeout=20)
+    assert load["unreadable"] == [0] and load["seconds"] >= 0.9

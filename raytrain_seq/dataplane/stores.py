@@ -75,6 +75,10 @@ class ShardPool(Protocol):
         """A learner on ``node`` was lost: the shards placed there are replaced now, so that no merge waits
         for a node that may be gone; returns their indices (none in process)."""
 
+    def forget(self, round: int, payload: FlatPayload) -> None:
+        """A merge of ``round`` stops waiting for ``payload``'s slices (its learner was lost) and names it
+        unreadable (``ShardMerge.unreadable``)."""
+
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         """The merged parts behind ``refs`` (as ``ObjectStore.get``), for the control plane's own copy."""
 
@@ -114,6 +118,9 @@ class InProcessShards:
 
     def node_lost(self, node: str) -> list[int]:
         return []
+
+    def forget(self, round: int, payload: FlatPayload) -> None:
+        pass  # the parts are this process's arrays: nothing is waited for
 
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         return list(refs)

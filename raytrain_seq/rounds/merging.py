@@ -30,6 +30,7 @@ from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.payload import FlatPayload
 from raytrain_seq.members.errors import StaleRoundError
+from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook, RoundClose
 from raytrain_seq.rounds.position import EpochPosition, settle_dict
@@ -62,6 +63,8 @@ class RoundMerge:
         self._settings, self._pool, self._book = settings, pool, book
         self._channels, self._loads = channels, loads
         self._batch, self._elapsed, self._latest, self._rows_cap = batch, elapsed, latest, rows_cap
+        # The round the shards are merging and each learner's payload in it (``lose`` reads it).
+        self.merging: tuple[int, dict[LearnerId, FlatPayload]] | None = None
 
     async def result(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
         """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
@@ -162,8 +165,12 @@ class RoundMerge:
                 marked[0].generation, [learner for learner, _ in closed.present]
             )
             timeout = self._book.timeout_s
-            merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
             present = [learner for learner, _ in closed.present]
+            self.merging = (closed.round, dict(zip(present, payloads, strict=True)))
+            try:
+                merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
+            finally:
+                self.merging = None
             if self._channels.book.live and not self._channels.book.keeps(
                 present, len(marked), merged.channelled
             ):

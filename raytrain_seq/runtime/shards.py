@@ -5,13 +5,13 @@ close the control plane calls ``AveragingShard.merge`` on shard i with every lea
 so the control plane never resolves them). The merged slice is the task's return value, owned by the
 control plane: it survives the shard, and every learner reads that one object (``RayStore.get``). Once a
 channel generation is live, parts are ``Channelled`` markers read from the members' channels and the
-merged slice is written to the shard's own; a restarted shard has no channels and says so
-(``load["lost_channels"]``). A shard waits for its slices at most the round's timeout and otherwise names
-the unreadable or lost ones (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes
-on learner i's node (soft affinity) at the learners' join (``prepare``); shards hold no state: Ray
-restarts a lost one, a lost learner's node has its shards replaced at once (``node_lost``), a lost call
-is made again (``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``);
-``hub_load`` counts each shard's bytes (an upper bound). ray is imported only where a cluster is.
+merged slice is written to the shard's own; a restarted shard has no channels (``load["lost_channels"]``).
+A shard waits for its slices at most the round's timeout, then names the unreadable or lost ones
+(``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
+affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
+learner's node has its shards replaced at once (``node_lost``) and a merge stops waiting for its slices
+(``forget``); a lost call is made again (``dataplane.shard_calls``). The first merge maps the store
+ahead (``store_memory``); ``hub_load`` counts each shard's bytes. ray is imported only where a cluster is.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ __all__ = ["AveragingShard", "RayShards", "RayStore"]
 MERGE_RETRIES = 3
 # The control plane's read of a round's merged slices gives up after this long (their node may be gone).
 FETCH_TIMEOUT_S = 120.0
+# A merge waiting for slices looks this often whether their learners were lost (``AveragingShard.forget``).
+FORGET_POLL_S = 0.25
 
 
 class AveragingShard:
@@ -64,6 +66,16 @@ class AveragingShard:
         self._inputs: list[Any] = []
         self._output: Any = None
         self._read: tuple[int, dict[int, Any]] = (0, {})
+        # Per round, the slices (references) of lost learners not to wait for (``forget``).
+        self._forgotten: dict[int, set[Any]] = {}
+
+    def forget(self, round: int, parts: list[Any]) -> None:
+        """Stop waiting for the slices ``parts`` of ``round``: their learner was lost, and they die with
+        it. Runs in the ``control`` concurrency group, beside a merge that waits for them (Ray would find
+        them lost only once it learns of their owner's death), or before a merge made again; by
+        reference, so that a merge made again without that learner, whose indices moved, is unaffected."""
+        self._forgotten = {r: p for r, p in self._forgotten.items() if r >= round - 2}
+        self._forgotten.setdefault(round, set()).update(parts)
 
     def node(self) -> str:
         """The node this shard runs on (a member's channel to it names it)."""
@@ -169,15 +181,26 @@ class AveragingShard:
         from raytrain_seq.dataplane.generations import ChannelLost
         from raytrain_seq.runtime.channels import read_round
 
-        refs = [part for j, part in enumerate(parts) if j not in marked]
+        stored_at = [j for j in range(len(parts)) if j not in marked]
+        refs = [parts[j] for j in stored_at]
         unreadable: list[int] = []
         # Waited for first, with a deadline: a slice on another node is found through its owner, the
         # learner that put it, and a learner frozen after it sent its round answers nobody until it thaws.
         # Every learner has arrived, so without the deadline the round would neither merge nor time out.
+        # In short waits: a lost learner's parts (``forget``) end the wait at once, named unreadable.
         if refs:
-            _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+            deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+            pending = list(refs)
+            while pending:
+                forgotten = self._forgotten.get(round, ())  # read each pass: forget() runs beside this
+                if gone := [j for j in stored_at if parts[j] in forgotten and parts[j] in pending]:
+                    return [], gone, False
+                left = min(FORGET_POLL_S, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=left, fetch_local=True)
             late = set(pending)
-            unreadable = [j for j, part in enumerate(parts) if j not in marked and part in late]
+            unreadable = [j for j in stored_at if parts[j] in late]
         # A channel's value is read once: a merge run again (a learner dropped) takes the round's reads.
         if self._read[0] != round:
             self._read = (round, {})
@@ -275,7 +298,10 @@ class RayShards:
         node = self._nodes.get(i) or (known[i % len(known)] if known else None)
         if node is not None:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
-        return ray.remote(AveragingShard).options(**options).remote(i), node
+        # forget() runs beside a merge, in a group of its own; merge, node() and the rest stay one at a
+        # time, in order (dataplane.shard_calls counts on it).
+        actor = ray.remote(concurrency_groups={"control": 1})(AveragingShard)
+        return actor.options(**options).remote(i), node
 
     def prepare(self) -> None:
         self._ensure()
@@ -297,6 +323,15 @@ class RayShards:
             ray.kill(self._handles[i], no_restart=True)
             self._handles[i], self._placed[i] = self._start(i)
         return replaced
+
+    def forget(self, round: int, payload: FlatPayload) -> None:
+        """Every shard stops waiting for its slice of ``payload`` in ``round`` (``AveragingShard.forget``;
+        not awaited). The reference travels nested in a list, so the shard does not resolve it."""
+        import ray
+
+        for handle, part in zip(self._ensure(), payload.parts, strict=True):
+            if isinstance(part, ray.ObjectRef):  # a channel's marker is read with its own timeout
+                handle.forget.options(concurrency_group="control").remote(round, [part])
 
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         # Awaited, not ray.get: the control plane is an async actor, whose event loop must keep answering.
