@@ -25,7 +25,7 @@ from raytrain_seq.members.errors import AveragerUnavailableError
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.client import Averaged, Deferred, Unreachable
 from raytrain_seq.rounds.position import EpochPosition, settle
-from raytrain_seq.rounds.state import RoundResult
+from raytrain_seq.rounds.state import JoinReply, RoundResult
 from raytrain_seq.rounds.sync import Tally
 from raytrain_seq.runtime.learner import Learner
 
@@ -51,17 +51,24 @@ def test_an_averager_away_defers_the_round_at_once_and_a_silent_round_still_fail
     assert decision == Deferred(1) and client.next_round == 1  # the same round, sent again later
     assert len(transport.calls) == 1 and sleeps == []  # no retry, no wait
     assert ends.closed == 1  # its shards died with the averager: no write may wait for them
-    # While the averager is known to be down (its actor's state), a round that may be deferred is, with no
-    # call (a call to a restarting actor would wait in its queue); once it is up, the round is sent.
+    # While the averager is known to be down (its process died), a round that may be deferred is, with no
+    # call (one would fail only after Ray's grace for the death); once it is up, the learner rejoins (the
+    # new process knows no learner: a round sent first would be refused) and the round is sent.
     down = [True]
     result = RoundResult(state=_state(1, 1.0), learners=(0,))
-    transport = Scripted(average=[result])
+    joined = JoinReply(state=_state(0, 1.0), next_round=1, world_size=1)
+    transport = Scripted(join=[joined], average=[result])
     client = _client(transport, away=lambda: down[0])
     assert client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True) == Deferred(1)
     assert transport.calls == []
     down[0] = False
     decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
-    assert isinstance(decision, Averaged) and len(transport.calls) == 1
+    assert isinstance(decision, Averaged) and [c[0] for c in transport.calls] == ["join", "average"]
+    # The next round goes straight out: the rejoin ended the outage.
+    transport.replies["average"] = [RoundResult(state=_state(2, 1.0), learners=(0,))]
+    decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
+    methods = [call[0] for call in transport.calls]
+    assert isinstance(decision, Averaged) and methods == ["join", "average", "average"]
     # Without defer the same failure is retried, as before.
     transport = Scripted(average=[Unreachable("ActorUnavailableError"), result])
     decision = _client(transport, sleep=sleeps.append).average(
@@ -72,6 +79,25 @@ def test_an_averager_away_defers_the_round_at_once_and_a_silent_round_still_fail
     transport = Scripted(average=[Unreachable("no answer", silent=True)])
     with pytest.raises(AveragerUnavailableError):
         _client(transport).average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
+
+
+def test_a_round_that_cannot_be_deferred_waits_for_the_averager_without_calling_it_while_it_is_away():
+    """At a layout's end the round is never deferred: while the averager is known away no call goes out
+    (one would fail only after Ray's grace for the death), the client pauses (``sleep``: the transport's
+    ``until_back``), and once it is back the learner rejoins and sends the round."""
+    result = RoundResult(state=_state(1, 1.0), learners=(0,))
+    joined = JoinReply(state=_state(0, 1.0), next_round=1, world_size=1)
+    transport = Scripted(join=[joined], average=[result])
+    down, sleeps = [True], []
+
+    def pause(seconds: float) -> None:
+        sleeps.append(seconds)
+        down[0] = len(sleeps) < 3  # back during the third pause
+
+    client = _client(transport, away=lambda: down[0], sleep=pause)
+    decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None)
+    assert isinstance(decision, Averaged) and [c[0] for c in transport.calls] == ["join", "average"]
+    assert sleeps == [0.1, 0.2, 0.4]
 
 
 def test_a_carried_flush_goes_out_with_the_next_one():

@@ -1,8 +1,10 @@
-"""``RayTransport.away``: a restarting averager is seen without calling it (a call would wait in its queue).
+"""``RayTransport.away``: a restarting averager is seen without calling it (a call would fail only after
+Ray's grace for the death).
 
 Pins the Ray pieces it reads, on a cluster without a dashboard (no state API): the open ``watch()`` call
-that fails when the process dies, and every actor's readiness probe (``__ray_ready__``), which answers
-once the restarted process is up and fails for an actor that is dead for good.
+that fails when the process dies, and every actor's readiness probe (``__ray_ready__``), which fails when
+sent during the restart, answers once the restarted process is up and fails for an actor that is dead for
+good.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ def _slow_class(ray):
     class Slow:  # defined here: Ray ships it by value (this test module is not importable on a worker)
         """An actor whose restart takes seconds (as the averager's: a process, imports, a checkpoint)."""
 
-        def __init__(self) -> None:
+        def __init__(self, restart_s: float = 4.0) -> None:
             if ray.get_runtime_context().was_current_actor_reconstructed:
-                time.sleep(4)
+                time.sleep(restart_s)
+            self.up = time.time()  # when this process could first take a call
 
         def ping(self) -> int:
             return 1
+
+        def up_at(self) -> float:
+            return self.up
 
         async def watch(self) -> None:  # as ParameterAverager.watch: never answers
             import asyncio
@@ -90,3 +96,44 @@ def test_until_back_ends_the_pause_when_a_restarted_actor_takes_calls(ray_cluste
     waited = time.monotonic() - began
     assert 1.0 < waited < 30.0, waited  # the restart's 4 s constructor, not the 60 s pause
     assert ray.get(handle.ping.remote(), timeout=1) == 1  # back: the next call is answered at once
+
+
+def test_until_back_ends_once_the_new_process_is_up_not_a_probes_grace_later(ray_cluster):
+    """A probe sent during a restart fails only after Ray's grace for the death, which the old single
+    probe waited out (up to 2 s after the new process was up); a fresh probe every ``PROBE_EVERY_S``
+    finds it up within Ray's own notice of the restart. Three restarts, the middle lag."""
+    ray = ray_cluster
+    handle = ray.remote(max_restarts=-1)(_slow_class(ray)).remote(restart_s=1.5)
+    transport = RayTransport(handle)
+    assert ray.get(handle.ping.remote()) == 1 and transport.away() is False
+    lags = []
+    for _ in range(3):
+        ray.kill(handle, no_restart=False)
+        transport.until_back(60.0)
+        back = time.time()
+        lags.append(back - ray.get(handle.up_at.remote(), timeout=10))
+    assert all(lag > 0 for lag in lags), lags  # it never said back before the new process was up
+    assert sorted(lags)[1] < 1.2, lags
+
+
+def test_a_call_answered_after_a_restart_ends_the_outage_at_once(ray_cluster):
+    """Once the restarted averager answered a call (the learner rejoined), ``away()`` says so at once: a
+    probe sent during the restart, not yet failed, would otherwise defer the learner's next round."""
+    ray = ray_cluster
+    handle = ray.remote(max_restarts=1)(_slow_class(ray)).remote(restart_s=1.5)
+    transport = RayTransport(handle)
+    assert ray.get(handle.ping.remote()) == 1 and transport.away() is False
+    ray.kill(handle, no_restart=False)
+    assert _until(transport.away, 10), "the restarting actor was never seen away"
+    answered = _until(lambda: _answers(transport), 30)
+    assert answered, "the restarted actor never answered"
+    assert transport.away() is False
+
+
+def _answers(transport: RayTransport) -> bool:
+    from raytrain_seq.rounds.client import Unreachable
+
+    try:
+        return transport("ping") == 1
+    except Unreachable:
+        return False

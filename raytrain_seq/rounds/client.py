@@ -2,16 +2,16 @@
 
 ``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
 state it holds (``held``: what re-seeds a restarted averager); its transport is injected (a fake in
-tests, ``runtime.transport.RayTransport``). An unreachable averager (``Unreachable``) is retried on the
-``Backoff`` schedule, then ``AveragerUnavailableError``; a silent ``average`` is never resent. A refused
-round (``StaleRoundError``, ``MembershipError``, ``AveragingTimeoutError``) is not an error: the client
-rejoins with ``held`` as the seed and returns a decision, ``Averaged(result)`` or ``Realigned(reply,
-first_missed)`` (the others went on: continue from ``reply.state``; a live ``group`` sets the world size
-sent); a rejoin that finds the same round still due resends the same payload (at most ``max_rejoins``
-times); ``average(defer=True)`` of an averager away returns ``Deferred`` at once. States arrive as refs
-and are read at once through the ``store`` (``AveragedState.fetched``), so what it holds survives a dead
+tests, ``runtime.transport.RayTransport``). An unreachable averager (``Unreachable``; one known
+``away`` is not called) is retried on the ``Backoff`` schedule, then ``AveragerUnavailableError``; a
+silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
+``AveragingTimeoutError``), or the first after the averager was seen away, rejoins with ``held`` as the
+seed and returns a decision, ``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went
+on; a live ``group`` sets the world size sent); a rejoin that finds the same round still due resends it
+(at most ``max_rejoins`` times); ``average(defer=True)`` of an averager away returns ``Deferred`` at
+once. States arrive as refs, read at once through the ``store``, so what it holds survives a dead
 averager. Channels: once a result plans a generation, the client links it in a background thread
-(``channels``) and sends through it; any refusal, join, deferral or failed write uses the store.
+(``channels``) and sends through it; a refusal, join, deferral or failed write uses the store.
 """
 
 from __future__ import annotations
@@ -103,10 +103,14 @@ class AveragerClient:
         self.node = node  # where this learner runs: the averager places its shard there
         # This learner's ends of a channel generation (dataplane.generations), or None: always the store.
         self.channels = channels
-        # Whether the averager is down now, asked without calling it (a call to a restarting actor waits in
-        # its queue until it is back): a round that may be deferred is, at once, while it says so.
+        # Whether the averager is down now, asked without calling it (a call to a restarting actor fails
+        # only after Ray's grace for the death): while it says so, a round that may be deferred is, at
+        # once, and no call goes out.
         self.away = away
         self._deferred = False  # since the last round taken: an outage is logged once
+        # ``away`` said so since the last join: the process this learner joined died, and a new one
+        # knows no learner, so the next round rejoins before it is sent instead of being refused first.
+        self._gone = False
         self._sent: list[Any] = []  # the last round's slices: put in the store if it must be resent
         self._linking: threading.Thread | None = None  # links a planned generation in the background
         self.shards = 1  # S, from the latest join
@@ -122,6 +126,10 @@ class AveragerClient:
         delays, began = self.backoff.delays() if retry else [], time.monotonic()
         for attempt in range(len(delays) + 1):
             try:
+                if retry and self._away():
+                    # Not sent: a call to an averager known down fails only after Ray's grace for the
+                    # death, and the pause below ends once it is back (``RayTransport.until_back``).
+                    raise Unreachable("its actor is not alive")
                 return self.transport(method, *args, timeout=timeout, **kwargs)
             except Unreachable as exc:
                 silent_round = method == "average" and exc.silent
@@ -150,6 +158,7 @@ class AveragerClient:
             reply = replace(reply, state=reply.state.materialise(self._get))
         self.shards = reply.shards
         self._take(reply.state, reply.next_round, reply.group)
+        self._gone = False
         return reply
 
     def start(self, checkpoint_seed: Callable[[], AveragedState | None]) -> JoinReply:
@@ -182,8 +191,22 @@ class AveragerClient:
         sent = self.next_round
         if defer and (early := self.defers()) is not None:
             return early
-        for attempt in range(self.max_rejoins):
-            if attempt:  # a resend after a rejoin, which ended the channel generation
+        # Away now, at a round that is not deferred: the join waits for it (``call``), then the round.
+        rejoin = self._gone or (not defer and self._away())
+        for attempt in range(self.max_rejoins + 1):
+            if rejoin:
+                reply = self.join(seed=self.held)
+                if reply.next_round != sent:
+                    logger.warning(
+                        "learner %s: the others averaged rounds %d-%d without it; continuing from round %d",
+                        self.learner, sent, reply.state.round, reply.state.round,
+                    )  # fmt: skip
+                    self._deferred = False
+                    return Realigned(reply, sent)
+                if attempt == self.max_rejoins:
+                    break  # refused that many times in a row
+                # The averager came back (or took us back) before this round: it is sent, through the
+                # store, since a join ends the channel generation.
                 params = self._through_store(params)
             try:
                 result = self.call(
@@ -198,16 +221,8 @@ class AveragerClient:
                 return self._defer(sent, str(cause))
             except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
                 logger.warning("learner %s: round %d refused (%s): rejoining", self.learner, sent, exc)
-                # A join ends the channel generation: a resend goes through the store.
-                reply = self.join(seed=self.held)
-                if reply.next_round == sent:
-                    continue  # the averager came back (or took us back) before this round: resend it
-                logger.warning(
-                    "learner %s: the others averaged rounds %d-%d without it; continuing from round %d",
-                    self.learner, sent, reply.state.round, reply.state.round,
-                )  # fmt: skip
-                self._deferred = False
-                return Realigned(reply, sent)
+                rejoin = True
+                continue
             if result.state.flat is not None:
                 try:
                     result = replace(result, state=result.state.fetched(self._get))
@@ -228,9 +243,15 @@ class AveragerClient:
     def defers(self) -> Deferred | None:
         """The next round's ``Deferred`` when the averager is known to be down (``away``), else None:
         asked before the round's slices are put, which a deferred round would waste."""
-        if self.away is not None and self.away():
+        if self._away():
             return self._defer(self.next_round, "its actor is not alive")
         return None
+
+    def _away(self) -> bool:
+        if self.away is not None and self.away():
+            self._gone = True
+            return True
+        return False
 
     def _defer(self, sent: int, why: str) -> Deferred:
         if not self._deferred:  # once an outage: its further deferrals are expected

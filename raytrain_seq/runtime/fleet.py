@@ -183,14 +183,14 @@ def _client(
         world_size=None,  # the group's: run() sets it
         incarnation=incarnation,
         round_timeout_s=timeout_s,
-        # A restarting averager refuses a call at once, so a steady short interval costs one cheap call a
-        # second, where a doubling one could sleep up to its cap after the averager is back.
+        # A pause ends once a restarted averager takes calls (until_back); a short cap keeps a call that
+        # failed for another reason from sleeping long after the averager answers again.
         backoff=Backoff(base_s=0.25, cap_s=1.0, budget_s=120.0),
         sleep=transport.until_back,  # a pause cut short once a restarted averager takes calls
         store=RayStore(timeout_s=timeout_s, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places a shard on this node
         channels=RayChannelEnds() if settings.averager_channels else None,
-        away=transport.away,  # a restarting averager: the learner trains on instead of queueing its round
+        away=transport.away,  # a restarting averager: the learner trains on, or waits, without calling it
     )
 
 
