@@ -206,6 +206,40 @@ def test_row_stream_serves_every_epoch_in_order_and_runs_one_epoch_ahead_at_most
         stream.close()
 
 
+def test_close_leaves_a_producer_stuck_in_its_source_without_waiting_for_it(caplog):
+    """A realigned learner closes its stream while the producer is inside its source (reading objects a
+    lost node held, which Ray calls lost only seconds later): close() returns within its short wait, not
+    once the read ends; the read's late failure is logged as a closed stream's, never raised or queued."""
+    import logging
+    import threading
+
+    release = threading.Event()
+
+    def stuck(epoch, history, skip):
+        def batches():
+            yield _rows(epoch, 0, 2)
+            release.wait(30)
+            raise OSError("the object's owner died")
+
+        return 4, batches()
+
+    stream = RowStream(stuck, epoch=0, epochs=1, depth=4)
+    view, _ = stream.epoch_rows(0)
+    assert view.take(2)["block"].tolist() == [0, 1]
+    began = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="raytrain_seq.rows.stream"):
+        stream.close()
+        waited = time.monotonic() - began
+        assert stream.producing and waited < 5.0, waited  # left to end, not waited for
+        release.set()
+        deadline = time.monotonic() + 10
+        while stream.producing and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not stream.producing
+    assert "still in its source" in caplog.text and "closed stream's producer ended" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_row_stream_mid_epoch_position_needs_a_new_stream_and_close_unblocks_the_producer():
     """A view left mid-epoch (a realignment) means the stream cannot continue; a new stream at the
     position serves the rest; close() stops a producer blocked on a full queue."""

@@ -32,6 +32,7 @@ __all__ = ["EpochRows", "RowStream", "Source"]
 Source = Callable[[int, tuple[tuple[int, int], ...], int], tuple[int, Iterator[Mapping[str, np.ndarray]]]]
 
 _POLL_S = 0.1  # how often a blocked producer looks at the stop flag
+_CLOSE_WAIT_S = 5 * _POLL_S  # a producer between rows sees the stop flag well within this
 
 
 class EpochRows(RowBuffer):
@@ -123,6 +124,9 @@ class RowStream:
                     return
                 epoch, history, skip = epoch + 1, (), 0
         except BaseException as error:  # handed to the consumer, which raises it in take()
+            if self._stop.is_set():  # closed while in its source: nobody reads this stream any more
+                logger.info("row stream: a closed stream's producer ended with %r", error)
+                return
             logger.exception("row stream: the producer failed at epoch %d", epoch)
             self._put(("error", error))
 
@@ -168,8 +172,10 @@ class RowStream:
         self._next = None  # until the view ends
         return view, payload[1]
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the producer (it may be blocked in its source; it is a daemon thread then)."""
+    def close(self, timeout: float = _CLOSE_WAIT_S) -> None:
+        """Stop the producer; a learner realigned elsewhere waits at most ``timeout`` for it. One blocked
+        in its source (a read of objects on a lost node lasts until Ray calls them lost) is a daemon
+        thread left to end: it stops at its next row, and nobody reads what it yields or raises."""
         self._stop.set()
         while True:
             try:
