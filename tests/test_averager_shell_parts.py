@@ -18,6 +18,7 @@ from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import ChannelBook, Channelled, Link
 from raytrain_seq.dataplane.hub_load import HubLoad, tensor_bytes
+from raytrain_seq.dataplane.merge import ShardMerge
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
 from raytrain_seq.dataplane.placement import ShardPlacement
 from raytrain_seq.dataplane.stores import InProcessShards, InProcessStore
@@ -225,10 +226,10 @@ def _closed_round(params, moments, payload):
     return book, book.close()
 
 
-def _merge(settings, book, loads, *, latest=None, rows_cap=None) -> RoundMerge:
+def _merge(settings, book, loads, *, latest=None, rows_cap=None, pool=None) -> RoundMerge:
     return RoundMerge(
         settings,
-        pool=InProcessShards(2),
+        pool=pool or InProcessShards(2),
         book=book,
         channels=_session(_Pool()),
         loads=loads,
@@ -283,6 +284,63 @@ def test_round_merge_result_carries_the_batch_rules_size_the_clock_and_the_settl
     state = result.state
     assert state.round == 1 and state.batch_size == 4 and state.elapsed_s == 7.5 and state.source == "live"
     assert state.position is None and same(state.params, average_states(params, [1.0, 2.0]))
+
+
+class _ForgettingPool(InProcessShards):
+    """Its first merge waits until a payload is forgotten (its learner was lost), then names that one and
+    the payload at ``stale`` unreadable, as shards do; later merges are plain."""
+
+    def __init__(self, stale: int) -> None:
+        super().__init__(2)
+        self.stale, self.forgotten, self.merges = stale, asyncio.Event(), 0
+        self.forgotten_payloads: list = []
+
+    def forget(self, round, payload) -> None:
+        self.forgotten_payloads.append(payload)
+        self.forgotten.set()
+
+    async def merge(self, round, payloads, weights, timeout_s=None, write=False):
+        self.merges += 1
+        if self.merges > 1:
+            return await super().merge(round, payloads, weights, timeout_s, write)
+        await self.forgotten.wait()
+        lost = {i for i, p in enumerate(payloads) if any(p is f for f in self.forgotten_payloads)}
+        return ShardMerge(unreadable=frozenset(lost | {self.stale}))
+
+
+def test_a_learner_lost_while_its_round_merges_is_dropped_as_lost_and_a_slow_one_as_unreadable():
+    """``RoundMerge.lost`` hands the averager the lost learner's payload in the running merge (the pool
+    forgets it); the drop says its process was lost, while a learner whose slices timed out keeps the
+    timeout's reason; the others' slices are merged again. Not in a merge: nothing to forget."""
+    params, moments = adam_learners(3, width=6)
+    settings = AveragerSettings(world_size=3, batch_size=4, shards=2)
+    store = InProcessStore()
+
+    def flat(p, m):
+        layout = FlatLayout.of(p, m)
+        buffers, extras = layout.pack(p, m)
+        return FlatPayload(layout, tuple(store.put(s) for s in layout.split(buffers, 2)), extras), None
+
+    async def merging():
+        book, closed = _closed_round(params, moments, flat)
+        pool = _ForgettingPool(stale=2)
+        merge = _merge(settings, book, HubLoad(), pool=pool)
+        assert merge.lost(1) is None  # no merge running yet
+        running = asyncio.ensure_future(merge.flat(closed))
+        await asyncio.sleep(0.05)
+        round_, payload = merge.lost(1)
+        pool.forget(round_, payload)
+        kept, merged = await asyncio.wait_for(running, 5)
+        return book, round_, kept, merged, pool
+
+    book, round_, kept, merged, pool = _run(merging())
+    assert round_ == 1 and pool.merges == 2 and [learner for learner, _ in kept.present] == [0]
+    assert book.dropped == {
+        1: "its process was lost while the round merged: its slices died with it",
+        2: "its slices were lost or unreadable for 5 s (the learner owns them)",
+    }
+    state = AveragedState(round=1, flat=merged, batch_size=4).materialise(store.get)
+    assert same(state.params, params[0])  # learner 0's alone
 
 
 # -------------------------------------------------------------------------------------------- arrivals

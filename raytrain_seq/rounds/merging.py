@@ -63,8 +63,18 @@ class RoundMerge:
         self._settings, self._pool, self._book = settings, pool, book
         self._channels, self._loads = channels, loads
         self._batch, self._elapsed, self._latest, self._rows_cap = batch, elapsed, latest, rows_cap
-        # The round the shards are merging and each learner's payload in it (``lose`` reads it).
-        self.merging: tuple[int, dict[LearnerId, FlatPayload]] | None = None
+        # The round the shards are merging and each learner's payload in it (``lost`` reads it), and the
+        # learners lost while it runs, whose slices died with them.
+        self._merging: tuple[int, dict[LearnerId, FlatPayload]] | None = None
+        self._lost: set[LearnerId] = set()
+
+    def lost(self, learner: LearnerId) -> tuple[int, FlatPayload] | None:
+        """``learner``'s process died: the round being merged and its payload in it, whose slices the
+        shards should stop waiting for (``ShardPool.forget``); None when it is not in a running merge."""
+        if self._merging is None or learner not in self._merging[1]:
+            return None
+        self._lost.add(learner)
+        return self._merging[0], self._merging[1][learner]
 
     async def result(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
         """The round's mean: the shards merge flat payloads (awaited), tensors are merged in a worker
@@ -156,6 +166,7 @@ class RoundMerge:
         merged again (each try drops at least one learner, so this ends). A shard that lost the
         generation's channels (restarted) fails the round: its learners rejoin and resend it through
         the store."""
+        self._lost = set()
         while True:
             payloads = [arrival.params for _, arrival in closed.present]
             weights = [arrival.weight for _, arrival in closed.present]
@@ -166,11 +177,11 @@ class RoundMerge:
             )
             timeout = self._book.timeout_s
             present = [learner for learner, _ in closed.present]
-            self.merging = (closed.round, dict(zip(present, payloads, strict=True)))
+            self._merging = (closed.round, dict(zip(present, payloads, strict=True)))
             try:
                 merged = await self._pool.merge(closed.round, payloads, weights, timeout, write=write)
             finally:
-                self.merging = None
+                self._merging = None
             if self._channels.book.live and not self._channels.book.keeps(
                 present, len(marked), merged.channelled
             ):
@@ -183,10 +194,19 @@ class RoundMerge:
             if not merged.unreadable:
                 break
             unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
-            why = f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)"
-            closed = self._book.drop_unread(closed, unread, why)
-            if closed.error is not None:
-                raise closed.error
+            lost = [learner for learner in unread if learner in self._lost]
+            reasons = (
+                (lost, "its process was lost while the round merged: its slices died with it"),
+                (
+                    [learner for learner in unread if learner not in self._lost],
+                    f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)",
+                ),
+            )
+            for learners, why in reasons:
+                if learners:
+                    closed = self._book.drop_unread(closed, learners, why)
+                    if closed.error is not None:
+                        raise closed.error
         self._loads.record(closed.round, list(merged.loads))
         if merged.channelled:
             generation = self._channels.book.plan.generation

@@ -423,9 +423,8 @@ class ParameterAverager:
         node = self._nodes.get(incarnation) if incarnation is not None else None
         if node is not None and (replaced := self._pool.node_lost(node)):
             logger.warning("shards %s on learner %r's node %s replaced", replaced, learner, node[:8])
-        merging = self._merge.merging
-        if merging is not None and learner in merging[1]:  # its slices die with it: do not wait for them
-            self._pool.forget(merging[0], merging[1][learner])
+        if (merging := self._merge.lost(learner)) is not None:  # its slices die with it: stop waiting
+            self._pool.forget(*merging)
         if self._book.complete:
             self._wait.start_close()
         if self._book.live.changes != changes:
