@@ -714,6 +714,9 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
                 sends.append(actor.average.remote(j, number, 3, payload, None, weight=weights[j]))
             return ray.get(sends, timeout=60)
 
+        # Up before the rounds, so that they go through the shards (while their processes start the
+        # averager merges a round itself: tests/test_shards_starting.py).
+        ray.get([shard.__ray_ready__.remote() for shard in ray.get(actor.shard_actors.remote())], timeout=60)
         for number in (1, 2):
             results = round_(number)
             assert len({tuple(r.state.flat.parts) for r in results}) == 1  # one object per shard for all

@@ -2,9 +2,10 @@
 
 The control actor counts the array bytes of the payloads it merged itself (the tensor path: each learner's
 params and moments in, the merged result out to every learner) and, on the flat path, only the merged
-slices it reads into its own process afterwards (``add_received``); each shard reports its own
-``{shard, received, sent, seconds}``. E.g. two learners sending 4 KiB of tensors each: the control actor
-received 8 KiB and sent 2 x 4 KiB. The last 64 rounds are kept. Plain Python over torch tensors.
+slices it reads into its own process afterwards (``add_received``) and the slices it merged itself while a
+shard's process started (``"here"``); each shard reports its own ``{shard, received, sent, seconds}``.
+E.g. two learners sending 4 KiB of tensors each: the control actor received 8 KiB and sent 2 x 4 KiB. The
+last 64 rounds are kept. Plain Python over torch tensors.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class HubLoad:
             sent = (tensor_bytes(params) + tensor_bytes(moments)) * len(arrivals)
         actors = {"control": {"received": received, "sent": sent}}
         for load in shard_loads:
+            if load.get("here"):  # a slice this actor merged itself while its shard's process started
+                actors["control"]["received"] += load["received"]
+                actors["control"]["sent"] += load["sent"]
+                continue
             actors[f"shard{load['shard']}"] = {k: load[k] for k in ("received", "sent", "seconds")}
         self.rounds = [*self.rounds[-(_KEPT - 1) :], {"round": round_, "actors": actors}]
 

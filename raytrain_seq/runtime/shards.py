@@ -10,8 +10,9 @@ A shard waits for its slices at most the round's timeout, then names the unreada
 (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
 affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
 learner's node has its shards replaced at once (``node_lost``) and a merge stops waiting for its slices
-(``forget``); a lost call is made again (``dataplane.shard_calls``). The first merge maps the store
-ahead (``store_memory``); ``hub_load`` counts each shard's bytes. ray is imported only where a cluster is.
+(``forget``); while a new shard's process starts, the control plane merges the round itself; a lost call
+is made again (``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``);
+``hub_load`` counts each shard's bytes. ray is imported only where a cluster is.
 """
 
 from __future__ import annotations
@@ -271,6 +272,8 @@ class RayShards:
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
         self._placed: list[str | None] = []  # the node each shard was asked to start on (a soft hint)
+        self._up: list[Any] = []  # per shard: its actor's readiness call, done once its process is up
+        self._forgotten: dict[int, set[Any]] = {}  # per round: lost learners' slices (``_merge_here``)
 
     def place(self, learner: LearnerId, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
@@ -281,6 +284,7 @@ class RayShards:
             started = [self._start(i) for i in range(self.count)]
             self._placed = [node for _, node in started]
             self._handles = [handle for handle, _ in started]
+            self._up = [handle.__ray_ready__.remote() for handle in self._handles]
         return self._handles
 
     def _start(self, i: int) -> tuple[Any, str | None]:
@@ -322,6 +326,7 @@ class RayShards:
         for i in replaced:
             ray.kill(self._handles[i], no_restart=True)
             self._handles[i], self._placed[i] = self._start(i)
+            self._up[i] = self._handles[i].__ray_ready__.remote()
         return replaced
 
     def forget(self, round: int, payload: FlatPayload) -> None:
@@ -329,9 +334,11 @@ class RayShards:
         not awaited). The reference travels nested in a list, so the shard does not resolve it."""
         import ray
 
+        self._forgotten = {r: p for r, p in self._forgotten.items() if r >= round - 2}
         for handle, part in zip(self._ensure(), payload.parts, strict=True):
             if isinstance(part, ray.ObjectRef):  # a channel's marker is read with its own timeout
                 handle.forget.options(concurrency_group="control").remote(round, [part])
+                self._forgotten.setdefault(round, set()).add(part)
 
     async def fetch(self, refs: Sequence[Any]) -> list[Any]:
         # Awaited, not ray.get: the control plane is an async actor, whose event loop must keep answering.
@@ -349,7 +356,12 @@ class RayShards:
         timeout_s: float | None = None,
         write: bool = False,
     ) -> ShardMerge:
+        import ray
+
         shards = self._ensure()
+        stored = all(isinstance(part, ray.ObjectRef) for p in payloads for part in p.parts)
+        if stored and not write and ray.wait(self._up, num_returns=len(self._up), timeout=0)[1]:
+            return await self._merge_here(round, payloads, weights, timeout_s)
 
         def submit(i: int) -> Any:
             return (
@@ -376,6 +388,67 @@ class RayShards:
                 for (merged, _), load, shard in zip(calls, loads, shards, strict=True)
             ]
         return ShardMerge(tuple(merged for merged, _ in calls), tuple(loads))
+
+    async def _merge_here(
+        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float], timeout_s: float | None
+    ) -> ShardMerge:
+        """The round merged in this process while a shard's process is still starting (a restarted
+        control plane's new shards, a lost node's replacements), rather than waited for: the shards'
+        ``merge_parts`` slice by slice, each merged slice put in the store. The bytes go through this
+        actor, the hub the shards exist to spare, for those rounds only (``hub_load``'s "control")."""
+        import ray
+
+        began = time.perf_counter()
+        slices, unreadable = await self._read_here(round, payloads, timeout_s)
+        if unreadable:
+            return ShardMerge(unreadable=frozenset(unreadable))
+        parts, loads = [], []
+        for i in range(self.count):
+            arrays = [learner[i] for learner in slices]
+            merged = merge_parts(arrays, list(weights))
+            parts.append(ray.put(merged))
+            received = sum(part_nbytes(part) for part in arrays)
+            sent = part_nbytes(merged) * len(payloads)
+            loads.append({"shard": i, "round": round, "received": received, "sent": sent, "here": True})
+        seconds = time.perf_counter() - began
+        return ShardMerge(tuple(parts), tuple({**load, "seconds": seconds} for load in loads))
+
+    async def _read_here(
+        self, round: int, payloads: Sequence[FlatPayload], timeout_s: float | None
+    ) -> tuple[list[list[Any]], list[int]]:
+        """Every learner's slices, or the learners whose slices are lost, forgotten (``forget``: their
+        learner was lost) or not readable within ``timeout_s``, as a shard names them."""
+        from ray.exceptions import RayError
+
+        reads = {  # learner j's slice i
+            asyncio.ensure_future(part): (j, i)
+            for j, p in enumerate(payloads)
+            for i, part in enumerate(p.parts)
+        }
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        pending, failed = set(reads), set()
+        while pending and not failed:
+            forgotten = self._forgotten.get(round, set())  # read each pass: forget() runs beside this
+            failed = {j for f, (j, i) in reads.items() if f in pending and payloads[j].parts[i] in forgotten}
+            left = min(FORGET_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                failed |= {reads[f][0] for f in pending}  # not readable within the round's timeout
+            if failed:
+                break
+            done, pending = await asyncio.wait(pending, timeout=left)
+            for f in done:
+                if isinstance(f.exception(), RayError):  # lost with its owner (a learner's node)
+                    failed.add(reads[f][0])
+                elif f.exception() is not None:
+                    raise f.exception()
+        for f in pending:
+            f.cancel()
+        if failed:
+            return [], sorted(failed)
+        slices: list[list[Any]] = [[None] * self.count for _ in payloads]
+        for f, (j, i) in reads.items():
+            slices[j][i] = f.result()
+        return slices, []
 
     # Channels (dataplane.generations): what the control plane needs from the shards for a generation.
     supports_channels = True

@@ -1,0 +1,90 @@
+"""While a new shard's process starts, ``RayShards.merge`` merges the round in the control plane.
+
+A restarted averager's shards, or a lost node's replacements, take a process start (seconds on a busy
+node) before they answer; a round's learners would wait that long. The control plane merges such a round
+itself with the shards' own ``merge_parts``: the same bits, the slices named unreadable as a shard names
+them (lost, forgotten, or not readable within the round's timeout), the bytes counted as the control
+actor's in ``hub_load``. Once every shard is up, merges go to the shards again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from conftest import adam_learners
+
+from raytrain_seq.dataplane.hub_load import HubLoad
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
+from raytrain_seq.runtime.shards import RayShards
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+
+def _payloads(shards: int) -> list[FlatPayload]:
+    params, moments = adam_learners(2, width=6)
+    out = []
+    for p, m in zip(params, moments, strict=True):
+        layout = FlatLayout.of(p, m)
+        buffers, extras = layout.pack(p, m)
+        out.append(FlatPayload(layout, tuple(ray.put(s) for s in layout.split(buffers, shards)), extras))
+    return out
+
+
+def test_a_round_merged_while_the_shards_start_is_merged_here_to_the_bits_the_shards_give(ray_cluster):
+    pool = RayShards(2)
+    payloads = _payloads(2)
+
+    async def both():
+        pool.prepare()  # the shards' processes start now: the first merge does not wait for them
+        here = await pool.merge(1, payloads, [1.0, 2.0], timeout_s=30.0)
+        await asyncio.wait_for(asyncio.gather(*(h.__ray_ready__.remote() for h in pool.handles())), 60)
+        there = await pool.merge(2, payloads, [1.0, 2.0], timeout_s=30.0)
+        return here, there
+
+    here, there = asyncio.run(both())
+    assert [load.get("here") for load in here.loads] == [True, True]
+    assert not any(load.get("here") for load in there.loads)  # up: the shards merge again
+    for mine, theirs in zip(ray.get(list(here.parts)), ray.get(list(there.parts)), strict=True):
+        assert mine.keys() == theirs.keys() and mine  # the same buffers, not empty
+        assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    loads = HubLoad()
+    loads.record(1, here.loads)
+    actors = loads.as_list()[-1]["actors"]
+    assert set(actors) == {"control"} and actors["control"]["received"] == sum(
+        load["received"] for load in here.loads
+    )
+
+
+def test_a_slice_lost_forgotten_or_late_while_the_shards_start_is_named_unreadable(ray_cluster):
+    """Learner 1's slice never comes (a call that does not return): forgotten, the merge ends at once;
+    not forgotten, it ends at the round's timeout; either way learner 1 is named, as a shard names it."""
+
+    @ray.remote(num_cpus=0)
+    class Never:
+        def slice(self) -> None:
+            time.sleep(120)
+
+    pool = RayShards(1)
+    good = _payloads(1)[0]
+    never = FlatPayload(good.layout, (Never.remote().slice.remote(),), good.extras)
+
+    async def merges():
+        pool.prepare()
+        began = time.monotonic()
+        forgotten = asyncio.ensure_future(pool.merge(7, [good, never], [1.0, 1.0], timeout_s=60.0))
+        late = asyncio.ensure_future(pool.merge(8, [good, never], [1.0, 1.0], timeout_s=1.0))
+        await asyncio.sleep(0.3)
+        pool.forget(7, never)
+        first = await asyncio.wait_for(forgotten, 10)
+        forgot_after = time.monotonic() - began
+        second = await asyncio.wait_for(late, 10)
+        return first, forgot_after, second, time.monotonic() - began
+
+    first, forgot_after, second, late_after = asyncio.run(merges())
+    assert first.unreadable == frozenset({1}) and first.parts == () and forgot_after < 5.0
+    assert second.unreadable == frozenset({1}) and late_after >= 0.9
+    assert first.loads == second.loads == ()  # named here: a shard's answer carries its load
