@@ -9,10 +9,9 @@ merged slice is written to the shard's own; a restarted shard has no channels (`
 A shard waits for its slices at most the round's timeout, then names the unreadable or lost ones
 (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
 affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
-learner's node has its shards replaced at once (``node_lost``) and a merge stops waiting for its slices
-(``forget``); while a new shard's process starts, the control plane merges the round itself; a lost call
-is made again (``dataplane.shard_calls``). The first merge maps the store ahead (``store_memory``);
-``hub_load`` counts each shard's bytes. ray is imported only where a cluster is.
+learner's node has its shards replaced at once (``node_lost``), a merge stops waiting for its slices
+(``forget``); while a new shard's process starts, the control plane merges rounds itself; a lost call is
+made again (``dataplane.shard_calls``). The first merge maps the store ahead. ray only where a cluster is.
 """
 
 from __future__ import annotations
