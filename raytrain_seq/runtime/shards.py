@@ -11,7 +11,7 @@ A shard waits for its slices at most the round's timeout, then names the unreada
 affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
 learner's node has its shards replaced at once (``node_lost``), a merge stops waiting for its slices
 (``forget``); while a new shard's process starts, the control plane merges rounds itself; a lost call is
-made again (``dataplane.shard_calls``). The first merge maps the store ahead. ray only where a cluster is.
+made again (``dataplane.shard_calls``). The first merge maps the store ahead; ray is imported lazily.
 """
 
 from __future__ import annotations
@@ -426,22 +426,26 @@ class RayShards:
         }
         deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         pending, failed = set(reads), set()
-        while pending and not failed:
-            forgotten = self._forgotten.get(round, set())  # read each pass: forget() runs beside this
-            failed = {j for f, (j, i) in reads.items() if f in pending and payloads[j].parts[i] in forgotten}
-            left = min(FORGET_POLL_S, deadline - time.monotonic())
-            if left <= 0:
-                failed |= {reads[f][0] for f in pending}  # not readable within the round's timeout
-            if failed:
-                break
-            done, pending = await asyncio.wait(pending, timeout=left)
-            for f in done:
-                if isinstance(f.exception(), RayError):  # lost with its owner (a learner's node)
-                    failed.add(reads[f][0])
-                elif f.exception() is not None:
-                    raise f.exception()
-        for f in pending:
-            f.cancel()
+        try:
+            while pending and not failed:
+                forgotten = self._forgotten.get(round, set())  # read each pass: forget() runs beside this
+                failed = {
+                    j for f, (j, i) in reads.items() if f in pending and payloads[j].parts[i] in forgotten
+                }
+                left = min(FORGET_POLL_S, deadline - time.monotonic())
+                if left <= 0:
+                    failed |= {reads[f][0] for f in pending}  # not readable within the round's timeout
+                if failed:
+                    break
+                done, pending = await asyncio.wait(pending, timeout=left)
+                for f in done:
+                    if isinstance(f.exception(), RayError):  # lost with its owner (a learner's node)
+                        failed.add(reads[f][0])
+                    elif f.exception() is not None:
+                        raise f.exception()
+        finally:
+            for f in pending:
+                f.cancel()
         if failed:
             return [], sorted(failed)
         slices: list[list[Any]] = [[None] * self.count for _ in payloads]
