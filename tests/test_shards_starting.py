@@ -4,7 +4,8 @@ A restarted averager's shards, or a lost node's replacements, take a process sta
 node) before they answer; a round's learners would wait that long. The control plane merges such a round
 itself with the shards' own ``merge_parts``: the same bits, the slices named unreadable as a shard names
 them (lost, forgotten, or not readable within the round's timeout), the bytes counted as the control
-actor's in ``hub_load``. Once every shard is up, merges go to the shards again.
+actor's in ``hub_load``. Once every shard is up, merges go to the shards again; a round over
+``here_max_bytes`` always does.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def _payloads(shards: int) -> list[FlatPayload]:
 
 
 def test_a_round_merged_while_the_shards_start_is_merged_here_to_the_bits_the_shards_give(ray_cluster):
-    pool = RayShards(2)
     payloads = _payloads(2)
+    pool = RayShards(2, here_max_bytes=sum(p.layout.nbytes for p in payloads))  # just fits
 
     async def both():
         pool.prepare()  # the shards' processes start now: the first merge does not wait for them
@@ -88,3 +89,17 @@ def test_a_slice_lost_forgotten_or_late_while_the_shards_start_is_named_unreadab
     assert first.unreadable == frozenset({1}) and first.parts == () and forgot_after < 5.0
     assert second.unreadable == frozenset({1}) and late_after >= 0.9
     assert first.loads == second.loads == ()  # named here: a shard's answer carries its load
+
+
+def test_a_round_too_big_to_merge_here_waits_for_the_starting_shards(ray_cluster):
+    """Over ``here_max_bytes`` (a big model: longer than a process start, and every slice at once in the
+    control plane's heap) the round goes to the shards even while they start."""
+    payloads = _payloads(2)
+    pool = RayShards(2, here_max_bytes=sum(p.layout.nbytes for p in payloads) - 1)
+
+    async def merge():
+        pool.prepare()
+        return await pool.merge(1, payloads, [1.0, 2.0], timeout_s=30.0)
+
+    merged = asyncio.run(merge())
+    assert len(merged.parts) == 2 and not any(load.get("here") for load in merged.loads)

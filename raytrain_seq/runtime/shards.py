@@ -45,6 +45,10 @@ MERGE_RETRIES = 3
 FETCH_TIMEOUT_S = 120.0
 # A merge waiting for slices looks this often whether their learners were lost (``AveragingShard.forget``).
 FORGET_POLL_S = 0.25
+# While a shard starts, the control plane merges a round itself only up to this many bytes in (every
+# learner's payload): a big model's round would take it longer than a process start, and its heap must
+# hold every slice at once.
+HERE_MAX_BYTES = 256 * 2**20
 
 
 class AveragingShard:
@@ -266,8 +270,9 @@ def _lost(refs: list[Any]) -> list[int]:
 class RayShards:
     """The pool of ``count`` AveragingShard actors the control plane (an actor) creates and owns."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, *, here_max_bytes: int = HERE_MAX_BYTES) -> None:
         self.count = check_number("shards", count, 1)
+        self.here_max_bytes = here_max_bytes  # the biggest round merged here while a shard starts
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
         self._placed: list[str | None] = []  # the node each shard was asked to start on (a soft hint)
@@ -359,7 +364,8 @@ class RayShards:
 
         shards = self._ensure()
         stored = all(isinstance(part, ray.ObjectRef) for p in payloads for part in p.parts)
-        if stored and not write and ray.wait(self._up, num_returns=len(self._up), timeout=0)[1]:
+        small = sum(p.layout.nbytes for p in payloads) <= self.here_max_bytes
+        if stored and small and not write and ray.wait(self._up, num_returns=len(self._up), timeout=0)[1]:
             return await self._merge_here(round, payloads, weights, timeout_s)
 
         def submit(i: int) -> Any:
@@ -394,7 +400,8 @@ class RayShards:
         """The round merged in this process while a shard's process is still starting (a restarted
         control plane's new shards, a lost node's replacements), rather than waited for: the shards'
         ``merge_parts`` slice by slice, each merged slice put in the store. The bytes go through this
-        actor, the hub the shards exist to spare, for those rounds only (``hub_load``'s "control")."""
+        actor, the hub the shards exist to spare, for those rounds only (``hub_load``'s "control"), and
+        only for a round of at most ``here_max_bytes``."""
         import ray
 
         began = time.perf_counter()
