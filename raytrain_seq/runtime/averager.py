@@ -408,8 +408,8 @@ class ParameterAverager:
 
     async def watch(self) -> None:
         """Never answers: a learner keeps this call open, and its failure tells the learner at once that
-        this process died (``runtime.transport.RayTransport.away``), before a round of its would wait in
-        the queue of the restarting actor."""
+        this process died (``runtime.transport.RayTransport.away``), where a round of its sent to the
+        restarting actor would fail only after Ray's grace for the death."""
         await asyncio.Event().wait()
 
     async def lose(self, learner: LearnerId, incarnation: str | None = None) -> bool:
