@@ -240,6 +240,17 @@ def _merge(settings, book, loads, *, latest=None, rows_cap=None, pool=None) -> R
     )
 
 
+def _flat_in(store):
+    """A ``_closed_round`` payload maker: a learner's state as a flat payload of 2 slices in ``store``."""
+
+    def flat(p, m):
+        layout = FlatLayout.of(p, m)
+        buffers, extras = layout.pack(p, m)
+        return FlatPayload(layout, tuple(store.put(s) for s in layout.split(buffers, 2)), extras), None
+
+    return flat
+
+
 def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
     params, moments = adam_learners(2, width=6)
     weights = [1.0, 2.0]
@@ -247,11 +258,7 @@ def test_round_merge_of_tensors_and_of_flat_slices_equals_the_library_mean():
     expected_moments = merge_adam_states(moments, weights=weights)
     settings = AveragerSettings(world_size=2, batch_size=4, shards=2)
     store = InProcessStore()
-
-    def flat(p, m):
-        layout = FlatLayout.of(p, m)
-        buffers, extras = layout.pack(p, m)
-        return FlatPayload(layout, tuple(store.put(s) for s in layout.split(buffers, 2)), extras), None
+    flat = _flat_in(store)
 
     async def both():
         loads = HubLoad()
@@ -315,11 +322,7 @@ def test_a_learner_lost_while_its_round_merges_is_dropped_as_lost_and_a_slow_one
     params, moments = adam_learners(3, width=6)
     settings = AveragerSettings(world_size=3, batch_size=4, shards=2)
     store = InProcessStore()
-
-    def flat(p, m):
-        layout = FlatLayout.of(p, m)
-        buffers, extras = layout.pack(p, m)
-        return FlatPayload(layout, tuple(store.put(s) for s in layout.split(buffers, 2)), extras), None
+    flat = _flat_in(store)
 
     async def merging():
         book, closed = _closed_round(params, moments, flat)
