@@ -526,8 +526,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--videos", type=int, default=240, help="synthetic videos (all splits)")
     parser.add_argument("--k", type=int, default=2, help="local steps between rounds")
-    # 10 s: a stall lasts until the others' round times out on it, so the timeout sets its cost. A killed
-    # node's learner leaves the rounds as soon as Ray reports its actor dead (LearnerFleet -> lose).
+    # 10 s: a round waits this long for a learner that answers the averager's probes (a slow one); a
+    # stopped learner is dropped once its process fails to answer one (train.averager_probe_s, the
+    # default). A killed node's learner leaves the rounds as soon as Ray reports its actor dead (lose).
     parser.add_argument("--timeout", type=float, default=10.0, help="averager timeout (s)")
     parser.add_argument("--storage", default=None, help="run folders (default: a temporary folder)")
     parser.add_argument(

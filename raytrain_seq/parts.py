@@ -185,7 +185,8 @@ class Parts:
             keep_freed_memory=train.keep_freed_memory,
         )  # fmt: skip
         averager = AveragerSettings(
-            world_size=train.max_learners, timeout_s=train.averager_timeout_s, validate_every=train.validate_every,
+            world_size=train.max_learners, timeout_s=train.averager_timeout_s, probe_s=train.averager_probe_s,
+            validate_every=train.validate_every,
             batch_size=train.batch_size, b1=train.b1, b2=train.b2, max_batch_size=train.max_batch_size,
             adaptive_batch=train.adaptive_batch, batch_growth=train.batch_growth, merge_moments=train.merge_moments,
             merge_bn_stats=train.merge_bn_stats, shards=train.shards, channels=train.averager_channels,

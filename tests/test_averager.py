@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
+import signal
 import time
 from pathlib import Path
 
@@ -655,6 +657,45 @@ def test_ray_round_equals_single_process_reference(ray_cluster, averagers):
     summary = ray.get(actor.summary.remote())
     assert [summary.learners[name]["frames"] for name in LEARNERS] == [10.0, 20.0, 30.0]
     assert summary.rounds_completed == 1
+
+
+@pytest.mark.ray
+def test_ray_a_round_closes_without_a_stopped_learner_and_waits_for_one_that_answers(ray_cluster):
+    """probe_s: a learner whose process is stopped (SIGSTOP) is dropped a few probes after the first
+    arrival; one whose process answers is waited for until the deadline, as without probes."""
+    ray = ray_cluster
+    from raytrain_seq.rounds.settings import AveragerSettings
+    from raytrain_seq.runtime.averager import create_averager
+
+    @ray.remote(num_cpus=0)
+    class Process:
+        def pid(self) -> int:
+            return os.getpid()
+
+    processes = [Process.remote() for _ in range(2)]
+    pid = ray.get(processes[1].pid.remote())
+    params, opt_states = _adam_runs()
+    waited, reasons = {}, {}
+    for stopped in (True, False):
+        settings = AveragerSettings(world_size=2, timeout_s=4.0, probe_s=0.2)
+        actor = create_averager(f"avg-probe-{stopped}", settings)
+        ray.get([actor.join.remote(j, 2, process=processes[j]) for j in range(2)])
+        if stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            result = ray.get(actor.average.remote(0, 1, 2, params[0], opt_states[0], {}, 1.0), timeout=60)
+            waited[stopped] = time.monotonic() - began
+        finally:
+            if stopped:
+                os.kill(pid, signal.SIGCONT)
+        assert result.learners == (0,) and result.dropped == (1,)
+        reasons[stopped] = ray.get(actor.summary.remote()).dropped[0]["reason"]
+        ray.kill(actor)
+    assert waited[True] < 2.0 <= 4.0 <= waited[False]
+    assert "did not answer within 0.2 s" in reasons[True]
+    assert reasons[False].startswith("did not send round 1 within 4 s")
+    assert ray.get(processes[1].pid.remote(), timeout=30) == pid  # thawed, never restarted
 
 
 @pytest.mark.ray

@@ -36,6 +36,7 @@ def test_settings_come_from_the_train_section_whole():
     settings = Parts.of(config).averager
     train = config.train
     assert (settings.world_size, settings.timeout_s) == (train.max_learners, train.averager_timeout_s)
+    assert settings.probe_s == train.averager_probe_s > 0
     assert (settings.batch_size, settings.b1, settings.b2) == (train.batch_size, train.b1, train.b2)
     assert (settings.shard_count, settings.channels) == (train.shards, train.averager_channels)
     assert (settings.epochs, settings.steps, settings.tracker) == (

@@ -6,6 +6,7 @@ the group recovery (``rounds.recovery``), the open round's wait (``rounds.round_
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -618,3 +619,56 @@ def test_the_round_wait_closes_at_the_deadline_or_at_once_and_fails_a_round_the_
     assert closed == [(1, ["b"], late), (2, [], prompt)]  # round 2 closed once, when complete
     assert after is None and isinstance(stale.exception(), StaleRoundError)
     assert "restarted" in str(stale.exception())
+
+
+def test_the_round_wait_drops_learners_whose_processes_do_not_answer_and_waits_for_the_slow():
+    async def scenario(answers: dict, timeout_s: float, late: dict):
+        book = RoundBook(len(answers), timeout_s=timeout_s)
+        for name in answers:
+            book.join(name)
+        closed, asked, tasks = [], [], set()
+
+        async def probe(learner, within):
+            asked.append(learner)
+            await asyncio.sleep(within if answers[learner] is False else 0.0)  # a silent one: its wait
+            return answers[learner]
+
+        async def close(round_close, future):
+            closed.append((time.monotonic() - opened, sorted(round_close.dropped)))
+            book.finish(ok=True)
+
+        def spawn(coro):
+            task = asyncio.ensure_future(coro)
+            tasks.add(task)
+            return task
+
+        arrivals = Arrivals(book, shards=1, merge_moments=False)
+        wait = RoundWait(book, arrivals, spawn=spawn, close=close, probe=probe, probe_s=0.05)
+        opened = time.monotonic()
+        book.arrive("a", 1, len(answers), object())
+        wait.open()
+        for learner, after in late.items():  # the slow ones send later, while the probes go on
+            await asyncio.sleep(after)
+            if book.arrive(learner, 1, len(answers), object()):
+                wait.start_close()
+        while not closed:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return closed, asked, book.dropped
+
+    # b is slow but answers, c is stopped: the round waits for b, then closes without c long before 30 s.
+    run = scenario({"a": True, "b": True, "c": False}, 30.0, {"b": 0.4})
+    closed, asked, dropped = asyncio.run(asyncio.wait_for(run, 10))
+    [(seconds, gone)] = closed
+    assert gone == ["c"] and 0.4 <= seconds < 2.0
+    assert asked.count("b") >= 2 and asked.count("c") >= 3 and "a" not in asked  # probed while missing
+    assert "did not answer within 0.05 s while round 1 waited" in dropped["c"]
+    # A learner whose process is unknown (None) is waited for until the deadline, as without probes.
+    closed, asked, dropped = asyncio.run(asyncio.wait_for(scenario({"a": True, "d": None}, 0.3, {}), 10))
+    [(seconds, gone)] = closed
+    assert gone == ["d"] and seconds >= 0.3 and asked
+    assert dropped["d"].startswith("did not send round 1 within 0.3 s")
+    # A round complete before the first probe asks nobody.
+    run = scenario({"a": True, "b": False}, 30.0, {"b": 0.0})
+    closed, asked, _ = asyncio.run(asyncio.wait_for(run, 10))
+    assert [gone for _, gone in closed] == [[]] and asked == []

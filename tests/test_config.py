@@ -146,6 +146,7 @@ BAD_VALUES = [
     ("train.optimizer", "Adam", "adamw"),
     ("train.weight_decay", -1e-4, 0),
     ("train.averager_timeout_s", 0, 0.5),
+    ("train.averager_probe_s", -1, 0.5),
     ("train.averager_shards", 0, 2),
     ("train.checkpoint_every", 0, 1),
     ("train.use_gpu", "yes", True),

@@ -305,25 +305,24 @@ class RoundBook:
         self.current.arrivals[learner] = payload
         return self.complete
 
-    def close(self) -> RoundClose:
+    def close(self, silent: str | None = None) -> RoundClose:
         """Close the open round (complete, or past its deadline): drop the missing, check min_learners.
 
-        On success the book is "closing" until finish(); on failure it is idle again at the same round,
-        with the missing dropped, so those present can resend it once enough learners are back.
+        ``silent``: the round closes before its deadline because no missing learner's process answered
+        (``RoundWait``'s probes), and this is why they are dropped. On success the book is "closing"
+        until finish(); on failure it is idle again at the same round, with the missing dropped, so
+        those present can resend it once enough learners are back.
         """
         if self.current.phase != RoundPhase.OPEN:
             raise RuntimeError(
                 f"round {self.round} is {self.current.phase.value}, not open: there is nothing to close"
             )
-        if not self.complete and not self.current.expired():
+        if not self.complete and not self.current.expired() and silent is None:
             raise RuntimeError(f"round {self.round} is waiting for {self.current.missing} until its deadline")
         missing = self.current.missing
+        reason = f"did not send round {self.round} within {self.timeout_s:g} s of the first arrival"
         for learner in missing:
-            _drop(
-                self,
-                learner,
-                f"did not send round {self.round} within {self.timeout_s:g} s of the first arrival",
-            )
+            _drop(self, learner, reason if silent is None or self.current.expired() else silent)
         present = self.current.arrived
         if len(present) < self.quorum:
             logger.warning(

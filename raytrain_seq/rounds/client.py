@@ -90,6 +90,7 @@ class AveragerClient:
         sleep: Callable[[float], None] = time.sleep,
         store: ObjectStore | None = None,
         node: str | None = None,
+        process: Any = None,
         channels: ChannelEnds | None = None,
         away: Callable[[], bool] | None = None,
     ) -> None:
@@ -101,6 +102,7 @@ class AveragerClient:
         self._sleep = sleep
         self.store = store or InProcessStore()
         self.node = node  # where this learner runs: the averager places its shard there
+        self.process = process  # this learner's actor: the averager asks it to answer when it is late
         # This learner's ends of a channel generation (dataplane.generations), or None: always the store.
         self.channels = channels
         # Whether the averager is down now, asked without calling it (a call to a restarting actor fails
@@ -153,6 +155,8 @@ class AveragerClient:
         kwargs = {"incarnation": self.incarnation, "seed": seed}
         if self.node is not None:
             kwargs["node"] = self.node
+        if self.process is not None:
+            kwargs["process"] = self.process
         reply = self.call("join", self.learner, self.world_size, **kwargs)
         if reply.state.flat is not None:
             reply = replace(reply, state=reply.state.materialise(self._get))

@@ -4,17 +4,21 @@ Every sender of a round awaits one future (``future``); the round's first arriva
 timer that closes the round at the book's deadline, ``timeout_s`` after that arrival (``open``). A round
 closes when every expected learner arrived or at the deadline (``start_close``, which hands the book's
 ``RoundClose`` and the future to the averager's ``close``); a round the book moved past (a new group, a
-re-seed) fails its waiting senders with a ``StaleRoundError``, so they rejoin (``fail``).
+re-seed) fails its waiting senders with a ``StaleRoundError``, so they rejoin (``fail``). With a
+``probe``, every ``probe_s`` of an open round each missing learner's process is asked to answer within
+``probe_s``; when none of the missing answers, the round closes without them (``_probe_missing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from raytrain_seq.checks import check_number
 from raytrain_seq.members.errors import StaleRoundError
+from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.book import RoundBook, RoundClose
 from raytrain_seq.rounds.current_round import RoundPhase
@@ -32,28 +36,66 @@ class RoundWait:
         *,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task],
         close: Callable[[RoundClose, asyncio.Future], Coroutine[Any, Any, None]],
+        probe: Callable[[LearnerId, float], Awaitable[bool | None]] | None = None,
+        probe_s: float = 0.0,
     ) -> None:
         self._book, self._arrivals, self._spawn, self._close = book, arrivals, spawn, close
         self.future: asyncio.Future | None = None  # the open (or closing) round's; None between rounds
         self._timer: asyncio.Task | None = None
+        # Whether a learner's process answered within the seconds given: False = it did not (or it is
+        # dead), None = no process of it is known, so there is nothing to ask and the round waits.
+        self._probe, self._probe_s = probe, float(check_number("probe_s", probe_s, 0.0, int | float))
 
     def open(self) -> None:
-        """The round's first arrival: a new future, and the timer of the book's deadline."""
+        """The round's first arrival: a new future, the timer of the book's deadline, and the probes."""
         self.future = asyncio.get_running_loop().create_future()
-        self._timer = self._spawn(self._expire(self._book.current.opening, self._book.current.deadline))
+        opening = self._book.current.opening
+        self._timer = self._spawn(self._expire(opening, self._book.current.deadline))
+        if self._probe is not None and self._probe_s > 0:
+            self._spawn(self._probe_missing(opening))
+
+    def _is_open(self, opening: int) -> bool:
+        return self._book.current.phase is RoundPhase.OPEN and self._book.current.opening == opening
 
     async def _expire(self, opening: int, deadline: float) -> None:
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-        if self._book.current.phase is RoundPhase.OPEN and self._book.current.opening == opening:
+        if self._is_open(opening):
             self.start_close()
 
-    def start_close(self) -> None:
-        """Close the open round now: its timer stops and the averager's ``close`` runs on a task."""
+    async def _probe_missing(self, opening: int) -> None:
+        """Every ``probe_s`` while the round is open, probe the missing learners' processes; when none
+        answers within ``probe_s``, close the round without them.
+
+        Why: a process that cannot answer (stopped, in a paused VM, on a node cut off from the head)
+        would hold the others until the deadline, while a slow learner answers from another thread and
+        is waited for. E.g. probe_s 1, timeout_s 60: a frozen learner is dropped about 2 s after the
+        round's first arrival, not 60 s; a learner whose process is unknown is waited for until then.
+        """
+        while True:
+            await asyncio.sleep(self._probe_s)
+            missing = self._book.current.missing
+            if not self._is_open(opening) or not missing:
+                return
+            answers = await asyncio.gather(*(self._probe(learner, self._probe_s) for learner in missing))
+            if not self._is_open(opening):
+                return
+            silent = {learner for learner, answer in zip(missing, answers, strict=True) if answer is False}
+            waiting = set(self._book.current.missing)
+            if waiting and silent >= waiting:
+                self.start_close(
+                    f"its process did not answer within {self._probe_s:g} s while round "
+                    f"{self._book.round} waited for it (stopped, or its node cut off)"
+                )
+                return
+
+    def start_close(self, silent: str | None = None) -> None:
+        """Close the open round now: its timer stops and the averager's ``close`` runs on a task.
+        ``silent``: why the missing are dropped before the deadline (``RoundBook.close``)."""
         self._arrivals.mark_closed(self._book.round)
         if self._timer is not None and self._timer is not asyncio.current_task():
             self._timer.cancel()
         self._timer = None
-        self._spawn(self._close(self._book.close(), self.future))
+        self._spawn(self._close(self._book.close(silent), self.future))
 
     def fail(self, why: str) -> None:
         """Hand the open round's waiting senders a StaleRoundError (they rejoin); the book moved on."""

@@ -24,6 +24,8 @@ class AveragerSettings:
     """Learners the first group starts with (each group's first learner sets its own size)."""
     timeout_s: float = 300.0
     """A round closes this long after its first arrival without the missing learners."""
+    probe_s: float = 0.0
+    """Every this many seconds an open round probes its missing learners' processes; 0: never."""
     min_learners: int = 1
     """Fewest learners a round may close with (fewer: AveragingTimeoutError to those present)."""
     validate_every: int = 0
@@ -80,6 +82,7 @@ class AveragerSettings:
         """The round book's settings: learners, the round timeout, the validation period."""
         check_number("world_size", self.world_size, 1)
         check_number("timeout_s", self.timeout_s, 0.001, int | float)
+        check_number("probe_s", self.probe_s, 0.0, int | float)
         check_number("min_learners", self.min_learners, 1)
         if self.min_learners > self.world_size:
             raise ValueError(

@@ -61,6 +61,7 @@ from raytrain_seq.rounds.validation import (
 )
 from raytrain_seq.rounds.validation_runner import ValidationRunner
 from raytrain_seq.runtime.channels import read_round
+from raytrain_seq.runtime.probes import LearnerProbes
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,13 @@ class ParameterAverager:
         # Who may send a round, the rows cap they send, and how long each waited for the others.
         self._arrivals = Arrivals(self._book, shards=self._pool.count, merge_moments=settings.merge_moments)
         # The open round's future, which its senders await, and the timer that closes it at the deadline.
-        self._wait = RoundWait(self._book, self._arrivals, spawn=self._spawn, close=self._close_round)
+        # The actors the learners joined from: a round that waits for one whose process does not answer
+        # (stopped, or its node cut off) closes without it before its deadline (``settings.probe_s``).
+        self._probes = LearnerProbes()
+        self._wait = RoundWait(
+            self._book, self._arrivals, spawn=self._spawn, close=self._close_round,
+            probe=self._probes.answers, probe_s=settings.probe_s,
+        )  # fmt: skip
         self._merge = RoundMerge(
             settings,
             pool=self._pool,
@@ -247,13 +254,15 @@ class ParameterAverager:
         incarnation: str | None = None,
         seed: AveragedState | None = None,
         node: str | None = None,
+        process: Any = None,
     ) -> JoinReply:
         """Register a learner (again); returns where it starts: the latest averaged state and its position.
 
         incarnation: one id per learner process; the first join of a new process starts a new group
         (Ray Train restarted or resized it). seed: the learner's last averaged state, adopted when newer
         than the averager's (after an averager restart), so no finished round is lost. node: the
-        learner's node id, where shard ``learner`` is placed (a hint). Live: a newcomer (or a new
+        learner's node id, where shard ``learner`` is placed (a hint). process: the learner's actor
+        handle, probed while a round waits for it (``runtime.probes``). Live: a newcomer (or a new
         process of a member) waits for the close that takes it in; the reply carries the group.
         """
         check_learner(learner)
@@ -267,6 +276,7 @@ class ParameterAverager:
         generation, live = self._book.generation, self._book.live
         changes = None if live is None else live.changes
         self._book.join(learner, world_size, incarnation)
+        self._probes.note(learner, process)
         if incarnation is not None and node is not None:
             self._nodes[incarnation] = node  # a process never moves: kept once its join is accepted
         live = self._book.live  # a new generation starts a new one

@@ -189,6 +189,7 @@ def _client(
         sleep=transport.until_back,  # a pause cut short once a restarted averager takes calls
         store=RayStore(timeout_s=timeout_s, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places a shard on this node
+        process=ray.get_runtime_context().current_actor,  # probed by the averager when a round waits
         channels=RayChannelEnds() if settings.averager_channels else None,
         away=transport.away,  # a restarting averager: the learner trains on, or waits, without calling it
     )
