@@ -316,10 +316,12 @@ class _ForgettingPool(InProcessShards):
         return ShardMerge(unreadable=frozenset(lost | {self.stale}))
 
 
-def test_a_learner_lost_while_its_round_merges_is_dropped_as_lost_and_a_slow_one_as_unreadable():
+@pytest.mark.parametrize("why", [None, "its process did not answer within 1 s while round 1 merged"])
+def test_a_learner_lost_while_its_round_merges_is_dropped_as_lost_and_a_slow_one_as_unreadable(why):
     """``RoundMerge.lost`` hands the averager the lost learner's payload in the running merge (the pool
-    forgets it); the drop says its process was lost, while a learner whose slices timed out keeps the
-    timeout's reason; the others' slices are merged again. Not in a merge: nothing to forget."""
+    forgets it); the drop says its process was lost (or the reason given: a probe's), while a learner
+    whose slices timed out keeps the timeout's reason; the others' slices are merged again. Not in a
+    merge: nothing to forget."""
     params, moments = adam_learners(3, width=6)
     settings = AveragerSettings(world_size=3, batch_size=4, shards=2)
     store = InProcessStore()
@@ -332,7 +334,7 @@ def test_a_learner_lost_while_its_round_merges_is_dropped_as_lost_and_a_slow_one
         assert merge.lost(1) is None  # no merge running yet
         running = asyncio.ensure_future(merge.flat(closed))
         await asyncio.sleep(0.05)
-        round_, payload = merge.lost(1)
+        round_, payload = merge.lost(1) if why is None else merge.lost(1, why)
         pool.forget(round_, payload)
         kept, merged = await asyncio.wait_for(running, 5)
         return book, round_, kept, merged, pool
@@ -340,7 +342,7 @@ def test_a_learner_lost_while_its_round_merges_is_dropped_as_lost_and_a_slow_one
     book, round_, kept, merged, pool = _run(merging())
     assert round_ == 1 and pool.merges == 2 and [learner for learner, _ in kept.present] == [0]
     assert book.dropped == {
-        1: "its process was lost while the round merged: its slices died with it",
+        1: why or "its process was lost while the round merged: its slices died with it",
         2: "its slices were lost or unreadable for 5 s (the learner owns them)",
     }
     state = AveragedState(round=1, flat=merged, batch_size=4).materialise(store.get)
@@ -672,3 +674,35 @@ def test_the_round_wait_drops_learners_whose_processes_do_not_answer_and_waits_f
     run = scenario({"a": True, "b": False}, 30.0, {"b": 0.0})
     closed, asked, _ = asyncio.run(asyncio.wait_for(run, 10))
     assert [gone for _, gone in closed] == [[]] and asked == []
+
+
+def test_a_merging_rounds_senders_are_probed_and_one_that_does_not_answer_is_forgotten_once():
+    """``RoundWait.probe_merging``: every probe_s while the merge runs, the senders' processes are
+    probed; a silent one goes to ``silent`` once, with the reason; one that answers, or is unknown, is
+    probed on. Without a probe nothing is asked."""
+
+    async def scenario(probe):
+        book = RoundBook(3, timeout_s=30.0)
+        asked, silent = [], []
+
+        async def answers(learner, within):
+            asked.append(learner)
+            return {"a": True, "b": False, "c": None}[learner]
+
+        wait = RoundWait(
+            book, Arrivals(book, shards=1, merge_moments=False), spawn=asyncio.ensure_future,
+            close=None, probe=answers if probe else None, probe_s=0.05,
+        )  # fmt: skip
+        watching = asyncio.ensure_future(
+            wait.probe_merging(["a", "b", "c"], lambda *told: silent.append(told))
+        )
+        await asyncio.sleep(0.4)  # the merge runs on
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        return asked, silent
+
+    asked, silent = asyncio.run(scenario(probe=True))
+    assert [learner for learner, _ in silent] == ["b"] and asked.count("b") == 1
+    assert "did not answer within 0.05 s while round 1 merged" in silent[0][1]
+    assert asked.count("a") >= 3 and asked.count("c") >= 3  # probed on while the merge runs
+    assert asyncio.run(scenario(probe=False)) == ([], [])

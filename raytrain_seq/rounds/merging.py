@@ -39,6 +39,9 @@ from raytrain_seq.rounds.state import AveragedState, RoundResult
 
 logger = logging.getLogger(__name__)
 
+# Why a learner lost while its round merges is dropped (``RoundMerge.lost``), unless told otherwise.
+LOST = "its process was lost while the round merged: its slices died with it"
+
 __all__ = ["RoundMerge"]
 
 
@@ -64,16 +67,17 @@ class RoundMerge:
         self._channels, self._loads = channels, loads
         self._batch, self._elapsed, self._latest, self._rows_cap = batch, elapsed, latest, rows_cap
         # The round the shards are merging and each learner's payload in it (``lost`` reads it), and the
-        # learners lost while it runs, whose slices died with them.
+        # learners lost while it runs, whose slices cannot be read, each with the reason it is dropped.
         self._merging: tuple[int, dict[LearnerId, FlatPayload]] | None = None
-        self._lost: set[LearnerId] = set()
+        self._lost: dict[LearnerId, str] = {}
 
-    def lost(self, learner: LearnerId) -> tuple[int, FlatPayload] | None:
-        """``learner``'s process died: the round being merged and its payload in it, whose slices the
-        shards should stop waiting for (``ShardPool.forget``); None when it is not in a running merge."""
+    def lost(self, learner: LearnerId, why: str = LOST) -> tuple[int, FlatPayload] | None:
+        """``learner``'s process died (or, ``why`` says, does not answer): the round being merged and
+        its payload in it, whose slices the shards should stop waiting for (``ShardPool.forget``); None
+        when it is not in a running merge."""
         if self._merging is None or learner not in self._merging[1]:
             return None
-        self._lost.add(learner)
+        self._lost.setdefault(learner, why)
         return self._merging[0], self._merging[1][learner]
 
     async def result(self, closed: RoundClose) -> tuple[RoundClose, RoundResult]:
@@ -166,7 +170,7 @@ class RoundMerge:
         merged again (each try drops at least one learner, so this ends). A shard that lost the
         generation's channels (restarted) fails the round: its learners rejoin and resend it through
         the store."""
-        self._lost = set()
+        self._lost = {}
         while True:
             payloads = [arrival.params for _, arrival in closed.present]
             weights = [arrival.weight for _, arrival in closed.present]
@@ -194,19 +198,16 @@ class RoundMerge:
             if not merged.unreadable:
                 break
             unread = [closed.present[i][0] for i in sorted(merged.unreadable)]
-            lost = [learner for learner in unread if learner in self._lost]
-            reasons = (
-                (lost, "its process was lost while the round merged: its slices died with it"),
-                (
-                    [learner for learner in unread if learner not in self._lost],
-                    f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)",
-                ),
+            late = (
+                f"its slices were lost or unreadable for {self._book.timeout_s:g} s (the learner owns them)"
             )
-            for learners, why in reasons:
-                if learners:
-                    closed = self._book.drop_unread(closed, learners, why)
-                    if closed.error is not None:
-                        raise closed.error
+            reasons: dict[str, list[LearnerId]] = {}
+            for learner in unread:
+                reasons.setdefault(self._lost.get(learner, late), []).append(learner)
+            for why, learners in reasons.items():
+                closed = self._book.drop_unread(closed, learners, why)
+                if closed.error is not None:
+                    raise closed.error
         self._loads.record(closed.round, list(merged.loads))
         if merged.channelled:
             generation = self._channels.book.plan.generation

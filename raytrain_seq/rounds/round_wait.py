@@ -6,7 +6,8 @@ closes when every expected learner arrived or at the deadline (``start_close``, 
 ``RoundClose`` and the future to the averager's ``close``); a round the book moved past (a new group, a
 re-seed) fails its waiting senders with a ``StaleRoundError``, so they rejoin (``fail``). With a
 ``probe``, every ``probe_s`` of an open round each missing learner's process is asked to answer within
-``probe_s``; when none of the missing answers, the round closes without them (``_probe_missing``).
+``probe_s``; when none of the missing answers, the round closes without them (``_probe_missing``),
+and while a closed round merges, a sender that does not answer is dropped from it (``probe_merging``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ class RoundWait:
                     f"{self._book.round} waited for it (stopped, or its node cut off)"
                 )
                 return
+
+    async def probe_merging(
+        self, learners: list[LearnerId], silent: Callable[[LearnerId, str], None]
+    ) -> None:
+        """While a closed round merges (cancel it when the merge ends): every ``probe_s``, probe the
+        processes of ``learners``, who sent the round; each that does not answer goes to ``silent`` once,
+        with the reason. Why: a stopped learner's slices cannot be read (it owns them), so the shards
+        would wait for them until the round's timeout."""
+        left = list(learners)
+        why = (
+            f"its process did not answer within {self._probe_s:g} s while round {self._book.round} "
+            "merged: its slices cannot be read (stopped, or its node cut off)"
+        )
+        while left and self._probe is not None and self._probe_s > 0:
+            await asyncio.sleep(self._probe_s)
+            answers = await asyncio.gather(*(self._probe(learner, self._probe_s) for learner in left))
+            for learner in [
+                learner for learner, answer in zip(left, answers, strict=True) if answer is False
+            ]:
+                silent(learner, why)
+            left = [learner for learner, answer in zip(left, answers, strict=True) if answer is not False]
 
     def start_close(self, silent: str | None = None) -> None:
         """Close the open round now: its timer stops and the averager's ``close`` runs on a task.

@@ -205,7 +205,12 @@ class ParameterAverager:
             if closed.error is not None:
                 raise closed.error
             await self._validating.settle(closed)
-            closed, result = await self._merge.result(closed)
+            senders = [learner for learner, _ in closed.present]
+            probes = self._spawn(self._wait.probe_merging(senders, _forgetting(self._merge, self._pool)))
+            try:
+                closed, result = await self._merge.result(closed)
+            finally:
+                probes.cancel()
             if result.group is None:  # a group that changes at this close links no channels
                 result = await _plan_channels(self._channels, self._book, result)
             self._history.record_round(
@@ -501,6 +506,17 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
     flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
     plan = await channels.plan(result.learners, book.current.expected, result.dropped, flat, book.world_size)
     return result if plan is None else dataclasses.replace(result, channels=plan)
+
+
+def _forgetting(merge: RoundMerge, pool: ShardPool) -> Callable[[LearnerId, str], None]:
+    """What becomes of a sender that stops answering while its round merges (``RoundWait.probe_merging``):
+    the shards stop waiting for its slices, which cannot be read, and it is dropped for ``why``."""
+
+    def forget(learner: LearnerId, why: str) -> None:
+        if (lost := merge.lost(learner, why)) is not None:
+            pool.forget(*lost)
+
+    return forget
 
 
 def _processes(book: RoundBook, nodes: Mapping[str, str]) -> tuple[JoinedProcess, ...]:
