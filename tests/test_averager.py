@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import pickle
@@ -15,13 +16,16 @@ import pytest
 import torch
 from averager_fixtures import local_averager
 from conftest import adam_learners
+from test_payload import same
 
 from raytrain_seq import checkpoint
 from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
+from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
 from raytrain_seq.dataplane.stores import InProcessShards
 from raytrain_seq.members.errors import AveragingTimeoutError, MembershipError, StaleRoundError
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.current_round import RoundPhase
+from raytrain_seq.rounds.state import AveragedState
 
 LEARNERS = ["a", "b", "c"]
 
@@ -267,6 +271,35 @@ def test_actor_new_group_fails_the_old_round_and_starts_from_the_latest_state():
     assert recovery["kind"] == "live_recovery" and "round 1" in recovery["detail"]
     groups = [e for e in summary.membership if e["event"] == "group"]
     assert [g["learners"] for g in groups] == [3, 2] and "abandoned" in groups[1]["detail"]
+
+
+def test_actor_adopts_a_flat_seed_in_hand_and_hands_it_out_flat():
+    """A rejoining learner's seed travels flat, its slices the arrays it holds (a call pickles an array
+    as its bytes, a tensor at a cost per tensor): adopted when newer, handed to the next joiner flat,
+    and equal to the learner's tensors once unpacked; a seed whose slices are references is refused."""
+    params, moments = adam_learners(1, width=4)
+    layout = FlatLayout.of(params[0], moments[0])
+    buffers, extras = layout.pack(params[0], moments[0])
+    flat = FlatPayload(layout, tuple(layout.split(buffers, 2)), extras)
+    seed = AveragedState(round=3, flat=flat, batch_size=4, source="live")
+
+    async def scenario():
+        averager = local_averager(2, timeout_s=30.0, batch_size=4)
+        seeded = await averager.join(0, 2, incarnation="a", seed=seed)
+        other = await averager.join(1, 2, incarnation="b")
+        refs = seed.replace(flat=dataclasses.replace(flat, parts=("ref-0", "ref-1")))
+        with pytest.raises(TypeError, match="fetched"):
+            await averager.join(0, 2, incarnation="a", seed=refs)
+        return seeded, other, await averager.summary()
+
+    seeded, other, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    for reply in (seeded, other):
+        assert (reply.state.round, reply.next_round, reply.state.source) == (3, 4, "seed")
+        assert reply.state.params is None and reply.state.flat.local
+        unpacked = reply.state.materialise(lambda refs: pytest.fail("local slices need no read"))
+        assert same(unpacked.params, params[0])
+        assert all(same(unpacked.optimizer_state[i], entry) for i, entry in moments[0].items())
+    assert [r["kind"] for r in summary.recoveries] == ["reseeded"]
 
 
 def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_steps(tmp_path):

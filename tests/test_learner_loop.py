@@ -213,9 +213,10 @@ class KeyedStore(InProcessStore):
         return [self.objects[ref] for ref in refs]
 
 
-def test_a_rounds_state_is_held_as_its_fetched_slices_and_reseeds_in_tensors():
+def test_a_rounds_state_is_held_as_its_fetched_slices_and_reseeds_flat():
     """The client reads a round's merged slices once and holds them flat (the learner installs them a
-    slice at a time); a rejoin after a refusal offers the averager that state in tensors, equal to the
+    slice at a time); a rejoin after a refusal offers the averager that state flat, its slices the
+    arrays in hand (a call pickles an array as its bytes, a tensor at a cost per tensor), equal to the
     merged state, without reading the store again."""
     params = torch.nn.Linear(3, 2).state_dict()
     layout = FlatLayout.of(params, None)
@@ -237,10 +238,11 @@ def test_a_rounds_state_is_held_as_its_fetched_slices_and_reseeds_in_tensors():
     assert [dict(p) for p in held.flat.parts] == [store.objects[r] for r in parts]
     assert client.average({"w": torch.ones(1)}, None, stats={}, position=None).result is resent
     seed = next(kwargs["seed"] for method, _, kwargs in transport.calls if method == "join")
-    assert seed.flat is None and seed.round == 5 and store.reads == 1
-    assert all(torch.equal(seed.params[k], v) for k, v in params.items()) and list(seed.params) == list(
-        params
-    )
+    assert seed.params is None and seed.flat.local and seed.round == 5 and store.reads == 1
+    assert [dict(p) for p in seed.flat.parts] == [store.objects[r] for r in parts]
+    unpacked = seed.materialise(store.get).params  # local slices: no read
+    assert store.reads == 1 and list(unpacked) == list(params)
+    assert all(torch.equal(unpacked[k], v) for k, v in params.items())
 
 
 def test_dropped_learner_gets_a_realigned_decision():

@@ -150,8 +150,10 @@ class AveragerClient:
         """(Re)join; offers ``seed`` (a state newer than the averager's is adopted by it)."""
         if self.channels is not None:
             self.channels.close()  # a join ends the averager's channel generation
-        if seed is not None:
-            seed = seed.materialise(self._get)  # the averager takes tensors (a held state is local)
+        if seed is not None and seed.flat is not None:
+            # Flat, its slices local arrays (a held state's are): a call pickles a numpy array as its
+            # bytes but a tensor at a cost per tensor, which a restarted averager's rejoin would wait for.
+            seed = seed.fetched(self._get)
         kwargs = {"incarnation": self.incarnation, "seed": seed}
         if self.node is not None:
             kwargs["node"] = self.node

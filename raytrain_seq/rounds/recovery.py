@@ -3,7 +3,7 @@
 A restarted or resized group (the round book's generation moved) starts from the latest averaged state;
 ``on_new_group``, from the run's second group on, records how it recovers: from scratch (no round averaged yet), from a
 checkpoint (a restored state) or live (the state the averager held). A learner that rejoins a restarted
-averager sends its last averaged state (``check_seed``: with its tensors); ``newer`` says whether it is ahead of the averager's (and checks
+averager sends its last averaged state (``check_seed``: its tensors, or flat with its slices in hand); ``newer`` says whether it is ahead of the averager's (and checks
 it then), and ``adopt`` takes it: the round book restarts from its round, the batch rule from its state,
 and the history records a re-seed (or a checkpoint recovery, when the learner held the run's latest
 checkpoint). The averager fails its open round in between, since its senders must rejoin. Plain Python.
@@ -46,20 +46,24 @@ class GroupRecovery:
 
     @staticmethod
     def check_seed(seed: object) -> None:
-        """A learner's seed is its held state (an ``AveragedState``) with its tensors, or None."""
+        """A learner's seed is its held state (an ``AveragedState``), with its tensors or flat with its
+        slices in hand (``fetched``), or None."""
         if seed is not None and not isinstance(seed, AveragedState):
             raise TypeError(
                 f"seed must be an AveragedState (the learner's held state), not {type(seed).__name__}"
             )
-        if seed is not None and seed.flat is not None:
-            raise TypeError("seed lives in the object store: send seed.materialise(get), its tensors")
+        if seed is not None and seed.flat is not None and not seed.flat.local:
+            raise TypeError("seed lives in the object store: send seed.fetched(get), its slices in hand")
 
     @staticmethod
     def newer(seed: AveragedState, held: AveragedState) -> bool:
         """Whether a learner's ``seed`` is ahead of the ``held`` state (then it is checked, too)."""
         if seed.round <= held.round:
             return False
-        check_payload(seed.params, seed.optimizer_state, None, 1.0, seed.position)
+        if seed.flat is not None:
+            check_payload(seed.flat, None, None, 1.0, seed.position)
+        else:
+            check_payload(seed.params, seed.optimizer_state, None, 1.0, seed.position)
         return True
 
     def adopt(self, learner: LearnerId, seed: AveragedState, held: int) -> AveragedState:

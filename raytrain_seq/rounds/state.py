@@ -5,8 +5,8 @@ checkpoint stores and what re-seeds a restarted averager. Frozen, built by keywo
 ``from_dict`` give plain values for ``torch.load(weights_only=True)``; round 0 (``params`` None) means
 nothing averaged yet. In the object store, ``flat`` holds the layout and the refs of its merged slices
 (``params`` and ``optimizer_state`` None): ``fetched(get)`` reads the slices into local arrays, still
-flat (what a learner holds and installs); ``materialise(get)`` gives plain tensors (checkpoints,
-re-seeds). The control plane never reads the bytes.
+flat (what a learner holds, installs and re-seeds with); ``materialise(get)`` gives plain tensors
+(checkpoints). The control plane never reads the bytes.
 ``RoundResult`` (the state plus who took part) and ``JoinReply`` (the state plus the round a joining
 learner sends next) add only what is not state. ``check_payload`` validates one learner's round (CPU
 tensors, the optimizer's ``["state"]``, numeric stats) into an ``Arrival``, whose ``signature`` lets the
