@@ -70,7 +70,7 @@ class RoundWait:
         Why: a process that cannot answer (stopped, in a paused VM, on a node cut off from the head)
         would hold the others until the deadline, while a slow learner answers from another thread and
         is waited for. E.g. probe_s 1, timeout_s 60: a frozen learner is dropped about 2 s after the
-        round's first arrival, not 60 s; a learner whose process is unknown is waited for until then.
+        round's first arrival, not 60 s; a learner whose process is unknown is waited for until the deadline.
         """
         while True:
             await asyncio.sleep(self._probe_s)
@@ -104,10 +104,9 @@ class RoundWait:
         while left and self._probe is not None and self._probe_s > 0:
             await asyncio.sleep(self._probe_s)
             answers = await asyncio.gather(*(self._probe(learner, self._probe_s) for learner in left))
-            for learner in [
-                learner for learner, answer in zip(left, answers, strict=True) if answer is False
-            ]:
-                silent(learner, why)
+            for learner, answer in zip(left, answers, strict=True):
+                if answer is False:
+                    silent(learner, why)
             left = [learner for learner, answer in zip(left, answers, strict=True) if answer is not False]
 
     def start_close(self, silent: str | None = None) -> None:

@@ -25,7 +25,7 @@ class AveragerSettings:
     timeout_s: float = 300.0
     """A round closes this long after its first arrival without the missing learners."""
     probe_s: float = 0.0
-    """Every this many seconds an open round probes its missing learners' processes; 0: never."""
+    """Every this many seconds a round probes the processes it waits for (missing or merging); 0: never."""
     min_learners: int = 1
     """Fewest learners a round may close with (fewer: AveragingTimeoutError to those present)."""
     validate_every: int = 0

@@ -1,4 +1,4 @@
-"""Whether a learner's process answers: the averager's probe of a learner that an open round waits for.
+"""Whether a learner's process answers: the averager's probe of a learner that a round waits for.
 
 ``LearnerProbes`` keeps the actor handle each learner joined from (``note``) and sends it Ray's built-in
 readiness call, ``__ray_ready__``. ``answers(learner, within)``: True when the process answered within
