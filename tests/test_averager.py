@@ -755,6 +755,30 @@ def test_ray_store_registers_with_cuda_only_in_an_actor_whose_mapping_lasts(ray_
         ray_cluster.kill(worker)
 
 
+def test_ray_store_names_slices_gone_with_their_owner():
+    """Ray's ObjectLostError family (OwnerDiedError: the averager, which owns a round's merged slices,
+    died before they were read) leaves RayStore.get as SlicesLost, which the learner's client turns
+    into a rejoin, not a crash; other errors pass."""
+    from ray.exceptions import GetTimeoutError, OwnerDiedError
+
+    from raytrain_seq.dataplane.stores import SlicesLost
+    from raytrain_seq.runtime.shards import RayStore
+
+    def failing(error):
+        def get(refs, timeout=None):
+            raise error
+
+        return get
+
+    gone = OwnerDiedError("00" * 28, "192.0.2.2:41451", "")
+    with pytest.raises(SlicesLost, match="OwnerDiedError") as raised:
+        RayStore(timeout_s=30.0, get=failing(gone)).get(["ref"])
+    assert raised.value.__cause__ is gone
+    with pytest.raises(GetTimeoutError):
+        RayStore(timeout_s=30.0, get=failing(GetTimeoutError("slow"))).get(["ref"])
+    assert RayStore(get=lambda refs, timeout=None: [r.upper() for r in refs]).get(["a"]) == ["A"]
+
+
 @pytest.mark.ray
 def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_cluster):
     """3 learners' flat payloads through the object store and 3 shard actors: every learner reads the

@@ -28,7 +28,7 @@ from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
 from raytrain_seq.data.geometry import ModelSpec
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
-from raytrain_seq.dataplane.stores import InProcessStore
+from raytrain_seq.dataplane.stores import InProcessStore, SlicesLost
 from raytrain_seq.members.errors import AveragerUnavailableError, MembershipError, StaleRoundError
 from raytrain_seq.members.retry import Backoff
 from raytrain_seq.models import is_compact
@@ -243,6 +243,31 @@ def test_a_rounds_state_is_held_as_its_fetched_slices_and_reseeds_flat():
     unpacked = seed.materialise(store.get).params  # local slices: no read
     assert store.reads == 1 and list(unpacked) == list(params)
     assert all(torch.equal(unpacked[k], v) for k, v in params.items())
+
+
+def test_a_rounds_slices_gone_with_the_averager_rejoin_with_the_held_state():
+    """The averager died after the round merged, before this learner read the merged slices (their
+    owner): the store says SlicesLost, and the learner rejoins with the state it held, realigned to
+    where the restarted averager stands, rather than failing."""
+
+    class OwnerGone(KeyedStore):
+        def get(self, refs):
+            raise SlicesLost("OwnerDiedError: the objects are gone with their owner")
+
+    params = torch.nn.Linear(3, 2).state_dict()
+    layout = FlatLayout.of(params, None)
+    store = OwnerGone()
+    parts = tuple(store.put(part) for part in layout.split(layout.pack(params, None)[0], 2))
+    merged = AveragedState(round=5, flat=FlatPayload(layout, parts, {}), batch_size=2, source="live")
+    held = _state(4, 4.0)
+    rejoin = JoinReply(state=_state(4, 4.0), next_round=5, world_size=2)  # round 5 is due again
+    transport = Scripted(average=[RoundResult(state=merged, learners=(0, 1))], join=[rejoin])
+    client = _client(transport, world_size=2, store=store)
+    client.next_round, client.held = 5, held
+    decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None)
+    assert isinstance(decision, Realigned) and decision.reply is rejoin and decision.first_missed == 5
+    seed = next(kwargs["seed"] for method, _, kwargs in transport.calls if method == "join")
+    assert seed is held and client.next_round == 5 and client.held.round == 4
 
 
 def test_dropped_learner_gets_a_realigned_decision():

@@ -21,7 +21,12 @@ import numpy as np
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.dataplane.payload import FlatPayload
 
-__all__ = ["InProcessShards", "InProcessStore", "ObjectStore", "ShardPool"]
+__all__ = ["InProcessShards", "InProcessStore", "ObjectStore", "ShardPool", "SlicesLost"]
+
+
+class SlicesLost(RuntimeError):
+    """An ``ObjectStore.get`` found the objects gone: their owner (the averager, whose shards made a round's
+    merged slices) died before they were read."""
 
 
 class ObjectStore(Protocol):
@@ -29,7 +34,9 @@ class ObjectStore(Protocol):
 
     def put(self, value: Any) -> Any: ...
 
-    def get(self, refs: Sequence[Any]) -> list[Any]: ...
+    def get(self, refs: Sequence[Any]) -> list[Any]:
+        """The objects; ``SlicesLost`` when they are gone with their owner."""
+        ...
 
     def expect(self, nbytes: int) -> bool:
         """This process will move about ``nbytes`` through the store each round (a hint: a store may

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from raytrain_seq.dataplane.generations import ChannelEnds, Channelled, ChannelLost
 from raytrain_seq.dataplane.payload import FlatPayload
-from raytrain_seq.dataplane.stores import InProcessStore, ObjectStore
+from raytrain_seq.dataplane.stores import InProcessStore, ObjectStore, SlicesLost
 from raytrain_seq.members.errors import AveragerError, AveragerUnavailableError
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.members.retry import Backoff
@@ -232,7 +232,7 @@ class AveragerClient:
             if result.state.flat is not None:
                 try:
                     result = replace(result, state=result.state.fetched(self._get))
-                except ChannelLost as exc:  # the generation ended after the round closed: ask again
+                except (ChannelLost, SlicesLost) as exc:  # ended or died after the round closed: ask again
                     logger.warning("learner %s: round %d's slices were lost (%s): rejoining",
                                    self.learner, sent, exc)  # fmt: skip
                     return Realigned(self.join(seed=self.held), sent)
