@@ -4,23 +4,27 @@ Layout: ``RUN_DIR/checkpoint_round_NNNNNN/`` (six digits: names sort by round) w
 (``{"format": 2, "state": AveragedState.to_dict(), "history": {...}, "config": Config.to_dict()}`` of plain
 values, ``torch.load(weights_only=True)``), ``position.json`` (readable without torch) and
 ``validation.json`` (the validation history up to that round).
-Schedule (``is_due``): round r when ``r % every == 0``, but the final round, which the run's end
-checkpoints anyway. Rank 0 ``put``s each folder into the run folder. Every reader (learner seed, averager,
-``--resume``, fusion, ``--init-from``, export, predict) goes through ``load``/``load_latest``.
+Schedule (``is_due``): round r when ``r % every == 0``, but the final round. Rank 0 ``put``s each folder
+into the run folder. Every reader (learner seed, averager, ``--resume``, fusion, ``--init-from``, export,
+predict) goes through ``load``/``load_latest``.
 Retention (``retain``): the newest ``keep``, the best by validation accuracy, any round newer than the last scored.
 Contract: ``load_latest`` returns the newest checkpoint that loads, skipping a corrupt one with a
 warning; files are written under a temporary name and renamed; a failed write raises ``CheckpointError``
 naming the folder, older checkpoints untouched; format-1 checkpoints still load. torch is imported by
-``save`` and ``load`` only, so ``candidates`` is cheap before a job starts.
+``save`` and ``load`` only; ``load(..., defer_tensors=True)`` (a restarted averager's) needs none.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import pickle
 import shutil
-from collections.abc import Mapping
+import threading
+import zipfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,7 @@ __all__ = [
     "VALIDATION_FILE",
     "Checkpoint",
     "CheckpointError",
+    "DeferredTensors",
     "candidates",
     "check_writable",
     "folder_name",
@@ -275,20 +280,20 @@ def _write(path: Path, write) -> None:
         partial.unlink(missing_ok=True)
 
 
-def load(folder: str | Path) -> Checkpoint:
-    """The checkpoint in ``folder``; CheckpointError naming it when it is missing or does not load."""
-    import torch
+def load(folder: str | Path, *, defer_tensors: bool = False) -> Checkpoint:
+    """The checkpoint in ``folder``; CheckpointError naming it when it is missing or does not load.
 
+    defer_tensors: the state's ``params`` and ``optimizer_state`` are ``DeferredTensors`` (their keys
+    now, their tensors on first use), the rest read without torch; a file that holds tensors elsewhere,
+    or that the reader without torch does not know, loads whole.
+    """
     from raytrain_seq.rounds.state import AveragedState
 
     folder = Path(folder)
     path = folder / STATE_FILE
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{folder} holds no {STATE_FILE}: is it a checkpoint folder?") from exc
-    except Exception as exc:  # a truncated or corrupt file raises one of several unpickling errors
-        raise CheckpointError(f"{path} does not load ({type(exc).__name__}: {exc})") from exc
+    raw = _skimmed(path) if defer_tensors else None
+    if raw is None:
+        raw = _torch_load(path)
     if not isinstance(raw, Mapping):
         raise CheckpointError(f"{path} holds a {type(raw).__name__}, not a checkpoint dict")
     try:
@@ -315,6 +320,125 @@ def load(folder: str | Path) -> Checkpoint:
     )
 
 
+def _torch_load(path: Path) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path.parent} holds no {STATE_FILE}: is it a checkpoint folder?") from exc
+    except Exception as exc:  # a truncated or corrupt file raises one of several unpickling errors
+        raise CheckpointError(f"{path} does not load ({type(exc).__name__}: {exc})") from exc
+
+
+class DeferredTensors(Mapping):
+    """A loaded checkpoint's ``params`` or ``optimizer_state`` whose tensors are read from its file when
+    first used (``load(..., defer_tensors=True)``); its keys are known at once. Both of a file share one
+    read (thread-safe), by whichever thread asks first. Pickles as the plain dict."""
+
+    def __init__(self, file: _TensorFile, field: str, keys: tuple[Any, ...]) -> None:
+        self._file, self._field, self._keys = file, field, keys
+
+    def load(self) -> dict[Any, Any]:
+        """The tensors (read now unless read already; CheckpointError when the file no longer loads)."""
+        return self._file.read()[self._field]
+
+    @property
+    def loaded(self) -> bool:
+        return self._file.loaded
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.load()[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return dict, (self.load(),)
+
+    def __repr__(self) -> str:
+        return f"DeferredTensors({self._file.path}, {self._field!r}, {len(self._keys)} keys)"
+
+
+class _TensorFile:
+    """One ``state.pt`` whose ``state`` entry is read once, by whichever thread asks first."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._state: Mapping[str, Any] | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._state is not None
+
+    def read(self) -> Mapping[str, Any]:
+        with self._lock:
+            if self._state is None:
+                self._state = _torch_load(self.path)["state"]
+            return self._state
+
+
+class _Tensor:
+    """Where a tensor was in a file read without torch (``_Skim``)."""
+
+
+class _Skim(pickle.Unpickler):
+    """A ``torch.save`` file's pickle read without torch: plain values as they are, a tensor as a
+    ``_Tensor`` marker; any other class is refused (as ``weights_only`` refuses it)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        if module in ("builtins", "__builtin__") and name in ("set", "frozenset", "complex"):
+            return {"set": set, "frozenset": frozenset, "complex": complex}[name]
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return lambda *args: _Tensor()
+        if module == "torch" and name.endswith("Storage"):
+            return None  # a storage's type, an argument of the tensor's marker
+        raise pickle.UnpicklingError(f"{module}.{name} is neither a plain value nor a tensor")
+
+    def persistent_load(self, pid: Any) -> None:
+        return None  # a storage: its bytes stay in the file
+
+
+def _skimmed(path: Path) -> dict[str, Any] | None:
+    """The checkpoint dict of ``path`` with ``DeferredTensors`` for the state's tensors, read without
+    torch; None when that cannot be done (not a zip, a class ``_Skim`` refuses, tensors elsewhere)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
+            with archive.open(name) as data:
+                raw = _Skim(data).load()
+    except (OSError, zipfile.BadZipFile, StopIteration, pickle.UnpicklingError, EOFError, ValueError) as exc:
+        logger.debug("%s is read whole (%r)", path, exc)
+        return None
+    state = raw.get("state") if isinstance(raw, dict) else None
+    if not isinstance(state, dict) or not isinstance(state.get("params"), Mapping):
+        return None  # the first format, or not a checkpoint: the eager load says which
+    tensors = {key: state.get(key) for key in ("params", "optimizer_state")}
+    if _holds_tensors({**raw, "state": {k: v for k, v in state.items() if k not in tensors}}):
+        return None
+    file = _TensorFile(path)
+    for key, value in tensors.items():
+        if value is not None:
+            state[key] = DeferredTensors(file, key, tuple(value))
+    return raw
+
+
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, _Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_tensors(v) for v in value)
+    return False
+
+
 def candidates(run_dir: str | Path) -> list[Path]:
     """The run's checkpoint folders that hold a state file, newest first."""
     found = [
@@ -325,12 +449,13 @@ def candidates(run_dir: str | Path) -> list[Path]:
     return sorted(found, reverse=True)
 
 
-def load_latest(run_dir: str | Path) -> Checkpoint | None:
+def load_latest(run_dir: str | Path, *, defer_tensors: bool = False) -> Checkpoint | None:
     """The newest checkpoint of ``run_dir`` that loads (None: there is none); broken ones are skipped
-    with a warning naming each, so a checkpoint cut short by a crash falls back to the one before."""
+    with a warning naming each, so a checkpoint cut short by a crash falls back to the one before.
+    defer_tensors: as ``load``'s (a file cut short in its tensors then fails where they are used)."""
     for folder in candidates(run_dir):
         try:
-            return load(folder)
+            return load(folder, defer_tensors=defer_tensors)
         except CheckpointError as exc:
             logger.warning("checkpoint %s skipped: %s; trying the one before", folder.name, exc)
     return None

@@ -6,12 +6,19 @@ newest checkpoint with a warning naming it and returns the one before; a write t
 ``CheckpointError`` naming the folder and leaves the older checkpoints loadable; the schedule checkpoints
 every ``every`` rounds but the final one; checkpoints of the first format still load; retention keeps the
 newest N, the best by validation accuracy and the rounds whose score may still come, and removes only
-whole folders.
+whole folders. ``defer_tensors`` loads the same values, all but the tensors without torch (in a process
+that has none), the tensors on first use, once, and pickles them as a plain dict; a file whose tensors
+lie elsewhere, or that is cut short, loads (or fails) as without it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import pickle
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -38,7 +45,8 @@ def _state(round_: int, value: float = 1.0) -> AveragedState:
     )
 
 
-def test_saved_checkpoint_loads_back_with_weights_only(tmp_path):
+@pytest.mark.parametrize("defer", [False, True])
+def test_saved_checkpoint_loads_back_with_weights_only(tmp_path, defer):
     """save -> load gives the same state (source "checkpoint"), history, config and position."""
     state = _state(5)
     history = {"validation_due": 5, "loss_history": [{"round": 5, "loss": 0.25, "time_s": 1.0}]}
@@ -48,9 +56,13 @@ def test_saved_checkpoint_loads_back_with_weights_only(tmp_path):
     assert folder.name == "checkpoint_round_000005"
     raw = torch.load(folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only
     assert raw["format"] == 2 and raw["state"]["round"] == 5
-    loaded = checkpoint.load(folder)
-    assert loaded.state.round == 5 and all(
-        torch.equal(loaded.state.params[k], v) for k, v in state.params.items()
+    loaded = checkpoint.load(folder, defer_tensors=defer)
+    assert isinstance(loaded.state.params, checkpoint.DeferredTensors) == defer
+    assert isinstance(loaded.state.optimizer_state, checkpoint.DeferredTensors) == defer
+    assert (
+        loaded.state.round == 5
+        and list(loaded.state.params) == ["w", "n"]
+        and all(torch.equal(loaded.state.params[k], v) for k, v in state.params.items())
     )
     assert (loaded.state.adaptive_state, loaded.state.elapsed_s) == (state.adaptive_state, 12.5)
     assert loaded.state.source == "checkpoint" and loaded.state.batch_size == 8
@@ -60,7 +72,8 @@ def test_saved_checkpoint_loads_back_with_weights_only(tmp_path):
     assert not list(folder.glob(".*partial"))  # nothing left under a temporary name
 
 
-def test_load_latest_skips_a_corrupt_newest_checkpoint(tmp_path, caplog):
+@pytest.mark.parametrize("defer", [False, True])
+def test_load_latest_skips_a_corrupt_newest_checkpoint(tmp_path, caplog, defer):
     """The newest checkpoint, cut short by a crash, is skipped with a warning naming it."""
     for round_ in (2, 4, 6):
         checkpoint.save(tmp_path / checkpoint.folder_name(round_), state=_state(round_, float(round_)))
@@ -68,7 +81,7 @@ def test_load_latest_skips_a_corrupt_newest_checkpoint(tmp_path, caplog):
     newest.write_bytes(newest.read_bytes()[:100])  # half-written
     (tmp_path / "checkpoint_round_000007").mkdir()  # a folder without a state file is not a checkpoint
     with caplog.at_level(logging.WARNING, logger="raytrain_seq.checkpoint"):
-        found = checkpoint.load_latest(tmp_path)
+        found = checkpoint.load_latest(tmp_path, defer_tensors=defer)
     assert found.round == 4 and torch.equal(found.state.params["w"], torch.full((3,), 4.0))
     assert "checkpoint_round_000006" in caplog.text and "skipped" in caplog.text
     with pytest.raises(checkpoint.CheckpointError, match="checkpoint_round_000006"):
@@ -93,7 +106,8 @@ def test_schedule_checkpoints_every_n_rounds_but_the_final_one():
     assert not any(checkpoint.is_due(r, every=0) for r in range(1, 10))
 
 
-def test_first_format_checkpoints_still_load(tmp_path):
+@pytest.mark.parametrize("defer", [False, True])
+def test_first_format_checkpoints_still_load(tmp_path, defer):
     """{"averager": snapshot} (the first format): the state and the history keys are split apart."""
     folder = tmp_path / checkpoint.folder_name(3)
     folder.mkdir()
@@ -112,10 +126,62 @@ def test_first_format_checkpoints_still_load(tmp_path):
         "elapsed_s": 3.0,
     }
     torch.save({"averager": snapshot, "config": {"data": {}}}, folder / checkpoint.STATE_FILE)
-    loaded = checkpoint.load(folder)
+    loaded = checkpoint.load(folder, defer_tensors=defer)
     assert (loaded.state.round, loaded.state.batch_size, loaded.state.source) == (3, 4, "checkpoint")
+    assert isinstance(loaded.state.params, dict) and torch.equal(loaded.state.params["w"], torch.ones(2))
     assert loaded.history["batch_size_history"] == ({"round": 3, "batch_size": 4},)
     assert loaded.config == {"data": {}} and loaded.position is None
+
+
+def test_deferred_tensors_are_read_once_on_first_use_and_pickle_as_the_plain_dict(tmp_path):
+    folder = checkpoint.save(tmp_path / checkpoint.folder_name(5), state=_state(5, 2.5))
+    deferred = checkpoint.load(folder, defer_tensors=True).state
+    params = deferred.params
+    assert len(params) == 2 and "w" in params  # the keys, known before the tensors
+    assert torch.equal(params["w"], torch.full((3,), 2.5)) and params.loaded
+    assert params.load() is params.load()  # read once
+    assert deferred.optimizer_state.load()[0]["step"] == 5.0  # the same read: both fields of one file
+    copy = pickle.loads(pickle.dumps(params))
+    assert (
+        type(copy) is dict and torch.equal(copy["w"], params["w"]) and torch.equal(copy["n"], torch.tensor(5))
+    )
+
+
+def test_a_deferred_load_reads_all_but_the_tensors_without_torch(tmp_path):
+    """In a process where torch does not import, the round, the plain fields and the tensors' keys load."""
+    history = {"validation_due": 5, "loss_history": [{"round": 5, "loss": 0.25, "time_s": 1.0}]}
+    folder = checkpoint.save(tmp_path / checkpoint.folder_name(5), state=_state(5), history=history)
+    code = textwrap.dedent(
+        """
+        import importlib.abc, json, sys
+        class NoTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ImportError("no torch in this process")
+        sys.meta_path.insert(0, NoTorch())
+        from raytrain_seq import checkpoint
+        found = checkpoint.load(sys.argv[1], defer_tensors=True)
+        state = found.state
+        print(json.dumps([state.round, state.batch_size, state.adaptive_state, state.elapsed_s,
+                          list(state.params), list(state.optimizer_state), found.history, found.position]))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    round_, batch, adaptive, elapsed, keys, moments, loaded_history, position = json.loads(out.stdout)
+    assert (round_, batch, adaptive, elapsed) == (5, 8, {"size": 8, "best": 0.5}, 12.5)
+    assert keys == ["w", "n"] and moments == [0] and loaded_history == history and position["round"] == 5
+
+
+def test_a_file_with_tensors_outside_the_state_loads_whole_when_deferred(tmp_path):
+    """The reader without torch takes only files whose tensors are the state's params and moments."""
+    folder = checkpoint.save(
+        tmp_path / checkpoint.folder_name(2), state=_state(2), history={"odd": torch.ones(2)}
+    )
+    loaded = checkpoint.load(folder, defer_tensors=True)
+    assert isinstance(loaded.state.params, dict) and torch.equal(loaded.history["odd"], torch.ones(2))
 
 
 def test_averaged_state_refuses_what_it_cannot_be():

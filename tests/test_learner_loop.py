@@ -495,7 +495,8 @@ def test_evaluator_validates_off_the_learner_and_test_shares_sum_to_the_whole_sp
     the test pass is over (it would take CPU from it). The final test pass: each of two learners scores its
     share and the averager's sums equal one model scoring the whole split."""
     from raytrain_seq.dataplane.stores import InProcessStore
-    from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
+    from raytrain_seq.runtime.evaluator import Evaluator
+    from raytrain_seq.runtime.validator import ThreadValidator
     from raytrain_seq.training.evaluation import evaluate
 
     class RecordingEvaluator(Evaluator):
@@ -572,14 +573,16 @@ class WideValFeed(Feed):
 
 
 def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_build():
-    """ThreadValidator: it refuses to score before start(); once started it scores on its thread exactly
-    what its Evaluator scores; it pickles unstarted (the driver hands it to the averager, and a restarted
-    averager starts its own); a build that raises is raised by every validation and named by error(),
-    which the averager's summary carries for the driver to raise."""
+    """ThreadValidator: a validation starts it if start() was not called (a restarted averager starts it
+    after its first round); it scores on its thread exactly what its Evaluator scores; it pickles (the
+    driver hands it to the averager, and a restarted averager starts its own); a build that raises is
+    raised by every validation and named by error(), which the averager's summary carries for the driver
+    to raise."""
     import pickle
 
     from raytrain_seq.dataplane.stores import InProcessStore
-    from raytrain_seq.runtime.evaluator import Evaluator, ThreadValidator
+    from raytrain_seq.runtime.evaluator import Evaluator
+    from raytrain_seq.runtime.validator import ThreadValidator
 
     config = _config()
     feed = Feed()
@@ -589,16 +592,14 @@ def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_
     validator = ThreadValidator(
         Parts.of(config).evaluator, feed_name="f", namespace="n", build=lambda: evaluator
     )
-    with pytest.raises(RuntimeError, match="start"):
-        asyncio.run(validator(state))
-    validator.start()
-    assert asyncio.run(validator(state)) == evaluator.validate(state) and evaluator.scored == [2, 2]
-    assert validator.error() is None
+    first = asyncio.run(validator(state))  # not started: the call starts it
+    validator.start()  # started already: nothing changes
+    assert first == asyncio.run(validator(state)) == evaluator.validate(state)
+    assert evaluator.scored == [2, 2, 2] and validator.error() is None
     copy = pickle.loads(
         pickle.dumps(ThreadValidator(Parts.of(config).evaluator, feed_name="f", namespace="n"))
     )
-    with pytest.raises(RuntimeError, match="start"):  # travels unstarted
-        asyncio.run(copy(state))
+    assert (copy.feed_name, copy.namespace, copy.error()) == ("f", "n", None)
 
     def broken() -> Evaluator:
         raise OSError("the validation videos are gone")

@@ -4,17 +4,27 @@ Contracts pinned: each averaging round adds train/loss, train/batch_size, train/
 time split at step = round; a validation adds val/top1 (and top-5, mean class accuracy when reported); a
 recovery adds recoveries/count and a text entry; the event files are readable as written (flushed per
 round, not only at the end); ``--tracker none`` writes nothing; an unknown or missing tracker is an error
-naming the fix.
+naming the fix. A process without tensorboardX loaded returns from its calls while a thread loads it (once
+released, when made with ``hold``), and the records are written in order once it is loaded; a failed
+load is raised by the next call.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
+import time
 
 import pytest
 from tensorboardX.proto import event_pb2
 
-from raytrain_seq.outputs.tracking import NullTracker, TensorBoardTracker, make_tracker, tracker_available
+from raytrain_seq.outputs.tracking import (
+    NullTracker,
+    TensorBoardTracker,
+    load_tensorboardx,
+    make_tracker,
+    tracker_available,
+)
 from raytrain_seq.rounds.events import RunHistory
 
 
@@ -78,3 +88,60 @@ def test_no_tracker_writes_nothing_and_bad_trackers_say_the_fix(tmp_path):
     missing = tracker_available("mlflow")
     assert missing is None or "pip install mlflow" in missing
     assert isinstance(make_tracker("tensorboard", tmp_path), TensorBoardTracker)
+
+
+def test_a_tracker_whose_library_is_loading_returns_at_once_and_writes_in_order_when_it_has_loaded(tmp_path):
+    """The restarted averager's case: tensorboardX (and torch) not loaded yet. The calls return while the
+    library loads on the tracker's thread; nothing is written before it has loaded; then every record,
+    in order, and a call after it writes at once."""
+    release, calls = threading.Event(), []
+
+    def slow_library():
+        calls.append(threading.current_thread().name)
+        release.wait(timeout=30)
+        return load_tensorboardx()
+
+    tracker = TensorBoardTracker(tmp_path, library=slow_library)
+    start = time.perf_counter()
+    tracker.scalars({"train/loss": 1.0}, 1)
+    tracker.text("recoveries", "averager_restart: ...", 1)
+    tracker.scalars({"train/loss": 0.5, "skipped": None}, 2)
+    assert time.perf_counter() - start < 5  # the library waits for release: the calls did not
+    assert read_events(tmp_path) == ({}, [])  # nothing before it loaded
+    release.set()
+    tracker._loading.join(timeout=30)
+    assert calls == ["tracker-import"]  # loaded once, on the tracker's thread
+    scalars, texts = read_events(tmp_path)
+    assert scalars == {"train/loss": [(1, 1.0), (2, 0.5)]} and len(texts) == 1
+    tracker.scalars({"train/loss": 0.25}, 3)  # loaded: written before the call returns
+    assert read_events(tmp_path)[0]["train/loss"][-1] == (3, 0.25)
+    tracker.close()
+
+
+def test_a_tracker_whose_library_fails_to_load_says_so_at_the_next_call(tmp_path):
+    def broken():
+        raise ImportError("No module named 'tensorboardX'")
+
+    tracker = TensorBoardTracker(tmp_path, library=broken)
+    tracker.scalars({"train/loss": 1.0}, 1)  # returns: the import runs on the tracker's thread
+    tracker.close()  # waits for it
+    with pytest.raises(RuntimeError, match=r"could not load tensorboardX.*pip install tensorboardX"):
+        tracker.scalars({"train/loss": 1.0}, 2)
+    assert read_events(tmp_path) == ({}, [])
+
+
+def test_a_held_tracker_starts_loading_only_when_released(tmp_path):
+    """``hold``: a restarted averager's records wait, with no import started, until ``release()``."""
+    loads = []
+
+    def library():
+        loads.append(threading.current_thread().name)
+        return load_tensorboardx()
+
+    tracker = TensorBoardTracker(tmp_path, hold=True, library=library)
+    tracker.scalars({"train/loss": 1.0}, 1)
+    time.sleep(0.2)
+    assert loads == [] and not any(t.name == "tracker-import" for t in threading.enumerate())
+    tracker.release()
+    tracker.close()  # waits for the import and the held record
+    assert loads == ["tracker-import"] and read_events(tmp_path)[0] == {"train/loss": [(1, 1.0)]}

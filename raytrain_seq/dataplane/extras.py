@@ -7,7 +7,8 @@ one-value tensors as one column per name and dtype (``OptimizerExtras``), and co
 tensor copy (``state_value``); a round's extras are learner 0's once every learner's steps agree
 (``merge_extras``: Adam's bias correction depends on the step). Why numpy and columns: each message of
 a round carries them, and a torch tensor pickles at a fixed cost per tensor (docs/ARCHITECTURE.md,
-"Measurements behind the code"). Plain numpy and torch: no ray.
+"Measurements behind the code"). Plain numpy and torch: no ray. torch is imported where tensors are read
+or made: the control plane unpickles and merges extras without it.
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["OptimizerExtras", "by_value", "merge_extras", "state_value"]
 
 # Dtypes that go to numpy and come back as themselves (torch.tensor(array)): the extras travel as numpy.
-_NUMPY_EXACT = (
-    *(torch.float16, torch.float32, torch.float64),
-    *(torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
-)
+_NUMPY_EXACT = ("float16", "float32", "float64", "bool", "uint8", "int8", "int16", "int32", "int64")
+
+
+def _numpy_exact(tensor: Tensor) -> bool:
+    """Whether numpy holds ``tensor``'s dtype as it is (``_NUMPY_EXACT``, by torch's name for it)."""
+    return str(tensor.dtype).removeprefix("torch.") in _NUMPY_EXACT
 
 
 def by_value(tensor: Tensor) -> np.ndarray | Tensor:
@@ -37,14 +41,18 @@ def by_value(tensor: Tensor) -> np.ndarray | Tensor:
     per tensor that the control plane pays for every learner's message in and every reply out, where a
     numpy array pickles as its bytes (docs/ARCHITECTURE.md, "Measurements behind the code")."""
     tensor = tensor.detach().cpu()
-    if tensor.dtype in _NUMPY_EXACT:
+    if _numpy_exact(tensor):
         return np.array(tensor.numpy(), copy=True)
     return tensor.clone()
 
 
 def state_value(value: Any) -> Any:
     """An extras value as the state holds it: a tensor (a copy, writable) for a numpy array, else as is."""
-    return torch.tensor(value) if isinstance(value, np.ndarray) else value
+    if not isinstance(value, np.ndarray):
+        return value
+    import torch
+
+    return torch.tensor(value)
 
 
 @dataclass(frozen=True)
@@ -67,11 +75,14 @@ class OptimizerExtras:
     @classmethod
     def of(cls, entries: Mapping[Any, Mapping[str, Any]]) -> OptimizerExtras:
         """From per-index ``{name: value}`` (the optimizer's own values: columns and copies are made)."""
+        import torch
+        from torch import Tensor
+
         gathered: dict[tuple[str, torch.dtype], tuple[list[Any], list[Any]]] = {}
         other: dict[Any, dict[str, Any]] = {}
         for index, entry in entries.items():
             for name, value in entry.items():
-                if isinstance(value, Tensor) and value.dim() == 0 and value.dtype in _NUMPY_EXACT:
+                if isinstance(value, Tensor) and value.dim() == 0 and _numpy_exact(value):
                     indices, values = gathered.setdefault((name, value.dtype), ([], []))
                     indices.append(index)
                     values.append(value.item())  # exact: a Python float or int holds any of these dtypes
@@ -97,6 +108,8 @@ class OptimizerExtras:
         """(index, name, value) of every value: a column's as a 0-d tensor view of the column (one
         ``copy_`` writes it into the optimizer's own tensor, no tensor built per value first), the others
         as ``unpack`` gives them."""
+        import torch
+
         for name, indices, values in self.columns.values():
             column = torch.from_numpy(values)
             for index, value in zip(indices, column, strict=True):
@@ -114,7 +127,8 @@ class OptimizerExtras:
         for index, entry in self.other.items():
             if "step" in entry:
                 value = entry["step"]
-                out[index] = float(value.item()) if isinstance(value, Tensor | np.ndarray) else value
+                # A tensor or an array (both have item()): no torch needed to tell them from a number.
+                out[index] = float(value.item()) if hasattr(value, "item") else value
         return out
 
 

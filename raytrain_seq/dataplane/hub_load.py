@@ -5,15 +5,15 @@ params and moments in, the merged result out to every learner) and, on the flat 
 slices it reads into its own process afterwards (``add_received``) and the slices it merged itself while a
 shard's process started (``"here"``); each shard reports its own ``{shard, received, sent, seconds}``.
 E.g. two learners sending 4 KiB of tensors each: the control actor received 8 KiB and sent 2 x 4 KiB. The
-last 64 rounds are kept. Plain Python over torch tensors.
+last 64 rounds are kept. Plain Python over torch tensors; torch is not imported (a process without it
+holds no tensors).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from torch import Tensor
 
 __all__ = ["HubLoad", "tensor_bytes"]
 
@@ -22,7 +22,8 @@ _KEPT = 64  # rounds kept: the summary shows the recent rounds' load, not the wh
 
 def tensor_bytes(tree: Any) -> int:
     """Bytes of the tensors of a (nested) dict."""
-    if isinstance(tree, Tensor):
+    torch = sys.modules.get("torch")  # not loaded: the tree holds no tensor
+    if torch is not None and isinstance(tree, torch.Tensor):
         return tree.numel() * tree.element_size()
     if isinstance(tree, Mapping):
         return sum(tensor_bytes(value) for value in tree.values())

@@ -10,7 +10,8 @@ merged by total variance), ``max`` (AMSGrad). Every rule is elementwise, so a me
 of ``average_states``/``merge_adam_states`` bit for bit. Integer buffers and Adam's ``step`` travel by
 value in ``FlatPayload.extras`` (``dataplane.extras``); steps must agree, integer buffers are learner 0's.
 bfloat16 travels widened to float32 and is rounded back once. How a payload reaches the shards and who
-merges it: ``dataplane.stores``. Plain numpy and torch: no ray.
+merges it: ``dataplane.stores``. Plain numpy and torch: no ray. torch is imported where tensors are read
+or made, so the control plane unpickles and checks a payload without it (a slot's dtype is a name).
 """
 
 from __future__ import annotations
@@ -21,19 +22,19 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from raytrain_seq.algorithms.averaging import bn_pairs
 from raytrain_seq.dataplane.extras import OptimizerExtras, by_value, state_value
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["FlatLayout", "FlatPayload", "Slot"]
 
 _MOMENT_RULES = {"exp_avg": "mean", "exp_avg_sq": "mean", "max_exp_avg_sq": "max"}
-_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+_NUMPY_FLOATS = ("float16", "float32", "float64")  # torch dtypes that numpy holds as they are
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class Slot:
     buffer: str
     offset: int
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str
+    """The tensor's torch dtype by name (``"bfloat16"`` for ``torch.bfloat16``)."""
 
     @property
     def numel(self) -> int:
@@ -73,6 +75,10 @@ class FlatLayout:
         of Adam/AdamW, or None); an optimizer state holding other floating tensors is a ValueError.
         ``merge_bn_stats`` False places BatchNorm (mean, var) pairs in the ``mean`` buffers (a plain
         mean, as ``average_states(..., merge_bn_stats=False)``): the shards merge by the buffer's rule."""
+        from torch import Tensor
+
+        from raytrain_seq.algorithms.averaging import bn_pairs
+
         if not isinstance(params, Mapping) or not all(isinstance(t, Tensor) for t in params.values()):
             raise TypeError("params must be a dict of tensors (model.state_dict())")
         sizes: dict[str, int] = {}
@@ -81,10 +87,10 @@ class FlatLayout:
         def place(owner: str, key: Any, tensor: Tensor, rule: str) -> None:
             if tensor.is_complex():
                 raise TypeError(f"{owner} {key!r} is complex: split it into real and imaginary parts first")
-            dtype = tensor.dtype if tensor.dtype in _NUMPY_FLOATS else torch.float32
-            buffer = f"{rule}/{str(dtype).removeprefix('torch.')}"
+            dtype = _dtype_name(tensor)
+            buffer = f"{rule}/{dtype if dtype in _NUMPY_FLOATS else 'float32'}"
             offset = sizes.get(buffer, 0)
-            slots.append(Slot(owner, key, buffer, offset, tuple(tensor.shape), tensor.dtype))
+            slots.append(Slot(owner, key, buffer, offset, tuple(tensor.shape), dtype))
             sizes[buffer] = offset + tensor.numel()
 
         pairs = bn_pairs(list(params), params) if merge_bn_stats else {}
@@ -186,6 +192,8 @@ class FlatLayout:
         put, so a learner can overwrite them next round). On CUDA they are pinned, so that the
         device-to-host copies run asynchronously at full speed; one synchronisation ends them.
         """
+        import torch
+
         tensors = [self.tensor_of(params, moments, slot) for slot in self.slots]
         cuda = any(t.device.type == "cuda" for t in tensors)
         buffers = {}
@@ -207,6 +215,8 @@ class FlatLayout:
         """What is not averaged (copies): integer buffers, and Adam's step and non-tensor values. Tensors
         travel as numpy arrays where numpy has their dtype (``by_value``), the optimizer's one-value
         tensors (the steps) as columns (``OptimizerExtras``); ``unpack`` makes them tensors again."""
+        from torch import Tensor
+
         optimizer = None
         if self.moment_keys is not None and moments is not None:
             optimizer = OptimizerExtras.of(
@@ -312,6 +322,8 @@ class FlatLayout:
 
     @staticmethod
     def _read(parts: Sequence[Mapping[str, np.ndarray]], starts: list[int], slot: Slot) -> Tensor:
+        import torch
+
         lo, hi = slot.offset, slot.offset + slot.numel
         first = bisect.bisect_right(starts, lo) - 1
         if hi <= starts[first + 1] or lo == hi:
@@ -324,7 +336,8 @@ class FlatLayout:
                 i += 1
             flat = np.concatenate(pieces)
         tensor = torch.from_numpy(flat).view(slot.shape)  # unpack silences the read-only warning
-        return tensor if tensor.dtype == slot.dtype else tensor.to(slot.dtype)
+        dtype = getattr(torch, slot.dtype)
+        return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _slot_fields(slot: Slot) -> tuple[Any, ...]:
@@ -381,10 +394,17 @@ def _joined(key: str, pieces: Sequence[np.ndarray]) -> np.ndarray:
 def _flat_numpy(tensor: Tensor) -> np.ndarray:
     """A CPU tensor as a 1-D numpy array: a view where it is contiguous in a numpy dtype, else a copy
     (bfloat16 travels widened to float32, as in ``pack``)."""
+    import torch
+
     flat = tensor.detach().reshape(-1)
-    if flat.dtype not in _NUMPY_FLOATS:
+    if _dtype_name(flat) not in _NUMPY_FLOATS:
         flat = flat.to(torch.float32)
     return flat.numpy()
+
+
+def _dtype_name(tensor: Tensor) -> str:
+    """``"float32"`` for a tensor of ``torch.float32``: how a slot names its dtype."""
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.payload import FlatPayload
 from raytrain_seq.members.ids import LearnerId, check_learner
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.state import Arrival, check_payload
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["Arrivals"]
 

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from raytrain_seq.checkpoint import DeferredTensors
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.generations import Channelled
 from raytrain_seq.dataplane.hub_load import HubLoad
@@ -70,16 +71,19 @@ class HeldState:
         self._loads.add_received(state.round, sum(part_nbytes(part) for part in parts))
         return state, parts
 
-    async def held(self) -> AveragedState:
+    async def held(self, *, tensors: bool = True) -> AveragedState:
         """The latest state with its tensors in this process when it can be had: for joins and
         checkpoints. A failed read is logged and the references are handed out instead (their objects
-        may be gone)."""
+        may be gone). ``tensors`` False: the read slices as they are, flat (a learner's checkpoint: the
+        learner unpacks them, so this process needs no torch, and arrays pickle as their bytes)."""
         task = self.reading
         if task is not None and self._latest().flat is not None:
             try:
                 local, parts = await asyncio.shield(task)
-                if local.round == self._latest().round:
+                if local.round == self._latest().round and tensors:
                     local = await asyncio.to_thread(local.materialise, lambda refs: parts)
+                elif local.round == self._latest().round:
+                    local = local.replace(flat=dataclasses.replace(local.flat, parts=tuple(parts)))
             except Exception as exc:
                 logger.error(
                     "averager: reading round %d's merged state failed: %r", self._latest().round, exc
@@ -87,6 +91,11 @@ class HeldState:
             else:
                 if local.round == self._latest().round:
                     return self.current(local)
+        params = self._latest().params
+        if isinstance(params, DeferredTensors) and not params.loaded:
+            # A checkpoint's tensors not read yet (a restarted averager's state, no learner ahead): read
+            # off the loop, which pickling the reply would block.
+            await asyncio.to_thread(params.load)
         return self.current(self._latest())
 
     def current(self, state: AveragedState) -> AveragedState:

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
 from raytrain_seq.dataplane.channel_session import ChannelSession
 from raytrain_seq.dataplane.extras import merge_extras
 from raytrain_seq.dataplane.generations import Channelled
@@ -151,6 +150,9 @@ class RoundMerge:
 
     def tensors(self, arrivals: list, weights: list[float], uneven: bool = False) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""
+        # Imported here: the flat path (shards) needs no torch, and a restarted averager loads none for it.
+        from raytrain_seq.algorithms.averaging import average_states, merge_adam_states
+
         params = average_states(
             [a.params for a in arrivals], weights, merge_bn_stats=self._settings.merge_bn_stats
         )

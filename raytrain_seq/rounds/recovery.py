@@ -6,16 +6,23 @@ checkpoint (a restored state) or live (the state the averager held). A learner t
 averager sends its last averaged state (``check_seed``: its tensors, or flat with its slices in hand); ``newer`` says whether it is ahead of the averager's (and checks
 it then), and ``adopt`` takes it: the round book restarts from its round, the batch rule from its state,
 and the history records a re-seed (or a checkpoint recovery, when the learner held the run's latest
-checkpoint). The averager fails its open round in between, since its senders must rejoin. Plain Python.
+checkpoint). The averager fails its open round in between, since its senders must rejoin. A seed of
+the round the averager holds, while that state's tensors are not yet read from its checkpoint, lends it
+its bytes (``in_hand``). Plain Python.
 """
 
 from __future__ import annotations
 
+import logging
+
+from raytrain_seq.checkpoint import DeferredTensors
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.rounds.batch_rule import BatchRule
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import RunHistory, describe_position
 from raytrain_seq.rounds.state import AveragedState, check_payload
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["GroupRecovery"]
 
@@ -65,6 +72,21 @@ class GroupRecovery:
         else:
             check_payload(seed.params, seed.optimizer_state, None, 1.0, seed.position)
         return True
+
+    @staticmethod
+    def in_hand(learner: LearnerId, seed: AveragedState, held: AveragedState) -> AveragedState | None:
+        """``held`` with the bytes of ``seed``, a learner's copy of the same round, when ``held``'s tensors
+        are not yet read from its checkpoint (``checkpoint.DeferredTensors``): the same averaged values
+        (the checkpoint was written from them), in hand and flat, with no wait for torch and the file.
+        None otherwise (the seed is not flat in hand, another round, or the tensors are read)."""
+        if seed.round != held.round or seed.flat is None or not seed.flat.local:
+            return None
+        if not isinstance(held.params, DeferredTensors) or held.params.loaded:
+            return None
+        check_payload(seed.flat, None, None, 1.0, seed.position)
+        logger.info("averager: round %d's state taken from learner %r's copy, not read from the checkpoint",
+                    held.round, learner)  # fmt: skip
+        return held.replace(params=None, optimizer_state=None, flat=seed.flat)
 
     def adopt(self, learner: LearnerId, seed: AveragedState, held: int) -> AveragedState:
         """Take ``learner``'s newer ``seed`` (the averager held round ``held``); returns the new state."""

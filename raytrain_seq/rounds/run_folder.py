@@ -10,11 +10,13 @@ checkpoint), naming the rounds the stopped run averaged after the checkpoint (lo
 they are averaged again, logged as ``redo``). ``restore`` puts a checkpoint's state into the round book,
 the batch rule, the validation machine (its due validation comes back due) and the history, keeping the
 log's drops when the log was read (it has the drops since the checkpoint too), and returns the state to
-hold. Plain Python and files: the checkpoint loader is injected.
+hold, its tensors deferred (``checkpoint.DeferredTensors``: a restart needs no torch). Plain Python and
+files: the checkpoint loader is injected.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +32,8 @@ __all__ = ["RunFolder"]
 
 class RunFolder:
     """Loads a run folder into an averager's ``book``, ``batch`` rule, ``validation`` machine and
-    ``history``; ``load_latest``: the latest checkpoint of a folder or None (``checkpoint.load_latest``)."""
+    ``history``; ``load_latest``: the latest checkpoint of a folder or None (``checkpoint.load_latest``,
+    its tensors deferred)."""
 
     def __init__(
         self,
@@ -39,10 +42,10 @@ class RunFolder:
         batch: BatchRule,
         validation: ValidationMachine,
         history: RunHistory,
-        load_latest: Callable[[Path], checkpoint.Checkpoint | None] = checkpoint.load_latest,
+        load_latest: Callable[[Path], checkpoint.Checkpoint | None] | None = None,
     ) -> None:
         self._book, self._batch, self._validation, self._history = book, batch, validation, history
-        self._load_latest = load_latest
+        self._load_latest = load_latest or functools.partial(checkpoint.load_latest, defer_tensors=True)
         self._events_loaded = False
 
     def load(self, run_dir: Path, *, restarted_by_ray: bool, state: AveragedState) -> AveragedState:

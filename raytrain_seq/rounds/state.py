@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.payload import FlatPayload
 from raytrain_seq.members.ids import LearnerId
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "SOURCES",
@@ -218,6 +219,8 @@ def check_payload(
             ("flat", params.layout.signature, len(params.parts)),
             params.layout.moments,
         )
+    from torch import Tensor  # tensors came with the call, so torch is loaded; a flat round needs none
+
     if not isinstance(params, Mapping) or not all(isinstance(t, Tensor) for t in params.values()):
         raise TypeError(
             "params must be a dict of tensors: send {k: v.cpu() for k, v in model.state_dict().items()}"

@@ -21,9 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from raytrain_seq import checkpoint
 from raytrain_seq.checks import check_number
@@ -43,7 +41,7 @@ from raytrain_seq.rounds.current_round import RoundPhase
 from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.group import GroupChanges
 from raytrain_seq.rounds.held_state import HeldState
-from raytrain_seq.rounds.merging import RoundMerge
+from raytrain_seq.rounds.merging import LOST, RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
 from raytrain_seq.rounds.round_wait import RoundWait
 from raytrain_seq.rounds.run_folder import RunFolder
@@ -62,6 +60,9 @@ from raytrain_seq.rounds.validation import (
 from raytrain_seq.rounds.validation_runner import ValidationRunner
 from raytrain_seq.runtime.channels import read_round
 from raytrain_seq.runtime.probes import LearnerProbes
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,10 @@ class ParameterAverager:
                 # The shards died with the process before: the new ones start now, while the learners
                 # rejoin, not on the first round's path. Their nodes are not known yet (no hints).
                 self._pool.prepare()
+        # What loads torch starts at once, or after a restart once its first round closed (see there).
+        self._loading = self._book.restarted
+        if not self._loading:
+            _start_loading(self._validator, self._tracker)
 
     def _build_data_plane(self, shard_pool: Callable[[int], ShardPool] | None) -> None:
         """The parts that move bytes: the shard pool, its placement, the channels and the hub load."""
@@ -143,12 +148,9 @@ class ParameterAverager:
         self._batch = BatchRule(settings)  # what a validation's accuracy makes of B
         # The learners score the validations, each its share, unless an evaluator does (runtime/evaluator.py).
         self._validation = ValidationMachine.from_settings(settings, by_learners=self._validator is None)
-        start = getattr(self._validator, "start", None)
-        if start is not None:
-            start()  # evaluator.ThreadValidator: builds the evaluator and its rows in the background
         self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
-        live = make_tracker(settings.tracker, run_dir)
+        live = self._tracker = make_tracker(settings.tracker, run_dir, hold=True)  # see _start_loading
         events = None if run_dir is None else Path(run_dir) / EVENTS_FILE
         self._history = RunHistory(events, actor=actor, tracker=live)
         book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners, "live": settings.live}
@@ -235,6 +237,9 @@ class ParameterAverager:
             if self._validating.act(step, result.state):
                 result = dataclasses.replace(result, validate=True)
             future.set_result(result)
+            if self._loading:
+                self._loading = False
+                _start_loading(self._validator, self._tracker)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
             if self._book.current.phase is RoundPhase.CLOSING:
@@ -311,8 +316,12 @@ class ParameterAverager:
         )
 
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
-        """Take a rejoining learner's last averaged state when it is newer than ours."""
-        if self._recovery.newer(seed, self._state):
+        """Take a rejoining learner's last averaged state when it is newer than ours, or its bytes of the
+        same round when ours are still being read from the checkpoint."""
+        same = self._recovery.in_hand(learner, seed, self._state)
+        if same is not None:
+            self._state = same
+        elif self._recovery.newer(seed, self._state):
             why = f"learner {learner!r} re-seeded round {seed.round}"
             self._channels.end(why)
             self._wait.fail(why)
@@ -438,20 +447,12 @@ class ParameterAverager:
         node = self._nodes.get(incarnation) if incarnation is not None else None
         if node is not None and (replaced := self._pool.node_lost(node)):
             logger.warning("shards %s on learner %r's node %s replaced", replaced, learner, node[:8])
-        if (merging := self._merge.lost(learner)) is not None:  # its slices die with it: stop waiting
-            self._pool.forget(*merging)
+        _forgetting(self._merge, self._pool)(learner, LOST)  # its slices die with it: stop waiting
         if self._book.complete:
             self._wait.start_close()
         if self._book.live.changes != changes:
             self._changes.changed()  # applied at once: nobody was left to close a round
         return True
-
-    async def leave(self, learner: LearnerId) -> None:
-        """Remove a learner for good; an open round stops waiting for it."""
-        self._channels.end(f"learner {learner!r} left")
-        self._book.leave(learner)
-        if self._book.complete:
-            self._wait.start_close()
 
     # ------------------------------------------------------------------------ checkpoints, summary
     async def latest(self) -> AveragedState:
@@ -459,9 +460,9 @@ class ParameterAverager:
         return await self._held.held()
 
     async def checkpoint_contents(self) -> tuple[AveragedState, CheckpointHistory]:
-        """What a checkpoint of the latest round holds: the state, and the history a restore needs."""
+        """A checkpoint of the latest round: the state (flat when a round's: the learner unpacks it), history."""
         history = self._history.checkpoint_part(due=self._validation.due, dropped=self._book.dropped_log)
-        return await self._held.held(), history
+        return await self._held.held(tensors=False), history
 
     async def restore(self, found: checkpoint.Checkpoint) -> None:
         """Continue from a loaded checkpoint (``checkpoint.load``), e.g. after a crash."""
@@ -494,8 +495,7 @@ class ParameterAverager:
             channels=self._channels.report(),
             hub_load=self._loads.as_list(),
             test=self._test.totals(),
-            # The driver raises it: no validation round was scored.
-            validator_error=self._validating.validator_error(),
+            validator_error=self._validating.validator_error(),  # the driver raises it: none was scored
             processes=_processes(self._book, self._nodes),
         )
 
@@ -506,6 +506,14 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
     flat = result.state.flat is not None and not isinstance(result.state.flat.parts[0], Channelled)
     plan = await channels.plan(result.learners, book.current.expected, result.dropped, flat, book.world_size)
     return result if plan is None else dataclasses.replace(result, channels=plan)
+
+
+def _start_loading(validator: Any, tracker: Any) -> None:
+    """Start what loads torch, on threads: the evaluator and the tracker's library. A restarted averager
+    starts them once its first round closed: an import shares the GIL with the rejoins and that round."""
+    if hasattr(validator, "start"):
+        validator.start()  # runtime.validator.ThreadValidator
+    tracker.release()
 
 
 def _forgetting(merge: RoundMerge, pool: ShardPool) -> Callable[[LearnerId, str], None]:
@@ -541,9 +549,7 @@ def _actor_id() -> str | None:
     """This actor's id (the same across its restarts), or None outside a Ray actor."""
     import ray
 
-    if not ray.is_initialized():
-        return None
-    return ray.get_runtime_context().get_actor_id()
+    return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
 
 
 # --------------------------------------------------------------------------------------------- ray glue

@@ -155,10 +155,10 @@ def _start_actors(state: _Run) -> None:
     if train.validate_every:
         # A failure to launch them is raised again by the evaluator's own eval_shard call.
         feed.prefetch_eval.remote("val")
-    # torch loads now (with the averager's module), while the feed's process loads its catalog (the
-    # reasons for this order: docs/ARCHITECTURE.md, "Start-up order").
+    # The averager starts while the feed's process loads its catalog (the reasons for this order:
+    # docs/ARCHITECTURE.md, "Start-up order"); its module loads no torch here, its process on a thread.
     from raytrain_seq.runtime.averager import create_averager
-    from raytrain_seq.runtime.evaluator import ThreadValidator
+    from raytrain_seq.runtime.validator import ThreadValidator
 
     # Validation rounds: a CPU cluster's evaluator on a thread of the averager, or the GPU learners
     # (docs/ARCHITECTURE.md, "Validation").
