@@ -1,5 +1,5 @@
 """``RayTransport.away``: a restarting averager is seen without calling it (a call would fail only after
-Ray's grace for the death).
+Ray's grace for the death, unless the process was started with ``fleet.LEARNER_ENV``, as a learner is).
 
 Pins the Ray pieces it reads, on a cluster without a dashboard (no state API): the open ``watch()`` call
 that fails when the process dies, and every actor's readiness probe (``__ray_ready__``), which fails when
@@ -137,3 +137,36 @@ def _answers(transport: RayTransport) -> bool:
         return transport("ping") == 1
     except Unreachable:
         return False
+
+
+def test_a_learners_call_to_a_killed_averager_fails_at_once_and_without_its_env_a_grace_later(ray_cluster):
+    """``fleet.LEARNER_ENV``: from a learner's process (an actor started with it) a call to an actor whose
+    process was just killed fails at once, so the learner defers its round and trains on; from a process
+    without it the same call waits Ray's grace for the cause of the death. Each caller kills the actor
+    itself, so that its call goes to the dead process before any notice of the death."""
+    from raytrain_seq.runtime.fleet import LEARNER_ENV
+
+    ray = ray_cluster
+
+    class Caller:  # defined here: Ray ships it by value
+        def fails_after(self, handle) -> tuple[str, float]:
+            assert ray.get(handle.ping.remote(), timeout=30) == 1
+            ray.kill(handle, no_restart=False)
+            time.sleep(0.2)
+            began = time.monotonic()
+            try:
+                ray.get(handle.ping.remote(), timeout=30)
+                return "answered", time.monotonic() - began
+            except ray.exceptions.RayActorError as exc:
+                return type(exc).__name__, time.monotonic() - began
+
+    seconds = {}
+    for env in (LEARNER_ENV, None):
+        target = ray.remote(max_restarts=1, max_task_retries=0)(_slow_class(ray)).remote(restart_s=4.0)
+        options = {"runtime_env": {"env_vars": env}} if env else {}
+        caller = ray.remote(num_cpus=0)(Caller).options(**options).remote()
+        kind, seconds[bool(env)] = ray.get(caller.fails_after.remote(target), timeout=60)
+        assert kind == "ActorUnavailableError"  # the client's Unreachable: deferred, then rejoined
+        ray.kill(caller)
+        ray.kill(target, no_restart=True)
+    assert seconds[True] < 0.5 < seconds[False], seconds

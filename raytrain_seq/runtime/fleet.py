@@ -36,8 +36,14 @@ from raytrain_seq.runtime.launch import LearnerLaunch
 logger = logging.getLogger(__name__)
 
 LEARNER_THREADS = 4  # a learner actor's call threads: run(), and Ray's own calls on it beside it
+# A learner's call to an actor whose process died fails at once, not after Ray's grace for the cause of
+# the death (``timeout_ms_task_wait_for_death_info``; KubeRay sets it to 0 for Ray Serve): a learner whose
+# averager died defers its round and trains on at once, not a grace later (docs/ARCHITECTURE.md,
+# "Measurements behind the code").
+LEARNER_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "0"}
 
 __all__ = [
+    "LEARNER_ENV",
     "FleetSettings",
     "LearnerFleet",
     "LearnerProcess",
@@ -294,7 +300,7 @@ class LearnerFleet:
                 max_restarts=settings.max_failures, max_task_retries=0,
                 # run() holds one thread for the whole run: others serve what Ray calls on the actor
                 # meanwhile (a channel's set-up on a reader's node runs there), as Ray Train's workers did.
-                max_concurrency=LEARNER_THREADS,
+                max_concurrency=LEARNER_THREADS, runtime_env={"env_vars": LEARNER_ENV},
             ).remote(self.learner, self.launch, slot)  # fmt: skip
             self._ready[self.handles[slot].ready.remote()] = slot
         deadline = self.clock() + settings.start_timeout_s
