@@ -2,12 +2,12 @@
 
 ``rounds.client.AveragerClient`` holds the retry and rejoin policy and takes its transport through its
 constructor (a fake in tests). ``RayTransport`` is the one for a learner actor: each call is one actor
-method call, and the failures the client retries become ``Unreachable``. ``away`` says whether the averager
-is down without a call, which would only fail after Ray's grace for its death: an open ``watch()`` call
-fails once its process dies, and only then are Ray's readiness probes sent, a fresh one every
-``PROBE_EVERY_S``, until one answers (no dashboard or state API needed). ``until_back`` is the client's
-pause between retries, cut short when a restarted averager takes calls. ray is imported only inside the
-methods.
+method call, and the failures the client retries become ``Unreachable`` (a learner's process fails a call
+to a dead process at once: ``fleet.LEARNER_ENV``). ``away`` says whether the averager is down without a
+call: an open ``watch()`` call fails once its process dies, and only then are Ray's readiness probes
+sent, a fresh one every ``PROBE_EVERY_S``, until one answers (no dashboard or state API needed).
+``until_back`` is the client's pause between retries, cut short when a restarted averager takes calls.
+ray is imported only inside the methods.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from raytrain_seq.rounds.client import Unreachable
 
 __all__ = ["RayTransport"]
 
-# While the averager restarts a readiness probe fails only after Ray's grace for a death: a fresh probe
-# goes out this often, and the first one sent after the new process is up answers.
+# While the averager restarts a readiness probe fails (after Ray's grace for a death, in a process started
+# without LEARNER_ENV): a fresh probe goes out this often, and the first one sent once it is up answers.
 PROBE_EVERY_S = 0.1
 
 
@@ -55,8 +55,8 @@ class RayTransport:
         return answer
 
     def away(self) -> bool:
-        """Whether the averager's actor is down now (restarting, or dead), where a call would only fail
-        after Ray's grace for the death and a learner that knows can train on (``AveragerClient.away``).
+        """Whether the averager's actor is down now (restarting, or dead), where a call would fail and a
+        learner that knows can train on without sending its round (``AveragerClient.away``).
 
         An open ``watch()`` call (it never answers) says no at the cost of a ``ray.wait``: it fails once
         its process dies. Then Ray's readiness probe (``__ray_ready__``, every actor's; Ray Serve asks a
