@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_tracking import read_events
 
 from raytrain_seq import checkpoint
 from raytrain_seq.config import Config
@@ -92,6 +93,9 @@ def test_smoke_run_end_to_end_then_resume(ray_cluster, tmp_path, capsys):
     assert summary.mean_class_accuracy is not None and 0.0 <= summary.mean_class_accuracy <= 1.0
     assert stored["top5_accuracy"] == summary.top5_accuracy and "mean_class_accuracy" in stored
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard event file"
+    scalars, _ = read_events(run_dir / "tensorboard")  # the averager's rounds, the driver's test scores
+    assert scalars["test/top1"] == [(summary.rounds, pytest.approx(summary.test_accuracy))]
+    assert [step for step, _ in scalars["train/batch_size"]] == list(range(1, summary.rounds + 1))
     latest = checkpoint.load_latest(run_dir)
     assert latest is not None and latest.folder.name == "checkpoint_round_000001"
     raw = torch.load(latest.folder / checkpoint.STATE_FILE, weights_only=True)  # plain types only

@@ -4,9 +4,9 @@ Contracts pinned: each averaging round adds train/loss, train/batch_size, train/
 time split at step = round; a validation adds val/top1 (and top-5, mean class accuracy when reported); a
 recovery adds recoveries/count and a text entry; the event files are readable as written (flushed per
 round, not only at the end); ``--tracker none`` writes nothing; an unknown or missing tracker is an error
-naming the fix. A process without tensorboardX loaded returns from its calls while a thread loads it (once
-released, when made with ``hold``), and the records are written in order once it is loaded; a failed
-load is raised by the next call.
+naming the fix. Where tensorboardX is not loaded, a thread started with the tracker (or at ``release``,
+when made with ``hold``) loads it, the calls return meanwhile, and the records are written in order once
+it is loaded; a failed load is raised by the next call.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_a_tracker_whose_library_is_loading_returns_at_once_and_writes_in_order_
         release.wait(timeout=30)
         return load_tensorboardx()
 
-    tracker = TensorBoardTracker(tmp_path, library=slow_library)
+    tracker = TensorBoardTracker(tmp_path, library=slow_library)  # its import starts now, on its thread
     start = time.perf_counter()
     tracker.scalars({"train/loss": 1.0}, 1)
     tracker.text("recoveries", "averager_restart: ...", 1)
@@ -122,8 +122,7 @@ def test_a_tracker_whose_library_fails_to_load_says_so_at_the_next_call(tmp_path
     def broken():
         raise ImportError("No module named 'tensorboardX'")
 
-    tracker = TensorBoardTracker(tmp_path, library=broken)
-    tracker.scalars({"train/loss": 1.0}, 1)  # returns: the import runs on the tracker's thread
+    tracker = TensorBoardTracker(tmp_path, library=broken)  # its import starts on its thread
     tracker.close()  # waits for it
     with pytest.raises(RuntimeError, match=r"could not load tensorboardX.*pip install tensorboardX"):
         tracker.scalars({"train/loss": 1.0}, 2)

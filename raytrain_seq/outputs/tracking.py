@@ -70,12 +70,13 @@ class TensorBoardTracker:
     writer, no TensorFlow): an event is on disk when the call returns. tensorboardX's SummaryWriter queues
     events for a background thread, so a reader (or a crash) could miss the latest round.
 
-    One exception, at a process's start: importing tensorboardX imports torch (seconds), and a restarted
-    averager must not spend them before it serves its learners. So where tensorboardX is not loaded yet,
-    the first call starts its import on a thread of the tracker's own and returns; the records made
-    meanwhile are written, in order, once it is loaded, and ``close`` waits for them. A failed import is
-    logged there and raised by the next call. ``hold``: the import waits for ``release()`` (a restarted
-    averager's learners rejoin first). ``library``: what loads the writer's parts (tests pass one).
+    One exception, at a process's start: importing tensorboardX imports torch (seconds), which neither a
+    restarted averager before it serves its learners nor the driver at the run's end should wait for. So
+    where tensorboardX is not loaded yet, a thread of the tracker's own imports it from the moment the
+    tracker is made; the records made meanwhile are written, in order, once it is loaded, and ``close``
+    waits for them. A failed import is logged there and raised by the next call. ``hold``: the import
+    waits for ``release()`` (a restarted averager's learners rejoin first). ``library``: what loads the
+    writer's parts (tests pass one).
     """
 
     def __init__(self, folder: Path, *, hold: bool = False, library: Callable[[], Any] | None = None) -> None:
@@ -90,13 +91,14 @@ class TensorBoardTracker:
         self._loading: threading.Thread | None = None
         self._failed: BaseException | None = None
         self._held = hold
+        if not hold:
+            self._start()
 
     def release(self) -> None:
-        """The library may load now (``hold``): records waiting for it start its import."""
+        """The library may load now (``hold``)."""
         with self._lock:
             self._held = False
-            if self._pending:
-                self._start()
+            self._start()
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -125,11 +127,9 @@ class TensorBoardTracker:
             self._pending.append((kind, tag, value, step))
             if self._tb is not None:
                 self._write_pending()
-            elif not self._held:
-                self._start()
 
     def _start(self) -> None:
-        """Start the library's import (the lock held), once."""
+        """Start the library's import (the lock held, or no thread yet), once."""
         if self._loading is None and self._tb is None:
             self._loading = threading.Thread(target=self._load, name="tracker-import", daemon=True)
             self._loading.start()

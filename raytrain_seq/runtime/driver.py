@@ -63,6 +63,7 @@ class _Run:
     feed: Any = None
     averager: Any = None
     slots: dict[str, Any] = dataclasses.field(default_factory=dict)  # fleet.LearnerFleet.records()
+    tracker: Any = None  # the test scores' (outputs.tracking): made at the fit, its library loads meanwhile
 
 
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
@@ -144,7 +145,7 @@ def _check_learner_resources(learner_resources: Mapping[str, float] | None) -> d
 
 
 def _start_actors(state: _Run) -> None:
-    """The feed, then (its process starting) torch's import with the averager's, then the averager."""
+    """The feed, then (its process starting) the averager."""
     from raytrain_seq.runtime.feed import create_feed  # no torch: the feed starts before torch loads
 
     config, train, launch, parts = state.config, state.config.train, state.launch, state.parts
@@ -188,6 +189,8 @@ def _fit(state: _Run) -> LearnerReport:
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
     train = state.config.train
+    # Made now: where its library is not loaded, it loads on its own thread while the learners train.
+    state.tracker = make_tracker(state.config.run.tracker, state.config.run_dir())
     fleet = LearnerFleet(
         _fleet_settings(state), learner=state.parts.learner, launch=state.launch, averager=state.averager
     )
@@ -254,7 +257,7 @@ def _finish(state: _Run, metrics: LearnerReport) -> RunSummary:
     marks["summarised"] = time.time()
     plot_curves(summary, state.run_dir / "curves.png")
     plot_confusion(summary, metrics.confusion, state.run_dir / "confusion.png")
-    _track_test(config, summary)
+    _track_test(state.tracker, summary)
     marks["plotted"] = time.time()
     # When each step of start-up, the test pass and the write ended, in seconds from the job's start.
     began_wall = state.began_wall
@@ -284,9 +287,8 @@ def _whole(epochs: float) -> int | float:
     return int(epochs) if float(epochs).is_integer() else float(epochs)
 
 
-def _track_test(config: Config, summary: RunSummary) -> None:
+def _track_test(tracker: Any, summary: RunSummary) -> None:
     """The test scores, once, beside the averager's per-round scalars (step = the last round)."""
-    tracker = make_tracker(config.run.tracker, config.run_dir())
     values = {"test/top1": summary.test_accuracy, "test/top5": summary.top5_accuracy}
     values["test/mean_class_accuracy"] = summary.mean_class_accuracy
     tracker.scalars(values, summary.rounds)
