@@ -236,10 +236,10 @@ class ParameterAverager:
             step = self._validation.on(Averaged(result.state.round, result.state.position))
             if self._validating.act(step, result.state):
                 result = dataclasses.replace(result, validate=True)
-            future.set_result(result)
-            if self._loading:
+            if self._loading:  # its threads start now, beside the replies' way out
                 self._loading = False
                 _start_loading(self._validator, self._tracker)
+            future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
             if self._book.current.phase is RoundPhase.CLOSING:
@@ -317,7 +317,7 @@ class ParameterAverager:
 
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:
         """Take a rejoining learner's last averaged state when it is newer than ours, or its bytes of the
-        same round when ours are still being read from the checkpoint."""
+        same round when ours are not yet read from the checkpoint."""
         same = self._recovery.in_hand(learner, seed, self._state)
         if same is not None:
             self._state = same
