@@ -23,15 +23,20 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["OptimizerExtras", "by_value", "merge_extras", "state_value"]
+__all__ = ["OptimizerExtras", "by_value", "dtype_name", "merge_extras", "state_value"]
 
 # Dtypes that go to numpy and come back as themselves (torch.tensor(array)): the extras travel as numpy.
 _NUMPY_EXACT = ("float16", "float32", "float64", "bool", "uint8", "int8", "int16", "int32", "int64")
 
 
+def dtype_name(tensor: Tensor) -> str:
+    """``"float32"`` for a tensor of ``torch.float32``: a dtype by name, which needs no torch to compare."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 def _numpy_exact(tensor: Tensor) -> bool:
-    """Whether numpy holds ``tensor``'s dtype as it is (``_NUMPY_EXACT``, by torch's name for it)."""
-    return str(tensor.dtype).removeprefix("torch.") in _NUMPY_EXACT
+    """Whether numpy holds ``tensor``'s dtype as it is (``_NUMPY_EXACT``)."""
+    return dtype_name(tensor) in _NUMPY_EXACT
 
 
 def by_value(tensor: Tensor) -> np.ndarray | Tensor:

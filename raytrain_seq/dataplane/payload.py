@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raytrain_seq.dataplane.extras import OptimizerExtras, by_value, state_value
+from raytrain_seq.dataplane.extras import OptimizerExtras, by_value, dtype_name, state_value
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -87,7 +87,7 @@ class FlatLayout:
         def place(owner: str, key: Any, tensor: Tensor, rule: str) -> None:
             if tensor.is_complex():
                 raise TypeError(f"{owner} {key!r} is complex: split it into real and imaginary parts first")
-            dtype = _dtype_name(tensor)
+            dtype = dtype_name(tensor)
             buffer = f"{rule}/{dtype if dtype in _NUMPY_FLOATS else 'float32'}"
             offset = sizes.get(buffer, 0)
             slots.append(Slot(owner, key, buffer, offset, tuple(tensor.shape), dtype))
@@ -397,14 +397,9 @@ def _flat_numpy(tensor: Tensor) -> np.ndarray:
     import torch
 
     flat = tensor.detach().reshape(-1)
-    if _dtype_name(flat) not in _NUMPY_FLOATS:
+    if dtype_name(flat) not in _NUMPY_FLOATS:
         flat = flat.to(torch.float32)
     return flat.numpy()
-
-
-def _dtype_name(tensor: Tensor) -> str:
-    """``"float32"`` for a tensor of ``torch.float32``: how a slot names its dtype."""
-    return str(tensor.dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)

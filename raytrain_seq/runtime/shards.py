@@ -29,6 +29,7 @@ from raytrain_seq.checks import check_number
 # Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.dataplane.shard_calls import answers
+from raytrain_seq.dataplane.stores import SlicesLost
 from raytrain_seq.members.ids import LearnerId
 from raytrain_seq.runtime.store_memory import MemoryReport, StoreMemory, cuda_host_register
 
@@ -564,7 +565,4 @@ class RayStore:
         try:
             return self._get(list(refs), timeout=self.timeout_s)
         except ObjectLostError as exc:  # OwnerDiedError among them: the averager died after it merged
-            # Imported here: dataplane.stores loads torch, which a shard's process never does.
-            from raytrain_seq.dataplane.stores import SlicesLost
-
             raise SlicesLost(f"{type(exc).__name__}: the objects are gone with their owner") from exc
