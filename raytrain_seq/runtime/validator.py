@@ -38,8 +38,9 @@ class ThreadValidator:
     behind the code"). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
     validation maps its activations afresh and the learners beside it slow down (the same LOG entry).
 
-    ``start()`` (the averager calls it when it starts) builds the evaluator and assembles the validation
-    rows on that thread; validations queue behind it. Picklable until started, so the driver hands it to
+    ``start()`` (the averager calls it at its start, or after a restart's first round; a validation before
+    that starts it) builds the evaluator and assembles the validation rows on that thread; validations
+    queue behind it. Picklable until started, so the driver hands it to
     the averager's constructor; a restarted averager builds a new one.
     """
 
@@ -72,7 +73,7 @@ class ThreadValidator:
         from raytrain_seq.training.heap import keep_freed_memory
 
         # Process-wide, as in a learner: one intra-op thread per scoring thread, freed memory kept. Set
-        # here, before the model is built: nothing in this process runs torch before this thread.
+        # here, before the model is built and before any validation scores.
         torch.set_num_threads(1)
         if self.settings.keep_freed_memory:
             keep_freed_memory()
