@@ -31,7 +31,7 @@ from raytrain_seq.rounds.events import EVENTS_FILE, RunHistory
 from raytrain_seq.rounds.held_state import HeldState
 from raytrain_seq.rounds.merging import RoundMerge
 from raytrain_seq.rounds.recovery import GroupRecovery
-from raytrain_seq.rounds.round_wait import RoundWait
+from raytrain_seq.rounds.round_wait import FIRST_PROBE_S, RoundWait
 from raytrain_seq.rounds.run_folder import RunFolder
 from raytrain_seq.rounds.settings import AveragerSettings
 from raytrain_seq.rounds.state import AveragedState, check_payload
@@ -624,7 +624,7 @@ def test_the_round_wait_closes_at_the_deadline_or_at_once_and_fails_a_round_the_
 
 
 def test_the_round_wait_drops_learners_whose_processes_do_not_answer_and_waits_for_the_slow():
-    async def scenario(answers: dict, timeout_s: float, late: dict):
+    async def scenario(answers: dict, timeout_s: float, late: dict, probe_s: float = 0.05):
         book = RoundBook(len(answers), timeout_s=timeout_s)
         for name in answers:
             book.join(name)
@@ -645,7 +645,7 @@ def test_the_round_wait_drops_learners_whose_processes_do_not_answer_and_waits_f
             return task
 
         arrivals = Arrivals(book, shards=1, merge_moments=False)
-        wait = RoundWait(book, arrivals, spawn=spawn, close=close, probe=probe, probe_s=0.05)
+        wait = RoundWait(book, arrivals, spawn=spawn, close=close, probe=probe, probe_s=probe_s)
         opened = time.monotonic()
         book.arrive("a", 1, len(answers), object())
         wait.open()
@@ -674,6 +674,12 @@ def test_the_round_wait_drops_learners_whose_processes_do_not_answer_and_waits_f
     run = scenario({"a": True, "b": False}, 30.0, {"b": 0.0})
     closed, asked, _ = asyncio.run(asyncio.wait_for(run, 10))
     assert [gone for _, gone in closed] == [[]] and asked == []
+    # The first probe goes out FIRST_PROBE_S after the round opened, not probe_s: a stopped learner is
+    # dropped about one probe_s after the first arrival (two, with the first probe at probe_s).
+    closed, asked, _ = asyncio.run(asyncio.wait_for(scenario({"a": True, "c": False}, 30.0, {}, 0.5), 10))
+    [(seconds, gone)] = closed
+    assert gone == ["c"] and asked == ["c"]
+    assert 0.5 + FIRST_PROBE_S <= seconds < 2 * 0.5  # the old first probe: at 0.5 s, dropped at >= 1 s
 
 
 def test_a_merging_rounds_senders_are_probed_and_one_that_does_not_answer_is_forgotten_once():

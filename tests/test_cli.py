@@ -150,7 +150,7 @@ CLI_VALUES: dict[str, tuple[list[str], object, list[str]]] = {
     "train.optimizer": (["sgd"], "sgd", []),
     "train.weight_decay": (["1e-4"], 1e-4, []),
     "train.averager_timeout_s": (["30"], 30.0, []),
-    "train.averager_probe_s": (["0.5"], 0.5, []),
+    "train.averager_probe_s": (["0.25"], 0.25, []),
     "train.averager_shards": (["2"], 2, []),
     "train.averager_channels": ([], True, []),
     "train.checkpoint_every": (["2"], 2, []),

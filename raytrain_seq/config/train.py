@@ -85,7 +85,7 @@ class TrainConfig:
     """Weight decay of the optimizer (L2 for adam and sgd, decoupled for adamw); 0 = none."""
     averager_timeout_s: float = 60.0
     """Seconds the averager waits for a learner in a round before dropping it from that round."""
-    averager_probe_s: float = 1.0
+    averager_probe_s: float = 0.5
     """Drop a learner from a round sooner when its process does not answer within this (0: never ask)."""
     averager_shards: int | None = None
     """Averaging shard actors S, each merging a slice of the weights; None = one per learner (the max)."""
@@ -176,7 +176,7 @@ class TrainConfig:
         """The averager's timeout, checkpoints and shards; GPUs, the validator and the precision."""
         timeout, why = self.averager_timeout_s, "use e.g. 60.0 seconds"
         number("train.averager_timeout_s", timeout, ">= 0.001", lambda v: v >= 0.001, why)
-        probe, why = self.averager_probe_s, "use e.g. 1.0 seconds, or 0 to wait the whole timeout"
+        probe, why = self.averager_probe_s, "use e.g. 0.5 seconds, or 0 to wait the whole timeout"
         number("train.averager_probe_s", probe, ">= 0", lambda v: v >= 0, why)
         int_at_least("train.checkpoint_every", self.checkpoint_every, 1, "use 1 to checkpoint every round")
         if self.averager_shards is not None:

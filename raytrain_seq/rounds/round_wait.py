@@ -5,9 +5,10 @@ timer that closes the round at the book's deadline, ``timeout_s`` after that arr
 closes when every expected learner arrived or at the deadline (``start_close``, which hands the book's
 ``RoundClose`` and the future to the averager's ``close``); a round the book moved past (a new group, a
 re-seed) fails its waiting senders with a ``StaleRoundError``, so they rejoin (``fail``). With a
-``probe``, every ``probe_s`` of an open round each missing learner's process is asked to answer within
-``probe_s``; when none of the missing answers, the round closes without them (``_probe_missing``),
-and while a closed round merges, a sender that does not answer is dropped from it (``probe_merging``).
+``probe``, each missing learner's process is asked to answer within ``probe_s``, first
+``FIRST_PROBE_S`` after the round opened, then every ``probe_s``; when none of the missing answers, the
+round closes without them (``_probe_missing``), and while a closed round merges, a sender that does not
+answer is dropped from it (``probe_merging``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from raytrain_seq.rounds.arrivals import Arrivals
 from raytrain_seq.rounds.book import RoundBook, RoundClose
 from raytrain_seq.rounds.current_round import RoundPhase
 
-__all__ = ["RoundWait"]
+__all__ = ["FIRST_PROBE_S", "RoundWait"]
+
+# An open round's first probe goes out this soon after its first arrival (``probe_s`` when that is
+# shorter). A group in lockstep sends within a small fraction of it, so a complete round asks nobody;
+# a stopped learner is dropped about ``probe_s`` after the round opened, not two ``probe_s`` (the first
+# probe a whole ``probe_s`` late). Figures: docs/ARCHITECTURE.md, "Measurements behind the code".
+FIRST_PROBE_S = 0.05
 
 
 class RoundWait:
@@ -64,16 +71,19 @@ class RoundWait:
             self.start_close()
 
     async def _probe_missing(self, opening: int) -> None:
-        """Every ``probe_s`` while the round is open, probe the missing learners' processes; when none
-        answers within ``probe_s``, close the round without them.
+        """While the round is open (``FIRST_PROBE_S`` after it opened, then every ``probe_s``), probe the
+        missing learners' processes; when none answers within ``probe_s``, close the round without them.
 
         Why: a process that cannot answer (stopped, in a paused VM, on a node cut off from the head)
         would hold the others until the deadline, while a slow learner answers from another thread and
-        is waited for. E.g. probe_s 1, timeout_s 60: a frozen learner is dropped about 2 s after the
-        round's first arrival, not 60 s; a learner whose process is unknown is waited for until the deadline.
+        is waited for. E.g. probe_s 0.5, timeout_s 60: a frozen learner is dropped 0.55 s after the
+        round's first arrival (the first probe at 0.05 s, unanswered by 0.55 s), not 60 s; a learner
+        whose process is unknown is waited for until the deadline.
         """
+        pause = min(FIRST_PROBE_S, self._probe_s)
         while True:
-            await asyncio.sleep(self._probe_s)
+            await asyncio.sleep(pause)
+            pause = self._probe_s
             missing = self._book.current.missing
             if not self._is_open(opening) or not missing:
                 return
