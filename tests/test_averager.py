@@ -699,6 +699,7 @@ def test_ray_a_round_closes_without_a_stopped_learner_and_waits_for_one_that_ans
     ray = ray_cluster
     from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
+    from raytrain_seq.runtime.probes import handle_bytes
 
     @ray.remote(num_cpus=0)
     class Process:
@@ -712,7 +713,9 @@ def test_ray_a_round_closes_without_a_stopped_learner_and_waits_for_one_that_ans
     for stopped in (True, False):
         settings = AveragerSettings(world_size=2, timeout_s=4.0, probe_s=0.2)
         actor = create_averager(f"avg-probe-{stopped}", settings)
-        ray.get([actor.join.remote(j, 2, process=processes[j]) for j in range(2)])
+        # The stopped one's handle comes pickled, as a learner sends it (runtime.probes.handle_bytes).
+        ray.get([actor.join.remote(0, 2, process=processes[0])])
+        ray.get([actor.join.remote(1, 2, process=handle_bytes(processes[1]))])
         # The averager's process loads torch when a call first brings tensors (a flat round needs none):
         # loaded before the clock starts, so that what is timed is the probes.
         ray.get(actor.__ray_call__.remote(lambda self: bool(__import__("torch"))))

@@ -272,8 +272,8 @@ class ParameterAverager:
         (Ray Train restarted or resized it). seed: the learner's last averaged state, adopted when newer
         than the averager's (after an averager restart), so no finished round is lost. node: the
         learner's node id, where shard ``learner`` is placed (a hint). process: the learner's actor
-        handle, probed while a round waits for it (``runtime.probes``). Live: a newcomer (or a new
-        process of a member) waits for the close that takes it in; the reply carries the group.
+        handle or its ``handle_bytes``, probed while a round waits (``runtime.probes``). Live: a newcomer
+        (or a new process of a member) waits for the close that takes it in; the reply carries the group.
         """
         check_learner(learner)
         self._recovery.check_seed(seed)

@@ -177,6 +177,7 @@ def _client(
     from raytrain_seq.rounds.client import AveragerClient
     from raytrain_seq.runtime.averager import get_averager
     from raytrain_seq.runtime.channels import RayChannelEnds
+    from raytrain_seq.runtime.probes import handle_bytes
     from raytrain_seq.runtime.shards import RayStore
     from raytrain_seq.runtime.transport import RayTransport
 
@@ -195,7 +196,8 @@ def _client(
         sleep=transport.until_back,  # a pause cut short once a restarted averager takes calls
         store=RayStore(timeout_s=timeout_s, cuda=device.type == "cuda"),
         node=ray.get_runtime_context().get_node_id(),  # the averager places a shard on this node
-        process=ray.get_runtime_context().current_actor,  # probed by the averager when a round waits
+        # Probed by the averager when a round waits; pickled, so that its loop does not unpickle it.
+        process=handle_bytes(ray.get_runtime_context().current_actor),
         channels=RayChannelEnds() if settings.averager_channels else None,
         away=transport.away,  # a restarting averager: the learner trains on, or waits, without calling it
     )
