@@ -4,8 +4,9 @@ Contracts pinned: a process whose loop thread may not import torch (an import th
 once) and whose other threads wait for it (the gate below) restarts from a run folder with a checkpoint
 and an events log, takes a learner's flat re-seed (ahead of the checkpoint: adopted; of the checkpoint's
 round: its bytes lent, the checkpoint's tensors never read), answers every join, and averages the next
-round of flat payloads, whose checkpoint contents it hands out flat; only then does the tracker's library (torch) start loading, on its own thread,
-and once the gate opens what it held is written.
+round of flat payloads, whose checkpoint contents and a later join's state it hands out flat; only then
+does the tracker's library (torch) start loading, on its own thread, and once the gate opens what it held
+is written.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ _CHILD = textwrap.dedent(
         result = (await asyncio.gather(*sends))[0]
         contents, _ = await averager.checkpoint_contents()  # rank 0's next checkpoint: no torch either
         summary = await averager.summary()
-        return averager, joins, result, summary, early, contents
+        rejoin = await averager.join("a", 2, incarnation="a2")  # a join after that round: no torch either
+        return averager, joins, result, summary, early, contents, rejoin
 
-    averager, joins, result, summary, early, contents = asyncio.run(asyncio.wait_for(scenario(), 60))
+    averager, joins, result, summary, early, contents, rejoin = asyncio.run(asyncio.wait_for(scenario(), 60))
     torch_before = "torch" in sys.modules and sys.modules["torch"] is not None and hasattr(sys.modules["torch"], "Tensor")
     gate.set()
     for thread in threading.enumerate():  # the tracker's records and the checkpoint's tensors, read
@@ -91,6 +93,7 @@ _CHILD = textwrap.dedent(
         "recoveries": [r["kind"] for r in summary.recoveries],
         "torch_loaded_before_the_gate": torch_before, "waited": sorted(set(late)), "early": early,
         "checkpoint": [contents.round, contents.flat is not None and contents.flat.local],
+        "rejoin": [rejoin.state.round, rejoin.state.flat is not None and rejoin.state.flat.local],
     }))
     """
 )
@@ -154,6 +157,7 @@ def test_a_restarted_averager_takes_a_newer_reseed_and_averages_the_next_round_b
     report = _restart(tmp_path, checkpointed=1)
     assert report["joins"] == [[2, 3, "seed", True], [2, 3, "seed", True]]  # adopted, handed on flat
     assert report["round"] == 3 and report["learners"] == ["a", "b"] and report["checkpoint"] == [3, True]
+    assert report["rejoin"] == [3, True]  # round 3's state handed on flat: the learner unpacks it
     assert report["recoveries"] == ["averager_restart", "reseeded"]
     assert not report["torch_loaded_before_the_gate"]
     # What wants torch waits for the first round after the restart, then loads on its own thread: the

@@ -74,8 +74,8 @@ class HeldState:
     async def held(self, *, tensors: bool = True) -> AveragedState:
         """The latest state with its tensors in this process when it can be had: for joins and
         checkpoints. A failed read is logged and the references are handed out instead (their objects
-        may be gone). ``tensors`` False: the read slices as they are, flat (a learner's checkpoint: the
-        learner unpacks them, so this process needs no torch, and arrays pickle as their bytes)."""
+        may be gone). ``tensors`` False: the read slices as they are, flat (a join or a learner's checkpoint:
+        the learner unpacks them, so this process needs no torch, and arrays pickle as their bytes)."""
         task = self.reading
         if task is not None and self._latest().flat is not None:
             try:

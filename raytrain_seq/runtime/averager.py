@@ -301,7 +301,7 @@ class ParameterAverager:
             self._validation.on(NewGroup())  # the new group scores its own shares
         if seed is not None:
             self._adopt(learner, seed)
-        state = await self._held.held()
+        state = await self._held.held(tensors=False)  # flat: the learner unpacks it, this process no torch
         # A due validation of the state it starts from (a resumed run's): the evaluator starts on it, or
         # the learners are asked to score it.
         validate = self._validating.act(self._validation.on(Joined(state.round, state.position)), state)
