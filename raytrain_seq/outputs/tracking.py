@@ -3,12 +3,11 @@
 ``make_tracker(kind, run_dir)`` returns an object with ``scalars(values, step)``, ``text(tag, value,
 step)``, ``close()`` and ``release()`` (see ``hold``). The averager's run history calls it as rounds,
 validations and recoveries happen, so a run is watched while it trains (``tensorboard --logdir
-STORAGE_PATH``). Tags: ``train/loss``,
-``train/batch_size``, ``train/frames_per_second``, ``train/learners``, ``time/round_s``,
-``time/compute_s``, ``time/data_wait_s`` per round; ``val/top1``, ``val/top5``,
-``val/mean_class_accuracy`` per validation; ``recoveries/count`` and a ``recoveries`` text per recovery;
-``test/top1``, ``test/top5``, ``test/mean_class_accuracy`` once at the end. The step is the averaging
-round. Writers open lazily and flush every round, so a restarted averager appends a new event file
+STORAGE_PATH``). Tags: ``train/loss``, ``train/batch_size``, ``train/frames_per_second``,
+``train/learners``, ``time/round_s``, ``time/compute_s``, ``time/data_wait_s`` per round; ``val/top1``,
+``val/top5``, ``val/mean_class_accuracy`` per validation; ``recoveries/count`` and a ``recoveries`` text
+per recovery; ``test/top1``, ``test/top5``, ``test/mean_class_accuracy`` once at the end. The step is the
+averaging round. Writers open lazily and flush every round, so a restarted averager appends a new event file
 beside the old one, as TensorBoard expects; where tensorboardX (and torch) is not loaded yet, a thread
 loads it (``TensorBoardTracker``).
 """

@@ -40,8 +40,8 @@ class ThreadValidator:
 
     ``start()`` (the averager calls it at its start, or after a restart's first round; a validation before
     that starts it) builds the evaluator and assembles the validation rows on that thread; validations
-    queue behind it. Picklable until started, so the driver hands it to
-    the averager's constructor; a restarted averager builds a new one.
+    queue behind it. Picklable until started, so the driver hands it to the averager's constructor; a
+    restarted averager builds a new one.
     """
 
     def __init__(
