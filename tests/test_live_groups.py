@@ -134,6 +134,26 @@ def test_a_launched_learner_that_never_joined_is_not_waited_for():
     assert book.world_size == 2 and book.live.ranks([0, 1]) == [0, 1]
 
 
+@pytest.mark.parametrize("launched_first", [0, 1])
+def test_a_newcomer_whose_join_comes_before_the_launched_learners_waits_for_the_first_close(launched_first):
+    """The fleet starts its first group with the slots up at the time; a slot up later is a newcomer, and
+    its process can be built before theirs. Its join (no world size) neither starts the group nor takes a
+    launched learner's place in the forming one: it waits for the first close, which takes it in. (It
+    became a member without a rank before: its learner read its shard with world size None.)"""
+    book = RoundBook(3, timeout_s=5.0, clock=FakeClock(), live=True)  # the averager's size: max learners
+    for slot in range(launched_first):
+        assert book.join(slot, 2, incarnation=f"p{slot}") == 1
+    assert book.join(2, incarnation="n2") == 2  # queued: enters at the close of round 1
+    for slot in range(launched_first, 2):
+        assert book.join(slot, 2, incarnation=f"p{slot}") == 1  # the launched group (0, 1) forms
+    assert book.generation == 1 and book.world_size == 2 and book.live.waiting(2, "n2")
+    assert _round(book, [0, 1], 2)
+    assert book.close().group == (0, 1, 2)
+    book.finish()
+    assert (book.world_size, book.live.group, book.live.admitted) == (3, (0, 1, 2), {2: "n2"})
+    assert place(book.live.group, 2) == (2, 3)
+
+
 def test_a_round_that_fails_keeps_the_changes_pending_and_a_plain_book_refuses_lose():
     book = _live_book(3, min_learners=2)
     _round(book, [0], 3)
@@ -198,6 +218,33 @@ def test_the_averager_closes_on_lose_with_the_present_mean_and_a_waiting_join_ge
     assert reply.group == (0, 1, 7) and reply.world_size == 3 and reply.next_round == 3
     assert reply.state.round == 2 and reply.state.position == second.state.position
     assert summary.world_size == 3 and summary.dropped == []  # no timeout, no drop
+
+
+def test_the_averager_answers_a_newcomer_that_joined_before_the_first_group_at_its_first_close():
+    """The averager's side of the test above: the newcomer's join, sent before the launched learners',
+    returns after round 1's close with the group (0, 1, 2), its rank's place in it and round 1's state."""
+
+    async def scenario():
+        averager = local_averager(3, timeout_s=60.0, live=True, batch_size=2, adaptive_batch=False)
+        newcomer = asyncio.ensure_future(averager.join(2, incarnation="n2"))
+        await asyncio.sleep(0.05)
+        for slot in (0, 1):
+            await averager.join(slot, 2, incarnation=f"p{slot}")
+        assert not newcomer.done()  # it waits for the first group's first close
+        sends = [
+            averager.average(
+                slot, 1, 2, _params(slot), None, weight=1.0, position=EpochPosition(0, (), 2, 2).as_dict(),
+                rows=4, incarnation=f"p{slot}",
+            )
+            for slot in (0, 1)
+        ]  # fmt: skip
+        first = await asyncio.wait_for(asyncio.gather(*sends), 5)
+        return first[0], await asyncio.wait_for(newcomer, 5)
+
+    first, reply = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert first.group == (0, 1, 2) and first.learners == (0, 1)
+    assert reply.group == (0, 1, 2) and reply.world_size == 3 and reply.next_round == 2
+    assert reply.state.round == 1 and reply.state.position == first.state.position
 
 
 # ------------------------------------------------------------------------- learners, a loss and a join

@@ -140,7 +140,9 @@ class RoundBook:
             {},
         )
         self.world_size, self.generation = world_size, self.generation + 1
-        if self.live is not None:
+        if self.live is not None and not first:
+            # A live book regroups only for its first group, and keeps its LiveGroup then: a newcomer
+            # whose join came first waits in it (its join awaits that object) for the group's first close.
             self.live = LiveGroup()
         if first:
             why = "learners rejoined the restarted averager" if self.restarted else "learners started"
@@ -176,7 +178,9 @@ class RoundBook:
             raise MembershipError(learner, world_size or self.world_size, self.world_size, why)
         if _starts_group(self, learner, world_size, incarnation):
             self.regroup(world_size or self.world_size)
-        if self.live is not None and _joins_later(self, learner, incarnation):
+        if self.live is not None and _joins_later(
+            self, learner, incarnation, launched=world_size is not None
+        ):
             return self.round + (2 if self.current.phase == RoundPhase.CLOSING else 1)
         formed = self.live is not None and self.live.group is not None  # live: the reply gives the size
         if world_size is not None and world_size != self.world_size and not formed:
@@ -425,22 +429,25 @@ def _starts_group(
     book: RoundBook, learner: LearnerId, world_size: int | None, incarnation: str | None
 ) -> bool:
     """Whether this join is the first of a new learner group (Ray Train started or restarted one). Live:
-    only the first group (or the learners rejoining a restarted averager); later changes are live."""
+    only the first group (or the learners rejoining a restarted averager), started by a launched learner
+    (it sends its group's size; a newcomer sends none); later changes are live."""
     if incarnation is None:
         return False
     if book.live is not None:
-        return book.generation == 0
+        return book.generation == 0 and world_size is not None
     known = book.incarnations.get(learner)
     resized = world_size is not None and world_size != book.world_size
     return book.generation == 0 or resized or (known is not None and known != incarnation)
 
 
-def _joins_later(book: RoundBook, learner: LearnerId, incarnation: str | None) -> bool:
+def _joins_later(book: RoundBook, learner: LearnerId, incarnation: str | None, *, launched: bool) -> bool:
     """Live: whether this join waits for the next close (then it is queued in ``live.joining``): a
     newcomer, or a new process of a member (whose old one is lost). A member's own process rejoining
-    (a realignment), or a launched learner while the first group forms, joins at once."""
+    (a realignment), or a launched learner (``launched``: it sent its group's size) while the first group
+    forms, joins at once. A newcomer's join can come before the launched learners' (its process was
+    built first): it waits too, never taking a launched learner's place in the forming group."""
     live = book.live
-    if book.generation == 0:
+    if book.generation == 0 and (launched or incarnation is None):
         return False
     members = _members(book)
     if learner in members and learner not in live.lost:
@@ -449,7 +456,8 @@ def _joins_later(book: RoundBook, learner: LearnerId, incarnation: str | None) -
             return False
         book.lose(learner, known)
     elif (
-        live.group is None
+        launched
+        and live.group is None
         and learner not in members | set(live.lost) | set(live.joining)
         and len(book._active | book._pending | set(live.lost)) < book.world_size
     ):
