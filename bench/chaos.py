@@ -6,7 +6,8 @@ takes ``--events N`` faults of a seeded schedule (``FAULTS``: ``node_killed``, `
 each 1..``MAX_GAP`` rounds after the last recovered; the same seed also runs undisturbed. The verdict
 reads the run's records: ``every_row_once_per_epoch`` (per epoch the trained ids' {count, sum, sum of
 squares} against the plan's), ``rounds_contiguous`` (``events.jsonl``: rounds 1..N once, in order); ``ok``
-is false (exit 1) when fewer faults were injected, a stall dropped nobody or a check fails. Survivor
+is false (exit 1) when fewer faults were injected, a stall dropped nobody, a check fails or a run's first
+group was not both learners (``first_group``: the undisturbed run is the baseline). Survivor
 figures (chaos_figures.py): ``survivor_restarts``; per event ``survivor_steps_ratio`` (recovery over
 before), ``survivor_longest_stall_s`` and ``replacement_first_step_s``. Last line: one JSON.
 
@@ -304,7 +305,10 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
         "epochs": epochs,
         "validate_every": 1000,  # validation is not what the soak looks at: skip its cost
         "adaptive_batch": False,
-        "worker_start_timeout_s": 8.0,
+        # The fleet starts its first group with the learners up by then: both, here, or the undisturbed run
+        # is not the baseline it stands for (``first_group`` checks it). Waiting costs nothing once both
+        # are up; a cold box (a fresh install's first imports) took longer than 8 s.
+        "worker_start_timeout_s": 30.0,
         "averager_timeout_s": args.timeout,
         "checkpoint_every": 4,
         "max_failures": args.events + 5,
@@ -373,6 +377,19 @@ def size_epochs(config, events: int, stalls: int = 0, arrivals: int = 0) -> tupl
     needed = 2 + events * (MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS) + 2  # from round 1, a margin
     needed += stalls * 2 * rounds + arrivals * JOIN_EPOCHS * 2 * rounds
     return max(3, math.ceil(needed / rounds)), rounds
+
+
+def first_group(summary) -> int | None:
+    """How many learners the run's first group had (its round log's first ``group`` record); None: no
+    such record."""
+    from raytrain_seq.rounds.events import EVENTS_FILE
+
+    log = Path(summary.path) / EVENTS_FILE
+    for line in log.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("type") == "membership" and record.get("event") == "group":
+            return record.get("learners")
+    return None
 
 
 def accounting(summary, config) -> dict[str, Any]:
@@ -618,6 +635,9 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
     by_kind = {k: sum(e["kind"] == k for e in injected) for k in FAULTS}
     scores = (summary.test_accuracy, calm.test_accuracy)
     within = None not in scores and abs(scores[0] - scores[1]) <= 0.05
+    # Both runs must start with the two learners, the undisturbed one above all: it is the baseline.
+    started = {"undisturbed": first_group(calm), "chaos": first_group(summary)}
+    short_start = [f"{name} {n}" for name, n in started.items() if n != 2]
     problems = [
         f"{len(injected)} of {args.events} events injected" if len(injected) < args.events else "",
         f"{stall_drops.count(False)} stalls not dropped" if not all(stall_drops) else "",
@@ -625,6 +645,7 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
         "" if checks["every_row_once_per_epoch"] else f"rows short per epoch {checks['rows_short']}",
         "" if checks["rounds_contiguous"] else "rounds not contiguous",
         "" if within else "accuracy more than 5 points from the undisturbed run",
+        f"first group not 2 learners: {', '.join(short_start)}" if short_start else "",
     ]
     problems = [p for p in problems if p]
     out = {
@@ -638,6 +659,7 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
         "seconds": round(seconds, 1),
         "undisturbed_seconds": round(calm_seconds, 1),
         "survivor_restarts": survivor_restarts,
+        "first_group": started,
         "ok": not problems,
         "problems": problems,
         "events_requested": args.events,

@@ -64,6 +64,7 @@ def test_chaos_soak_with_four_faults_including_a_drop_trains_every_row_once(tmp_
     others = [problem for problem in out["problems"] if problem != accuracy_only]
     assert not others, (others, done.stdout[-3000:], done.stderr[-3000:])
     assert done.returncode == (0 if out["ok"] else 1) and out["ok"] == (not out["problems"])
+    assert out["first_group"] == {"undisturbed": 2, "chaos": 2}, out["first_group"]  # the baseline's size
     assert out["events"] == out["events_requested"] == 4 and sum(out["by_kind"].values()) == 4
     assert all(out["by_kind"][kind] == 1 for kind in kinds.split(",")), out["by_kind"]
     assert out["finished"] and out["rounds_contiguous"], out
