@@ -4,9 +4,10 @@ Contracts pinned: a process whose loop thread may not import torch (an import th
 once) and whose other threads wait for it (the gate below) restarts from a run folder with a checkpoint
 and an events log, takes a learner's flat re-seed (ahead of the checkpoint: adopted; of the checkpoint's
 round: its bytes lent, the checkpoint's tensors never read), answers every join, and averages the next
-round of flat payloads, whose checkpoint contents and a later join's state it hands out flat; only then
-does the tracker's library (torch) start loading, on its own thread, and once the gate opens what it held
-is written.
+round of flat payloads, whose checkpoint contents and a later join's state it hands out flat. Nothing in
+it imports torch (no evaluator here): its TensorBoard records are on disk before the gate opens (the
+tracker writes event files itself), and only the gate's control, an import of torch on another thread,
+waited at the gate.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from raytrain_seq.dataplane.stores import InProcessShards
 _CHILD = textwrap.dedent(
     """
     import asyncio, faulthandler, importlib.abc, importlib.machinery, json, pickle, sys, threading
+    from pathlib import Path
     faulthandler.dump_traceback_later(150, exit=True)  # a hang prints every thread's stack and fails
     sys.path.insert(0, "tests")
     gate, main, late = threading.Event(), threading.main_thread(), []
@@ -55,8 +57,6 @@ _CHILD = textwrap.dedent(
         def find_spec(self, name, path, target=None):
             if name not in ("torch", "tensorboardX"):
                 return None
-            if threading.current_thread() is main and name == "tensorboardX":
-                return None  # a lookup (tracker_available); importing it imports torch, refused below
             if threading.current_thread() is main and not gate.is_set():
                 raise ImportError(f"the averager's loop thread imported {name}")
             spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -72,7 +72,7 @@ _CHILD = textwrap.dedent(
         averager = local_averager(2, timeout_s=30.0, run_dir=run_dir, actor_id=lambda: "actor-1",
                                   tracker="tensorboard")
         joins = [await averager.join(n, 2, incarnation=n + "2", seed=inputs["seed"]) for n in "ab"]
-        early = sorted(set(late) | {t.name for t in threading.enumerate() if t.name == "tracker-import"})
+        early = sorted(set(late))
         sends = (averager.average(n, inputs["next"], 2, inputs["payloads"][k], None, position=None)
                  for k, n in enumerate("ab"))
         result = (await asyncio.gather(*sends))[0]
@@ -83,15 +83,20 @@ _CHILD = textwrap.dedent(
 
     averager, joins, result, summary, early, contents, rejoin = asyncio.run(asyncio.wait_for(scenario(), 60))
     torch_before = "torch" in sys.modules and sys.modules["torch"] is not None and hasattr(sys.modules["torch"], "Tensor")
+    written = sorted(p.stat().st_size for p in Path(run_dir, "tensorboard").glob("events.out.tfevents.*"))
+    # The gate's control: an import of torch on another thread waits at the gate (the Gate sees imports).
+    control = threading.Thread(target=lambda: __import__("torch"), name="control")
+    control.start()
+    while "control" not in late and control.is_alive():
+        control.join(0.05)
     gate.set()
-    for thread in threading.enumerate():  # the tracker's records and the checkpoint's tensors, read
-        if thread.name == "tracker-import":
-            thread.join(120)
+    control.join(120)
     print(json.dumps({
         "joins": [[j.state.round, j.next_round, j.state.source, j.state.flat is not None] for j in joins],
         "round": result.state.round, "learners": list(result.learners),
         "recoveries": [r["kind"] for r in summary.recoveries],
         "torch_loaded_before_the_gate": torch_before, "waited": sorted(set(late)), "early": early,
+        "tensorboard_before_the_gate": written,
         "checkpoint": [contents.round, contents.flat is not None and contents.flat.local],
         "rejoin": [rejoin.state.round, rejoin.state.flat is not None and rejoin.state.flat.local],
     }))
@@ -150,6 +155,9 @@ def _restart(tmp_path: Path, checkpointed: int) -> dict:
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     report["tensorboard"] = read_events(run_dir / "tensorboard")
+    report["tensorboard_sizes"] = sorted(
+        p.stat().st_size for p in (run_dir / "tensorboard").glob("events.out.tfevents.*")
+    )
     return report
 
 
@@ -160,10 +168,11 @@ def test_a_restarted_averager_takes_a_newer_reseed_and_averages_the_next_round_b
     assert report["rejoin"] == [3, True]  # round 3's state handed on flat: the learner unpacks it
     assert report["recoveries"] == ["averager_restart", "reseeded"]
     assert not report["torch_loaded_before_the_gate"]
-    # What wants torch waits for the first round after the restart, then loads on its own thread: the
-    # tracker's library (no evaluator here); the checkpoint's tensors are never read (the seed is newer).
-    assert report["early"] == [] and report["waited"] == ["tracker-import"]
-    scalars, texts = report["tensorboard"]  # what waited for tensorboardX, written once it loaded
+    # Nothing here wants torch: no evaluator, the tracker's event files need none (outputs.event_file),
+    # the checkpoint's tensors are never read (the seed is newer). Only the gate's control waited.
+    assert report["early"] == [] and report["waited"] == ["control"]
+    scalars, texts = report["tensorboard"]  # written before the gate opened: the same files, the same sizes
+    assert report["tensorboard_before_the_gate"] == report["tensorboard_sizes"] != []
     assert scalars["recoveries/count"] == [(2, 1.0), (2, 2.0)] and len(texts) == 2
     assert [step for step, _ in scalars["train/batch_size"]] == [3]
 
@@ -174,4 +183,4 @@ def test_a_seed_of_the_checkpoints_round_lends_its_bytes_while_the_checkpoint_wa
     assert report["joins"] == [[2, 3, "checkpoint", True], [2, 3, "checkpoint", True]]
     assert report["round"] == 3 and report["learners"] == ["a", "b"]
     assert report["recoveries"] == ["averager_restart"]
-    assert not report["torch_loaded_before_the_gate"] and report["waited"] == ["tracker-import"]
+    assert not report["torch_loaded_before_the_gate"] and report["waited"] == ["control"]

@@ -4,27 +4,23 @@ Contracts pinned: each averaging round adds train/loss, train/batch_size, train/
 time split at step = round; a validation adds val/top1 (and top-5, mean class accuracy when reported); a
 recovery adds recoveries/count and a text entry; the event files are readable as written (flushed per
 round, not only at the end); ``--tracker none`` writes nothing; an unknown or missing tracker is an error
-naming the fix. Where tensorboardX is not loaded, a thread started with the tracker (or at ``release``,
-when made with ``hold``) loads it, the calls return meanwhile, and the records are written in order once
-it is loaded; a failed load is raised by the next call.
+naming the fix. The event files are written by the project (``outputs.event_file``): byte for byte
+what tensorboardX writes for the same events, and without importing torch or tensorboardX.
 """
 
 from __future__ import annotations
 
 import struct
-import threading
-import time
+import subprocess
+import sys
+import textwrap
+from unittest import mock
 
 import pytest
 from tensorboardX.proto import event_pb2
 
-from raytrain_seq.outputs.tracking import (
-    NullTracker,
-    TensorBoardTracker,
-    load_tensorboardx,
-    make_tracker,
-    tracker_available,
-)
+from raytrain_seq.outputs.event_file import EventFile, crc32c, masked_crc32c
+from raytrain_seq.outputs.tracking import NullTracker, TensorBoardTracker, make_tracker, tracker_available
 from raytrain_seq.rounds.events import RunHistory
 
 
@@ -90,57 +86,66 @@ def test_no_tracker_writes_nothing_and_bad_trackers_say_the_fix(tmp_path):
     assert isinstance(make_tracker("tensorboard", tmp_path), TensorBoardTracker)
 
 
-def test_a_tracker_whose_library_is_loading_returns_at_once_and_writes_in_order_when_it_has_loaded(tmp_path):
-    """The restarted averager's case: tensorboardX (and torch) not loaded yet. The calls return while the
-    library loads on the tracker's thread; nothing is written before it has loaded; then every record,
-    in order, and a call after it writes at once."""
-    release, calls = threading.Event(), []
+def test_the_event_file_equals_tensorboardxs_byte_for_byte(tmp_path):
+    """The same events written by ``EventFile`` and by tensorboardX's writer (the clock shared): equal
+    files, name and bytes, over the edges of the encoding: a zero value (written: a oneof), a negative
+    one, a tag TensorBoard renames, a finite value beyond float32 (an infinity), NaN, a step past 32
+    bits and a negative one, a text with non-ASCII characters."""
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.summary import scalar, text
 
-    def slow_library():
-        calls.append(threading.current_thread().name)
-        release.wait(timeout=30)
-        return load_tensorboardx()
-
-    tracker = TensorBoardTracker(tmp_path, library=slow_library)  # its import starts now, on its thread
-    start = time.perf_counter()
-    tracker.scalars({"train/loss": 1.0}, 1)
-    tracker.text("recoveries", "averager_restart: ...", 1)
-    tracker.scalars({"train/loss": 0.5, "skipped": None}, 2)
-    assert time.perf_counter() - start < 5  # the library waits for release: the calls did not
-    assert read_events(tmp_path) == ({}, [])  # nothing before it loaded
-    release.set()
-    tracker._loading.join(timeout=30)
-    assert calls == ["tracker-import"]  # loaded once, on the tracker's thread
-    scalars, texts = read_events(tmp_path)
-    assert scalars == {"train/loss": [(1, 1.0), (2, 0.5)]} and len(texts) == 1
-    tracker.scalars({"train/loss": 0.25}, 3)  # loaded: written before the call returns
-    assert read_events(tmp_path)[0]["train/loss"][-1] == (3, 0.25)
-    tracker.close()
-
-
-def test_a_tracker_whose_library_fails_to_load_says_so_at_the_next_call(tmp_path):
-    def broken():
-        raise ImportError("No module named 'tensorboardX'")
-
-    tracker = TensorBoardTracker(tmp_path, library=broken)  # its import starts on its thread
-    tracker.close()  # waits for it
-    with pytest.raises(RuntimeError, match=r"could not load tensorboardX.*pip install tensorboardX"):
-        tracker.scalars({"train/loss": 1.0}, 2)
-    assert read_events(tmp_path) == ({}, [])
+    now = [1795981490.777784]
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    with mock.patch("time.time", lambda: now[0]):
+        reference = EventsWriter(str(theirs / "events"), filename_suffix=".7")
+    written = EventFile(mine, suffix=".7", clock=lambda: now[0])
+    cases = [
+        ("train/loss", 0.5, 1), ("train/loss", 0.0, 2), ("bad tag!/x", -3.25, 3), ("/lead", 1e39, 4),
+        ("n", float("nan"), 5), ("big", 1.5, 2**40), ("z", 7, -1),
+    ]  # fmt: skip
+    for tag, value, step in cases:
+        now[0] += 0.125
+        written.scalar(tag, value, step)
+        reference.write_event(Event(wall_time=now[0], step=step, summary=scalar(tag, value)))
+    now[0] += 0.125
+    written.text("recoveries", "averager_restart: résumé ✓", 6)
+    reference.write_event(
+        Event(wall_time=now[0], step=6, summary=text("recoveries", "averager_restart: résumé ✓"))
+    )
+    written.flush()
+    reference.flush()
+    [ours], [theirs_file] = list(mine.iterdir()), list(theirs.iterdir())
+    assert ours.name == theirs_file.name
+    assert ours.read_bytes() == theirs_file.read_bytes() and len(ours.read_bytes()) > 400
+    scalars, texts = read_events(mine)
+    assert scalars["train/loss"] == [(1, 0.5), (2, 0.0)] and scalars["bad_tag_/x"] == [(3, -3.25)]
+    assert scalars["lead"] == [(4, float("inf"))] and texts == ["recoveries/text_summary"]
 
 
-def test_a_held_tracker_starts_loading_only_when_released(tmp_path):
-    """``hold``: a restarted averager's records wait, with no import started, until ``release()``."""
-    loads = []
+def test_crc32c_is_castagnolis():
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
+    assert crc32c(b"") == 0 and masked_crc32c(b"") == 0xA282EAD8
 
-    def library():
-        loads.append(threading.current_thread().name)
-        return load_tensorboardx()
 
-    tracker = TensorBoardTracker(tmp_path, hold=True, library=library)
-    tracker.scalars({"train/loss": 1.0}, 1)
-    time.sleep(0.2)
-    assert loads == [] and not any(t.name == "tracker-import" for t in threading.enumerate())
-    tracker.release()
-    tracker.close()  # waits for the import and the held record
-    assert loads == ["tracker-import"] and read_events(tmp_path)[0] == {"train/loss": [(1, 1.0)]}
+def test_a_tracker_writes_without_importing_torch_or_tensorboardx(tmp_path):
+    """A restarted averager's tracker writes at once: nothing it imports loads torch (a fresh interpreter)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from raytrain_seq.outputs.tracking import make_tracker
+        tracker = make_tracker("tensorboard", {str(tmp_path)!r})
+        tracker.scalars({{"train/loss": 1.0}}, 1)
+        tracker.text("recoveries", "averager_restart", 1)
+        tracker.close()
+        print(sorted(name for name in ("torch", "tensorboardX") if name in sys.modules))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
+    scalars, texts = read_events(tmp_path / "tensorboard")
+    assert scalars == {"train/loss": [(1, 1.0)]} and texts == ["recoveries/text_summary"]

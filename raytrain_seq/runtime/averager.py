@@ -121,7 +121,7 @@ class ParameterAverager:
         # What loads torch starts at once, or after a restart once its first round closed (see there).
         self._loading = self._book.restarted
         if not self._loading:
-            _start_loading(self._validator, self._tracker)
+            _start_loading(self._validator)
 
     def _build_data_plane(self, shard_pool: Callable[[int], ShardPool] | None) -> None:
         """The parts that move bytes: the shard pool, its placement, the channels and the hub load."""
@@ -150,7 +150,7 @@ class ParameterAverager:
         self._validation = ValidationMachine.from_settings(settings, by_learners=self._validator is None)
         self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
-        live = self._tracker = make_tracker(settings.tracker, run_dir, hold=True)  # see _start_loading
+        live = self._tracker = make_tracker(settings.tracker, run_dir)  # no torch: outputs.event_file
         events = None if run_dir is None else Path(run_dir) / EVENTS_FILE
         self._history = RunHistory(events, actor=actor, tracker=live)
         book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners, "live": settings.live}
@@ -238,7 +238,7 @@ class ParameterAverager:
                 result = dataclasses.replace(result, validate=True)
             if self._loading:  # its threads start now, beside the replies' way out
                 self._loading = False
-                _start_loading(self._validator, self._tracker)
+                _start_loading(self._validator)
             future.set_result(result)
         except Exception as exc:
             # Handed to every learner of the round (each one's await re-raises it): nobody is left waiting.
@@ -508,12 +508,11 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
     return result if plan is None else dataclasses.replace(result, channels=plan)
 
 
-def _start_loading(validator: Any, tracker: Any) -> None:
-    """Start what loads torch, on threads: the evaluator and the tracker's library. A restarted averager
-    starts them once its first round closed: an import shares the GIL with the rejoins and that round."""
+def _start_loading(validator: Any) -> None:
+    """Start what loads torch, on its thread: the evaluator. A restarted averager starts it once its first
+    round closed: an import shares the GIL with the rejoins and that round."""
     if hasattr(validator, "start"):
         validator.start()  # runtime.validator.ThreadValidator
-    tracker.release()
 
 
 def _forgetting(merge: RoundMerge, pool: ShardPool) -> Callable[[LearnerId, str], None]:

@@ -63,7 +63,7 @@ class _Run:
     feed: Any = None
     averager: Any = None
     slots: dict[str, Any] = dataclasses.field(default_factory=dict)  # fleet.LearnerFleet.records()
-    tracker: Any = None  # the test scores' (outputs.tracking): made at the fit, its library loads meanwhile
+    tracker: Any = None  # the test scores' (outputs.tracking): made at the fit, written at the end
 
 
 def run(config: Config, *, learner_resources: Mapping[str, float] | None = None) -> RunSummary:
@@ -189,7 +189,7 @@ def _fit(state: _Run) -> LearnerReport:
     from raytrain_seq.runtime.progress import RunProgress, averager_position_reader, feed_rows_reader
 
     train = state.config.train
-    # Made now: where its library is not loaded, it loads on its own thread while the learners train.
+    # Made now, so that an MLflow run spans the fit; it writes the test scores at the end.
     state.tracker = make_tracker(state.config.run.tracker, state.config.run_dir())
     fleet = LearnerFleet(
         _fleet_settings(state), learner=state.parts.learner, launch=state.launch, averager=state.averager
