@@ -112,3 +112,34 @@ def test_the_error_survives_pickling_as_ray_ships_it():
 
     error = pickle.loads(pickle.dumps(ShardUnavailableError("merge()", 2, "3 calls")))
     assert (error.call, error.shard, error.detail) == ("merge()", 2, "3 calls")
+
+
+def test_a_fallback_replaces_a_failed_or_lost_call_once_and_its_shard_is_not_pinged_for_it():
+    """``fallback``: what the caller can do itself (a merge the control plane makes here). A call that
+    failed (shard 1) or was lost (shard 2) is replaced by it, not made again; its returns stand for the
+    call's; the shard that answered (0) keeps its call."""
+    shards = FakeShards({0: ["a"], 1: ["unavailable", "never made"], 2: ["lost", "never made"]})
+    done_here = []
+
+    async def fallback(i: int) -> tuple:
+        done_here.append(i)
+        return (f"ref{i}", f"here{i}")
+
+    calls, values = _answers(shards, fallback=fallback, confirm=2)
+    assert values == ["a", "here1", "here2"] and sorted(done_here) == [1, 2]
+    assert calls[0][0] == "other return" and (calls[1], calls[2]) == (("ref1", "here1"), ("ref2", "here2"))
+    assert shards.calls == {0: 1, 1: 1, 2: 1}  # none made again
+    assert shards.pings[1] == 0 and shards.pings[2] >= 2  # two answered pings confirmed shard 2's loss
+
+
+def test_a_fallback_that_fails_raises_its_error_and_is_not_tried_again():
+    shards = FakeShards({0: ["unavailable"]})
+    tried = []
+
+    async def fallback(i: int) -> tuple:
+        tried.append(i)
+        raise Unavailable("the fallback failed too")
+
+    with pytest.raises(Unavailable, match="the fallback failed too"):
+        _answers(shards, fallback=fallback)
+    assert tried == [0] and shards.calls[0] == 1

@@ -103,3 +103,34 @@ def test_a_round_too_big_to_merge_here_waits_for_the_starting_shards(ray_cluster
 
     merged = asyncio.run(merge())
     assert len(merged.parts) == 2 and not any(load.get("here") for load in merged.loads)
+
+
+def test_a_round_whose_shard_died_merges_that_slice_here_while_ray_restarts_it(ray_cluster):
+    """A shard killed just before a round: its merge call fails (no retry on the restarted process: a
+    round this process can merge does not wait for it) and slice 1 is merged here, to the bits the shard
+    gave the same round before; shard 0 merges its own. Restarted, shard 1 merges again."""
+    payloads = _payloads(2)
+    pool = RayShards(2)
+
+    async def rounds():
+        pool.prepare()
+        await asyncio.wait_for(asyncio.gather(*(h.__ray_ready__.remote() for h in pool.handles())), 60)
+        before = await pool.merge(1, payloads, [1.0, 2.0], timeout_s=30.0)
+        ray.kill(pool.handles()[1], no_restart=False)
+        died = await asyncio.wait_for(pool.merge(2, payloads, [1.0, 2.0], timeout_s=30.0), 60)
+        for _ in range(600):  # until Ray has restarted it
+            try:
+                await pool.handles()[1].node.remote()
+                break
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError):
+                await asyncio.sleep(0.1)
+        after = await pool.merge(3, payloads, [1.0, 2.0], timeout_s=30.0)
+        return before, died, after
+
+    before, died, after = asyncio.run(rounds())
+    assert [bool(load.get("here")) for load in before.loads] == [False, False]
+    assert [bool(load.get("here")) for load in died.loads] == [False, True]
+    assert [bool(load.get("here")) for load in after.loads] == [False, False]
+    for mine, theirs in zip(ray.get(list(died.parts)), ray.get(list(before.parts)), strict=True):
+        assert mine.keys() == theirs.keys() and mine
+        assert all(np.array_equal(mine[k], theirs[k]) for k in mine)

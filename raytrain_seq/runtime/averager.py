@@ -572,7 +572,7 @@ def create_averager(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raytrain_seq.runtime.shards import RayShards
+    from raytrain_seq.runtime.shards import CONTROL_PLANE_ENV, RayShards
 
     if not isinstance(settings, AveragerSettings):
         raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
@@ -583,6 +583,7 @@ def create_averager(
     options = {"name": name, "namespace": namespace, "get_if_exists": False, "num_cpus": 0, "num_gpus": 0}
     options.update(scheduling_strategy=driver_node, max_concurrency=concurrency)
     options.update(max_restarts=check_number("max_restarts", max_restarts, -1), max_task_retries=0)
+    options["runtime_env"] = {"env_vars": CONTROL_PLANE_ENV}  # a dead shard's call fails at once
     # The data plane: shard actors, created by the averager when needed.
     wiring = {
         "run_dir": None if run_dir is None else str(run_dir),

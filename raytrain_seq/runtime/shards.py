@@ -9,9 +9,9 @@ merged slice is written to the shard's own; a restarted shard has no channels (`
 A shard waits for its slices at most the round's timeout, then names the unreadable or lost ones
 (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
 affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
-learner's node has its shards replaced at once (``node_lost``), a merge stops waiting for its slices
-(``forget``); while a new shard's process starts, the control plane merges rounds itself; a lost call is
-made again (``dataplane.shard_calls``). The first merge maps the store ahead; ray is imported lazily.
+learner's node has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``);
+the control plane merges a round itself while a new shard starts, and a dead shard's slice (no retry);
+another lost call is made again (``dataplane.shard_calls``). The first merge maps the store ahead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raytrain_seq.checks import check_number
@@ -38,18 +38,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AveragingShard", "RayShards", "RayStore"]
+__all__ = ["CONTROL_PLANE_ENV", "AveragingShard", "RayShards", "RayStore"]
 
-# A merge interrupted by the shard's death is re-run on the restarted actor this many times.
+# A merge interrupted by the shard's death is re-run on the restarted actor this many times (a round the
+# control plane cannot merge itself: ``RayShards.merge``).
 MERGE_RETRIES = 3
 # The control plane's read of a round's merged slices gives up after this long (their node may be gone).
 FETCH_TIMEOUT_S = 120.0
 # A merge waiting for slices looks this often whether their learners were lost (``AveragingShard.forget``).
 FORGET_POLL_S = 0.25
-# While a shard starts, the control plane merges a round itself only up to this many bytes in (every
-# learner's payload): a big model's round would take it longer than a process start, and its heap must
-# hold every slice at once.
+# While a shard starts (or for a dead shard's slice) the control plane merges a round itself only up to
+# this many bytes in (every learner's payload): a big model's round would take it longer than a process
+# start, and its heap must hold every slice at once.
 HERE_MAX_BYTES = 256 * 2**20
+# The control plane's process hears at once that a shard's process died (Ray's grace for the cause of a
+# death, ``timeout_ms_task_wait_for_death_info``, at 0 as for the learners: ``fleet.LEARNER_ENV``), so
+# that a round whose shard died merges that slice itself at once (``RayShards.merge``).
+CONTROL_PLANE_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "0"}
 
 
 class AveragingShard:
@@ -365,20 +370,29 @@ class RayShards:
 
         shards = self._ensure()
         stored = all(isinstance(part, ray.ObjectRef) for p in payloads for part in p.parts)
-        small = sum(p.layout.nbytes for p in payloads) <= self.here_max_bytes
-        if stored and small and not write and ray.wait(self._up, num_returns=len(self._up), timeout=0)[1]:
+        # A round this process can merge: while a shard's process starts, or for a shard that died in it.
+        here = stored and not write and sum(p.layout.nbytes for p in payloads) <= self.here_max_bytes
+        if here and ray.wait(self._up, num_returns=len(self._up), timeout=0)[1]:
             return await self._merge_here(round, payloads, weights, timeout_s)
+        # Such a round's call to a dead shard fails at once (no retry on the restarted one): its slice is
+        # merged here (``_slice_here``) while Ray restarts the shard.
+        retries = {"max_task_retries": 0} if here else {}
 
         def submit(i: int) -> Any:
             return (
                 shards[i]  # the current handle: node_lost may replace it between two calls
-                .merge.options(num_returns=2)
+                .merge.options(num_returns=2, **retries)
                 .remote(round, [p.parts[i] for p in payloads], list(weights), len(payloads), timeout_s, write)
             )
 
+        def fallback(i: int) -> Awaitable[tuple[Any, dict]]:
+            return self._slice_here(i, round, payloads, weights, timeout_s)
+
         # A merge waits up to timeout_s for the slices, for the channels' reads and for its write.
         wait_s = 3 * timeout_s + FETCH_TIMEOUT_S if timeout_s is not None else math.inf
-        calls, loads = await self._answers("merge()", submit, give_up_s=wait_s)
+        calls, loads = await self._answers(
+            "merge()", submit, give_up_s=wait_s, fallback=fallback if here else None
+        )
         if any(load.get("lost_channels") for load in loads):
             return ShardMerge(loads=tuple(loads), lost_channels=True)
         unreadable = frozenset(i for load in loads for i in load.get("unreadable", ()))
@@ -403,63 +417,67 @@ class RayShards:
         ``merge_parts`` slice by slice, each merged slice put in the store. The bytes go through this
         actor, the hub the shards exist to spare, for those rounds only (``hub_load``'s "control"), and
         only for a round of at most ``here_max_bytes``."""
+        merged = await asyncio.gather(
+            *(self._slice_here(i, round, payloads, weights, timeout_s) for i in range(self.count))
+        )
+        unreadable = frozenset(j for _, load in merged for j in load.get("unreadable", ()))
+        if unreadable:
+            return ShardMerge(unreadable=unreadable)
+        return ShardMerge(tuple(part for part, _ in merged), tuple(load for _, load in merged))
+
+    async def _slice_here(
+        self,
+        i: int,
+        round: int,
+        payloads: Sequence[FlatPayload],
+        weights: Sequence[float],
+        timeout_s: float | None,
+    ) -> tuple[Any, dict]:
+        """Slice i merged in this process (``_merge_here``), or for a shard whose call failed (its process
+        died: Ray restarts it, the round does not wait for that): the merged slice's reference and the
+        load, as the shard's ``merge`` returns them (None and ``load["unreadable"]``: a slice is not)."""
         import ray
 
         began = time.perf_counter()
-        slices, unreadable = await self._read_here(round, payloads, timeout_s)
+        arrays, unreadable = await self._read_here(i, round, payloads, timeout_s)
+        load: dict[str, Any] = {"shard": i, "round": round, "received": 0, "sent": 0, "here": True}
         if unreadable:
-            return ShardMerge(unreadable=frozenset(unreadable))
-        parts, loads = [], []
-        for i in range(self.count):
-            arrays = [learner[i] for learner in slices]
-            merged = merge_parts(arrays, list(weights))
-            parts.append(ray.put(merged))
-            received = sum(part_nbytes(part) for part in arrays)
-            sent = part_nbytes(merged) * len(payloads)
-            loads.append({"shard": i, "round": round, "received": received, "sent": sent, "here": True})
-        seconds = time.perf_counter() - began
-        return ShardMerge(tuple(parts), tuple({**load, "seconds": seconds} for load in loads))
+            return None, {**load, "unreadable": unreadable, "seconds": time.perf_counter() - began}
+        merged = merge_parts(arrays, list(weights))
+        load.update(
+            received=sum(part_nbytes(part) for part in arrays), sent=part_nbytes(merged) * len(payloads)
+        )
+        return ray.put(merged), {**load, "seconds": time.perf_counter() - began}
 
     async def _read_here(
-        self, round: int, payloads: Sequence[FlatPayload], timeout_s: float | None
-    ) -> tuple[list[list[Any]], list[int]]:
-        """Every learner's slices, or the learners whose slices are lost, forgotten (``forget``: their
+        self, i: int, round: int, payloads: Sequence[FlatPayload], timeout_s: float | None
+    ) -> tuple[list[Any], list[int]]:
+        """Every learner's slice i, or the learners whose slices are lost, forgotten (``forget``: their
         learner was lost) or not readable within ``timeout_s``, as a shard names them."""
         from ray.exceptions import RayError
 
-        reads = {  # learner j's slice i
-            asyncio.ensure_future(part): (j, i)
-            for j, p in enumerate(payloads)
-            for i, part in enumerate(p.parts)
-        }
+        reads = {asyncio.ensure_future(p.parts[i]): j for j, p in enumerate(payloads)}  # learner j's slice
         deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         pending, failed = set(reads), set()
         try:
             while pending and not failed:
                 forgotten = self._forgotten.get(round, set())  # read each pass: forget() runs beside this
-                failed = {
-                    j for f, (j, i) in reads.items() if f in pending and payloads[j].parts[i] in forgotten
-                }
+                failed = {j for f, j in reads.items() if f in pending and payloads[j].parts[i] in forgotten}
                 left = min(FORGET_POLL_S, deadline - time.monotonic())
                 if left <= 0:
-                    failed |= {reads[f][0] for f in pending}  # not readable within the round's timeout
+                    failed |= {reads[f] for f in pending}  # not readable within the round's timeout
                 if failed:
                     break
                 done, pending = await asyncio.wait(pending, timeout=left)
                 for f in done:
                     if isinstance(f.exception(), RayError):  # lost with its owner (a learner's node)
-                        failed.add(reads[f][0])
+                        failed.add(reads[f])
                     elif f.exception() is not None:
                         raise f.exception()
         finally:
             for f in pending:
                 f.cancel()
-        if failed:
-            return [], sorted(failed)
-        slices: list[list[Any]] = [[None] * self.count for _ in payloads]
-        for f, (j, i) in reads.items():
-            slices[j][i] = f.result()
-        return slices, []
+        return ([], sorted(failed)) if failed else ([f.result() for f in reads], [])
 
     # Channels (dataplane.generations): what the control plane needs from the shards for a generation.
     supports_channels = True
@@ -484,10 +502,14 @@ class RayShards:
         return parts
 
     async def _answers(
-        self, what: str, submit: Callable[[int], Any], give_up_s: float = FETCH_TIMEOUT_S
+        self,
+        what: str,
+        submit: Callable[[int], Any],
+        give_up_s: float = FETCH_TIMEOUT_S,
+        fallback: Callable[[int], Awaitable[Any]] | None = None,
     ) -> tuple[list[Any], list[Any]]:
-        """Every shard's answer to ``submit(i)``, a call made again where it was lost
-        (``dataplane.shard_calls.answers`` says when and why)."""
+        """Every shard's answer to ``submit(i)``, a call made again (or ``fallback(i)`` awaited) where it
+        was lost (``dataplane.shard_calls.answers`` says when and why)."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError
 
         handles = self._ensure()  # the list node_lost replaces handles in: a ping goes to the current one
@@ -499,6 +521,7 @@ class RayShards:
             # Dead: a shard node_lost ended; its call is made again on the shard that replaced it.
             retry_on=(ActorUnavailableError, ActorDiedError),
             give_up_s=give_up_s,
+            fallback=fallback,
         )
 
     async def open_channels(
