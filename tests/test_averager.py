@@ -789,7 +789,9 @@ def test_ray_store_names_slices_gone_with_their_owner():
 def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_cluster):
     """3 learners' flat payloads through the object store and 3 shard actors: every learner reads the
     reference state; each shard moves about one payload in and one out; a shard killed between rounds is
-    restarted by Ray and the next round is again the reference (shards hold no state to re-seed)."""
+    restarted by Ray, and the next rounds are again the reference (shards hold no state to re-seed): the
+    slice merged by the averager until it sees the restarted process up (at most a round after it is),
+    then by the shard again."""
     from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
     from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
@@ -821,7 +823,7 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
         # Up before the rounds, so that they go through the shards (while their processes start the
         # averager merges a round itself: tests/test_shards_starting.py).
         ray.get([shard.__ray_ready__.remote() for shard in ray.get(actor.shard_actors.remote())], timeout=60)
-        for number in (1, 2):
+        for number in (1, 2, 3, 4):
             results = round_(number)
             assert len({tuple(r.state.flat.parts) for r in results}) == 1  # one object per shard for all
             for result in results:
@@ -833,6 +835,8 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
                 shards = ray.get(actor.shard_actors.remote())
                 assert len(shards) == 3
                 ray.kill(shards[0], no_restart=False)
+            if number == 2:
+                ray.get(shards[0].__ray_ready__.remote(), timeout=60)  # restarted before round 3
         summary = ray.get(actor.summary.remote())
         payload_bytes = FlatLayout.of(params[0], opt_states[0]).nbytes
         loads = summary.hub_load[-1]["actors"]

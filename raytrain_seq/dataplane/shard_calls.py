@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from raytrain_seq.members.errors import ShardUnavailableError
@@ -40,6 +40,7 @@ async def answers(
     ping_every_s: float = 1.0,
     give_up_s: float = 300.0,
     fallback: Callable[[int], Awaitable[Sequence[Any]]] | None = None,
+    local: Collection[int] = (),
 ) -> tuple[list[Sequence[Any]], list[Any]]:
     """Shard i's call ``submit(i)`` (its returns: the last one is awaited) for i < ``count``, and the
     answers: ``(calls, values)``, the calls as last made (a merge's other return is read from there).
@@ -48,15 +49,14 @@ async def answers(
     at a time); ``confirm`` answered pings with the call still unanswered make the call again. An
     error not in ``retry_on`` is raised as it is (every other call is cancelled first). ``fallback(i)``:
     what replaces shard i's call once it is lost or failed: its returns stand for the call's (the last
-    one is the answer), and nothing pings the shard for it."""
-    calls = {i: submit(i) for i in range(count)}
-    waiting = {i: asyncio.ensure_future(calls[i][-1]) for i in range(count)}
-    values: dict[int, Any] = {}
-    made = dict.fromkeys(range(count), 1)
-    pings: dict[int, asyncio.Future] = {}
-    pinged = dict.fromkeys(range(count), 0)
+    one is the answer), and nothing pings the shard for it; the shards in ``local`` (known to be down)
+    get no call: the fallback from the start."""
+    calls: dict[int, Any] = {i: submit(i) for i in range(count) if i not in local}
+    waiting = {i: asyncio.ensure_future(fallback(i) if i in local else calls[i][-1]) for i in range(count)}
+    values, pings = {}, {}  # shard -> its answer; shard -> its ping in flight
+    made, pinged = dict.fromkeys(range(count), 1), dict.fromkeys(range(count), 0)
     heard = dict.fromkeys(range(count), time.monotonic())  # when shard i last answered anything
-    here: set[int] = set()  # the shards whose call the fallback replaced
+    here = set(local)  # the shards whose call the fallback replaced
     try:
         while waiting:
             await asyncio.wait(waiting.values(), timeout=ping_every_s)

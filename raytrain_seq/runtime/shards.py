@@ -10,8 +10,8 @@ A shard waits for its slices at most the round's timeout, then names the unreada
 (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
 affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
 learner's node has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``);
-the control plane merges a round itself while a new shard starts, and a dead shard's slice (no retry);
-another lost call is made again (``dataplane.shard_calls``). The first merge maps the store ahead.
+while a shard's process starts or restarts (its standing ``watch`` call fails at its death) the control
+plane merges its slices; another lost call is made again (``dataplane.shard_calls``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raytrain_seq.checks import check_number
@@ -40,8 +40,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CONTROL_PLANE_ENV", "AveragingShard", "RayShards", "RayStore"]
 
-# A merge interrupted by the shard's death is re-run on the restarted actor this many times (a round the
-# control plane cannot merge itself: ``RayShards.merge``).
+# A merge the control plane cannot do itself, interrupted by the shard's death, is re-run this many times.
 MERGE_RETRIES = 3
 # The control plane's read of a round's merged slices gives up after this long (their node may be gone).
 FETCH_TIMEOUT_S = 120.0
@@ -51,9 +50,8 @@ FORGET_POLL_S = 0.25
 # this many bytes in (every learner's payload): a big model's round would take it longer than a process
 # start, and its heap must hold every slice at once.
 HERE_MAX_BYTES = 256 * 2**20
-# The control plane's process hears at once that a shard's process died (Ray's grace for the cause of a
-# death, ``timeout_ms_task_wait_for_death_info``, at 0 as for the learners: ``fleet.LEARNER_ENV``), so
-# that a round whose shard died merges that slice itself at once (``RayShards.merge``).
+# The control plane hears at once that a shard's process died (Ray's grace for a death's cause at 0, as for
+# the learners: ``fleet.LEARNER_ENV``), and merges that shard's slices itself at once (``RayShards.merge``).
 CONTROL_PLANE_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "0"}
 
 
@@ -86,6 +84,11 @@ class AveragingShard:
         reference, so that a merge made again without that learner, whose indices moved, is unaffected."""
         self._forgotten = {r: p for r, p in self._forgotten.items() if r >= round - 2}
         self._forgotten.setdefault(round, set()).update(parts)
+
+    def watch(self) -> None:
+        """Never returns (the ``watch`` concurrency group): the control plane's standing call, which fails
+        once this process dies, so that it merges this shard's slices itself until a new one is up."""
+        threading.Event().wait()
 
     def node(self) -> str:
         """The node this shard runs on (a member's channel to it names it)."""
@@ -273,6 +276,11 @@ def _lost(refs: list[Any]) -> list[int]:
     return lost
 
 
+def _watch(handle: Any) -> Any:
+    """A shard's standing ``watch()`` call: not retried, so that it fails once the process dies."""
+    return handle.watch.options(concurrency_group="watch", max_task_retries=0).remote()
+
+
 class RayShards:
     """The pool of ``count`` AveragingShard actors the control plane (an actor) creates and owns."""
 
@@ -283,7 +291,8 @@ class RayShards:
         self._handles: list[Any] | None = None
         self._placed: list[str | None] = []  # the node each shard was asked to start on (a soft hint)
         self._up: list[Any] = []  # per shard: its actor's readiness call, done once its process is up
-        self._forgotten: dict[int, set[Any]] = {}  # per round: lost learners' slices (``_merge_here``)
+        self._watches: list[Any] = []  # per shard: its standing watch() call, done only if it dies
+        self._forgotten: dict[int, set[Any]] = {}  # per round: lost learners' slices (``_read_here``)
 
     def place(self, learner: LearnerId, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
@@ -295,6 +304,7 @@ class RayShards:
             self._placed = [node for _, node in started]
             self._handles = [handle for handle, _ in started]
             self._up = [handle.__ray_ready__.remote() for handle in self._handles]
+            self._watches = [_watch(handle) for handle in self._handles]
         return self._handles
 
     def _start(self, i: int) -> tuple[Any, str | None]:
@@ -314,7 +324,7 @@ class RayShards:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=True)
         # forget() runs beside a merge, in a group of its own; merge, node() and the rest stay one at a
         # time, in order (dataplane.shard_calls counts on it).
-        actor = ray.remote(concurrency_groups={"control": 1})(AveragingShard)
+        actor = ray.remote(concurrency_groups={"control": 1, "watch": 1})(AveragingShard)
         return actor.options(**options).remote(i), node
 
     def prepare(self) -> None:
@@ -336,8 +346,20 @@ class RayShards:
         for i in replaced:
             ray.kill(self._handles[i], no_restart=True)
             self._handles[i], self._placed[i] = self._start(i)
-            self._up[i] = self._handles[i].__ray_ready__.remote()
+            self._up[i], self._watches[i] = self._handles[i].__ray_ready__.remote(), _watch(self._handles[i])
         return replaced
+
+    def _down(self) -> set[int]:
+        """The shards whose process is not up: starting (readiness unanswered), or dead since the last look
+        (its watch failed: readiness asked again, a new watch sent; the restarted process answers both)."""
+        import ray
+
+        handles = self._ensure()
+        failed, _ = ray.wait(self._watches, num_returns=len(self._watches), timeout=0)
+        for i in [i for i, ref in enumerate(self._watches) if ref in failed]:
+            self._up[i], self._watches[i] = handles[i].__ray_ready__.remote(), _watch(handles[i])
+        ready, _ = ray.wait(self._up, num_returns=len(self._up), timeout=0)
+        return {i for i, ref in enumerate(self._up) if ref not in ready}
 
     def forget(self, round: int, payload: FlatPayload) -> None:
         """Every shard stops waiting for its slice of ``payload`` in ``round`` (``AveragingShard.forget``;
@@ -370,12 +392,9 @@ class RayShards:
 
         shards = self._ensure()
         stored = all(isinstance(part, ray.ObjectRef) for p in payloads for part in p.parts)
-        # A round this process can merge: while a shard's process starts, or for a shard that died in it.
+        # A round this process can merge takes no shard's call while it starts or restarts: its slice is
+        # merged here (``_slice_here``), as one whose call fails (no retry on a restarted process).
         here = stored and not write and sum(p.layout.nbytes for p in payloads) <= self.here_max_bytes
-        if here and ray.wait(self._up, num_returns=len(self._up), timeout=0)[1]:
-            return await self._merge_here(round, payloads, weights, timeout_s)
-        # Such a round's call to a dead shard fails at once (no retry on the restarted one): its slice is
-        # merged here (``_slice_here``) while Ray restarts the shard.
         retries = {"max_task_retries": 0} if here else {}
 
         def submit(i: int) -> Any:
@@ -391,8 +410,9 @@ class RayShards:
         # A merge waits up to timeout_s for the slices, for the channels' reads and for its write.
         wait_s = 3 * timeout_s + FETCH_TIMEOUT_S if timeout_s is not None else math.inf
         calls, loads = await self._answers(
-            "merge()", submit, give_up_s=wait_s, fallback=fallback if here else None
-        )
+            "merge()", submit, give_up_s=wait_s, fallback=fallback if here else None,
+            local=self._down() if here else (),
+        )  # fmt: skip
         if any(load.get("lost_channels") for load in loads):
             return ShardMerge(loads=tuple(loads), lost_channels=True)
         unreadable = frozenset(i for load in loads for i in load.get("unreadable", ()))
@@ -409,22 +429,6 @@ class RayShards:
             ]
         return ShardMerge(tuple(merged for merged, _ in calls), tuple(loads))
 
-    async def _merge_here(
-        self, round: int, payloads: Sequence[FlatPayload], weights: Sequence[float], timeout_s: float | None
-    ) -> ShardMerge:
-        """The round merged in this process while a shard's process is still starting (a restarted
-        control plane's new shards, a lost node's replacements), rather than waited for: the shards'
-        ``merge_parts`` slice by slice, each merged slice put in the store. The bytes go through this
-        actor, the hub the shards exist to spare, for those rounds only (``hub_load``'s "control"), and
-        only for a round of at most ``here_max_bytes``."""
-        merged = await asyncio.gather(
-            *(self._slice_here(i, round, payloads, weights, timeout_s) for i in range(self.count))
-        )
-        unreadable = frozenset(j for _, load in merged for j in load.get("unreadable", ()))
-        if unreadable:
-            return ShardMerge(unreadable=unreadable)
-        return ShardMerge(tuple(part for part, _ in merged), tuple(load for _, load in merged))
-
     async def _slice_here(
         self,
         i: int,
@@ -433,9 +437,11 @@ class RayShards:
         weights: Sequence[float],
         timeout_s: float | None,
     ) -> tuple[Any, dict]:
-        """Slice i merged in this process (``_merge_here``), or for a shard whose call failed (its process
-        died: Ray restarts it, the round does not wait for that): the merged slice's reference and the
-        load, as the shard's ``merge`` returns them (None and ``load["unreadable"]``: a slice is not)."""
+        """Slice i merged in this process while shard i's process starts or restarts, rather than waited
+        for, with the shards' ``merge_parts``: the merged slice's reference (in the store) and the load,
+        as the shard's ``merge`` returns them (None and ``load["unreadable"]``: a learner's slice is
+        lost, forgotten or late, as a shard names it). Its bytes go through this actor, the hub the shards
+        exist to spare (``hub_load``'s "control"), for those rounds only."""
         import ray
 
         began = time.perf_counter()
@@ -507,6 +513,7 @@ class RayShards:
         submit: Callable[[int], Any],
         give_up_s: float = FETCH_TIMEOUT_S,
         fallback: Callable[[int], Awaitable[Any]] | None = None,
+        local: Collection[int] = (),
     ) -> tuple[list[Any], list[Any]]:
         """Every shard's answer to ``submit(i)``, a call made again (or ``fallback(i)`` awaited) where it
         was lost (``dataplane.shard_calls.answers`` says when and why)."""
@@ -522,6 +529,7 @@ class RayShards:
             retry_on=(ActorUnavailableError, ActorDiedError),
             give_up_s=give_up_s,
             fallback=fallback,
+            local=local,
         )
 
     async def open_channels(
