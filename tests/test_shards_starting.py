@@ -20,7 +20,8 @@ from conftest import adam_learners
 from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import ShardMerge
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
-from raytrain_seq.runtime.shards import CONTROL_PLANE_ENV, RayShards
+from raytrain_seq.runtime.fleet import LEARNER_ENV
+from raytrain_seq.runtime.shards import RayShards
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -107,12 +108,13 @@ def test_a_round_too_big_to_merge_here_waits_for_the_starting_shards(ray_cluster
 
 
 def test_a_shard_that_died_has_its_slice_merged_here_until_its_restarted_process_is_up(ray_cluster):
-    """In a process started as the averager is (``CONTROL_PLANE_ENV``: a death is heard at once): shard 1
-    killed between two rounds. The next round does not wait for its restart: slice 1 is merged here, to
-    the bits the shard gave the same round before, shard 0 merges its own; once Ray has restarted it,
-    shard 1 merges again. (Before, the round's call waited in Ray's queue for the restarted process.)"""
+    """Shard 1 killed between two rounds, the pool in a process that hears of a death at once
+    (``LEARNER_ENV``; the averager hears of it after Ray's grace for the cause), so that the next round
+    comes before the restarted process is up: it does not wait for it. Slice 1 is merged here, to the
+    bits the shard gave the same round before, shard 0 merges its own; once Ray has restarted it, shard 1
+    merges again. (Before, the round's call waited in Ray's queue for the restarted process.)"""
 
-    @ray.remote(num_cpus=0, runtime_env={"env_vars": CONTROL_PLANE_ENV})
+    @ray.remote(num_cpus=0, runtime_env={"env_vars": LEARNER_ENV})
     class ControlPlane:
         def __init__(self) -> None:
             self.pool = RayShards(2)

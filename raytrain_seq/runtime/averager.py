@@ -150,7 +150,7 @@ class ParameterAverager:
         self._validation = ValidationMachine.from_settings(settings, by_learners=self._validator is None)
         self._test = TestPass(float(settings.timeout_s))  # the final test pass: each learner's share
         # Live tracking (TensorBoard by default) of what the history records, written under the run folder.
-        live = self._tracker = make_tracker(settings.tracker, run_dir)  # no torch: outputs.event_file
+        live = make_tracker(settings.tracker, run_dir)  # no torch: outputs.event_file
         events = None if run_dir is None else Path(run_dir) / EVENTS_FILE
         self._history = RunHistory(events, actor=actor, tracker=live)
         book = {"timeout_s": settings.timeout_s, "min_learners": settings.min_learners, "live": settings.live}
@@ -236,7 +236,7 @@ class ParameterAverager:
             step = self._validation.on(Averaged(result.state.round, result.state.position))
             if self._validating.act(step, result.state):
                 result = dataclasses.replace(result, validate=True)
-            if self._loading:  # its threads start now, beside the replies' way out
+            if self._loading:  # its thread starts now, beside the replies' way out
                 self._loading = False
                 _start_loading(self._validator)
             future.set_result(result)
@@ -572,7 +572,7 @@ def create_averager(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raytrain_seq.runtime.shards import CONTROL_PLANE_ENV, RayShards
+    from raytrain_seq.runtime.shards import RayShards
 
     if not isinstance(settings, AveragerSettings):
         raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
@@ -583,7 +583,6 @@ def create_averager(
     options = {"name": name, "namespace": namespace, "get_if_exists": False, "num_cpus": 0, "num_gpus": 0}
     options.update(scheduling_strategy=driver_node, max_concurrency=concurrency)
     options.update(max_restarts=check_number("max_restarts", max_restarts, -1), max_task_retries=0)
-    options["runtime_env"] = {"env_vars": CONTROL_PLANE_ENV}  # a dead shard's call fails at once
     # The data plane: shard actors, created by the averager when needed.
     wiring = {
         "run_dir": None if run_dir is None else str(run_dir),

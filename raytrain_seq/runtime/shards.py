@@ -10,8 +10,8 @@ A shard waits for its slices at most the round's timeout, then names the unreada
 (``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
 affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
 learner's node has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``);
-while a shard's process starts or restarts (its standing ``watch`` call fails at its death) the control
-plane merges its slices; another lost call is made again (``dataplane.shard_calls``).
+the control plane merges the slices of a shard starting or restarting (its ``watch`` call fails at its
+death); another lost call is made again (``dataplane.shard_calls``); the first merge maps the store ahead.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONTROL_PLANE_ENV", "AveragingShard", "RayShards", "RayStore"]
+__all__ = ["AveragingShard", "RayShards", "RayStore"]
 
 # A merge the control plane cannot do itself, interrupted by the shard's death, is re-run this many times.
 MERGE_RETRIES = 3
@@ -50,9 +50,6 @@ FORGET_POLL_S = 0.25
 # this many bytes in (every learner's payload): a big model's round would take it longer than a process
 # start, and its heap must hold every slice at once.
 HERE_MAX_BYTES = 256 * 2**20
-# The control plane hears at once that a shard's process died (Ray's grace for a death's cause at 0, as for
-# the learners: ``fleet.LEARNER_ENV``), and merges that shard's slices itself at once (``RayShards.merge``).
-CONTROL_PLANE_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "0"}
 
 
 class AveragingShard:
