@@ -12,6 +12,7 @@ that a restarted averager's process would spend before its rounds are quick agai
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -92,8 +93,8 @@ def _event(wall_time: float, step: int, **what: bytes) -> bytes:
 def _scalar_value(tag: str, value: float) -> bytes:
     """Summary.Value: tag (1), simple_value (2, float32; part of a oneof, so 0.0 is written too). A finite
     value beyond float32's range is written as an infinity, as protobuf's conversion makes it."""
-    if abs(value) > FLOAT32_MAX and value == value and abs(value) != float("inf"):
-        value = float("inf") if value > 0 else float("-inf")
+    if abs(value) > FLOAT32_MAX:  # NaN compares False: packed as it is
+        value = math.copysign(math.inf, value)
     return _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value)
 
 

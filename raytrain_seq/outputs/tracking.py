@@ -36,10 +36,10 @@ def tracker_available(kind: str) -> str | None:
     """None when ``kind`` can be used here, else the reason and the fix."""
     import importlib.util
 
-    module = {"mlflow": "mlflow"}.get(kind)  # TensorBoard's files need no package (outputs.event_file)
-    if module is None or importlib.util.find_spec(module) is not None:
+    # Only MLflow needs a package: TensorBoard's files are written here (outputs.event_file).
+    if kind != "mlflow" or importlib.util.find_spec("mlflow") is not None:
         return None
-    return f"run.tracker={kind!r} needs the {module} package: pip install {module}, or pass --tracker none"
+    return "run.tracker='mlflow' needs the mlflow package: pip install mlflow, or pass --tracker none"
 
 
 class NullTracker:
