@@ -284,6 +284,23 @@ def test_dropped_learner_gets_a_realigned_decision():
     assert decision.reply.state is latest and (client.next_round, client.held) == (8, latest)
 
 
+def test_a_newcomer_told_that_training_ended_leaves_without_a_step():
+    """A newcomer (no rank yet) whose join came after the last round gets ``ended``: ``run()`` returns
+    None at once: it asks the feed for no rows, sends no round, reports nothing and is not seeded from a
+    checkpoint (its reply carries no state)."""
+    feed, reports, seeded = Feed(), [], []
+    last = _state(6, 1.0, EpochPosition(2, (), 2, 0, steps=6).as_dict())
+    transport = Scripted(join=[JoinReply.after_end(last, 2)])
+    learner = Learner(
+        Parts.of(_config()).learner, rank=None, world_size=None, device="cpu",
+        client=_client(transport, world_size=None), feed=feed,
+        report=lambda metrics, folder: reports.append(metrics), checkpoint_seed=lambda: seeded.append(1),
+    )  # fmt: skip
+    assert learner.run() is None
+    assert [call[0] for call in transport.calls] == ["join"] and transport.calls[0][1][1] is None
+    assert feed.epoch_calls == [] and reports == [] and seeded == [] and learner.steps_done == 0
+
+
 def test_missed_checkpoint_rounds_follow_the_schedule():
     """Rounds 5-7 with every=2: 6 only; the run's final round is checkpointed by the end, not the schedule."""
     assert missed_checkpoint_rounds(5, 7, every=2, latest_is_final=False) == [6]

@@ -247,6 +247,40 @@ def test_the_averager_answers_a_newcomer_that_joined_before_the_first_group_at_i
     assert reply.state.round == 1 and reply.state.position == first.state.position
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_newcomer_whose_join_comes_after_the_last_round_is_told_at_once_that_training_ended(steps):
+    """A run of two learners and ``steps`` steps, one a round: after round 1's close a newcomer's join
+    returns at once with ``ended`` (and no state) when that round was the last (steps=1): no close would
+    take it in; when it was not (steps=2), the join waits for the next close as before."""
+
+    async def scenario():
+        averager = local_averager(
+            2, timeout_s=60.0, live=True, batch_size=2, adaptive_batch=False, epochs=1, steps=steps
+        )
+        for slot in (0, 1):
+            await averager.join(slot, 2, incarnation=f"p{slot}")
+        position = EpochPosition(0, (), 2, 2, steps=1).as_dict()
+        sends = [
+            averager.average(slot, 1, 2, _params(slot), None, weight=1.0, position=position, rows=4,
+                             incarnation=f"p{slot}")
+            for slot in (0, 1)
+        ]  # fmt: skip
+        first = await asyncio.wait_for(asyncio.gather(*sends), 5)
+        late = asyncio.ensure_future(averager.join(2, incarnation="n2"))
+        await asyncio.sleep(0.05)
+        reply = late.result() if late.done() else late.cancel()
+        return first[0], reply, await averager.summary()
+
+    first, reply, summary = asyncio.run(asyncio.wait_for(scenario(), 20))
+    last = EpochPosition.from_dict(first.state.position).ends_training(epochs=1, steps=steps)
+    assert last is (steps == 1) and first.group is None
+    if steps == 1:
+        assert reply.ended and reply.state.empty and reply.group is None and reply.next_round == 2
+    else:
+        assert reply is True  # still waiting: cancelled
+    assert summary.world_size == 2  # nobody was taken in
+
+
 # ------------------------------------------------------------------------- learners, a loss and a join
 class _Lost(Exception):
     """The doomed learner's process dies here."""

@@ -171,7 +171,7 @@ class AveragerClient:
         """The first join of this learner process; an averager that holds nothing is seeded from
         ``checkpoint_seed()`` (the run's newest checkpoint that loads) when there is one."""
         reply = self.join()
-        if reply.state.empty:
+        if reply.state.empty and not reply.ended:  # an ended reply carries no state
             seed = checkpoint_seed()
             if seed is not None and not seed.empty:
                 logger.warning(

@@ -156,6 +156,14 @@ class JoinReply:
     """The state's validation is due and the learners score it: this learner scores its share first."""
     group: tuple[LearnerId, ...] | None = None
     """Live groups: the group this learner is in (its rank is its index); None: the first group forms."""
+    ended: bool = False
+    """Training ended before this newcomer could be taken in: it has nothing to do (``state`` is empty)."""
+
+    @classmethod
+    def after_end(cls, last: AveragedState, world_size: int) -> JoinReply:
+        """The reply to a newcomer whose join came after ``last``, the last round's state."""
+        empty = AveragedState(batch_size=last.batch_size)
+        return cls(state=empty, next_round=last.round + 1, world_size=world_size, ended=True)
 
 
 @dataclass(frozen=True, kw_only=True)

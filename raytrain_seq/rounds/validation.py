@@ -480,6 +480,10 @@ class ValidationMachine:
     def _miss(state: Validation, reason: str) -> Step:
         return Step(Validation(state.round, Phase.MISSED, reason), (Missed(state.round, reason),))
 
+    def ends_training(self, position: Mapping[str, Any] | None) -> bool:
+        """Whether a state at ``position`` is the last one (False when the end is unknown)."""
+        return self._where(position)[0]
+
     def _where(self, position: Mapping[str, Any] | None) -> tuple[bool, int | None]:
         """Whether a state at ``position`` ends training (its validation waits for the test pass), and
         its epoch."""

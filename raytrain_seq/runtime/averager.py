@@ -167,16 +167,10 @@ class ParameterAverager:
             probe=self._probes.answers, probe_s=settings.probe_s,
         )  # fmt: skip
         self._merge = RoundMerge(
-            settings,
-            pool=self._pool,
-            book=self._book,
-            channels=self._channels,
-            loads=self._loads,
-            batch=self._batch,
-            elapsed=self._history.elapsed,
-            latest=lambda: self._state,
+            settings, pool=self._pool, book=self._book, channels=self._channels, loads=self._loads,
+            batch=self._batch, elapsed=self._history.elapsed, latest=lambda: self._state,
             rows_cap=lambda: self._arrivals.rows_cap,
-        )
+        )  # fmt: skip
         # What a start reloads from the run folder (the events log, the latest checkpoint), and restores.
         self._folder = RunFolder(
             book=self._book, batch=self._batch, validation=self._validation, history=self._history
@@ -273,7 +267,8 @@ class ParameterAverager:
         than the averager's (after an averager restart), so no finished round is lost. node: the
         learner's node id, where shard ``learner`` is placed (a hint). process: the learner's actor
         handle or its ``handle_bytes``, probed while a round waits (``runtime.probes``). Live: a newcomer
-        (or a new process of a member) waits for the close that takes it in; the reply carries the group.
+        (or a new process of a member) waits for the close that takes it in; the reply carries the group,
+        or ``ended`` when training ended before it came.
         """
         check_learner(learner)
         self._recovery.check_seed(seed)
@@ -282,6 +277,9 @@ class ParameterAverager:
         self._history.start_clock()
         while self._book.current.phase is RoundPhase.CLOSING and self._wait.future is not None:
             await asyncio.wait({self._wait.future})  # the round's outcome is its senders' business
+        ended = self._validation.ends_training(self._state.position)
+        if ended and world_size is None and self._book.live is not None:  # a newcomer after the last round:
+            return JoinReply.after_end(self._state, self._book.world_size)  # no close takes it in
         self._channels.end(f"learner {learner!r} (re)joined")
         generation, live = self._book.generation, self._book.live
         changes = None if live is None else live.changes

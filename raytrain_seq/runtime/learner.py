@@ -144,6 +144,9 @@ class Learner:
     def run(self) -> LearnerReport | None:
         """Train, test, keep the final checkpoint; rank 0 returns the final metrics (``finish``)."""
         position = self.start()
+        if position is None:  # a newcomer that came after the last round: nothing to do
+            self.prefetcher.close()
+            return None
         while not self.finished(position):
             position = self.train_epoch(position)
         close = getattr(self.feed, "close", None)
@@ -156,13 +159,17 @@ class Learner:
         """Whether training ends at ``position`` (``train.steps`` steps, else ``train.epochs`` epochs)."""
         return position.ends_training(epochs=self.settings.epochs, steps=self.settings.steps)
 
-    def start(self) -> EpochPosition:
-        """Join the averager and take its latest state; returns where this group starts."""
+    def start(self) -> EpochPosition | None:
+        """Join the averager and take its latest state; returns where this group starts (None: a
+        newcomer whose join came after training ended)."""
         self.marks["learner_built"] = time.time()
         launched = self.rank is not None  # a newcomer (None) learns its rank from the group it joins
         if self.validates and launched:
             self.eval_rows.ahead("val", self._where(True))  # this learner's validation rows, while it joins
         reply = self.client.start(self.checkpoint_seed)
+        if reply.ended:
+            logger.warning("learner %s joined after training ended: it leaves", self.client.learner)
+            return None
         if reply.group is not None:  # live groups: a newcomer's rank and world size are its group's
             self.rank, self.world_size = place(reply.group, self.client.learner)
         if self.validates and not launched:
