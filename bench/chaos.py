@@ -49,6 +49,9 @@ SLACK_ROUNDS = 2
 # process starts, imports torch, builds its model and joins, wall-clock work that the rounds of this small
 # set do not pace (docs/LOG.md, 2026-11-28, 17:14-18:30 UTC: a default-size 8-event soak ended in one).
 JOIN_EPOCHS = 4
+# And at least this many rounds at one learner (the synthetic set's JOIN_EPOCHS): the real-footage set has
+# a round an epoch, whose JOIN_EPOCHS epochs went by long before the newcomer joined (its run ended first).
+JOIN_ROUNDS = 64
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,7 @@ def size_epochs(config, events: int, stalls: int = 0, arrivals: int = 0) -> tupl
     survivor trains on alone until the dropped learner rejoins, and a run that used those rounds up ended
     before the next events (seen once in the 4-event soak of tests/test_chaos.py, docs/LOG.md). Each of
     the ``arrivals`` (node_added events with an event after them) adds ``JOIN_EPOCHS`` epochs at one
-    learner, for the same reason."""
+    learner (``JOIN_ROUNDS`` rounds at least), for the same reason."""
     from raytrain_seq.algorithms.packing import pack
     from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
@@ -375,7 +378,7 @@ def size_epochs(config, events: int, stalls: int = 0, arrivals: int = 0) -> tupl
     per_round = config.train.batch_size * config.train.k
     rounds = max(1, math.ceil(len(shard) / per_round))
     needed = 2 + events * (MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS) + 2  # from round 1, a margin
-    needed += stalls * 2 * rounds + arrivals * JOIN_EPOCHS * 2 * rounds
+    needed += stalls * 2 * rounds + arrivals * max(JOIN_EPOCHS * 2 * rounds, JOIN_ROUNDS)
     return max(3, math.ceil(needed / rounds)), rounds
 
 
