@@ -266,7 +266,7 @@ def test_a_node_arrival_is_sized_join_rounds_at_least_however_few_rounds_an_epoc
     newcomer joined), and still its ``JOIN_EPOCHS`` epochs at one learner when those are more rounds."""
     from argparse import Namespace
 
-    args = Namespace(videos=videos, k=2, timeout=10.0, seed=0, real=False, events=2)
+    args = Namespace(videos=videos, k=2, timeout=10.0, seed=0, real=False, events=8)
     config = make_config(str(tmp_path), "sizing", args, 1)
     with_arrival, rounds = size_epochs(config, 8, arrivals=1)  # 8 events: more than the 3 epochs at least
     without, same = size_epochs(config, 8)
