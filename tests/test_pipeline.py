@@ -599,6 +599,36 @@ def test_a_stream_whose_group_changed_at_an_epochs_end_serves_the_new_share(ray_
         learner.close()
 
 
+def test_a_feed_call_is_retried_at_most_a_second_apart_until_the_restarted_feed_answers():
+    """``LearnerFeed``'s default retries (``FEED_BACKOFF``): a call that fails while the feed restarts
+    (here 8 times: a restarted feed serving no epoch yet) is tried again after 0.25 s, 0.5 s, then every
+    second until it answers, so a feed back from a restart is found within a second; the retries stop
+    within two minutes."""
+    from raytrain_seq.feed.cache import EpochNotServedError
+    from raytrain_seq.runtime.learner_feed import FEED_BACKOFF, LearnerFeed
+
+    class Method:
+        def remote(self) -> str:
+            return "ref"
+
+    class Handle:
+        model_spec = Method()
+
+    slept: list[float] = []
+    calls: list[str] = []
+
+    def get(ref):
+        calls.append(ref)
+        if len(calls) <= 8:
+            raise EpochNotServedError("the restarted feed serves no epoch yet")
+        return "spec"
+
+    feed = LearnerFeed(Handle(), get=get, sleep=slept.append)
+    assert feed.model_spec() == "spec" and len(calls) == 9 and feed.recoveries == 1
+    assert slept == [0.25, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert max(FEED_BACKOFF.delays()) == 1.0 and 110.0 < sum(FEED_BACKOFF.delays()) <= 120.0
+
+
 def _kill_and_lose(ray, feed, monkeypatch) -> None:
     """Kill the feed; the stream's next read of an array raises OwnerDiedError. On one node the dead
     owner's arrays stay readable from the local object store for a while (measured: over 30 s here); a

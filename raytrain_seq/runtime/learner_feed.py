@@ -35,7 +35,12 @@ from raytrain_seq.runtime.partial_tasks import fetch_arrays
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LearnerFeed", "shard_dataset"]
+__all__ = ["FEED_BACKOFF", "LearnerFeed", "shard_dataset"]
+
+# While Ray restarts a killed feed, its calls fail and the arrays it owned are lost: retried this long, at
+# most a second apart (as the averager client's), so that a restarted feed is found at most a second
+# after it takes calls again; a doubling pause (0.5, 1, 2, 4 s) could find it up to 4 s late.
+FEED_BACKOFF = Backoff(base_s=0.25, cap_s=1.0, budget_s=120.0)
 
 
 class LearnerFeed:
@@ -75,8 +80,7 @@ class LearnerFeed:
         self._depth = depth
         self._stream: RowStream | None = None
         self._where: tuple[int, int] | None = None  # the stream's (rank, world size)
-        # While Ray restarts a killed feed, calls fail and the arrays it owned are lost: retry this long.
-        self._backoff = backoff or Backoff(base_s=0.5, cap_s=4.0, budget_s=120.0)
+        self._backoff = backoff or FEED_BACKOFF
         self._sleep = sleep
         self.recoveries = 0  # feed calls or reads that failed and succeeded again after a backoff
 
