@@ -39,7 +39,7 @@ __all__ = ["FEED_BACKOFF", "LearnerFeed", "shard_dataset"]
 
 # While Ray restarts a killed feed, its calls fail and the arrays it owned are lost: retried this long, at
 # most a second apart (as the averager client's), so that a restarted feed is found at most a second
-# after it takes calls again; a doubling pause (0.5, 1, 2, 4 s) could find it up to 4 s late.
+# after it takes calls again, however long its restart took.
 FEED_BACKOFF = Backoff(base_s=0.25, cap_s=1.0, budget_s=120.0)
 
 
