@@ -792,7 +792,8 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
     restarted by Ray, and the next rounds are again the reference (shards hold no state to re-seed): the
     slice merged by the averager until it sees the restarted process up, then by the shard again. The
     averager learns it from its own readiness call, whose answer can come a round or two after the
-    restarted process answers the test's: rounds go on, each the reference, until it does (bounded)."""
+    restarted process answers the test's (and a shard that lags its peers on a busy box is merged here
+    too: ``HEDGE_S``): rounds go on, each the reference, until every shard merged one (bounded)."""
     from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
     from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
@@ -830,7 +831,7 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
             return ray.get(actor.summary.remote()).hub_load[-1]["actors"]
 
         number, deadline = 0, time.monotonic() + 30
-        while number < 4 or "shard0" not in last_load():
+        while number < 4 or not {"shard0", "shard1", "shard2"} <= set(last_load()):
             if number >= 4:
                 assert time.monotonic() < deadline, "the averager never went back to the restarted shard"
                 time.sleep(0.2)  # its readiness call's answer is on the way

@@ -4,6 +4,7 @@ not, an unavailable one is retried, and a shard that never answers fails the rou
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -143,3 +144,86 @@ def test_a_fallback_that_fails_raises_its_error_and_is_not_tried_again():
     with pytest.raises(Unavailable, match="the fallback failed too"):
         _answers(shards, fallback=fallback)
     assert tried == [0] and shards.calls[0] == 1
+
+
+class Timed(FakeShards):
+    """Shard i answers after ``delays[i]`` seconds (None: never); records when each call and fallback
+    came, in order."""
+
+    def __init__(self, delays: dict[int, float | None]):
+        super().__init__({i: ["unused"] for i in delays})
+        self.delays, self.events = delays, []
+
+    def submit(self, i: int) -> tuple:
+        self.calls[i] += 1
+        return ("other return", self._after(i))
+
+    async def _after(self, i: int) -> str:
+        if self.delays[i] is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.delays[i])
+        self.events.append(f"answer{i}")
+        return f"shard{i}"
+
+    async def fallback(self, i: int) -> tuple:
+        self.events.append(f"here{i}")
+        return (f"ref{i}", f"here{i}")
+
+
+def test_a_call_that_lags_its_peers_is_replaced_by_the_fallback_and_only_then():
+    """``hedge_s``: a merge sent to a shard whose process just died waits in Ray's queue for the restart;
+    once a peer answered, a call still unanswered ``max(hedge_s, t)`` later (t: the peer's time) is done
+    by the fallback, with no ping needed; calls that come within that are waited for."""
+    shards = Timed({0: 0.0, 1: None, 2: 0.05})
+    calls, values = _answers(shards, fallback=shards.fallback, hedge_s=0.2, ping_every_s=30.0)
+    assert values == ["shard0", "here1", "shard2"]  # shard 2 lagged 0.05 s: within hedge_s, kept
+    assert shards.events == ["answer0", "answer2", "here1"] and calls[1] == ("ref1", "here1")
+    assert shards.calls == {0: 1, 1: 1, 2: 1} and shards.pings == {0: 0, 1: 0, 2: 0}
+    # Shards that are all slow alike are not hedged: the first answer sets the bar (at least its time).
+    shards = Timed({0: 0.3, 1: 0.45})
+    _, values = _answers(shards, fallback=shards.fallback, hedge_s=0.01, ping_every_s=30.0)
+    assert values == ["shard0", "shard1"] and shards.events == ["answer0", "answer1"]
+    # Without a fallback, or without hedge_s, a lagging call is waited for (the pings judge it).
+    for options in ({"hedge_s": 0.01}, {"fallback": Timed({}).fallback}):
+        shards = Timed({0: 0.0, 1: 0.3})
+        _, values = _answers(shards, ping_every_s=30.0, **options)
+        assert values == ["shard0", "shard1"]
+
+
+def test_a_failed_call_is_replaced_at_once_not_at_the_next_ping():
+    """Each answer wakes the loop: a call that fails is replaced by the fallback before a slower peer
+    answers, however long the ping interval."""
+    shards = FakeShards({0: ["unavailable"], 1: ["b"]}, delay=0.3)
+    order = []
+
+    async def fallback(i: int) -> tuple:
+        order.append(f"here{i}")
+        return (f"ref{i}", f"here{i}")
+
+    async def later(i: int):
+        value = await shards._answer("b")
+        order.append(f"answer{i}")
+        return value
+
+    submit = {0: shards.submit, 1: lambda i: ("other return", later(i))}
+    _, values = asyncio.run(
+        answers("merge()", 2, lambda i: submit[i](i), shards.ping, retry_on=(Unavailable,),
+                ping_every_s=30.0, fallback=fallback)
+    )  # fmt: skip
+    assert values == ["here0", "b"] and order == ["here0", "answer1"]
+
+
+def test_a_hedged_round_waits_for_its_fallback_without_spinning():
+    """Once the lagging calls are the fallback's, the loop sleeps until an answer (or a ping tick): a
+    fallback of 0.3 s costs this process next to no CPU time, where a loop woken at the past hedge time
+    over and over would burn all of it."""
+    shards = Timed({0: 0.0, 1: None})
+
+    async def slow_fallback(i: int) -> tuple:
+        await asyncio.sleep(0.3)
+        return await shards.fallback(i)
+
+    cpu = time.process_time()
+    _, values = _answers(shards, fallback=slow_fallback, hedge_s=0.01, ping_every_s=30.0)
+    assert values == ["shard0", "here1"]
+    assert time.process_time() - cpu < 0.15

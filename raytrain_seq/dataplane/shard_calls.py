@@ -8,8 +8,9 @@ whose call fails with a ``retry_on`` error, or is unanswered while ``confirm`` p
 have answered (a shard runs its calls one at a time, in order: a ping sent after the call answers only
 once the call is done, so two answered pings and no answer mean the call is gone), gets the call again,
 a fresh one, at most ``tries`` times in all; with a ``fallback`` (a merge its caller can do itself), the
-fallback is awaited instead, once. A shard that answers nothing for ``give_up_s`` (a merge's own waits
-included) fails the whole call with ``ShardUnavailableError``. Calls and pings are injected as awaitables
+fallback is awaited instead, once, and also for a call that lags the others (``hedge_s``: a call sent to
+a shard whose process just died waits in Ray's queue for the restarted one). A shard that answers nothing
+for ``give_up_s`` (a merge's own waits included) fails the whole call with ``ShardUnavailableError``. Calls and pings are injected as awaitables
 (a Ray ``ObjectRef`` is one), so this runs with fakes in a test.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
@@ -41,6 +43,7 @@ async def answers(
     give_up_s: float = 300.0,
     fallback: Callable[[int], Awaitable[Sequence[Any]]] | None = None,
     local: Collection[int] = (),
+    hedge_s: float | None = None,
 ) -> tuple[list[Sequence[Any]], list[Any]]:
     """Shard i's call ``submit(i)`` (its returns: the last one is awaited) for i < ``count``, and the
     answers: ``(calls, values)``, the calls as last made (a merge's other return is read from there).
@@ -50,51 +53,50 @@ async def answers(
     error not in ``retry_on`` is raised as it is (every other call is cancelled first). ``fallback(i)``:
     what replaces shard i's call once it is lost or failed: its returns stand for the call's (the last
     one is the answer), and nothing pings the shard for it; the shards in ``local`` (known to be down)
-    get no call: the fallback from the start."""
+    get no call: the fallback from the start. ``hedge_s`` (with a fallback): a call still unanswered
+    ``max(hedge_s, t)`` after another shard's call answered in ``t`` seconds is replaced by the fallback
+    too (slices are of one size: a shard that lags its peers that far is restarting or stopped)."""
     calls: dict[int, Any] = {i: submit(i) for i in range(count) if i not in local}
     waiting = {i: asyncio.ensure_future(fallback(i) if i in local else calls[i][-1]) for i in range(count)}
-    values, pings = {}, {}  # shard -> its answer; shard -> its ping in flight
-    made, pinged = dict.fromkeys(range(count), 1), dict.fromkeys(range(count), 0)
-    heard = dict.fromkeys(range(count), time.monotonic())  # when shard i last answered anything
-    here = set(local)  # the shards whose call the fallback replaced
+    values: dict[int, Any] = {}  # shard -> its answer
+    began = next_ping = time.monotonic()
+    pings = _Pings(count, ping, began)
+    made, here = dict.fromkeys(range(count), 1), set(local)  # calls made; those the fallback replaced
+    hedge_at = math.inf  # when a call still unanswered is replaced by the fallback (hedge_s)
     try:
         while waiting:
-            await asyncio.wait(waiting.values(), timeout=ping_every_s)
+            # Woken by each answer (a failure is acted on at once) and when calls lag (then none is left).
+            if next_ping <= time.monotonic():  # the pings are looked at once per ping_every_s
+                next_ping = time.monotonic() + ping_every_s
+            wake = min(next_ping, hedge_at if set(waiting) - here else math.inf) - time.monotonic()
+            await asyncio.wait(waiting.values(), timeout=max(wake, 0.0), return_when=asyncio.FIRST_COMPLETED)
             again: dict[int, str] = {}
-            for i, future in list(waiting.items()):
-                if not future.done():
-                    continue
+            for i, future in [(i, future) for i, future in waiting.items() if future.done()]:
                 del waiting[i]
                 error = future.exception()
                 if error is None and i in here:
-                    calls[i] = tuple(future.result())
-                    values[i] = calls[i][-1]
+                    calls[i], values[i] = tuple(future.result()), future.result()[-1]
                 elif error is None:
                     values[i] = future.result()
+                    if hedge_s is not None and fallback is not None and hedge_at == math.inf:
+                        hedge_at = _hedge_at(began, time.monotonic(), hedge_s)  # the first answer
                 elif isinstance(error, retry_on) and i not in here:  # a fallback's error is raised
                     again[i] = f"failed ({type(error).__name__}: {error})"
                 else:
                     raise error
             now = time.monotonic()
-            for i in list(waiting):
-                if i in again or i in here:
-                    continue
-                if i in pings and pings[i].done():
-                    answered = pings.pop(i).exception() is None
-                    if answered:
-                        heard[i], pinged[i] = now, pinged[i] + 1
-                    if pinged[i] >= confirm:
-                        again[i] = f"unanswered while {pinged[i]} later pings were answered"
-                        continue
-                if i not in pings:
-                    pings[i] = asyncio.ensure_future(ping(i))
-                if now - heard[i] > give_up_s:
+            lagging = [i for i in waiting if i not in here and i not in again] if now >= hedge_at else []
+            again.update((i, f"unanswered after {now - began:.2f} s, its peers answered") for i in lagging)
+            for i in [i for i in waiting if i not in here and i not in again] if now >= next_ping else []:
+                if (why := pings.judge(i, now, confirm)) is not None:
+                    again[i] = why
+                elif now - pings.heard[i] > give_up_s:
                     raise ShardUnavailableError(what, i, f"nothing answered for {give_up_s:g} s")
             for i, why in again.items():
-                if i in pings:
-                    pings.pop(i).cancel()
+                pings.drop(i)
                 if fallback is not None:
-                    logger.warning("shard %d: %s %s: done here instead", i, what, why)
+                    level = logging.INFO if i in lagging else logging.WARNING  # a lag is no failure
+                    logger.log(level, "shard %d: %s %s: done here instead", i, what, why)
                     here.add(i)
                     waiting[i] = asyncio.ensure_future(fallback(i))
                     continue
@@ -102,9 +104,43 @@ async def answers(
                     raise ShardUnavailableError(what, i, f"{tries} calls, the last one {why}")
                 logger.warning("shard %d: %s %s: calling it again (call %d of %d)",
                                i, what, why, made[i] + 1, tries)  # fmt: skip
-                calls[i], made[i], pinged[i] = submit(i), made[i] + 1, 0
+                calls[i], made[i], pings.answered[i] = submit(i), made[i] + 1, 0
                 waiting[i] = asyncio.ensure_future(calls[i][-1])
     finally:
-        for future in [*waiting.values(), *pings.values()]:
+        for future in [*waiting.values(), *pings.flying.values()]:
             future.cancel()
     return [calls[i] for i in range(count)], [values[i] for i in range(count)]
+
+
+def _hedge_at(began: float, now: float, hedge_s: float) -> float:
+    """When the calls still unanswered are replaced, the first answer having come at ``now``: at least as
+    long again as it took. E.g. it took 0.02 s: with hedge_s 0.25 the others have until 0.27 s."""
+    return now + max(hedge_s, now - began)
+
+
+class _Pings:
+    """Per shard: its ping in flight, how many pings it answered since its call was made, and when it
+    last answered anything."""
+
+    def __init__(self, count: int, ping: Callable[[int], Awaitable[Any]], now: float) -> None:
+        self.ping = ping
+        self.flying: dict[int, asyncio.Future] = {}
+        self.answered = dict.fromkeys(range(count), 0)
+        self.heard = dict.fromkeys(range(count), now)
+
+    def judge(self, i: int, now: float, confirm: int) -> str | None:
+        """Shard i's call, still unanswered at a ping tick: why it is taken for lost once ``confirm`` pings
+        sent after it were answered; else None, and a ping goes out unless one is in flight."""
+        if i in self.flying and self.flying[i].done():
+            if self.flying.pop(i).exception() is None:
+                self.heard[i], self.answered[i] = now, self.answered[i] + 1
+            if self.answered[i] >= confirm:
+                return f"unanswered while {self.answered[i]} later pings were answered"
+        if i not in self.flying:
+            self.flying[i] = asyncio.ensure_future(self.ping(i))
+        return None
+
+    def drop(self, i: int) -> None:
+        """Shard i's call is replaced: its ping in flight is let go of."""
+        if i in self.flying:
+            self.flying.pop(i).cancel()

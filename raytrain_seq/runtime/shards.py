@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raytrain_seq.checks import check_number
@@ -50,6 +50,9 @@ FORGET_POLL_S = 0.25
 # this many bytes in (every learner's payload): a big model's round would take it longer than a process
 # start, and its heap must hold every slice at once.
 HERE_MAX_BYTES = 256 * 2**20
+# Such a round's slice is merged here too once its shard lags the first to answer this long: a merge sent
+# to a process just dead waits for its restart (docs/ARCHITECTURE.md, "Measurements behind the code").
+HEDGE_S = 0.25
 
 
 class AveragingShard:
@@ -389,8 +392,8 @@ class RayShards:
 
         shards = self._ensure()
         stored = all(isinstance(part, ray.ObjectRef) for p in payloads for part in p.parts)
-        # A round this process can merge takes no shard's call while it starts or restarts: its slice is
-        # merged here (``_slice_here``), as one whose call fails (no retry on a restarted process).
+        # A round this process can merge takes no shard's call while it starts or restarts (``_down``) and
+        # waits for none that fails or lags (``HEDGE_S``): that slice is merged here (``_slice_here``).
         here = stored and not write and sum(p.layout.nbytes for p in payloads) <= self.here_max_bytes
         retries = {"max_task_retries": 0} if here else {}
 
@@ -406,10 +409,13 @@ class RayShards:
 
         # A merge waits up to timeout_s for the slices, for the channels' reads and for its write.
         wait_s = 3 * timeout_s + FETCH_TIMEOUT_S if timeout_s is not None else math.inf
+        down = self._down() if here else set()
         calls, loads = await self._answers(
             "merge()", submit, give_up_s=wait_s, fallback=fallback if here else None,
-            local=self._down() if here else (),
+            local=down, hedge_s=HEDGE_S if here else None,
         )  # fmt: skip
+        for i in {load["shard"] for load in loads if load.get("here")} - down:  # it failed or lagged:
+            self._up[i] = shards[i].__ray_ready__.remote()  # down until its process answers (``_down``)
         if any(load.get("lost_channels") for load in loads):
             return ShardMerge(loads=tuple(loads), lost_channels=True)
         unreadable = frozenset(i for load in loads for i in load.get("unreadable", ()))
@@ -509,11 +515,10 @@ class RayShards:
         what: str,
         submit: Callable[[int], Any],
         give_up_s: float = FETCH_TIMEOUT_S,
-        fallback: Callable[[int], Awaitable[Any]] | None = None,
-        local: Collection[int] = (),
+        **options: Any,
     ) -> tuple[list[Any], list[Any]]:
         """Every shard's answer to ``submit(i)``, a call made again (or ``fallback(i)`` awaited) where it
-        was lost (``dataplane.shard_calls.answers`` says when and why)."""
+        was lost (``dataplane.shard_calls.answers``: when and why, and its ``options``)."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError
 
         handles = self._ensure()  # the list node_lost replaces handles in: a ping goes to the current one
@@ -525,8 +530,7 @@ class RayShards:
             # Dead: a shard node_lost ended; its call is made again on the shard that replaced it.
             retry_on=(ActorUnavailableError, ActorDiedError),
             give_up_s=give_up_s,
-            fallback=fallback,
-            local=local,
+            **options,
         )
 
     async def open_channels(
