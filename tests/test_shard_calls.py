@@ -179,6 +179,10 @@ def test_a_call_that_lags_its_peers_is_replaced_by_the_fallback_and_only_then():
     assert values == ["shard0", "here1", "shard2"]  # shard 2 lagged 0.05 s: within hedge_s, kept
     assert shards.events == ["answer0", "answer2", "here1"] and calls[1] == ("ref1", "here1")
     assert shards.calls == {0: 1, 1: 1, 2: 1} and shards.pings == {0: 0, 1: 0, 2: 0}
+    # A slice merged by the fallback sets the bar too: with shard 0 down from the start, shard 1 lags it.
+    shards = Timed({0: None, 1: None})
+    _, values = _answers(shards, fallback=shards.fallback, hedge_s=0.05, ping_every_s=30.0, local={0})
+    assert values == ["here0", "here1"] and shards.calls == {0: 0, 1: 1}
     # Shards that are all slow alike are not hedged: the first answer sets the bar (at least its time).
     shards = Timed({0: 0.3, 1: 0.45})
     _, values = _answers(shards, fallback=shards.fallback, hedge_s=0.01, ping_every_s=30.0)

@@ -53,9 +53,9 @@ async def answers(
     error not in ``retry_on`` is raised as it is (every other call is cancelled first). ``fallback(i)``:
     what replaces shard i's call once it is lost or failed: its returns stand for the call's (the last
     one is the answer), and nothing pings the shard for it; the shards in ``local`` (known to be down)
-    get no call: the fallback from the start. ``hedge_s`` (with a fallback): a call still unanswered
-    ``max(hedge_s, t)`` after another shard's call answered in ``t`` seconds is replaced by the fallback
-    too (slices are of one size: a shard that lags its peers that far is restarting or stopped)."""
+    get no call: the fallback from the start. ``hedge_s`` (with a fallback): a call unanswered
+    ``max(hedge_s, t)`` after another slice came in ``t`` s (a call's or the fallback's) is replaced by the
+    fallback too (slices are of one size: a shard that lags that far is restarting or stopped)."""
     calls: dict[int, Any] = {i: submit(i) for i in range(count) if i not in local}
     waiting = {i: asyncio.ensure_future(fallback(i) if i in local else calls[i][-1]) for i in range(count)}
     values: dict[int, Any] = {}  # shard -> its answer
@@ -78,12 +78,12 @@ async def answers(
                     calls[i], values[i] = tuple(future.result()), future.result()[-1]
                 elif error is None:
                     values[i] = future.result()
-                    if hedge_s is not None and fallback is not None and hedge_at == math.inf:
-                        hedge_at = _hedge_at(began, time.monotonic(), hedge_s)  # the first answer
                 elif isinstance(error, retry_on) and i not in here:  # a fallback's error is raised
                     again[i] = f"failed ({type(error).__name__}: {error})"
                 else:
                     raise error
+                if error is None and hedge_s is not None and fallback is not None and hedge_at == math.inf:
+                    hedge_at = _hedge_at(began, time.monotonic(), hedge_s)  # the first slice is in
             now = time.monotonic()
             lagging = [i for i in waiting if i not in here and i not in again] if now >= hedge_at else []
             again.update((i, f"unanswered after {now - began:.2f} s, its peers answered") for i in lagging)
