@@ -147,8 +147,8 @@ def test_a_fallback_that_fails_raises_its_error_and_is_not_tried_again():
 
 
 class Timed(FakeShards):
-    """Shard i answers after ``delays[i]`` seconds (None: never); records when each call and fallback
-    came, in order."""
+    """Shard i answers after ``delays[i]`` seconds (None: never); ``events``: the answers and the
+    fallbacks, in the order they came."""
 
     def __init__(self, delays: dict[int, float | None]):
         super().__init__({i: ["unused"] for i in delays})

@@ -10,8 +10,8 @@ once the call is done, so two answered pings and no answer mean the call is gone
 a fresh one, at most ``tries`` times in all; with a ``fallback`` (a merge its caller can do itself), the
 fallback is awaited instead, once, and also for a call that lags the others (``hedge_s``: a call sent to
 a shard whose process just died waits in Ray's queue for the restarted one). A shard that answers nothing
-for ``give_up_s`` (a merge's own waits included) fails the whole call with ``ShardUnavailableError``. Calls and pings are injected as awaitables
-(a Ray ``ObjectRef`` is one), so this runs with fakes in a test.
+for ``give_up_s`` (a merge's own waits included) fails the whole call with ``ShardUnavailableError``.
+Calls and pings are injected as awaitables (a Ray ``ObjectRef`` is one), so this runs with fakes in a test.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ async def answers(
     hedge_at = math.inf  # when a call still unanswered is replaced by the fallback (hedge_s)
     try:
         while waiting:
-            # Woken by each answer (a failure is acted on at once) and when calls lag (then none is left).
+            # Woken by each answer (a failure is acted on at once), and at hedge_at while a call may lag.
             if next_ping <= time.monotonic():  # the pings are looked at once per ping_every_s
                 next_ping = time.monotonic() + ping_every_s
             wake = min(next_ping, hedge_at if set(waiting) - here else math.inf) - time.monotonic()
@@ -86,7 +86,7 @@ async def answers(
                     hedge_at = _hedge_at(began, time.monotonic(), hedge_s)  # the first slice is in
             now = time.monotonic()
             lagging = [i for i in waiting if i not in here and i not in again] if now >= hedge_at else []
-            again.update((i, f"unanswered after {now - began:.2f} s, its peers answered") for i in lagging)
+            again.update((i, f"unanswered after {now - began:.2f} s, another slice long in") for i in lagging)
             for i in [i for i in waiting if i not in here and i not in again] if now >= next_ping else []:
                 if (why := pings.judge(i, now, confirm)) is not None:
                     again[i] = why
@@ -113,7 +113,7 @@ async def answers(
 
 
 def _hedge_at(began: float, now: float, hedge_s: float) -> float:
-    """When the calls still unanswered are replaced, the first answer having come at ``now``: at least as
+    """When the calls still unanswered are replaced, the first slice having come at ``now``: at least as
     long again as it took. E.g. it took 0.02 s: with hedge_s 0.25 the others have until 0.27 s."""
     return now + max(hedge_s, now - began)
 
