@@ -200,26 +200,32 @@ class FeedWithIds(Feed):
 
 
 @pytest.mark.parametrize(
-    ("away", "rounds"),
+    ("away", "rounds", "served"),
     [
-        (1, [4, 2, 2]),  # round 1 (step 2) deferred: sent at step 4, the epoch's end
-        (3, [4, 2, 2]),  # steps 2 and 4 deferred; the layout's end waits (retried) for the averager
+        (1, [4, 2, 2], [0]),  # round 1 (step 2) deferred: sent at step 4, the epoch's end
+        # Steps 2 and 4 deferred, and the layout's end, which closes on epoch 1, held back
+        # (tests/test_held_round.py): sent from its state at step 6, after epoch 1 began.
+        (3, [4, 2, 2], [0, 1]),
     ],
 )
-def test_a_learner_trains_on_through_deferred_rounds_and_ends_on_the_plain_loops_weights(away, rounds):
+def test_a_learner_trains_on_through_deferred_rounds_and_ends_on_the_plain_loops_weights(
+    away, rounds, served
+):
     """8 rows an epoch, B=2, K=2, 2 epochs: the averager is away for the first ``away`` tries and the
     learner steps on. One learner's averaging is the identity, so it must end on the plain loop's
     weights (no step skipped or repeated), every step and every video id of each epoch reaching a round
-    once. A layout's last round is never deferred: the learners meet there."""
+    once. ``served``: the epochs the feed had begun when the first round went out."""
     config = _config()
     feed = FeedWithIds()
     averager = local_averager(1, timeout_s=30.0, validate_every=1, batch_size=2, adaptive_batch=False)
     inner = InProcess(averager)
     sent: list[float] = []
+    began: list[list[int]] = []
 
     def count_steps(method, *args, timeout=None, **kwargs):
         if method == "average":
             sent.append(kwargs["stats"]["steps"])
+            began.append([epoch for epoch, _ in feed.epoch_calls])
         return inner(method, *args, timeout=timeout, **kwargs)
 
     try:
@@ -234,6 +240,7 @@ def test_a_learner_trains_on_through_deferred_rounds_and_ends_on_the_plain_loops
     got = learner.model.state_dict()
     assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-6) for k in expected)
     assert sent == rounds and learner.steps_done == 8  # the rounds the averager took, in steps
+    assert began[0] == served
     totals = averager._history.summary()["learners"][0]
     for epoch in (0, 1):
         ids = [int(i) for row in feed.epoch(epoch) for i in row["ids"] if i >= 0]

@@ -135,7 +135,7 @@ def test_epoch_position_carries_the_run_step_count_through_layouts_and_json():
 
 
 def test_epochs_trained_counts_the_share_of_rows_over_every_layout():
-    from raytrain_seq.runtime.learner import epochs_trained
+    from raytrain_seq.rounds.position import epochs_trained
 
     assert epochs_trained(EpochPosition(3, steps=9), 10) == 3.0
     assert epochs_trained(EpochPosition(1, (), 1, 2), 8) == 1.25

@@ -253,6 +253,11 @@ class AveragerClient:
             return self._defer(self.next_round, "its actor is not alive")
         return None
 
+    def up(self) -> bool:
+        """Whether the averager is known to be up now (``away`` says it is not down); False when no
+        ``away`` was given (nothing is known until a call)."""
+        return self.away is not None and not self._away()
+
     def _away(self) -> bool:
         if self.away is not None and self.away():
             self._gone = True
@@ -287,10 +292,20 @@ class AveragerClient:
         """Send this learner's test tallies (its shard of the test split); returns the group's sums."""
         return self.call("report_test", self.learner, dict(tallies), self.world_size)
 
-    def checkpoint_contents(self, done: int) -> tuple[AveragedState, CheckpointHistory]:
+    def checkpoint_contents(
+        self, done: int, *, wait: bool = True
+    ) -> tuple[AveragedState, CheckpointHistory] | None:
         """The averager's state and history for a checkpoint of round ``done``; an averager that
-        restarted behind this learner is re-seeded first, so the checkpoint never holds older state."""
-        state, history = self.call("checkpoint_contents")
+        restarted behind this learner is re-seeded first, so the checkpoint never holds older state.
+        ``wait`` False: None at once when the averager is away (known down, or the call fails so)."""
+        if not wait and self._away():
+            return None
+        try:
+            state, history = self.call("checkpoint_contents", retry=wait)
+        except AveragerUnavailableError as exc:
+            if wait or not isinstance(exc.__cause__, Unreachable):
+                raise
+            return None
         if state.round < done and self.held is not None:
             self.join(seed=self.held)
             state, history = self.call("checkpoint_contents")

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 from raytrain_seq.rows.assembly import BlockSpec, spread_fresh
 
-__all__ = ["EpochPosition", "layout_specs", "parse_history", "resplit", "settle", "settle_dict"]
+__all__ = [
+    "EpochPosition",
+    "epochs_trained",
+    "layout_specs",
+    "parse_history",
+    "resplit",
+    "settle",
+    "settle_dict",
+]
 
 Missed = tuple[tuple[int, int, int], ...]
 """Rows of one layout's shards no averaged round received: (rank, first row, end row) ranges."""
@@ -291,3 +299,15 @@ def layout_specs(
         make_ups += bool(missed)
         specs = resplit(specs, rows, world, missed, first=make_ups)
     return specs
+
+
+def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
+    """Epochs done at ``position``: whole epochs plus the share of the current epoch's rows taken, over
+    every layout it ran under (``shard_rows``: each learner's rows in the current layout, from its
+    ``rows_done`` = 0). Epoch 2, 8 rows each by 4 learners, then 2 of 10 each by 3: 2 + 38/62."""
+    if position.rows_done == 0 and not position.history:
+        return float(position.epoch)
+    done = sum(w * r for w, r, *_ in position.history)
+    world = position.world_size or 1
+    total = done + world * max(shard_rows, position.rows_done)
+    return position.epoch + (done + world * position.rows_done) / max(total, 1)

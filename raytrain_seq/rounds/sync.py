@@ -32,7 +32,28 @@ from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
 from raytrain_seq.training.step import load_averaged
 
-__all__ = ["LocalRounds", "Tally", "missed_checkpoint_rounds"]
+__all__ = [
+    "HELD_RETRY_S",
+    "Held",
+    "HeldRound",
+    "LocalRounds",
+    "Stats",
+    "Tally",
+    "TrainedIds",
+    "missed_checkpoint_rounds",
+]
+
+Held = tuple[dict, dict | None]
+"""A host copy of a learner's live state: (parameters and buffers, moments or None) (``LocalRounds.hold``)."""
+
+Stats = dict[str, float]
+"""A round's work as a learner sends it (``Tally.flush``), with its rows' accounting."""
+TrainedIds = dict[int, list[int]]
+"""Per epoch, the video ids a learner trained since its last round."""
+
+# A held round that found the averager away again is tried again no sooner than this, between steps: each
+# try copies the whole state to the host and back, and puts it.
+HELD_RETRY_S = 0.25
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +105,13 @@ class Tally:
             self.first_step_wall = delta["first_step_wall"]
         self.longest_gap_s = max(self.longest_gap_s, delta.get("longest_gap_s", 0.0))
 
+    def drop(self) -> None:
+        """Forget the work since the last flush, which no round will hold (the steps after a held round
+        that closed elsewhere: ``Learner``); the totals never counted it."""
+        self.frames = self.sequences = self.steps = 0
+        self.compute_s = self.data_wait_s = self.loss_sum = self.longest_gap_s = 0.0
+        self.first_step_wall = None
+
     def flush(self) -> dict[str, float]:
         """The deltas since the last flush, for a round's stats; resets them."""
         delta = {
@@ -105,6 +133,18 @@ class Tally:
         self.first_step_wall = None
         delta["loss"] = mean_loss
         return delta
+
+
+@dataclass(frozen=True)
+class HeldRound:
+    """A layout's last round held back while the averager was away (``Learner``): where it stood
+    (``at``; ``rows`` a learner in that layout), the state it sends (``held``), its work and video ids."""
+
+    at: EpochPosition
+    rows: int
+    held: Held
+    delta: Stats
+    ids: TrainedIds
 
 
 class LocalRounds:
@@ -226,6 +266,35 @@ class LocalRounds:
         self.local_steps = 0
         return decision
 
+    def hold(self) -> Held:
+        """A host copy of the live state (the tensors a round sends): a round held back while the
+        averager is away is sent from it later (``restore``), the steps since then kept on top of its
+        mean (``keep_steps``). Host memory, so that a device full of the model still holds it."""
+        params, moments = self._live()
+        return _copied(params), None if moments is None else _copied(moments)
+
+    def restore(self, held: Held) -> None:
+        """Copy a held state back into the live tensors, in place (the flat storage stays bound)."""
+        params, moments = self._live()
+        with torch.no_grad():
+            _copy_into(params, held[0])
+            if moments is not None and held[1] is not None:
+                _copy_into(moments, held[1])
+
+    def keep_steps(self, now: Held, held: Held) -> None:
+        """After the mean of a round sent from ``held`` is installed: the local steps taken since (``now``
+        minus ``held``) go on top of it, each parameter += now - held; buffers and moments are ``now``'s,
+        this learner's own, which the next round merges."""
+        params, moments = self._live()
+        with torch.no_grad():
+            for name, live in params.items():
+                if isinstance(live, torch.nn.Parameter):
+                    live.add_((now[0][name] - held[0][name]).to(live.device))
+                elif torch.is_tensor(live):
+                    live.copy_(now[0][name])
+            if moments is not None and now[1] is not None:
+                _copy_into(moments, now[1])
+
     def _live(self) -> tuple[dict[str, torch.Tensor], dict | None]:
         """The model's parameters and buffers themselves (not detached copies) and the optimizer's state,
         keyed as their state_dicts; the moments only when they are averaged."""
@@ -257,6 +326,24 @@ def missed_checkpoint_rounds(first: int, latest: int, *, every: int, latest_is_f
     """
     rounds = range(first, latest + 1)
     return [r for r in rounds if is_due(r, every=every, final=latest_is_final and r == latest)]
+
+
+def _copied(tree: Mapping) -> dict:
+    """A host copy of a (nested) dict's tensors, detached; other values as they are."""
+    return {
+        key: _copied(value) if isinstance(value, Mapping)
+        else value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
+        for key, value in tree.items()
+    }  # fmt: skip
+
+
+def _copy_into(live: Mapping, copy: Mapping) -> None:
+    """Each tensor of ``copy`` into the same place of ``live``, in place."""
+    for key, value in live.items():
+        if isinstance(value, Mapping):
+            _copy_into(value, copy[key])
+        elif torch.is_tensor(value):
+            value.copy_(copy[key])
 
 
 def _to_device(tree: Mapping, device, *, copy: bool = False) -> dict:

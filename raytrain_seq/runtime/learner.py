@@ -4,24 +4,21 @@ Per epoch the learner takes its shard of the plan (``LearnerFeed``: equal rows f
 on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Adam) and lets
 ``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``;
 a round the averager, away, cannot take is deferred: the learner trains on to the layout's end, whose
-round waits (the learners meet there). Every m rounds the averaged model is validated, by the averager's
-evaluator or by the learners' shares (``RoundResult.validate``); a later result carries B for everyone,
-so all take the same steps and meet at the same rounds. A learner begins from the averager's latest state
-and position (else the newest checkpoint); a layout's end settles on the next epoch or a make-up layout
-(``rounds.position.settle``), so every row reaches one averaged round; a ``Realigned`` learner takes the
-others' state. Checkpoints follow ``checkpoint.is_due``: the round's rank 0 hands the folder to
-``report`` for the run folder (no barrier); the final one likewise (``Learner.finish``). Collaborators
-come through the constructor (fakes in tests).
+round waits (the learners meet there) unless the layout closes on the next epoch: then it is held back
+and the learner trains that epoch on (``_end_layout``). Every m rounds the averaged model is validated,
+by the averager's evaluator or by the learners' shares (``RoundResult.validate``); a later result carries
+B for everyone, so all take the same steps and meet at the same rounds. A learner begins from the
+averager's latest state and position (else the newest checkpoint); a layout's end settles on the next
+epoch or a make-up layout (``rounds.position.settle``), so every row reaches one averaged round; a
+``Realigned`` learner takes the others' state. Checkpoint rounds: ``runtime.checkpoint_rounds``.
+Collaborators come through the constructor (fakes in tests).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,14 +27,15 @@ from raytrain_seq import checkpoint
 from raytrain_seq.algorithms.augment import test_views
 from raytrain_seq.models.factory import build_model_for
 from raytrain_seq.outputs import accounting
-from raytrain_seq.outputs.reports import LearnerReport, RoundMetrics
+from raytrain_seq.outputs.reports import LearnerReport
 from raytrain_seq.parts import LearnerSettings
-from raytrain_seq.rounds.client import AveragerClient, Deferred, Realigned
+from raytrain_seq.rounds.client import Averaged, AveragerClient, Deferred, Realigned
 from raytrain_seq.rounds.events import describe_progress
 from raytrain_seq.rounds.group import place
-from raytrain_seq.rounds.position import EpochPosition
+from raytrain_seq.rounds.position import EpochPosition, epochs_trained
 from raytrain_seq.rounds.state import AveragedState
-from raytrain_seq.rounds.sync import LocalRounds, Tally, missed_checkpoint_rounds
+from raytrain_seq.rounds.sync import HELD_RETRY_S, HeldRound, LocalRounds, Stats, Tally, TrainedIds
+from raytrain_seq.runtime.checkpoint_rounds import CheckpointRounds, Report
 from raytrain_seq.training.eval_rows import EvalRows
 from raytrain_seq.training.evaluation import eval_micro_batch_size, evaluate
 from raytrain_seq.training.staging import MicroBatchStage, RowPrefetcher, Staged
@@ -50,12 +48,7 @@ logger = logging.getLogger(__name__)
 # the last step, with the learners idle meanwhile (docs/ARCHITECTURE.md, "Measurements behind the code").
 TEST_LEAD_EPOCHS = 2
 
-__all__ = ["Learner", "epochs_trained"]
-
-# report(metrics, checkpoint_folder): called by every rank at a checkpoint round; the folder, given on
-# rank 0 only, holds the files of ``checkpoint.save``, which it puts in the run folder. The final
-# checkpoint and metrics go to a ``keep_final`` of the same shape, rank 0 only (``finish``).
-Report = Callable[[RoundMetrics | LearnerReport, Path | None], None]
+__all__ = ["Learner"]
 
 
 class _NoMetrics:
@@ -96,6 +89,9 @@ class Learner:
         # Algorithm 1 line 1: one initial w~ for every learner, so every learner seeds the same way.
         torch.manual_seed(settings.seed)
         spec = self.model_spec = feed.model_spec()
+        self.checkpoints = CheckpointRounds(
+            client, report, every=settings.checkpoint_every, config=settings.config_record(), model_spec=spec
+        )
         self.in_channels = spec.in_channels  # 2: optical flow, whose flip negates x
         self.model = build_model_for(
             settings.model, num_classes=spec.num_classes, in_channels=spec.in_channels
@@ -138,7 +134,9 @@ class Learner:
         # Optimizer steps each learner took over the run (the averaged position's count, then this
         # process's steps): the same on every learner, since they take equal rows with the same B.
         self.steps_done = 0
-        self._trained_ids: dict[int, list[int]] = {}  # per epoch, the video ids trained since the last round
+        self._trained_ids: TrainedIds = {}  # per epoch, the video ids trained since the last round
+        self._crossing: HeldRound | None = None  # a layout's last round held back while the averager is away
+        self._cross_again_at = 0.0  # time.monotonic() before which no held round is tried again
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> LearnerReport | None:
@@ -225,6 +223,10 @@ class Learner:
             self.metrics.set("loss", stats.loss)
             self.metrics.set("frames_per_second", stats.frames / max(stats.seconds, 1e-9))
             self.metrics.add("frames", stats.frames)
+            if self._crossing is not None and time.monotonic() >= self._cross_again_at and self.client.up():
+                moved = self._end_crossing(defer=True)  # the averager is back: the held round goes out
+                if isinstance(moved, EpochPosition):
+                    return moved  # the layout did not close as this learner guessed: its steps are dropped
             last = limit is not None and self.steps_done >= limit
             if self.rounds.step() or last:
                 # The N-th step ends the run with a round wherever it falls, so it ends averaged.
@@ -239,9 +241,7 @@ class Learner:
         if self.rounds.pending:
             # K=-1 averages once per epoch; with K>0 the epoch's last few steps still get a round, so
             # every epoch ends on an averaged model (the same for every learner: equal rows and B).
-            # Never deferred: the learners meet here, so that none can be a layout ahead of another (the
-            # averager records where a learner stopped short of the others only inside a layout).
-            moved = self.average(position.after(rows_done).with_steps(self.steps_done))
+            moved = self._end_layout(position.after(rows_done).with_steps(self.steps_done))
             if moved is not None:
                 return moved
         # Nothing left to average here (an empty make-up layout, or a shard already done): the epoch ends.
@@ -300,20 +300,38 @@ class Learner:
         layout ended: the next epoch or a make-up layout of rows a dropped learner missed; the others went
         on without this learner, or were further on; or a live group moved its rank: its shard is
         re-read), else None. ``defer``: an averager that is away defers the round (None: train on)."""
+        if self._crossing is not None:  # the held round goes first
+            moved = self._end_crossing(defer=defer)
+            if moved is not None:
+                return None if isinstance(moved, Deferred) else moved
         delta = self.tally.flush()
         # The epochs of the rows since the last round: one, as an epoch ends on a round (position.epoch - 1
-        # when the position is the next epoch's start).
+        # when the position is the next epoch's start), or two after a crossing kept its steps.
         ids, self._trained_ids = self._trained_ids, {}
-        stats = dict(delta)
-        for epoch, trained in (ids or {position.epoch - (position.rows_done == 0): []}).items():
-            stats.update(accounting.round_stats(epoch, trained))
-        decision = self.rounds.sync(stats=stats, position=position, rows=self.shard_rows or None, defer=defer)
-        self.metrics.add("averaging_seconds", self.rounds.last_seconds)
+        decision, stats = self._sync(position, delta, ids, self.shard_rows, defer=defer)
         if isinstance(decision, Deferred):
             self.tally.carry(delta)
             for epoch, trained in ids.items():  # sent with the next try
                 self._trained_ids.setdefault(epoch, [])[:0] = trained
             return None
+        return self._apply(decision, position, self.shard_rows, stats["loss"])
+
+    def _sync(
+        self, position: EpochPosition, delta: Stats, ids: TrainedIds, rows: int, *, defer: bool
+    ) -> tuple[Averaged | Realigned | Deferred, Stats]:
+        """Send the round of ``delta``'s work and ``ids``' rows (``rows``: a learner's in its layout);
+        returns the decision and the stats sent."""
+        stats = dict(delta)
+        for epoch, trained in (ids or {position.epoch - (position.rows_done == 0): []}).items():
+            stats.update(accounting.round_stats(epoch, trained))
+        decision = self.rounds.sync(stats=stats, position=position, rows=rows or None, defer=defer)
+        self.metrics.add("averaging_seconds", self.rounds.last_seconds)
+        return decision, stats
+
+    def _apply(
+        self, decision: Averaged | Realigned, position: EpochPosition, rows: int, loss: float
+    ) -> EpochPosition | None:
+        """Act on a round's outcome: ``average``'s return, ``position`` and ``rows`` the round's."""
         self.metrics.set("batch_size", self.client.batch_size)
         before = (self.rank, self.world_size)
         group = decision.reply.group if isinstance(decision, Realigned) else decision.result.group
@@ -321,12 +339,12 @@ class Learner:
             self.rank, self.world_size = place(group, self.client.learner)
         if isinstance(decision, Realigned):
             state = decision.reply.state
-            self._catch_up_reports(decision)
+            self.checkpoints.catch_up(decision, finished=self.finished)
             realigned = self._position_of(state)
             self.steps_done = realigned.steps  # the others' count: equal rows and B kept them together
             return realigned
         result = decision.result
-        after = self._settled(result.state, position)
+        after = self._settled(result.state, position, rows)
         # A learner that sent its round before the others' deferred ones goes on from their count: the
         # averaged position is theirs, its own rows since recorded as missed (ParameterAverager).
         self.steps_done = max(self.steps_done, after.steps)
@@ -334,7 +352,7 @@ class Learner:
             logger.info(
                 "[%5.0fs] round %d, %s: loss %.4f, B=%d, averaging %.2fs%s",
                 time.perf_counter() - self.started, result.state.round,
-                describe_progress(position, self.shard_rows, self.settings.epochs), stats["loss"],
+                describe_progress(position, rows, self.settings.epochs), loss,
                 self.client.batch_size, self.rounds.last_seconds,
                 f", dropped {list(result.dropped)}" if result.dropped else "",
             )  # fmt: skip
@@ -343,37 +361,78 @@ class Learner:
             self._validate_share(round_, position)
         final = self.finished(after)
         if checkpoint.is_due(round_, every=self.settings.checkpoint_every, final=final):
-            self._report(after, with_checkpoint=True)
+            self.checkpoints.reached(after, rank=self.rank, final=final)
         return None if after.same_place(position) and before == (self.rank, self.world_size) else after
 
-    def _settled(self, state: AveragedState, sent: EpochPosition) -> EpochPosition:
+    # ------------------------------------------------------------------------- a layout's end, crossed
+    def _end_layout(self, at: EpochPosition) -> EpochPosition | None:
+        """A layout's last round. The learners meet there (none may be a layout ahead of another: the
+        averager records where a learner stopped short of the others only inside a layout), so it waits
+        for an averager that is away, but for one case: the layout closes on the next epoch as far as this
+        learner knows (no rows missed, training not over). Then the round is held back (``HeldRound``)
+        and the learner trains on into that epoch; once the averager is back the held round goes out, and
+        the steps since are kept on top of its mean, or dropped when the layout did not close so."""
+        closes_on = at.close_layout()
+        if self._crossing is not None or at.missed or self.finished(closes_on):
+            return self.average(at)
+        delta = self.tally.flush()
+        ids, self._trained_ids = self._trained_ids, {}
+        decision, stats = self._sync(at, delta, ids, self.shard_rows, defer=True)
+        if not isinstance(decision, Deferred):
+            return self._apply(decision, at, self.shard_rows, stats["loss"])
+        self._crossing = HeldRound(at, self.shard_rows, self.rounds.hold(), delta, ids)
+        logger.warning(
+            "learner %s: the averager is away at the end of epoch %d's layout: training on into epoch %d, "
+            "the layout's round held back", self.client.learner, at.epoch + 1, at.epoch + 2,
+        )  # fmt: skip
+        return closes_on
+
+    def _end_crossing(self, *, defer: bool) -> EpochPosition | Deferred | None:
+        """Send the held round (``_end_layout``) from its held state. Returns ``Deferred`` (still away:
+        training goes on), None (the layout closed on the epoch this learner trains: the steps since
+        stay, on top of the round's mean) or the position to go on from (they are dropped)."""
+        crossing = self._crossing
+        if defer and (early := self.client.defers()) is not None:
+            return early
+        now, local = self.rounds.hold(), self.rounds.local_steps
+        self.rounds.restore(crossing.held)
+        decision, stats = self._sync(crossing.at, crossing.delta, crossing.ids, crossing.rows, defer=defer)
+        if isinstance(decision, Deferred):
+            self.rounds.restore(now)
+            self._cross_again_at = time.monotonic() + HELD_RETRY_S
+            return decision
+        self._crossing = None
+        before = (self.rank, self.world_size)
+        after = self._apply(decision, crossing.at, crossing.rows, stats["loss"])
+        guessed = crossing.at.close_layout()
+        if isinstance(decision, Averaged):  # the position it closed on, whatever the group
+            after = self._settled(decision.result.state, crossing.at, crossing.rows)
+            if after.layout == guessed.layout and before == (self.rank, self.world_size):
+                self.rounds.keep_steps(now, crossing.held)
+                self.rounds.local_steps = local
+                return None
+            self.steps_done = after.steps
+        logger.warning(
+            "learner %s: the held round closed on %s, not on epoch %d: the steps since are dropped",
+            self.client.learner, after, guessed.epoch + 1,
+        )  # fmt: skip
+        self.tally.drop()
+        self._trained_ids = {}
+        self.rounds.local_steps = 0
+        return after
+
+    def _settled(self, state: AveragedState, sent: EpochPosition, rows: int) -> EpochPosition:
         """Where training goes on after an averaged round: the averaged state's position (the averager
         settles it: ``rounds.position.settle``), and a layout still at its end (a caller that did not
-        settle it) closed here."""
+        settle it; ``rows`` a learner in it) closed here."""
         after = sent if state.position is None else EpochPosition.from_dict(state.position)
-        if after.layout == sent.layout and self.shard_rows and after.rows_done >= self.shard_rows:
+        if after.layout == sent.layout and rows and after.rows_done >= rows:
             after = after.close_layout()
         return after
 
     def _position_of(self, state: AveragedState) -> EpochPosition:
         position = EpochPosition(0) if state.position is None else EpochPosition.from_dict(state.position)
         return position.for_group(self.world_size)
-
-    def _catch_up_reports(self, decision: Realigned) -> None:
-        """The ``report`` calls of the checkpoint rounds the others averaged without this learner."""
-        state = decision.reply.state
-        latest = EpochPosition(0) if state.position is None else EpochPosition.from_dict(state.position)
-        final = self.finished(latest)
-        rounds = missed_checkpoint_rounds(
-            decision.first_missed,
-            state.round,
-            every=self.settings.checkpoint_every,
-            latest_is_final=final,
-        )
-        for round_ in rounds:
-            self.report(
-                RoundMetrics(round=round_, epoch=latest.epoch, batch_size=self.client.batch_size), None
-            )
 
     # ----------------------------------------------------------------------------------- evaluation
     def _near_end(self, epoch: int, shard_rows: int) -> bool:
@@ -420,35 +479,6 @@ class Learner:
         )
 
     # ------------------------------------------------------------------------------- reports, finish
-    def _report(self, position: EpochPosition, *, with_checkpoint: bool) -> None:
-        """``report`` on every rank; rank 0 attaches the checkpoint."""
-        metrics = self._metrics(position)
-        if not with_checkpoint or self.rank != 0:
-            self.report(metrics, None)
-            return
-        with self._checkpoint_folder(position, metrics.round) as folder:
-            self.report(metrics, folder)
-
-    def _metrics(self, position: EpochPosition) -> RoundMetrics:
-        return RoundMetrics(
-            round=self.client.next_round - 1, epoch=position.epoch, batch_size=self.client.batch_size
-        )
-
-    @contextlib.contextmanager
-    def _checkpoint_folder(self, position: EpochPosition, done: int) -> Iterator[Path]:
-        """A temporary folder holding the averager's round-``done`` checkpoint (``checkpoint.save``)."""
-        state, history = self.client.checkpoint_contents(done)
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint.save(
-                folder,
-                state=state,
-                history=history.as_dict(),
-                config=self.settings.config_record(),
-                position=position.as_dict(),
-                model_spec=self.model_spec.as_dict(),
-            )
-            yield Path(folder)
-
     def finish(self, position: EpochPosition | None = None) -> LearnerReport | None:
         """Every rank scores its share of the test split and the averager sums the tallies; rank 0 hands
         the final checkpoint and the summed test results to ``keep_final`` and returns those metrics (its
@@ -500,19 +530,9 @@ class Learner:
         self.marks["final_report"] = extra["final_report_wall"]
         if self.rank != 0:
             return None  # no barrier at the end: nothing waits for this learner
-        metrics = LearnerReport(**self._metrics(position).to_dict(), **extra)  # every field, checked
-        with self._checkpoint_folder(position, metrics.round) as folder:
+        metrics = LearnerReport(
+            **self.checkpoints.metrics(position).to_dict(), **extra
+        )  # every field, checked
+        with self.checkpoints.folder(position, metrics.round) as folder:
             self.keep_final(metrics, folder)
         return metrics
-
-
-def epochs_trained(position: EpochPosition, shard_rows: int) -> float:
-    """Epochs done at ``position``: whole epochs plus the share of the current epoch's rows taken, over
-    every layout it ran under (``shard_rows``: each learner's rows in the current layout, from its
-    ``rows_done`` = 0). Epoch 2, 8 rows each by 4 learners, then 2 of 10 each by 3: 2 + 38/62."""
-    if position.rows_done == 0 and not position.history:
-        return float(position.epoch)
-    done = sum(w * r for w, r, *_ in position.history)
-    world = position.world_size or 1
-    total = done + world * max(shard_rows, position.rows_done)
-    return position.epoch + (done + world * position.rows_done) / max(total, 1)
