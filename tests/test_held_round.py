@@ -1,11 +1,12 @@
 """A layout's last round held back while the averager is away: the learner trains the next epoch on.
 
-Contract pinned: at a layout's end that closes on the next epoch (no rows missed, training not over), a
-round the averager cannot take is held (``LocalRounds.hold``: a host copy of the state it sends) and the
-learner starts the next epoch at once instead of waiting; once the averager is back the held round goes
-out from the held state (``restore``), and the steps since are kept on top of its mean (``keep_steps``:
-each parameter += now - held; buffers and moments the learner's own) when the layout closed on that
-epoch, else dropped (the learner goes on from where it closed; their work and rows reach no round).
+Contract pinned: at a layout's end where training goes on, a round the averager cannot take is held
+(``LocalRounds.hold``: a host copy of the state it sends) and the learner starts the layout it closes on
+as far as it knows (the next epoch, or a make-up of rows it knows missed) at once instead of waiting;
+once the averager is back the held round goes out from the held state (``restore``), and the steps since
+are kept on top of its mean (``keep_steps``: each parameter += now - held; buffers and moments the
+learner's own) when the layout closed there, else dropped (the learner goes on from where it closed;
+their work and rows reach no round).
 One learner's averaging is the identity, so with the steps kept it ends on the plain loop's weights.
 A checkpoint due while the averager is away is skipped (but the final one): rank 0 trains on. No Ray.
 """
@@ -188,3 +189,23 @@ def test_a_checkpoint_due_while_the_averager_is_away_is_skipped_and_rank_0_train
     assert down.checkpoint_contents(2, wait=False) is None  # known down: no call
     with pytest.raises(AveragerUnavailableError):  # the final one waits, and fails only past the budget
         _client(Scripted(checkpoint_contents=[Unreachable("x")] * 50)).checkpoint_contents(2)
+
+
+def test_a_layout_with_rows_known_missed_is_held_back_into_its_make_up_layout():
+    """A learner that resumed inside a layout with rows missed (rank 0's rows 0-2) closes it, as far as it
+    knows, on a make-up layout (``close_layout``): with the averager away there, it trains on into that
+    make-up, and keeps the steps once the held round closes on it."""
+    config = _config(checkpoint_every=50)
+    feed = Feed()
+    resumed = EpochPosition(0, (), 1, 4, steps=2, missed=((0, 0, 2),))
+    state = AveragedState(batch_size=2, position=resumed.as_dict())
+    joins = [JoinReply(state=state, next_round=1, world_size=1) for _ in range(2)]
+    transport = Echo(feed, _closed, join=joins, report_validation_share=[True] * 4)
+    learner = _learner(config, feed, transport, away_at=(4, 5))
+    make_up = learner.train_epoch(learner.start())
+    assert make_up == resumed.after(8).with_steps(4).close_layout()  # held back, not waited
+    assert make_up.history == ((1, 8, ((0, 0, 2),)),) and transport.rounds == []
+    learner.train_epoch(make_up)
+    held = EpochPosition.from_dict(transport.rounds[0][1])
+    assert (held.epoch, held.rows_done, held.missed) == (0, 8, ((0, 0, 2),))
+    assert learner.steps_done == 8 and learner.tally.steps == 0  # kept, and sent since

@@ -4,8 +4,8 @@ Per epoch the learner takes its shard of the plan (``LearnerFeed``: equal rows f
 on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Adam) and lets
 ``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``;
 a round the averager, away, cannot take is deferred: the learner trains on to the layout's end, whose
-round waits (the learners meet there) unless the layout closes on the next epoch: then it is held back
-and the learner trains that epoch on (``_end_layout``). Every m rounds the averaged model is validated,
+round waits (the learners meet there) unless training goes on past it: then it is held back and the
+learner trains the next layout on (``_end_layout``). Every m rounds the averaged model is validated,
 by the averager's evaluator or by the learners' shares (``RoundResult.validate``); a later result carries
 B for everyone, so all take the same steps and meet at the same rounds. A learner begins from the
 averager's latest state and position (else the newest checkpoint); a layout's end settles on the next
@@ -30,7 +30,7 @@ from raytrain_seq.outputs import accounting
 from raytrain_seq.outputs.reports import LearnerReport
 from raytrain_seq.parts import LearnerSettings
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Deferred, Realigned
-from raytrain_seq.rounds.events import describe_progress
+from raytrain_seq.rounds.events import describe_position, describe_progress
 from raytrain_seq.rounds.group import place
 from raytrain_seq.rounds.position import EpochPosition, epochs_trained
 from raytrain_seq.rounds.state import AveragedState
@@ -250,8 +250,9 @@ class Learner:
     # ------------------------------------------------------------------------------------ data loop
     def _stage(self, stream: Any, size: int, cold: bool) -> tuple[Staged, Any, float] | None:
         """The next ``size`` rows on their way to host memory (``RowPrefetcher``: pinned on CUDA; the step
-        streams them to the device and crops them there), their video ids, and the seconds staging took here; None at the end of the shard. Time blocked on
-        the stream is data wait (epoch 0: ``cold_epoch``)."""
+        streams them to the device and crops them there), their video ids, and the seconds staging took
+        here; None at the end of the shard. Time blocked on the stream is data wait (epoch 0:
+        ``cold_epoch``)."""
         if stream is None:
             return None
         rows = stream.take(size)
@@ -368,12 +369,13 @@ class Learner:
     def _end_layout(self, at: EpochPosition) -> EpochPosition | None:
         """A layout's last round. The learners meet there (none may be a layout ahead of another: the
         averager records where a learner stopped short of the others only inside a layout), so it waits
-        for an averager that is away, but for one case: the layout closes on the next epoch as far as this
-        learner knows (no rows missed, training not over). Then the round is held back (``HeldRound``)
-        and the learner trains on into that epoch; once the averager is back the held round goes out, and
-        the steps since are kept on top of its mean, or dropped when the layout did not close so."""
+        for an averager that is away, unless training goes on past it: then the round is held back
+        (``HeldRound``) and the learner trains on into the layout this one closes on as far as it knows
+        (``close_layout``: the next epoch, or a make-up of the rows it knows missed); once the averager is
+        back the held round goes out, and the steps since are kept on top of its mean, or dropped when
+        the layout closed elsewhere."""
         closes_on = at.close_layout()
-        if self._crossing is not None or at.missed or self.finished(closes_on):
+        if self._crossing is not None or self.finished(closes_on):
             return self.average(at)
         delta = self.tally.flush()
         ids, self._trained_ids = self._trained_ids, {}
@@ -381,9 +383,10 @@ class Learner:
         if not isinstance(decision, Deferred):
             return self._apply(decision, at, self.shard_rows, stats["loss"])
         self._crossing = HeldRound(at, self.shard_rows, self.rounds.hold(), delta, ids)
+        into = describe_position(closes_on.as_dict()) + (", a make-up layout" if closes_on.history else "")
         logger.warning(
-            "learner %s: the averager is away at the end of epoch %d's layout: training on into epoch %d, "
-            "the layout's round held back", self.client.learner, at.epoch + 1, at.epoch + 2,
+            "learner %s: the averager is away at the end of a layout of epoch %d: training on into the %s, "
+            "the layout's round held back", self.client.learner, at.epoch + 1, into,
         )  # fmt: skip
         return closes_on
 
@@ -413,8 +416,8 @@ class Learner:
                 return None
             self.steps_done = after.steps
         logger.warning(
-            "learner %s: the held round closed on %s, not on epoch %d: the steps since are dropped",
-            self.client.learner, after, guessed.epoch + 1,
+            "learner %s: the held round closed on %s, not on %s: the steps since are dropped",
+            self.client.learner, describe_position(after.as_dict()), describe_position(guessed.as_dict()),
         )  # fmt: skip
         self.tally.drop()
         self._trained_ids = {}
