@@ -10,8 +10,8 @@ travels as flat buffers (``dataplane.payload``) in which the learner's tensors l
 (``dataplane.flat_storage``, bound at the first round): each slice is one put, the mean is written back
 in place. The shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through
 the averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
-seconds, the weighted loss, the first step's wall time, the longest gap between steps), sent as the
-learner's stats. No ray.
+seconds, loss, first step's wall time, longest gap between steps), sent as the learner's stats. A held
+round goes out later from a host copy (``hold``, ``restore``, ``keep_steps``: ``Learner``). No ray.
 """
 
 from __future__ import annotations

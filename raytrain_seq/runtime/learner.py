@@ -392,7 +392,7 @@ class Learner:
 
     def _end_crossing(self, *, defer: bool) -> EpochPosition | Deferred | None:
         """Send the held round (``_end_layout``) from its held state. Returns ``Deferred`` (still away:
-        training goes on), None (the layout closed on the epoch this learner trains: the steps since
+        training goes on), None (the layout closed on the one this learner went on into: the steps since
         stay, on top of the round's mean) or the position to go on from (they are dropped)."""
         crossing = self._crossing
         if defer and (early := self.client.defers()) is not None:
