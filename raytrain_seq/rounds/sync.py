@@ -271,7 +271,10 @@ class LocalRounds:
         averager is away is sent from it later (``restore``), the steps since then kept on top of its
         mean (``keep_steps``). Host memory, so that a device full of the model still holds it."""
         params, moments = self._live()
-        return _copied(params), None if moments is None else _copied(moments)
+        with torch.no_grad():  # copies of the parameters, not nodes of their graph
+            held_params = _to_device(params, "cpu", copy=True)
+            held_moments = None if moments is None else _to_device(moments, "cpu", copy=True)
+        return held_params, held_moments
 
     def restore(self, held: Held) -> None:
         """Copy a held state back into the live tensors, in place (the flat storage stays bound)."""
@@ -326,15 +329,6 @@ def missed_checkpoint_rounds(first: int, latest: int, *, every: int, latest_is_f
     """
     rounds = range(first, latest + 1)
     return [r for r in rounds if is_due(r, every=every, final=latest_is_final and r == latest)]
-
-
-def _copied(tree: Mapping) -> dict:
-    """A host copy of a (nested) dict's tensors, detached; other values as they are."""
-    return {
-        key: _copied(value) if isinstance(value, Mapping)
-        else value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
-        for key, value in tree.items()
-    }  # fmt: skip
 
 
 def _copy_into(live: Mapping, copy: Mapping) -> None:

@@ -406,10 +406,10 @@ class Learner:
             return decision
         self._crossing = None
         before = (self.rank, self.world_size)
-        after = self._apply(decision, crossing.at, crossing.rows, stats["loss"])
+        # Where the round left training (None: where it was sent, the layout not closed).
+        after = self._apply(decision, crossing.at, crossing.rows, stats["loss"]) or crossing.at
         guessed = crossing.at.close_layout()
-        if isinstance(decision, Averaged):  # the position it closed on, whatever the group
-            after = self._settled(decision.result.state, crossing.at, crossing.rows)
+        if isinstance(decision, Averaged):
             if after.layout == guessed.layout and before == (self.rank, self.world_size):
                 self.rounds.keep_steps(now, crossing.held)
                 self.rounds.local_steps = local
