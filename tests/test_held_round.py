@@ -139,6 +139,8 @@ def test_a_held_round_goes_out_once_back_and_the_steps_since_stay():
     assert (held.epoch, held.rows_done, held.steps) == (0, 8, 4)  # the layout's end, sent from its state
     assert 1 in transport.rounds[1][2]  # ... after epoch 1 had begun: nobody waited at the layout's end
     assert [(p.epoch, p.rows_done) for p in positions[2:]] == [(1, 4), (1, 8)]
+    # Epoch 1 was opened past the held round: no epoch read ahead of it (the feed keeps epoch 0).
+    assert feed.not_ahead == [1]
 
 
 def test_a_held_round_that_closes_elsewhere_drops_the_steps_since():
@@ -159,6 +161,7 @@ def test_a_held_round_that_closes_elsewhere_drops_the_steps_since():
     moved = learner.train_epoch(crossed)
     assert moved == make_up and learner.steps_done == 4  # the round's count, not this learner's
     assert learner.tally.steps == 0  # the dropped steps' work is in no round
+    assert feed.not_ahead == [1]  # epoch 1 on a guess; the make-up of epoch 0 not
     assert [s for s, _, _ in transport.rounds] == [2, 2]
     expected = _reference(config, feed, steps=4)  # the held state: epoch 0's four steps
     got = learner.model.state_dict()

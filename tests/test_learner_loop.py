@@ -104,6 +104,7 @@ class Feed:
 
     def __init__(self) -> None:
         self.epoch_calls: list[tuple[int, int]] = []
+        self.not_ahead: list[int] = []  # the epochs opened with ahead=False (a learner past a held round)
 
     def model_spec(self) -> ModelSpec:
         return ModelSpec(
@@ -113,10 +114,12 @@ class Feed:
     def epoch(self, epoch: int) -> list[dict[str, np.ndarray]]:
         return _rows(100 + epoch, self.ROWS)
 
-    def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
+    def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0, ahead=True):
         from raytrain_seq.rows.assembly import BlockRowStream
 
         self.epoch_calls.append((epoch, skip))
+        if not ahead:
+            self.not_ahead.append(epoch)
         rows = self.epoch(epoch)[skip:]
         return (BlockRowStream(Rows(rows)) if rows else None), self.ROWS
 
@@ -737,8 +740,8 @@ class SlowShardFeed(Feed):
         super().__init__()
         self.waits = waits
 
-    def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
-        stream, rows = super().epoch_rows(epoch, rank, world_size, history=history, skip=skip)
+    def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0, ahead=True):
+        stream, rows = super().epoch_rows(epoch, rank, world_size, history=history, skip=skip, ahead=ahead)
         stream.wait_seconds = self.waits[epoch]
         return stream, rows
 

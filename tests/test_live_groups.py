@@ -358,7 +358,7 @@ class _PlanFeed:
         class Mine:
             model_spec, eval_rows = feed.model_spec, feed.eval_rows
 
-            def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0):
+            def epoch_rows(self, epoch, rank, world_size, *, history=(), skip=0, ahead=True):
                 from test_learner_loop import Rows
 
                 from raytrain_seq.rounds.position import layout_specs

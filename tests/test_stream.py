@@ -206,6 +206,29 @@ def test_row_stream_serves_every_epoch_in_order_and_runs_one_epoch_ahead_at_most
         stream.close()
 
 
+def test_an_epoch_opened_without_reading_ahead_holds_the_producer_until_the_next_is_opened():
+    """A learner that went on past a held round opens epoch 1 with ``ahead=False``: the producer reads
+    epoch 1 (one ahead of epoch 0, as always) but not epoch 2, whose activation would make the feed drop
+    epoch 0, until epoch 2 itself is opened; then it runs one ahead again."""
+    source = _Source()
+    stream = RowStream(source, epoch=0, epochs=4, depth=8)
+    try:
+        view, _ = stream.epoch_rows(0)
+        assert _drain(view) == list(range(5))
+        view, total = stream.epoch_rows(1, ahead=False)
+        assert _drain(view) == list(range(total))
+        time.sleep(0.3)  # room to run ahead: it must not
+        assert [c[0] for c in source.calls] == [0, 1]
+        view, total = stream.epoch_rows(2)
+        assert _drain(view) == list(range(total))
+        deadline = time.monotonic() + 5
+        while len(source.calls) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [c[0] for c in source.calls] == [0, 1, 2, 3]
+    finally:
+        stream.close()
+
+
 def test_close_leaves_a_producer_stuck_in_its_source_without_waiting_for_it(caplog):
     """A realigned learner closes its stream while the producer is inside its source (reading objects a
     lost node held, which Ray calls lost only seconds later): close() returns within its short wait, not

@@ -152,15 +152,18 @@ class RowStream:
         at_boundary = self._view is None or self._view.done
         return at_boundary and self._next == (epoch, tuple(history), skip)
 
-    def epoch_rows(self, epoch: int) -> tuple[EpochRows, int]:
-        """The view of ``epoch`` (the next one of the stream) and the rows of its whole shard."""
+    def epoch_rows(self, epoch: int, *, ahead: bool = True) -> tuple[EpochRows, int]:
+        """The view of ``epoch`` (the next one of the stream) and the rows of its whole shard. ``ahead``
+        False: the producer reads the epoch after only once that one is opened (a learner that went on
+        into ``epoch`` on a guess: reading the next would make the feed drop the epoch before, which the
+        averager may still send a learner back to)."""
         if self._next is None or self._next[0] != epoch or not (self._view is None or self._view.done):
             raise ValueError(
                 f"row stream: epoch {epoch} asked, the stream continues at {self._next}: close it and start "
                 "a new RowStream at the position"
             )
         with self._gate:
-            self._opened = epoch
+            self._opened = max(self._opened, epoch if ahead else epoch - 1)
             self._gate.notify_all()
         view = EpochRows(self, epoch)
         began = time.perf_counter()

@@ -191,9 +191,12 @@ class Learner:
         """Train the rest of ``position``'s epoch; returns where the next one starts (or, after a
         realignment, where the others are)."""
         position = position.for_group(self.world_size)  # an epoch's start: this group's layout
+        # A learner that went on past a held round reads no epoch ahead: the feed would drop the epoch
+        # before, where the round may still send it or another learner back (``RowStream.epoch_rows``).
         stream, shard_rows = self.feed.epoch_rows(
-            position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done
-        )
+            position.epoch, self.rank, self.world_size, history=position.history, skip=position.rows_done,
+            ahead=self._crossing is None,
+        )  # fmt: skip
         self.shard_rows = shard_rows  # the rows a learner has in this layout: B never grows past them
         self._wait_counted = 0.0  # of this epoch's stream.wait_seconds, the part counted as a wait
         rows_done = position.rows_done

@@ -173,10 +173,18 @@ class LearnerFeed:
             yield assemble_rows(batch, arrays, fmt)
 
     def epoch_rows(
-        self, epoch: int, rank: int, world_size: int, *, history: Sequence = (), skip: int = 0
+        self,
+        epoch: int,
+        rank: int,
+        world_size: int,
+        *,
+        history: Sequence = (),
+        skip: int = 0,
+        ahead: bool = True,
     ) -> tuple[EpochRows | None, int]:
         """This learner's rows of ``epoch`` after the first ``skip`` (trained before a restart), and how
-        many rows its shard has in all; the stream is None when nothing is left."""
+        many rows its shard has in all; the stream is None when nothing is left. ``ahead`` False: the next
+        epoch is not read ahead (``RowStream.epoch_rows``)."""
         history = parse_history(history)
         # The stream reads the next epoch ahead with the rank and world size it was opened with: a group
         # that changed at an epoch's end (a learner joined or left there) needs a new one, or this learner
@@ -191,7 +199,7 @@ class LearnerFeed:
                 depth=self._depth,
             )  # fmt: skip
             self._where = where
-        view, rows = self._stream.epoch_rows(epoch)
+        view, rows = self._stream.epoch_rows(epoch, ahead=ahead)
         if skip >= rows:
             view.take(1)  # nothing left: read the epoch's end, so the stream goes on to the next epoch
             return None, rows
