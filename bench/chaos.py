@@ -11,7 +11,7 @@ group was not both learners (``first_group``: the undisturbed run is the baselin
 figures (chaos_figures.py): ``survivor_restarts``; per event ``survivor_steps_ratio`` (recovery over
 before), ``survivor_longest_stall_s`` and ``replacement_first_step_s``. Last line: one JSON.
 
-    python bench/chaos.py --events 8 --json   # --kinds node_killed,feed_killed,... picks the kinds
+    python bench/chaos.py --events 8 --json   # --kinds picks the kinds; --own-cores: bench/core_pins.py
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos_figures import NOTES, Probe, event_figures, round_steps, total_restarts
+from core_pins import CorePins, confine
 
 if TYPE_CHECKING:
     from raytrain_seq.outputs.reports import AveragingReport
@@ -123,12 +124,14 @@ class Soak:
         self.timeout_s = averager_timeout_s
         self.slots: list[Any] = []
         self.result: dict[str, Any] = {}
+        self.thread: threading.Thread | None = None  # the run under test (start)
         self.handles: dict[str, Any] = {}
         self.stall_drops: list[bool] = []  # per stall: whether the averager dropped the frozen learner
         self.earlier: set[str] = set()  # ids of the actors alive when the run under test started
         self.lost_nodes: list[str] = []  # the nodes whose learner the last injection took (killed, stalled)
         self.added_node: str | None = None  # the node the last node_added brought
         self.probes: list[Probe] = []  # per event injected: what the soak saw around it
+        self.pins: CorePins | None = None  # --own-cores: reset at each run's start
 
     # ------------------------------------------------------------------------------------ cluster
     def add_node(self) -> str:
@@ -165,6 +168,18 @@ class Soak:
         """(incarnation, node) of each learner process in the averager's report; None while it restarts."""
         state = self.state()
         return None if state is None else tuple((p.incarnation, p.node) for p in state.processes)
+
+    def joined_nodes(self) -> set[str] | None:
+        """The nodes of the learner processes in the averager's group (``--own-cores``); None before the
+        run starts or while its averager restarts."""
+        if self.thread is None or self.done:
+            return None
+        processes = self.processes()
+        return None if processes is None else {node for _, node in processes if node is not None}
+
+    def learner_nodes(self, pids: list[int]) -> dict[int, str]:
+        """pid -> node of this run's live learner processes among ``pids`` (``--own-cores``)."""
+        return {int(a.pid): a.node_id for a in self.run_actors("LearnerProcess") if int(a.pid) in pids}
 
     def learner_pids(self) -> list[int]:
         """The pids of this run's live learner processes (runtime/fleet.py's actors; any will do)."""
@@ -236,6 +251,8 @@ class Soak:
         self.result, self.handles, self._before = {}, {}, before
         self.earlier = {a.actor_id for name in ("LearnerProcess", "AveragingShard") for a in self.alive(name)}
         self.began = time.monotonic()
+        if self.pins is not None:
+            self.pins.reset()
 
         def target() -> None:
             try:
@@ -556,6 +573,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="train on the real-footage set (data.footage) with the frame cache on",
     )
+    parser.add_argument(
+        "--own-cores",
+        action="store_true",
+        help="both runs with the joined learners on half the CPUs and everything else on the other "
+        "half (bench/core_pins.py: a restart then takes no CPU from the learners, as on a cluster)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -579,10 +602,17 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
     # The dashboard serves Ray's state API (ray.util.state), where the soak finds the learner and shard
     # processes it stalls and kills; on a free port, since another cluster on the box may hold Ray's.
     head = {"num_cpus": 3, "include_dashboard": True, "dashboard_port": free_port(), "_system_config": system}
+    learner_cpus = confine() if args.own_cores else None  # before the cluster: its processes inherit it
     cluster = Cluster(initialize_head=True, head_node_args=head)
     ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+    pins = None
     try:
         soak = Soak(cluster, NAMESPACE, args.timeout)
+        if learner_cpus is not None:
+            soak.pins = pins = CorePins(
+                learner_cpus, joined_nodes=soak.joined_nodes, node_of=soak.learner_nodes
+            )
+            pins.start()
         for _ in range(2):
             soak.add_node()
         plan = schedule(args.events, kinds, args.seed)
@@ -605,6 +635,8 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
         config = make_config(storage, f"chaos-{args.seed}", args, epochs)
         summary, seconds, injected = soak_run(soak, config, plan)
     finally:
+        if pins is not None:
+            pins.stop()
         ray.shutdown()
         cluster.shutdown()
     return {
@@ -617,6 +649,9 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
         "epochs": epochs,
         "stall_drops": soak.stall_drops,
         "probes": soak.probes,
+        "own_cores": None
+        if pins is None
+        else {"learners": sorted(pins.learners), "pinned": len(pins.pinned)},
     }
 
 
@@ -679,6 +714,7 @@ def outcome(args: argparse.Namespace, runs: dict[str, Any]) -> tuple[dict[str, A
         "schedule": injected,
         "notes": {**{k: f.note for k, f in FAULTS.items() if f.note}, **NOTES},
         "seed": args.seed,
+        "own_cores": runs["own_cores"],
     }
     return out, checks
 
