@@ -159,7 +159,7 @@ def bench_client(averager: Any, rank: int, world_size: int, channels: bool) -> A
 
     from raytrain_seq.rounds.client import AveragerClient
     from raytrain_seq.runtime.channels import RayChannelEnds
-    from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.ray_store import RayStore
     from raytrain_seq.runtime.transport import RayTransport
 
     return AveragerClient(

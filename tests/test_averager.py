@@ -741,7 +741,7 @@ def test_ray_a_round_closes_without_a_stopped_learner_and_waits_for_one_that_ans
 def test_ray_store_registers_with_cuda_only_in_an_actor_whose_mapping_lasts(ray_cluster):
     """RayStore(cuda=True) registers the store's mapping with CUDA in an actor's process (a Ray Train
     worker's) and not in the driver, which may shut Ray down and map a new store at the same addresses."""
-    from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.ray_store import RayStore
     from raytrain_seq.runtime.store_memory import cuda_host_register
 
     def registers(cuda: bool) -> bool:
@@ -768,7 +768,7 @@ def test_ray_store_names_slices_gone_with_their_owner():
     from ray.exceptions import GetTimeoutError, OwnerDiedError
 
     from raytrain_seq.dataplane.stores import SlicesLost
-    from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.ray_store import RayStore
 
     def failing(error):
         def get(refs, timeout=None):
@@ -797,7 +797,7 @@ def test_ray_sharded_rounds_equal_the_reference_and_survive_a_killed_shard(ray_c
     from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
     from raytrain_seq.rounds.settings import AveragerSettings
     from raytrain_seq.runtime.averager import create_averager
-    from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.ray_store import RayStore
 
     ray = ray_cluster
     actor = create_averager("avg-sharded", AveragerSettings(world_size=3, timeout_s=30.0))

@@ -116,7 +116,7 @@ def _learner_class():
 
             from raytrain_seq.rounds.client import AveragerClient
             from raytrain_seq.runtime.channels import RayChannelEnds
-            from raytrain_seq.runtime.shards import RayStore
+            from raytrain_seq.runtime.ray_store import RayStore
             from raytrain_seq.runtime.transport import RayTransport
 
             self.rank = rank

@@ -37,6 +37,18 @@ def _payloads(shards: int) -> list[FlatPayload]:
     return out
 
 
+def test_prepare_starts_the_actors_once_while_the_caller_goes_on(ray_cluster):
+    """``prepare`` starts the actors on a thread of its own (a restarted averager's constructor returns
+    and takes the joins meanwhile); two prepares and a caller that needs the shards at once share one
+    set of actors, all up."""
+    pool = RayShards(2)
+    pool.prepare()
+    pool.prepare()
+    handles = pool.handles()  # waits for the start under way, starts nothing more
+    assert len(handles) == 2 and pool.handles() is handles
+    assert all(isinstance(node, str) for node in ray.get([h.node.remote() for h in handles], timeout=60))
+
+
 def test_a_round_merged_while_the_shards_start_is_merged_here_to_the_bits_the_shards_give(ray_cluster):
     payloads = _payloads(2)
     pool = RayShards(2, here_max_bytes=sum(p.layout.nbytes for p in payloads))  # just fits

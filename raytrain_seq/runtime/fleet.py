@@ -178,7 +178,7 @@ def _client(
     from raytrain_seq.runtime.averager import get_averager
     from raytrain_seq.runtime.channels import RayChannelEnds
     from raytrain_seq.runtime.probes import handle_bytes
-    from raytrain_seq.runtime.shards import RayStore
+    from raytrain_seq.runtime.ray_store import RayStore
     from raytrain_seq.runtime.transport import RayTransport
 
     # A round's send waits for the others (<= timeout) and for a validation (<= timeout) at most.

@@ -1,17 +1,17 @@
 """The averaging data plane on Ray: S shard actors merge the slices; learners put and get through the store.
 
-A learner puts slice i of its flat buffers once (``RayStore.put``) and sends the S refs; at a round's
+A learner puts slice i of its flat buffers once (``runtime.ray_store``) and sends the S refs; at a round's
 close the control plane calls ``AveragingShard.merge`` on shard i with every learner's slice i (nested,
 so the control plane never resolves them). The merged slice is the task's return value, owned by the
-control plane: it survives the shard, and every learner reads that one object (``RayStore.get``). Once a
-channel generation is live, parts are ``Channelled`` markers read from the members' channels and the
-merged slice is written to the shard's own; a restarted shard has no channels (``load["lost_channels"]``).
-A shard waits for its slices at most the round's timeout, then names the unreadable or lost ones
-(``ShardMerge.unreadable``) for the control plane to drop. Shard i goes on learner i's node (soft
-affinity) at the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost
-learner's node has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``);
-the control plane merges the slices of a shard starting or restarting (its ``watch`` call fails at its
-death); another lost call is made again (``dataplane.shard_calls``); the first merge maps the store ahead.
+control plane: it survives the shard, and every learner reads that one object. Once a channel generation
+is live, parts are ``Channelled`` markers read from the members' channels and the merged slice is written
+to the shard's own; a restarted shard has no channels (``load["lost_channels"]``). A shard waits for its
+slices at most the round's timeout, then names the unreadable or lost ones (``ShardMerge.unreadable``)
+for the control plane to drop. Shard i goes on learner i's node (soft affinity), started on a thread at
+the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost learner's node
+has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``); the control
+plane merges the slices of a shard starting or restarting (its ``watch`` call fails at its death);
+another lost call is made again (``dataplane.shard_calls``); the first merge maps the store ahead.
 """
 
 from __future__ import annotations
@@ -29,16 +29,15 @@ from raytrain_seq.checks import check_number
 # Numpy only: a shard's process loads no torch (dataplane.merge says why); FlatPayload is a type here.
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.dataplane.shard_calls import answers
-from raytrain_seq.dataplane.stores import SlicesLost
 from raytrain_seq.members.ids import LearnerId
-from raytrain_seq.runtime.store_memory import MemoryReport, StoreMemory, cuda_host_register
+from raytrain_seq.runtime.store_memory import MemoryReport, StoreMemory
 
 if TYPE_CHECKING:
     from raytrain_seq.dataplane.payload import FlatPayload
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AveragingShard", "RayShards", "RayStore"]
+__all__ = ["AveragingShard", "RayShards"]
 
 # A merge the control plane cannot do itself, interrupted by the shard's death, is re-run this many times.
 MERGE_RETRIES = 3
@@ -293,19 +292,21 @@ class RayShards:
         self._up: list[Any] = []  # per shard: its actor's readiness call, done once its process is up
         self._watches: list[Any] = []  # per shard: its standing watch() call, done only if it dies
         self._forgotten: dict[int, set[Any]] = {}  # per round: lost learners' slices (``_read_here``)
+        self._starting = threading.Lock()  # prepare()'s thread and the caller's both may start the actors
 
     def place(self, learner: LearnerId, node: str | None) -> None:
         if node is not None and isinstance(learner, int):
             self._nodes[learner] = node
 
     def _ensure(self) -> list[Any]:
-        if self._handles is None:
-            started = [self._start(i) for i in range(self.count)]
-            self._placed = [node for _, node in started]
-            self._handles = [handle for handle, _ in started]
-            self._up = [handle.__ray_ready__.remote() for handle in self._handles]
-            self._watches = [_watch(handle) for handle in self._handles]
-        return self._handles
+        with self._starting:
+            if self._handles is None:
+                started = [self._start(i) for i in range(self.count)]
+                self._placed = [node for _, node in started]
+                self._up = [handle.__ray_ready__.remote() for handle, _ in started]
+                self._watches = [_watch(handle) for handle, _ in started]
+                self._handles = [handle for handle, _ in started]
+            return self._handles
 
     def _start(self, i: int) -> tuple[Any, str | None]:
         """Shard i's actor, on learner i's node when known, else on a known learner's node (soft)."""
@@ -328,7 +329,16 @@ class RayShards:
         return actor.options(**options).remote(i), node
 
     def prepare(self) -> None:
-        self._ensure()
+        """Start the actors on a thread of their own: creating them holds the calling thread for a while
+        on a busy node, and the caller (the control plane's loop, a restarted one's constructor) takes
+        the learners' joins meanwhile. A failure is logged; the next call that needs the shards raises it."""
+        threading.Thread(target=self._start_ahead, name="shards-start", daemon=True).start()
+
+    def _start_ahead(self) -> None:
+        try:
+            self._ensure()
+        except Exception:
+            logger.exception("the shard actors could not be started ahead: the next round starts them")
 
     def node_lost(self, node: str) -> list[int]:
         """Replace the shards placed on ``node`` now. Ray restarts an actor whose node died only once it
@@ -560,41 +570,3 @@ class RayShards:
         wait_s = (timeout_s or 0.0) + FETCH_TIMEOUT_S
         _, channels = await self._answers("open_channels()", submit, give_up_s=wait_s)
         return channels
-
-
-class RayStore:
-    """``ObjectStore`` over Ray's object store: ``ray.put`` (one copy in), ``ray.get`` (zero-copy out
-    for numpy arrays on this node: read-only views, which ``FlatLayout.unpack`` only reads). ``expect``
-    maps the store's memory into this process ahead of the rounds when they will touch it all
-    (``store_memory.StoreMemory``) and, with ``cuda`` (a learner training on a GPU), registers it with
-    CUDA, so that installing a merged state on the device copies at the link's speed."""
-
-    def __init__(
-        self, timeout_s: float | None = None, *, cuda: bool = False, get: Callable[..., Any] | None = None
-    ) -> None:
-        import ray
-
-        self.timeout_s = timeout_s
-        self._get = get or ray.get  # an asyncio actor's thread passes runtime.off_loop.off_loop_get
-        # Only in an actor's process (a learner is one), whose mapping of the store lasts as long
-        # as the process. A driver that shut Ray down and started it again could map a new store where a
-        # registered one was: CUDA keeps the old registration of those addresses, for pages no longer
-        # mapped there, and refuses the new one (store_memory.cuda_host_unregister).
-        register = cuda and ray.get_runtime_context().get_actor_id() is not None
-        self.memory = StoreMemory(register=cuda_host_register if register else None)
-
-    def expect(self, nbytes: int) -> bool:
-        return self.memory.expect(nbytes)
-
-    def put(self, value: Any) -> Any:
-        import ray
-
-        return ray.put(value)
-
-    def get(self, refs: Sequence[Any]) -> list[Any]:
-        from ray.exceptions import ObjectLostError
-
-        try:
-            return self._get(list(refs), timeout=self.timeout_s)
-        except ObjectLostError as exc:  # OwnerDiedError among them: the averager died after it merged
-            raise SlicesLost(f"{type(exc).__name__}: the objects are gone with their owner") from exc

@@ -86,7 +86,7 @@ class ThreadValidator:
         from raytrain_seq.runtime.feed import get_feed
         from raytrain_seq.runtime.learner_feed import LearnerFeed
         from raytrain_seq.runtime.off_loop import off_loop_get
-        from raytrain_seq.runtime.shards import RayStore
+        from raytrain_seq.runtime.ray_store import RayStore
 
         # This thread is in the averager, an asyncio actor: its reads wait on the objects' futures, off the
         # event loop, where ray.get would log that it blocks the loop (runtime.off_loop).
