@@ -2,11 +2,12 @@
 
 On the soak's one-box cluster every process shares the box's cores, so a restarting averager, shard or
 feed takes CPU from the learners it is meant to leave alone, which a cluster's separate nodes would not
-(docs/ARCHITECTURE.md, "Measurements behind the code"). ``confine`` puts the soak's process, and so every
-process of its cluster (affinity is inherited), on the lower half of the CPUs; ``CorePins`` moves each
-learner process, every thread of it, onto the upper half: the run's first learners on sight, a later one
-once the averager lists its node as joined (its start-up shares the lower half, as a new node's takes no
-CPU from the learners training). Re-applied each poll, so threads started later follow. Linux only.
+(docs/LOG.md, 2026-11-30, after 06:09 UTC). ``confine`` puts the soak's process, and so every process of
+its cluster (affinity is inherited), on the lower half of the CPUs; ``CorePins`` moves each learner
+process, every thread of it, onto the upper half: the run's first learners on sight, a later one once
+the averager lists its node as joined. A replacement's start-up so takes no CPU from the learners
+training, but shares the control plane's half, which slows it: its ``replacement_first_step_s`` is not
+a cluster's. Re-applied each poll, so threads started later follow. Linux only.
 """
 
 from __future__ import annotations
