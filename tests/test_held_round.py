@@ -6,7 +6,8 @@ as far as it knows (the next epoch, or a make-up of rows it knows missed) at onc
 once the averager is back the held round goes out from the held state (``restore``), and the steps since
 are kept on top of its mean (``keep_steps``: each parameter += now - held; buffers and moments the
 learner's own) when the layout closed there, else dropped (the learner goes on from where it closed;
-their work and rows reach no round).
+their work and rows reach no round). A held round whose reply was lost (closed, then the averager died)
+is found averaged at the rejoin: its steps since are kept the same way.
 One learner's averaging is the identity, so with the steps kept it ends on the plain loop's weights.
 A checkpoint due while the averager is away is skipped (but the final one): rank 0 trains on. No Ray.
 """
@@ -212,3 +213,56 @@ def test_a_layout_with_rows_known_missed_is_held_back_into_its_make_up_layout():
     held = EpochPosition.from_dict(transport.rounds[0][1])
     assert (held.epoch, held.rows_done, held.missed) == (0, 8, ((0, 0, 2),))
     assert learner.steps_done == 8 and learner.tally.steps == 0  # kept, and sent since
+
+
+class LostReply(Echo):
+    """The averager closes round ``lost`` and dies before its reply: the call fails (not silently, so
+    the learner defers it), and the rejoin after finds that round averaged, its mean the state sent (one
+    learner's mean is its own state)."""
+
+    def __init__(self, feed: Feed, lost: int, **replies) -> None:
+        super().__init__(feed, _closed, **replies)
+        self.lost, self.closed = lost, None
+
+    def __call__(self, method, *args, timeout=None, **kwargs):
+        if method == "average" and args[1] == self.lost and self.closed is None:
+            self.calls.append((method, args, kwargs))
+            self.closed = AveragedState(
+                round=self.lost, flat=args[3], batch_size=2, position=_closed(kwargs["position"])
+            )
+            raise Unreachable("ActorDiedError: the actor died after the round closed")
+        if method == "join" and self.closed is not None:
+            self.calls.append((method, args, kwargs))
+            return JoinReply(state=self.closed, next_round=self.lost + 1, world_size=1)
+        return super().__call__(method, *args, timeout=timeout, **kwargs)
+
+
+def test_a_held_round_whose_reply_was_lost_keeps_the_steps_since_on_its_mean():
+    """Round 2 (epoch 0's end) is averaged but its reply never comes (the averager died right after):
+    the learner holds it and trains epoch 1 on; back (step 6), its rejoin finds round 2 averaged
+    (another learner re-seeded it), whose mean holds what this learner sent: it keeps its steps on that
+    mean, as for an answer, and does not train epoch 1 again (before: realigned, its steps dropped)."""
+    config = _config(checkpoint_every=50)
+    feed = Feed()
+    transport = LostReply(feed, 2, join=_joins()[:1], report_validation_share=[True] * 8)
+    made: list[Learner] = []
+
+    def away() -> bool:  # from the lost reply to step 6
+        return transport.closed is not None and made[0].steps_done < 6
+
+    learner = Learner(
+        Parts.of(config).learner, rank=0, world_size=1, device="cpu", feed=feed, report=lambda m, f: None,
+        client=_client(transport, away=away, sleep=lambda s: None),
+    )  # fmt: skip
+    made.append(learner)
+    crossed = learner.train_epoch(learner.start())
+    assert crossed == EpochPosition(1, steps=4)  # held back: epoch 1 starts now
+    assert learner.train_epoch(crossed) == EpochPosition(2, steps=8)
+    assert [e for e, _ in feed.epoch_calls] == [0, 1]  # epoch 1 trained once
+    # Round 2 sent once (its reply lost), not again: the rejoin found it; rounds 3 and 4 after.
+    assert [c[1][1] for c in transport.calls if c[0] == "average"] == [1, 2, 3, 4]
+    assert [c[0] for c in transport.calls].count("join") == 2
+    expected = _reference(config, feed)
+    got = learner.model.state_dict()
+    assert all(torch.allclose(got[k], expected[k], rtol=0, atol=1e-5) for k in expected)
+    assert learner.steps_done == 8

@@ -408,15 +408,20 @@ class Learner:
             self._cross_again_at = time.monotonic() + HELD_RETRY_S
             return decision
         self._crossing = None
-        before = (self.rank, self.world_size)
+        before, steps = (self.rank, self.world_size), self.steps_done
         # Where the round left training (None: where it was sent, the layout not closed).
         after = self._apply(decision, crossing.at, crossing.rows, stats["loss"]) or crossing.at
         guessed = crossing.at.close_layout()
+        # Realigned to the held round itself: the averager closed it, then died before its reply came
+        # (another learner re-seeded it); its mean holds what this learner sent, as an answer would.
+        own = isinstance(decision, Realigned) and decision.reply.state.round == decision.first_missed
+        group = self.world_size  # a realigned position is the group's already (``_position_of``)
+        closed_there = after.for_group(group).layout == guessed.for_group(group).layout
+        if (isinstance(decision, Averaged) or own) and closed_there and before == (self.rank, group):
+            self.rounds.keep_steps(now, crossing.held)
+            self.rounds.local_steps, self.steps_done = local, max(steps, self.steps_done)
+            return None
         if isinstance(decision, Averaged):
-            if after.layout == guessed.layout and before == (self.rank, self.world_size):
-                self.rounds.keep_steps(now, crossing.held)
-                self.rounds.local_steps = local
-                return None
             self.steps_done = after.steps
         logger.warning(
             "learner %s: the held round closed on %s, not on %s: the steps since are dropped",
