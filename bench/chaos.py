@@ -651,7 +651,7 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
         "probes": soak.probes,
         "own_cores": None
         if pins is None
-        else {"learners": sorted(pins.learners), "pinned": len(pins.pinned)},
+        else {"learners": sorted(pins.learners), "pinned": len(pins.pinned), "poll_errors": len(pins.errors)},
     }
 
 

@@ -96,6 +96,7 @@ class CorePins:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.pinned: set[int] = set()  # learner pids moved so far
+        self.errors: list[str] = []  # polls that failed (the soak's JSON counts them)
         self._formed = False  # a learner of this run has joined: later ones wait for their join
 
     def reset(self) -> None:
@@ -113,7 +114,11 @@ class CorePins:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.poll()
+            try:
+                self.poll()
+            except Exception as exc:  # a state call that failed once: polled again, and counted
+                self.errors.append(repr(exc))
+                logger.warning("own cores: a poll failed (%r); polling on", exc)
 
     def poll(self) -> None:
         """One pass: find the learner processes, and pin those due (the class docstring)."""

@@ -113,3 +113,28 @@ def test_a_process_and_every_thread_of_it_move_and_learner_processes_are_found_b
         (fake / str(pid) / "cmdline").write_bytes(title)
     (fake / "self").mkdir()
     assert sorted(learner_pids(fake)) == [7, 9]
+
+
+def test_a_poll_that_fails_is_counted_and_polling_goes_on():
+    """A state call that fails (the averager restarting) does not end the pinning: the poller logs it,
+    counts it, and the next poll pins."""
+    fakes = Fakes()
+    calls = []
+
+    def joined() -> set[str] | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise TimeoutError("the averager did not answer")
+        return {"a"}
+
+    fakes.pids, fakes.nodes = [10], {10: "a"}
+    pins = CorePins(
+        {1}, joined_nodes=joined, node_of=fakes.node_of, find=lambda: list(fakes.pids), pin=fakes.pin,
+        interval_s=0.01,
+    )  # fmt: skip
+    pins.start()
+    deadline = time.monotonic() + 10
+    while not fakes.pins and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pins.stop()
+    assert pins.errors == ["TimeoutError('the averager did not answer')"] and fakes.pins[0] == 10
