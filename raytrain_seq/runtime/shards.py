@@ -350,14 +350,16 @@ class RayShards:
         import ray
 
         self._nodes = {k: v for k, v in self._nodes.items() if v != node}
-        if self._handles is None:
-            return []
-        replaced = [i for i, placed in enumerate(self._placed) if placed == node]
-        for i in replaced:
-            ray.kill(self._handles[i], no_restart=True)
-            self._handles[i], self._placed[i] = self._start(i)
-            self._up[i], self._watches[i] = self._handles[i].__ray_ready__.remote(), _watch(self._handles[i])
-        return replaced
+        with self._starting:  # a start in flight (prepare's thread) places its shards first
+            if self._handles is None:
+                return []
+            replaced = [i for i, placed in enumerate(self._placed) if placed == node]
+            for i in replaced:
+                ray.kill(self._handles[i], no_restart=True)
+                handle, self._placed[i] = self._start(i)
+                self._handles[i] = handle
+                self._up[i], self._watches[i] = handle.__ray_ready__.remote(), _watch(handle)
+            return replaced
 
     def _down(self) -> set[int]:
         """The shards whose process is not up: starting (readiness unanswered), or dead since the last look
