@@ -186,7 +186,7 @@ class Soak:
         return [int(a.pid) for a in self.run_actors("LearnerProcess")]
 
     def kill_shard(self) -> str:
-        """SIGKILL one of this run's averager shard actors (unnamed: found in the GCS actor table); Ray
+        """SIGKILL one of this run's averager shard actors (found in the GCS actor table); Ray
         restarts it and re-runs an interrupted merge (max_restarts, max_task_retries)."""
         live = self.run_actors("AveragingShard")
         if not live:

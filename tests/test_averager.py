@@ -864,7 +864,7 @@ def test_ray_a_shards_next_merge_leaves_its_last_result_as_it_was(ray_cluster):
     round's merged slice, an object in the store (1.2 MB: not inlined in the reply), must still read as
     that round's merge once the next round, of other weights, has been merged."""
     from raytrain_seq.dataplane.merge import merge_parts
-    from raytrain_seq.runtime.shards import AveragingShard
+    from raytrain_seq.runtime.averaging_shard import AveragingShard
 
     ray = ray_cluster
     rng = np.random.default_rng(0)

@@ -431,7 +431,7 @@ def test_a_shard_names_the_slices_of_a_frozen_learner_instead_of_waiting_for_the
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raytrain_seq.runtime.shards import AveragingShard
+    from raytrain_seq.runtime.averaging_shard import AveragingShard
 
     cluster.ensure_slots(1)
 

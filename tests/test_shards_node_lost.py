@@ -10,11 +10,12 @@ two-raylet local cluster: shard 1 beside the worker node's learner, the node kil
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from raytrain_seq.dataplane.payload import FlatPayload
-from raytrain_seq.runtime.shards import RayShards
+from raytrain_seq.runtime.shards import RayShards, ShardNames
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -36,14 +37,32 @@ def two_nodes():
         cluster.shutdown()
 
 
-def test_shards_on_a_lost_node_are_replaced_and_a_call_in_flight_goes_to_the_new_one(two_nodes):
+@pytest.mark.parametrize("named", [False, True], ids=["owned", "named"])
+def test_shards_on_a_lost_node_are_replaced_and_a_call_in_flight_goes_to_the_new_one(two_nodes, named):
+    """Named (``ShardNames``, as a run's averager makes them): a second pool of the names, as a restarted
+    control plane makes it, knows no placement, takes the shards back and learns their nodes from them;
+    its replacement goes by the next name."""
     cluster, head, worker = two_nodes
-    pool = RayShards(2)
+    names = ShardNames.of("plane-losing-a-node", "shards-test") if named else None
+    if named:
+
+        @ray.remote(num_cpus=0)
+        class Owner:  # the control plane the named shards serve: while it lives, they do
+            def ping(self) -> bool:
+                return True
+
+        owner = Owner.options(name=names.owner, namespace=names.namespace).remote()
+        ray.get(owner.ping.remote(), timeout=60)
+    pool = RayShards(2, names=names)
     pool.place(0, head)
     pool.place(1, worker.node_id)
     pool.prepare()
     old = list(pool.handles())
     assert [node for _, node in asyncio.run(pool.targets())] == [head, worker.node_id]
+    if named:
+        pool = RayShards(2, names=names)
+        assert pool.handles() == old
+        asyncio.run(pool.targets())  # their node() calls, sent when they were taken back, are answered
     cluster.remove_node(worker, allow_graceful=False)
 
     async def lose_while_asking() -> list[str]:
@@ -59,10 +78,15 @@ def test_shards_on_a_lost_node_are_replaced_and_a_call_in_flight_goes_to_the_new
     assert asyncio.run(lose_while_asking()) == [head, head]  # the replacement runs on a live node
     # Answered before Ray declared the node dead: the call did not wait for Ray's restart of the shard.
     assert [n["Alive"] for n in ray.nodes() if n["NodeID"] == worker.node_id] == [True]
-    assert pool.handles()[0] is old[0] and pool.handles()[1] is not old[1]
+    assert pool.handles()[0] == old[0] and pool.handles()[1] != old[1]
     with pytest.raises(ray.exceptions.ActorDiedError):  # the old shard is ended for good
         ray.get(old[1].node.remote(), timeout=30)
     assert pool.node_lost(worker.node_id) == []  # nothing placed there any more
+    if named:  # the old name is released once Ray has ended the old actor
+        deadline = time.monotonic() + 30
+        while names.alive() != {0: 0, 1: 1} and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert names.alive() == {0: 0, 1: 1}
 
 
 def test_a_merge_stops_waiting_for_the_slices_of_a_learner_forgotten_beside_it(two_nodes):

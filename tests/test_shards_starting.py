@@ -21,7 +21,7 @@ from raytrain_seq.dataplane.hub_load import HubLoad
 from raytrain_seq.dataplane.merge import ShardMerge
 from raytrain_seq.dataplane.payload import FlatLayout, FlatPayload
 from raytrain_seq.runtime.fleet import LEARNER_ENV
-from raytrain_seq.runtime.shards import RayShards
+from raytrain_seq.runtime.shards import RayShards, ShardNames
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -159,3 +159,45 @@ def test_a_shard_that_died_has_its_slice_merged_here_until_its_restarted_process
     for mine, theirs in zip(ray.get(list(died.parts)), ray.get(list(before.parts)), strict=True):
         assert mine.keys() == theirs.keys() and mine
         assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_named_shards_outlive_their_control_plane_and_end_once_it_is_gone(ray_cluster):
+    """A pool with ``ShardNames`` (as ``create_averager`` makes it): Ray restarts the control plane (its
+    process killed), and the restarted one's pool takes the same shard actors back, up at once (no
+    round merged here), merging to the same bits; once the control plane is gone for good, the shards
+    end themselves (``runtime.averaging_shard``): nothing of the run is left."""
+    names = ShardNames.of("plane-of-named-shards", "shards-test")
+
+    @ray.remote(num_cpus=0)
+    class ControlPlane:
+        def __init__(self) -> None:
+            self.pool = RayShards(2, names=names)
+
+        async def shards(self) -> list:
+            handles = self.pool.handles()
+            await asyncio.gather(*(h.__ray_ready__.remote() for h in handles))
+            return handles
+
+        async def merge(self, round_: int, payloads: list) -> ShardMerge:
+            return await self.pool.merge(round_, payloads, [1.0, 2.0], timeout_s=30.0)
+
+    payloads = _payloads(2)
+    options = {"name": names.owner, "namespace": names.namespace, "max_restarts": 1, "max_task_retries": 3}
+    plane = ControlPlane.options(**options).remote()
+    first = ray.get(plane.shards.remote(), timeout=120)
+    before = ray.get(plane.merge.remote(1, payloads), timeout=60)
+    ray.kill(plane, no_restart=False)  # Ray restarts it: a new process, its constructor run again
+    again = ray.get(plane.shards.remote(), timeout=120)  # Ray's retry waits for the restarted process
+    after = ray.get(plane.merge.remote(2, payloads), timeout=60)
+    assert again == first and names.alive() == {0: 0, 1: 0}  # the same actors, taken back
+    assert not any(load.get("here") for load in before.loads + after.loads)
+    for mine, theirs in zip(ray.get(list(after.parts)), ray.get(list(before.parts)), strict=True):
+        assert mine.keys() == theirs.keys() and mine
+        assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    ray.kill(plane, no_restart=True)
+    deadline = time.monotonic() + 30
+    while names.alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert names.alive() == {}, "the shards outlived their control plane's end"
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(first[0].node.remote(), timeout=30)

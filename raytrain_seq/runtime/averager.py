@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -570,7 +571,7 @@ def create_averager(
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raytrain_seq.runtime.shards import RayShards
+    from raytrain_seq.runtime.shards import RayShards, ShardNames
 
     if not isinstance(settings, AveragerSettings):
         raise TypeError(f"settings must be an AveragerSettings, not {type(settings).__name__}")
@@ -581,13 +582,14 @@ def create_averager(
     options = {"name": name, "namespace": namespace, "get_if_exists": False, "num_cpus": 0, "num_gpus": 0}
     options.update(scheduling_strategy=driver_node, max_concurrency=concurrency)
     options.update(max_restarts=check_number("max_restarts", max_restarts, -1), max_task_retries=0)
-    # The data plane: shard actors, created by the averager when needed.
-    wiring = {
-        "run_dir": None if run_dir is None else str(run_dir),
-        "validator": validator,
-        "shard_pool": RayShards,
-    }
-    return ray.remote(num_cpus=0)(ParameterAverager).options(**options).remote(settings, **wiring)
+    # The data plane: shard actors, created by the averager when needed and found again by its restart.
+    shard_pool = functools.partial(RayShards, names=ShardNames.of(name, namespace))
+    wiring = {"run_dir": None if run_dir is None else str(run_dir), "validator": validator}
+    return (
+        ray.remote(num_cpus=0)(ParameterAverager)
+        .options(**options)
+        .remote(settings, shard_pool=shard_pool, **wiring)
+    )
 
 
 def get_averager(name: str, *, namespace: str | None = None):

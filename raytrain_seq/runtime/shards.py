@@ -1,26 +1,27 @@
 """The averaging data plane on Ray: S shard actors merge the slices; learners put and get through the store.
 
 A learner puts slice i of its flat buffers once (``runtime.ray_store``) and sends the S refs; at a round's
-close the control plane calls ``AveragingShard.merge`` on shard i with every learner's slice i (nested,
-so the control plane never resolves them). The merged slice is the task's return value, owned by the
-control plane: it survives the shard, and every learner reads that one object. Once a channel generation
-is live, parts are ``Channelled`` markers read from the members' channels and the merged slice is written
-to the shard's own; a restarted shard has no channels (``load["lost_channels"]``). A shard waits for its
-slices at most the round's timeout, then names the unreadable or lost ones (``ShardMerge.unreadable``)
-for the control plane to drop. Shard i goes on learner i's node (soft affinity), started on a thread at
-the learners' join (``prepare``); shards hold no state: Ray restarts a lost one; a lost learner's node
-has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``); the control
-plane merges the slices of a shard starting or restarting (its ``watch`` call fails at its death);
+close the control plane calls ``AveragingShard.merge`` (``runtime.averaging_shard``) on shard i with every
+learner's slice i (nested, so the control plane never resolves them). The merged slice is the task's
+return value, owned by the control plane: it survives the shard, and every learner reads that one object.
+Once a channel generation is live, parts are ``Channelled`` markers read from the members' channels and the
+merged slice is written to the shard's own. Shard i goes on learner i's node (soft affinity), started on a
+thread at the learners' join (``prepare``). Named shards (``ShardNames``) are detached and outlive a
+restart of the control plane, which finds them again by name; Ray restarts a lost shard; a lost learner's
+node has its shards replaced (``node_lost``), a merge stops waiting for its slices (``forget``); the
+control plane merges the slices of a shard starting or restarting (its ``watch`` call fails at its death);
 another lost call is made again (``dataplane.shard_calls``); the first merge maps the store ahead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,21 +31,19 @@ from raytrain_seq.checks import check_number
 from raytrain_seq.dataplane.merge import ShardMerge, merge_parts, part_nbytes
 from raytrain_seq.dataplane.shard_calls import answers
 from raytrain_seq.members.ids import LearnerId
-from raytrain_seq.runtime.store_memory import MemoryReport, StoreMemory
+from raytrain_seq.runtime.averaging_shard import FORGET_POLL_S, AveragingShard
 
 if TYPE_CHECKING:
     from raytrain_seq.dataplane.payload import FlatPayload
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AveragingShard", "RayShards"]
+__all__ = ["RayShards", "ShardNames"]
 
 # A merge the control plane cannot do itself, interrupted by the shard's death, is re-run this many times.
 MERGE_RETRIES = 3
 # The control plane's read of a round's merged slices gives up after this long (their node may be gone).
 FETCH_TIMEOUT_S = 120.0
-# A merge waiting for slices looks this often whether their learners were lost (``AveragingShard.forget``).
-FORGET_POLL_S = 0.25
 # While a shard starts (or for a dead shard's slice) the control plane merges a round itself only up to
 # this many bytes in (every learner's payload): a big model's round would take it longer than a process
 # start, and its heap must hold every slice at once.
@@ -54,238 +53,60 @@ HERE_MAX_BYTES = 256 * 2**20
 HEDGE_S = 0.25
 
 
-class AveragingShard:
-    """One slice of the flat vector: merges slice i of every learner of a round (stateless)."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.memory = StoreMemory()
-        # The last merge's arrays, overwritten by the next (merge_parts says why). Safe: Ray copies a
-        # task's return value into the object store before this (synchronous, one-call-at-a-time) actor
-        # runs its next call, so nobody reads these arrays any more once merge is called again; a merge
-        # written into the channels copies them there, and ``result`` returns them (a copy) on request.
-        self._result: dict[str, Any] | None = None
-        self._result_round: int | None = None
-        # The live channel generation (dataplane.generations): its number, every member's channel to this
-        # shard (member order), this shard's channel to the members, and the parts read this round (a
-        # merge run again without an unreadable learner must not read a channel twice).
-        self._generation: int | None = None
-        self._inputs: list[Any] = []
-        self._output: Any = None
-        self._read: tuple[int, dict[int, Any]] = (0, {})
-        # Per round, the slices (references) of lost learners not to wait for (``forget``).
-        self._forgotten: dict[int, set[Any]] = {}
-
-    def forget(self, round: int, parts: list[Any]) -> None:
-        """Stop waiting for the slices ``parts`` of ``round``: their learner was lost, and they die with
-        it. Runs in the ``control`` concurrency group, beside a merge that waits for them (Ray would find
-        them lost only once it learns of their owner's death), or before a merge made again; by
-        reference, so that a merge made again without that learner, whose indices moved, is unaffected."""
-        self._forgotten = {r: p for r, p in self._forgotten.items() if r >= round - 2}
-        self._forgotten.setdefault(round, set()).update(parts)
-
-    def watch(self) -> None:
-        """Never returns (the ``watch`` concurrency group): the control plane's standing call, which fails
-        once this process dies, so that it merges this shard's slices itself until a new one is up."""
-        threading.Event().wait()
-
-    def node(self) -> str:
-        """The node this shard runs on (a member's channel to it names it)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
-    def open_channels(
-        self, generation: int, inputs: list, readers: list, nbytes: int, timeout_s: float | None = None
-    ) -> Any:
-        """Generation ``generation``: read member j's slices from ``inputs[j]``; returns this shard's
-        channel of merged slices, which ``readers`` (every member: (handle, node)) read.
-
-        Ray's set-up of a channel calls each reader on another node and waits for it without a deadline:
-        a reader whose node died and whose actor waits for room to restart held this one-call-at-a-time
-        actor, and every merge queued behind it, until a node came (the fault tests' lost node). So the
-        set-up runs in a thread, waited for at most ``timeout_s``; then TimeoutError (the averager ends
-        the generation) and a channel the thread makes later is dropped."""
-        from ray.experimental.channel.shared_memory_channel import BufferedSharedMemoryChannel
-        from ray.experimental.channel.utils import get_self_actor
-
-        from raytrain_seq.runtime.channels import OUTPUT_BUFFERS, channel_slack
-
-        me, made = get_self_actor(), {}
-
-        def make() -> None:
-            try:
-                made["channel"] = BufferedSharedMemoryChannel(
-                    me, [tuple(r) for r in readers], OUTPUT_BUFFERS, channel_slack(nbytes)
-                )
-            except BaseException as exc:  # handed to the caller below, raised there
-                made["error"] = exc
-
-        thread = threading.Thread(target=make, name=f"shard-{self.index}-channels", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            raise TimeoutError(
-                f"shard {self.index}: generation {generation}'s channel waited {timeout_s:g} s for its "
-                "readers (one is on a lost node, or restarting): the rounds go through the store"
-            )
-        if "error" in made:
-            raise made["error"]
-        self._generation, self._inputs, self._read = generation, list(inputs), (0, {})
-        self._output = made["channel"]
-        return self._output
-
-    def result(self, round: int) -> dict | None:
-        """The merged slice of ``round`` when it is this shard's last merge (the control plane's copy of a
-        round whose slices went through the channels), else None."""
-        return self._result if self._result_round == round else None
-
-    def merge(
-        self,
-        round: int,
-        parts: list[Any],
-        weights: list[float],
-        readers: int,
-        timeout_s: float | None = None,
-        write: bool = False,
-    ) -> tuple[dict | None, dict]:
-        """The merged slice and the bytes moved; ``parts``: every learner's slice, as a reference or a
-        ``Channelled`` marker (read from that member's channel). A slice not on this node within
-        ``timeout_s``, or lost, gives no merge (None) and its index in ``load["unreadable"]``; a marker
-        of a generation this shard does not have (Ray restarted it) gives ``load["lost_channels"]``.
-        ``write``: put the merged slice into this shard's channel (every member reads it) and return
-        None in its place, ``load["channelled"]`` saying so (False when the write failed: then it is
-        returned)."""
-        from raytrain_seq.dataplane.generations import Channelled
-
-        began = time.perf_counter()
-        load: dict[str, Any] = {"shard": self.index, "round": round, "received": 0, "sent": 0}
-        marked = {j: part for j, part in enumerate(parts) if isinstance(part, Channelled)}
-        if any(part.generation != self._generation for part in marked.values()):
-            return None, {**load, "seconds": time.perf_counter() - began, "lost_channels": True}
-        arrays, unreadable, lost = self._gather(round, parts, marked, timeout_s)
-        if lost or unreadable:
-            load.update(seconds=time.perf_counter() - began, lost_channels=lost, unreadable=unreadable)
-            return None, load
-        merged = self._result = merge_parts(arrays, weights, reuse=self._result)
-        self._result_round = round
-        received = sum(part_nbytes(part) for part in arrays)
-        del arrays  # the channels' views: a member's next write waits until they are let go
-        written = write and self._write(round, merged, timeout_s)
-        # Every round reads the learners' slices and writes the merged one into the store.
-        self.memory.expect(received + part_nbytes(merged))
-        load.update(
-            seconds=time.perf_counter() - began,
-            received=received,
-            sent=part_nbytes(merged) * readers,
-            channelled=written,
-        )
-        return (None if written else merged), load
-
-    def _gather(
-        self, round: int, parts: list[Any], marked: dict[int, Any], timeout_s: float | None
-    ) -> tuple[list[Any], list[int], bool]:
-        """Every learner's slice (arrays), the indices of those unreadable within ``timeout_s``, and
-        whether a channel was closed under this shard (its generation ended)."""
-        import ray
-        from ray.exceptions import RayChannelError, RayChannelTimeoutError
-
-        from raytrain_seq.dataplane.generations import ChannelLost
-        from raytrain_seq.runtime.channels import read_round
-
-        stored_at = [j for j in range(len(parts)) if j not in marked]
-        refs = [parts[j] for j in stored_at]
-        unreadable: list[int] = []
-        # Waited for first, with a deadline: a slice on another node is found through its owner, the
-        # learner that put it, and a learner frozen after it sent its round answers nobody until it thaws.
-        # Every learner has arrived, so without the deadline the round would neither merge nor time out.
-        # In short waits: a lost learner's parts (``forget``) end the wait at once, named unreadable.
-        if refs:
-            deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
-            pending = list(refs)
-            while pending:
-                forgotten = self._forgotten.get(round, ())  # read each pass: forget() runs beside this
-                if gone := [j for j in stored_at if parts[j] in forgotten and parts[j] in pending]:
-                    return [], gone, False
-                left = min(FORGET_POLL_S, deadline - time.monotonic())
-                if left <= 0:
-                    break
-                _, pending = ray.wait(pending, num_returns=len(pending), timeout=left, fetch_local=True)
-            late = set(pending)
-            unreadable = [j for j in stored_at if parts[j] in late]
-        # A channel's value is read once: a merge run again (a learner dropped) takes the round's reads.
-        if self._read[0] != round:
-            self._read = (round, {})
-        read = self._read[1]
-        for j, part in marked.items():
-            if part.writer in read:
-                continue
-            try:
-                read[part.writer] = read_round(self._inputs[part.writer], part.round, timeout_s)
-            except RayChannelTimeoutError:
-                unreadable.append(j)
-            except (RayChannelError, ChannelLost):
-                return [], [], True
-        if unreadable:
-            return [], sorted(unreadable), False
-        stored: list[Any] = []
-        if refs:
-            try:  # one call for every slice: a call per slice pays Ray's fixed cost per call each time
-                stored = ray.get(refs)
-            except ray.exceptions.ObjectLostError:  # an owner died (a learner's node): name whose
-                lost = _lost(refs)
-                if not lost:  # every one reads on its own now: not a loss this merge can name
-                    raise
-                positions = [j for j in range(len(parts)) if j not in marked]
-                return [], [positions[i] for i in lost], False
-        from_store = iter(stored)
-        arrays = [read.pop(parts[j].writer) if j in marked else next(from_store) for j in range(len(parts))]
-        return arrays, [], False
-
-    def _write(self, round: int, merged: dict, timeout_s: float | None) -> bool:
-        """Put ``merged`` into this shard's channel; whether it went (a closed channel: the generation ended)."""
-        from ray.exceptions import RayChannelError
-
-        if self._output is None:
-            return False
-        try:
-            self._output.write((round, merged), timeout=timeout_s)
-        except RayChannelError as exc:
-            logger.warning("shard %d: writing generation %s's merged slice failed (%r): returned instead",
-                           self.index, self._generation, exc)  # fmt: skip
-            return False
-        return True
-
-    def store_memory(self, timeout: float | None = None) -> MemoryReport:
-        """Whether this shard populates its mapping of the object store ahead (decided at its first merge)
-        and how long that took (``StoreMemory.report``)."""
-        return self.memory.report(timeout)
-
-
-def _lost(refs: list[Any]) -> list[int]:
-    """The indices of the references whose objects are lost (their owners died)."""
-    import ray
-
-    lost = []
-    for i, ref in enumerate(refs):
-        try:
-            ray.get(ref)
-        except ray.exceptions.ObjectLostError:
-            lost.append(i)
-    return lost
-
-
 def _watch(handle: Any) -> Any:
     """A shard's standing ``watch()`` call: not retried, so that it fails once the process dies."""
     return handle.watch.options(concurrency_group="watch", max_task_retries=0).remote()
 
 
-class RayShards:
-    """The pool of ``count`` AveragingShard actors the control plane (an actor) creates and owns."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShardNames:
+    """The names a pool's shards go by, so that a restarted control plane finds them alive.
 
-    def __init__(self, count: int, *, here_max_bytes: int = HERE_MAX_BYTES) -> None:
+    Shard i's n-th actor is ``{prefix}.{i}.{n}`` in ``namespace`` (a lost node's shard is replaced under
+    the next n: a killed actor's name is released only later). ``owner``: the control plane's actor name,
+    whose end ends the shards (``runtime.averaging_shard``). Made once per run by the driver
+    (``create_averager``): a restart of the control plane, which gets the same arguments, has the same
+    names."""
+
+    prefix: str
+    owner: str
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, owner: str, namespace: str | None) -> ShardNames:
+        """New names for the shards of the control plane ``owner`` (a run's own: no other run's are taken)."""
+        return cls(prefix=f"{owner}.shard.{uuid.uuid4().hex[:12]}", owner=owner, namespace=namespace)
+
+    def name(self, i: int, n: int) -> str:
+        return f"{self.prefix}.{i}.{n}"
+
+    def alive(self) -> dict[int, int]:
+        """Per shard index, the newest n among the live actors of these names (none: an empty dict)."""
+        import ray
+
+        namespace = self.namespace if self.namespace is not None else ray.get_runtime_context().namespace
+        newest: dict[int, int] = {}
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            name = entry["name"]
+            if entry["namespace"] == namespace and name.startswith(self.prefix + "."):
+                # "{prefix}.3.1": shard 3's second actor.
+                i, n = (int(part) for part in name[len(self.prefix) + 1 :].split("."))
+                newest[i] = max(newest.get(i, n), n)
+        return newest
+
+
+class RayShards:
+    """The pool of ``count`` AveragingShard actors the control plane (an actor) creates: owned by it, or,
+    with ``names``, detached and found again by a restarted control plane (``ShardNames``)."""
+
+    def __init__(
+        self, count: int, *, here_max_bytes: int = HERE_MAX_BYTES, names: ShardNames | None = None
+    ) -> None:
         self.count = check_number("shards", count, 1)
         self.here_max_bytes = here_max_bytes  # the biggest round merged here while a shard starts
+        self.names = names
+        self._serial: dict[int, int] = {}  # per shard: the n of its actor's name (``ShardNames``)
+        self._where: dict[int, Any] = {}  # per shard found alive: its node() call, until answered
         self._nodes: dict[int, str] = {}
         self._handles: list[Any] | None = None
         self._placed: list[str | None] = []  # the node each shard was asked to start on (a soft hint)
@@ -301,7 +122,13 @@ class RayShards:
     def _ensure(self) -> list[Any]:
         with self._starting:
             if self._handles is None:
+                found: set[int] = set()
+                if self.names is not None:  # a restarted control plane takes its shards back
+                    self._serial = self.names.alive()
+                    found = set(self._serial)
                 started = [self._start(i) for i in range(self.count)]
+                # Where those found alive run is learned in node_lost (``_placed_now``).
+                self._where = {i: started[i][0].node.remote() for i in found if i < self.count}
                 self._placed = [node for _, node in started]
                 self._up = [handle.__ray_ready__.remote() for handle, _ in started]
                 self._watches = [_watch(handle) for handle, _ in started]
@@ -326,7 +153,13 @@ class RayShards:
         # forget() runs beside a merge, in a group of its own; merge, node() and the rest stay one at a
         # time, in order (dataplane.shard_calls counts on it).
         actor = ray.remote(concurrency_groups={"control": 1, "watch": 1})(AveragingShard)
-        return actor.options(**options).remote(i), node
+        if self.names is None:
+            return actor.options(**options).remote(i), node
+        # Detached, so that it outlives this control plane's process; a live actor of that name is taken.
+        names = self.names
+        options.update(name=names.name(i, self._serial.setdefault(i, 0)), namespace=names.namespace)
+        options.update(lifetime="detached", get_if_exists=True)
+        return actor.options(**options).remote(i, (names.owner, names.namespace)), node
 
     def prepare(self) -> None:
         """Start the actors on a thread of their own: creating them holds the calling thread for a while
@@ -353,13 +186,32 @@ class RayShards:
         with self._starting:  # a start in flight (prepare's thread) places its shards first
             if self._handles is None:
                 return []
+            self._placed_now()
             replaced = [i for i, placed in enumerate(self._placed) if placed == node]
             for i in replaced:
                 ray.kill(self._handles[i], no_restart=True)
+                if self.names is not None:
+                    self._serial[i] += 1  # the killed actor's name is not free yet
                 handle, self._placed[i] = self._start(i)
                 self._handles[i] = handle
                 self._up[i], self._watches[i] = handle.__ray_ready__.remote(), _watch(handle)
             return replaced
+
+    def _placed_now(self) -> None:
+        """The nodes of the shards found alive (``ShardNames``) whose node() answered: they were placed by
+        the control plane before a restart, on its learners' nodes then. One that died before it answered
+        keeps the hint (Ray restarts it where it can)."""
+        import ray
+
+        if not self._where:
+            return
+        answered, _ = ray.wait(list(self._where.values()), num_returns=len(self._where), timeout=0)
+        for i in [i for i, ref in self._where.items() if ref in answered]:
+            ref = self._where.pop(i)
+            try:
+                self._placed[i] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                logger.info("shard %d died before it said where it runs (%s): placed as hinted", i, exc)
 
     def _down(self) -> set[int]:
         """The shards whose process is not up: starting (readiness unanswered), or dead since the last look
