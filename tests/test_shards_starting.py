@@ -165,7 +165,8 @@ def test_named_shards_outlive_their_control_plane_and_end_once_it_is_gone(ray_cl
     """A pool with ``ShardNames`` (as ``create_averager`` makes it): Ray restarts the control plane (its
     process killed), and the restarted one's pool takes the same shard actors back, up at once (no
     round merged here), merging to the same bits; once the control plane is gone for good, the shards
-    end themselves (``runtime.averaging_shard``): nothing of the run is left."""
+    end themselves (``runtime.averaging_shard``), though another actor took its name: nothing of the
+    run is left."""
     names = ShardNames.of("plane-of-named-shards", "shards-test")
 
     @ray.remote(num_cpus=0)
@@ -195,7 +196,16 @@ def test_named_shards_outlive_their_control_plane_and_end_once_it_is_gone(ray_cl
         assert mine.keys() == theirs.keys() and mine
         assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
     ray.kill(plane, no_restart=True)
+    # A resumed run's control plane takes the name as soon as it is free: it is not these shards' maker.
     deadline = time.monotonic() + 30
+    while True:
+        try:
+            successor = ControlPlane.options(name=names.owner, namespace=names.namespace).remote()
+            ray.get(successor.__ray_ready__.remote(), timeout=60)
+            break
+        except ValueError:  # the name is released once Ray has ended the killed actor
+            assert time.monotonic() < deadline, "the killed control plane's name was never released"
+            time.sleep(0.01)
     while names.alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert names.alive() == {}, "the shards outlived their control plane's end"

@@ -258,17 +258,24 @@ def _lost(refs: list[Any]) -> list[int]:
 
 
 def _end_with(owner: str, namespace: str | None, index: int) -> None:
-    """End this detached shard once the control plane named ``owner`` no longer exists: it ended with
-    its run, or its driver died (a control plane that Ray restarts keeps its name meanwhile)."""
+    """End this detached shard once the control plane that made it, the actor named ``owner`` now, no
+    longer exists: it ended with its run, or its driver died. A control plane that Ray restarts keeps its
+    name and its actor meanwhile; another actor of that name (a resumed run's) is not this shard's."""
     import ray
 
+    made_by = None
     while True:
-        time.sleep(OWNER_POLL_S)
         try:
-            ray.get_actor(owner, namespace=namespace)
+            now = ray.get_actor(owner, namespace=namespace)
         except ValueError:
-            logger.info("shard %d: the control plane %r is gone: this shard ends", index, owner)
-            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-            return
+            now = None
         except Exception:  # the GCS unreachable a while (its restart): looked up again
             logger.warning("shard %d: looking up the control plane %r failed", index, owner, exc_info=True)
+            time.sleep(OWNER_POLL_S)
+            continue
+        made_by = now if made_by is None else made_by  # handles compare by actor id
+        if now is None or now != made_by:
+            logger.info("shard %d: the control plane %r that made it is gone: this shard ends", index, owner)
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+            return
+        time.sleep(OWNER_POLL_S)
