@@ -190,6 +190,7 @@ class RayShards:
             replaced = [i for i, placed in enumerate(self._placed) if placed == node]
             for i in replaced:
                 ray.kill(self._handles[i], no_restart=True)
+                self._where.pop(i, None)  # the ended actor's node() answer is not the replacement's
                 if self.names is not None:
                     self._serial[i] += 1  # the killed actor's name is not free yet
                 handle, self._placed[i] = self._start(i)
