@@ -594,11 +594,14 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from raytrain_seq.runtime.connect import NAMESPACE, WORKER_REUSE
+    from raytrain_seq.runtime.connect import DEATH_AT_ONCE_ENV, NAMESPACE, WORKER_REUSE
 
     storage = args.storage or tempfile.mkdtemp(prefix="chaos-")
     # Dead raylets are noticed after ~5 missed 1-second health checks instead of Ray's default ~30 s.
     system = {**WORKER_REUSE, "health_check_period_ms": 1000, "health_check_failure_threshold": 5}
+    # As cluster.yaml's `ray start` does (connect.DEATH_AT_ONCE): every process of the cluster inherits it,
+    # and the run's driver, in this process, sees it (connect.death_at_once).
+    os.environ[DEATH_AT_ONCE_ENV] = "0"
     # The dashboard serves Ray's state API (ray.util.state), where the soak finds the learner and shard
     # processes it stalls and kills; on a free port, since another cluster on the box may hold Ray's.
     head = {"num_cpus": 3, "include_dashboard": True, "dashboard_port": free_port(), "_system_config": system}

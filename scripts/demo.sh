@@ -52,7 +52,8 @@ stop_head() {
 # The token lives in ~/.ray/auth_token; the head and `ray job submit` both read it.
 ray get-auth-token --generate >/dev/null 2>&1
 # Keep idle task workers a minute (Ray's default is a second), so each epoch's data tasks reuse the
-# last epoch's Python workers instead of starting new ones (raytrain_seq/runtime/connect.py: WORKER_REUSE).
+# last epoch's Python workers instead of starting new ones (raytrain_seq/runtime/connect.py: WORKER_REUSE),
+# and fail a call to a dead actor at once (DEATH_AT_ONCE there: the learners need no runtime env then).
 # Ports the head would otherwise take at fixed defaults (the dashboard agent's 52365, the Ray client's
 # 10001): another Ray cluster on this machine may hold them, and then the job agent never comes up and
 # every submission is refused. Free ones are picked here (the OS hands out unused ports for port 0).
@@ -62,7 +63,7 @@ for _ in range(2):
     s = socket.socket(); s.bind(("127.0.0.1", 0)); ports.append(s); print(s.getsockname()[1], end=" ")
 for s in ports: s.close()
 print()')
-RAY_idle_worker_killing_time_threshold_ms=60000 ray start --head --port "$GCS_PORT" --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
+RAY_idle_worker_killing_time_threshold_ms=60000 RAY_timeout_ms_task_wait_for_death_info=0 ray start --head --port "$GCS_PORT" --dashboard-host 127.0.0.1 --dashboard-port "$DASHBOARD_PORT" \
   --dashboard-agent-listen-port "$AGENT_PORT" --ray-client-server-port "$CLIENT_PORT" \
   --num-cpus "$NUM_CPUS" --temp-dir "$RAY_TMP" --disable-usage-stats >/dev/null
 trap stop_head EXIT

@@ -160,15 +160,20 @@ def _dashboard_openings(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _worker_reuse() -> dict[str, int]:
-    """WORKER_REUSE and PREALLOCATE from raytrain_seq/runtime/connect.py, read from its source (importing
-    it loads torch), as the RAY_* environment spells them (Ray reads a true flag as 1)."""
+    """WORKER_REUSE, PREALLOCATE and DEATH_AT_ONCE from raytrain_seq/runtime/connect.py, read from its
+    source (importing it loads torch), as the RAY_* environment spells them (Ray reads a true flag as 1)."""
     found = {}
     for node in ast.parse(CONNECT_FILE.read_text()).body:
         names = {getattr(t, "id", "") for t in getattr(node, "targets", ())}
-        if isinstance(node, ast.Assign) and names & {"WORKER_REUSE", "PREALLOCATE"}:
+        if isinstance(node, ast.Assign) and names & {"WORKER_REUSE", "PREALLOCATE", "DEATH_AT_ONCE"}:
             found.update(ast.literal_eval(node.value))
-    if not {"idle_worker_killing_time_threshold_ms", "preallocate_plasma_memory"} <= set(found):
-        raise AssertionError(f"no WORKER_REUSE or PREALLOCATE in {CONNECT_FILE}")
+    wanted = {
+        "idle_worker_killing_time_threshold_ms",
+        "preallocate_plasma_memory",
+        "timeout_ms_task_wait_for_death_info",
+    }
+    if not wanted <= set(found):
+        raise AssertionError(f"no WORKER_REUSE, PREALLOCATE or DEATH_AT_ONCE in {CONNECT_FILE}")
     return {name: int(value) if isinstance(value, bool) else value for name, value in found.items()}
 
 

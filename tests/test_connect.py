@@ -1,15 +1,26 @@
-"""How a run's own local Ray cluster is started (the object store ``run.object_store_gb`` asks for) and
-which device its learners train on (``device_decision``: GPUs when they are enough, a clear error when
-``--use-gpu`` asks for more than the cluster has)."""
+"""How a run's own local Ray cluster is started (the object store ``run.object_store_gb`` asks for, a call
+to a dead actor failing at once), whether a cluster fails such calls at once (``death_at_once``: the
+learners then start without a runtime env) and which device its learners train on (``device_decision``:
+GPUs when they are enough, a clear error when ``--use-gpu`` asks for more than the cluster has)."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
 
 from raytrain_seq.config import RunSetupError
 from raytrain_seq.parts import Parts
-from raytrain_seq.runtime.connect import PREALLOCATE, WORKER_REUSE, device_decision, store_options
+from raytrain_seq.runtime.connect import (
+    DEATH_AT_ONCE,
+    DEATH_AT_ONCE_ENV,
+    PREALLOCATE,
+    WORKER_REUSE,
+    death_at_once,
+    device_decision,
+    store_options,
+)
 
 
 @pytest.mark.parametrize(
@@ -40,10 +51,10 @@ def test_use_gpu_without_enough_gpus_fails_with_the_count_and_the_fix(gpus, fix)
 
 
 def test_store_options_keep_rays_default_store_unless_a_size_is_given():
-    assert store_options(None) == {"_system_config": WORKER_REUSE}
+    assert store_options(None) == {"_system_config": {**WORKER_REUSE, **DEATH_AT_ONCE}}
     sized = store_options(0.25)
     assert sized["object_store_memory"] == 250_000_000
-    assert sized["_system_config"] == {**WORKER_REUSE, **PREALLOCATE}
+    assert sized["_system_config"] == {**WORKER_REUSE, **DEATH_AT_ONCE, **PREALLOCATE}
 
 
 @pytest.mark.parametrize("own", [True, False])
@@ -80,6 +91,56 @@ def test_a_cluster_started_with_a_preallocated_store_has_that_size_and_takes_put
     assert ray.cluster_resources()["object_store_memory"] == pytest.approx(0.3e9, rel=0.01)
     array = np.arange(15_000_000, dtype=np.float32)
     assert np.array_equal(ray.get(ray.put(array)), array)
+
+
+@pytest.mark.parametrize(
+    ("own", "env", "expected"),
+    [(True, None, True), (False, "0", True), (False, None, False), (False, "1000", False)],
+)
+def test_a_cluster_fails_calls_at_once_when_the_run_started_it_or_ray_start_exported_it(
+    monkeypatch, own, env, expected
+):
+    """The learners go without a runtime env only where the cluster needs none: one the run started, or
+    one whose `ray start` exported the setting at 0 (cluster.yaml), which a job's driver inherits."""
+    if env is None:
+        monkeypatch.delenv(DEATH_AT_ONCE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DEATH_AT_ONCE_ENV, env)
+    assert death_at_once(own) is expected
+
+
+def test_on_a_run_s_own_cluster_a_call_to_a_killed_actor_fails_at_once_without_any_runtime_env(ray_cluster):
+    """``DEATH_AT_ONCE`` in the cluster's system config: from an actor started without a runtime env (a
+    learner on such a cluster) a call to an actor whose process was just killed fails at once; on a
+    cluster without it the same call waits Ray's grace (``tests/test_transport.py`` pins that contrast).
+    The caller kills the actor itself, so that its call goes to the dead process before any notice."""
+    ray = ray_cluster
+
+    class Target:  # defined here: Ray ships it by value
+        def __init__(self) -> None:
+            time.sleep(3.0 if ray.get_runtime_context().was_current_actor_reconstructed else 0.0)
+
+        def ping(self) -> int:
+            return 1
+
+    class Caller:
+        def fails_after(self, handle) -> tuple[str, float]:
+            assert ray.get(handle.ping.remote(), timeout=30) == 1
+            ray.kill(handle, no_restart=False)
+            time.sleep(0.2)
+            began = time.monotonic()
+            try:
+                ray.get(handle.ping.remote(), timeout=30)
+                return "answered", time.monotonic() - began
+            except ray.exceptions.RayActorError as exc:
+                return type(exc).__name__, time.monotonic() - began
+
+    target = ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)(Target).remote()
+    caller = ray.remote(num_cpus=0)(Caller).remote()
+    kind, seconds = ray.get(caller.fails_after.remote(target), timeout=60)
+    ray.kill(caller)
+    ray.kill(target, no_restart=True)
+    assert kind == "ActorUnavailableError" and seconds < 0.5, (kind, seconds)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,17 @@ WORKER_REUSE = {"idle_worker_killing_time_threshold_ms": 60_000}
 # whole size once at start (seconds per GB on a small machine) and the puts are plain copies.
 # On a cluster started with `ray start` the same is RAY_preallocate_plasma_memory=1 (cluster.yaml).
 PREALLOCATE = {"preallocate_plasma_memory": True}
+# A call to an actor whose process died fails only after Ray's grace for the death's cause
+# (``timeout_ms_task_wait_for_death_info``). At 0 cluster-wide a learner whose averager died defers its
+# round at once, the driver and the averager hear of a learner's or a shard's death at once, and the
+# learners need no runtime env of their own (``fleet.LEARNER_ENV``), so a replacement starts in a worker
+# Ray prestarted on its node (docs/ARCHITECTURE.md, "Measurements behind the code"). Every cluster a run
+# starts sets it; cluster.yaml and `make demo` export it as RAY_timeout_ms_task_wait_for_death_info=0.
+DEATH_AT_ONCE = {"timeout_ms_task_wait_for_death_info": 0}
+DEATH_AT_ONCE_ENV = "RAY_timeout_ms_task_wait_for_death_info"
 __all__ = [
+    "DEATH_AT_ONCE",
+    "DEATH_AT_ONCE_ENV",
     "NAMESPACE",
     "PREALLOCATE",
     "WORKER_REUSE",
@@ -43,6 +53,7 @@ __all__ = [
     "check_storage",
     "choose_device",
     "connect",
+    "death_at_once",
     "device_decision",
     "store_options",
 ]
@@ -52,11 +63,18 @@ def store_options(object_store_gb: float | None) -> dict:
     """``ray.init`` keywords for a cluster this process starts: the object store's size, preallocated
     (``run.object_store_gb``); Ray's default store (30 % of memory, mapped as objects come) for None."""
     if object_store_gb is None:
-        return {"_system_config": dict(WORKER_REUSE)}
+        return {"_system_config": {**WORKER_REUSE, **DEATH_AT_ONCE}}
     return {
         "object_store_memory": int(object_store_gb * 1e9),
-        "_system_config": {**WORKER_REUSE, **PREALLOCATE},
+        "_system_config": {**WORKER_REUSE, **DEATH_AT_ONCE, **PREALLOCATE},
     }
+
+
+def death_at_once(own_cluster: bool) -> bool:
+    """Whether the cluster fails a call to a dead actor at once (``DEATH_AT_ONCE``): one this run started,
+    or one whose `ray start` exported ``DEATH_AT_ONCE_ENV``=0 (cluster.yaml, `make demo`), which reaches
+    this driver (a job's driver inherits the environment Ray's processes run in)."""
+    return own_cluster or os.environ.get(DEATH_AT_ONCE_ENV) == "0"
 
 
 def check_storage(settings: ConnectSettings) -> Path:

@@ -35,7 +35,14 @@ from raytrain_seq.outputs.summary import RunSummary, load_plotting, plot_confusi
 from raytrain_seq.outputs.tracking import make_tracker
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.events import EVENTS_FILE, membership_entries, recovery_entries
-from raytrain_seq.runtime.connect import NAMESPACE, check_cpus, check_storage, choose_device, connect
+from raytrain_seq.runtime.connect import (
+    NAMESPACE,
+    check_cpus,
+    check_storage,
+    choose_device,
+    connect,
+    death_at_once,
+)
 from raytrain_seq.runtime.feed import feed_restarts
 from raytrain_seq.runtime.launch import LearnerLaunch
 from raytrain_seq.runtime.logs import quiet_driver
@@ -58,6 +65,7 @@ class _Run:
     geometry: Geometry | None  # the preflight's (data.geometry.data_geometry)
     parts: Parts  # each part's settings, the preflight's (parts.Parts.of)
     use_gpu: bool = False
+    death_at_once: bool = False  # the cluster fails a call to a dead actor at once (connect.death_at_once)
     launch: LearnerLaunch | None = None  # what every learner is launched with (runtime/launch.py)
     marks: dict[str, float] = dataclasses.field(default_factory=dict)
     feed: Any = None
@@ -119,6 +127,7 @@ def _prepare(
     check_cpus(parts.connect)
     # A GPU count that cannot hold the learners fails here, not in an endless wait for them.
     state.use_gpu = choose_device(parts.connect, own_cluster=own_cluster)
+    state.death_at_once = death_at_once(own_cluster)
     state.marks["connected"] = time.time()
     suffix = uuid.uuid4().hex[:8]
     state.launch = LearnerLaunch(
@@ -218,7 +227,7 @@ def _fit(state: _Run) -> LearnerReport:
 
 def _fleet_settings(state: _Run) -> Any:
     """What the learner fleet reads of ``train`` and of the driver's resource choice."""
-    from raytrain_seq.runtime.fleet import FleetSettings
+    from raytrain_seq.runtime.fleet import LEARNER_ENV, FleetSettings
 
     train = state.config.train
     return FleetSettings(
@@ -229,6 +238,7 @@ def _fleet_settings(state: _Run) -> Any:
         poll_interval_s=train.poll_interval_s,
         gpus=train.gpus_per_learner if state.use_gpu else 0.0,
         resources=state.learner_resources,
+        env_vars={} if state.death_at_once else LEARNER_ENV,
     )
 
 

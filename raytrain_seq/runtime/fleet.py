@@ -31,16 +31,17 @@ from raytrain_seq import checkpoint
 from raytrain_seq.config import RunSetupError
 from raytrain_seq.outputs.reports import LearnerReport, LearnerStop, RoundMetrics
 from raytrain_seq.parts import LearnerSettings
+from raytrain_seq.runtime.connect import DEATH_AT_ONCE_ENV
 from raytrain_seq.runtime.launch import LearnerLaunch
 
 logger = logging.getLogger(__name__)
 
 LEARNER_THREADS = 4  # a learner actor's call threads: run(), and Ray's own calls on it beside it
-# A learner's call to an actor whose process died fails at once, not after Ray's grace for the cause of
-# the death (``timeout_ms_task_wait_for_death_info``; KubeRay sets it to 0 for Ray Serve): a learner whose
-# averager died defers its round and trains on at once, not a grace later (docs/ARCHITECTURE.md,
-# "Measurements behind the code").
-LEARNER_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "0"}
+# On a cluster that keeps Ray's grace for the cause of a death (``connect.DEATH_AT_ONCE``; KubeRay sets it
+# to 0 for Ray Serve), the learners' runtime env sets it to 0 for them alone: a learner whose averager died
+# defers its round and trains on at once, not a grace later (docs/ARCHITECTURE.md, "Measurements behind
+# the code"). The price: a learner's process is never one that Ray prestarted.
+LEARNER_ENV = {DEATH_AT_ONCE_ENV: "0"}
 
 __all__ = [
     "LEARNER_ENV",
@@ -226,6 +227,8 @@ class FleetSettings:
     """Each learner's GPU share (0: CPU learners)."""
     resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Extra Ray resources each learner holds (``driver.run``'s learner_resources)."""
+    env_vars: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(LEARNER_ENV))
+    """The learners' runtime env's variables; empty: none (the cluster fails calls at once itself)."""
 
 
 @dataclasses.dataclass
@@ -296,13 +299,20 @@ class LearnerFleet:
         remote = ray.remote(LearnerProcess)
         need = {"CPU": 1.0, "GPU": settings.gpus, **settings.resources}
         target = first_group_size(ray.nodes(), need, settings.min_learners, settings.max_learners)
+        runtime_env = {"env_vars": dict(settings.env_vars)} if settings.env_vars else None
+        if runtime_env is not None:
+            logger.info(
+                "learners start with a runtime env of their own (%s): exporting it before `ray start` on "
+                "every node, as cluster.yaml does, lets a replacement start in a worker Ray prestarted",
+                ", ".join(f"{k}={v}" for k, v in settings.env_vars.items()),
+            )
         for slot in range(settings.max_learners):
             self.handles[slot] = remote.options(
                 num_cpus=1, num_gpus=settings.gpus, resources=dict(settings.resources) or None,
                 max_restarts=settings.max_failures, max_task_retries=0,
                 # run() holds one thread for the whole run: others serve what Ray calls on the actor
                 # meanwhile (a channel's set-up on a reader's node runs there), as Ray Train's workers did.
-                max_concurrency=LEARNER_THREADS, runtime_env={"env_vars": LEARNER_ENV},
+                max_concurrency=LEARNER_THREADS, runtime_env=runtime_env,
             ).remote(self.learner, self.launch, slot)  # fmt: skip
             self._ready[self.handles[slot].ready.remote()] = slot
         deadline = self.clock() + settings.start_timeout_s
