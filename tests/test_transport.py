@@ -1,5 +1,6 @@
 """``RayTransport.away``: a restarting averager is seen without calling it (a call would fail only after
-Ray's grace for the death, unless the process was started with ``fleet.LEARNER_ENV``, as a learner is).
+Ray's grace for the death, unless the process was started with ``fleet.LEARNER_ENV``, as a learner is on a
+cluster without ``connect.DEATH_AT_ONCE``).
 
 Pins the Ray pieces it reads, on a cluster without a dashboard (no state API): the open ``watch()`` call
 that fails when the process dies, and every actor's readiness probe (``__ray_ready__``), which fails when

@@ -3,9 +3,10 @@
 ``rounds.client.AveragerClient`` holds the retry and rejoin policy and takes its transport through its
 constructor (a fake in tests). ``RayTransport`` is the one for a learner actor: each call is one actor
 method call, and the failures the client retries become ``Unreachable`` (a learner's process fails a call
-to a dead process at once: ``fleet.LEARNER_ENV``). ``away`` says whether the averager is down without a
-call: an open ``watch()`` call fails once its process dies, and only then are Ray's readiness probes
-sent, a fresh one every ``PROBE_EVERY_S``, until one answers (no dashboard or state API needed).
+to a dead process at once: ``connect.DEATH_AT_ONCE`` or ``fleet.LEARNER_ENV``). ``away`` says whether the
+averager is down without a call: an open ``watch()`` call fails once its process dies, and only then
+are Ray's readiness probes sent, a fresh one every ``PROBE_EVERY_S``, until one answers (no dashboard or
+state API needed).
 ``until_back`` is the client's pause between retries, cut short when a restarted averager takes calls.
 ray is imported only inside the methods.
 """
@@ -19,8 +20,8 @@ from raytrain_seq.rounds.client import Unreachable
 
 __all__ = ["RayTransport"]
 
-# While the averager restarts a readiness probe fails (after Ray's grace for a death, in a process started
-# without LEARNER_ENV): a fresh probe goes out this often, and the first one sent once it is up answers.
+# While the averager restarts a readiness probe fails (after Ray's grace for a death, where the process
+# keeps it): a fresh probe goes out this often, and the first one sent once it is up answers.
 PROBE_EVERY_S = 0.1
 
 
