@@ -132,3 +132,38 @@ class InProcess:
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+def killed_actor_call(ray: Any, caller_options: dict[str, Any] | None = None) -> tuple[str, float]:
+    """From an actor started with ``caller_options`` (e.g. a runtime env), a call to an actor whose process
+    the caller has just killed (Ray restarts it, slowly): the error's type and how long the call took to
+    fail. The caller kills the target itself, so that its call goes to the dead process before any notice
+    of the death reaches it. Both actors are ended before it returns."""
+    import time
+
+    class Target:  # defined here: Ray ships it by value (conftest is not importable on a worker)
+        def __init__(self) -> None:
+            time.sleep(4.0 if ray.get_runtime_context().was_current_actor_reconstructed else 0.0)
+
+        def ping(self) -> int:
+            return 1
+
+    class Caller:
+        def fails_after(self, handle: Any) -> tuple[str, float]:
+            assert ray.get(handle.ping.remote(), timeout=30) == 1
+            ray.kill(handle, no_restart=False)
+            time.sleep(0.2)
+            began = time.monotonic()
+            try:
+                ray.get(handle.ping.remote(), timeout=30)
+                return "answered", time.monotonic() - began
+            except ray.exceptions.RayActorError as exc:
+                return type(exc).__name__, time.monotonic() - began
+
+    target = ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)(Target).remote()
+    caller = ray.remote(num_cpus=0)(Caller).options(**(caller_options or {})).remote()
+    try:
+        return ray.get(caller.fails_after.remote(target), timeout=60)
+    finally:
+        ray.kill(caller)
+        ray.kill(target, no_restart=True)

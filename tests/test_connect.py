@@ -5,10 +5,9 @@ GPUs when they are enough, a clear error when ``--use-gpu`` asks for more than t
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
+from conftest import killed_actor_call
 
 from raytrain_seq.config import RunSetupError
 from raytrain_seq.parts import Parts
@@ -114,32 +113,7 @@ def test_on_a_run_s_own_cluster_a_call_to_a_killed_actor_fails_at_once_without_a
     learner on such a cluster) a call to an actor whose process was just killed fails at once; on a
     cluster without it the same call waits Ray's grace (``tests/test_transport.py`` pins that contrast).
     The caller kills the actor itself, so that its call goes to the dead process before any notice."""
-    ray = ray_cluster
-
-    class Target:  # defined here: Ray ships it by value
-        def __init__(self) -> None:
-            time.sleep(3.0 if ray.get_runtime_context().was_current_actor_reconstructed else 0.0)
-
-        def ping(self) -> int:
-            return 1
-
-    class Caller:
-        def fails_after(self, handle) -> tuple[str, float]:
-            assert ray.get(handle.ping.remote(), timeout=30) == 1
-            ray.kill(handle, no_restart=False)
-            time.sleep(0.2)
-            began = time.monotonic()
-            try:
-                ray.get(handle.ping.remote(), timeout=30)
-                return "answered", time.monotonic() - began
-            except ray.exceptions.RayActorError as exc:
-                return type(exc).__name__, time.monotonic() - began
-
-    target = ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)(Target).remote()
-    caller = ray.remote(num_cpus=0)(Caller).remote()
-    kind, seconds = ray.get(caller.fails_after.remote(target), timeout=60)
-    ray.kill(caller)
-    ray.kill(target, no_restart=True)
+    kind, seconds = killed_actor_call(ray_cluster)
     assert kind == "ActorUnavailableError" and seconds < 0.5, (kind, seconds)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+from conftest import killed_actor_call
+
 from raytrain_seq.runtime.transport import RayTransport
 
 
@@ -147,27 +149,9 @@ def test_a_learners_call_to_a_killed_averager_fails_at_once_and_without_its_env_
     itself, so that its call goes to the dead process before any notice of the death."""
     from raytrain_seq.runtime.fleet import LEARNER_ENV
 
-    ray = ray_cluster
-
-    class Caller:  # defined here: Ray ships it by value
-        def fails_after(self, handle) -> tuple[str, float]:
-            assert ray.get(handle.ping.remote(), timeout=30) == 1
-            ray.kill(handle, no_restart=False)
-            time.sleep(0.2)
-            began = time.monotonic()
-            try:
-                ray.get(handle.ping.remote(), timeout=30)
-                return "answered", time.monotonic() - began
-            except ray.exceptions.RayActorError as exc:
-                return type(exc).__name__, time.monotonic() - began
-
     seconds = {}
     for env in (LEARNER_ENV, None):
-        target = ray.remote(max_restarts=1, max_task_retries=0)(_slow_class(ray)).remote(restart_s=4.0)
-        options = {"runtime_env": {"env_vars": env}} if env else {}
-        caller = ray.remote(num_cpus=0)(Caller).options(**options).remote()
-        kind, seconds[bool(env)] = ray.get(caller.fails_after.remote(target), timeout=60)
+        options = {"runtime_env": {"env_vars": env}} if env else None
+        kind, seconds[bool(env)] = killed_actor_call(ray_cluster, options)
         assert kind == "ActorUnavailableError"  # the client's Unreachable: deferred, then rejoined
-        ray.kill(caller)
-        ray.kill(target, no_restart=True)
     assert seconds[True] < 0.5 < seconds[False], seconds
