@@ -38,11 +38,12 @@ PREALLOCATE = {"preallocate_plasma_memory": True}
 # A call to an actor whose process died fails only after Ray's grace for the death's cause
 # (``timeout_ms_task_wait_for_death_info``). At 0 cluster-wide a learner whose averager died defers its
 # round at once, the driver and the averager hear of a learner's or a shard's death at once, and the
-# learners need no runtime env of their own (``fleet.LEARNER_ENV``), so a replacement starts in a worker
-# Ray prestarted on its node (docs/ARCHITECTURE.md, "Measurements behind the code"). Every cluster a run
-# starts sets it; cluster.yaml and `make demo` export it as RAY_timeout_ms_task_wait_for_death_info=0.
+# learners need no runtime env of their own (``fleet.LEARNER_ENV``): where the job has none either, a
+# replacement starts in a worker Ray prestarted on its node (docs/ARCHITECTURE.md, "Measurements behind
+# the code"). Every cluster a run starts sets it; cluster.yaml and `make demo` export it as
+# RAY_timeout_ms_task_wait_for_death_info=0.
 DEATH_AT_ONCE = {"timeout_ms_task_wait_for_death_info": 0}
-DEATH_AT_ONCE_ENV = "RAY_timeout_ms_task_wait_for_death_info"
+DEATH_AT_ONCE_ENV = "RAY_" + next(iter(DEATH_AT_ONCE))  # as `ray start` reads it from the environment
 __all__ = [
     "DEATH_AT_ONCE",
     "DEATH_AT_ONCE_ENV",

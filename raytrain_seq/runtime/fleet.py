@@ -40,7 +40,7 @@ LEARNER_THREADS = 4  # a learner actor's call threads: run(), and Ray's own call
 # On a cluster that keeps Ray's grace for the cause of a death (``connect.DEATH_AT_ONCE``; KubeRay sets it
 # to 0 for Ray Serve), the learners' runtime env sets it to 0 for them alone: a learner whose averager died
 # defers its round and trains on at once, not a grace later (docs/ARCHITECTURE.md, "Measurements behind
-# the code"). The price: a learner's process is never one that Ray prestarted.
+# the code"). The price: a learner's process is never a worker that Ray prestarted.
 LEARNER_ENV = {DEATH_AT_ONCE_ENV: "0"}
 
 __all__ = [
@@ -303,7 +303,7 @@ class LearnerFleet:
         if runtime_env is not None:
             logger.info(
                 "learners start with a runtime env of their own (%s): exporting it before `ray start` on "
-                "every node, as cluster.yaml does, lets a replacement start in a worker Ray prestarted",
+                "every node, as cluster.yaml does, spares them that env",
                 ", ".join(f"{k}={v}" for k, v in settings.env_vars.items()),
             )
         for slot in range(settings.max_learners):
