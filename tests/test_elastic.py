@@ -28,7 +28,7 @@ from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.book import RoundBook
 from raytrain_seq.rounds.events import membership_entries, recovery_entries
 from raytrain_seq.rounds.position import EpochPosition, layout_specs, resplit
-from raytrain_seq.rows.assembly import plan_specs
+from raytrain_seq.rows.assembly import plan_specs, spread_fresh
 
 
 def _plan(n: int = 53, seed: int = 3):
@@ -87,6 +87,28 @@ def test_resplit_balances_frames_and_rejects_bad_arguments():
         resplit([split(2)[0], split(2)[1][:-1]], 0, 2)
 
 
+def test_resplit_deals_a_lost_ranks_blocks_last_in_every_new_shard():
+    """gone=(1,): each new shard holds the blocks it would without gone, the lost rank's (its unreached
+    and its missed ones) after all the others, each part in spread_fresh's order; the chain replays it."""
+    _, split = _plan(n=90, seed=13)
+    specs, rows, missed = split(3), 4, ((1, 2, 4), (2, 3, 4))
+    plain = resplit(specs, rows, 2, missed)
+    out = resplit(specs, rows, 2, missed, gone=(1,))
+    lost = {_key(b) for b in [*specs[1][2:4], *specs[1][rows:]] if b.ids}
+    for before, after in zip(plain, out, strict=True):
+        assert Counter(map(_key, before)) == Counter(map(_key, after))  # the same deal
+        kinds = [_key(b) in lost for b in after if b.ids]
+        tail = kinds.index(True)
+        assert tail > 0 and all(kinds[tail:]), "the lost rank's blocks are not all at the end"
+        early = [b for b in after if _key(b) not in lost]
+        assert early == [early[i] for i in spread_fresh([b.fresh_frames for b in early])]
+    assert out != plain  # not vacuous: the order changed
+    # The chain's layout with missed rows deals from rank 1 (layout_specs' make-up turn).
+    assert layout_specs(split, ((3, rows, missed, (1,)),), 2) == resplit(specs, rows, 2, missed, 1, (1,))
+    with pytest.raises(ValueError, match="lost ranks"):
+        EpochPosition(0, (), 3, 4).for_group(2, gone=[3])
+
+
 def test_layout_chain_trains_every_block_exactly_once():
     """An epoch run by 4, then 2, then 3 learners (rows taken in between) covers the plan exactly once."""
     plan, split = _plan(n=90, seed=11)
@@ -115,9 +137,22 @@ def test_epoch_position_for_group_and_json_round_trip():
     assert moved.after(0).for_group(4) == EpochPosition(2, ((3, 5),), 4, 0)  # nothing taken: replaced
     text = json.dumps(moved.after(1).as_dict())
     assert EpochPosition.from_dict(json.loads(text)) == moved.after(1)
+    lost = running.for_group(2, gone=[2])  # rank 2's learner was lost: recorded, with no missed range
+    assert lost == EpochPosition(2, ((3, 5, (), (2,)),), 2, 0)
+    assert EpochPosition.from_dict(json.loads(json.dumps(lost.as_dict()))) == lost
+    # A loss at a layout's end: the untouched make-up layout's entry (same group size) names the rank.
+    make_up = EpochPosition(2, (), 2, 6, missed=((1, 4, 6),)).close_layout()
+    assert make_up.for_group(1, gone=[1]) == EpochPosition(2, ((2, 6, ((1, 4, 6),), (1,)),), 1, 0)
+    assert moved.for_group(1, gone=[1]) == EpochPosition(2, ((3, 5),), 1, 0)  # another group's entry: kept
     with pytest.raises(ValueError, match="for_group"):
         start.after(4)  # rows taken under no layout could not be found again by another group
-    for bad in ({"epoch": -1}, {"rows_done": 2}, {"epoch": 0, "history": [[0, 3]]}):
+    for bad in (
+        {"epoch": -1},
+        {"rows_done": 2},
+        {"epoch": 0, "history": [[0, 3]]},
+        {"epoch": 0, "history": [[3, 5, [], [3]]]},
+        {"epoch": 0, "history": [[3, 5, [], [1], []]]},
+    ):
         with pytest.raises(ValueError, match="epoch position"):
             EpochPosition.from_dict(bad)
 

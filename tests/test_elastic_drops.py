@@ -64,7 +64,9 @@ def _reference_epoch(split, world: int, k: int, absent: dict, regroup: dict, rec
         if not record_missed:
             present = range(position.world_size)  # the protocol before the fix: absent rows forgotten
         previous = settle(sent, previous, present, shard_rows)
-        position = previous.for_group(regroup.get(round_, position.world_size))
+        # The ranks absent from a regrouping round were lost: their blocks come last (resplit's gone).
+        gone = absent.get(round_, ()) if round_ in regroup else ()
+        position = previous.for_group(regroup.get(round_, position.world_size), gone)
     return averaged, layouts, round_
 
 

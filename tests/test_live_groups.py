@@ -210,11 +210,13 @@ def test_the_averager_closes_on_lose_with_the_present_mean_and_a_waiting_join_ge
     settled = settle(EpochPosition(0, (), 3, 2, steps=1), None, [0, 1], 4)
     assert settled.missed == ((2, 0, 2),)
     dealt = EpochPosition.from_dict(first.state.position)
-    assert dealt == settled.for_group(2) == EpochPosition(0, ((3, 2, ((2, 0, 2),)),), 2, 0, steps=1)
+    # The lost slot's rank is recorded: its blocks come last in the survivors' shards (resplit's gone).
+    lost_last = EpochPosition(0, ((3, 2, ((2, 0, 2),), (2,)),), 2, 0, steps=1)
+    assert dealt == settled.for_group(2, gone=[2]) == lost_last
     assert second.group == (0, 1, 7) and second.learners == (0, 1)
     assert EpochPosition.from_dict(second.state.position) == EpochPosition(
-        0, ((3, 2, ((2, 0, 2),)), (2, 1)), 3, 0, steps=2
-    )
+        0, ((3, 2, ((2, 0, 2),), (2,)), (2, 1)), 3, 0, steps=2
+    )  # a newcomer's arrival loses nobody: that entry names no rank
     assert reply.group == (0, 1, 7) and reply.world_size == 3 and reply.next_round == 3
     assert reply.state.round == 2 and reply.state.position == second.state.position
     assert summary.world_size == 3 and summary.dropped == []  # no timeout, no drop

@@ -58,6 +58,13 @@ class LiveGroup:
             return list(learners)
         return [self.group.index(learner) for learner in learners]
 
+    def leaving_ranks(self) -> tuple[int, ...]:
+        """The ranks in the current group of the lost members the closing round removes (``deciding``;
+        while the first group forms, their ids), sorted; () when no change is being decided."""
+        if self.deciding is None:
+            return ()
+        return tuple(sorted(self.ranks(self.deciding[1])))
+
     def waiting(self, learner: LearnerId, incarnation: str | None) -> bool:
         """Whether this process of ``learner`` is a newcomer waiting for a close."""
         return learner in self.joining and self.joining[learner] == incarnation

@@ -146,7 +146,8 @@ class RoundMerge:
         )
         if closed.group is None:
             return settled
-        return EpochPosition.from_dict(settled).for_group(len(closed.group)).as_dict()
+        gone = self._book.live.leaving_ranks()  # their blocks come last in the survivors' shards
+        return EpochPosition.from_dict(settled).for_group(len(closed.group), gone).as_dict()
 
     def tensors(self, arrivals: list, weights: list[float], uneven: bool = False) -> tuple[dict, dict | None]:
         """The in-process arithmetic of payloads sent as tensors (the star's path)."""

@@ -8,8 +8,8 @@ Dropped learners: ``settle`` (called on every round) records the rows of every r
 from the round as ``missed`` ranges (rank, first row, end row); at a layout's end ``close_layout``
 starts a make-up layout of the same group dealing only the missed blocks, or the next epoch; a group
 change hands the missed blocks on with the unreached ones. So every block of the plan reaches exactly
-one averaged round (``tests/test_elastic.py``, ``tests/test_elastic_drops.py``). Nothing here imports
-ray.
+one averaged round (``tests/test_elastic.py``, ``tests/test_elastic_drops.py``). A lost learner's
+blocks come last in each survivor's new shard (``gone``). Nothing here imports ray.
 """
 
 from __future__ import annotations
@@ -48,30 +48,43 @@ def _merge(ranges: Iterable[Sequence[int]]) -> Missed:
     return tuple(tuple(r) for r in out)
 
 
-def _entry(world_size: int, rows: int, missed: Missed = ()) -> tuple:
-    """A history entry: (world_size, rows each learner took), plus the missed ranges when there are any."""
-    return (int(world_size), int(rows), missed) if missed else (int(world_size), int(rows))
+def _entry(world_size: int, rows: int, missed: Missed = (), gone: tuple[int, ...] = ()) -> tuple:
+    """A history entry: (world_size, rows each learner took), plus the missed ranges when there are any
+    or a rank was lost, plus the lost ranks when there are any."""
+    head = (int(world_size), int(rows))
+    return (*head, missed, gone) if gone else (*head, missed) if missed else head
+
+
+def _entry_parts(entry: tuple) -> tuple[int, int, Missed, tuple[int, ...]]:
+    """(world_size, rows, missed, gone) of a parsed history entry, the optional parts as ()."""
+    world, rows, *rest = entry
+    return world, rows, rest[0] if rest else (), rest[1] if len(rest) > 1 else ()
 
 
 def parse_history(history: Iterable) -> tuple:
     """A layout history (``EpochPosition.history``, or its JSON lists) as hashable tuples; ValueError names a
-    malformed entry. Entries are (world_size, rows) or (world_size, rows, ((rank, first, end), ...))."""
+    malformed entry. Entries are (world_size, rows), (world_size, rows, ((rank, first, end), ...)) or
+    (world_size, rows, missed, (lost rank, ...))."""
     out = []
     for entry in history:
         try:
             world, rows, *rest = entry
             missed = _merge(rest[0]) if rest else ()
-            parsed = _entry(int(world), int(rows), missed)
+            gone = tuple(sorted({int(r) for r in rest[1]})) if len(rest) > 1 else ()
+            parsed = _entry(int(world), int(rows), missed, gone)
         except (TypeError, ValueError) as exc:
             raise ValueError(
-                f"layout history entry {entry!r} is not (world_size, rows[, missed]): pass EpochPosition.history"
+                f"layout history entry {entry!r} is not (world_size, rows[, missed[, gone]]): pass "
+                "EpochPosition.history"
             ) from exc
-        if parsed[0] < 1 or parsed[1] < 0 or len(rest) > 1:
+        if parsed[0] < 1 or parsed[1] < 0 or len(rest) > 2:
             raise ValueError(f"layout history entry {entry!r} has a world size < 1 or negative rows")
         if any(r < 0 or r >= parsed[0] or a < 0 or b > parsed[1] for r, a, b in missed):
             raise ValueError(
                 f"layout history entry {entry!r}: a missed range lies outside its ranks or its rows"
             )
+        if any(not 0 <= r < parsed[0] for r in gone):
+            raise ValueError(f"layout history entry {entry!r}: a lost rank lies outside its ranks")
         out.append(parsed)
     return tuple(out)
 
@@ -91,7 +104,8 @@ class EpochPosition:
 
     ``missed``: ranges (rank, first row, end row) of the current layout whose rows no averaged round
     holds (their learner was dropped from the rounds); a history entry keeps its layout's as a third
-    element. Learner 1 of 2 dropped from the rounds that took rows 4-6: ``missed=((1, 4, 6),)``.
+    element, and the ranks lost at its end (``for_group``'s ``gone``) as a fourth. Learner 1 of 2
+    dropped from the rounds that took rows 4-6: ``missed=((1, 4, 6),)``.
     """
 
     epoch: int
@@ -101,13 +115,24 @@ class EpochPosition:
     steps: int = 0
     missed: Missed = ()
 
-    def for_group(self, world_size: int) -> EpochPosition:
-        """The position a group of ``world_size`` learners continues from (its layout becomes current)."""
+    def for_group(self, world_size: int, gone: Iterable[int] = ()) -> EpochPosition:
+        """The position a group of ``world_size`` learners continues from (its layout becomes current).
+        ``gone``: ranks of the current layout whose learners were lost; ``resplit`` deals their blocks
+        last in every new shard (no layout yet: nothing to deal, nothing recorded)."""
         if world_size == self.world_size:
             return self  # same group size: keep the shards, and with them their cache-aware order
+        gone = tuple(sorted({int(r) for r in gone})) if self.world_size is not None else ()
+        if any(not 0 <= r < self.world_size for r in gone):
+            raise ValueError(f"lost ranks {gone} outside 0..{self.world_size - 1}: pass ranks of this layout")
         if self.world_size is None or (self.rows_done == 0 and not self.missed):
-            return dataclasses.replace(self, world_size=world_size, rows_done=0)
-        done = (*self.history, _entry(self.world_size, self.rows_done, self.missed))
+            history = self.history
+            if gone and history and history[-1][0] == self.world_size:
+                # An untouched make-up layout (close_layout keeps the group's size): the new group's
+                # deal is its entry's, of the same ranks.
+                world, rows, missed, before = _entry_parts(history[-1])
+                history = (*history[:-1], _entry(world, rows, missed, tuple(sorted({*before, *gone}))))
+            return dataclasses.replace(self, history=history, world_size=world_size, rows_done=0)
+        done = (*self.history, _entry(self.world_size, self.rows_done, self.missed, gone))
         return dataclasses.replace(self, history=done, world_size=world_size, rows_done=0, missed=())
 
     @property
@@ -146,7 +171,10 @@ class EpochPosition:
 
     def as_dict(self) -> dict:
         """Plain ints and lists (JSON, ``torch.load(weights_only=True)``); ``from_dict`` reads it back."""
-        history = [[w, r, *([[list(m) for m in rest[0]]] if rest else [])] for w, r, *rest in self.history]
+        history = [
+            [w, r, *([[list(m) for m in missed]] if missed or gone else []), *([list(gone)] if gone else [])]
+            for w, r, missed, gone in map(_entry_parts, self.history)
+        ]
         return {**dataclasses.asdict(self), "history": history, "missed": [list(m) for m in self.missed]}
 
     @classmethod
@@ -238,7 +266,12 @@ def settle_dict(
 
 
 def resplit(
-    specs: Sequence[Sequence[BlockSpec]], rows_done: int, world_size: int, missed: Missed = (), first: int = 0
+    specs: Sequence[Sequence[BlockSpec]],
+    rows_done: int,
+    world_size: int,
+    missed: Missed = (),
+    first: int = 0,
+    gone: Iterable[int] = (),
 ) -> list[list[BlockSpec]]:
     """Deal the blocks no averaged round holds yet over ``world_size`` learners: equal counts, nothing
     dropped.
@@ -252,6 +285,11 @@ def resplit(
     missed ((1, 0, 1),) d is dealt again too. The snake starts at rank ``first`` (``layout_specs`` turns
     it at every make-up layout): a lone missed block would otherwise go to rank 0 every time, and a rank 0
     absent from round after round would have the others step on fillers, make-up after make-up.
+    The blocks of the ``gone`` ranks (lost learners) come last in each new shard, each part ordered by
+    ``spread_fresh``: a lost node held copies of the arrays its learner read ahead, and until Ray declares
+    the node dead a read of such an array may ask that node and wait out Ray's pull timeout
+    (docs/ARCHITECTURE.md, "Measurements behind the code"). The example over 1 learner with gone (1,):
+    b and c (in ``spread_fresh``'s order), then e.
     """
     lengths = {len(rank) for rank in specs}
     if len(lengths) > 1:
@@ -266,12 +304,15 @@ def resplit(
             f"missed ranges {missed} outside ranks 0..{len(specs) - 1} or rows 0..{rows_done}: pass the "
             "layout's EpochPosition.missed"
         )
-    redo = [b for r, a, z in _merge(missed) for b in specs[r][a:z] if b.ids]
+    redo = [(b, r) for r, a, z in _merge(missed) for b in specs[r][a:z] if b.ids]
     left = redo + [
-        b for pos in range(rows_done, max(lengths, default=0)) for rank in specs if (b := rank[pos]).ids
-    ]
+        (b, r) for pos in range(rows_done, max(lengths, default=0)) for r, rank in enumerate(specs)
+        if (b := rank[pos]).ids
+    ]  # fmt: skip
     filler = BlockSpec((), (), (), (), (), -1)
-    blocks = left + [filler] * ((-len(left)) % world_size)
+    blocks = [b for b, _ in left] + [filler] * ((-len(left)) % world_size)
+    lost = set(gone)
+    late = {i for i, (_, r) in enumerate(left) if r in lost}  # the lost ranks' blocks
     by_fill = sorted(range(len(blocks)), key=lambda i: (-sum(blocks[i].lengths), i))
     ranks: list[list[int]] = [[] for _ in range(world_size)]
     for position, index in enumerate(by_fill):
@@ -279,8 +320,11 @@ def resplit(
         ranks[((slot if turn % 2 == 0 else world_size - 1 - slot) + first) % world_size].append(index)
     out = []
     for indices in ranks:
-        mine = [blocks[i] for i in sorted(indices)]
-        out.append([mine[i] for i in spread_fresh([b.fresh_frames for b in mine])])
+        shard: list[BlockSpec] = []
+        for lost_part in (False, True):  # the surviving ranks' blocks, then the lost ranks'
+            mine = [blocks[i] for i in sorted(indices) if (i in late) == lost_part]
+            shard += [mine[i] for i in spread_fresh([b.fresh_frames for b in mine])]
+        out.append(shard)
     return out
 
 
@@ -291,13 +335,12 @@ def layout_specs(
     over w learners) for its first layout, then one ``resplit`` per change of layout (a new group size,
     or a make-up layout). With history ((4, 8),) and world_size 3: the plan over 4 learners, each one's
     first 8 rows done, the rest over 3. The n-th layout closed with missed rows deals from rank n."""
-    layouts = [*((w, r, rest[0] if rest else ()) for w, r, *rest in parse_history(history))]
-    layouts.append((int(world_size), 0, ()))
+    layouts = [*map(_entry_parts, parse_history(history)), (int(world_size), 0, (), ())]
     specs = split(layouts[0][0])
     make_ups = 0
-    for (_, rows, missed), (world, _, _) in itertools.pairwise(layouts):
+    for (_, rows, missed, gone), (world, *_) in itertools.pairwise(layouts):
         make_ups += bool(missed)
-        specs = resplit(specs, rows, world, missed, first=make_ups)
+        specs = resplit(specs, rows, world, missed, first=make_ups, gone=gone)
     return specs
 
 
