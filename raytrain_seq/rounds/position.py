@@ -55,6 +55,11 @@ def _entry(world_size: int, rows: int, missed: Missed = (), gone: tuple[int, ...
     return (*head, missed, gone) if gone else (*head, missed) if missed else head
 
 
+def _ranks(ranks: Iterable) -> tuple[int, ...]:
+    """Ranks as sorted distinct ints: the form a history entry keeps its lost ranks in."""
+    return tuple(sorted({int(r) for r in ranks}))
+
+
 def _entry_parts(entry: tuple) -> tuple[int, int, Missed, tuple[int, ...]]:
     """(world_size, rows, missed, gone) of a parsed history entry, the optional parts as ()."""
     world, rows, *rest = entry
@@ -70,7 +75,7 @@ def parse_history(history: Iterable) -> tuple:
         try:
             world, rows, *rest = entry
             missed = _merge(rest[0]) if rest else ()
-            gone = tuple(sorted({int(r) for r in rest[1]})) if len(rest) > 1 else ()
+            gone = _ranks(rest[1]) if len(rest) > 1 else ()
             parsed = _entry(int(world), int(rows), missed, gone)
         except (TypeError, ValueError) as exc:
             raise ValueError(
@@ -121,7 +126,7 @@ class EpochPosition:
         last in every new shard (no layout yet: nothing to deal, nothing recorded)."""
         if world_size == self.world_size:
             return self  # same group size: keep the shards, and with them their cache-aware order
-        gone = tuple(sorted({int(r) for r in gone})) if self.world_size is not None else ()
+        gone = _ranks(gone) if self.world_size is not None else ()
         if any(not 0 <= r < self.world_size for r in gone):
             raise ValueError(f"lost ranks {gone} outside 0..{self.world_size - 1}: pass ranks of this layout")
         if self.world_size is None or (self.rows_done == 0 and not self.missed):
@@ -130,7 +135,7 @@ class EpochPosition:
                 # An untouched make-up layout (close_layout keeps the group's size): the new group's
                 # deal is its entry's, of the same ranks.
                 world, rows, missed, before = _entry_parts(history[-1])
-                history = (*history[:-1], _entry(world, rows, missed, tuple(sorted({*before, *gone}))))
+                history = (*history[:-1], _entry(world, rows, missed, _ranks((*before, *gone))))
             return dataclasses.replace(self, history=history, world_size=world_size, rows_done=0)
         done = (*self.history, _entry(self.world_size, self.rows_done, self.missed, gone))
         return dataclasses.replace(self, history=done, world_size=world_size, rows_done=0, missed=())
@@ -311,8 +316,8 @@ def resplit(
     ]  # fmt: skip
     filler = BlockSpec((), (), (), (), (), -1)
     blocks = [b for b, _ in left] + [filler] * ((-len(left)) % world_size)
-    lost = set(gone)
-    late = {i for i, (_, r) in enumerate(left) if r in lost}  # the lost ranks' blocks
+    lost = set(gone)  # the lost ranks, whose blocks come last
+    late = {i for i, (_, r) in enumerate(left) if r in lost}
     by_fill = sorted(range(len(blocks)), key=lambda i: (-sum(blocks[i].lengths), i))
     ranks: list[list[int]] = [[] for _ in range(world_size)]
     for position, index in enumerate(by_fill):
