@@ -737,7 +737,8 @@ def print_outcome(out: dict[str, Any], checks: dict[str, Any], runs: dict[str, A
         print(
             f"  round {e['round']} {e['kind']}: recovered {e.get('recovered_s')} s, survivor restarts "
             f"{e.get('survivor_restarts')}, survivor steps ratio {e.get('survivor_steps_ratio')}, "
-            f"longest survivor stall {e.get('survivor_longest_stall_s')} s, "
+            f"longest survivor stall {e.get('survivor_longest_stall_s')} s, survivors' CPU wait share "
+            f"{e.get('survivor_cpu_wait_share')} (before {e.get('survivor_cpu_wait_share_before')}), "
             f"replacement's first step {e.get('replacement_first_step_s')} s"
         )
     print(f"survivor restarts: {out['survivor_restarts']}")

@@ -1,17 +1,17 @@
 """The chaos soak's survivor figures (bench/chaos.py), from what the soak saw and the run's round log.
 
-The soak reads the averager's report (``AveragingReport.processes``: incarnations, nodes) just before each
-injection and once recovered (a ``Probe``); the learner on a killed node or the stalled one is lost, the
-others survive. The rounds of ``events.jsonl`` give per round its wall ``time`` and per learner its
-process, ``steps``, ``first_step_wall`` and ``longest_gap_s`` (a ``redo`` replaces its first record).
+The soak reads the averager's report (``AveragingReport.processes``) just before each injection and once
+recovered (a ``Probe``); the learner on a killed node or the stalled one is lost, the others survive.
+``events.jsonl`` gives per round its ``time`` and per learner its stats and process (a ``redo`` wins).
 Per event: ``survivor_restarts``: survivors' incarnations in neither the recovered report nor a later round;
 ``survivor_steps_ratio``: the survivors' processes' steps per second in the rounds closed during the
 recovery over those in a window of equal length just before the injection, which starts no earlier than
 the run's first round or the last event's recovery (0.0: no step, None: no step before); in those rounds
-``survivor_longest_stall_s``, the survivors' longest gap between two steps; ``replacement_first_step_s``:
-from the injection (a stall) or the next added node's being up (a killed node) to the first step a round
-holds from a learner on the lost learner's or the added node (None: nobody lost or no node came back).
-All are None for an event the run ended before it recovered. No ray.
+``survivor_longest_stall_s``, the survivors' longest gap between two steps; ``survivor_cpu_wait_share``
+(``..._before``: in the window before) their training threads' run-queue wait (``cpu_wait_s``) a second;
+``replacement_first_step_s``: from the injection (a stall) or the next added node's being up (a killed
+node) to the first step a round holds from a learner on the lost learner's or the added node (None:
+nobody lost or no node came back). All are None for an event the run ended before it recovered. No ray.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ NOTES = {
     "previous event's recovery; null: the survivors took no step in that window",
     "survivor_longest_stall_s": "the longest time from one step's end to the next of a survivor's process, "
     "in the rounds closed during the recovery (a round's wait counts in the round after it); null: no step",
+    "survivor_cpu_wait_share": "seconds a survivor's training thread was runnable but found no free core, "
+    "per survivor-second, in the rounds closed during the recovery (the learners' cpu_wait_s); null: no "
+    "round reports it (a kernel without /proc/thread-self/schedstat)",
+    "survivor_cpu_wait_share_before": "the same in the window survivor_steps_ratio compares with",
     "replacement_first_step_s": "fault (a stall) or the next added node up (a killed node) to the first "
     "step of a learner on the lost learner's or the added node; null: the event lost no learner "
     "(node_added, averager_killed, feed_killed, shard_killed) or no node came back",
@@ -57,6 +61,7 @@ class RoundSteps:
     time: float
     steps: Mapping[str, float]  # incarnation -> steps
     gaps: Mapping[str, float]  # incarnation -> its longest gap between two steps (``Tally.longest_gap_s``)
+    cpu_waits: Mapping[str, float]  # incarnation -> its training thread's run-queue wait (``cpu_wait_s``)
     first_steps: tuple[tuple[str | None, float], ...]  # (node, first_step_wall)
 
 
@@ -72,10 +77,13 @@ def round_steps(records: Iterable[Mapping[str, Any]]) -> list[RoundSteps]:
         procs = {p["learner"]: p for p in record.get("processes", ())}
         steps: dict[str, float] = {}
         gaps: dict[str, float] = {}
+        waits: dict[str, float] = {}
         for learner, stats in record["stats"]:
             incarnation = procs.get(learner, {}).get("incarnation")
             if incarnation is not None:
                 steps[incarnation] = steps.get(incarnation, 0.0) + float(stats.get("steps", 0.0))
+                if "cpu_wait_s" in stats:
+                    waits[incarnation] = waits.get(incarnation, 0.0) + float(stats["cpu_wait_s"])
                 gap = procs[learner].get("longest_gap_s")
                 if gap is not None:
                     gaps[incarnation] = max(gaps.get(incarnation, 0.0), float(gap))
@@ -84,7 +92,7 @@ def round_steps(records: Iterable[Mapping[str, Any]]) -> list[RoundSteps]:
             for p in procs.values()
             if p.get("first_step_wall") is not None
         )
-        out.append(RoundSteps(float(record["time"]), steps, gaps, firsts))
+        out.append(RoundSteps(float(record["time"]), steps, gaps, waits, firsts))
     return out
 
 
@@ -110,9 +118,8 @@ def steps_ratio(
 ) -> float | None:
     """``processes``' steps per second in the rounds closed in (fault, recovered] over those in the window
     of equal length before ``fault`` (from ``start`` at the earliest); None without steps before."""
-    width = recovered - fault
-    low = max(fault - width, start)
-    if width <= 0 or low >= fault:
+    low = window_before(start, fault, recovered)
+    if low is None:
         return None
 
     def rate(after: float, until: float) -> float:
@@ -123,6 +130,23 @@ def steps_ratio(
 
     before = rate(low, fault)
     return rate(fault, recovered) / before if before > 0 else None
+
+
+def window_before(start: float, fault: float, recovered: float) -> float | None:
+    """Where the window before ``fault`` that a recovery is compared with begins: as long as the recovery
+    (``recovered - fault``), cut at ``start``; None when nothing is left of it."""
+    low = max(fault - (recovered - fault), start)
+    return None if recovered <= fault or low >= fault else low
+
+
+def cpu_wait_share(
+    rounds: Sequence[RoundSteps], processes: set[str], after: float, until: float
+) -> float | None:
+    """``processes``' run-queue wait in the rounds closed in (after, until], per process and second; e.g.
+    two survivors that waited 0.4 s and 0.2 s in a 1.5-s window: 0.6 / (2 x 1.5) = 0.2. None when no
+    round there reports a wait of theirs (a kernel without the figure)."""
+    waits = [w for r in rounds if after < r.time <= until for i, w in r.cpu_waits.items() if i in processes]
+    return sum(waits) / (len(processes) * (until - after)) if waits and until > after else None
 
 
 def longest_stall(
@@ -154,15 +178,19 @@ def replacement_first_step(probes: Sequence[Probe], index: int, rounds: Sequence
 
 
 def event_figures(probes: Sequence[Probe], rounds: Sequence[RoundSteps]) -> list[dict[str, Any]]:
-    """Per probe: ``survivor_restarts``, ``survivor_steps_ratio``, ``survivor_longest_stall_s`` and
-    ``replacement_first_step_s``."""
+    """Per probe: ``survivor_restarts``, ``survivor_steps_ratio``, ``survivor_longest_stall_s``,
+    ``survivor_cpu_wait_share`` (and ``..._before``) and ``replacement_first_step_s``."""
     start = rounds[0].time if rounds else float("inf")
     out = []
     for index, probe in enumerate(probes):
-        alive, ratio, stall = survivors(probe), None, None
+        alive, ratio, stall, wait, wait_before = survivors(probe), None, None, None, None
         if alive is not None and probe.recovered_at is not None:
-            ratio = steps_ratio(rounds, alive, start, probe.injected_at, probe.recovered_at)
-            stall = longest_stall(rounds, alive, probe.injected_at, probe.recovered_at)
+            fault, recovered = probe.injected_at, probe.recovered_at
+            ratio = steps_ratio(rounds, alive, start, fault, recovered)
+            stall = longest_stall(rounds, alive, fault, recovered)
+            wait = cpu_wait_share(rounds, alive, fault, recovered)
+            low = window_before(start, fault, recovered)
+            wait_before = None if low is None else cpu_wait_share(rounds, alive, low, fault)
         start = max(start, probe.recovered_at or start)  # the next event's window starts after this one
         first = replacement_first_step(probes, index, rounds)
         out.append(
@@ -170,6 +198,8 @@ def event_figures(probes: Sequence[Probe], rounds: Sequence[RoundSteps]) -> list
                 "survivor_restarts": survivor_restarts(probe, rounds),
                 "survivor_steps_ratio": None if ratio is None else round(ratio, 3),
                 "survivor_longest_stall_s": None if stall is None else round(stall, 1),
+                "survivor_cpu_wait_share": None if wait is None else round(wait, 3),
+                "survivor_cpu_wait_share_before": None if wait_before is None else round(wait_before, 3),
                 "replacement_first_step_s": None if first is None else round(first, 1),
             }
         )

@@ -336,6 +336,8 @@ def test_actor_reports_its_learner_processes_and_logs_them_with_each_rounds_step
     )
     assert after.processes == (JoinedProcess(learner="a", incarnation="new-a", node="node-a"),)
     assert before.learners["a"]["steps"] == 2 and "first_step_wall" not in before.learners["a"]
+    if os.path.exists("/proc/thread-self/schedstat"):  # a real Tally's wait for a CPU, summed as a total
+        assert before.learners["a"]["cpu_wait_s"] == stats["a"]["cpu_wait_s"] >= 0.0
     [record] = [r for r in EventLog(tmp_path / "events.jsonl").read() if r["type"] == "round"]
     assert began <= record["time"] <= time.time()
     for proc, name in zip(record["processes"], "ab", strict=True):

@@ -32,6 +32,7 @@ from chaos import JOIN_ROUNDS, make_config, size_epochs  # noqa: E402
 from chaos_figures import (  # noqa: E402
     Probe,
     RoundSteps,
+    cpu_wait_share,
     event_figures,
     first_step_after,
     longest_stall,
@@ -155,7 +156,7 @@ def test_survivor_restarts_count_the_processes_not_lost_that_are_gone_after_the_
     added = Probe("node_added", 10.0, 20.0, (("a", "n1"),), (("c", "n1"), ("d", "n3")))
     assert survivor_restarts(added, []) == 1
     # Absent from the report at the recovery but sending rounds after it: alive, not restarted.
-    late = [RoundSteps(21.0, {"a": 2.0}, {}, ())]
+    late = [RoundSteps(21.0, {"a": 2.0}, {}, {}, ())]
     assert survivor_restarts(Probe("averager_killed", 10.0, 20.0, before, (("b", "n2"),)), late) == 0
     # No vacuous 0: a report without processes (before or after), or a lost node the processes do not
     # name, says None.
@@ -182,7 +183,7 @@ def test_steps_ratio_is_the_survivors_rate_during_the_recovery_over_the_rate_bef
     # The window before starts at the first round (t=1): rounds 2 and 3, 4 steps in 2.5 s; then 12 in 6 s.
     assert steps_ratio(steady, {"a"}, 1.0, 3.5, 9.5) == pytest.approx((12 / 6) / (4 / 2.5))
     # No vacuous 0: a log whose rounds name no process (or survivors that never stepped) gives None.
-    nameless = [RoundSteps(float(r), {}, {}, ()) for r in range(1, 21)]
+    nameless = [RoundSteps(float(r), {}, {}, {}, ()) for r in range(1, 21)]
     assert steps_ratio(nameless, {"a"}, 1.0, 10.5, 14.5) is None
     assert steps_ratio(steady, {"x"}, 1.0, 10.5, 14.5) is None
 
@@ -203,6 +204,29 @@ def test_longest_stall_is_the_survivors_longest_gap_in_the_rounds_of_the_recover
     assert longest_stall(rounds, {"x"}, 10.5, 18.0) is None  # no vacuous 0
     [figure] = event_figures([Probe("averager_killed", 10.5, 18.0, (("a", "n1"),), (("a", "n1"),))], rounds)
     assert figure["survivor_longest_stall_s"] == 6.0
+
+
+def test_cpu_wait_share_is_the_survivors_run_queue_wait_a_second_in_the_recovery_and_before_it():
+    # Survivors "a" and "b" wait 0.1 s a round for a core before a node kill at t=10.5 takes "z" (which
+    # waited 0.9 s a round), 0.4 s a round after it; a round a second.
+    log = []
+    for r in range(1, 16):
+        record = _round(r, r, [(i, inc, f"n{i}", 2.0, r - 0.5) for i, inc in enumerate("abz")])
+        for learner, stats in record["stats"]:
+            stats["cpu_wait_s"] = 0.9 if learner == 2 else (0.4 if r > 10 else 0.1)
+        log.append(record)
+    rounds = round_steps(log)
+    assert rounds[0].cpu_waits == {"a": 0.1, "b": 0.1, "z": 0.9}
+    # Rounds 11-14 in (10.5, 14.5]: 8 waits of 0.4 s over 2 survivors x 4 s; rounds 7-10 before it.
+    assert cpu_wait_share(rounds, {"a", "b"}, 10.5, 14.5) == pytest.approx(3.2 / 8)
+    assert cpu_wait_share(rounds, {"a", "b"}, 6.5, 10.5) == pytest.approx(0.8 / 8)
+    kill = Probe("node_killed", 10.5, 14.5, (("a", "n0"), ("b", "n1"), ("z", "n2")), (), lost_nodes=("n2",))
+    [figure] = event_figures([kill], rounds)
+    assert (figure["survivor_cpu_wait_share"], figure["survivor_cpu_wait_share_before"]) == (0.4, 0.1)
+    # No vacuous 0: rounds without the figure (a kernel that does not report it) give None.
+    quiet = round_steps(_steady(1, 15, [(0, "a", "n0")]))
+    assert cpu_wait_share(quiet, {"a"}, 10.5, 14.5) is None
+    assert cpu_wait_share(rounds, {"a", "b"}, 14.5, 14.5) is None  # an empty window
 
 
 def test_replacement_first_step_counts_from_the_fault_or_from_the_node_that_came_back():
@@ -253,6 +277,8 @@ def test_the_window_before_a_fault_stops_at_the_last_recovery_and_an_unrecovered
         "survivor_restarts": None,
         "survivor_steps_ratio": None,
         "survivor_longest_stall_s": None,
+        "survivor_cpu_wait_share": None,
+        "survivor_cpu_wait_share_before": None,
         "replacement_first_step_s": None,
     }
     # Nor does the kill before it get a replacement from a node that never stepped.

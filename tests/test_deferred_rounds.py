@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -102,7 +104,13 @@ def test_a_round_that_cannot_be_deferred_waits_for_the_averager_without_calling_
 
 def test_a_carried_flush_goes_out_with_the_next_one():
     """``Tally.carry`` undoes a flush: the next flush holds both rounds' work, the totals count it once."""
-    tally, whole = Tally(), Tally()
+    waited = {"tally": 0.0, "whole": 0.0}  # each one's run queue: 0.25 s more at every reading
+
+    def run_queue(name):
+        waited[name] += 0.25
+        return waited[name]
+
+    tally, whole = Tally(run_queue=lambda: run_queue("tally")), Tally(run_queue=lambda: run_queue("whole"))
     for t in (tally, whole):
         t.add_step(frames=10, sequences=2, seconds=0.5, loss=1.0)
     first = tally.flush()
@@ -113,8 +121,58 @@ def test_a_carried_flush_goes_out_with_the_next_one():
     assert got.pop("first_step_wall") == first["first_step_wall"]  # the deferred round's first step
     want.pop("first_step_wall")
     assert got.pop("longest_gap_s") >= first["longest_gap_s"] and want.pop("longest_gap_s") >= 0.0
+    # The deferred round's wait for a CPU goes out with the next: two readings' worth against one.
+    assert (got.pop("cpu_wait_s"), want.pop("cpu_wait_s")) == (0.5, 0.25)
     assert got == want and got["steps"] == 2.0 and got["loss"] == pytest.approx(2.0)
+    assert tally.totals.pop("cpu_wait_s") == 0.5 and whole.totals.pop("cpu_wait_s") == 0.25
     assert tally.totals == whole.totals
+
+
+def test_the_wait_for_a_cpu_is_the_training_threads_run_queue_time_between_flushes():
+    """``cpu_wait_s``: the difference of the thread's run-queue readings from the first step (or the last
+    flush) to this flush, on one thread; none where the kernel gives no reading; a drop forgets it."""
+    reading = [1.0]
+    tally = Tally(run_queue=lambda: reading[0])
+    assert "cpu_wait_s" not in tally.flush()  # no reading before it: this one starts the count
+    tally.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    reading[0] = 1.75
+    assert tally.flush()["cpu_wait_s"] == 0.75
+    reading[0] = 2.0
+    tally.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    reading[0] = 2.5
+    assert tally.flush()["cpu_wait_s"] == 0.75  # from the last flush's 1.75: the round's wait included
+    reading[0] = 4.0
+    tally.drop()  # the steps after a held round, dropped: their wait too
+    reading[0] = 4.5
+    assert tally.flush()["cpu_wait_s"] == 0.5 and tally.totals["cpu_wait_s"] == 2.0
+    # A reading on another thread is no difference of this thread's: it restarts the count.
+    other = threading.Thread(target=tally.flush)
+    other.start()
+    other.join()
+    reading[0] = 9.0
+    assert "cpu_wait_s" not in tally.flush()
+    reading[0] = 9.5
+    assert tally.flush()["cpu_wait_s"] == 0.5
+    # A kernel without /proc/thread-self/schedstat: no figure rather than a 0.
+    blind = Tally(run_queue=lambda: None)
+    blind.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    assert "cpu_wait_s" not in blind.flush() and "cpu_wait_s" not in blind.totals
+
+
+def test_run_queue_wait_reads_the_second_schedstat_field(tmp_path):
+    """``run_queue_wait_s``: schedstat's run-queue nanoseconds in seconds; None for a missing file; an
+    unreadable format is an error naming the file. On this Linux box the real file answers."""
+    from raytrain_seq.training.run_queue import run_queue_wait_s
+
+    stat = tmp_path / "schedstat"
+    stat.write_text("123456789 2500000000 42\n")
+    assert run_queue_wait_s(stat) == 2.5
+    assert run_queue_wait_s(tmp_path / "absent") is None
+    stat.write_text("123\n")
+    with pytest.raises(ValueError, match="schedstat"):
+        run_queue_wait_s(stat)
+    if sys.platform == "linux":
+        assert run_queue_wait_s() >= 0.0
 
 
 def test_the_longest_gap_between_steps_counts_a_rounds_wait_in_the_next_round():

@@ -56,6 +56,8 @@ def test_run_history_writes_scalars_as_the_run_goes(tmp_path):
     history.record_round(1, seconds=0.25, batch_size=4, position=None, stats=stats)
     scalars, _ = read_events(tmp_path / "tensorboard")  # readable before the run ends
     assert scalars["train/loss"] == [(1, pytest.approx(0.875))]  # (0.5 * 10 + 1.0 * 30) / 40
+    assert "time/cpu_wait_s" not in scalars  # no learner reported a run-queue wait: not written as a zero
+    stats[0][1]["cpu_wait_s"], stats[1][1]["cpu_wait_s"] = 0.25, 0.75
     history.record_validation(1, 0.6, batch_size=8, grew=True, epoch=0, metrics={"top5_accuracy": 0.9})
     history.record_round(2, seconds=0.5, batch_size=8, position=None, stats=stats)
     history.recover("dropped", "learner 1 dropped from round 3")
@@ -64,6 +66,7 @@ def test_run_history_writes_scalars_as_the_run_goes(tmp_path):
     assert [step for step, _ in scalars["train/batch_size"]] == [1, 2]
     assert [v for _, v in scalars["train/batch_size"]] == [4.0, 8.0]
     assert scalars["time/compute_s"][0] == (1, pytest.approx(3.0)) and scalars["time/round_s"][1][1] == 0.5
+    assert scalars["time/cpu_wait_s"] == [(2, pytest.approx(0.5))]  # the learners' mean
     assert scalars["train/learners"][0][1] == 2.0 and scalars["train/frames_per_second"][0][1] > 0
     assert scalars["val/top1"] == [(1, pytest.approx(0.6))] and scalars["val/top5"] == [
         (1, pytest.approx(0.9))

@@ -361,6 +361,9 @@ def _round_scalars(
     out["train/frames_per_second"] = frames / since_last if since_last > 0 else None
     for key in ("compute_s", "data_wait_s"):
         out[f"time/{key}"] = sum(s.get(key, 0.0) for _, s in stats) / n
+    # The training threads' wait for a CPU: only where the learners' kernels report it (``Tally``).
+    waits = [s["cpu_wait_s"] for _, s in stats if "cpu_wait_s" in s]
+    out["time/cpu_wait_s"] = sum(waits) / len(waits) if waits else None
     return out
 
 

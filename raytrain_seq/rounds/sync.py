@@ -10,13 +10,14 @@ travels as flat buffers (``dataplane.payload``) in which the learner's tensors l
 (``dataplane.flat_storage``, bound at the first round): each slice is one put, the mean is written back
 in place. The shape of torchft's ``LocalSGD`` (a step counter and a ``sync``), the weights going through
 the averager, not a collective. ``Tally`` is the work since the last round (frames, sequences, steps,
-seconds, loss, first step's wall time, longest gap between steps), sent as the learner's stats. A held
-round goes out later from a host copy (``hold``, ``restore``, ``keep_steps``: ``Learner``). No ray.
+seconds, loss, first step's wall time, longest gap between steps, wait for a CPU), sent as the stats. A
+held round goes out later from a host copy (``hold``, ``restore``, ``keep_steps``: ``Learner``). No ray.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from raytrain_seq.models.recurrent import compact_recurrent, recurrent_keys
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Deferred, Realigned
 from raytrain_seq.rounds.position import EpochPosition
 from raytrain_seq.rounds.state import AveragedState
+from raytrain_seq.training.run_queue import run_queue_wait_s
 from raytrain_seq.training.step import load_averaged
 
 __all__ = [
@@ -67,6 +69,9 @@ class Tally:
     steps: int = 0
     compute_s: float = 0.0
     data_wait_s: float = 0.0
+    # Seconds the training thread was runnable but waited for a CPU (``training.run_queue``), read at each
+    # flush on that thread; None where the kernel does not say (the stat is then not sent).
+    cpu_wait_s: float | None = None
     loss_sum: float = 0.0
     first_step_wall: float | None = None  # wall time of the first step since the last flush
     # The longest wall time from one step's end to the next one's since the last flush: a learner that
@@ -76,9 +81,22 @@ class Tally:
     last_step_wall: float | None = None
     totals: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = field(default=time.time, repr=False)  # wall time (a fake in tests)
+    run_queue: Callable[[], float | None] = field(default=run_queue_wait_s, repr=False)  # a fake in tests
+    # (thread, ``run_queue``'s reading) at the last flush, or at the first step: the reading is per thread,
+    # so a difference is taken only on the thread that read last (the training thread's steps and rounds).
+    _queued_at: tuple[int, float] | None = field(default=None, repr=False)
+
+    def _read_run_queue(self) -> None:
+        """Add the run-queue wait since the last reading on this thread to ``cpu_wait_s``."""
+        now, thread = self.run_queue(), threading.get_native_id()
+        if now is not None and self._queued_at is not None and self._queued_at[0] == thread:
+            self.cpu_wait_s = (self.cpu_wait_s or 0.0) + now - self._queued_at[1]
+        self._queued_at = None if now is None else (thread, now)
 
     def add_step(self, frames: int, sequences: int, seconds: float, loss: float) -> None:
         now = self.clock()
+        if self._queued_at is None:  # the first step: the run-queue wait counts from here
+            self._read_run_queue()
         if self.first_step_wall is None:
             self.first_step_wall = now
         if self.last_step_wall is not None:
@@ -99,6 +117,9 @@ class Tally:
         self.steps += int(delta["steps"])
         self.compute_s += delta["compute_s"]
         self.data_wait_s += delta["data_wait_s"]
+        if "cpu_wait_s" in delta:
+            self.totals["cpu_wait_s"] -= delta["cpu_wait_s"]
+            self.cpu_wait_s = (self.cpu_wait_s or 0.0) + delta["cpu_wait_s"]
         if delta["sequences"]:
             self.loss_sum += delta["loss"] * delta["sequences"]
         if "first_step_wall" in delta:
@@ -108,6 +129,8 @@ class Tally:
     def drop(self) -> None:
         """Forget the work since the last flush, which no round will hold (the steps after a held round
         that closed elsewhere: ``Learner``); the totals never counted it."""
+        self._read_run_queue()
+        self.cpu_wait_s = None
         self.frames = self.sequences = self.steps = 0
         self.compute_s = self.data_wait_s = self.loss_sum = self.longest_gap_s = 0.0
         self.first_step_wall = None
@@ -121,6 +144,9 @@ class Tally:
             "compute_s": self.compute_s,
             "data_wait_s": self.data_wait_s,
         }
+        self._read_run_queue()
+        if self.cpu_wait_s is not None:
+            delta["cpu_wait_s"] = self.cpu_wait_s
         for key, value in delta.items():
             self.totals[key] = self.totals.get(key, 0.0) + value
         mean_loss = self.loss_sum / self.sequences if self.sequences else float("nan")
@@ -130,7 +156,7 @@ class Tally:
             delta["longest_gap_s"] = self.longest_gap_s
         self.frames = self.sequences = self.steps = 0
         self.compute_s = self.data_wait_s = self.loss_sum = self.longest_gap_s = 0.0
-        self.first_step_wall = None
+        self.first_step_wall = self.cpu_wait_s = None
         delta["loss"] = mean_loss
         return delta
 
