@@ -5,10 +5,11 @@ step)`` and ``close()``. The averager's run history calls it as rounds, validati
 happen, so a run is watched while it trains (``tensorboard --logdir STORAGE_PATH``). Tags:
 ``train/loss``, ``train/batch_size``, ``train/frames_per_second``, ``train/learners``, ``time/round_s``,
 ``time/compute_s``, ``time/data_wait_s``, ``time/cpu_wait_s`` (a training thread's time runnable without
-a CPU) per round; ``val/top1``, ``val/top5``, ``val/mean_class_accuracy`` per validation; ``recoveries/count`` and a ``recoveries`` text per recovery;
-``test/top1``, ``test/top5``, ``test/mean_class_accuracy`` once at the end. The step is the averaging
-round. Writers open lazily and flush every round, so a restarted averager appends a new event file beside
-the old one, as TensorBoard expects; they import no torch (``outputs.event_file``).
+a CPU) per round; ``val/top1``, ``val/top5``, ``val/mean_class_accuracy`` per validation;
+``recoveries/count`` and a ``recoveries`` text per recovery; ``test/top1``, ``test/top5``,
+``test/mean_class_accuracy`` once at the end. The step is the averaging round. Writers open lazily and
+flush every round, so a restarted averager appends a new event file beside the old one, as TensorBoard
+expects; they import no torch (``outputs.event_file``).
 """
 
 from __future__ import annotations
