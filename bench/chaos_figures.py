@@ -31,7 +31,8 @@ NOTES = {
     "survivor_longest_stall_s": "the longest time from one step's end to the next of a survivor's process, "
     "in the rounds closed during the recovery (a round's wait counts in the round after it); null: no step",
     "survivor_cpu_wait_share": "seconds a survivor's training thread was runnable but found no free core, "
-    "per survivor-second, in the rounds closed during the recovery (the learners' cpu_wait_s); null: no "
+    "per survivor-second, in the rounds closed during the recovery (the learners' cpu_wait_s; a round's "
+    "wait counts where the round closes, as its steps do, so a short window may read above 1); null: no "
     "round reports it (a kernel without /proc/thread-self/schedstat)",
     "survivor_cpu_wait_share_before": "the same in the window survivor_steps_ratio compares with",
     "replacement_first_step_s": "fault (a stall) or the next added node up (a killed node) to the first "
