@@ -153,10 +153,14 @@ def test_the_wait_for_a_cpu_is_the_training_threads_run_queue_time_between_flush
     assert "cpu_wait_s" not in tally.flush()
     reading[0] = 9.5
     assert tally.flush()["cpu_wait_s"] == 0.5
-    # A kernel without /proc/thread-self/schedstat: no figure rather than a 0.
-    blind = Tally(run_queue=lambda: None)
-    blind.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
+    # A kernel without /proc/thread-self/schedstat: no figure rather than a 0, and the file is asked for
+    # at the first step and once a round, never at every step.
+    asked = []
+    blind = Tally(run_queue=lambda: asked.append(1))
+    for _ in range(5):
+        blind.add_step(frames=1, sequences=1, seconds=0.1, loss=1.0)
     assert "cpu_wait_s" not in blind.flush() and "cpu_wait_s" not in blind.totals
+    assert len(asked) == 2
 
 
 def test_run_queue_wait_reads_the_second_schedstat_field(tmp_path):

@@ -85,18 +85,19 @@ class Tally:
     # (thread, ``run_queue``'s reading) at the last flush, or at the first step: the reading is per thread,
     # so a difference is taken only on the thread that read last (the training thread's steps and rounds).
     _queued_at: tuple[int, float] | None = field(default=None, repr=False)
+    _read_once: bool = field(default=False, repr=False)  # read since made: a step reads no more after it
 
     def _read_run_queue(self) -> None:
         """Add the run-queue wait since the last reading on this thread to ``cpu_wait_s``."""
-        now, thread = self.run_queue(), threading.get_native_id()
+        now, thread, self._read_once = self.run_queue(), threading.get_native_id(), True
         if now is not None and self._queued_at is not None and self._queued_at[0] == thread:
             self.cpu_wait_s = (self.cpu_wait_s or 0.0) + now - self._queued_at[1]
         self._queued_at = None if now is None else (thread, now)
 
     def add_step(self, frames: int, sequences: int, seconds: float, loss: float) -> None:
         now = self.clock()
-        if self._queued_at is None:  # the first step: the run-queue wait counts from here
-            self._read_run_queue()
+        if not self._read_once:  # the first step: the run-queue wait counts from here; later steps read
+            self._read_run_queue()  # nothing (a kernel without the figure is asked once a round, not a step)
         if self.first_step_wall is None:
             self.first_step_wall = now
         if self.last_step_wall is not None:
