@@ -579,6 +579,8 @@ def test_a_run_folder_tells_a_restart_by_ray_from_a_new_run(tmp_path):
     assert folder.load(tmp_path, restarted_by_ray=True, state=empty) is empty
     assert book.restarted and _kinds(history) == ["averager_restart"]
     assert [h["round"] for h in history.loss_history] == [1]  # its round since the checkpoint, replayed
+    # Who took part in it, for a learner whose answer died with the actor (``JoinReply.took_part``).
+    assert history.learners_of(1) == {0} and history.learners_of(2) == set()
 
 
 # ------------------------------------------------------------------------------------------ round wait

@@ -50,7 +50,8 @@ def test_an_averager_away_defers_the_round_at_once_and_a_silent_round_still_fail
     transport = Scripted(average=[Unreachable("ActorUnavailableError")])
     client = _client(transport, sleep=sleeps.append, channels=ends)
     decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
-    assert decision == Deferred(1) and client.next_round == 1  # the same round, sent again later
+    assert decision.round == 1 and client.next_round == 1  # the same round, sent again later
+    assert decision.answer_lost  # the call went out: the round may have closed with it (``LostAnswer``)
     assert len(transport.calls) == 1 and sleeps == []  # no retry, no wait
     assert ends.closed == 1  # its shards died with the averager: no write may wait for them
     # While the averager is known to be down (its process died), a round that may be deferred is, with no
@@ -61,7 +62,8 @@ def test_an_averager_away_defers_the_round_at_once_and_a_silent_round_still_fail
     joined = JoinReply(state=_state(0, 1.0), next_round=1, world_size=1)
     transport = Scripted(join=[joined], average=[result])
     client = _client(transport, away=lambda: down[0])
-    assert client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True) == Deferred(1)
+    early = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)
+    assert early == Deferred(1) and not early.answer_lost  # nothing sent
     assert transport.calls == []
     down[0] = False
     decision = client.average({"w": torch.ones(1)}, None, stats={}, position=None, defer=True)

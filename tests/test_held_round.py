@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_learner_loop import Feed, Scripted, _client, _config, _reference
 
-from raytrain_seq.members.errors import AveragerUnavailableError
+from raytrain_seq.members.errors import AveragerUnavailableError, StaleRoundError
 from raytrain_seq.parts import Parts
 from raytrain_seq.rounds.client import Unreachable
 from raytrain_seq.rounds.position import EpochPosition
@@ -218,11 +218,13 @@ def test_a_layout_with_rows_known_missed_is_held_back_into_its_make_up_layout():
 class LostReply(Echo):
     """The averager closes round ``lost`` and dies before its reply: the call fails (not silently, so
     the learner defers it), and the rejoin after finds that round averaged, its mean the state sent (one
-    learner's mean is its own state)."""
+    learner's mean is its own state), its float tensors + ``shift`` (another learner's share), with this
+    learner in it (``took_part``) or not."""
 
-    def __init__(self, feed: Feed, lost: int, **replies) -> None:
+    def __init__(self, feed: Feed, lost: int, took_part: bool = True, shift: float = 0.0, **replies) -> None:
         super().__init__(feed, _closed, **replies)
-        self.lost, self.closed = lost, None
+        self.lost, self.closed, self.took_part, self.shift = lost, None, took_part, shift
+        self.refused: list[int] = []
 
     def __call__(self, method, *args, timeout=None, **kwargs):
         if method == "average" and args[1] == self.lost and self.closed is None:
@@ -230,10 +232,20 @@ class LostReply(Echo):
             self.closed = AveragedState(
                 round=self.lost, flat=args[3], batch_size=2, position=_closed(kwargs["position"])
             )
+            if self.shift:  # the others' share: the mean is not the state sent
+                plain = self.closed.materialise(list)  # the in-process store's refs are the arrays
+                shifted = {k: v + self.shift if v.is_floating_point() else v for k, v in plain.params.items()}
+                self.closed = plain.replace(params=shifted)
             raise Unreachable("ActorDiedError: the actor died after the round closed")
+        if method == "average" and self.closed is not None and args[1] <= self.lost:
+            # A round it closed, sent again by a learner that did not rejoin first: refused (it rejoins).
+            self.refused.append(args[1])
+            raise StaleRoundError(args[0], args[1], self.lost + 1, "closed before the restart")
         if method == "join" and self.closed is not None:
             self.calls.append((method, args, kwargs))
-            return JoinReply(state=self.closed, next_round=self.lost + 1, world_size=1)
+            return JoinReply(
+                state=self.closed, next_round=self.lost + 1, world_size=1, took_part=self.took_part
+            )
         return super().__call__(method, *args, timeout=timeout, **kwargs)
 
 

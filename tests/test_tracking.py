@@ -48,7 +48,7 @@ def test_run_history_writes_scalars_as_the_run_goes(tmp_path):
     """Two rounds, a validation and a recovery: the tags, steps and values TensorBoard will show."""
     tracker = make_tracker("tensorboard", tmp_path)
     history = RunHistory(tmp_path / "events.jsonl", tracker=tracker)
-    history.start_clock()  # the averager starts the run's clock at the first join
+    history.clock.start()  # the averager starts the run's clock at the first join
     stats = [(0, {"frames": 3000.0, "sequences": 10.0, "loss": 0.5, "compute_s": 2.0, "data_wait_s": 0.5})]
     stats.append(
         (1, {"frames": 1000.0, "sequences": 30.0, "loss": 1.0, "compute_s": 4.0, "data_wait_s": 0.0})

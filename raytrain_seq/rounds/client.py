@@ -1,17 +1,17 @@
 """A learner's side of the averager: retries, join, average, rejoin and re-seed, as decisions.
 
-``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged
-state it holds (``held``: what re-seeds a restarted averager); its transport is injected (a fake in
-tests, ``runtime.transport.RayTransport``). An unreachable averager (``Unreachable``; one known
-``away`` is not called) is retried on the ``Backoff`` schedule, then ``AveragerUnavailableError``; a
-silent ``average`` is never resent. A refused round (``StaleRoundError``, ``MembershipError``,
-``AveragingTimeoutError``), or the first after the averager was seen away, rejoins with ``held`` as the
-seed and returns a decision, ``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went
-on; a live ``group`` sets the world size sent); a rejoin that finds the same round still due resends it
-(at most ``max_rejoins`` times); ``average(defer=True)`` of an averager away returns ``Deferred`` at
-once. States arrive as refs, read at once through the ``store``, so what it holds survives a dead
-averager. Channels: once a result plans a generation, the client links it in a background thread
-(``channels``) and sends through it; a refusal, join, deferral or failed write uses the store.
+``AveragerClient`` owns every call a learner makes to the ``ParameterAverager`` and the latest averaged state
+it holds (``held``: what re-seeds a restarted averager); its transport is injected (a fake in tests,
+``runtime.transport.RayTransport``). An unreachable averager (``Unreachable``; one known ``away`` is not
+called) is retried on the ``Backoff`` schedule, then ``AveragerUnavailableError``; a silent ``average`` is
+never resent. A refused round (``StaleRoundError``, ``MembershipError``, ``AveragingTimeoutError``), or the
+first after the averager was seen away, rejoins with ``held`` as the seed and returns a decision,
+``Averaged(result)`` or ``Realigned(reply, first_missed)`` (the others went on; a live ``group`` sets the
+world size sent); a rejoin that finds the same round still due resends it (at most ``max_rejoins`` times);
+``average(defer=True)`` of an averager away gives ``Deferred`` at once (``answer_lost``: it died on the
+round). States arrive as refs, read at once through the ``store``, so what it holds survives a dead averager.
+Channels: a result's generation is linked in a background thread (``channels``) and sent through; a refusal,
+join, deferral or failed write uses the store.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class Deferred:
     """The averager was away (dead or restarting): train on, and send this round again later."""
 
     round: int
+    answer_lost: bool = False
+    """The round was sent and the averager died on it: it may have closed with it, its answer lost."""
 
 
 class AveragerClient:
@@ -203,10 +205,12 @@ class AveragerClient:
             if rejoin:
                 reply = self.join(seed=self.held)
                 if reply.next_round != sent:
+                    what = f"the others averaged rounds {sent}-{reply.state.round} without it"
+                    if reply.took_part and reply.state.round == sent:
+                        what = f"round {sent} closed with it before its answer was lost"
                     logger.warning(
-                        "learner %s: the others averaged rounds %d-%d without it; continuing from round %d",
-                        self.learner, sent, reply.state.round, reply.state.round,
-                    )  # fmt: skip
+                        "learner %s: %s; continuing from round %d", self.learner, what, reply.state.round
+                    )
                     self._deferred = False
                     return Realigned(reply, sent)
                 if attempt == self.max_rejoins:
@@ -224,7 +228,7 @@ class AveragerClient:
                 cause = exc.__cause__
                 if not defer or not isinstance(cause, Unreachable) or cause.silent:
                     raise  # a silent round may be in the averager's hands: never sent again
-                return self._defer(sent, str(cause))
+                return self._defer(sent, str(cause), answer_lost=True)
             except AveragerError as exc:  # StaleRoundError, MembershipError, AveragingTimeoutError
                 logger.warning("learner %s: round %d refused (%s): rejoining", self.learner, sent, exc)
                 rejoin = True
@@ -264,15 +268,15 @@ class AveragerClient:
             return True
         return False
 
-    def _defer(self, sent: int, why: str) -> Deferred:
+    def _defer(self, round_: int, why: str, *, answer_lost: bool = False) -> Deferred:
         if not self._deferred:  # once an outage: its further deferrals are expected
             logger.warning("learner %s: the averager is away (%s): round %d deferred, training on",
-                           self.learner, why, sent)  # fmt: skip
+                           self.learner, why, round_)  # fmt: skip
         self._deferred = True
         if self.channels is not None:
             # Its shards died with it: a write into their channels would wait for a reader.
             self.channels.close()
-        return Deferred(sent)
+        return Deferred(round_, answer_lost)
 
     def report_validation_share(
         self, round: int, tallies: Mapping[str, Any], *, epoch: int, rows_cap: int | None = None

@@ -3,10 +3,10 @@
 ``EventLog`` is the append-only JSON-lines file ``run_dir/events.jsonl``: membership changes, recoveries,
 rounds and validations, written as they happen, so that a restarted averager (and a resumed run) reports
 the whole run, not only what happened since its last checkpoint. ``RunHistory`` owns it together with
-everything the summary needs: the run's training clock (continued across restarts), per-learner totals
-(frames, compute, data wait, averaging time), the loss, batch-size and validation histories, the round
-times, failed rounds and recoveries. The averager holds one ``RunHistory`` (composition) and feeds it;
-``RoundBook``'s membership records reach it through ``on_member``.
+everything the summary needs: the run's training clock (``RunClock``, continued across restarts),
+per-learner totals (frames, compute, data wait, averaging time), the loss, batch-size and validation
+histories, the round times, failed rounds and recoveries. The averager holds one ``RunHistory``
+(composition) and feeds it; ``RoundBook``'s membership records reach it through ``on_member``.
 
 ``membership_entries`` and ``recovery_entries`` turn the averager's logs (its report's) into the run summary's
 lists. Plain Python and files: no ray, no asyncio.
@@ -35,6 +35,7 @@ UNSUMMED = ("loss", "first_step_wall", "longest_gap_s")
 __all__ = [
     "EVENTS_FILE",
     "EventLog",
+    "RunClock",
     "RunHistory",
     "describe_position",
     "describe_progress",
@@ -98,6 +99,27 @@ class EventLog:
         return out
 
 
+class RunClock:
+    """The run's training clock: seconds since the first join, continued across restarts and resumes."""
+
+    def __init__(self) -> None:
+        self._offset, self._start = 0.0, None
+
+    def start(self) -> None:
+        """Start it (at the first join); a running clock is left alone."""
+        if self._start is None:
+            self._start = time.monotonic()
+
+    def elapsed(self) -> float:
+        if self._start is None:
+            return self._offset
+        return self._offset + time.monotonic() - self._start
+
+    def continue_from(self, elapsed_s: float) -> None:
+        """Continue from a restored reading (never moves the clock back)."""
+        self._offset = max(self._offset, float(elapsed_s))
+
+
 class RunHistory:
     """Everything the averager records about a run, and the event log that outlives its restarts.
 
@@ -126,28 +148,12 @@ class RunHistory:
         self._lost: set[int] = set()
         self.failed_rounds: list[dict[str, Any]] = []
         self.recoveries: list[dict[str, Any]] = []
-        self._clock_offset, self._clock_start = 0.0, None
-
-    # ------------------------------------------------------------------------------------ the clock
-    def start_clock(self) -> None:
-        """Start the training clock (at the first join); a running clock is left alone."""
-        if self._clock_start is None:
-            self._clock_start = time.monotonic()
-
-    def elapsed(self) -> float:
-        """The run's training clock: seconds since the first join, continued across restarts."""
-        if self._clock_start is None:
-            return self._clock_offset
-        return self._clock_offset + time.monotonic() - self._clock_start
-
-    def continue_clock(self, elapsed_s: float) -> None:
-        """Continue from a restored reading (never moves the clock back)."""
-        self._clock_offset = max(self._clock_offset, float(elapsed_s))
+        self.clock = RunClock()
 
     # ------------------------------------------------------------------------------------- records
     def on_member(self, record: dict[str, Any]) -> None:
         """RoundBook's sink: time-stamp, persist, and count drops and returns as recoveries."""
-        record["elapsed_s"] = self.elapsed()
+        record["elapsed_s"] = self.clock.elapsed()
         self.log.append({"type": "membership", **record})
         if record["event"] == "drop":
             self.recover(
@@ -158,7 +164,7 @@ class RunHistory:
             self.recover("rejoined", f"learner {record['learner']!r} rejoined at round {record['round']}")
 
     def recover(self, kind: str, detail: str) -> None:
-        record = {"time": time.time(), "elapsed_s": self.elapsed(), "kind": kind, "detail": detail}
+        record = {"time": time.time(), "elapsed_s": self.clock.elapsed(), "kind": kind, "detail": detail}
         self.recoveries.append(record)
         self.log.append({"type": "recovery", **record})
         logger.warning("averager: %s: %s", kind, detail)
@@ -214,7 +220,7 @@ class RunHistory:
             loss, n = learner_stats.get("loss", math.nan), learner_stats.get("sequences", 0)
             if math.isfinite(loss) and n > 0:
                 losses.append((loss, n))
-        now = self.elapsed()
+        now = self.clock.elapsed()
         mean = sum(v * n for v, n in losses) / sum(n for _, n in losses) if losses else math.nan
         self.loss_history.append({"round": round, "loss": mean, "time_s": now})
         self.batch_history.append({"round": round, "batch_size": batch_size, "time_s": now})
@@ -245,7 +251,7 @@ class RunHistory:
         """A reported validation; ``metrics`` may add ``top5_accuracy`` and ``mean_class_accuracy``."""
         record = {"round": round, "accuracy": float(accuracy), "batch_size": batch_size, "grew": grew}
         record.update(
-            epoch=epoch, missed=False, time=time.time(), time_s=self.elapsed(), **dict(metrics or {})
+            epoch=epoch, missed=False, time=time.time(), time_s=self.clock.elapsed(), **dict(metrics or {})
         )
         self.validation_history.append(record)
         self.log.append({"type": "validation", "actor": self.actor, **record})
@@ -283,12 +289,12 @@ class RunHistory:
         self.batch_history = list(part.get("batch_size_history", ()))
         self.validation_history = list(part.get("validation_history", ()))
         self.loss_history = list(part.get("loss_history", ()))
-        self.continue_clock(elapsed_s)
+        self.clock.continue_from(elapsed_s)
 
     def adopt_log(self, past: Mapping[str, Any]) -> None:
         """Take the recoveries and the clock of a replayed log (a resume or a restart)."""
         self.recoveries = list(past["recoveries"])
-        self.continue_clock(past["elapsed_s"])
+        self.clock.continue_from(past["elapsed_s"])
 
     def expect_redo(self, rounds: Iterable[int]) -> None:
         """Rounds a stopped run logged after the checkpoint a resume starts from: their averaged state was
@@ -316,6 +322,12 @@ class RunHistory:
         mine = [v for v in past["validations"] if v["actor"] == self.actor and v["round"] > after]
         self.validation_history += [{k: v for k, v in record.items() if k != "actor"} for record in mine]
 
+    def learners_of(self, round: int) -> set[LearnerId]:
+        """The learners averaged in ``round`` as this actor recorded it (a restarted one: from the log);
+        empty when it holds no record of it."""
+        added = self._recorded.get(round, ((), 0.0))[0]
+        return {learner for learner, _ in added}
+
     def _forget_round(self, round: int, *, histories: bool = True) -> None:
         """Take a recorded round back out of the totals and histories (it is about to be recorded again)."""
         added, seconds = self._recorded.pop(round)
@@ -342,7 +354,7 @@ class RunHistory:
             "batch_size_history": list(self.batch_history),
             "validation_history": list(self.validation_history),
             "loss_history": list(self.loss_history),
-            "elapsed_s": self.elapsed(),
+            "elapsed_s": self.clock.elapsed(),
         }
 
 

@@ -103,5 +103,5 @@ class HeldState:
         return state.replace(
             batch_size=self._batch.size,
             adaptive_state=self._batch.state_dict(),
-            elapsed_s=self._history.elapsed(),
+            elapsed_s=self._history.clock.elapsed(),
         )

@@ -214,6 +214,20 @@ class EpochPosition:
             )
         return position
 
+    @classmethod
+    def of_state(cls, position: Mapping | None) -> EpochPosition:
+        """An averaged state's position (``AveragedState.position``; None: the run's start)."""
+        return cls(0) if position is None else cls.from_dict(position)
+
+    def averaged(self, position: Mapping | None, rows: int) -> EpochPosition:
+        """Where training goes on after a round sent at this position: the averaged state's ``position``
+        (the averager settles it: ``settle``; None: this one), and a layout still at its end (a caller
+        that did not settle it; ``rows``: a learner's in it) closed here."""
+        after = self if position is None else EpochPosition.from_dict(position)
+        if after.layout == self.layout and rows and after.rows_done >= rows:
+            after = after.close_layout()
+        return after
+
 
 def settle(
     sent: EpochPosition,

@@ -62,7 +62,7 @@ class RunFolder:
         if found is not None:
             state = self.restore(found)
         if restarted:
-            self._history.start_clock()  # the run is under way: its clock keeps going
+            self._history.clock.start()  # the run is under way: its clock keeps going
             self._history.replay_rounds(past, after=state.round)
             what = f"reloaded {found.folder.name}" if found else "no checkpoint yet"
             self._history.recover(

@@ -158,6 +158,8 @@ class JoinReply:
     """Live groups: the group this learner is in (its rank is its index); None: the first group forms."""
     ended: bool = False
     """Training ended before this newcomer could be taken in: it has nothing to do (``state`` is empty)."""
+    took_part: bool = False
+    """This learner is one of ``state``'s round's learners (a round it sent closed, its answer lost)."""
 
     @classmethod
     def after_end(cls, last: AveragedState, world_size: int) -> JoinReply:

@@ -169,7 +169,7 @@ class ParameterAverager:
         )  # fmt: skip
         self._merge = RoundMerge(
             settings, pool=self._pool, book=self._book, channels=self._channels, loads=self._loads,
-            batch=self._batch, elapsed=self._history.elapsed, latest=lambda: self._state,
+            batch=self._batch, elapsed=self._history.clock.elapsed, latest=lambda: self._state,
             rows_cap=lambda: self._arrivals.rows_cap,
         )  # fmt: skip
         # What a start reloads from the run folder (the events log, the latest checkpoint), and restores.
@@ -275,7 +275,7 @@ class ParameterAverager:
         self._recovery.check_seed(seed)
         if node is not None:
             self._placement.place(learner, node, self._book.world_size)
-        self._history.start_clock()
+        self._history.clock.start()
         while self._book.current.phase is RoundPhase.CLOSING and self._wait.future is not None:
             await asyncio.wait({self._wait.future})  # the round's outcome is its senders' business
         ended = self._validation.ends_training(self._state.position)
@@ -309,9 +309,9 @@ class ParameterAverager:
             next_round=self._book.next_round_for(learner),
             world_size=self._book.world_size,
             shards=self._pool.count,
-            # The learners score a due validation of the state they start from (a resumed run's).
             validate=validate,
             group=None if self._book.live is None else self._book.live.group,
+            took_part=learner in self._history.learners_of(state.round),
         )
 
     def _adopt(self, learner: LearnerId, seed: AveragedState) -> None:

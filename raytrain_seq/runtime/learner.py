@@ -5,13 +5,13 @@ on mini-batches of B rows (``step.InnerStep``: micro-batch streaming, its own Ad
 ``rounds.sync.LocalRounds`` average every K steps (K = -1: once an epoch) through the ``AveragerClient``;
 a round the averager, away, cannot take is deferred: the learner trains on to the layout's end, whose
 round waits (the learners meet there) unless training goes on past it: then it is held back and the
-learner trains the next layout on (``_end_layout``). Every m rounds the averaged model is validated,
-by the averager's evaluator or by the learners' shares (``RoundResult.validate``); a later result carries
-B for everyone, so all take the same steps and meet at the same rounds. A learner begins from the
-averager's latest state and position (else the newest checkpoint); a layout's end settles on the next
-epoch or a make-up layout (``rounds.position.settle``), so every row reaches one averaged round; a
-``Realigned`` learner takes the others' state. Checkpoint rounds: ``runtime.checkpoint_rounds``.
-Collaborators come through the constructor (fakes in tests).
+learner trains the next layout on (``_end_layout``); one it closed but never answered keeps the steps
+since (``rounds.lost_answer``). Every m rounds the averaged model is validated, by the averager's
+evaluator or by the learners' shares (``RoundResult.validate``); a later result carries B for everyone,
+so all take the same steps and meet at the same rounds. A learner begins from the averager's latest
+state and position (else the newest checkpoint); a layout's end settles on the next epoch or a make-up
+layout (``rounds.position.settle``), so every row reaches one averaged round; a ``Realigned`` learner
+takes the others' state. Checkpoint rounds: ``runtime.checkpoint_rounds``. Fakes come in the constructor.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,9 +33,10 @@ from raytrain_seq.parts import LearnerSettings
 from raytrain_seq.rounds.client import Averaged, AveragerClient, Deferred, Realigned
 from raytrain_seq.rounds.events import describe_position, describe_progress
 from raytrain_seq.rounds.group import place
+from raytrain_seq.rounds.lost_answer import LostAnswer
 from raytrain_seq.rounds.position import EpochPosition, epochs_trained
 from raytrain_seq.rounds.state import AveragedState
-from raytrain_seq.rounds.sync import HELD_RETRY_S, HeldRound, LocalRounds, Stats, Tally, TrainedIds
+from raytrain_seq.rounds.sync import HELD_RETRY_S, Held, HeldRound, LocalRounds, Stats, Tally, TrainedIds
 from raytrain_seq.runtime.checkpoint_rounds import CheckpointRounds, Report
 from raytrain_seq.training.eval_rows import EvalRows
 from raytrain_seq.training.evaluation import eval_micro_batch_size, evaluate
@@ -137,6 +139,7 @@ class Learner:
         self._trained_ids: TrainedIds = {}  # per epoch, the video ids trained since the last round
         self._crossing: HeldRound | None = None  # a layout's last round held back while the averager is away
         self._cross_again_at = 0.0  # time.monotonic() before which no held round is tried again
+        self.lost = LostAnswer(self.rounds)  # a round whose answer died with the averager
 
     # ------------------------------------------------------------------------------------- training
     def run(self) -> LearnerReport | None:
@@ -175,7 +178,7 @@ class Learner:
         self.marks["joined"] = time.time()
         self.rounds.install(reply.state)
         self.started = time.perf_counter() - reply.state.elapsed_s  # the run's clock, not this process's
-        position = self._position_of(reply.state)
+        position = EpochPosition.of_state(reply.state.position).for_group(self.world_size)
         self.steps_done = position.steps  # a restarted group or a resumed run counts on from here
         if reply.validate:  # a resumed run whose last round's validation is due: its share first
             self._validate_share(reply.state.round, position)
@@ -308,28 +311,65 @@ class Learner:
             moved = self._end_crossing(defer=defer)
             if moved is not None:
                 return None if isinstance(moved, Deferred) else moved
+        now = self.lost.now(defer)
         delta = self.tally.flush()
         # The epochs of the rows since the last round: one, as an epoch ends on a round (position.epoch - 1
         # when the position is the next epoch's start), or two after a crossing kept its steps.
         ids, self._trained_ids = self._trained_ids, {}
         decision, stats = self._sync(position, delta, ids, self.shard_rows, defer=defer)
         if isinstance(decision, Deferred):
-            self.tally.carry(delta)
-            for epoch, trained in ids.items():  # sent with the next try
-                self._trained_ids.setdefault(epoch, [])[:0] = trained
+            if not decision.answer_lost:  # else they went with it, kept as ``self.lost``
+                self._carry(delta, ids)
             return None
+        if self._kept(decision, now, position, since=(delta, ids)):
+            return self.average(position, defer=defer)  # the steps since, as the next round
         return self._apply(decision, position, self.shard_rows, stats["loss"])
+
+    def _carry(self, delta: Stats, ids: TrainedIds) -> None:
+        """Take back a round's work and rows that no round holds: the next one sends them."""
+        self.tally.carry(delta)
+        for epoch, trained in ids.items():
+            self._trained_ids.setdefault(epoch, [])[:0] = trained
+
+    def _kept(
+        self, decision: Any, now: Held | None, position: EpochPosition, since: tuple | None = None
+    ) -> bool:
+        """Whether the steps since the lost round (``self.lost``) stay: ``decision`` found it averaged with
+        this learner in it, and in this layout and group. The live state is then its mean plus the steps
+        since (``now``: the state before the round); ``since``: their work and rows, taken back for the
+        next round. Else they are dropped, as for any realignment."""
+        lost = self.lost.closed_with(decision)
+        if lost is None or now is None:
+            return False
+        reply = decision.reply
+        group = self.world_size if reply.group is None else len(reply.group)
+        moved = reply.group is not None and place(reply.group, self.client.learner) != (self.rank, group)
+        closed_at = EpochPosition.of_state(reply.state.position).for_group(group)
+        if moved or closed_at.layout != position.for_group(group).layout:
+            return False
+        self.checkpoints.catch_up(decision, finished=self.finished)
+        self.lost.rebase(now, lost)
+        if since is not None:
+            self.rounds.local_steps = int(since[0]["steps"])
+            self._carry(*since)
+        logger.warning(
+            "learner %s: round %d closed with it before the averager died: its steps since are kept",
+            self.client.learner, lost.round,
+        )  # fmt: skip
+        return True
 
     def _sync(
         self, position: EpochPosition, delta: Stats, ids: TrainedIds, rows: int, *, defer: bool
     ) -> tuple[Averaged | Realigned | Deferred, Stats]:
-        """Send the round of ``delta``'s work and ``ids``' rows (``rows``: a learner's in its layout);
-        returns the decision and the stats sent."""
+        """Send the round of ``delta``'s work and ``ids``' rows (``rows``: a learner's in its layout), after
+        those of a round whose answer was lost (``self.lost``); returns the decision and the stats sent."""
+        delta, ids = self.lost.merged(delta, ids)
         stats = dict(delta)
         for epoch, trained in (ids or {position.epoch - (position.rows_done == 0): []}).items():
             stats.update(accounting.round_stats(epoch, trained))
         decision = self.rounds.sync(stats=stats, position=position, rows=rows or None, defer=defer)
         self.metrics.add("averaging_seconds", self.rounds.last_seconds)
+        self.lost.sent(decision, delta, ids)
         return decision, stats
 
     def _apply(
@@ -344,11 +384,11 @@ class Learner:
         if isinstance(decision, Realigned):
             state = decision.reply.state
             self.checkpoints.catch_up(decision, finished=self.finished)
-            realigned = self._position_of(state)
+            realigned = EpochPosition.of_state(state.position).for_group(self.world_size)
             self.steps_done = realigned.steps  # the others' count: equal rows and B kept them together
             return realigned
         result = decision.result
-        after = self._settled(result.state, position, rows)
+        after = position.averaged(result.state.position, rows)
         # A learner that sent its round before the others' deferred ones goes on from their count: the
         # averaged position is theirs, its own rows since recorded as missed (ParameterAverager).
         self.steps_done = max(self.steps_done, after.steps)
@@ -380,12 +420,17 @@ class Learner:
         closes_on = at.close_layout()
         if self._crossing is not None or self.finished(closes_on):
             return self.average(at)
+        now = self.lost.now(True)
         delta = self.tally.flush()
         ids, self._trained_ids = self._trained_ids, {}
         decision, stats = self._sync(at, delta, ids, self.shard_rows, defer=True)
+        if self._kept(decision, now, at, since=(delta, ids)):
+            return self._end_layout(at)  # the steps since, as this layout's last round
         if not isinstance(decision, Deferred):
             return self._apply(decision, at, self.shard_rows, stats["loss"])
-        self._crossing = HeldRound(at, self.shard_rows, self.rounds.hold(), delta, ids)
+        self._crossing = self.lost.into_held(
+            HeldRound(at, self.shard_rows, self.rounds.hold(), delta, ids), decision
+        )
         into = describe_position(closes_on.as_dict()) + (", a make-up layout" if closes_on.history else "")
         logger.warning(
             "learner %s: the averager is away at the end of a layout of epoch %d: training on into the %s, "
@@ -404,9 +449,18 @@ class Learner:
         self.rounds.restore(crossing.held)
         decision, stats = self._sync(crossing.at, crossing.delta, crossing.ids, crossing.rows, defer=defer)
         if isinstance(decision, Deferred):
+            self._crossing = self.lost.into_held(crossing, decision)
             self.rounds.restore(now)
             self._cross_again_at = time.monotonic() + HELD_RETRY_S
             return decision
+        if self._kept(decision, crossing.held, crossing.at):
+            # An earlier round closed with this learner, its answer lost: the held state and the live one
+            # go on top of its mean (the live now the held one plus the steps since), and the held round
+            # goes out again, the next round.
+            rebased = self.rounds.hold()
+            self.rounds.keep_steps(now, crossing.held)
+            self._crossing, self.rounds.local_steps = replace(crossing, held=rebased), local
+            return self._end_crossing(defer=defer)
         self._crossing = None
         before, steps = (self.rank, self.world_size), self.steps_done
         # Where the round left training (None: where it was sent, the layout not closed).
@@ -415,7 +469,8 @@ class Learner:
         # Realigned to the held round itself: the averager closed it, then died before its reply came
         # (another learner re-seeded it); its mean holds what this learner sent, as an answer would.
         own = isinstance(decision, Realigned) and decision.reply.state.round == decision.first_missed
-        group = self.world_size  # a realigned position is the group's already (``_position_of``)
+        own = own and decision.reply.took_part  # not a round that closed without it
+        group = self.world_size  # a realigned position is the group's already (``_apply``)
         closed_there = after.for_group(group).layout == guessed.for_group(group).layout
         if (isinstance(decision, Averaged) or own) and closed_there and before == (self.rank, group):
             self.rounds.keep_steps(now, crossing.held)
@@ -431,19 +486,6 @@ class Learner:
         self._trained_ids = {}
         self.rounds.local_steps = 0
         return after
-
-    def _settled(self, state: AveragedState, sent: EpochPosition, rows: int) -> EpochPosition:
-        """Where training goes on after an averaged round: the averaged state's position (the averager
-        settles it: ``rounds.position.settle``), and a layout still at its end (a caller that did not
-        settle it; ``rows`` a learner in it) closed here."""
-        after = sent if state.position is None else EpochPosition.from_dict(state.position)
-        if after.layout == sent.layout and rows and after.rows_done >= rows:
-            after = after.close_layout()
-        return after
-
-    def _position_of(self, state: AveragedState) -> EpochPosition:
-        position = EpochPosition(0) if state.position is None else EpochPosition.from_dict(state.position)
-        return position.for_group(self.world_size)
 
     # ----------------------------------------------------------------------------------- evaluation
     def _near_end(self, epoch: int, shard_rows: int) -> bool:
