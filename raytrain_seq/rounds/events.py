@@ -111,6 +111,7 @@ class RunClock:
             self._start = time.monotonic()
 
     def elapsed(self) -> float:
+        """Seconds since ``start``, on top of the reading continued from (0 before either)."""
         if self._start is None:
             return self._offset
         return self._offset + time.monotonic() - self._start
