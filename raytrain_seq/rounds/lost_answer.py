@@ -6,9 +6,9 @@ work and rows ahead of its own (``merged``), as one round. ``Averaged``: the rou
 closed, it is forgotten. ``Realigned`` to that very round with this learner in it (``JoinReply.took_part``,
 from the restarted averager's record of the round): it closed with it, so the live state becomes its mean
 plus the steps since (``rebase``: each parameter += now - sent), their work and rows the next round's, as
-after an answer; before, a learner dropped them and trained their rows again. A round held back at a
-layout's end (``HeldRound``) that is itself sent to a dying averager takes the lost round's place
-(``into_held``). No ray.
+after an answer. A realignment to any other round drops them, as for any learner the others went on
+without. A round held back at a layout's end (``HeldRound``) that is itself sent to a dying averager
+takes the lost round's place (``into_held``). No ray.
 """
 
 from __future__ import annotations
