@@ -323,7 +323,7 @@ def make_config(storage: str, name: str, args: argparse.Namespace, epochs: int):
         "lr": 0.01,
         "k": args.k,
         "epochs": epochs,
-        "validate_every": 1000,  # validation is not what the soak looks at: skip its cost
+        "validate_every": args.validate_every,
         "adaptive_batch": False,
         # The fleet starts its first group with the learners up by then: both, here, or the undisturbed run
         # is not the baseline it stands for (``first_group`` checks it). Waiting costs nothing once both
@@ -567,6 +567,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     # stopped learner is dropped once its process fails to answer one (train.averager_probe_s, the
     # default). A killed node's learner leaves the rounds as soon as Ray reports its actor dead (lose).
     parser.add_argument("--timeout", type=float, default=10.0, help="averager timeout (s)")
+    parser.add_argument(
+        "--validate-every",
+        type=int,
+        default=1000,
+        help="rounds between validations (the default skips their cost: recovery is what the soak "
+        "looks at; a lower m measures a restarted averager's evaluator build on the survivors' rounds)",
+    )
     parser.add_argument("--storage", default=None, help="run folders (default: a temporary folder)")
     parser.add_argument(
         "--real",
@@ -585,6 +592,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     unknown = [k for k in kinds if k not in FAULTS]
     if unknown or args.events < 0:
         parser.error(f"--kinds {unknown} unknown (known: {sorted(FAULTS)}) or --events < 0")
+    if args.validate_every < 1:
+        parser.error(f"--validate-every {args.validate_every}: use a round count >= 1 (1000: skip them)")
     return args, kinds
 
 

@@ -10,6 +10,7 @@ import pickle
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -425,6 +426,55 @@ def test_actor_restart_reloads_the_checkpoint_and_learners_reseed_it(tmp_path):
     # The events log outlives the actor: the second one read the first one's membership back.
     assert [e["event"] for e in summary.membership][:3] == ["group", "join", "join"]
     assert (tmp_path / "events.jsonl").exists()
+
+
+def test_a_restarted_averager_builds_its_evaluator_once_a_round_near_a_validation_closed(tmp_path):
+    """A first start builds the evaluator at once; a restarted one (Ray's restart, its learners rejoining)
+    not at its first round but once a round in the second half of a validation interval closed (m = 8:
+    round 3 is not near, round 4 is), off the survivors' recovery."""
+
+    class Recorder:
+        """The validator: records when the averager starts its build; never asked to score (m = 8)."""
+
+        def __init__(self) -> None:
+            self.started = False
+
+        def start(self) -> None:
+            self.started = True
+
+        async def __call__(self, state: Any) -> dict[str, float]:
+            raise AssertionError(f"round {state.round} is not a validation round")
+
+    def make(validator: Recorder) -> Any:
+        return local_averager(
+            2, timeout_s=30.0, validate_every=8, run_dir=tmp_path, actor_id=lambda: "actor-1",
+            validator=validator,
+        )  # fmt: skip
+
+    async def rounds(averager: Any, validator: Recorder, numbers: range, seed: Any) -> tuple[list, Any]:
+        for name in "ab":
+            await averager.join(name, 2, incarnation=name, seed=seed)
+        started, result = [], None
+        for r in numbers:
+            position = {"epoch": 0, "history": [], "world_size": 2, "rows_done": 2 * r}
+            sends = (averager.average(n, r, 2, _tiny(r), None, position=position) for n in "ab")
+            result = (await asyncio.gather(*sends))[0]
+            started.append((r, validator.started))
+        return started, result.state
+
+    async def scenario():
+        validators = [Recorder(), Recorder()]  # Ray's restart: a new process, a new validator
+        first = make(validators[0])
+        at_start = validators[0].started
+        _, seed = await rounds(first, validators[0], range(1, 3), None)
+        second = make(validators[1])
+        at_restart = validators[1].started
+        started, _ = await rounds(second, validators[1], range(3, 6), seed)
+        return at_start, at_restart, started
+
+    at_start, at_restart, started = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert at_start and not at_restart
+    assert started == [(3, False), (4, True), (5, True)]
 
 
 def test_actor_ablations_keep_the_batch_size_and_the_moments():

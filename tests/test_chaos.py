@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from chaos import JOIN_ROUNDS, make_config, size_epochs  # noqa: E402
+from chaos import JOIN_ROUNDS, make_config, parse_args, size_epochs  # noqa: E402
 from chaos_figures import (  # noqa: E402
     Probe,
     RoundSteps,
@@ -290,9 +290,7 @@ def test_a_node_arrival_is_sized_join_rounds_at_least_however_few_rounds_an_epoc
     """``size_epochs``: a node's arrival adds ``JOIN_ROUNDS`` rounds at least (the newcomer's start-up),
     also when an epoch is one round (12 videos: the real-footage set's case, whose run ended before the
     newcomer joined), and still its ``JOIN_EPOCHS`` epochs at one learner when those are more rounds."""
-    from argparse import Namespace
-
-    args = Namespace(videos=videos, k=2, timeout=10.0, seed=0, real=False, events=8)
+    args, _ = parse_args(["--videos", str(videos)])
     config = make_config(str(tmp_path), "sizing", args, 1)
     with_arrival, rounds = size_epochs(config, 8, arrivals=1)  # 8 events: more than the 3 epochs at least
     without, same = size_epochs(config, 8)

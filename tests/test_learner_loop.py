@@ -594,7 +594,7 @@ class WideValFeed(Feed):
 
 def test_thread_validator_scores_what_its_evaluator_scores_and_reports_a_failed_build():
     """ThreadValidator: a validation starts it if start() was not called (a restarted averager starts it
-    after its first round); it scores on its thread exactly what its Evaluator scores; it pickles (the
+    once a validation is near); it scores on its thread exactly what its Evaluator scores; it pickles (the
     driver hands it to the averager, and a restarted averager starts its own); a build that raises is
     raised by every validation and named by error(), which the averager's summary carries for the driver
     to raise."""

@@ -39,6 +39,7 @@ from raytrain_seq.rounds.validation import (
     TimedOut,
     Validation,
     ValidationMachine,
+    validation_near,
 )
 
 UNUSABLE = (
@@ -159,6 +160,17 @@ def test_a_validation_round_is_due_every_m_rounds_and_other_reports_are_refused(
     assert again.refused.learner == "rank0"
     with pytest.raises(ValueError, match="accuracy"):
         machine.on(Reported(2, float("nan")))
+
+
+@pytest.mark.parametrize(
+    ("every", "near"),
+    [(10, {5, 6, 7, 8, 9, 15}), (1, set(range(1, 16))), (2, {1, 3, 5, 7, 9, 11, 13, 15}), (0, set())],
+)
+def test_a_validation_is_near_in_the_second_half_of_its_interval(every, near):
+    """``validation_near``: the rounds from which a restarted averager builds its evaluator, at least half of m rounds
+    before the validation that asks for it (m = 10: 5-9; a due round itself is not, its validation starts
+    the build); m = 0 validates never, so no round is near."""
+    assert {r for r in range(1, 16) if validation_near(every, r)} == near
 
 
 def test_the_learners_shares_sum_once_all_of_the_group_are_in():

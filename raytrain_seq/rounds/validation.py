@@ -54,6 +54,7 @@ __all__ = [
     "TimedOut",
     "Validation",
     "ValidationMachine",
+    "validation_near",
 ]
 
 
@@ -508,3 +509,10 @@ _HANDLERS = {
     Restored: ValidationMachine._restored,
     Reseeded: ValidationMachine._reseeded,
 }
+
+
+def validation_near(every: int, round: int) -> bool:
+    """Whether a validation is near after round ``round`` with one every ``every`` rounds (m): the round is
+    in the second half of its interval (m = 10: rounds 5-9 are near, 10-14 not; m = 1: every round; m = 0:
+    none). A restarted averager builds its evaluator from there, half of m rounds before it is asked."""
+    return bool(every) and round % every >= every // 2

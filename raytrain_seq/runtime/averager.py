@@ -57,6 +57,7 @@ from raytrain_seq.rounds.validation import (
     Reseeded,
     ShareArrived,
     ValidationMachine,
+    validation_near,
 )
 from raytrain_seq.rounds.validation_runner import ValidationRunner
 from raytrain_seq.runtime.channels import read_round
@@ -119,7 +120,7 @@ class ParameterAverager:
                 # The shards died with the process before: the new ones start now, while the learners
                 # rejoin, not on the first round's path. Their nodes are not known yet (no hints).
                 self._pool.prepare()
-        # What loads torch starts at once, or after a restart once its first round closed (see there).
+        # What loads torch starts at once, or after a restart once a round closed near a validation.
         self._loading = self._book.restarted
         if not self._loading:
             _start_loading(self._validator)
@@ -231,7 +232,7 @@ class ParameterAverager:
             step = self._validation.on(Averaged(result.state.round, result.state.position))
             if self._validating.act(step, result.state):
                 result = dataclasses.replace(result, validate=True)
-            if self._loading:  # its thread starts now, beside the replies' way out
+            if self._loading and validation_near(self.settings.validate_every, result.state.round):
                 self._loading = False
                 _start_loading(self._validator)
             future.set_result(result)
@@ -508,8 +509,8 @@ async def _plan_channels(channels: ChannelSession, book: RoundBook, result: Roun
 
 
 def _start_loading(validator: Any) -> None:
-    """Start what loads torch, on its thread: the evaluator. A restarted averager starts it once its first
-    round closed: an import shares the GIL with the rejoins and that round."""
+    """Start what loads torch, on its thread: the evaluator. A restarted averager starts it once a round near
+    a validation closed (``validation_near``): the build shares the GIL with the rejoins and the rounds."""
     if hasattr(validator, "start"):
         validator.start()  # runtime.validator.ThreadValidator
 

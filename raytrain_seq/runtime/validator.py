@@ -38,7 +38,7 @@ class ThreadValidator:
     behind the code"). The evaluator keeps freed heap memory (``heap.py``) like a learner, or every
     validation maps its activations afresh and the learners beside it slow down (the same LOG entry).
 
-    ``start()`` (the averager calls it at its start, or after a restart's first round; a validation before
+    ``start()`` (the averager calls it at its start, or after a restart once a validation is near; one before
     that starts it) builds the evaluator and assembles the validation rows on that thread; validations
     queue behind it. Picklable until started, so the driver hands it to the averager's constructor; a
     restarted averager builds a new one.
@@ -100,6 +100,6 @@ class ThreadValidator:
         return repr(self._evaluator.exception())
 
     async def __call__(self, state: AveragedState) -> dict[str, float]:
-        self.start()  # a restarted averager starts it after its first round: a validation before it may
+        self.start()  # a restarted averager starts it near a validation: a validation before it may
         evaluator = await asyncio.wrap_future(self._evaluator)  # raises what building it raised
         return await asyncio.get_running_loop().run_in_executor(self._thread, evaluator.validate, state)
