@@ -373,14 +373,17 @@ def plan_checksums(config) -> dict[int, dict[str, int]]:
     return out
 
 
-def size_epochs(config, events: int, stalls: int = 0, arrivals: int = 0) -> tuple[int, int]:
+def size_epochs(
+    config, events: int, stalls: int = 0, arrivals: int = 0, feed_kills: int = 0
+) -> tuple[int, int]:
     """Epochs enough for ``events`` events MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS rounds apart (and 3 at
     least), counting the rounds of an epoch at 2 learners (fewer learners make more rounds); and that
     count of rounds an epoch. Each of the ``stalls`` adds an epoch at one learner (twice the rounds): the
     survivor trains on alone until the dropped learner rejoins, and a run that used those rounds up ended
     before the next events (seen once in the 4-event soak of tests/test_chaos.py, docs/LOG.md). Each of
     the ``arrivals`` (node_added events with an event after them) adds ``JOIN_EPOCHS`` epochs at one
-    learner (``JOIN_ROUNDS`` rounds at least), for the same reason."""
+    learner (``JOIN_ROUNDS`` rounds at least), for the same reason. Each of the ``feed_kills`` adds an
+    epoch: its recovery ends in the next epoch (``next_epoch_trained``)."""
     from raytrain_seq.algorithms.packing import pack
     from raytrain_seq.rows.assembly import plan_specs
     from raytrain_seq.runtime.feed import feed_geometry
@@ -395,7 +398,9 @@ def size_epochs(config, events: int, stalls: int = 0, arrivals: int = 0) -> tupl
     per_round = config.train.batch_size * config.train.k
     rounds = max(1, math.ceil(len(shard) / per_round))
     needed = 2 + events * (MAX_GAP + RECOVERY_ROUNDS + SLACK_ROUNDS) + 2  # from round 1, a margin
-    needed += stalls * 2 * rounds + arrivals * max(JOIN_EPOCHS * 2 * rounds, JOIN_ROUNDS)
+    needed += (
+        stalls * 2 * rounds + arrivals * max(JOIN_EPOCHS * 2 * rounds, JOIN_ROUNDS) + feed_kills * rounds
+    )
     return max(3, math.ceil(needed / rounds)), rounds
 
 
@@ -485,6 +490,25 @@ def averaged_round(soak: Soak) -> int | None:
     return None if state is None else state.next_round - 1
 
 
+def averaged_place(soak: Soak) -> tuple[int, int] | None:
+    """(epoch, rows done in it) of the latest averaged round (None while the averager restarts or before
+    the first round)."""
+    state = soak.state()
+    if state is None or not state.position:
+        return None
+    return int(state.position["epoch"]), int(state.position["rows_done"])
+
+
+def next_epoch_trained(at: tuple[int, int] | None) -> Callable[[tuple[int, int] | None], bool]:
+    """Whether a place is past a round of the first epoch that starts after ``at``: at (3, 12) a round of
+    epoch 4 (4, 4); at (3, 0), epoch 3 not begun, a round of epoch 3 (3, 4). The learners read a killed
+    feed's replacement there at the latest (the rows they had read ahead are trained first)."""
+    if at is None:
+        return lambda place: place is not None
+    epoch = at[0] + (at[1] > 0)
+    return lambda place: place is not None and (place[0] > epoch or (place[0] == epoch and place[1] > 0))
+
+
 def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, float, list[dict[str, Any]]]:
     """Start the run and inject ``plan``'s faults, each ``gap`` rounds after the last one recovered."""
     soak.start(config, soak.named())
@@ -514,7 +538,7 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
         # The learner processes before the fault (the survivor figures, chaos_figures.py).
         before = soak.wait(soak.processes, "the learner processes in the averager's report") or ()
         soak.lost_nodes, soak.added_node = [], None
-        round_at = averaged_round(soak) or 0
+        round_at, place_at = averaged_round(soak) or 0, averaged_place(soak)
         began, injected_at = time.monotonic(), time.time()
         detail = FAULTS[kind].inject(soak)
         up_at = time.time()  # a node_added's node is up once its injection returns
@@ -527,6 +551,14 @@ def soak_run(soak: Soak, config, plan: list[tuple[int, str]]) -> tuple[Any, floa
         grouped = soak.wait(
             lambda n=size: (s := soak.state()) is not None and s.world_size == n, f"a group of {size}"
         )
+        if kind == "feed_killed":
+            # A restarted feed recomputes what the learners ask of it, the next epoch's copies at the
+            # latest; they train on the rows they read ahead meanwhile, so rounds alone would call it
+            # recovered before its cost came and charge that to the next event.
+            trained = next_epoch_trained(place_at)
+            grouped = grouped and soak.wait(
+                lambda t=trained: t(averaged_place(soak)), "the next epoch's rows"
+            )
         settled = max(averaged_round(soak) or 0, round_at)
         enough = soak.wait(
             lambda r=settled: (averaged_round(soak) or 0) >= r + RECOVERY_ROUNDS, f"recovery from {kind}"
@@ -631,7 +663,8 @@ def soak_both(args: argparse.Namespace, kinds: list[str]) -> dict[str, Any]:
         stalls = sum(kind == "learner_stalled" for _, kind in plan)
         arrivals = sum(kind == "node_added" for _, kind in plan[:-1])  # a last one has no event to wait
         sizing = make_config(storage, "sizing", args, 1)
-        sized, per_epoch = size_epochs(sizing, args.events, stalls, arrivals)
+        feed_kills = sum(kind == "feed_killed" for _, kind in plan)
+        sized, per_epoch = size_epochs(sizing, args.events, stalls, arrivals, feed_kills)
         epochs = args.epochs or sized
         print(f"{epochs} epochs ({per_epoch} rounds an epoch at 2 learners); undisturbed run ...", flush=True)
         calm_config = make_config(storage, f"undisturbed-{args.seed}", args, epochs)

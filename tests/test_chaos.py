@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from chaos import JOIN_ROUNDS, make_config, parse_args, size_epochs  # noqa: E402
+from chaos import JOIN_ROUNDS, make_config, next_epoch_trained, parse_args, size_epochs  # noqa: E402
 from chaos_figures import (  # noqa: E402
     Probe,
     RoundSteps,
@@ -296,3 +296,17 @@ def test_a_node_arrival_is_sized_join_rounds_at_least_however_few_rounds_an_epoc
     without, same = size_epochs(config, 8)
     assert same == rounds and (rounds == 1) is (videos == 12)  # the case each parameter stands for
     assert (with_arrival - without) * rounds >= JOIN_ROUNDS
+
+
+def test_a_feed_kill_recovers_once_a_round_of_the_next_epoch_is_averaged(tmp_path):
+    """``next_epoch_trained``: a feed killed inside epoch 3 (3, 12) has recovered after a round of epoch 4,
+    not at epoch 3's end (4, 0), where the learners have not read the restarted feed's copies yet; one
+    killed between epochs (3, 0) after a round of epoch 3. ``size_epochs`` gives each feed kill an epoch."""
+    inside, between = next_epoch_trained((3, 12)), next_epoch_trained((3, 0))
+    assert [inside(p) for p in (None, (3, 16), (4, 0), (4, 4), (5, 0))] == [False, False, False, True, True]
+    assert [between(p) for p in ((3, 0), (3, 4), (4, 0))] == [False, True, True]
+    assert next_epoch_trained(None)((0, 4)) and not next_epoch_trained(None)(None)
+    args, _ = parse_args(["--videos", "240"])
+    config = make_config(str(tmp_path), "sizing", args, 1)
+    (plain, rounds), (with_kills, same) = size_epochs(config, 8), size_epochs(config, 8, feed_kills=2)
+    assert same == rounds > 1 and plain > 3 and with_kills == plain + 2  # not the 3-epoch floor: exact
