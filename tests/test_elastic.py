@@ -185,6 +185,9 @@ def test_backoff_is_bounded_and_exponential():
     delays = Backoff(0.25, 2.0, 30.0).delays()
     assert delays[:4] == [0.25, 0.5, 1.0, 2.0] and set(delays[3:]) == {2.0}
     assert sum(delays) <= 30.0 < sum(delays) + 2.0
+    for base, cap, budget in [(0.0, 0.0, 1.0), (0.5, 0.25, 1.0), (0.5, 1.0, -1.0)]:  # 0: a loop never ending
+        with pytest.raises(ValueError, match="need base_s > 0"):
+            Backoff(base, cap, budget)
 
 
 # ------------------------------------------------------------------------------- membership, summary

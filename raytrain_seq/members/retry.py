@@ -23,6 +23,14 @@ class Backoff:
     cap_s: float = 8.0
     budget_s: float = 120.0
 
+    def __post_init__(self) -> None:
+        # A base of 0 would never use the budget up: delays() would not return.
+        if not self.base_s > 0 or not self.cap_s >= self.base_s or not self.budget_s >= 0:
+            raise ValueError(
+                f"Backoff(base_s={self.base_s}, cap_s={self.cap_s}, budget_s={self.budget_s}): need "
+                "base_s > 0, cap_s >= base_s and budget_s >= 0, e.g. Backoff(0.25, 1.0, 120.0)"
+            )
+
     def delays(self) -> list[float]:
         out, total, delay = [], 0.0, self.base_s
         while total + delay <= self.budget_s:
