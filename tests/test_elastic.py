@@ -396,6 +396,92 @@ def test_evaluation_lanes_grow_with_the_cpus_but_not_before_the_learners_run():
     assert eval_lanes(64, 8, before_learners=True) == 8 and eval_lanes(2, 4, before_learners=False) == 1
 
 
+@pytest.mark.parametrize("history", [(), ((2, 5),)])
+def test_a_feed_asked_from_inside_an_epoch_launches_its_recompute_from_the_learners_next_blocks(history):
+    """A feed that has not launched the epoch (a restarted one, or a resumed run's) asked by a learner from
+    its block 4 on: the epoch's copies are launched once, the videos of every learner's blocks 4 on first
+    (in the order they need them), then the rest; the same copies as asked from block 0, which launches
+    in the plain order. Also in a layout after a resize (``history``: two learners took 5 rows each)."""
+    from raytrain_seq.runtime.feed import BlockFeed
+
+    def feed_asked(block: int) -> tuple[BlockFeed, list[tuple[int, object]]]:
+        launched: list[tuple[int, object]] = []
+
+        def launch(videos, epochs, renewal=None):
+            launched.extend(zip(videos, epochs, strict=True))
+            return [object() for _ in videos]
+
+        feed = BlockFeed(Parts.of(Config.from_preset("smoke", epochs=4)).feed, launch=launch)
+        feed.epoch_shard(1, 0, 3, history=history, from_block=block)
+        return feed, launched
+
+    (_, inside), (plain_feed, plain) = feed_asked(4), feed_asked(0)
+    shards = [plain_feed.epoch_shard(1, rank, 3, history=history) for rank in range(3)]
+    upcoming = list(
+        dict.fromkeys(v for k in range(4, len(shards[0].blocks)) for s in shards for v in s.blocks[k].ids)
+    )
+    assert 0 < len(upcoming) < len(plain) // 2  # not vacuous: a real head, much shorter than the epoch
+    assert [v for v, _ in inside[: len(upcoming)]] == upcoming
+    assert sorted(inside) == sorted(plain) and inside != plain  # the same copies, in another order
+    earlier = {v for s in shards for b in s.blocks[:4] for v in b.ids}
+    assert [v for v, _ in plain[: len(earlier)]] != [v for v, _ in inside[: len(earlier)]]
+    with pytest.raises(ValueError, match="from_block"):
+        plain_feed.epoch_shard(1, 0, 3, history=history, from_block=-1)
+
+
+def test_a_learners_stream_asks_a_restarted_feed_for_its_epoch_from_its_next_block():
+    """LearnerFeed: the stream of a learner restarted at block 2 of its shard (``skip``) asks the feed for
+    the epoch from block 2; when an array read fails (a feed that died: ObjectLostError) after it has
+    assembled blocks 2-4, it asks again from block 5, and reads the rest; no row is read twice."""
+    import ray.exceptions
+
+    from raytrain_seq.members.retry import Backoff
+    from raytrain_seq.runtime.feed import BlockFeed
+    from raytrain_seq.runtime.learner_feed import LearnerFeed
+    from raytrain_seq.runtime.partial_tasks import CachedArray
+
+    config = Config.from_preset("smoke", epochs=1)
+    feed = BlockFeed(Parts.of(config).feed, launch=lambda v, e, r=None: list(v))
+    side = config.data.cache_size  # each video's cached frames: as long as any block of the smoke set
+    frames = np.zeros((feed.t_max, side, side, 3), np.uint8)
+    asked, reads = [], []
+
+    class Call:
+        def __init__(self, method):
+            self.method = method
+
+        def remote(self, *args, **kwargs):
+            return (self.method, args, kwargs)
+
+    class Handle:
+        epoch_shard, refs = Call("epoch_shard"), Call("refs")
+
+    def get(call):
+        if isinstance(call, list):  # the task outputs of CachedArray refs: one video's frames each
+            reads.append(list(call))
+            if len(reads) == 4:
+                raise ray.exceptions.ObjectLostError(str(call[0]), None, "")
+            return [[frames] for _ in call]
+        method, args, kwargs = call
+        if method == "epoch_shard":
+            asked.append(kwargs["from_block"])
+            return feed.epoch_shard(*args, **kwargs)
+        return [CachedArray(("video", v), 0) for v in feed.refs(*args)]
+
+    learner = LearnerFeed(
+        Handle(), epochs=1, blocks_per_batch=1, depth=1, get=get, backoff=Backoff(0.01, 0.01, 1.0)
+    )
+    view, total = learner.epoch_rows(0, 0, 2, skip=2)
+    taken = 0
+    try:
+        while view.take(1) is not None:
+            taken += 1
+    finally:
+        learner.close()
+    assert total > 6 and taken == total - 2  # not vacuous: blocks beyond the failed read came
+    assert asked == [2, 5] and learner.recoveries == 1
+
+
 def test_feed_serves_the_resplit_layout():
     """BlockFeed.epoch_shard(history=...): the new group's shards + the old group's taken rows = the epoch."""
     from raytrain_seq.runtime.feed import BlockFeed

@@ -152,6 +152,24 @@ def test_a_restarted_planner_rebuilds_the_same_epochs():
         plain.serving(2)
 
 
+def test_a_restarted_planner_launches_an_older_epoch_from_the_asking_learners_block():
+    """``again`` with ``first`` (``upcoming``: every learner's blocks from 3 on, in the order they need
+    them) launches those of its missing copies first, then the rest, the same copies as without;
+    ``upcoming`` from block 0 is the plain order."""
+    config = _config(reuse=3)
+    restarted, plain = _planner(config, restarted=True), _planner(config, restarted=True)
+    for planner in (restarted, plain):
+        _serve(planner, 3, 2, [])
+    first = restarted.upcoming(2, 2, (), 3)
+    launch, plain_launch = restarted.again(2, 2, first), plain.again(2, 2)
+    missing = set(plain_launch.videos)  # epoch 3's copies that epoch 2 shares are cached: not launched
+    ahead = [video for video in first if video in missing]
+    assert 0 < len(ahead) < len(launch.videos) and list(launch.videos[: len(ahead)]) == ahead
+    assert sorted(launch.keys()) == sorted(plain_launch.keys()) and launch.videos != plain_launch.videos
+    plain_order = [video for video in restarted.upcoming(2, 2, (), 0) if video in missing]
+    assert plain_order == list(plain_launch.videos)
+
+
 def test_the_cache_keeps_the_newest_epochs_and_names_what_it_dropped():
     """Only the newest keep epochs are served; the keys of an older epoch's copies that no served, current
     or pending copy shares leave live() (the actor then drops their refs)."""

@@ -7,7 +7,8 @@ block specs) and which cached copies a learner's ids name (``keys``: ``(video, c
 actor keeps its refs under them and drops every key ``live()`` no longer names). It holds ids, epochs,
 plans and counters, never an object ref. Contract: the shards, the launches and the keys are functions
 of the config, the geometry and the calls, so two planners of one seed agree, and a restarted one
-(``restarted=True``: nothing cached) serves every epoch the same rows from the same computing epochs.
+(``restarted=True``: nothing cached) serves every epoch the same rows from the same computing epochs;
+what it recomputes for a learner that asks from inside an epoch comes from that learner's block on first.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from raytrain_seq.feed.plans import EVAL_KEYS, SPLITS, FeedPlans
 from raytrain_seq.feed.report import EpochCounts, FeedFacts, FeedTally, RestartLog
 from raytrain_seq.outputs.reports import FeedReport
 from raytrain_seq.parts import FeedSettings
-from raytrain_seq.rows.assembly import BlockSpec, EpochShard
+from raytrain_seq.rows.assembly import BlockSpec, EpochShard, consumption_order
 
 __all__ = ["FeedPlanner", "check_int", "check_rank"]
 
@@ -90,11 +91,21 @@ class FeedPlanner:
         """Whether nothing was launched or served yet and the process is no restart: ``start`` may launch."""
         return not (self.cache.started or self.restarted)
 
-    def prefetch(self, epoch: int, world_size: int) -> Launch | None:
-        """The recompute ``epoch`` will need, in its learners' order; None once it is served."""
+    def prefetch(self, epoch: int, world_size: int, first: Sequence[int] = ()) -> Launch | None:
+        """The recompute ``epoch`` will need, in its learners' order after ``first`` (``upcoming``); None
+        once it is served."""
         if epoch in self.cache.served_epochs:
             return None
-        return self.cache.missing(epoch, self.plans.order(epoch, world_size))
+        return self.cache.missing(epoch, _first(first, self.plans.order(epoch, world_size)))
+
+    def upcoming(self, epoch: int, world_size: int, history: tuple, block: int) -> list[int]:
+        """The videos of the layout of ``world_size`` learners (after ``history``'s) from each learner's
+        block ``block`` on, in the order they need them: what a learner reading its block ``block`` after
+        a restart needs first. Its layout's learners step together (a round's K steps each, B blocks a
+        step), so its block stands for all of theirs: with 2 learners of 6 blocks and ``block`` 4, blocks
+        4 and 5 of both, in ``consumption_order``."""
+        specs = self.plans.plan(epoch, world_size, history)[1]
+        return consumption_order([rank_specs[block:] for rank_specs in specs])
 
     def serving(self, epoch: int) -> str:
         """How ``epoch`` is served: "served" (already), "again" (a restarted feed's older epoch, beside the
@@ -112,9 +123,10 @@ class FeedPlanner:
             )
         return "next"
 
-    def again(self, epoch: int, world_size: int) -> Launch:
-        """A restarted feed's older ``epoch``: the copies not cached, launched on their own."""
-        return self.cache.again(epoch, self.plans.order(epoch, world_size))
+    def again(self, epoch: int, world_size: int, first: Sequence[int] = ()) -> Launch:
+        """A restarted feed's older ``epoch``: the copies not cached, launched on their own, ``first``'s
+        first."""
+        return self.cache.again(epoch, _first(first, self.plans.order(epoch, world_size)))
 
     def launched(self, launch: Launch, world_size: int | None = None) -> None:
         """``launch`` was started (``world_size``: the group an ``again`` launch serves)."""
@@ -205,3 +217,12 @@ class FeedPlanner:
         if self._settings.run_dir is None:
             return None
         return RestartLog(Path(self._settings.run_dir))
+
+
+def _first(first: Sequence[int], order: Sequence[int]) -> list[int]:
+    """``order`` with the videos of ``first`` moved ahead, in ``first``'s order: [5, 2] first in
+    [1, 2, 3, 5] gives [5, 2, 1, 3]."""
+    if not first:
+        return list(order)
+    ahead = dict.fromkeys(first)
+    return [*ahead, *(video for video in order if video not in ahead)]

@@ -10,8 +10,8 @@ the planner's ``(video, computing epoch)`` keys, drops the keys the planner no l
 ``epoch_shard`` / ``eval_shard`` (block specs), ``refs`` (the arrays a shard reads) and ``stats``
 (a ``reports.FeedReport``). Epoch e+1's recompute starts as soon as e is served; e's refs stay
 until the newest ``keep_epochs`` move past it. A restarted actor (``train.feed_max_restarts``)
-recomputes what a learner asks for from the source with the same seeds. docs/ARCHITECTURE.md ("The
-pipeline, call by call", "Data refurbishing").
+recomputes what a learner asks for from the source with the same seeds, from its next block on first.
+docs/ARCHITECTURE.md ("The pipeline, call by call", "Data refurbishing").
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class BlockFeed:
     """The pipeline's driver-side actor shell over a ``FeedPlanner``; ``create_feed`` runs it in Ray.
 
     Public methods (all thread-safe): ``start(world_size)``, ``prefetch(epoch, world_size)``,
-    ``prefetch_eval(split)``, ``epoch_shard(epoch, rank, world_size) -> EpochShard``,
+    ``prefetch_eval(split)``, ``epoch_shard(epoch, rank, world_size, history, from_block) -> EpochShard``,
     ``eval_shard(split, rank, world_size) -> EpochShard``, ``refs(ids, epoch) -> list[CachedArray]``
     (epoch None: evaluation cache), ``model_spec()``, ``stats(wait=False, ids=False)``.
     """
@@ -154,31 +154,37 @@ class BlockFeed:
                 return 0
             return self.prefetch(0, world_size)
 
-    def prefetch(self, epoch: int, world_size: int) -> int:
-        """Start the recompute that ``epoch`` will need (in the learners' order); returns videos launched."""
+    def prefetch(self, epoch: int, world_size: int, first: Sequence[int] = ()) -> int:
+        """Start the recompute that ``epoch`` will need (in the learners' order, the videos ``first``
+        first); returns videos launched."""
         epoch = check_int(epoch, "epoch", 0, "epochs count from 0")
         world_size = check_int(world_size, "world_size", 1, "pass the number of learners")
         with self._lock:
-            launch = self._planner.prefetch(epoch, world_size)
+            launch = self._planner.prefetch(epoch, world_size, first)
             if launch is None:
                 return 0
             launched = self._run(launch)
             logger.info("feed: prefetching epoch %d: %d partial augmentations launched", epoch, launched)
             return launched
 
-    def _activate(self, epoch: int, world_size: int) -> None:
-        """Make ``epoch`` the served epoch: reuse what is cached, take or launch the recomputes."""
+    def _activate(self, epoch: int, world_size: int, history: tuple, block: int) -> None:
+        """Make ``epoch`` the served epoch: reuse what is cached, take or launch the recomputes; those of
+        the asking learner's layout (``world_size``, ``history``) from its block ``block`` on first."""
         how = self._planner.serving(epoch)
         if how == "served":
             return
+        # A learner asking from inside the epoch (a restarted feed, a resumed run) needs the rows from its
+        # block on before those trained already, which the next epochs reuse.
+        first = self._planner.upcoming(epoch, world_size, history, block) if block else []
+        world_size = history[0][0] if history else world_size  # the epoch's plan is its first layout's
         if how == "again":
             # A restarted feed asked for an epoch older than one it already serves (another learner's
             # stream ran ahead and asked first): the older epoch's cache is computed on its own, the newer
             # one's and its recompute in flight stay as they are. The bytes are the first serving's.
-            recomputed = self._run(self._planner.again(epoch, world_size), world_size)
+            recomputed = self._run(self._planner.again(epoch, world_size, first), world_size)
             logger.warning("feed: epoch %d served again after a restart: %d recomputed", epoch, recomputed)
             return
-        self.prefetch(epoch, world_size)
+        self.prefetch(epoch, world_size, first)
         counts = self._planner.activate(epoch, world_size)
         self._drop_stale()
         logger.info(
@@ -188,18 +194,22 @@ class BlockFeed:
             self.prefetch(epoch + 1, world_size)
 
     # ---------------------------------------------------------------------------------- serving
-    def epoch_shard(self, epoch: int, rank: int, world_size: int, history: Sequence = ()) -> EpochShard:
+    def epoch_shard(
+        self, epoch: int, rank: int, world_size: int, history: Sequence = (), from_block: int = 0
+    ) -> EpochShard:
         """Learner ``rank``'s blocks of ``epoch`` (plans it and starts epoch+1's recompute on first call).
 
         ``history``: the layouts the epoch already ran under (``EpochPosition.history``: world size, rows
         each, and the rows no averaged round received); the blocks are then what those learners left,
-        re-split over this group.
+        re-split over this group. ``from_block``: the first of them the learner has not read yet; a
+        recompute this call launches starts there (``FeedPlanner.upcoming``).
         """
         epoch = check_int(epoch, "epoch", 0, "epochs count from 0")
         rank, world_size = check_rank(rank, world_size)
+        block = check_int(from_block, "from_block", 0, "pass the index of the learner's next block")
         history = parse_history(history)
         with self._lock:
-            self._activate(epoch, history[0][0] if history else world_size)
+            self._activate(epoch, world_size, history, block)
             return self._planner.train_shard(epoch, rank, world_size, history)
 
     def eval_shard(self, split: str, rank: int = 0, world_size: int = 1) -> EpochShard:

@@ -125,8 +125,13 @@ class LearnerFeed:
 
     def _source(self, rank: int, world_size: int):
         def source(epoch: int, history: tuple, skip: int):
-            def activate():
-                return self.get(self.handle.epoch_shard.remote(epoch, rank, world_size, history=history))
+            def activate(read: int = 0):
+                # A restarted feed recomputes the epoch from this learner's next block on first: the
+                # shard's block ``skip + read`` (``read`` of the rest assembled).
+                call = self.handle.epoch_shard.remote(
+                    epoch, rank, world_size, history=history, from_block=skip + read
+                )
+                return self.get(call)
 
             full = self._retry(f"epoch_shard({epoch})", activate)
             # The first `skip` rows were trained (and averaged) before: only the rest is assembled.
@@ -135,15 +140,16 @@ class LearnerFeed:
 
         return source
 
-    def _batches(self, shard: EpochShard, activate: Callable[[], Any]) -> Iterator[dict[str, np.ndarray]]:
-        """The shard's rows; ``activate()`` makes the feed serve the shard's epoch (or split) again, which a
-        restarted feed needs before it can lend refs: it then recomputes the arrays the dead one owned."""
+    def _batches(self, shard: EpochShard, activate: Callable[..., Any]) -> Iterator[dict[str, np.ndarray]]:
+        """The shard's rows; ``activate(read)`` makes the feed serve the shard's epoch (or split) again,
+        which a restarted feed needs before it can lend refs: it then recomputes the arrays the dead one
+        owned, from the shard's block ``read`` on first."""
         fmt = dataclasses.replace(shard.row_format, final_on_learner=True)
         items = shard_items(shard)
 
-        def borrow(ids: list[int], again: bool) -> dict[int, Any]:
+        def borrow(ids: list[int], again: bool, read: int = 0) -> dict[int, Any]:
             if again:
-                activate()
+                activate(read)
             return dict(zip(ids, self.get(self.handle.refs.remote(ids, shard.epoch)), strict=True))
 
         # One actor call per epoch: the refs are borrowed for the whole shard, so a later epoch's cache
@@ -162,10 +168,10 @@ class LearnerFeed:
             left = sorted({i for item in items[lo:] for i in item["ids"].tolist() if i >= 0})
             tries = [0]
 
-            def read(need=need, left=left, tries=tries) -> dict[int, np.ndarray]:
+            def read(need=need, left=left, tries=tries, at=lo) -> dict[int, np.ndarray]:
                 # After a failure the feed restarted: borrow new refs for every row not assembled yet.
                 if tries[0]:
-                    refs.update(borrow(left, True))
+                    refs.update(borrow(left, True, at))
                 tries[0] += 1
                 return dict(zip(need, fetch_arrays([refs[i] for i in need], get=self.get), strict=True))
 
@@ -226,7 +232,8 @@ class LearnerFeed:
     def rows_of(self, shard: EpochShard, *, uncropped: bool = False) -> BlockRowStream:
         """The rows of an evaluation ``shard`` (``feed.eval_shard``), centre-cropped or ``uncropped``."""
 
-        def activate():  # a restarted feed serves the split again before it lends refs
+        # A restarted feed serves the split again (all of it, ``read`` aside) before it lends refs.
+        def activate(read: int = 0):
             return self.get(self.handle.eval_shard.remote(shard.split, shard.rank, shard.world_size))
 
         if uncropped:
